@@ -1,0 +1,46 @@
+"""pytest-logprob-drift: isolate which configuration change makes rollout and training disagree.
+
+The package root is the common planning and execution facade only. Importing it never imports
+torch, transformers or vLLM; runtimes load them lazily when a case executes. Runtime, artifact,
+schema and operator internals stay in their owning modules.
+"""
+
+from __future__ import annotations
+
+from .config import load_config, parse_config
+from .errors import ArtifactError, ConfigError, ConfigErrors, DriftError, UsageError
+from .execution_plan import ExecutionPlan, build_execution_plan
+from .outcomes import Outcome
+from .planner import plan_experiment
+from .schema import ExperimentConfig, ExperimentPlan
+from .semantic_registry import default_catalog
+
+__all__ = [
+    "ArtifactError",
+    "ConfigError",
+    "ConfigErrors",
+    "DriftError",
+    "ExecutionPlan",
+    "ExperimentConfig",
+    "ExperimentPlan",
+    "Outcome",
+    "UsageError",
+    "build_execution_plan",
+    "default_catalog",
+    "load_config",
+    "parse_config",
+    "plan_experiment",
+    "plan_file",
+]
+
+__version__ = "0.1.0"
+
+
+def plan_file(path: str, *, pairwise: bool = False) -> ExecutionPlan:
+    """Load, plan and operator-bind a config file (no engine, no torch)."""
+    from .execution_plan import intervention_json_paths
+
+    config = load_config(path)
+    plan = plan_experiment(config, pairwise=pairwise)
+    return build_execution_plan(plan, default_catalog(),
+                                intervention_paths=intervention_json_paths(config.interventions))

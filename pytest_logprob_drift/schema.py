@@ -1,0 +1,323 @@
+"""Immutable, versioned domain records and their canonical JSON form.
+
+Owns the shapes every other module exchanges: the experiment config, the frozen scoring
+identity, knobs and their lifecycles, planned cases, structured plan issues and knob
+application records. Every record is a frozen, slotted, keyword-only dataclass whose
+``canonical()`` form is plain JSON data; ``canonical_json`` serializes it with sorted keys and no
+spaces, which is what gets hashed. Knows nothing about parsing files, planning rules, torch or
+any runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, TypeAlias
+
+JSONScalar: TypeAlias = str | int | float | bool | None
+KnobValue: TypeAlias = str | int | bool
+
+CONFIG_SCHEMA_VERSION = "cross_config.experiment_config.v1"
+PLAN_SCHEMA_VERSION = "cross_config.plan.v1"
+CASE_SCHEMA_VERSION = "cross_config.case.v1"
+KNOB_RECORD_SCHEMA_VERSION = "cross_config.knob_application.v1"
+
+
+def canonical(value: Any) -> Any:
+    """Plain-JSON form of a record, enum, mapping or sequence (recursively)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return canonical(value.value)
+    if isinstance(value, Mapping):
+        return {str(k): canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces, UTF-8 safe: the form that ids and digests are taken over."""
+    return json.dumps(canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def sha256_hex(text: str | bytes) -> str:
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return hashlib.sha256(data).hexdigest()
+
+
+def frozen_mapping(items: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A read-only, key-sorted view used for mapping fields of frozen records."""
+    return MappingProxyType(dict(sorted(items.items())))
+
+
+class Lifecycle(enum.Enum):
+    """How deep a knob reaches: a request, an engine construction, or a process topology."""
+
+    REQUEST = "request"
+    ENGINE_CONSTRUCTION = "engine_construction"
+    PROCESS = "process"
+
+    @property
+    def rank(self) -> int:
+        return _LIFECYCLE_RANK[self]
+
+
+_LIFECYCLE_RANK = {Lifecycle.REQUEST: 0, Lifecycle.ENGINE_CONSTRUCTION: 1, Lifecycle.PROCESS: 2}
+
+
+class ScenarioLevel(enum.Enum):
+    S0 = "S0"
+    S1 = "S1"
+    S2 = "S2"
+    S3 = "S3"
+
+
+class Strategy(enum.Enum):
+    ONE_AT_A_TIME = "one_at_a_time"
+    PAIRWISE = "pairwise"
+
+
+class CaseKind(enum.Enum):
+    BASELINE = "baseline"
+    ONE_AT_A_TIME = "one_at_a_time"
+    PAIRWISE = "pairwise"
+
+
+class IssueSeverity(enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+class ApplicationStatus(enum.Enum):
+    """What a runtime did with one requested knob value."""
+
+    APPLIED = "applied"
+    FALLBACK = "fallback"
+    UNSUPPORTED = "unsupported"
+    UNOBSERVABLE = "unobservable"
+    ERROR = "error"
+
+
+# ---------------------------------------------------------------------------- identity
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointIdentity:
+    """Immutable model weights: a local directory or a ``tiny://`` synthetic URI."""
+
+    uri: str
+    model_version: str
+    digest: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenizerIdentity:
+    tokenizer_id: str
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptSet:
+    """Prompts as token ids; ``source`` records the file they came from, if any."""
+
+    token_ids: tuple[tuple[int, ...], ...]
+    source: str | None = None
+
+    def canonical_identity(self) -> dict[str, Any]:
+        # The content is the identity; where it was read from is not.
+        return {"token_ids": canonical(self.token_ids)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingSpec:
+    seed: int
+    max_new_tokens: int
+    temperature: float = 1.0
+
+
+class MaskPolicy(enum.Enum):
+    """Which tokens are active (scored): generated tokens, through the first EOS inclusive."""
+
+    RESPONSE_THROUGH_EOS = "response_through_eos"
+    RESPONSE_BEFORE_EOS = "response_before_eos"
+
+
+class PackingPolicy(enum.Enum):
+    """How sequences are laid out for scoring; packing is deferred in V1."""
+
+    PADDED = "padded"
+
+
+class PositionPolicy(enum.Enum):
+    FROM_ATTENTION_MASK = "from_attention_mask"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScoringIdentity:
+    """The frozen logical input both scorers must share (CONTRACT: identity before numerics)."""
+
+    checkpoint: CheckpointIdentity
+    tokenizer: TokenizerIdentity
+    prompts: PromptSet
+    sampling: SamplingSpec
+    mask_policy: MaskPolicy = MaskPolicy.RESPONSE_THROUGH_EOS
+    training_kv_cache: bool = False
+    packing: PackingPolicy = PackingPolicy.PADDED
+    positions: PositionPolicy = PositionPolicy.FROM_ATTENTION_MASK
+
+    def canonical_identity(self) -> dict[str, Any]:
+        data = canonical(self)
+        data["prompts"] = self.prompts.canonical_identity()
+        return dict(data)
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """Metadata: which milestone the experiment belongs to and which device it names."""
+
+    level: ScenarioLevel
+    device: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Intervention:
+    """One declared path and the values it takes, each in its own case (raw, pre-normalization)."""
+
+    path: str
+    values: tuple[Any, ...]
+    json_path: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendSelection:
+    backend: str
+    options: Mapping[str, Any] = field(default_factory=lambda: frozen_mapping({}))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorSelection:
+    """An explicit per-side backend choice for one semantic operator."""
+
+    operation: str
+    rollout: BackendSelection
+    training: BackendSelection
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExperimentConfig:
+    """A strictly loaded ``cross_config.experiment_config.v1`` document (values still raw)."""
+
+    schema_version: str
+    experiment_id: str
+    scenario_id: str
+    contract_source: str
+    contract_version: str
+    strategy: Strategy
+    strict_fallback: bool
+    identity: ScoringIdentity
+    baseline: Mapping[str, Any]
+    """Flattened ``path -> raw value`` with the JSON path of each in ``baseline_json_paths``."""
+    baseline_json_paths: Mapping[str, str]
+    interventions: tuple[Intervention, ...]
+    pairs: tuple[tuple[str, str], ...]
+    operators: tuple[OperatorSelection, ...]
+    scenario: Scenario
+    source: str | None = None
+
+
+# ---------------------------------------------------------------------------- contract
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedContract:
+    """A numerical contract entry with ``current`` already resolved to a concrete version."""
+
+    source: str
+    version: str
+    threshold: float
+    unit: str
+    digest: str
+
+
+# ---------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanIssue:
+    """A structured planning finding; errors stop execution, warnings do not."""
+
+    severity: IssueSeverity
+    code: str
+    path: str
+    message: str
+
+    def render(self) -> str:
+        return f"{self.severity.value} {self.code} at {self.path}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Knob:
+    """One allowlisted configuration path and how deep it reaches."""
+
+    path: str
+    lifecycle: Lifecycle
+    meaning: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Case:
+    """One planned configuration: the normalized requested knob values and what changed."""
+
+    case_id: str
+    label: str
+    kind: CaseKind
+    requested: Mapping[str, KnobValue]
+    changed: tuple[str, ...]
+    lifecycle: Lifecycle | None
+    """Deepest lifecycle among the changed knobs (None for the baseline)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExperimentPlan:
+    schema_version: str
+    experiment_id: str
+    scenario_id: str
+    scenario: Scenario
+    contract: ResolvedContract
+    strategy: Strategy
+    strict_fallback: bool
+    identity: ScoringIdentity
+    cases: tuple[Case, ...]
+    issues: tuple[PlanIssue, ...]
+    operators: tuple[OperatorSelection, ...]
+
+    @property
+    def has_errors(self) -> bool:
+        return any(i.severity is IssueSeverity.ERROR for i in self.issues)
+
+
+# ---------------------------------------------------------------------------- runtime records
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KnobApplication:
+    """requested -> materialized -> actual for one knob, with evidence for the status."""
+
+    knob: str
+    lifecycle: Lifecycle
+    requested: KnobValue
+    materialized: JSONScalar
+    actual: JSONScalar
+    status: ApplicationStatus
+    evidence: str

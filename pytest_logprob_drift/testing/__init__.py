@@ -1,0 +1,1 @@
+"""Test-only runtimes and operators (CPU smoke). Nothing here is imported by planning."""
