@@ -23,7 +23,7 @@ from .artifacts import ArtifactStore, SealError
 from .errors import UsageError
 from .execution_plan import ExecutionCase, ExecutionPlan
 from .outcomes import Expectation, Outcome, expected_outcome
-from .runtime import RuntimeAdapter, RuntimeBinding, bind_case
+from .runtime import RuntimeAdapter, RuntimeBinding, bind_case, order_for_reuse
 from .runtime_catalog import RuntimeInfo, runtime_info
 from .schema import canonical
 from .semantic_registry import SemanticOperatorCatalog, default_catalog
@@ -168,18 +168,7 @@ class Runner:
         """Group cases so each engine is built once: process, then rollout, then training."""
         if not self.executable:
             return list(cases)
-        first_seen: dict[str, int] = {}
-        for index, ec in enumerate(cases):
-            b = self.binding(ec)
-            for key in (b.process_fingerprint, b.rollout_construction_fingerprint):
-                first_seen.setdefault(key, index)
-
-        def sort_key(item: tuple[int, ExecutionCase]) -> tuple[int, int, int]:
-            b = self.binding(item[1])
-            return (first_seen[b.process_fingerprint],
-                    first_seen[b.rollout_construction_fingerprint], item[0])
-
-        return [ec for _, ec in sorted(enumerate(cases), key=sort_key)]
+        return order_for_reuse(cases, self.binding)
 
     def run(self, cases: Sequence[ExecutionCase] | None = None,
             progress: Any = None) -> list[CaseResult]:

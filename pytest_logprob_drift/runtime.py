@@ -12,7 +12,7 @@ engine; torch appears only in type hints of the protocols.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -206,6 +206,24 @@ def bind_case(ec: ExecutionCase, *, runtime_kind: str, identity: ScoringIdentity
         rollout_construction_fingerprint=rollout_fp,
         training_construction_fingerprint=training_fp,
     )
+
+
+def order_for_reuse(cases: Sequence[ExecutionCase],
+                    binding: Callable[[ExecutionCase], RuntimeBinding]) -> list[ExecutionCase]:
+    """Stable order that keeps cases sharing a process, then a rollout engine, together, so
+    each engine is built once and can be torn down when its last case is done."""
+    first_seen: dict[str, int] = {}
+    for index, ec in enumerate(cases):
+        b = binding(ec)
+        for key in (b.process_fingerprint, b.rollout_construction_fingerprint):
+            first_seen.setdefault(key, index)
+
+    def sort_key(item: tuple[int, ExecutionCase]) -> tuple[int, int, int]:
+        b = binding(item[1])
+        return (first_seen[b.process_fingerprint],
+                first_seen[b.rollout_construction_fingerprint], item[0])
+
+    return [ec for _, ec in sorted(enumerate(cases), key=sort_key)]
 
 
 def application_records(requested: Mapping[str, KnobValue],
