@@ -183,29 +183,51 @@ def _scan_forbidden(c: _Collector, value: Any, path: str) -> None:
             _scan_forbidden(c, child, f"{path}[{index}]")
 
 
+class _Rejected:
+    """Stands in for a duplicate key's value or a NaN/Infinity so its JSON path can be named."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
+        result[key] = _Rejected(f"duplicate key {key!r}") if key in result else value
     return result
 
 
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+    return _Rejected(f"{name} is not valid JSON")
+
+
+def _first_rejected(value: Any, path: str) -> tuple[str, str] | None:
+    if isinstance(value, _Rejected):
+        return path, value.message
+    children = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        found = _first_rejected(child, f"{path}[{key}]" if isinstance(key, int)
+                                else f"{path}.{key}")
+        if found is not None:
+            return found
+    return None
 
 
 def parse_json_text(text: str, source: str) -> Any:
-    """Strict JSON: no duplicate keys, no NaN/Infinity. Errors are ConfigError at ``$``."""
+    """Strict JSON: no duplicate keys, no NaN/Infinity; errors name the JSON path."""
     try:
-        return json.loads(text, object_pairs_hook=_reject_duplicate_keys,
-                          parse_constant=_reject_constant)
+        document = json.loads(text, object_pairs_hook=_reject_duplicate_keys,
+                              parse_constant=_reject_constant)
+        found = _first_rejected(document, "$")
     except json.JSONDecodeError as exc:
         raise ConfigError("$", f"invalid JSON at line {exc.lineno} column {exc.colno}: "
                           f"{exc.msg}", source=source) from None
-    except ValueError as exc:
-        raise ConfigError("$", f"invalid JSON: {exc}", source=source) from None
+    except RecursionError:
+        raise ConfigError("$", "invalid JSON: nested too deeply", source=source) from None
+    if found is not None:
+        raise ConfigError(found[0], f"invalid JSON: {found[1]}", source=source)
+    return document
 
 
 def load_config(path: str | Path) -> ExperimentConfig:

@@ -164,7 +164,7 @@ def build_execution_plan(plan: ExperimentPlan, catalog: SemanticOperatorCatalog,
                         path=json_path, message=f"{backend} is a smoke-only backend: "
                         "executing it needs --allow-smoke-operators"))
             if descriptor is None:
-                key = ("unknown", backend, target)
+                key = ("unknown", backend, json_path)  # once per backend and JSON path
                 if key not in reported:
                     reported.add(key)
                     known = ", ".join(catalog.backend_ids(SELECTED_LOGPROB))

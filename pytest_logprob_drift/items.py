@@ -135,7 +135,8 @@ class DriftCaseItem(pytest.Item):
             expected = expected_outcome(options.expectations, case.case_id, case.label)
             self._record(Outcome.PLAN_ONLY.value, None)
             if expected is not Outcome.PLAN_ONLY:
-                pytest.skip(f"PLAN_ONLY: {info.plan_only_reason(self.execution_plan.plan.scenario)}")
+                scenario = self.execution_plan.plan.scenario
+                pytest.skip(f"PLAN_ONLY: {info.plan_only_reason(scenario)}")
             return
         runner: Runner = runner_for(self)
         try:

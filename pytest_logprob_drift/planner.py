@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .contract import resolve_contract
+from .errors import ConfigError
 from .schema import (
     PLAN_SCHEMA_VERSION,
     Case,
@@ -235,19 +236,24 @@ def _known_path(issues: _Issues, raw_path: str, json_path: str) -> str | None:
 def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> ExperimentPlan:
     """Expand a config into cases; all problems are returned as structured issues."""
     issues = _Issues()
-    contract = resolve_contract(config.contract_source, config.contract_version)
+    try:
+        contract = resolve_contract(config.contract_source, config.contract_version)
+    except ConfigError as exc:  # name the config file, like every other config fault
+        raise ConfigError(exc.path, exc.message, source=exc.source or config.source) from None
     device = config.scenario.device
 
     baseline: dict[str, KnobValue] = {}
+    declared: set[str] = set()  # known baseline paths, valid values or not
     for raw_path, raw in config.baseline.items():
         json_path = config.baseline_json_paths[raw_path]
         path = _known_path(issues, raw_path, json_path)
         if path is None:
             continue
-        if path in baseline:
+        if path in declared:
             issues.error("DUPLICATE_KNOB", json_path, f"{path} is given twice (alias of "
                          f"{raw_path!r})")
             continue
+        declared.add(path)
         value = _normalize_value(issues, path, raw, json_path, device)
         if value is not None:
             baseline[path] = value
@@ -261,10 +267,11 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
             issues.error("DUPLICATE_INTERVENTION", f"{item.json_path}.path", f"{path} is "
                          "declared by more than one intervention; merge their values")
             continue
-        if path not in baseline:
+        if path not in declared:
             issues.error("INTERVENTION_WITHOUT_BASELINE", f"{item.json_path}.path", f"{path} "
                          f"has no baseline value; declare it under $.baseline")
         values: list[KnobValue] = []
+        seen: set[KnobValue] = set()  # a set: thousands of values must not cost O(n^2)
         for index, raw in enumerate(item.values):
             vpath = f"{item.json_path}.values[{index}]"
             value = _normalize_value(issues, path, raw, vpath, device)
@@ -274,10 +281,11 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
                 issues.warning("EQUALS_BASELINE", vpath, f"{path}={format_value(value)} equals"
                                " the baseline; no separate case is planned")
                 continue
-            if value in values:
+            if value in seen:
                 issues.warning("DUPLICATE_VALUE", vpath, f"{path}={format_value(value)} is "
                                "listed twice; planned once")
                 continue
+            seen.add(value)
             values.append(value)
         interventions[path] = values
 

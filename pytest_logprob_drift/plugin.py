@@ -112,9 +112,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[OPTIONS_KEY] = options
     config.stash[RUNNERS_KEY] = {}
     config.pluginmanager.register(OutcomeCounter(), "logprob-drift-outcomes")
-    for path in options.configs:
-        if str(path) not in config.args:
-            config.args.append(str(path))
+    for config_path in options.configs:
+        if str(config_path) not in config.args:
+            config.args.append(str(config_path))
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> DriftConfigFile | None:
