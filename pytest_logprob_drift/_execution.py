@@ -129,8 +129,10 @@ def execute_case(*, ec: ExecutionCase, identity: ScoringIdentity, binding: Runti
                                                topology=side_topology(requested, target),
                                                options=b.options)
                     kernel = session.instantiate(resolved)
-                    kernels[target] = None if kernel is None else BoundKernel(b.backend,
-                                                                              kernel)
+                    style = resolved.descriptor.factory_style.value
+                    kernels[target] = None if kernel is None else BoundKernel(
+                        b.backend, kernel,
+                        resolved.descriptor.factory if style == "kernel" else None)
             except OperatorResolutionError as exc:
                 reasons.append(f"operator resolution: {exc}")
             if not reasons:

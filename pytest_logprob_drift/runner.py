@@ -135,7 +135,8 @@ class Runner:
         binding = self.binding(ec)
         adapter = self.adapter
         materialized = adapter.materialize(case.requested)
-        environment = {**base_environment(plan.scenario.device), **adapter.environment()}
+        environment = {**base_environment(plan.scenario.device),
+                       **adapter.environment(plan.identity)}
         payload = execution_key_payload(ec=ec, identity=plan.identity,
                                         materialized=materialized, binding=binding,
                                         contract=plan.contract, environment=environment)

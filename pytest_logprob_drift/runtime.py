@@ -53,6 +53,8 @@ class BoundKernel:
 
     backend: str
     kernel: Callable[..., Any]
+    factory: str | None = None
+    """``module:attr`` of the kernel when it can be imported by name (e.g. in a rank process)."""
 
     def __call__(self, logits: Any, token_ids: Any) -> Any:
         return self.kernel(logits, token_ids)
@@ -162,8 +164,9 @@ class RuntimeAdapter(Protocol):
     def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
             -> TrainingScorer: ...
 
-    def environment(self) -> Mapping[str, str]:
-        """Versions and device that must match for an attempt to be reused."""
+    def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
+        """Versions, device and resolved checkpoint digest that must match for an attempt to
+        be reused."""
         ...
 
     def close(self) -> None: ...

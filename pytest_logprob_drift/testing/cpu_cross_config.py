@@ -302,7 +302,7 @@ class CpuSmokeAdapter:
             raise UsageError(f"runtime cpu-smoke has a vocabulary of {VOCAB}; prompt token "
                              f"{too_big[0]} is out of range")
 
-    def environment(self) -> Mapping[str, str]:
+    def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
         return {"runtime": "cpu-smoke", "synthetic_model": "v1"}
 
     def close(self) -> None:
