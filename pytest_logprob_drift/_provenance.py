@@ -9,8 +9,10 @@ the runner. Knows nothing about files or engines.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import platform
+from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,8 +30,19 @@ def package_version(name: str) -> str:
         return "absent"
 
 
+def framework_digest() -> str:
+    """SHA-256 over the framework's own source files: code changes invalidate old attempts."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def base_environment(device: str) -> dict[str, str]:
     return {
+        "framework_digest": framework_digest(),
         "python": platform.python_version(),
         "torch": package_version("torch"),
         "transformers": package_version("transformers"),

@@ -186,13 +186,20 @@ def bind_case(ec: ExecutionCase, *, runtime_kind: str, identity: ScoringIdentity
                 "training": side_topology(requested, "training")}
     backends = {b.target: b.backend for b in ec.bindings}
     bindings = {b.target: canonical(b) for b in ec.bindings}
-    process = {k: requested.get(k) for k in PROCESS_KNOBS}
-    process_fp = _fp({"runtime": runtime_kind, "device": device, "process": process})
+    # Each side's engines live in that side's processes: a rollout engine depends on the
+    # rollout topology only, a training scorer on the training topology only.
+    rollout_process = _fp({"runtime": runtime_kind, "device": device, "side": "rollout",
+                           "process": {k: requested.get(k) for k in PROCESS_KNOBS
+                                       if k.startswith("rollout.")}})
+    training_process = _fp({"runtime": runtime_kind, "device": device, "side": "training",
+                            "process": {k: requested.get(k) for k in PROCESS_KNOBS
+                                        if k.startswith("training.")}})
+    process_fp = _fp({"rollout": rollout_process, "training": training_process})
     distributed_fp = _fp({"process": process_fp, "topology": topology})
     checkpoint = canonical(identity.checkpoint)
-    rollout_fp = _fp({"process": process_fp, "side": "rollout", "settings": rollout,
+    rollout_fp = _fp({"process": rollout_process, "side": "rollout", "settings": rollout,
                       "operator": bindings.get("rollout"), "checkpoint": checkpoint})
-    training_fp = _fp({"process": process_fp, "side": "training", "settings": training,
+    training_fp = _fp({"process": training_process, "side": "training", "settings": training,
                        "operator": bindings.get("training"), "checkpoint": checkpoint})
     return RuntimeBinding(
         runtime_kind=runtime_kind,
@@ -213,18 +220,19 @@ def bind_case(ec: ExecutionCase, *, runtime_kind: str, identity: ScoringIdentity
 
 def order_for_reuse(cases: Sequence[ExecutionCase],
                     binding: Callable[[ExecutionCase], RuntimeBinding]) -> list[ExecutionCase]:
-    """Stable order that keeps cases sharing a process, then a rollout engine, together, so
-    each engine is built once and can be torn down when its last case is done."""
+    """Stable order that keeps cases sharing a rollout engine (the expensive one), then a
+    training scorer, together, so each engine is built once and can be torn down when its
+    last case is done."""
     first_seen: dict[str, int] = {}
     for index, ec in enumerate(cases):
         b = binding(ec)
-        for key in (b.process_fingerprint, b.rollout_construction_fingerprint):
+        for key in (b.rollout_construction_fingerprint, b.training_construction_fingerprint):
             first_seen.setdefault(key, index)
 
     def sort_key(item: tuple[int, ExecutionCase]) -> tuple[int, int, int]:
         b = binding(item[1])
-        return (first_seen[b.process_fingerprint],
-                first_seen[b.rollout_construction_fingerprint], item[0])
+        return (first_seen[b.rollout_construction_fingerprint],
+                first_seen[b.training_construction_fingerprint], item[0])
 
     return [ec for _, ec in sorted(enumerate(cases), key=sort_key)]
 
@@ -261,15 +269,17 @@ def strict_violations(records: tuple[KnobApplication, ...], *, changed: tuple[st
                       strict: bool) -> list[str]:
     """Reasons strict execution rejects these records (empty when acceptable).
 
-    Fallback is measurable only when it is itself the declared intervention (the knob the case
-    changes); everything else that is not ``applied`` is rejected. With ``strict_fallback``
-    false, fallback and unobservable values are recorded but not rejected.
+    Under strict execution everything that is not ``applied`` is rejected, an engine that
+    silently ran another value (fallback) included. With ``strict_fallback`` false, a fallback
+    is measurable only when it is itself the declared intervention (a knob the case changes),
+    and unobservable values are recorded but not rejected; unsupported settings and errors are
+    always rejected.
     """
     reasons: list[str] = []
     for r in records:
         if r.status is ApplicationStatus.APPLIED:
             continue
-        if r.status is ApplicationStatus.FALLBACK and (r.knob in changed or not strict):
+        if r.status is ApplicationStatus.FALLBACK and r.knob in changed and not strict:
             continue
         if r.status is ApplicationStatus.UNOBSERVABLE and not strict:
             continue

@@ -193,9 +193,7 @@ class HfTrainingScorer:
         else:
             guard = ReadOnlyGuard(self.model, kv_cache_allowed=identity.training_kv_cache)
             with guard.watch():
-                logprobs = hf_engine.hf_teacher_forced_score(
-                    self.model, consumed, batch_size=batch_size,
-                    logp_fn=logp or hf_engine.native_selected_logprob)
+                logprobs = self._forward(consumed, batch_size, logp)
             violations = tuple(guard.violations)
             self.evidence = {"state_digest_before": guard.digest_before,
                              "state_digest_after": guard.digest_after,
@@ -207,6 +205,13 @@ class HfTrainingScorer:
                               evidence={k: v if isinstance(v, (str, int, float, bool))
                                         or v is None else str(v)
                                         for k, v in self.evidence.items()})
+
+    def _forward(self, batch: TensorBatch, batch_size: int, logp: LogpKernel | None) \
+            -> torch.Tensor:
+        """The teacher-forced forward, run under the read-only guard."""
+        return hf_engine.hf_teacher_forced_score(
+            self.model, batch, batch_size=batch_size,
+            logp_fn=logp or hf_engine.native_selected_logprob)
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         if self.group is not None:

