@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -85,6 +86,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
     except KeyboardInterrupt:
         print("logprob-drift: interrupted", file=err)
         return EXIT_FAILURE
+    except BrokenPipeError:  # `plan ... | head`: the reader left; not an error of ours
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush
+        return EXIT_OK
     raise AssertionError(f"unhandled command {args.command}")
 
 
@@ -114,7 +118,12 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{len(rows)} case(s)", file=out)
         for issue in execution_plan.issues:
             print(issue.render(), file=out)
-    return EXIT_USAGE if execution_plan.has_errors else EXIT_OK
+    if execution_plan.has_errors:
+        errors = [i for i in execution_plan.issues if i.severity is IssueSeverity.ERROR]
+        print(f"logprob-drift: error: {args.config}: {errors[0].render()}"
+              + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""), file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 def _bindings(row: dict[str, Any]) -> str:

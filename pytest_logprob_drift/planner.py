@@ -11,6 +11,7 @@ never creates an engine. Knows nothing about operators' implementations, runtime
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -180,17 +181,42 @@ def case_label(changes: Sequence[tuple[str, KnobValue]]) -> str:
     return ",".join(f"{path}={format_value(value)}" for path, value in changes)
 
 
-def case_id(*, requested: Mapping[str, KnobValue], config: ExperimentConfig,
-            contract: ResolvedContract) -> str:
-    """First 16 hex of SHA-256 over the canonical case definition."""
-    payload = {
+def case_id_payload(*, requested: Mapping[str, KnobValue], config: ExperimentConfig,
+                    contract: ResolvedContract) -> dict[str, Any]:
+    """The canonical case definition that ``case_id`` hashes."""
+    return {
         "requested": dict(requested),
         "operators": canonical(config.operators),
         "identity": config.identity.canonical_identity(),
         "contract": {"source": contract.source, "version": contract.version},
         "scenario": {"scenario_id": config.scenario_id, **canonical(config.scenario)},
     }
-    return sha256_hex(canonical_json(payload))[:16]
+
+
+def case_id(*, requested: Mapping[str, KnobValue], config: ExperimentConfig,
+            contract: ResolvedContract) -> str:
+    """First 16 hex of SHA-256 over the canonical case definition."""
+    return sha256_hex(canonical_json(case_id_payload(requested=requested, config=config,
+                                                     contract=contract)))[:16]
+
+
+def _case_id_hasher(config: ExperimentConfig, contract: ResolvedContract) \
+        -> Callable[[Mapping[str, KnobValue]], str]:
+    """``case_id`` with the per-plan part hashed once (the identity can hold millions of
+    prompt token ids). Byte-identical to ``case_id``: canonical JSON sorts the payload keys to
+    ``{"contract":..,"identity":..,"operators":..,"requested":..,"scenario":..}``."""
+    parts = case_id_payload(requested={}, config=config, contract=contract)
+    head = hashlib.sha256(
+        (f'{{"contract":{canonical_json(parts["contract"])},'
+         f'"identity":{canonical_json(parts["identity"])},'
+         f'"operators":{canonical_json(parts["operators"])},"requested":').encode())
+    tail = f',"scenario":{canonical_json(parts["scenario"])}}}'
+
+    def hashed(requested: Mapping[str, KnobValue]) -> str:
+        digest = head.copy()
+        digest.update((canonical_json(dict(requested)) + tail).encode("utf-8"))
+        return digest.hexdigest()[:16]
+    return hashed
 
 
 class _Issues:
@@ -348,13 +374,15 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
 def _expand(config: ExperimentConfig, contract: ResolvedContract,
             baseline: Mapping[str, KnobValue], interventions: Mapping[str, list[KnobValue]],
             pairs: Sequence[tuple[str, str]]) -> list[Case]:
+    hashed_id = _case_id_hasher(config, contract)
+
     def make(kind: CaseKind, changes: Sequence[tuple[str, KnobValue]]) -> Case:
         requested = dict(baseline)
         requested.update(changes)
         changed = tuple(path for path, _ in changes)
         lifecycle = max((knob_lifecycle(p) for p in changed), key=lambda lc: lc.rank,
                         default=None)
-        return Case(case_id=case_id(requested=requested, config=config, contract=contract),
+        return Case(case_id=hashed_id(requested),
                     label=case_label(changes), kind=kind, requested=frozen_mapping(requested),
                     changed=changed, lifecycle=lifecycle)
 

@@ -28,8 +28,13 @@ CASE_SCHEMA_VERSION = "cross_config.case.v1"
 KNOB_RECORD_SCHEMA_VERSION = "cross_config.knob_application.v1"
 
 
+_JSON_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
 def canonical(value: Any) -> Any:
     """Plain-JSON form of a record, enum, mapping or sequence (recursively)."""
+    if type(value) in _JSON_SCALAR_TYPES:  # fast path: prompts can hold millions of token ids
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
