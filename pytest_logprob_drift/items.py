@@ -4,8 +4,9 @@ Owns turning one experiment config into collectors and items (deterministic, sor
 order so every xdist worker collects the same items), node ids that carry the experiment id and
 the case label (``exp.json::s0-cpu-smoke::batch.size=1``), markers for scenario level and
 changed knob, running an item through the shared runner (the same code path as the CLI), and a
-failure text that shows the evidence instead of a traceback. Importing this module never
-imports torch; the runner is imported when the first case executes.
+failure text that shows the evidence instead of a traceback. Planning binds operators against
+the session's catalog (``plugin.session_catalog``), the one the runner executes with. Importing
+this module never imports torch; the runner is imported when the first case executes.
 """
 
 from __future__ import annotations
@@ -18,12 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import plan_file
+from .config import load_config
 from .errors import DriftError
-from .execution_plan import ExecutionCase, ExecutionPlan
+from .execution_plan import (
+    ExecutionCase,
+    ExecutionPlan,
+    build_execution_plan,
+    intervention_json_paths,
+)
 from .outcomes import Expectation, Outcome, expected_outcome
+from .planner import plan_experiment
 from .runtime import bind_case, order_for_reuse
 from .runtime_catalog import runtime_info
+from .semantic_registry import SemanticOperatorCatalog
 
 if TYPE_CHECKING:
     from .runner import CaseResult, Runner
@@ -46,6 +54,21 @@ def marker_name(text: str) -> str:
     return re.sub(r"[^0-9a-zA-Z_]", "_", text)
 
 
+def keyword_token(text: str) -> str:
+    """``text`` in the spelling a ``-k`` expression can write: ``=`` and ``,`` (which case
+    labels use and ``-k`` cannot) become ``+eq+`` and ``+comma+``."""
+    return text.replace("=", "+eq+").replace(",", "+comma+")
+
+
+def plan_config_file(path: Path, *, pairwise: bool,
+                     catalog: SemanticOperatorCatalog) -> ExecutionPlan:
+    """Load, plan and operator-bind one config against ``catalog`` (no engine, no torch)."""
+    config = load_config(str(path))
+    plan = plan_experiment(config, pairwise=pairwise)
+    return build_execution_plan(plan, catalog,
+                                intervention_paths=intervention_json_paths(config.interventions))
+
+
 class DriftCaseFailure(Exception):
     """A case ended with an outcome other than the expected one."""
 
@@ -58,10 +81,11 @@ class DriftConfigFile(pytest.File):
     """A ``--drift-config`` file; its child is the experiment."""
 
     def collect(self) -> Iterator[pytest.Collector]:
-        from .plugin import OPTIONS_KEY
+        from .plugin import OPTIONS_KEY, session_catalog
 
         options = self.config.stash[OPTIONS_KEY]
-        execution_plan = plan_file(str(self.path), pairwise=options.pairwise)
+        execution_plan = plan_config_file(self.path, pairwise=options.pairwise,
+                                          catalog=session_catalog(self.config))
         errors = [i for i in execution_plan.issues if i.severity.value == "error"]
         if errors:
             raise DriftCollectionError("; ".join(f"{self.path}: {i.render()}" for i in errors))
@@ -99,6 +123,7 @@ class DriftExperiment(pytest.Collector):
                                   lambda ec: bindings[ec.case.case_id])
         for ec in ordered:
             item = DriftCaseItem.from_parent(self, name=ec.case.label, case=ec)
+            item.extra_keyword_matches.add(keyword_token(ec.case.label))
             binding = bindings[ec.case.case_id]
             item.add_marker("drift")
             item.add_marker(f"drift_{plan.scenario.level.value}")
@@ -128,7 +153,8 @@ class DriftCaseItem(pytest.Item):
         options = self.config.stash[OPTIONS_KEY]
         case = self.case.case
         if options.plan_only:
-            pytest.skip(f"--drift-plan-only: case {case.case_id} planned, not executed")
+            raise pytest.skip.Exception(f"--drift-plan-only: case {case.case_id} planned, not "
+                                        "executed", _use_item_location=True)
         assert options.runtime is not None
         info = runtime_info(options.runtime)
         if not info.executes(self.execution_plan.plan.scenario):
@@ -136,7 +162,8 @@ class DriftCaseItem(pytest.Item):
             self._record(Outcome.PLAN_ONLY.value, None)
             if expected is not Outcome.PLAN_ONLY:
                 scenario = self.execution_plan.plan.scenario
-                pytest.skip(f"PLAN_ONLY: {info.plan_only_reason(scenario)}")
+                raise pytest.skip.Exception(f"PLAN_ONLY: {info.plan_only_reason(scenario)}",
+                                            _use_item_location=True)
             return
         runner: Runner = runner_for(self)
         try:
@@ -168,11 +195,13 @@ class DriftCaseItem(pytest.Item):
         if isinstance(excinfo.value, DriftCaseFailure):
             return render_evidence(excinfo.value.result)
         if isinstance(excinfo.value, DriftError):
-            return f"{self.case.case.label}: {excinfo.value.render()}"
+            text = excinfo.value.render().replace("--allow-smoke-operators",
+                                                  "--drift-allow-smoke-operators")
+            return f"{self.case.case.label}: {text}"
         return super().repr_failure(excinfo)
 
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, f"{self.parent.name if self.parent else ''}::{self.name} " \
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, f"{self.parent.name if self.parent else ''}::{self.name} " \
             f"[{self.case.case.case_id}]"
 
 
@@ -209,5 +238,6 @@ def render_evidence(result: CaseResult) -> str:
         lines.append("knobs: " + "; ".join(
             f"{r['knob']} requested={r['requested']!r} actual={r['actual']!r} {r['status']}"
             for r in records))
-    lines.append(f"artifacts: {result.attempt_dir}")
+    how = "reused sealed attempt" if result.reused else "new attempt"
+    lines.append(f"artifacts ({how}): {result.attempt_dir}")
     return "\n".join(lines)

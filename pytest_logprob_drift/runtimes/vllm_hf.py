@@ -61,7 +61,7 @@ class VllmRollout:
         spec = VllmEngineSpec(
             model_dir=str(self.checkpoint.path),
             dtype=str(rollout.get("dtype", "float32")),
-            tensor_parallel_size=int(rollout.get("tensor_parallel_size", 1)),  # type: ignore[arg-type]
+            tensor_parallel_size=int(str(rollout.get("tensor_parallel_size", 1))),
             enable_prefix_caching=bool(rollout.get("enable_prefix_caching", False)),
             enforce_eager=bool(rollout.get("enforce_eager", True)),
             seed=identity.sampling.seed,
@@ -90,12 +90,12 @@ class VllmRollout:
         live = self.engine.read_back()
         llm: Any = self.engine._live()
         parallel = llm.llm_engine.vllm_config.parallel_config
-        cp = getattr(parallel, "context_parallel_size", None)
+        cp: Any = getattr(parallel, "context_parallel_size", None)
         if cp is None:
             cp = getattr(parallel, "decode_context_parallel_size", 1)
         actual: dict[str, JSONScalar] = {
             "rollout.dtype": str(live["dtype"]),
-            "rollout.tensor_parallel_size": int(live["tensor_parallel_size"]),  # type: ignore[call-overload]
+            "rollout.tensor_parallel_size": int(str(live["tensor_parallel_size"])),
             "rollout.context_parallel_size": int(cp),
             "rollout.enable_prefix_caching": bool(live["enable_prefix_caching"]),
             "rollout.enforce_eager": bool(live["enforce_eager"]),
