@@ -115,6 +115,7 @@ def execute_case(*, ec: ExecutionCase, identity: ScoringIdentity, binding: Runti
     reasons.extend(strict_violations(records, changed=case.changed, strict=strict))
 
     rollout_out = training_out = None
+    read_back: dict[str, Any] = {}
     verdict: Verdict
     numeric: dict[str, Any] | None = None
     if not reasons:
@@ -155,6 +156,7 @@ def execute_case(*, ec: ExecutionCase, identity: ScoringIdentity, binding: Runti
                 training_out = scorer.score(identity, rollout_out.tensors,
                                             batch_size=batch_size, logp=kernels["training"])
                 actual = merge_read_back(engine.read_back(), scorer.read_back())
+                read_back = dict(actual)
                 records = application_records(requested, materialized, actual)
                 reasons.extend(strict_violations(records, changed=case.changed, strict=strict))
                 provenance = session.provenance()
@@ -192,6 +194,7 @@ def execute_case(*, ec: ExecutionCase, identity: ScoringIdentity, binding: Runti
         "knobs": {k: canonical(v) for k, v in sorted(materialized.items())},
         "operators": [canonical(b) for b in ec.bindings]})
     writer.write_json("actual.json", {"knobs": _records_json(records, "actual"),
+                                      "read_back": read_back,
                                       "operator_provenance": provenance,
                                       "training_evidence": dict(training_out.evidence)
                                       if training_out else None})

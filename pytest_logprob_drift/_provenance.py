@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import platform
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from .execution_plan import ExecutionCase

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ._provenance import execution_key
 from .artifacts import Seal, SealError, read_seal
 from .comparison import judge
 from .outcomes import Outcome
@@ -97,7 +98,11 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
     for name in ("requested.json", "materialized.json", "actual.json", "identity.json"):
         if name not in seal.files:
             raise SealError(name, "required file is not sealed")
-        load_sealed_json(directory, name, seal)
+        document = load_sealed_json(directory, name, seal)
+        if name == "identity.json" and execution_key(
+                document.get("execution_key_payload", {})) != seal.execution_key:
+            raise SealError("COMPLETE", "execution key does not match the execution-key "
+                            "payload sealed in identity.json")
     has_tensors = "token_diffs.pt" in seal.files
     if outcome in TENSOR_OUTCOMES and not has_tensors:
         raise SealError("token_diffs.pt", f"required for outcome {outcome.value} but not sealed")

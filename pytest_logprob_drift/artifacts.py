@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ EXPERIMENT_FILE = "experiment.json"
 PLAN_FILE = "plan.jsonl"
 LOCK_FILE = ".lock"
 HASH_CHUNK = 1 << 20
+PUBLISH_TEMPORARY = re.compile(r"\.[^/]+\.[0-9a-f]{8}\.tmp")
+"""Temporary names ``publish_bytes`` writes before linking (``.<name>.<8 hex>.tmp``)."""
 
 
 def new_attempt_id() -> str:
@@ -124,7 +127,10 @@ def read_seal(attempt_dir: Path) -> Seal:
     if document["case_id"] != attempt_dir.parent.name:
         raise SealError(COMPLETE, f"seal names case {document['case_id']!r}, directory is "
                         f"{attempt_dir.parent.name!r}")
-    present = {p.name for p in attempt_dir.iterdir()} - {COMPLETE}
+    # A crash between linking a file into place and removing its temporary name leaves that
+    # name behind (for COMPLETE, in an otherwise sealed attempt): it is never a payload.
+    present = {p.name for p in attempt_dir.iterdir()
+               if not PUBLISH_TEMPORARY.fullmatch(p.name)} - {COMPLETE}
     for extra in sorted(present - set(files)):
         raise SealError(extra, "file is not covered by the seal")
     for name, digest in sorted(files.items()):

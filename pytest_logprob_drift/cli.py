@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
         print("logprob-drift: interrupted", file=err)
         return EXIT_FAILURE
     except BrokenPipeError:  # `plan ... | head`: the reader left; not an error of ours
-        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush
+        sys.stderr = open(os.devnull, "w")
         return EXIT_OK
     raise AssertionError(f"unhandled command {args.command}")
 

@@ -43,17 +43,19 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         for note in runner.notes:
             print(f"note: {note}", file=err)
 
+        live = err if args.json else out  # with --json, stdout carries only the document
+
         def progress(index: int, total: int, ec: ExecutionCase,
                      result: CaseResult | None) -> None:
             prefix = f"[{index + 1}/{total}] {ec.case.case_id} {ec.case.label}"
             if result is None:
-                print(f"{prefix} ...", file=out, flush=True)
+                print(f"{prefix} ...", file=live, flush=True)
             else:
                 how = "reused" if result.reused else "new"
-                print(f"{prefix} -> {result.outcome.value} ({how}) {result.reason}", file=out,
+                print(f"{prefix} -> {result.outcome.value} ({how}) {result.reason}", file=live,
                       flush=True)
                 for skipped in result.skipped_attempts:
-                    print(f"    skipped attempt {skipped}", file=out)
+                    print(f"    skipped attempt {skipped}", file=live)
 
         ordered = runner.order(list(execution_plan.cases))
         for index, ec in enumerate(ordered):

@@ -240,9 +240,10 @@ def order_for_reuse(cases: Sequence[ExecutionCase],
 def application_records(requested: Mapping[str, KnobValue],
                         materialized: Mapping[str, Materialized],
                         actual: Mapping[str, JSONScalar] | None) -> tuple[KnobApplication, ...]:
-    """Stage 3: join requested, materialized and actual; an actual that disagrees with the
-    request downgrades an ``applied`` record to ``fallback`` with the engine's word as evidence.
-    """
+    """Stage 3: join requested, materialized and actual. An ``applied`` record whose actual
+    value disagrees with the request becomes ``error`` (a silent fallback: the engine did not
+    do what was asked and nobody declared it), with the engine's word as evidence; ``fallback``
+    is reserved for fallbacks the runtime declares at materialization."""
     records: list[KnobApplication] = []
     for path in sorted(requested):
         m = materialized.get(path)
@@ -256,9 +257,14 @@ def application_records(requested: Mapping[str, KnobValue],
                 status = ApplicationStatus.UNOBSERVABLE
                 evidence = f"{evidence}; the engine exposes no read-back for {path}"
             elif value != requested[path]:
-                status = ApplicationStatus.FALLBACK
-                evidence = (f"{evidence}; engine reports {value!r}, requested "
-                            f"{requested[path]!r}")
+                status = ApplicationStatus.ERROR
+                evidence = (f"{evidence}; silent fallback: engine reports {value!r}, "
+                            f"requested {requested[path]!r}")
+        elif actual is not None and status is ApplicationStatus.FALLBACK and path in actual \
+                and value != m.value:
+            status = ApplicationStatus.ERROR
+            evidence = (f"{evidence}; declared fallback to {m.value!r} but the engine reports "
+                        f"{value!r}")
         records.append(KnobApplication(knob=path, lifecycle=knob_lifecycle(path),
                                        requested=requested[path], materialized=m.value,
                                        actual=value, status=status, evidence=evidence))
@@ -269,17 +275,17 @@ def strict_violations(records: tuple[KnobApplication, ...], *, changed: tuple[st
                       strict: bool) -> list[str]:
     """Reasons strict execution rejects these records (empty when acceptable).
 
-    Under strict execution everything that is not ``applied`` is rejected, an engine that
-    silently ran another value (fallback) included. With ``strict_fallback`` false, a fallback
-    is measurable only when it is itself the declared intervention (a knob the case changes),
-    and unobservable values are recorded but not rejected; unsupported settings and errors are
-    always rejected.
+    A declared fallback is measurable only when it is itself the declared intervention (a knob
+    the case changes); under strict execution every other fallback, every unobservable value,
+    every unsupported (ignored) setting and every error, a silent fallback found at read-back
+    included, is rejected. With ``strict_fallback`` false, fallbacks and unobservable values
+    are recorded but not rejected; unsupported settings and errors still are.
     """
     reasons: list[str] = []
     for r in records:
         if r.status is ApplicationStatus.APPLIED:
             continue
-        if r.status is ApplicationStatus.FALLBACK and r.knob in changed and not strict:
+        if r.status is ApplicationStatus.FALLBACK and (r.knob in changed or not strict):
             continue
         if r.status is ApplicationStatus.UNOBSERVABLE and not strict:
             continue

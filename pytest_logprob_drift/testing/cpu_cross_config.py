@@ -75,6 +75,7 @@ class SyntheticCausalModel(torch.nn.Module):
         """Incremental decode: one position from the running prefix sum (cache analogue)."""
         emb = self.embed[token]
         running_sum = running_sum + emb
+        count = count.to(emb.dtype)  # a float32 count would promote bf16/fp16 state to fp32
         hidden = torch.tanh(emb + running_sum / count.unsqueeze(-1)) * self.scale
         return hidden @ self.head, running_sum
 
@@ -303,7 +304,9 @@ class CpuSmokeAdapter:
                              f"{too_big[0]} is out of range")
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
-        return {"runtime": "cpu-smoke", "synthetic_model": "v1"}
+        # A faulty scorer is a different scorer: its attempts must never stand in for clean ones.
+        fault = {"scorer_fault": self.fault} if self.fault is not None else {}
+        return {"runtime": "cpu-smoke", "synthetic_model": "v1", **fault}
 
     def close(self) -> None:
         return None

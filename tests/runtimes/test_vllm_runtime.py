@@ -17,10 +17,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from pytest_logprob_drift import plan_file  # noqa: E402
-from pytest_logprob_drift.outcomes import Outcome  # noqa: E402
-from pytest_logprob_drift.runner import Runner  # noqa: E402
-from pytest_logprob_drift.runtimes.vllm_hf import VllmHfAdapter, VllmRollout  # noqa: E402
+from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.runner import Runner
+from pytest_logprob_drift.runtimes.vllm_hf import VllmHfAdapter, VllmRollout
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow
