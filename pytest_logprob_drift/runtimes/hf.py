@@ -234,31 +234,18 @@ class HfTrainingScorer:
         self.model = None
 
 
-class HfAdapter:
-    """RuntimeAdapter of the ``hf`` runtime."""
+class TransformersTrainingAdapter:
+    """Shared half of the adapters whose training side is the transformers scorer: training
+    knobs, the scorer, the environment; a subclass supplies the rollout side."""
 
-    name = "hf"
+    name = ""
 
     def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
-        result: dict[str, Materialized] = {}
-        for path, value in requested.items():
-            shared = materialize_training(path, value)
-            if shared is not None:
-                result[path] = shared
-            elif path == "rollout.dtype":
-                result[path] = applied(value, "from_pretrained(dtype=...) for the rollout model")
-            elif path == "logp.backend":
-                result[path] = applied(value, "the bound kernel scores the raw logits on both "
-                                       "sides")
-            elif path in HF_INHERENT and HF_INHERENT[path] == value:
-                result[path] = applied(value, "the only value transformers generation has here")
-            else:
-                result[path] = unsupported(path, value, "transformers generation cannot "
-                                           "apply it")
-        return result
+        return {path: materialize_training(path, value) or self.materialize_rollout(path, value)
+                for path, value in requested.items()}
 
-    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> HfRollout:
-        return HfRollout(binding, identity)
+    def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
+        raise NotImplementedError
 
     def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
             -> HfTrainingScorer:
@@ -266,7 +253,25 @@ class HfAdapter:
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
         checkpoint = resolve_identity_checkpoint(identity)
-        return {"runtime": "hf", "checkpoint_digest": checkpoint.digest}
+        return {"runtime": self.name, "checkpoint_digest": checkpoint.digest}
 
     def close(self) -> None:
         return None
+
+
+class HfAdapter(TransformersTrainingAdapter):
+    """RuntimeAdapter of the ``hf`` runtime."""
+
+    name = "hf"
+
+    def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
+        if path == "rollout.dtype":
+            return applied(value, "from_pretrained(dtype=...) for the rollout model")
+        if path == "logp.backend":
+            return applied(value, "the bound kernel scores the raw logits on both sides")
+        if path in HF_INHERENT and HF_INHERENT[path] == value:
+            return applied(value, "the only value transformers generation has here")
+        return unsupported(path, value, "transformers generation cannot apply it")
+
+    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> HfRollout:
+        return HfRollout(binding, identity)

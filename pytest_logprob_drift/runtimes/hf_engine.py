@@ -34,6 +34,8 @@ import transformers
 from torch import Tensor
 from transformers.utils import logging as _hf_logging
 
+from .batch import CANONICAL_KEYS, canonical_batch
+
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
     "CANONICAL_KEYS",
@@ -63,14 +65,6 @@ ATTN_IMPLEMENTATIONS: Final = ("eager", "sdpa", "flex_attention")
 LOGPROBS_MODE: Final = "raw_logprobs"
 """What the rollout reports: logprobs of the raw logits (before temperature), as vLLM names it."""
 
-CANONICAL_KEYS: Final = (
-    "token_ids",
-    "attention_mask",
-    "active_mask",
-    "logprobs",
-    "prompt_lengths",
-    "position_ids",
-)
 # transformers' annotations are partial; treat the parts used here as untyped.
 _tf: Any = transformers
 hf_logging: Any = _hf_logging
@@ -322,37 +316,7 @@ def hf_rollout(
                     logp_fn=logp_fn,
                 )
             )
-    return _canonical(prompts, responses, pad_token_id)
-
-
-def _canonical(
-    prompts: Sequence[Sequence[int]],
-    responses: Sequence[tuple[Sequence[int], Sequence[float]]],
-    pad_token_id: int,
-) -> dict[str, Tensor]:
-    n = len(prompts)
-    length = max(len(p) + len(r[0]) for p, r in zip(prompts, responses, strict=True))
-    token_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((n, length), dtype=torch.bool)
-    active = torch.zeros((n, length), dtype=torch.bool)
-    logprobs = torch.zeros((n, length), dtype=torch.float32)
-    positions = torch.zeros((n, length), dtype=torch.long)
-    prompt_lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    for i, (prompt, (tokens, lps)) in enumerate(zip(prompts, responses, strict=True)):
-        p, total = len(prompt), len(prompt) + len(tokens)
-        token_ids[i, :total] = torch.tensor([*prompt, *tokens], dtype=torch.long)
-        attention[i, :total] = True
-        active[i, p:total] = True
-        logprobs[i, p:total] = torch.tensor(list(lps), dtype=torch.float32)
-        positions[i, :total] = torch.arange(total)
-    return {
-        "token_ids": token_ids,
-        "attention_mask": attention,
-        "active_mask": active,
-        "logprobs": logprobs,
-        "prompt_lengths": prompt_lengths,
-        "position_ids": positions,
-    }
+    return canonical_batch(prompts, responses, pad_token_id)
 
 
 # --------------------------------------------------------------------------- training scorer

@@ -525,7 +525,9 @@ class VllmRolloutEngine:
                 raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(chunk)}")
             for j, out in enumerate(outputs):
                 responses.append(_response(out, start + j, eos_token_id))
-        return _canonical(prompts, responses, pad_token_id)
+        from .batch import canonical_batch
+
+        return canonical_batch(prompts, responses, pad_token_id)
 
 
 def _response(out: Any, index: int, eos_token_id: int) -> tuple[list[int], list[float]]:
@@ -545,35 +547,3 @@ def _response(out: Any, index: int, eos_token_id: int) -> tuple[list[int], list[
             )
         logprobs.append(float(entry[token].logprob))
     return tokens, logprobs
-
-
-def _canonical(
-    prompts: Sequence[Sequence[int]],
-    responses: Sequence[tuple[Sequence[int], Sequence[float]]],
-    pad_token_id: int,
-) -> dict[str, torch.Tensor]:
-    import torch
-
-    n = len(prompts)
-    length = max(len(p) + len(r[0]) for p, r in zip(prompts, responses, strict=True))
-    token_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((n, length), dtype=torch.bool)
-    active = torch.zeros((n, length), dtype=torch.bool)
-    logprobs = torch.zeros((n, length), dtype=torch.float32)
-    positions = torch.zeros((n, length), dtype=torch.long)
-    prompt_lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    for i, (prompt, (tokens, lps)) in enumerate(zip(prompts, responses, strict=True)):
-        p, total = len(prompt), len(prompt) + len(tokens)
-        token_ids[i, :total] = torch.tensor([*prompt, *tokens], dtype=torch.long)
-        attention[i, :total] = True
-        active[i, p:total] = True
-        logprobs[i, p:total] = torch.tensor(list(lps), dtype=torch.float32)
-        positions[i, :total] = torch.arange(total)
-    return {
-        "token_ids": token_ids,
-        "attention_mask": attention,
-        "active_mask": active,
-        "logprobs": logprobs,
-        "prompt_lengths": prompt_lengths,
-        "position_ids": positions,
-    }

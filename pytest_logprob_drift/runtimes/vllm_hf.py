@@ -25,9 +25,8 @@ from ..runtime import (
 )
 from ..schema import JSONScalar, KnobValue, ScoringIdentity
 from .hf import (
-    HfTrainingScorer,
+    TransformersTrainingAdapter,
     applied,
-    materialize_training,
     resolve_identity_checkpoint,
     side_identity,
     unsupported,
@@ -121,59 +120,39 @@ def _special_ids(model_dir: Any) -> tuple[int, int]:
     return int(eos), int(pad if pad is not None else eos)
 
 
-class VllmHfAdapter:
+class VllmHfAdapter(TransformersTrainingAdapter):
     """RuntimeAdapter of the ``vllm-hf`` runtime."""
 
     name = "vllm-hf"
 
-    def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
-        result: dict[str, Materialized] = {}
-        for path, value in requested.items():
-            shared = materialize_training(path, value)
-            if shared is not None:
-                result[path] = shared
-            elif path == "rollout.dtype":
-                result[path] = applied(value, "vllm.LLM(dtype=...)")
-            elif path == "rollout.tensor_parallel_size":
-                result[path] = applied(value, "vllm.LLM(tensor_parallel_size=...); CPU threads "
-                                       "bound per rank by VLLM_CPU_OMP_THREADS_BIND")
-            elif path == "rollout.enable_prefix_caching":
-                result[path] = applied(value, "vllm.LLM(enable_prefix_caching=...)")
-            elif path == "rollout.enforce_eager":
-                result[path] = applied(value, "vllm.LLM(enforce_eager=...); False selects the "
-                                       "compiled/graph path")
-            elif path == "rollout.context_parallel_size":
-                if value == 1:
-                    result[path] = applied(value, "no context parallelism")
-                else:
-                    result[path] = unsupported(path, value, "the vLLM CPU platform has no "
-                                               "context parallelism")
-            elif path == "logp.backend":
-                if value == "native":
-                    result[path] = applied(value, "vLLM sampler logprobs (raw_logprobs) and the "
-                                           "trainer's native log_softmax")
-                else:
-                    result[path] = unsupported(path, value, "vLLM computes rollout logprobs in "
-                                               "its sampler; a selected-logprob backend cannot "
-                                               "be injected on the rollout side")
-            else:
-                result[path] = unsupported(path, value, "no vLLM setting for it")
-        return result
+    def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
+        if path == "rollout.dtype":
+            return applied(value, "vllm.LLM(dtype=...)")
+        if path == "rollout.tensor_parallel_size":
+            return applied(value, "vllm.LLM(tensor_parallel_size=...); CPU threads bound per "
+                           "rank by VLLM_CPU_OMP_THREADS_BIND")
+        if path == "rollout.enable_prefix_caching":
+            return applied(value, "vllm.LLM(enable_prefix_caching=...)")
+        if path == "rollout.enforce_eager":
+            return applied(value, "vllm.LLM(enforce_eager=...); False selects the "
+                           "compiled/graph path")
+        if path == "rollout.context_parallel_size":
+            if value == 1:
+                return applied(value, "no context parallelism")
+            return unsupported(path, value, "the vLLM CPU platform has no context parallelism")
+        if path == "logp.backend":
+            if value == "native":
+                return applied(value, "vLLM sampler logprobs (raw_logprobs) and the trainer's "
+                               "native log_softmax")
+            return unsupported(path, value, "vLLM computes rollout logprobs in its sampler; a "
+                               "selected-logprob backend cannot be injected on the rollout side")
+        return unsupported(path, value, "no vLLM setting for it")
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> VllmRollout:
         return VllmRollout(binding, identity)
-
-    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-            -> HfTrainingScorer:
-        return HfTrainingScorer(binding, identity)
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
         quiet_vllm_logging()
         import vllm
 
-        checkpoint = resolve_identity_checkpoint(identity)
-        return {"runtime": "vllm-hf", "checkpoint_digest": checkpoint.digest,
-                "vllm": str(vllm.__version__)}
-
-    def close(self) -> None:
-        return None
+        return {**super().environment(identity), "vllm": str(vllm.__version__)}

@@ -29,6 +29,7 @@ from ..runtime import (
     TrainingOutput,
     backend_of,
 )
+from ..runtimes.batch import canonical_batch
 from ..schema import ApplicationStatus, JSONScalar, KnobValue, ScoringIdentity
 
 VOCAB = 64
@@ -114,7 +115,10 @@ class SyntheticRollout:
             chunk = prompts[start:start + batch_size]
             for offset, prompt in enumerate(chunk):
                 rows.append(self._sample_one(list(prompt), start + offset, identity, kernel))
-        return RolloutOutput(tensors=_canonical(rows), identity=_side_identity(identity))
+        return RolloutOutput(
+            tensors=canonical_batch([p for p, _, _ in rows], [(r, lp) for _, r, lp in rows],
+                                    PAD_ID),
+            identity=_side_identity(identity))
 
     @torch.no_grad()
     def _sample_one(self, prompt: list[int], index: int, identity: ScoringIdentity,
@@ -151,27 +155,6 @@ class SyntheticRollout:
 
     def close(self) -> None:
         del self.model
-
-
-def _canonical(rows: list[tuple[list[int], list[int], list[float]]]) -> dict[str, torch.Tensor]:
-    length = max(len(p) + len(r) for p, r, _ in rows)
-    batch = len(rows)
-    token_ids = torch.full((batch, length), PAD_ID, dtype=torch.int64)
-    attention = torch.zeros((batch, length), dtype=torch.bool)
-    active = torch.zeros((batch, length), dtype=torch.bool)
-    logprobs = torch.zeros((batch, length), dtype=torch.float32)
-    positions = torch.zeros((batch, length), dtype=torch.int64)
-    prompt_lengths = torch.zeros(batch, dtype=torch.int64)
-    for i, (prompt, response, lps) in enumerate(rows):
-        total = len(prompt) + len(response)
-        token_ids[i, :total] = torch.tensor(prompt + response)
-        attention[i, :total] = True
-        active[i, len(prompt):total] = True
-        logprobs[i, len(prompt):total] = torch.tensor(lps, dtype=torch.float32)
-        positions[i, :total] = torch.arange(total)
-        prompt_lengths[i] = len(prompt)
-    return {"token_ids": token_ids, "attention_mask": attention, "active_mask": active,
-            "position_ids": positions, "logprobs": logprobs, "prompt_lengths": prompt_lengths}
 
 
 class StatelessScorer:
