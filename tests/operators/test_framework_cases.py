@@ -54,3 +54,45 @@ def test_backend_passes_the_hf_baseline(tmp_path: Path, backend: str) -> None:
     assert result.outcome is Outcome.PASS, result.reason
     records = {r["knob"]: r for r in result.comparison["records"]}
     assert records["logp.backend"]["actual"] == backend
+
+
+def test_vocab_parallel_backend_passes_inside_fsdp_ranks(tmp_path: Path) -> None:
+    """The vocab-parallel backend runs its collectives in the 2 real FSDP training ranks (each
+    keeps its vocabulary shard) against the reference backend on the rollout side."""
+    pytest.importorskip("transformers")
+    document = json.loads((ROOT / "experiments" / "cross_config_s0_hf_tiny.json").read_text())
+    del document["baseline"]["logp"]
+    document["baseline"]["training"]["sharding"] = "fsdp"
+    document["operators"] = {"selected_logprob": {"rollout": "rlkernel.reference_logp",
+                                                  "training": "rlkernel.vocab_parallel_logp"}}
+    document["interventions"] = []
+    config = tmp_path / "vocab_parallel.json"
+    config.write_text(json.dumps(document))
+    execution_plan = plan_file(str(config))
+    assert not execution_plan.has_errors, execution_plan.issues
+    with Runner(execution_plan, runtime="hf", artifacts=tmp_path / "runs") as runner:
+        (result,) = runner.run()
+    assert result.outcome is Outcome.PASS, result.reason
+    assert result.comparison["diagnostics"]["max_abs_diff"] < 1e-4
+    actual = json.loads((result.attempt_dir / "actual.json").read_text())  # type: ignore[operator]
+    evidence = actual["training_evidence"]
+    assert evidence["world_size"] == 2
+    assert evidence["logp_backend"].endswith("vocab_parallel:process_group_selected_logprob")
+    assert {p["backend"] for p in actual["operator_provenance"]} == {
+        "rlkernel.reference_logp", "rlkernel.vocab_parallel_logp"}
+
+
+def test_vocab_parallel_backend_is_refused_without_a_training_world(tmp_path: Path) -> None:
+    """Its descriptor requires training world size >= 2: an unsharded case does not bind."""
+    document = json.loads((ROOT / "experiments" / "cross_config_s0_hf_tiny.json").read_text())
+    del document["baseline"]["logp"]
+    document["operators"] = {"selected_logprob": {"rollout": "rlkernel.reference_logp",
+                                                  "training": "rlkernel.vocab_parallel_logp"}}
+    document["interventions"] = []
+    config = tmp_path / "unsharded.json"
+    config.write_text(json.dumps(document))
+    execution_plan = plan_file(str(config))
+    codes = {i.code for i in execution_plan.issues}
+    assert "UNSUPPORTED_TOPOLOGY" in codes
+    issue = next(i for i in execution_plan.issues if i.code == "UNSUPPORTED_TOPOLOGY")
+    assert issue.path == "$.operators.selected_logprob.training"
