@@ -62,6 +62,8 @@ _EMBED: Final = re.compile(r"\(embed_tokens\): VocabParallelEmbedding\(([^)]*)\)
 _LM_HEAD: Final = re.compile(r"\(lm_head\): ParallelLMHead\(([^)]*)\)")
 
 
+WORKER_EXTENSION: Final = "pytest_logprob_drift.runtimes.vllm_worker_ext.DriftWorkerExtension"
+
 # --------------------------------------------------------------------------- spec
 
 
@@ -380,8 +382,11 @@ class VllmRolloutEngine:
                     max_model_len=spec.max_model_len,
                     kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
                     logprobs_mode=LOGPROBS_MODE,
+                    worker_extension_cls=WORKER_EXTENSION,
                 )
                 self._handle.llm = llm
+                # Before any request: AMX permission in every worker (see vllm_worker_ext).
+                self.amx_enabled = [bool(r) for r in llm.collective_rpc("enable_amx")]
                 self._handle.engine_processes = _engine_processes(llm)
                 self._handle.note_shm_segments()
         except BaseException:
@@ -460,6 +465,7 @@ class VllmRolloutEngine:
             "num_engine_core_processes": len(procs["engine_core"]),
             "num_worker_processes": len(procs["workers"]),
             "construction_env": dict(self.construction_env),
+            "worker_amx_enabled": list(self.amx_enabled),
         }
 
     # -- rollout
