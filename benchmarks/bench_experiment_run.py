@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 import os
 import subprocess
 import sys
@@ -67,6 +68,20 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _kind(cmdline: str) -> str:
+    if "VLLM::EngineCore" in cmdline or "EngineCore" in cmdline:
+        return "vLLM engine core"
+    if "VLLM::Worker" in cmdline or "VllmWorker" in cmdline:
+        return "vLLM worker"
+    if "fsdp_scoring" in cmdline:
+        return "FSDP rank"
+    if "resource_tracker" in cmdline:
+        return "multiprocessing resource tracker"
+    if "compile_worker" in cmdline or "inductor" in cmdline:
+        return "torch inductor compile worker"
+    return "other (" + (cmdline.split(" ")[0].rsplit("/", 1)[-1] or "?") + ")"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("config")
@@ -87,11 +102,16 @@ def main() -> int:
         tree = _tree(proc.pid)
         peak = max(peak, sum(_rss_kib(pid) for pid in tree))
         for pid in tree[1:]:
-            launched.setdefault(pid, _cmdline(pid)[:80])
+            title = _cmdline(pid)[:120]  # vLLM renames its processes after start: keep latest
+            if title:
+                launched[pid] = title
         time.sleep(0.2)
     wall = time.monotonic() - start
     stdout = proc.stdout.read() if proc.stdout else ""
-    report = json.loads(stdout[stdout.index("{"):])
+    # Engines may log to stdout too; the report is the last top-level JSON object.
+    lines = stdout.splitlines()
+    start = max(i for i, line in enumerate(lines) if line == "{")
+    report = json.loads("\n".join(lines[start:]))
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from pytest_logprob_drift import plan_file
@@ -118,9 +138,17 @@ def main() -> int:
     counts = report["engine_constructions"]
     print(f"engine constructions: rollout {counts['rollout']} (minimum {rollout_min}), "
           f"training {counts['training']} (minimum {training_min})")
-    fsdp_ranks = [c for c in launched.values() if "fsdp_scoring" in c]
-    print(f"child processes launched: {len(launched)}; FSDP rank processes {len(fsdp_ranks)} "
-          f"(minimum {2 * fsdp_groups})")
+    kinds = Counter(_kind(c) for c in launched.values())
+    engine_cores = kinds.get("vLLM engine core", 0)
+    workers = kinds.get("vLLM worker", 0)
+    tp_needed = sum(int(str(b.rollout.get("tensor_parallel_size", 1))) for b in
+                    {b.rollout_construction_fingerprint: b for b in bindings}.values())
+    print(f"child processes seen: {len(launched)}: "
+          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+    print(f"FSDP rank processes {kinds.get('FSDP rank', 0)} (minimum {2 * fsdp_groups})")
+    if args.runtime == "vllm-hf":
+        print(f"vLLM engine cores {engine_cores} (minimum {rollout_min}), vLLM workers "
+              f"{workers} (minimum {tp_needed})")
     print(f"failures: {report['failures']}")
     ok = (counts["rollout"] == rollout_min and counts["training"] == training_min
           and not report["failures"])
