@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 
