@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="human report of a run directory (terminal + HTML)")
     report.add_argument("run_dir")
-    report.add_argument("--html", default=None, help="HTML output path "
-                        "(default: RUN_DIR/report.html)")
+    report.add_argument("--html", default=None, help="HTML output path, never overwritten "
+                        "(default: RUN_DIR/report-<newest attempt id>.html)")
     return parser
 
 
