@@ -1,6 +1,7 @@
 """The canonical batch: the tensor wire format both scorers exchange.
 
-Owns building the right-padded ``[B, L]`` tensors from prompts and sampled responses:
+Owns the checks of a rollout request and building the right-padded ``[B, L]`` tensors from
+prompts and sampled responses:
 ``token_ids`` (int64, padded with the pad id), ``attention_mask`` and ``active_mask`` (bool;
 active = every generated token through the first EOS), ``logprobs`` (float32 at active positions,
 0.0 elsewhere), ``prompt_lengths`` (int64 ``[B]``) and ``position_ids`` (0..len-1 on valid
@@ -15,6 +16,22 @@ import torch
 
 CANONICAL_KEYS = ("token_ids", "attention_mask", "active_mask", "logprobs", "prompt_lengths",
                   "position_ids")
+
+
+def validate_rollout_request(prompts: Sequence[Sequence[int]], *, batch_size: int,
+                             max_new_tokens: int, temperature: float) -> None:
+    """The checks every rollout engine applies before sampling (ValueError naming the value)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature >= 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not prompts:
+        raise ValueError("no prompts")
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty")
 
 
 def canonical_batch(prompts: Sequence[Sequence[int]],

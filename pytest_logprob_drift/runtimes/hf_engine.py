@@ -34,7 +34,7 @@ import transformers
 from torch import Tensor
 from transformers.utils import logging as _hf_logging
 
-from .batch import CANONICAL_KEYS, canonical_batch
+from .batch import CANONICAL_KEYS, canonical_batch, validate_rollout_request
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -289,17 +289,8 @@ def hf_rollout(
     first EOS (which is kept and scored). The reported logprob of each sampled token is
     ``logp_fn(raw step logits, token)`` in the model's native logits dtype (``LOGPROBS_MODE``).
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if not temperature >= 0.0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if not prompts:
-        raise ValueError("no prompts")
-    for i, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise ValueError(f"prompt {i} is empty")
+    validate_rollout_request(prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                             temperature=temperature)
     responses: list[tuple[list[int], list[float]]] = []
     with torch.inference_mode():
         for start in range(0, len(prompts), batch_size):

@@ -492,18 +492,12 @@ class VllmRolloutEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if not prompts:
-            raise ValueError("no prompts")
+        from .batch import validate_rollout_request
+
+        validate_rollout_request(prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                 temperature=temperature)
         limit = self.spec.max_model_len
         for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty")
             if len(prompt) + max_new_tokens > limit:
                 raise ValueError(
                     f"prompt {i} ({len(prompt)} tokens) + max_new_tokens {max_new_tokens} "
