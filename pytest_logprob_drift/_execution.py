@@ -29,6 +29,7 @@ from .runtime import (
     TrainingScorer,
     application_records,
     merge_read_back,
+    side_identity,
     strict_violations,
 )
 from .schema import KnobApplication, ResolvedContract, ScoringIdentity, canonical
@@ -161,12 +162,7 @@ def execute_case(*, ec: ExecutionCase, identity: ScoringIdentity, binding: Runti
                 reasons.extend(strict_violations(records, changed=case.changed, strict=strict))
                 provenance = session.provenance()
     if rollout_out is not None and training_out is not None:
-        expected = {"checkpoint_uri": identity.checkpoint.uri,
-                    "model_version": identity.checkpoint.model_version,
-                    "checkpoint_digest": identity.checkpoint.digest,
-                    "tokenizer_id": identity.tokenizer.tokenizer_id,
-                    "packing": identity.packing.value,
-                    "positions": identity.positions.value}
+        expected = side_identity(identity, checkpoint_digest=identity.checkpoint.digest)
         violations = identity_violations(
             expected, rollout_out.identity, training_out.identity, rollout_out.tensors,
             training_out.consumed, training_out.readonly_violations)

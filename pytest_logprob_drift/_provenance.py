@@ -9,6 +9,7 @@ the runner. Knows nothing about files or engines.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import platform
@@ -23,6 +24,7 @@ from .schema import ResolvedContract, ScoringIdentity, canonical, canonical_json
 EXECUTION_KEY_VERSION = "cross_config.execution_key.v1"
 
 
+@functools.cache
 def package_version(name: str) -> str:
     try:
         return importlib.metadata.version(name)
@@ -30,8 +32,10 @@ def package_version(name: str) -> str:
         return "absent"
 
 
+@functools.cache
 def framework_digest() -> str:
-    """SHA-256 over the framework's own source files: code changes invalidate old attempts."""
+    """SHA-256 over the framework's own source files: code changes invalidate old attempts.
+    Read once per process."""
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):

@@ -4,13 +4,14 @@ Owns the checks around one teacher-forced scoring call on an ``nn.Module``: para
 buffers bitwise unchanged (a SHA-256 per tensor before and after), every submodule's
 train/eval mode restored, no gradients produced, no ``generate`` call, and no KV cache
 (``use_cache``/``past_key_values`` seen by the forward) where the identity forbids one. Used
-in-process by runtimes and inside FSDP rank processes alike. Knows nothing about verdicts.
+in-process by runtimes and inside FSDP rank processes alike (where a parameter is a DTensor,
+its local shard is what is digested). Knows nothing about verdicts.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,10 +19,14 @@ import torch
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:
-    data = tensor.detach().cpu().contiguous()
-    if data.dtype == torch.bfloat16:
-        data = data.view(torch.int16)
-    return hashlib.sha256(data.numpy().tobytes()).hexdigest()
+    """SHA-256 of the bytes held here: a DTensor (FSDP) is digested as its local shard."""
+    from torch.distributed.tensor import DTensor
+
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    data = local.detach().cpu().contiguous().reshape(-1)
+    digest = hashlib.sha256(f"{data.dtype}:{tuple(local.shape)}:".encode())
+    digest.update(data.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def state_digests(module: torch.nn.Module) -> dict[str, str]:
@@ -45,9 +50,13 @@ def _modes(module: torch.nn.Module) -> dict[str, bool]:
 class ReadOnlyGuard:
     """Use ``with guard.watch():`` around the scoring call, then read ``violations``."""
 
-    def __init__(self, module: torch.nn.Module, *, kv_cache_allowed: bool) -> None:
+    def __init__(self, module: torch.nn.Module, *, kv_cache_allowed: bool,
+                 settle: Callable[[], None] | None = None) -> None:
         self.module = module
         self.kv_cache_allowed = kv_cache_allowed
+        self.settle = settle
+        """Called before each snapshot, e.g. to reshard FSDP parameters so shards are compared
+        with shards, never with all-gathered copies."""
         self.violations: list[str] = []
         self.digest_before = ""
         self.digest_after = ""
@@ -56,6 +65,8 @@ class ReadOnlyGuard:
     @contextmanager
     def watch(self) -> Iterator[ReadOnlyGuard]:
         module = self.module
+        if self.settle is not None:
+            self.settle()
         before = state_digests(module)
         modes = _modes(module)
         grads_before = {n for n, p in module.named_parameters() if p.grad is not None}
@@ -84,6 +95,8 @@ class ReadOnlyGuard:
                 module.generate = original_generate
             elif "generate" in module.__dict__:
                 del module.__dict__["generate"]
+            if self.settle is not None:
+                self.settle()
             after = state_digests(module)
             changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
             if changed:

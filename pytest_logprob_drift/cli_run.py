@@ -23,6 +23,10 @@ from .outcomes import parse_expectation
 from .runner import CaseResult, Runner
 
 
+def _failure_text(exc: Exception) -> str:
+    return exc.render() if isinstance(exc, DriftError) else f"{type(exc).__name__}: {exc}"
+
+
 def _max_diff(result: CaseResult) -> str:
     value = result.comparison.get("diagnostics", {}).get("max_abs_diff")
     return "-" if value is None else f"{value:.3e}"
@@ -36,8 +40,6 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(issue.render(), file=err)
     if execution_plan.has_errors:
         return EXIT_USAGE
-    failures: list[str] = []
-    results: list[CaseResult] = []
     with Runner(execution_plan, runtime=args.runtime, artifacts=Path(args.artifacts),
                 allow_smoke=args.allow_smoke_operators, expectations=expectations) as runner:
         for note in runner.notes:
@@ -46,10 +48,12 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         live = err if args.json else out  # with --json, stdout carries only the document
 
         def progress(index: int, total: int, ec: ExecutionCase,
-                     result: CaseResult | None) -> None:
+                     result: CaseResult | Exception | None) -> None:
             prefix = f"[{index + 1}/{total}] {ec.case.case_id} {ec.case.label}"
             if result is None:
                 print(f"{prefix} ...", file=live, flush=True)
+            elif isinstance(result, Exception):
+                print(f"  case {ec.case.label} failed: {_failure_text(result)}", file=err)
             else:
                 how = "reused" if result.reused else "new"
                 print(f"{prefix} -> {result.outcome.value} ({how}) {result.reason}", file=live,
@@ -57,26 +61,9 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 for skipped in result.skipped_attempts:
                     print(f"    skipped attempt {skipped}", file=live)
 
-        ordered = runner.order(list(execution_plan.cases))
-        for index, ec in enumerate(ordered):
-            progress(index, len(ordered), ec, None)
-            try:
-                result = runner.run_case(ec)
-            except UsageError:
-                raise
-            except DriftError as exc:
-                failures.append(f"{ec.case.label}: {exc.render()}")
-                print(f"  case {ec.case.label} failed: {exc.render()}", file=err)
-                continue
-            except Exception as exc:  # a runtime crash in one case must not lose the others
-                failures.append(f"{ec.case.label}: {type(exc).__name__}: {exc}")
-                print(f"  case {ec.case.label} failed: {type(exc).__name__}: {exc}", file=err)
-                continue
-            finally:
-                if runner.executable:
-                    runner.release_engines_except(ordered[index + 1:])
-            results.append(result)
-            progress(index, len(ordered), ec, result)
+        crashed: list[tuple[ExecutionCase, Exception]] = []
+        results = runner.run(progress=progress, failures=crashed)
+        failures = [f"{ec.case.label}: {_failure_text(exc)}" for ec, exc in crashed]
         constructions = (runner.pool.rollout_constructions, runner.pool.training_constructions)
     rows = [[r.case_id, r.label, r.outcome.value, r.comparison.get("active_tokens", "-"),
              r.comparison.get("mismatches", "-"), _max_diff(r),

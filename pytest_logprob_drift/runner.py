@@ -11,7 +11,7 @@ concrete runtime: the adapter is loaded from the runtime catalog by name.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,9 @@ class CaseResult:
     @property
     def as_expected(self) -> bool:
         return self.outcome is self.expected
+
+
+Progress = Callable[[int, int, ExecutionCase, "CaseResult | Exception | None"], None]
 
 
 def load_adapter(info: RuntimeInfo) -> RuntimeAdapter:
@@ -171,17 +174,35 @@ class Runner:
             return list(cases)
         return order_for_reuse(cases, self.binding)
 
-    def run(self, cases: Sequence[ExecutionCase] | None = None,
-            progress: Any = None) -> list[CaseResult]:
+    def run(self, cases: Sequence[ExecutionCase] | None = None, *,
+            progress: Progress | None = None,
+            failures: list[tuple[ExecutionCase, Exception]] | None = None) -> list[CaseResult]:
+        """Run cases in reuse order, closing each engine once no later case needs it.
+
+        ``progress(index, total, case, outcome)`` is called before a case (outcome None) and
+        after it (its CaseResult, or the exception it raised). Without ``failures`` a case
+        that raises ends the run; with it, the failure is recorded there and the run goes on.
+        Usage errors always end the run.
+        """
         ordered = self.order(list(cases if cases is not None else self.plan.cases))
         results: list[CaseResult] = []
         for index, ec in enumerate(ordered):
             if progress is not None:
                 progress(index, len(ordered), ec, None)
-            result = self.run_case(ec)
-            results.append(result)
-            if self.executable:
-                self.release_engines_except(ordered[index + 1:])
+            try:
+                outcome: CaseResult | Exception = self.run_case(ec)
+            except UsageError:
+                raise
+            except Exception as exc:  # a runtime crash in one case must not lose the others
+                if failures is None:
+                    raise
+                failures.append((ec, exc))
+                outcome = exc
+            finally:
+                if self.executable:
+                    self.release_engines_except(ordered[index + 1:])
+            if isinstance(outcome, CaseResult):
+                results.append(outcome)
             if progress is not None:
-                progress(index, len(ordered), ec, result)
+                progress(index, len(ordered), ec, outcome)
         return results

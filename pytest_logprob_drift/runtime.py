@@ -172,6 +172,20 @@ class RuntimeAdapter(Protocol):
     def close(self) -> None: ...
 
 
+def side_identity(identity: ScoringIdentity, *, checkpoint_digest: str | None,
+                  **observed: JSONScalar) -> dict[str, JSONScalar]:
+    """The identity fields a side reports it used, which identity validation compares (the
+    expected values are this with the config's own digest); ``observed`` adds what a side
+    read from its own files, such as a tokenizer digest."""
+    return {"checkpoint_uri": identity.checkpoint.uri,
+            "model_version": identity.checkpoint.model_version,
+            "checkpoint_digest": checkpoint_digest,
+            "tokenizer_id": identity.tokenizer.tokenizer_id,
+            "packing": identity.packing.value,
+            "positions": identity.positions.value,
+            **observed}
+
+
 def _fp(payload: Any) -> str:
     return sha256_hex(canonical_json(payload))[:16]
 

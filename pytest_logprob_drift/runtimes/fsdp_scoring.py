@@ -38,6 +38,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
+from pytest_logprob_drift._readonly import ReadOnlyGuard
 from pytest_logprob_drift.errors import RuntimeFailure
 from pytest_logprob_drift.runtimes import hf_engine
 
@@ -439,81 +440,21 @@ def _rank_ready_evidence(model: Any, mesh: Any, sharded: list[str]) -> dict[str,
     }
 
 
-def _local_state_digest(model: Any) -> str:
-    """SHA-256 over this rank's parameters and buffers as stored here (local shards)."""
-    from torch.distributed.tensor import DTensor
-
-    h = hashlib.sha256()
-    named = sorted([*model.named_parameters(), *model.named_buffers()], key=lambda kv: kv[0])
-    for name, value in named:
-        local = value.to_local() if isinstance(value, DTensor) else value
-        data = local.detach().cpu().contiguous().reshape(-1)
-        h.update(f"{name}:{data.dtype}:{tuple(local.shape)}:".encode())
-        h.update(data.view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 def _guarded_score(
     model: Any, batch: Mapping[str, Tensor], batch_size: int, logp_fn: hf_engine.LogpFn
 ) -> tuple[Tensor, dict[str, Any]]:
-    """Score inside this rank and check it stayed read-only (the FSDP-aware guard).
-
-    Checked on this rank's local shards: parameters and buffers bitwise unchanged, every
-    submodule's train/eval mode unchanged, no gradients produced, no ``generate`` call, and no
-    KV cache (``use_cache``/``past_key_values``) passed to the forward.
-    """
-    _reshard_all(model)
-    before = _local_state_digest(model)
-    modes = {name: m.training for name, m in model.named_modules()}
-    grads_before = {n for n, p in model.named_parameters() if p.grad is not None}
-    calls: list[str] = []
-    seen_cache: list[str] = []
-    generate_calls: list[int] = []
-
-    def pre_hook(_m: Any, _args: Any, kwargs: dict[str, Any]) -> None:
-        calls.append("forward")
-        if kwargs.get("use_cache"):
-            seen_cache.append("use_cache=True")
-        if kwargs.get("past_key_values") is not None:
-            seen_cache.append("past_key_values passed")
-
-    def refuse_generate(*_a: Any, **_k: Any) -> Any:
-        generate_calls.append(1)
-        raise RuntimeError("the training scorer must not generate")
-
-    handle = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
-    had_generate = "generate" in model.__dict__
-    original_generate = model.__dict__.get("generate")
-    model.generate = refuse_generate
-    try:
+    """Score inside this rank under the shared read-only guard, on this rank's local shards
+    (resharded before each snapshot). The training scorer never gets a KV cache here."""
+    guard = ReadOnlyGuard(model, kv_cache_allowed=False, settle=lambda: _reshard_all(model))
+    with guard.watch():
         result = hf_engine.hf_teacher_forced_score(
             model, batch, batch_size=batch_size, logp_fn=logp_fn
         )
-    finally:
-        handle.remove()
-        if had_generate:
-            model.generate = original_generate
-        else:
-            del model.__dict__["generate"]
-    _reshard_all(model)  # compare shards with shards, never with all-gathered copies
-    after = _local_state_digest(model)
-    violations: list[str] = []
-    if after != before:
-        violations.append("parameters/buffers changed during scoring")
-    changed = sorted(n or "<root>" for n, m in model.named_modules() if modes.get(n) != m.training)
-    if changed:
-        violations.append(f"module mode not restored for {', '.join(changed[:5])}")
-    if {n for n, p in model.named_parameters() if p.grad is not None} - grads_before:
-        violations.append("gradients were produced during scoring")
-    if generate_calls:
-        violations.append("generate() was called by the training scorer")
-    if seen_cache:
-        violations.append(f"KV cache used by the training scorer ({seen_cache[0]})")
     return result, {
-        "state_digest_before": before,
-        "state_digest_after": after,
-        "forward_calls": len(calls),
-        "readonly_violations": violations,
+        "state_digest_before": guard.digest_before,
+        "state_digest_after": guard.digest_after,
+        "forward_calls": guard.forward_calls,
+        "readonly_violations": list(guard.violations),
     }
 
 

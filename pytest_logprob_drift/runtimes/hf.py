@@ -12,6 +12,8 @@ read back from the live models. Also hosts the training side reused by ``vllm-hf
 
 from __future__ import annotations
 
+import abc
+import functools
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .. import runtime
 from .._readonly import ReadOnlyGuard, state_digest
 from ..errors import RuntimeFailure, UsageError
 from ..execution_plan import FSDP_WORLD_SIZE
@@ -82,6 +85,7 @@ def resolve_identity_checkpoint(identity: ScoringIdentity) -> ResolvedCheckpoint
         raise UsageError(f"identity.checkpoint: {exc.message}") from None
 
 
+@functools.cache
 def tokenizer_digest(model_dir: Path) -> str:
     digest = hashlib.sha256()
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -94,13 +98,8 @@ def tokenizer_digest(model_dir: Path) -> str:
 def side_identity(identity: ScoringIdentity, checkpoint: ResolvedCheckpoint) \
         -> dict[str, JSONScalar]:
     """What one side actually loaded (digests read from its own files)."""
-    return {"checkpoint_uri": identity.checkpoint.uri,
-            "model_version": identity.checkpoint.model_version,
-            "checkpoint_digest": checkpoint.digest,
-            "tokenizer_id": identity.tokenizer.tokenizer_id,
-            "tokenizer_digest": tokenizer_digest(checkpoint.path),
-            "packing": identity.packing.value,
-            "positions": identity.positions.value}
+    return runtime.side_identity(identity, checkpoint_digest=checkpoint.digest,
+                                 tokenizer_digest=tokenizer_digest(checkpoint.path))
 
 
 def special_ids(model: Any) -> tuple[int, int]:
@@ -114,9 +113,9 @@ def special_ids(model: Any) -> tuple[int, int]:
 class HfRollout:
     """transformers generation on the KV-cache decode path."""
 
-    def __init__(self, binding: RuntimeBinding, identity: ScoringIdentity) -> None:
+    def __init__(self, binding: RuntimeBinding, checkpoint: ResolvedCheckpoint) -> None:
         self.construction_fingerprint = binding.rollout_construction_fingerprint
-        self.checkpoint = resolve_identity_checkpoint(identity)
+        self.checkpoint = checkpoint
         self.model = hf_engine.load_model(self.checkpoint.path,
                                           dtype=str(binding.rollout.get("dtype", "float32")),
                                           attn_implementation=ROLLOUT_ATTENTION)
@@ -151,11 +150,11 @@ class HfRollout:
 class HfTrainingScorer:
     """Read-only teacher-forced scoring: in process, or FSDP2 over rank processes."""
 
-    def __init__(self, binding: RuntimeBinding, identity: ScoringIdentity) -> None:
+    def __init__(self, binding: RuntimeBinding, checkpoint: ResolvedCheckpoint) -> None:
         from .fsdp_scoring import FsdpScorerGroup
 
         self.construction_fingerprint = binding.training_construction_fingerprint
-        self.checkpoint = resolve_identity_checkpoint(identity)
+        self.checkpoint = checkpoint
         self.dtype = str(binding.training.get("compute_dtype", "float32"))
         self.attention = str(binding.training.get("attention_backend", "sdpa"))
         self.sharded = binding.training.get("sharding", "none") == "fsdp"
@@ -234,26 +233,37 @@ class HfTrainingScorer:
         self.model = None
 
 
-class TransformersTrainingAdapter:
+class TransformersTrainingAdapter(abc.ABC):
     """Shared half of the adapters whose training side is the transformers scorer: training
     knobs, the scorer, the environment; a subclass supplies the rollout side."""
 
     name = ""
 
+    def __init__(self) -> None:
+        self._checkpoints: dict[tuple[str, str | None], ResolvedCheckpoint] = {}
+
+    def checkpoint(self, identity: ScoringIdentity) -> ResolvedCheckpoint:
+        """The identity's checkpoint, resolved and digest-checked once per adapter (a large
+        local checkpoint is hashed once per run, not once per case and engine)."""
+        key = (identity.checkpoint.uri, identity.checkpoint.digest)
+        if key not in self._checkpoints:
+            self._checkpoints[key] = resolve_identity_checkpoint(identity)
+        return self._checkpoints[key]
+
     def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
         return {path: materialize_training(path, value) or self.materialize_rollout(path, value)
                 for path, value in requested.items()}
 
+    @abc.abstractmethod
     def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
-        raise NotImplementedError
+        """What this runtime's rollout side does with one non-training knob."""
 
     def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
             -> HfTrainingScorer:
-        return HfTrainingScorer(binding, identity)
+        return HfTrainingScorer(binding, self.checkpoint(identity))
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
-        checkpoint = resolve_identity_checkpoint(identity)
-        return {"runtime": self.name, "checkpoint_digest": checkpoint.digest}
+        return {"runtime": self.name, "checkpoint_digest": self.checkpoint(identity).digest}
 
     def close(self) -> None:
         return None
@@ -274,4 +284,4 @@ class HfAdapter(TransformersTrainingAdapter):
         return unsupported(path, value, "transformers generation cannot apply it")
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> HfRollout:
-        return HfRollout(binding, identity)
+        return HfRollout(binding, self.checkpoint(identity))

@@ -27,10 +27,10 @@ from ..schema import JSONScalar, KnobValue, ScoringIdentity
 from .hf import (
     TransformersTrainingAdapter,
     applied,
-    resolve_identity_checkpoint,
     side_identity,
     unsupported,
 )
+from .tiny_model import ResolvedCheckpoint
 
 MODEL_LEN_QUANTUM = 64
 
@@ -50,12 +50,13 @@ def _model_len(identity: ScoringIdentity) -> int:
 class VllmRollout:
     """One vLLM engine per rollout construction fingerprint."""
 
-    def __init__(self, binding: RuntimeBinding, identity: ScoringIdentity) -> None:
+    def __init__(self, binding: RuntimeBinding, identity: ScoringIdentity,
+                 checkpoint: ResolvedCheckpoint) -> None:
         quiet_vllm_logging()
         from .vllm_engine import VllmEngineSpec, VllmRolloutEngine
 
         self.construction_fingerprint = binding.rollout_construction_fingerprint
-        self.checkpoint = resolve_identity_checkpoint(identity)
+        self.checkpoint = checkpoint
         rollout = binding.rollout
         spec = VllmEngineSpec(
             model_dir=str(self.checkpoint.path),
@@ -149,7 +150,7 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         return unsupported(path, value, "no vLLM setting for it")
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> VllmRollout:
-        return VllmRollout(binding, identity)
+        return VllmRollout(binding, identity, self.checkpoint(identity))
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
         quiet_vllm_logging()

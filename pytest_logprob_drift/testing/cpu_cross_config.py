@@ -28,6 +28,7 @@ from ..runtime import (
     TensorBatch,
     TrainingOutput,
     backend_of,
+    side_identity,
 )
 from ..runtimes.batch import canonical_batch
 from ..schema import ApplicationStatus, JSONScalar, KnobValue, ScoringIdentity
@@ -87,12 +88,8 @@ def native_selected_logprob(logits: torch.Tensor, token_ids: torch.Tensor) -> to
 
 
 def _side_identity(identity: ScoringIdentity) -> dict[str, JSONScalar]:
-    return {"checkpoint_uri": identity.checkpoint.uri,
-            "model_version": identity.checkpoint.model_version,
-            "checkpoint_digest": identity.checkpoint.digest,
-            "tokenizer_id": identity.tokenizer.tokenizer_id,
-            "packing": identity.packing.value,
-            "positions": identity.positions.value}
+    # A synthetic model has no files to digest: it reports the identity's own digest.
+    return side_identity(identity, checkpoint_digest=identity.checkpoint.digest)
 
 
 class SyntheticRollout:

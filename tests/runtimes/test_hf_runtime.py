@@ -143,10 +143,11 @@ class _MutatingScorer(HfTrainingScorer):
 
 class _FaultyAdapter(HfAdapter):
     def __init__(self, fault: str) -> None:
+        super().__init__()
         self.fault = fault
 
     def build_training(self, binding: Any, identity: Any) -> HfTrainingScorer:
-        scorer = _MutatingScorer(binding, identity)
+        scorer = _MutatingScorer(binding, self.checkpoint(identity))
         scorer.fault = self.fault
         return scorer
 

@@ -130,30 +130,29 @@ def _check_canonical(batch: dict[str, torch.Tensor], prompts: list[list[int]]) -
         assert (logprobs[:p] == 0).all() and (logprobs[n:] == 0).all()
 
 
+def _sample(
+    engine: VllmRolloutEngine, prompts: list[list[int]], *, seed: int, batch_size: int
+) -> dict[str, torch.Tensor]:
+    """The rollout request every test here makes (temperature 1, MAX_NEW tokens)."""
+    return engine.generate(
+        prompts,
+        max_new_tokens=MAX_NEW,
+        temperature=1.0,
+        seed=seed,
+        batch_size=batch_size,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
+
+
 def test_fp32_rollout_logprobs_match_transformers(
     engine: VllmRolloutEngine, prompts: list[list[int]], teacher: object
 ) -> None:
-    batch = engine.generate(
-        prompts,
-        max_new_tokens=MAX_NEW,
-        temperature=1.0,
-        seed=7,
-        batch_size=2,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-    )
+    batch = _sample(engine, prompts, seed=7, batch_size=2)
     _check_canonical(batch, prompts)
     assert _max_diff(teacher, batch) <= FP32_TOLERANCE
     # Per-request seeds: chunking never changes what is sampled.
-    again = engine.generate(
-        prompts,
-        max_new_tokens=MAX_NEW,
-        temperature=1.0,
-        seed=7,
-        batch_size=4,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-    )
+    again = _sample(engine, prompts, seed=7, batch_size=4)
     assert torch.equal(again["token_ids"], batch["token_ids"])
     assert torch.allclose(again["logprobs"], batch["logprobs"], atol=1e-6, rtol=0)
 
@@ -254,15 +253,7 @@ def test_tp2_engine_runs_two_workers_and_matches_transformers(
             (0, 512),
             (512, 1024),
         ]
-        batch = eng.generate(
-            prompts,
-            max_new_tokens=MAX_NEW,
-            temperature=1.0,
-            seed=7,
-            batch_size=4,
-            eos_token_id=EOS,
-            pad_token_id=PAD,
-        )
+        batch = _sample(eng, prompts, seed=7, batch_size=4)
         _check_canonical(batch, prompts)
         assert _max_diff(teacher, batch) <= FP32_TOLERANCE
         procs = eng.engine_process_ids()

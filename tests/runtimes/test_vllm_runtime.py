@@ -111,7 +111,8 @@ class _LyingAdapter(VllmHfAdapter):
     def build_rollout(self, binding: Any, identity: Any) -> VllmRollout:
         rollout = dict(binding.rollout)
         rollout["dtype"] = "float32"
-        return VllmRollout(dataclasses.replace(binding, rollout=rollout), identity)
+        return VllmRollout(dataclasses.replace(binding, rollout=rollout), identity,
+                           self.checkpoint(identity))
 
 
 def test_actual_that_disagrees_with_requested_is_strict_rejected(tmp_path: Path) -> None:
