@@ -13,7 +13,7 @@ from .execution_plan import ExecutionPlan, build_execution_plan
 from .outcomes import Outcome
 from .planner import plan_experiment
 from .schema import ExperimentConfig, ExperimentPlan
-from .semantic_registry import default_catalog
+from .semantic_registry import SemanticOperatorCatalog, default_catalog
 
 __all__ = [
     "ArtifactError",
@@ -36,11 +36,13 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def plan_file(path: str, *, pairwise: bool = False) -> ExecutionPlan:
-    """Load, plan and operator-bind a config file (no engine, no torch)."""
+def plan_file(path: str, *, pairwise: bool = False,
+              catalog: SemanticOperatorCatalog | None = None) -> ExecutionPlan:
+    """Load, plan and operator-bind a config file (no engine, no torch), against ``catalog``
+    (default: the built-in and entry-point backends)."""
     from .execution_plan import intervention_json_paths
 
     config = load_config(path)
     plan = plan_experiment(config, pairwise=pairwise)
-    return build_execution_plan(plan, default_catalog(),
+    return build_execution_plan(plan, catalog if catalog is not None else default_catalog(),
                                 intervention_paths=intervention_json_paths(config.interventions))

@@ -19,19 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .config import load_config
+from . import plan_file
 from .errors import DriftError
-from .execution_plan import (
-    ExecutionCase,
-    ExecutionPlan,
-    build_execution_plan,
-    intervention_json_paths,
-)
+from .execution_plan import ExecutionCase, ExecutionPlan
 from .outcomes import Expectation, Outcome, expected_outcome
-from .planner import plan_experiment
 from .runtime import bind_case, order_for_reuse
 from .runtime_catalog import runtime_info
-from .semantic_registry import SemanticOperatorCatalog
 
 if TYPE_CHECKING:
     from .runner import CaseResult, Runner
@@ -60,15 +53,6 @@ def keyword_token(text: str) -> str:
     return text.replace("=", "+eq+").replace(",", "+comma+")
 
 
-def plan_config_file(path: Path, *, pairwise: bool,
-                     catalog: SemanticOperatorCatalog) -> ExecutionPlan:
-    """Load, plan and operator-bind one config against ``catalog`` (no engine, no torch)."""
-    config = load_config(str(path))
-    plan = plan_experiment(config, pairwise=pairwise)
-    return build_execution_plan(plan, catalog,
-                                intervention_paths=intervention_json_paths(config.interventions))
-
-
 class DriftCaseFailure(Exception):
     """A case ended with an outcome other than the expected one."""
 
@@ -84,7 +68,7 @@ class DriftConfigFile(pytest.File):
         from .plugin import OPTIONS_KEY, session_catalog
 
         options = self.config.stash[OPTIONS_KEY]
-        execution_plan = plan_config_file(self.path, pairwise=options.pairwise,
+        execution_plan = plan_file(str(self.path), pairwise=options.pairwise,
                                           catalog=session_catalog(self.config))
         errors = [i for i in execution_plan.issues if i.severity.value == "error"]
         if errors:
