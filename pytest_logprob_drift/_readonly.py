@@ -19,10 +19,13 @@ import torch
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:
-    """SHA-256 of the bytes held here: a DTensor (FSDP) is digested as its local shard."""
-    from torch.distributed.tensor import DTensor
+    """SHA-256 of the bytes held here: a DTensor (FSDP) is digested as its local shard.
 
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    DTensor is recognised by its ``to_local`` rather than imported: importing
+    ``torch.distributed.tensor`` registers torch operator libraries, which must not happen
+    again in a process that re-imports modules (pytester's in-process runs)."""
+    to_local = getattr(tensor, "to_local", None)
+    local: torch.Tensor = to_local() if callable(to_local) else tensor
     data = local.detach().cpu().contiguous().reshape(-1)
     digest = hashlib.sha256(f"{data.dtype}:{tuple(local.shape)}:".encode())
     digest.update(data.view(torch.uint8).numpy().tobytes())
