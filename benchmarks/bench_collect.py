@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_plan import EXPECTED_CASES, config_document
 
 from pytest_logprob_drift import plan_file
-from pytest_logprob_drift.runtime import bind_case
+from pytest_logprob_drift.execute.protocol import bind_case
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]

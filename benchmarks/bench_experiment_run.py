@@ -115,7 +115,7 @@ def main() -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from pytest_logprob_drift import plan_file
-    from pytest_logprob_drift.runtime import bind_case
+    from pytest_logprob_drift.execute.protocol import bind_case
 
     plan = plan_file(args.config)
     bindings = [bind_case(ec, runtime_kind=args.runtime, identity=plan.plan.identity,

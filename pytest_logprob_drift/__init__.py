@@ -7,13 +7,19 @@ schema and operator internals stay in their owning modules.
 
 from __future__ import annotations
 
-from .config import load_config, parse_config
-from .errors import ArtifactError, ConfigError, ConfigErrors, DriftError, UsageError
-from .execution_plan import ExecutionPlan, build_execution_plan
-from .outcomes import Outcome
-from .planner import plan_experiment
-from .schema import ExperimentConfig, ExperimentPlan
-from .semantic_registry import SemanticOperatorCatalog, default_catalog
+from pytest_logprob_drift.config.loader import load_config, parse_config
+from pytest_logprob_drift.errors import (
+    ArtifactError,
+    ConfigError,
+    ConfigErrors,
+    DriftError,
+    UsageError,
+)
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.plan.binding import ExecutionPlan, build_execution_plan
+from pytest_logprob_drift.plan.planner import plan_experiment
+from pytest_logprob_drift.records import ExperimentConfig, ExperimentPlan
+from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog, default_catalog
 
 __all__ = [
     "ArtifactError",
@@ -40,7 +46,7 @@ def plan_file(path: str, *, pairwise: bool = False,
               catalog: SemanticOperatorCatalog | None = None) -> ExecutionPlan:
     """Load, plan and operator-bind a config file (no engine, no torch), against ``catalog``
     (default: the built-in and entry-point backends)."""
-    from .execution_plan import intervention_json_paths
+    from pytest_logprob_drift.plan.binding import intervention_json_paths
 
     config = load_config(path)
     plan = plan_experiment(config, pairwise=pairwise)

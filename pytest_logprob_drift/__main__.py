@@ -1,5 +1,5 @@
 """``python -m pytest_logprob_drift``: the CLI entry point."""
 
-from .cli import main
+from pytest_logprob_drift.cli import main
 
 raise SystemExit(main())

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .errors import UsageError
+from pytest_logprob_drift.errors import UsageError
 
 
 class Outcome(enum.Enum):

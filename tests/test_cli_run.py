@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from pytest_logprob_drift._resume import check_attempt
-from pytest_logprob_drift.artifacts import COMPLETE, SealError, iter_attempt_dirs
 from pytest_logprob_drift.cli import main
+from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
+from pytest_logprob_drift.store.resume import check_attempt
 
 ROOT = Path(__file__).resolve().parents[1]
 S0 = ROOT / "experiments" / "cross_config_s0_cpu_smoke.json"

@@ -16,8 +16,8 @@ from pytest_logprob_drift import (
     parse_config,
     plan_experiment,
 )
-from pytest_logprob_drift.config import FORBIDDEN_KEYS, REQUIRED_TOP_LEVEL
-from pytest_logprob_drift.schema import IssueSeverity, ScenarioLevel, Strategy
+from pytest_logprob_drift.config.loader import FORBIDDEN_KEYS, REQUIRED_TOP_LEVEL
+from pytest_logprob_drift.records import IssueSeverity, ScenarioLevel, Strategy
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.json"))

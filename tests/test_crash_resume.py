@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from pytest_logprob_drift._resume import check_attempt
-from pytest_logprob_drift.artifacts import COMPLETE, SealError, iter_attempt_dirs
+from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
+from pytest_logprob_drift.store.resume import check_attempt
 
 ROOT = Path(__file__).resolve().parents[1]
 S0 = ROOT / "experiments" / "cross_config_s0_cpu_smoke.json"
@@ -44,11 +44,11 @@ DRIVER = r'''
 import hashlib, json, os, signal, sys
 from pathlib import Path
 
-import pytest_logprob_drift.artifacts as artifacts
-import pytest_logprob_drift.cli_run  # noqa: F401  (torch and the execution modules, once)
-import pytest_logprob_drift.testing.cpu_cross_config  # noqa: F401
-import pytest_logprob_drift.testing.smoke_ops.kernels  # noqa: F401
-from pytest_logprob_drift.artifacts import COMPLETE
+import pytest_logprob_drift.store.artifacts as artifacts
+import pytest_logprob_drift.cli.run_cmd  # noqa: F401  (torch and the execution modules, once)
+import pytest_logprob_drift.runtimes.smoke.runtime  # noqa: F401
+import pytest_logprob_drift.runtimes.smoke.kernels  # noqa: F401
+from pytest_logprob_drift.store.artifacts import COMPLETE
 from pytest_logprob_drift.cli import main
 
 work = Path(sys.argv[1])

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_logprob_drift import contract as contract_module
+from pytest_logprob_drift.config import contract as contract_module
 from pytest_logprob_drift import load_config, parse_config, plan_experiment
-from pytest_logprob_drift import planner as planner_module
-from pytest_logprob_drift.planner import (
+from pytest_logprob_drift.plan import planner as planner_module
+from pytest_logprob_drift.plan.planner import (
     ATTENTION_BACKENDS,
     CASE_CAP,
     DTYPES,
@@ -28,7 +28,7 @@ from pytest_logprob_drift.planner import (
     case_id,
     case_label,
 )
-from pytest_logprob_drift.schema import (
+from pytest_logprob_drift.records import (
     CaseKind,
     ExperimentPlan,
     IssueSeverity,

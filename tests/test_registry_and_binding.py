@@ -17,14 +17,14 @@ from pytest_logprob_drift import (
     parse_config,
     plan_experiment,
 )
-from pytest_logprob_drift import semantic_registry as registry_module
-from pytest_logprob_drift.execution_plan import (
+from pytest_logprob_drift.registry import catalog as registry_module
+from pytest_logprob_drift.plan.binding import (
     ExecutionPlan,
     intervention_json_paths,
     side_topology,
 )
-from pytest_logprob_drift.schema import IssueSeverity, Lifecycle, frozen_mapping
-from pytest_logprob_drift.semantic_registry import (
+from pytest_logprob_drift.records import IssueSeverity, Lifecycle, frozen_mapping
+from pytest_logprob_drift.registry.catalog import (
     ENTRY_POINT_GROUP,
     NATIVE_DESCRIPTOR,
     SELECTED_LOGPROB,
@@ -36,7 +36,7 @@ from pytest_logprob_drift.semantic_registry import (
     SemanticOperatorCatalog,
     load_entry_point_descriptors,
 )
-from pytest_logprob_drift.testing.smoke_ops import (
+from pytest_logprob_drift.runtimes.smoke.operators import (
     SMOKE_BACKEND_IDS,
     SMOKE_DESCRIPTORS,
     SMOKE_OFFSET,

@@ -22,20 +22,20 @@ import pytest
 import torch
 
 from pytest_logprob_drift import UsageError, plan_file
-from pytest_logprob_drift._resume import check_attempt
-from pytest_logprob_drift.artifacts import COMPLETE, AttemptWriter
-from pytest_logprob_drift.execution_plan import ExecutionPlan
+from pytest_logprob_drift.execute.protocol import Materialized, RolloutOutput, RuntimeBinding
+from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.outcomes import Outcome, parse_expectation
-from pytest_logprob_drift.runner import CaseResult, Runner
-from pytest_logprob_drift.runtime import Materialized, RolloutOutput, RuntimeBinding
-from pytest_logprob_drift.schema import ApplicationStatus, ScoringIdentity, frozen_mapping
-from pytest_logprob_drift.semantic_registry import NATIVE_DESCRIPTOR, SemanticOperatorCatalog
-from pytest_logprob_drift.testing.cpu_cross_config import (
+from pytest_logprob_drift.plan.binding import ExecutionPlan
+from pytest_logprob_drift.records import ApplicationStatus, ScoringIdentity, frozen_mapping
+from pytest_logprob_drift.registry.catalog import NATIVE_DESCRIPTOR, SemanticOperatorCatalog
+from pytest_logprob_drift.runtimes.smoke.runtime import (
     FAULTS,
     CpuSmokeAdapter,
     StatelessScorer,
     SyntheticRollout,
 )
+from pytest_logprob_drift.store.artifacts import COMPLETE, AttemptWriter
+from pytest_logprob_drift.store.resume import check_attempt
 
 ROOT = Path(__file__).resolve().parents[1]
 S0 = ROOT / "experiments" / "cross_config_s0_cpu_smoke.json"

@@ -38,8 +38,8 @@ from typing import Any
 import pytest
 
 import pytest_logprob_drift
-from pytest_logprob_drift.planner import canonical_path
-from pytest_logprob_drift.semantic_registry import OperatorDescriptor
+from pytest_logprob_drift.plan.planner import canonical_path
+from pytest_logprob_drift.registry.catalog import OperatorDescriptor
 
 # ---- edit these ---------------------------------------------------------------------------
 BACKEND_ID = "workstream.selected_logprob"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.execute.runner import Runner
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("rlkernel.reference_logp", "rlkernel.chunked_logp")

@@ -527,7 +527,7 @@ def test_descriptors_load_without_torch() -> None:
 
 
 def test_descriptors_convert_to_framework_records() -> None:
-    registry = pytest.importorskip("pytest_logprob_drift.semantic_registry")
+    registry = pytest.importorskip("pytest_logprob_drift.registry.catalog")
     for record in descriptors():
         converted = registry.OperatorDescriptor.from_mapping(record)
         assert converted.backend_id == record["backend_id"]

@@ -18,7 +18,6 @@ pytest.importorskip("transformers")
 import torch
 from torch import Tensor
 
-from pytest_logprob_drift.runtimes import fsdp_scoring, hf_engine
 from pytest_logprob_drift.runtimes.tiny_model import (
     CheckpointError,
     ResolvedCheckpoint,
@@ -26,6 +25,8 @@ from pytest_logprob_drift.runtimes.tiny_model import (
     checkpoint_digest,
     resolve_checkpoint,
 )
+from pytest_logprob_drift.runtimes.transformers import engine as hf_engine
+from pytest_logprob_drift.runtimes.transformers import fsdp as fsdp_scoring
 
 TINY = "tiny://qwen3-h64-v1"
 PROMPTS = [[2, 75, 366, 111], [2, 300, 301], [2, 5, 6, 7, 8, 9, 10], [2, 400, 17, 93, 250]]
@@ -312,7 +313,7 @@ def crash_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
             """
             import os
             import torch.distributed as dist
-            from pytest_logprob_drift.runtimes.hf_engine import native_selected_logprob
+            from pytest_logprob_drift.runtimes.transformers.engine import native_selected_logprob
 
             def crash_on_rank1(logits, token_ids):
                 if dist.get_rank() == 1:

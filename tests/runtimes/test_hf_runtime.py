@@ -20,10 +20,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from pytest_logprob_drift import plan_file  # noqa: E402
+from pytest_logprob_drift.execute.runner import CaseResult, Runner  # noqa: E402
 from pytest_logprob_drift.outcomes import Outcome  # noqa: E402
-from pytest_logprob_drift.runner import CaseResult, Runner  # noqa: E402
-from pytest_logprob_drift.runtimes.hf import HfAdapter, HfTrainingScorer  # noqa: E402
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint  # noqa: E402
+from pytest_logprob_drift.runtimes.transformers.adapter import HfAdapter, HfTrainingScorer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "experiments" / "cross_config_s0_hf_tiny.json"

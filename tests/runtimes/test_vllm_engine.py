@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
-from pytest_logprob_drift.runtimes.vllm_engine import (
+from pytest_logprob_drift.runtimes.vllm.engine import (
     VllmEngineSpec,
     VllmRolloutEngine,
     list_child_processes,

@@ -18,9 +18,9 @@ import pytest
 pytest.importorskip("vllm")
 
 from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.execute.runner import Runner
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.runner import Runner
-from pytest_logprob_drift.runtimes.vllm_hf import VllmHfAdapter, VllmRollout
+from pytest_logprob_drift.runtimes.vllm.adapter import VllmHfAdapter, VllmRollout
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow

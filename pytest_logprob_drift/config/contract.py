@@ -1,0 +1,60 @@
+"""The repository numerical contract: the one fixed mismatch threshold.
+
+Owns loading the versioned contract file shipped as package data and resolving
+``(contract_source, contract_version)`` to a concrete version and threshold; ``"current"``
+resolves to the concrete version that is then recorded and hashed. The threshold is never a
+config field, CLI flag or knob: nothing here accepts one. Knows nothing about configs,
+planning or tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from typing import Any
+
+from pytest_logprob_drift.errors import ConfigError
+from pytest_logprob_drift.records import ResolvedContract, canonical_json, sha256_hex
+
+CONTRACT_FILE = "numerical_contract.json"
+CONTRACT_SCHEMA_VERSION = "cross_config.numerical_contract.v1"
+
+
+def _load_document() -> dict[str, Any]:
+    text = resources.files(__package__).joinpath(CONTRACT_FILE).read_text(encoding="utf-8")
+    document: dict[str, Any] = json.loads(text)
+    if document.get("schema_version") != CONTRACT_SCHEMA_VERSION:
+        raise ConfigError("$.schema_version", f"numerical contract file is not "
+                          f"{CONTRACT_SCHEMA_VERSION}", source=CONTRACT_FILE)
+    return document
+
+
+def known_sources() -> tuple[str, ...]:
+    return tuple(sorted(_load_document()["sources"]))
+
+
+def resolve_contract(source: str, version: str) -> ResolvedContract:
+    """Resolve a contract reference; errors name the config's JSON path."""
+    sources = _load_document()["sources"]
+    if source not in sources:
+        raise ConfigError("$.contract_source", f"unknown contract source {source!r}; "
+                          f"known: {', '.join(sorted(sources))}")
+    entry = sources[source]
+    concrete = entry["current"] if version == "current" else version
+    versions = entry["versions"]
+    if concrete not in versions:
+        raise ConfigError("$.contract_version", f"contract {source!r} has no version "
+                          f"{version!r}; known: current, {', '.join(sorted(versions))}")
+    body = versions[concrete]
+    threshold = body["threshold"]
+    if not isinstance(threshold, float) or not math.isfinite(threshold) or threshold <= 0:
+        raise ConfigError(f"$.sources.{source}.versions.{concrete}.threshold",
+                          "threshold must be a positive finite float", source=CONTRACT_FILE)
+    return ResolvedContract(
+        source=source,
+        version=concrete,
+        threshold=threshold,
+        unit=str(body["unit"]),
+        digest=sha256_hex(canonical_json({"source": source, "version": concrete, **body})),
+    )

@@ -1,0 +1,544 @@
+"""Strict loading of ``cross_config.experiment_config.v1`` documents.
+
+Owns the external schema: which keys exist, their JSON types, and turning a file into an
+``ExperimentConfig``. Every fault is a ``ConfigError`` naming the JSON path (``$.baseline.
+rollout.dtype``) and what was expected; all faults of a document are reported together. Knob
+values stay raw here: aliases, the knob allowlist and capability rules belong to the planner.
+A config cannot carry execution mode, plan-only, expected outcomes, smoke authorization or a
+threshold; those belong to the CLI or the numerical contract. Knows nothing about torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pytest_logprob_drift.errors import ConfigError, ConfigErrors
+from pytest_logprob_drift.records import (
+    CONFIG_SCHEMA_VERSION,
+    BackendSelection,
+    CheckpointIdentity,
+    ExperimentConfig,
+    Intervention,
+    MaskPolicy,
+    OperatorSelection,
+    PackingPolicy,
+    PositionPolicy,
+    PromptSet,
+    SamplingSpec,
+    Scenario,
+    ScenarioLevel,
+    ScoringIdentity,
+    Strategy,
+    TokenizerIdentity,
+    frozen_mapping,
+)
+
+T = TypeVar("T")
+
+# Keys that would let a config decide how it is executed or judged. Refused anywhere.
+FORBIDDEN_KEYS: Mapping[str, str] = {
+    "mode": "execution mode belongs to the CLI (plan/run), not the config",
+    "execution_mode": "execution mode belongs to the CLI (plan/run), not the config",
+    "plan_only": "plan-only execution belongs to the CLI (`plan`) or `--drift-plan-only`",
+    "expected": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
+    "expect": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
+    "expected_outcome": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
+    "expected_outcomes": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
+    "allow_smoke_operators": "smoke-operator authorization belongs to the CLI "
+    "(`--allow-smoke-operators`)",
+    "authorize_smoke_operators": "smoke-operator authorization belongs to the CLI "
+    "(`--allow-smoke-operators`)",
+    "threshold": "the threshold is fixed by the numerical contract "
+    "(contract_source/contract_version), not a config field",
+    "fixed_threshold": "the threshold is fixed by the numerical contract "
+    "(contract_source/contract_version), not a config field",
+}
+
+TOP_LEVEL_KEYS = (
+    "schema_version", "experiment_id", "scenario_id", "contract_source", "contract_version",
+    "strategy", "strict_fallback", "identity", "baseline", "interventions", "pairs",
+    "operators", "scenario", "description",
+)
+REQUIRED_TOP_LEVEL = (
+    "schema_version", "experiment_id", "scenario_id", "contract_source", "contract_version",
+    "strategy", "identity", "baseline", "scenario",
+)
+BASELINE_SECTIONS = ("batch", "rollout", "training", "logp")
+KNOWN_OPERATIONS = ("selected_logprob",)
+
+
+class _Collector:
+    """Gathers every fault of one document so the user sees them all at once."""
+
+    def __init__(self, source: str | None) -> None:
+        self.source = source
+        self.errors: list[ConfigError] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.errors.append(ConfigError(path, message, source=self.source))
+
+    def raise_if_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise ConfigErrors(self.errors)
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _object(c: _Collector, value: Any, path: str, allowed: tuple[str, ...],
+            required: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    if not isinstance(value, dict):
+        c.fail(path, f"expected an object, got {_type_name(value)}")
+        return None
+    for key in value:
+        if key in FORBIDDEN_KEYS:
+            continue  # reported by the forbidden-key scan with its own message
+        if key not in allowed:
+            c.fail(f"{path}.{key}", f"unknown key; expected one of: {', '.join(allowed)}")
+    for key in required:
+        if key not in value:
+            c.fail(f"{path}.{key}", "missing required key")
+    return value
+
+
+def _typed(c: _Collector, obj: Mapping[str, Any], key: str, path: str,
+           check: Callable[[Any], bool], expected: str, default: Any = ...) -> Any:
+    if key not in obj:
+        if default is ...:
+            return None  # missing-required already reported by _object
+        return default
+    value = obj[key]
+    if not check(value):
+        c.fail(f"{path}.{key}", f"expected {expected}, got {_type_name(value)} {value!r}")
+        return None
+    return value
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_nonneg_int(v: Any) -> bool:
+    return _is_int(v) and v >= 0
+
+
+def _is_pos_int(v: Any) -> bool:
+    return _is_int(v) and v > 0
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _enum(c: _Collector, obj: Mapping[str, Any], key: str, path: str, enum_type: type[T],
+          default: T | None = None) -> T | None:
+    choices = [m.value for m in enum_type]  # type: ignore[attr-defined]
+    raw = _typed(c, obj, key, path, _is_str, "one of " + ", ".join(map(repr, choices)),
+                 default=None if default is None else default.value)  # type: ignore[attr-defined]
+    if raw is None:
+        return default
+    if raw not in choices:
+        c.fail(f"{path}.{key}", f"expected one of {', '.join(map(repr, choices))}, got {raw!r}")
+        return default
+    return enum_type(raw)  # type: ignore[call-arg]
+
+
+def _scan_forbidden(c: _Collector, value: Any, path: str) -> None:
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if key in FORBIDDEN_KEYS:
+                c.fail(f"{path}.{key}", f"not allowed in a config: {FORBIDDEN_KEYS[key]}")
+            _scan_forbidden(c, child, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            _scan_forbidden(c, child, f"{path}[{index}]")
+
+
+class _Rejected:
+    """Stands in for a duplicate key's value or a NaN/Infinity so its JSON path can be named."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        result[key] = _Rejected(f"duplicate key {key!r}") if key in result else value
+    return result
+
+
+def _reject_constant(name: str) -> Any:
+    return _Rejected(f"{name} is not valid JSON")
+
+
+def _first_rejected(value: Any, path: str) -> tuple[str, str] | None:
+    if isinstance(value, _Rejected):
+        return path, value.message
+    children = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        found = _first_rejected(child, f"{path}[{key}]" if isinstance(key, int)
+                                else f"{path}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def parse_json_text(text: str, source: str) -> Any:
+    """Strict JSON: no duplicate keys, no NaN/Infinity; errors name the JSON path."""
+    try:
+        document = json.loads(text, object_pairs_hook=_reject_duplicate_keys,
+                              parse_constant=_reject_constant)
+        found = _first_rejected(document, "$")
+    except json.JSONDecodeError as exc:
+        raise ConfigError("$", f"invalid JSON at line {exc.lineno} column {exc.colno}: "
+                          f"{exc.msg}", source=source) from None
+    except RecursionError:
+        raise ConfigError("$", "invalid JSON: nested too deeply", source=source) from None
+    if found is not None:
+        raise ConfigError(found[0], f"invalid JSON: {found[1]}", source=source)
+    return document
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and strictly validate a config file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("$", "config file not found", source=str(file)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("$", f"cannot read config file: {exc}", source=str(file)) from None
+    return parse_config(parse_json_text(text, str(file)), source=str(file),
+                        base_dir=file.parent)
+
+
+def parse_config(document: Any, *, source: str | None = None,
+                 base_dir: Path | None = None) -> ExperimentConfig:
+    """Validate an already-parsed JSON document; report every fault at once."""
+    c = _Collector(source)
+    top = _object(c, document, "$", TOP_LEVEL_KEYS, REQUIRED_TOP_LEVEL)
+    if top is None:
+        c.raise_if_any()
+        raise AssertionError("unreachable")
+    _scan_forbidden(c, top, "$")
+
+    schema_version = _typed(c, top, "schema_version", "$", _is_str, "a string")
+    if schema_version is not None and schema_version != CONFIG_SCHEMA_VERSION:
+        c.fail("$.schema_version", f"unknown schema_version {schema_version!r}; "
+               f"expected {CONFIG_SCHEMA_VERSION!r}")
+    experiment_id = _typed(c, top, "experiment_id", "$", _is_safe_id, "a non-empty id of "
+                           "letters, digits, '.', '_' or '-'")
+    scenario_id = _typed(c, top, "scenario_id", "$", _is_str, "a non-empty string")
+    contract_source = _typed(c, top, "contract_source", "$", _is_str, "a non-empty string")
+    contract_version = _typed(c, top, "contract_version", "$", _is_str, "a non-empty string")
+    _typed(c, top, "description", "$", lambda v: isinstance(v, str), "a string", default="")
+    strategy = _enum(c, top, "strategy", "$", Strategy)
+    strict_fallback = _typed(c, top, "strict_fallback", "$", _is_bool, "a boolean",
+                             default=True)
+
+    identity = _identity(c, top.get("identity"), "$.identity", base_dir) \
+        if "identity" in top else None
+    baseline, baseline_paths = _baseline(c, top.get("baseline"), "$.baseline") \
+        if "baseline" in top else ({}, {})
+    interventions = _interventions(c, top.get("interventions", []), "$.interventions")
+    pairs = _pairs(c, top.get("pairs", []), "$.pairs")
+    operators = _operators(c, top.get("operators", {}), "$.operators")
+    scenario = _scenario(c, top.get("scenario"), "$.scenario") if "scenario" in top else None
+    if strategy is Strategy.PAIRWISE and not pairs and "pairs" not in top:
+        c.fail("$.pairs", "strategy 'pairwise' needs an explicit list of path pairs")
+
+    c.raise_if_any()
+    assert identity is not None and scenario is not None and strategy is not None
+    return ExperimentConfig(
+        schema_version=schema_version,
+        experiment_id=experiment_id,
+        scenario_id=scenario_id,
+        contract_source=contract_source,
+        contract_version=contract_version,
+        strategy=strategy,
+        strict_fallback=strict_fallback,
+        identity=identity,
+        baseline=frozen_mapping(baseline),
+        baseline_json_paths=frozen_mapping(baseline_paths),
+        interventions=interventions,
+        pairs=pairs,
+        operators=operators,
+        scenario=scenario,
+        source=source,
+    )
+
+
+def _is_safe_id(v: Any) -> bool:
+    return _is_str(v) and all(ch.isalnum() or ch in "._-" for ch in v) and v[0] not in ".-"
+
+
+def _identity(c: _Collector, value: Any, path: str, base_dir: Path | None) -> ScoringIdentity \
+        | None:
+    obj = _object(c, value, path,
+                  ("checkpoint", "tokenizer", "prompts", "sampling", "mask_policy",
+                   "training_kv_cache", "packing", "positions"),
+                  ("checkpoint", "tokenizer", "prompts", "sampling"))
+    if obj is None:
+        return None
+    checkpoint = _checkpoint(c, obj.get("checkpoint"), f"{path}.checkpoint") \
+        if "checkpoint" in obj else None
+    tokenizer = _tokenizer(c, obj.get("tokenizer"), f"{path}.tokenizer") \
+        if "tokenizer" in obj else None
+    prompts = _prompts(c, obj.get("prompts"), f"{path}.prompts", base_dir) \
+        if "prompts" in obj else None
+    sampling = _sampling(c, obj.get("sampling"), f"{path}.sampling") \
+        if "sampling" in obj else None
+    mask_policy = _enum(c, obj, "mask_policy", path, MaskPolicy, MaskPolicy.RESPONSE_THROUGH_EOS)
+    kv_cache = _typed(c, obj, "training_kv_cache", path, _is_bool, "a boolean", default=False)
+    packing = _enum(c, obj, "packing", path, PackingPolicy, PackingPolicy.PADDED)
+    positions = _enum(c, obj, "positions", path, PositionPolicy,
+                      PositionPolicy.FROM_ATTENTION_MASK)
+    if None in (checkpoint, tokenizer, prompts, sampling, mask_policy, kv_cache, packing,
+                positions):
+        return None
+    assert checkpoint and tokenizer and prompts and sampling and mask_policy and packing
+    assert positions is not None and kv_cache is not None
+    return ScoringIdentity(checkpoint=checkpoint, tokenizer=tokenizer, prompts=prompts,
+                           sampling=sampling, mask_policy=mask_policy,
+                           training_kv_cache=kv_cache, packing=packing, positions=positions)
+
+
+def _checkpoint(c: _Collector, value: Any, path: str) -> CheckpointIdentity | None:
+    obj = _object(c, value, path, ("uri", "model_version", "digest"), ("uri", "model_version"))
+    if obj is None:
+        return None
+    uri = _typed(c, obj, "uri", path, _is_str, "a non-empty string (a local checkpoint "
+                 "directory or a tiny:// URI)")
+    version = _typed(c, obj, "model_version", path, _is_str, "a non-empty string")
+    digest = _typed(c, obj, "digest", path, _is_sha256, "null or a 64-hex-digit SHA-256",
+                    default=None)
+    if uri is None or version is None or ("digest" in obj and obj["digest"] is not None
+                                          and digest is None):
+        return None
+    return CheckpointIdentity(uri=uri, model_version=version, digest=digest)
+
+
+def _is_sha256(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and len(v) == 64
+                         and all(ch in "0123456789abcdef" for ch in v))
+
+
+def _tokenizer(c: _Collector, value: Any, path: str) -> TokenizerIdentity | None:
+    obj = _object(c, value, path, ("id", "add_special_tokens", "chat_template"), ("id",))
+    if obj is None:
+        return None
+    tok_id = _typed(c, obj, "id", path, _is_str, "a non-empty string")
+    special = _typed(c, obj, "add_special_tokens", path, _is_bool, "a boolean", default=False)
+    template = _typed(c, obj, "chat_template", path,
+                      lambda v: v is None or isinstance(v, str), "null or a string",
+                      default=None)
+    if tok_id is None or special is None:
+        return None
+    return TokenizerIdentity(tokenizer_id=tok_id, add_special_tokens=special,
+                             chat_template=template)
+
+
+def _token_rows(c: _Collector, value: Any, path: str) -> tuple[tuple[int, ...], ...] | None:
+    if not isinstance(value, list) or not value:
+        c.fail(path, f"expected a non-empty array of token-id arrays, got {_type_name(value)}")
+        return None
+    rows: list[tuple[int, ...]] = []
+    ok = True
+    for i, row in enumerate(value):
+        if not isinstance(row, list) or not row:
+            c.fail(f"{path}[{i}]", f"expected a non-empty array of token ids, got "
+                   f"{_type_name(row)}")
+            ok = False
+            continue
+        for j, tok in enumerate(row):
+            if not _is_nonneg_int(tok):
+                c.fail(f"{path}[{i}][{j}]", f"expected a non-negative integer token id, got "
+                       f"{_type_name(tok)} {tok!r}")
+                ok = False
+        rows.append(tuple(row))
+    return tuple(rows) if ok else None
+
+
+def _prompts(c: _Collector, value: Any, path: str, base_dir: Path | None) -> PromptSet | None:
+    obj = _object(c, value, path, ("token_ids", "file"))
+    if obj is None:
+        return None
+    if ("token_ids" in obj) == ("file" in obj):
+        c.fail(path, "expected exactly one of 'token_ids' (inline) or 'file'")
+        return None
+    if "token_ids" in obj:
+        rows = _token_rows(c, obj["token_ids"], f"{path}.token_ids")
+        return PromptSet(token_ids=rows) if rows is not None else None
+    name = _typed(c, obj, "file", path, _is_str, "a non-empty file path")
+    if name is None:
+        return None
+    file = Path(name) if base_dir is None or Path(name).is_absolute() else base_dir / name
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        c.fail(f"{path}.file", f"cannot read prompt file {str(file)!r}: {exc.strerror}")
+        return None
+    try:
+        data = parse_json_text(text, str(file))
+    except ConfigError as exc:
+        c.fail(f"{path}.file", f"prompt file {str(file)!r}: {exc.message}")
+        return None
+    if isinstance(data, dict) and set(data) == {"token_ids"}:
+        data = data["token_ids"]
+    rows = _token_rows(c, data, f"{path}.file<{file.name}>")
+    return PromptSet(token_ids=rows, source=str(file)) if rows is not None else None
+
+
+def _sampling(c: _Collector, value: Any, path: str) -> SamplingSpec | None:
+    obj = _object(c, value, path, ("seed", "max_new_tokens", "temperature"),
+                  ("seed", "max_new_tokens"))
+    if obj is None:
+        return None
+    seed = _typed(c, obj, "seed", path, _is_nonneg_int, "a non-negative integer")
+    max_new = _typed(c, obj, "max_new_tokens", path, _is_pos_int, "a positive integer")
+    temperature = _typed(c, obj, "temperature", path, lambda v: _is_number(v) and v >= 0,
+                         "a finite number >= 0", default=1.0)
+    if seed is None or max_new is None or temperature is None:
+        return None
+    return SamplingSpec(seed=seed, max_new_tokens=max_new, temperature=float(temperature))
+
+
+def _baseline(c: _Collector, value: Any, path: str) -> tuple[dict[str, Any], dict[str, str]]:
+    flat: dict[str, Any] = {}
+    json_paths: dict[str, str] = {}
+    obj = _object(c, value, path, BASELINE_SECTIONS)
+    if obj is None:
+        return flat, json_paths
+    if not obj:
+        c.fail(path, "baseline is empty; declare at least one knob value")
+    for section, body in obj.items():
+        if section not in BASELINE_SECTIONS:
+            continue
+        if not isinstance(body, dict):
+            c.fail(f"{path}.{section}", f"expected an object, got {_type_name(body)}")
+            continue
+        for key, raw in body.items():
+            if key in FORBIDDEN_KEYS:
+                continue
+            if isinstance(raw, (dict, list)) or raw is None:
+                c.fail(f"{path}.{section}.{key}", f"expected a string, integer or boolean "
+                       f"knob value, got {_type_name(raw)}")
+                continue
+            flat[f"{section}.{key}"] = raw
+            json_paths[f"{section}.{key}"] = f"{path}.{section}.{key}"
+    return flat, json_paths
+
+
+def _interventions(c: _Collector, value: Any, path: str) -> tuple[Intervention, ...]:
+    if not isinstance(value, list):
+        c.fail(path, f"expected an array of {{path, values}} objects, got {_type_name(value)}")
+        return ()
+    result: list[Intervention] = []
+    for i, item in enumerate(value):
+        ipath = f"{path}[{i}]"
+        obj = _object(c, item, ipath, ("path", "values"), ("path", "values"))
+        if obj is None:
+            continue
+        knob = _typed(c, obj, "path", ipath, _is_str, "a knob path string such as 'batch.size'")
+        values = obj.get("values")
+        if "values" in obj and (not isinstance(values, list) or not values):
+            c.fail(f"{ipath}.values", f"expected a non-empty array, got {_type_name(values)}")
+            continue
+        if knob is None or values is None:
+            continue
+        for j, raw in enumerate(values):
+            if isinstance(raw, (dict, list)) or raw is None:
+                c.fail(f"{ipath}.values[{j}]", f"expected a string, integer or boolean knob "
+                       f"value, got {_type_name(raw)}")
+        result.append(Intervention(path=knob, values=tuple(values), json_path=ipath))
+    return tuple(result)
+
+
+def _pairs(c: _Collector, value: Any, path: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list):
+        c.fail(path, f"expected an array of [path, path] pairs, got {_type_name(value)}")
+        return ()
+    result: list[tuple[str, str]] = []
+    for i, item in enumerate(value):
+        if not (isinstance(item, list) and len(item) == 2 and all(_is_str(p) for p in item)):
+            c.fail(f"{path}[{i}]", "expected a pair of two knob path strings")
+            continue
+        result.append((item[0], item[1]))
+    return tuple(result)
+
+
+def _backend_selection(c: _Collector, value: Any, path: str) -> BackendSelection | None:
+    if isinstance(value, str) and value:
+        return BackendSelection(backend=value)
+    obj = _object(c, value, path, ("backend", "options"), ("backend",))
+    if obj is None:
+        return None
+    backend = _typed(c, obj, "backend", path, _is_str, "a backend id string")
+    options = _typed(c, obj, "options", path, lambda v: isinstance(v, dict), "an object",
+                     default={})
+    if backend is None or options is None:
+        return None
+    return BackendSelection(backend=backend, options=frozen_mapping(options))
+
+
+def _operators(c: _Collector, value: Any, path: str) -> tuple[OperatorSelection, ...]:
+    obj = _object(c, value, path, KNOWN_OPERATIONS)
+    if obj is None:
+        return ()
+    result: list[OperatorSelection] = []
+    for operation, body in obj.items():
+        if operation not in KNOWN_OPERATIONS:
+            continue
+        opath = f"{path}.{operation}"
+        sides = _object(c, body, opath, ("rollout", "training"), ("rollout", "training"))
+        if sides is None or "rollout" not in sides or "training" not in sides:
+            continue
+        rollout = _backend_selection(c, sides["rollout"], f"{opath}.rollout")
+        training = _backend_selection(c, sides["training"], f"{opath}.training")
+        if rollout and training:
+            result.append(OperatorSelection(operation=operation, rollout=rollout,
+                                            training=training))
+    return tuple(result)
+
+
+def _scenario(c: _Collector, value: Any, path: str) -> Scenario | None:
+    obj = _object(c, value, path, ("level", "device"), ("level", "device"))
+    if obj is None:
+        return None
+    level = _enum(c, obj, "level", path, ScenarioLevel)
+    device = _typed(c, obj, "device", path, lambda v: v in ("cpu", "cuda"),
+                    "'cpu' or 'cuda'")
+    if level is None or device is None:
+        return None
+    return Scenario(level=level, device=device)

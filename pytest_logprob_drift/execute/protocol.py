@@ -1,0 +1,307 @@
+"""The runtime adapter protocol, three-stage materialization, fingerprints and strict rules.
+
+Owns what every runtime must provide (``RuntimeAdapter``: materialize knobs, build a rollout
+engine and a training scorer, read back actual values), the backend-neutral
+``RuntimeBinding`` the runner works with (batch, side configuration, topology, scorer, operator
+backends, runtime kind), the construction / distributed-context / process fingerprints that
+decide engine reuse, and the strict-execution rules that turn fallback, ignored settings,
+unobservable values, stale registry state and incompatible reuse into STRICT_REJECTED. Adding a
+runtime adds an adapter, not a branch here or in the runner. Knows nothing about any concrete
+engine; torch appears only in type hints of the protocols.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pytest_logprob_drift.plan.binding import ExecutionCase, side_topology
+from pytest_logprob_drift.plan.planner import knob_lifecycle
+from pytest_logprob_drift.records import (
+    ApplicationStatus,
+    JSONScalar,
+    KnobApplication,
+    KnobValue,
+    ScoringIdentity,
+    canonical,
+    canonical_json,
+    frozen_mapping,
+    sha256_hex,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    LogpKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    TensorBatch = Mapping[str, torch.Tensor]
+else:
+    LogpKernel = Callable[..., Any]
+    TensorBatch = Mapping[str, Any]
+
+ROLLOUT_KNOBS = ("rollout.tensor_parallel_size", "rollout.context_parallel_size",
+                 "rollout.dtype", "rollout.enable_prefix_caching", "rollout.enforce_eager")
+TRAINING_KNOBS = ("training.attention_backend", "training.compute_dtype", "training.sharding")
+PROCESS_KNOBS = ("rollout.tensor_parallel_size", "rollout.context_parallel_size",
+                 "training.sharding")
+
+
+@dataclass(frozen=True, slots=True)
+class BoundKernel:
+    """A selected-logprob kernel with the backend id it was resolved from; engines report
+    ``backend`` as the actual ``logp.backend`` they used (``native`` when given none)."""
+
+    backend: str
+    kernel: Callable[..., Any]
+    factory: str | None = None
+    """``module:attr`` of the kernel when it can be imported by name (e.g. in a rank process)."""
+
+    def __call__(self, logits: Any, token_ids: Any) -> Any:
+        return self.kernel(logits, token_ids)
+
+
+def backend_of(logp: Any) -> str:
+    return logp.backend if isinstance(logp, BoundKernel) else "native"
+
+
+def merge_read_back(rollout: Mapping[str, JSONScalar],
+                    training: Mapping[str, JSONScalar]) -> dict[str, JSONScalar]:
+    """Union of both sides' actual values; a knob both report differently shows both."""
+    merged: dict[str, JSONScalar] = {**rollout, **training}
+    for key in set(rollout) & set(training):
+        if rollout[key] != training[key]:
+            merged[key] = f"rollout:{rollout[key]}|training:{training[key]}"
+    return merged
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Materialized:
+    """Stage 2 of requested -> materialized -> actual for one knob."""
+
+    value: JSONScalar
+    status: ApplicationStatus
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeBinding:
+    """Backend-neutral execution binding of one case: all the runner passes to engines."""
+
+    runtime_kind: str
+    batch: Mapping[str, int]
+    rollout: Mapping[str, JSONScalar]
+    training: Mapping[str, JSONScalar]
+    topology: Mapping[str, Mapping[str, int]]
+    scorer: Mapping[str, JSONScalar]
+    operator_backends: Mapping[str, str]
+    process_fingerprint: str
+    distributed_fingerprint: str
+    rollout_construction_fingerprint: str
+    training_construction_fingerprint: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutOutput:
+    """Canonical tensors (token_ids, attention_mask, active_mask, position_ids, logprobs,
+    prompt_lengths) plus the side's identity view (checkpoint digest, tokenizer, ...)."""
+
+    tensors: TensorBatch
+    identity: Mapping[str, JSONScalar]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingOutput:
+    """Training logprobs, the tensors the scorer actually consumed, its identity view and the
+    read-only evidence (violations found by the guard, empty when clean)."""
+
+    logprobs: Any
+    consumed: TensorBatch
+    identity: Mapping[str, JSONScalar]
+    readonly_violations: tuple[str, ...]
+    evidence: Mapping[str, JSONScalar]
+
+
+class RolloutEngine(Protocol):
+    """A constructed rollout engine; reused while its construction fingerprint matches."""
+
+    construction_fingerprint: str
+
+    def generate(self, identity: ScoringIdentity, *, batch_size: int,
+                 logp: LogpKernel | None) -> RolloutOutput: ...
+
+    def read_back(self) -> Mapping[str, JSONScalar]:
+        """Actual values, keyed by knob path, read from the live engine."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TrainingScorer(Protocol):
+    """A constructed read-only teacher-forced scorer."""
+
+    construction_fingerprint: str
+
+    def score(self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int,
+              logp: LogpKernel | None) -> TrainingOutput: ...
+
+    def read_back(self) -> Mapping[str, JSONScalar]: ...
+
+    def close(self) -> None: ...
+
+
+class RuntimeAdapter(Protocol):
+    """What a runtime implements. Constructed once per run; engines via the factories."""
+
+    name: str
+
+    def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
+        """Stage 2: what this runtime will do with each requested knob (no engine built)."""
+        ...
+
+    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) \
+            -> RolloutEngine: ...
+
+    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
+            -> TrainingScorer: ...
+
+    def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
+        """Versions, device and resolved checkpoint digest that must match for an attempt to
+        be reused."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def side_identity(identity: ScoringIdentity, *, checkpoint_digest: str | None,
+                  **observed: JSONScalar) -> dict[str, JSONScalar]:
+    """The identity fields a side reports it used, which identity validation compares (the
+    expected values are this with the config's own digest); ``observed`` adds what a side
+    read from its own files, such as a tokenizer digest."""
+    return {"checkpoint_uri": identity.checkpoint.uri,
+            "model_version": identity.checkpoint.model_version,
+            "checkpoint_digest": checkpoint_digest,
+            "tokenizer_id": identity.tokenizer.tokenizer_id,
+            "packing": identity.packing.value,
+            "positions": identity.positions.value,
+            **observed}
+
+
+def _fp(payload: Any) -> str:
+    return sha256_hex(canonical_json(payload))[:16]
+
+
+def bind_case(ec: ExecutionCase, *, runtime_kind: str, identity: ScoringIdentity,
+              device: str) -> RuntimeBinding:
+    """Derive the backend-neutral binding and fingerprints from an operator-bound case."""
+    requested = ec.case.requested
+    rollout = {k.split(".", 1)[1]: requested[k] for k in ROLLOUT_KNOBS if k in requested}
+    training = {k.split(".", 1)[1]: requested[k] for k in TRAINING_KNOBS if k in requested}
+    topology = {"rollout": side_topology(requested, "rollout"),
+                "training": side_topology(requested, "training")}
+    backends = {b.target: b.backend for b in ec.bindings}
+    bindings = {b.target: canonical(b) for b in ec.bindings}
+    # Each side's engines live in that side's processes: a rollout engine depends on the
+    # rollout topology only, a training scorer on the training topology only.
+    rollout_process = _fp({"runtime": runtime_kind, "device": device, "side": "rollout",
+                           "process": {k: requested.get(k) for k in PROCESS_KNOBS
+                                       if k.startswith("rollout.")}})
+    training_process = _fp({"runtime": runtime_kind, "device": device, "side": "training",
+                            "process": {k: requested.get(k) for k in PROCESS_KNOBS
+                                        if k.startswith("training.")}})
+    process_fp = _fp({"rollout": rollout_process, "training": training_process})
+    distributed_fp = _fp({"process": process_fp, "topology": topology})
+    checkpoint = canonical(identity.checkpoint)
+    rollout_fp = _fp({"process": rollout_process, "side": "rollout", "settings": rollout,
+                      "operator": bindings.get("rollout"), "checkpoint": checkpoint})
+    training_fp = _fp({"process": training_process, "side": "training", "settings": training,
+                       "operator": bindings.get("training"), "checkpoint": checkpoint})
+    return RuntimeBinding(
+        runtime_kind=runtime_kind,
+        batch=frozen_mapping({"size": int(requested.get("batch.size", 1))}),
+        rollout=frozen_mapping(rollout),
+        training=frozen_mapping(training),
+        topology=frozen_mapping({k: frozen_mapping(v) for k, v in topology.items()}),
+        scorer=frozen_mapping({"mode": "teacher_forced", "kv_cache": identity.training_kv_cache,
+                               "packing": identity.packing.value,
+                               "positions": identity.positions.value, "device": device}),
+        operator_backends=frozen_mapping(backends),
+        process_fingerprint=process_fp,
+        distributed_fingerprint=distributed_fp,
+        rollout_construction_fingerprint=rollout_fp,
+        training_construction_fingerprint=training_fp,
+    )
+
+
+def order_for_reuse(cases: Sequence[ExecutionCase],
+                    binding: Callable[[ExecutionCase], RuntimeBinding]) -> list[ExecutionCase]:
+    """Stable order that keeps cases sharing a rollout engine (the expensive one), then a
+    training scorer, together, so each engine is built once and can be torn down when its
+    last case is done."""
+    first_seen: dict[str, int] = {}
+    for index, ec in enumerate(cases):
+        b = binding(ec)
+        for key in (b.rollout_construction_fingerprint, b.training_construction_fingerprint):
+            first_seen.setdefault(key, index)
+
+    def sort_key(item: tuple[int, ExecutionCase]) -> tuple[int, int, int]:
+        b = binding(item[1])
+        return (first_seen[b.rollout_construction_fingerprint],
+                first_seen[b.training_construction_fingerprint], item[0])
+
+    return [ec for _, ec in sorted(enumerate(cases), key=sort_key)]
+
+
+def application_records(requested: Mapping[str, KnobValue],
+                        materialized: Mapping[str, Materialized],
+                        actual: Mapping[str, JSONScalar] | None) -> tuple[KnobApplication, ...]:
+    """Stage 3: join requested, materialized and actual. An ``applied`` record whose actual
+    value disagrees with the request becomes ``error`` (a silent fallback: the engine did not
+    do what was asked and nobody declared it), with the engine's word as evidence; ``fallback``
+    is reserved for fallbacks the runtime declares at materialization."""
+    records: list[KnobApplication] = []
+    for path in sorted(requested):
+        m = materialized.get(path)
+        if m is None:
+            m = Materialized(value=None, status=ApplicationStatus.UNSUPPORTED,
+                             evidence="the runtime did not report this knob (ignored setting)")
+        status, evidence = m.status, m.evidence
+        value = None if actual is None else actual.get(path)
+        if actual is not None and status is ApplicationStatus.APPLIED:
+            if path not in actual:
+                status = ApplicationStatus.UNOBSERVABLE
+                evidence = f"{evidence}; the engine exposes no read-back for {path}"
+            elif value != requested[path]:
+                status = ApplicationStatus.ERROR
+                evidence = (f"{evidence}; silent fallback: engine reports {value!r}, "
+                            f"requested {requested[path]!r}")
+        elif actual is not None and status is ApplicationStatus.FALLBACK and path in actual \
+                and value != m.value:
+            status = ApplicationStatus.ERROR
+            evidence = (f"{evidence}; declared fallback to {m.value!r} but the engine reports "
+                        f"{value!r}")
+        records.append(KnobApplication(knob=path, lifecycle=knob_lifecycle(path),
+                                       requested=requested[path], materialized=m.value,
+                                       actual=value, status=status, evidence=evidence))
+    return tuple(records)
+
+
+def strict_violations(records: tuple[KnobApplication, ...], *, changed: tuple[str, ...],
+                      strict: bool) -> list[str]:
+    """Reasons strict execution rejects these records (empty when acceptable).
+
+    A declared fallback is measurable only when it is itself the declared intervention (a knob
+    the case changes); under strict execution every other fallback, every unobservable value,
+    every unsupported (ignored) setting and every error, a silent fallback found at read-back
+    included, is rejected. With ``strict_fallback`` false, fallbacks and unobservable values
+    are recorded but not rejected; unsupported settings and errors still are.
+    """
+    reasons: list[str] = []
+    for r in records:
+        if r.status is ApplicationStatus.APPLIED:
+            continue
+        if r.status is ApplicationStatus.FALLBACK and (r.knob in changed or not strict):
+            continue
+        if r.status is ApplicationStatus.UNOBSERVABLE and not strict:
+            continue
+        reasons.append(f"{r.knob}={r.requested!r}: {r.status.value} ({r.evidence})")
+    return reasons

@@ -1,0 +1,217 @@
+"""The paired runner: one entry point for the CLI and the pytest plugin alike.
+
+Owns coordinating an execution plan against one runtime: refusing smoke operators without
+explicit registration and authorization, PLAN_ONLY for scenarios the runtime does not execute,
+the execution key and resume (reuse a sealed, consistent attempt; report the ones skipped),
+execution through the private ``_execution`` module, engine reuse by construction fingerprint
+with teardown as soon as no remaining case needs an engine, and the per-case result. Knows no
+concrete runtime: the adapter is loaded from the runtime catalog by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_logprob_drift.errors import UsageError
+from pytest_logprob_drift.execute.case import EnginePool, execute_case
+from pytest_logprob_drift.execute.protocol import (
+    RuntimeAdapter,
+    RuntimeBinding,
+    bind_case,
+    order_for_reuse,
+)
+from pytest_logprob_drift.execute.provenance import (
+    base_environment,
+    execution_key,
+    execution_key_payload,
+)
+from pytest_logprob_drift.execute.runtime_catalog import RuntimeInfo, runtime_info
+from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
+from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
+from pytest_logprob_drift.records import canonical
+from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog, default_catalog
+from pytest_logprob_drift.runtimes.smoke.operators import register_smoke_operators
+from pytest_logprob_drift.store.artifacts import ArtifactStore, SealError
+from pytest_logprob_drift.store.resume import check_attempt
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaseResult:
+    case_id: str
+    label: str
+    outcome: Outcome
+    expected: Outcome
+    reason: str
+    reused: bool
+    attempt_dir: Path | None
+    comparison: dict[str, Any] = field(default_factory=dict)
+    skipped_attempts: tuple[str, ...] = ()
+
+    @property
+    def as_expected(self) -> bool:
+        return self.outcome is self.expected
+
+
+Progress = Callable[[int, int, ExecutionCase, "CaseResult | Exception | None"], None]
+
+
+def load_adapter(info: RuntimeInfo) -> RuntimeAdapter:
+    module_name, _, attr = info.adapter.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f" (install the '{info.extra}' extra)" if info.extra else ""
+        raise UsageError(f"runtime {info.name!r} is not available: {exc}{hint}") from None
+    adapter: RuntimeAdapter = getattr(module, attr)()
+    return adapter
+
+
+class Runner:
+    """Runs cases of one execution plan on one runtime; use as a context manager."""
+
+    def __init__(self, execution_plan: ExecutionPlan, *, runtime: str, artifacts: Path,
+                 allow_smoke: bool = False, expectations: Sequence[Expectation] = (),
+                 adapter: RuntimeAdapter | None = None,
+                 catalog: SemanticOperatorCatalog | None = None) -> None:
+        if execution_plan.has_errors:
+            first = next(i for i in execution_plan.issues if i.severity.value == "error")
+            raise UsageError(f"the plan has errors; first: {first.render()}")
+        self.plan = execution_plan
+        self.info = runtime_info(runtime)
+        self.allow_smoke = allow_smoke
+        self.expectations = tuple(expectations)
+        base = catalog if catalog is not None else default_catalog()
+        smoke_cases = [ec.case.label for ec in execution_plan.cases if ec.uses_smoke_operators]
+        if smoke_cases and not allow_smoke:
+            raise UsageError(f"case(s) {', '.join(smoke_cases)} bind smoke-only "
+                             "selected_logprob backends; pass --allow-smoke-operators to "
+                             "register and authorize them")
+        self.catalog = register_smoke_operators(base) if allow_smoke else base
+        self.store = ArtifactStore(artifacts, execution_plan.plan.experiment_id)
+        self.executable = self.info.executes(execution_plan.plan.scenario)
+        self._adapter = adapter
+        self.pool = EnginePool()
+        self._bindings: dict[str, RuntimeBinding] = {}
+        self.notes = self.store.initialize(self._experiment_document(), execution_plan.rows())
+
+    def _experiment_document(self) -> dict[str, Any]:
+        plan = self.plan.plan
+        return {"experiment_id": plan.experiment_id, "scenario_id": plan.scenario_id,
+                "scenario": canonical(plan.scenario), "contract": canonical(plan.contract),
+                "strategy": plan.strategy.value, "strict_fallback": plan.strict_fallback,
+                "identity": plan.identity.canonical_identity()}
+
+    @property
+    def adapter(self) -> RuntimeAdapter:
+        if self._adapter is None:
+            self._adapter = load_adapter(self.info)
+        return self._adapter
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.pool.close()
+        if self._adapter is not None:
+            self._adapter.close()
+
+    def binding(self, ec: ExecutionCase) -> RuntimeBinding:
+        if ec.case.case_id not in self._bindings:
+            plan = self.plan.plan
+            self._bindings[ec.case.case_id] = bind_case(
+                ec, runtime_kind=self.info.name, identity=plan.identity,
+                device=plan.scenario.device)
+        return self._bindings[ec.case.case_id]
+
+    def release_engines_except(self, remaining: Iterable[ExecutionCase]) -> None:
+        """Close every engine that none of ``remaining`` needs."""
+        bindings = [self.binding(ec) for ec in remaining]
+        self.pool.release_unneeded({b.rollout_construction_fingerprint for b in bindings},
+                                   {b.training_construction_fingerprint for b in bindings})
+
+    def run_case(self, ec: ExecutionCase) -> CaseResult:
+        case = ec.case
+        plan = self.plan.plan
+        expected = expected_outcome(self.expectations, case.case_id, case.label)
+        if not self.executable:
+            return CaseResult(case_id=case.case_id, label=case.label, outcome=Outcome.PLAN_ONLY,
+                              expected=expected, reason=self.info.plan_only_reason(plan.scenario),
+                              reused=False, attempt_dir=None)
+        binding = self.binding(ec)
+        adapter = self.adapter
+        materialized = adapter.materialize(case.requested)
+        environment = {**base_environment(plan.scenario.device),
+                       **adapter.environment(plan.identity)}
+        payload = execution_key_payload(ec=ec, identity=plan.identity,
+                                        materialized=materialized, binding=binding,
+                                        contract=plan.contract, environment=environment)
+        key = execution_key(payload)
+        skipped: list[str] = []
+        for attempt in self.store.attempts(case.case_id):
+            try:
+                checked = check_attempt(attempt, expected_key=key)
+            except SealError as exc:
+                skipped.append(f"{attempt.name}: {exc}")
+                continue
+            comparison = dict(checked.comparison)
+            return CaseResult(case_id=case.case_id, label=case.label, outcome=checked.outcome,
+                              expected=expected, reason=str(comparison.get("reason", "")),
+                              reused=True, attempt_dir=attempt, comparison=comparison,
+                              skipped_attempts=tuple(skipped))
+        executed = execute_case(ec=ec, identity=plan.identity, binding=binding,
+                                materialized=materialized, adapter=adapter, pool=self.pool,
+                                catalog=self.catalog, allow_smoke=self.allow_smoke,
+                                contract=plan.contract, strict=plan.strict_fallback,
+                                store=self.store, execution_key=key, key_payload=payload)
+        attempt_dir = self.store.case_dir(case.case_id) / executed.seal.attempt_id
+        comparison = dict(check_attempt(attempt_dir, expected_key=key).comparison)
+        return CaseResult(case_id=case.case_id, label=case.label,
+                          outcome=executed.verdict.outcome, expected=expected,
+                          reason=executed.verdict.reason, reused=False, attempt_dir=attempt_dir,
+                          comparison=dict(comparison), skipped_attempts=tuple(skipped))
+
+    def order(self, cases: Sequence[ExecutionCase]) -> list[ExecutionCase]:
+        """Group cases so each engine is built once: process, then rollout, then training."""
+        if not self.executable:
+            return list(cases)
+        return order_for_reuse(cases, self.binding)
+
+    def run(self, cases: Sequence[ExecutionCase] | None = None, *,
+            progress: Progress | None = None,
+            failures: list[tuple[ExecutionCase, Exception]] | None = None) -> list[CaseResult]:
+        """Run cases in reuse order, closing each engine once no later case needs it.
+
+        ``progress(index, total, case, outcome)`` is called before a case (outcome None) and
+        after it (its CaseResult, or the exception it raised). Without ``failures`` a case
+        that raises ends the run; with it, the failure is recorded there and the run goes on.
+        Usage errors always end the run.
+        """
+        ordered = self.order(list(cases if cases is not None else self.plan.cases))
+        results: list[CaseResult] = []
+        for index, ec in enumerate(ordered):
+            if progress is not None:
+                progress(index, len(ordered), ec, None)
+            try:
+                outcome: CaseResult | Exception = self.run_case(ec)
+            except UsageError:
+                raise
+            except Exception as exc:  # a runtime crash in one case must not lose the others
+                if failures is None:
+                    raise
+                failures.append((ec, exc))
+                outcome = exc
+            finally:
+                if self.executable:
+                    self.release_engines_except(ordered[index + 1:])
+            if isinstance(outcome, CaseResult):
+                results.append(outcome)
+            if progress is not None:
+                progress(index, len(ordered), ec, outcome)
+        return results

@@ -1,0 +1,400 @@
+"""Planning: the knob catalog, normalization, one-at-a-time and pairwise cases.
+
+Owns the exact ten-knob allowlist with lifecycles, alias normalization of paths and values,
+capability constraints that need no engine (positive topology sizes, dtypes and attention
+backends the scenario device supports), the expansion of one explicit baseline plus declared
+interventions into cases (OAT; opt-in pairwise over explicitly listed path pairs only), the
+256-case cap (checked arithmetically before anything is expanded), stable case ids and human
+labels. Every finding becomes a structured ``PlanIssue``; planning reports them all at once and
+never creates an engine. Knows nothing about operators' implementations, runtimes or torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_logprob_drift.config.contract import resolve_contract
+from pytest_logprob_drift.errors import ConfigError
+from pytest_logprob_drift.records import (
+    PLAN_SCHEMA_VERSION,
+    Case,
+    CaseKind,
+    ExperimentConfig,
+    ExperimentPlan,
+    IssueSeverity,
+    Knob,
+    KnobValue,
+    Lifecycle,
+    PlanIssue,
+    ResolvedContract,
+    Strategy,
+    canonical,
+    canonical_json,
+    frozen_mapping,
+    sha256_hex,
+)
+
+CASE_CAP = 256
+"""Framework cap on planned cases (baseline included); not configurable."""
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+SHARDINGS = ("none", "fsdp")
+
+DEVICE_DTYPES: Mapping[str, tuple[str, ...]] = {
+    "cpu": ("float32", "bfloat16", "float16"),
+    "cuda": DTYPES,
+}
+DEVICE_ATTENTION: Mapping[str, tuple[str, ...]] = {
+    "cpu": ("eager", "sdpa", "flex_attention"),
+    "cuda": ATTENTION_BACKENDS,
+}
+
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32",
+                  "torch.float32": "float32", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
+                  "fp16": "float16", "half": "float16", "f16": "float16",
+                  "torch.float16": "float16"}
+_ATTENTION_ALIASES = {"fa2": "flash_attention_2", "flash_attn_2": "flash_attention_2",
+                      "flash-attention-2": "flash_attention_2", "flash_attn": "flash_attention_2",
+                      "flash_attention": "flash_attention_2", "flex": "flex_attention",
+                      "torch_sdpa": "sdpa", "math": "eager"}
+_SHARDING_ALIASES = {"unsharded": "none", "no_shard": "none", "ddp": "none", "fsdp2": "fsdp",
+                     "full_shard": "fsdp", "fully_shard": "fsdp"}
+_BOOL_ALIASES = {"true": True, "false": False, "on": True, "off": False, "yes": True,
+                 "no": False}
+
+PATH_ALIASES: Mapping[str, str] = {
+    "batch_size": "batch.size",
+    "rollout.tp": "rollout.tensor_parallel_size",
+    "rollout.tp_size": "rollout.tensor_parallel_size",
+    "rollout.tensor_parallel": "rollout.tensor_parallel_size",
+    "rollout.cp": "rollout.context_parallel_size",
+    "rollout.cp_size": "rollout.context_parallel_size",
+    "rollout.context_parallel": "rollout.context_parallel_size",
+    "rollout.prefix_caching": "rollout.enable_prefix_caching",
+    "rollout.eager": "rollout.enforce_eager",
+    "training.dtype": "training.compute_dtype",
+    "training.attn": "training.attention_backend",
+    "training.attn_implementation": "training.attention_backend",
+    "logp.impl": "logp.backend",
+}
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _positive_int(raw: Any) -> KnobValue:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
+        raise _Invalid(f"expected a positive integer, got {raw!r}")
+    return raw
+
+
+def _boolean(raw: Any) -> KnobValue:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _BOOL_ALIASES:
+        return _BOOL_ALIASES[raw.strip().lower()]
+    raise _Invalid(f"expected a boolean, got {raw!r}")
+
+
+def _choice(choices: tuple[str, ...], aliases: Mapping[str, str]) -> Callable[[Any], KnobValue]:
+    def normalize(raw: Any) -> KnobValue:
+        if not isinstance(raw, str):
+            raise _Invalid(f"expected one of {', '.join(choices)}, got {raw!r}")
+        key = raw.strip().lower()
+        value = aliases.get(key, key)
+        if value not in choices:
+            raise _Invalid(f"expected one of {', '.join(choices)} (or an alias), got {raw!r}")
+        return value
+    return normalize
+
+
+def _backend_id(raw: Any) -> KnobValue:
+    if not isinstance(raw, str) or not raw.strip():
+        raise _Invalid(f"expected a selected_logprob backend id string, got {raw!r}")
+    return raw.strip()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KnobSpec:
+    """A knob plus how to normalize its values."""
+
+    knob: Knob
+    normalize: Callable[[Any], KnobValue]
+
+
+KNOB_CATALOG: tuple[KnobSpec, ...] = (
+    KnobSpec(knob=Knob(path="batch.size", lifecycle=Lifecycle.REQUEST,
+                       meaning="Canonical sample chunking only."), normalize=_positive_int),
+    KnobSpec(knob=Knob(path="rollout.tensor_parallel_size", lifecycle=Lifecycle.PROCESS,
+                       meaning="Rollout TP world."), normalize=_positive_int),
+    KnobSpec(knob=Knob(path="rollout.context_parallel_size", lifecycle=Lifecycle.PROCESS,
+                       meaning="Rollout CP world."), normalize=_positive_int),
+    KnobSpec(knob=Knob(path="rollout.dtype", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+                       meaning="Rollout numerical dtype."),
+             normalize=_choice(DTYPES, _DTYPE_ALIASES)),
+    KnobSpec(knob=Knob(path="rollout.enable_prefix_caching",
+                       lifecycle=Lifecycle.ENGINE_CONSTRUCTION, meaning="Engine cache policy."),
+             normalize=_boolean),
+    KnobSpec(knob=Knob(path="rollout.enforce_eager", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+                       meaning="Eager versus optimized/graph path."), normalize=_boolean),
+    KnobSpec(knob=Knob(path="training.attention_backend",
+                       lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+                       meaning="Training scorer attention implementation."),
+             normalize=_choice(ATTENTION_BACKENDS, _ATTENTION_ALIASES)),
+    KnobSpec(knob=Knob(path="training.compute_dtype", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+                       meaning="Training scorer compute dtype."),
+             normalize=_choice(DTYPES, _DTYPE_ALIASES)),
+    KnobSpec(knob=Knob(path="logp.backend", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+                       meaning="Both-sides selected-logprob shortcut."), normalize=_backend_id),
+    KnobSpec(knob=Knob(path="training.sharding", lifecycle=Lifecycle.PROCESS,
+                       meaning="Training topology, such as unsharded or FSDP."),
+             normalize=_choice(SHARDINGS, _SHARDING_ALIASES)),
+)
+KNOBS: Mapping[str, KnobSpec] = {spec.knob.path: spec for spec in KNOB_CATALOG}
+
+
+def knob_lifecycle(path: str) -> Lifecycle:
+    return KNOBS[path].knob.lifecycle
+
+
+def canonical_path(path: str) -> str:
+    """Alias-normalized knob path (may still be unknown)."""
+    stripped = path.strip()
+    return PATH_ALIASES.get(stripped, stripped)
+
+
+def format_value(value: KnobValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def case_label(changes: Sequence[tuple[str, KnobValue]]) -> str:
+    if not changes:
+        return "baseline"
+    return ",".join(f"{path}={format_value(value)}" for path, value in changes)
+
+
+def case_id_payload(*, requested: Mapping[str, KnobValue], config: ExperimentConfig,
+                    contract: ResolvedContract) -> dict[str, Any]:
+    """The canonical case definition that ``case_id`` hashes."""
+    return {
+        "requested": dict(requested),
+        "operators": canonical(config.operators),
+        "identity": config.identity.canonical_identity(),
+        "contract": {"source": contract.source, "version": contract.version},
+        "scenario": {"scenario_id": config.scenario_id, **canonical(config.scenario)},
+    }
+
+
+def case_id(*, requested: Mapping[str, KnobValue], config: ExperimentConfig,
+            contract: ResolvedContract) -> str:
+    """First 16 hex of SHA-256 over the canonical case definition."""
+    return sha256_hex(canonical_json(case_id_payload(requested=requested, config=config,
+                                                     contract=contract)))[:16]
+
+
+def _case_id_hasher(config: ExperimentConfig, contract: ResolvedContract) \
+        -> Callable[[Mapping[str, KnobValue]], str]:
+    """``case_id`` with the per-plan part hashed once (the identity can hold millions of
+    prompt token ids). Byte-identical to ``case_id``: canonical JSON sorts the payload keys to
+    ``{"contract":..,"identity":..,"operators":..,"requested":..,"scenario":..}``."""
+    parts = case_id_payload(requested={}, config=config, contract=contract)
+    head = hashlib.sha256(
+        (f'{{"contract":{canonical_json(parts["contract"])},'
+         f'"identity":{canonical_json(parts["identity"])},'
+         f'"operators":{canonical_json(parts["operators"])},"requested":').encode())
+    tail = f',"scenario":{canonical_json(parts["scenario"])}}}'
+
+    def hashed(requested: Mapping[str, KnobValue]) -> str:
+        digest = head.copy()
+        digest.update((canonical_json(dict(requested)) + tail).encode("utf-8"))
+        return digest.hexdigest()[:16]
+    return hashed
+
+
+class _Issues:
+    def __init__(self) -> None:
+        self.items: list[PlanIssue] = []
+
+    def error(self, code: str, path: str, message: str) -> None:
+        self.items.append(PlanIssue(severity=IssueSeverity.ERROR, code=code, path=path,
+                                    message=message))
+
+    def warning(self, code: str, path: str, message: str) -> None:
+        self.items.append(PlanIssue(severity=IssueSeverity.WARNING, code=code, path=path,
+                                    message=message))
+
+
+def _normalize_value(issues: _Issues, path: str, raw: Any, json_path: str,
+                     device: str) -> KnobValue | None:
+    try:
+        value = KNOBS[path].normalize(raw)
+    except _Invalid as exc:
+        issues.error("INVALID_VALUE", json_path, f"{path}: {exc}")
+        return None
+    if path in ("rollout.dtype", "training.compute_dtype") and value not in DEVICE_DTYPES[device]:
+        issues.error("UNSUPPORTED_ON_DEVICE", json_path, f"{path}={value} is not supported on "
+                     f"device {device!r}")
+        return None
+    if path == "training.attention_backend" and value not in DEVICE_ATTENTION[device]:
+        issues.error("UNSUPPORTED_ON_DEVICE", json_path, f"{path}={value} needs cuda; the "
+                     f"scenario device is {device!r}")
+        return None
+    return value
+
+
+def _known_path(issues: _Issues, raw_path: str, json_path: str) -> str | None:
+    path = canonical_path(raw_path)
+    if path not in KNOBS:
+        issues.error("UNKNOWN_KNOB", json_path, f"{raw_path!r} is not an allowlisted knob; "
+                     f"allowed: {', '.join(KNOBS)}")
+        return None
+    return path
+
+
+def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> ExperimentPlan:
+    """Expand a config into cases; all problems are returned as structured issues."""
+    issues = _Issues()
+    try:
+        contract = resolve_contract(config.contract_source, config.contract_version)
+    except ConfigError as exc:  # name the config file, like every other config fault
+        raise ConfigError(exc.path, exc.message, source=exc.source or config.source) from None
+    device = config.scenario.device
+
+    baseline: dict[str, KnobValue] = {}
+    declared: set[str] = set()  # known baseline paths, valid values or not
+    for raw_path, raw in config.baseline.items():
+        json_path = config.baseline_json_paths[raw_path]
+        path = _known_path(issues, raw_path, json_path)
+        if path is None:
+            continue
+        if path in declared:
+            issues.error("DUPLICATE_KNOB", json_path, f"{path} is given twice (alias of "
+                         f"{raw_path!r})")
+            continue
+        declared.add(path)
+        value = _normalize_value(issues, path, raw, json_path, device)
+        if value is not None:
+            baseline[path] = value
+
+    interventions: dict[str, list[KnobValue]] = {}
+    for item in config.interventions:
+        path = _known_path(issues, item.path, f"{item.json_path}.path")
+        if path is None:
+            continue
+        if path in interventions:
+            issues.error("DUPLICATE_INTERVENTION", f"{item.json_path}.path", f"{path} is "
+                         "declared by more than one intervention; merge their values")
+            continue
+        if path not in declared:
+            issues.error("INTERVENTION_WITHOUT_BASELINE", f"{item.json_path}.path", f"{path} "
+                         f"has no baseline value; declare it under $.baseline")
+        values: list[KnobValue] = []
+        seen: set[KnobValue] = set()  # a set: thousands of values must not cost O(n^2)
+        for index, raw in enumerate(item.values):
+            vpath = f"{item.json_path}.values[{index}]"
+            value = _normalize_value(issues, path, raw, vpath, device)
+            if value is None:
+                continue
+            if path in baseline and value == baseline[path]:
+                issues.warning("EQUALS_BASELINE", vpath, f"{path}={format_value(value)} equals"
+                               " the baseline; no separate case is planned")
+                continue
+            if value in seen:
+                issues.warning("DUPLICATE_VALUE", vpath, f"{path}={format_value(value)} is "
+                               "listed twice; planned once")
+                continue
+            seen.add(value)
+            values.append(value)
+        interventions[path] = values
+
+    use_pairwise = pairwise or config.strategy is Strategy.PAIRWISE
+    pairs: list[tuple[str, str]] = []
+    if use_pairwise and not config.pairs:
+        issues.error("PAIRWISE_WITHOUT_PAIRS", "$.pairs", "pairwise planning expands only "
+                     "explicitly listed path pairs; $.pairs is empty")
+    if use_pairwise:
+        for index, (first, second) in enumerate(config.pairs):
+            ppath = f"$.pairs[{index}]"
+            a = _known_path(issues, first, f"{ppath}[0]")
+            b = _known_path(issues, second, f"{ppath}[1]")
+            if a is None or b is None:
+                continue
+            if a == b:
+                issues.error("INVALID_PAIR", ppath, f"a pair needs two different paths, got "
+                             f"{a} twice")
+                continue
+            missing = [p for p in (a, b) if p not in interventions]
+            if missing:
+                issues.error("PAIR_WITHOUT_INTERVENTION", ppath, f"{', '.join(missing)} has no"
+                             " declared intervention values to pair")
+                continue
+            key = (a, b) if list(KNOBS).index(a) < list(KNOBS).index(b) else (b, a)
+            if key in pairs:
+                issues.warning("DUPLICATE_PAIR", ppath, f"pair {key[0]} x {key[1]} is listed "
+                               "twice; planned once")
+                continue
+            pairs.append(key)
+    elif config.pairs:
+        issues.warning("PAIRS_IGNORED", "$.pairs", "pairs are listed but strategy is "
+                       "one_at_a_time and --pairwise was not given; no pairwise cases planned")
+
+    # The cap is checked arithmetically, before any expansion accumulates.
+    total = 1 + sum(len(v) for v in interventions.values()) + sum(
+        len(interventions[a]) * len(interventions[b]) for a, b in pairs)
+    cases: list[Case] = []
+    if total > CASE_CAP:
+        issues.error("CASE_CAP_EXCEEDED", "$.interventions", f"the plan would have {total} "
+                     f"cases; the framework cap is {CASE_CAP}; split the experiment")
+    elif not any(i.severity is IssueSeverity.ERROR for i in issues.items):
+        cases = _expand(config, contract, baseline, interventions, pairs)
+
+    return ExperimentPlan(
+        schema_version=PLAN_SCHEMA_VERSION,
+        experiment_id=config.experiment_id,
+        scenario_id=config.scenario_id,
+        scenario=config.scenario,
+        contract=contract,
+        strategy=Strategy.PAIRWISE if use_pairwise else Strategy.ONE_AT_A_TIME,
+        strict_fallback=config.strict_fallback,
+        identity=config.identity,
+        cases=tuple(cases),
+        issues=tuple(issues.items),
+        operators=config.operators,
+    )
+
+
+def _expand(config: ExperimentConfig, contract: ResolvedContract,
+            baseline: Mapping[str, KnobValue], interventions: Mapping[str, list[KnobValue]],
+            pairs: Sequence[tuple[str, str]]) -> list[Case]:
+    hashed_id = _case_id_hasher(config, contract)
+
+    def make(kind: CaseKind, changes: Sequence[tuple[str, KnobValue]]) -> Case:
+        requested = dict(baseline)
+        requested.update(changes)
+        changed = tuple(path for path, _ in changes)
+        lifecycle = max((knob_lifecycle(p) for p in changed), key=lambda lc: lc.rank,
+                        default=None)
+        return Case(case_id=hashed_id(requested),
+                    label=case_label(changes), kind=kind, requested=frozen_mapping(requested),
+                    changed=changed, lifecycle=lifecycle)
+
+    cases = [make(CaseKind.BASELINE, ())]
+    for path, values in interventions.items():
+        for value in values:
+            cases.append(make(CaseKind.ONE_AT_A_TIME, ((path, value),)))
+            if len(cases) > CASE_CAP:
+                raise AssertionError("case cap exceeded after the arithmetic check")
+    for a, b in pairs:
+        for va, vb in itertools.product(interventions[a], interventions[b]):
+            cases.append(make(CaseKind.PAIRWISE, ((a, va), (b, vb))))
+            if len(cases) > CASE_CAP:
+                raise AssertionError("case cap exceeded after the arithmetic check")
+    return cases

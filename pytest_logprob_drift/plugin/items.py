@@ -1,0 +1,227 @@
+"""pytest collection nodes for experiment cases: config file -> experiment -> case items.
+
+Owns turning one experiment config into collectors and items (deterministic, sorted by case
+order so every xdist worker collects the same items), node ids that carry the experiment id and
+the case label (``exp.json::s0-cpu-smoke::batch.size=1``), markers for scenario level and
+changed knob, running an item through the shared runner (the same code path as the CLI), and a
+failure text that shows the evidence instead of a traceback. Planning binds operators against
+the session's catalog (``plugin.session_catalog``), the one the runner executes with. Importing
+this module never imports torch; the runner is imported when the first case executes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.errors import DriftError
+from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
+from pytest_logprob_drift.execute.runtime_catalog import runtime_info
+from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
+from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.execute.runner import CaseResult, Runner
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriftOptions:
+    """Validated plugin options (the flag overrides the ini value)."""
+
+    configs: tuple[Path, ...]
+    runtime: str | None
+    allow_smoke: bool
+    artifacts: Path
+    plan_only: bool
+    expectations: tuple[Expectation, ...]
+    pairwise: bool
+
+
+def marker_name(text: str) -> str:
+    return re.sub(r"[^0-9a-zA-Z_]", "_", text)
+
+
+def keyword_token(text: str) -> str:
+    """``text`` in the spelling a ``-k`` expression can write: ``=`` and ``,`` (which case
+    labels use and ``-k`` cannot) become ``+eq+`` and ``+comma+``."""
+    return text.replace("=", "+eq+").replace(",", "+comma+")
+
+
+class DriftCaseFailure(Exception):
+    """A case ended with an outcome other than the expected one."""
+
+    def __init__(self, result: CaseResult) -> None:
+        self.result = result
+        super().__init__(f"{result.outcome.value}: {result.reason}")
+
+
+class DriftConfigFile(pytest.File):
+    """A ``--drift-config`` file; its child is the experiment."""
+
+    def collect(self) -> Iterator[pytest.Collector]:
+        from pytest_logprob_drift.plugin.hooks import OPTIONS_KEY, session_catalog
+
+        options = self.config.stash[OPTIONS_KEY]
+        execution_plan = plan_file(str(self.path), pairwise=options.pairwise,
+                                          catalog=session_catalog(self.config))
+        errors = [i for i in execution_plan.issues if i.severity.value == "error"]
+        if errors:
+            raise DriftCollectionError("; ".join(f"{self.path}: {i.render()}" for i in errors))
+        yield DriftExperiment.from_parent(self, name=execution_plan.plan.experiment_id,
+                                          execution_plan=execution_plan)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> Any:
+        if isinstance(excinfo.value, (DriftError, DriftCollectionError)):
+            text = excinfo.value.render() if isinstance(excinfo.value, DriftError) \
+                else str(excinfo.value)
+            return f"{self.path}: {text}" if str(self.path) not in text else text
+        return super().repr_failure(excinfo)
+
+
+class DriftCollectionError(Exception):
+    pass
+
+
+class DriftExperiment(pytest.Collector):
+    def __init__(self, *, execution_plan: ExecutionPlan, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.execution_plan = execution_plan
+
+    def collect(self) -> Iterator[pytest.Item]:
+        from pytest_logprob_drift.plugin.hooks import OPTIONS_KEY
+
+        options = self.config.stash[OPTIONS_KEY]
+        plan = self.execution_plan.plan
+        kind = options.runtime or "plan"
+        bindings = {ec.case.case_id: bind_case(ec, runtime_kind=kind, identity=plan.identity,
+                                               device=plan.scenario.device)
+                    for ec in self.execution_plan.cases}
+        ordered = order_for_reuse(list(self.execution_plan.cases),
+                                  lambda ec: bindings[ec.case.case_id])
+        for ec in ordered:
+            item = DriftCaseItem.from_parent(self, name=ec.case.label, case=ec)
+            item.extra_keyword_matches.add(keyword_token(ec.case.label))
+            binding = bindings[ec.case.case_id]
+            item.add_marker("drift")
+            item.add_marker(f"drift_{plan.scenario.level.value}")
+            item.add_marker("drift_baseline" if not ec.case.changed else "drift_intervention")
+            for path in ec.case.changed:
+                item.add_marker(f"drift_knob_{marker_name(path)}")
+            item.add_marker(pytest.mark.xdist_group(name=f"drift-{binding.process_fingerprint}"))
+            item.user_properties.append(("drift_case_id", ec.case.case_id))
+            yield item
+
+
+class DriftCaseItem(pytest.Item):
+    def __init__(self, *, case: ExecutionCase, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case = case
+        self.result: CaseResult | None = None
+
+    @property
+    def execution_plan(self) -> ExecutionPlan:
+        parent = self.parent
+        assert isinstance(parent, DriftExperiment)
+        return parent.execution_plan
+
+    def runtest(self) -> None:
+        from pytest_logprob_drift.plugin.hooks import OPTIONS_KEY, runner_for
+
+        options = self.config.stash[OPTIONS_KEY]
+        case = self.case.case
+        if options.plan_only:
+            raise pytest.skip.Exception(f"--drift-plan-only: case {case.case_id} planned, not "
+                                        "executed", _use_item_location=True)
+        assert options.runtime is not None
+        info = runtime_info(options.runtime)
+        if not info.executes(self.execution_plan.plan.scenario):
+            expected = expected_outcome(options.expectations, case.case_id, case.label)
+            self._record(Outcome.PLAN_ONLY.value, None)
+            if expected is not Outcome.PLAN_ONLY:
+                scenario = self.execution_plan.plan.scenario
+                raise pytest.skip.Exception(f"PLAN_ONLY: {info.plan_only_reason(scenario)}",
+                                            _use_item_location=True)
+            return
+        runner: Runner = runner_for(self)
+        try:
+            result = runner.run_case(self.case)
+        finally:
+            runner.release_engines_except(remaining_cases(self))
+        self.result = result
+        self._record(result.outcome.value, result)
+        if not result.as_expected:
+            raise DriftCaseFailure(result)
+
+    def _record(self, outcome: str, result: CaseResult | None) -> None:
+        self.user_properties.append(("drift_outcome", outcome))
+        if result is None:
+            return
+        c = result.comparison
+        self.user_properties.extend([
+            ("drift_expected", result.expected.value),
+            ("drift_reused", str(result.reused)),
+            ("drift_active_tokens", str(c.get("active_tokens"))),
+            ("drift_mismatches", str(c.get("mismatches"))),
+            ("drift_max_abs_diff", str(c.get("diagnostics", {}).get("max_abs_diff"))),
+            ("drift_threshold", str(c.get("threshold"))),
+            ("drift_attempt", str(result.attempt_dir)),
+        ])
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> Any:
+        if isinstance(excinfo.value, DriftCaseFailure):
+            return render_evidence(excinfo.value.result)
+        if isinstance(excinfo.value, DriftError):
+            text = excinfo.value.render().replace("--allow-smoke-operators",
+                                                  "--drift-allow-smoke-operators")
+            return f"{self.case.case.label}: {text}"
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, f"{self.parent.name if self.parent else ''}::{self.name} " \
+            f"[{self.case.case.case_id}]"
+
+
+def remaining_cases(item: DriftCaseItem) -> list[ExecutionCase]:
+    """Cases of the same experiment that come after ``item`` in this session."""
+    items = item.session.items
+    try:
+        index = items.index(item)
+    except ValueError:
+        return []
+    return [other.case for other in items[index + 1:]
+            if isinstance(other, DriftCaseItem) and other.parent is item.parent]
+
+
+def render_evidence(result: CaseResult) -> str:
+    c = result.comparison
+    lines = [f"{result.outcome.value} (expected {result.expected.value}): {result.reason}",
+             f"case {result.case_id} {result.label}",
+             f"threshold {c.get('threshold')} (contract "
+             f"{c.get('contract', {}).get('version')}); active tokens {c.get('active_tokens')},"
+             f" mismatches {c.get('mismatches')}"]
+    worst = c.get("worst_tokens", [])
+    if worst:
+        lines.append("worst tokens:  sample  position  rollout_logprob  training_logprob  "
+                     "|diff|")
+        for w in worst:
+            lines.append(f"               {w['sample']:>6}  {w['position']:>8}  "
+                         f"{w['rollout_logprob']:>15.6f}  {w['training_logprob']:>16.6f}  "
+                         f"{w['abs_diff']:.3e}")
+    for violation in c.get("identity_violations", []):
+        lines.append(f"identity: {violation}")
+    records = c.get("records", [])
+    if records:
+        lines.append("knobs: " + "; ".join(
+            f"{r['knob']} requested={r['requested']!r} actual={r['actual']!r} {r['status']}"
+            for r in records))
+    how = "reused sealed attempt" if result.reused else "new attempt"
+    lines.append(f"artifacts ({how}): {result.attempt_dir}")
+    return "\n".join(lines)

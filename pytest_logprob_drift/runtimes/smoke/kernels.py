@@ -1,0 +1,40 @@
+"""Kernels of the smoke-only selected-logprob backends (torch).
+
+Owns ``smoke_only.logp_reference`` (PyTorch log_softmax plus gather, in float32) and
+``smoke_only.logp_offset`` (the same, plus an authorized deterministic offset on the training
+side that exceeds the contract threshold, to prove mismatch detection). Knows nothing about
+registration or authorization: that is the descriptors' and the session's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from pytest_logprob_drift.config.contract import resolve_contract
+from pytest_logprob_drift.runtimes.smoke.operators import OFFSET_MULTIPLE_OF_THRESHOLD
+
+
+def reference_selected_logprob(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    if logits.shape[:-1] != token_ids.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and token_ids "
+                         f"{tuple(token_ids.shape)} do not align")
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return logprobs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def build_offset_selected_logprob(
+    *, target: str, options: Mapping[str, Any]
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Reference on the rollout side; reference minus a fixed offset on the training side."""
+    if options:
+        raise ValueError(f"smoke_only.logp_offset takes no options, got {sorted(options)}")
+    threshold = resolve_contract("ws1", "current").threshold
+    offset = OFFSET_MULTIPLE_OF_THRESHOLD * threshold if target == "training" else 0.0
+
+    def offset_selected_logprob(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        return reference_selected_logprob(logits, token_ids) - offset
+
+    return offset_selected_logprob

@@ -1,0 +1,62 @@
+"""Descriptors of the temporary smoke-only selected-logprob backends.
+
+Owns the static descriptors of ``smoke_only.logp_reference`` and ``smoke_only.logp_offset``
+and their explicit registration. They are CPU-only, ``is_smoke_only``, never published through
+the entry-point group, and usable only when registered here *and* authorized by
+``--allow-smoke-operators``. Their kernels live in ``kernels.py`` (torch), imported only when a
+case instantiates them. See SMOKE_OPERATORS.md for why they are temporary and how to remove
+them. Knows nothing about planning or runtimes.
+"""
+
+from __future__ import annotations
+
+from pytest_logprob_drift.records import Lifecycle, frozen_mapping
+from pytest_logprob_drift.registry.catalog import (
+    SELECTED_LOGPROB,
+    FactoryStyle,
+    OperatorDescriptor,
+    SemanticOperatorCatalog,
+)
+
+SMOKE_REFERENCE = "smoke_only.logp_reference"
+SMOKE_OFFSET = "smoke_only.logp_offset"
+OFFSET_MULTIPLE_OF_THRESHOLD = 8.0
+"""The offset backend moves training-side logprobs by this multiple of the threshold."""
+
+SMOKE_DESCRIPTORS: tuple[OperatorDescriptor, ...] = (
+    OperatorDescriptor(
+        operation=SELECTED_LOGPROB,
+        backend_id=SMOKE_REFERENCE,
+        target_tags=("rollout", "training"),
+        devices=("cpu",),
+        dtypes=("float32", "bfloat16", "float16"),
+        required_topology=frozen_mapping({}),
+        alignment_properties=("log_softmax_gather",),
+        lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+        factory="pytest_logprob_drift.runtimes.smoke.kernels:reference_selected_logprob",
+        version="smoke-1",
+        build_fingerprint="smoke-1",
+        is_smoke_only=True,
+    ),
+    OperatorDescriptor(
+        operation=SELECTED_LOGPROB,
+        backend_id=SMOKE_OFFSET,
+        target_tags=("rollout", "training"),
+        devices=("cpu",),
+        dtypes=("float32", "bfloat16", "float16"),
+        required_topology=frozen_mapping({}),
+        alignment_properties=("deliberate_training_side_offset",),
+        lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+        factory="pytest_logprob_drift.runtimes.smoke.kernels:build_offset_selected_logprob",
+        version="smoke-1",
+        build_fingerprint="smoke-1",
+        is_smoke_only=True,
+        factory_style=FactoryStyle.BUILDER,
+    ),
+)
+SMOKE_BACKEND_IDS = frozenset(d.backend_id for d in SMOKE_DESCRIPTORS)
+
+
+def register_smoke_operators(catalog: SemanticOperatorCatalog) -> SemanticOperatorCatalog:
+    """Explicit registration: a new catalog that also holds the smoke descriptors."""
+    return catalog.with_descriptors(SMOKE_DESCRIPTORS)

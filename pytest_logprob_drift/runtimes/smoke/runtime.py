@@ -1,0 +1,296 @@
+"""The CPU-only smoke runtime (``--runtime cpu-smoke``): synthetic model, stateless scorer.
+
+Owns a deterministic synthetic causal model (seeded torch weights; each position's hidden state
+mixes its token embedding with the running mean of the prefix), a rollout engine that samples
+incrementally with a running-sum state (the KV-cache analogue) and reports the sampled tokens'
+logprobs, and a read-only training scorer that teacher-forces the whole sequence through
+``torch.func.functional_call`` (stateless). Knobs it truly applies: batch.size (chunking),
+rollout.dtype and training.compute_dtype (the weights are cast), logp.backend. Topology,
+caching, graphs, attention implementation and sharding cannot change anything here: their
+records say so (``applied`` only for the single value this runtime inherently has, otherwise
+``unsupported``). ``fault`` injects a deliberate scorer defect for the framework's own tests.
+Passing S0 proves framework plumbing only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from pytest_logprob_drift.execute.protocol import (
+    LogpKernel,
+    Materialized,
+    RolloutOutput,
+    RuntimeBinding,
+    TensorBatch,
+    TrainingOutput,
+    backend_of,
+    side_identity,
+)
+from pytest_logprob_drift.execute.readonly import ReadOnlyGuard, state_digest
+from pytest_logprob_drift.records import ApplicationStatus, JSONScalar, KnobValue, ScoringIdentity
+from pytest_logprob_drift.runtimes.batch import canonical_batch
+
+VOCAB = 64
+HIDDEN = 32
+EOS_ID = 0
+PAD_ID = 0
+SYNTHETIC_URI = "synthetic://cpu-smoke/v1"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FAULTS = ("mutate_parameter", "mutate_buffer", "leave_train_mode", "use_kv_cache",
+          "alter_tokens", "nan_scores", "integer_scores", "drop_active")
+
+# Knobs with the only value this runtime inherently has.
+INHERENT: Mapping[str, KnobValue] = {
+    "rollout.tensor_parallel_size": 1,
+    "rollout.context_parallel_size": 1,
+    "rollout.enable_prefix_caching": False,
+    "rollout.enforce_eager": True,
+    "training.sharding": "none",
+}
+
+
+class SyntheticCausalModel(torch.nn.Module):
+    """Deterministic tiny causal model: logits_t = W tanh(E[x_t] + mean(E[x_<=t]))."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.embed = torch.nn.Parameter(torch.randn(VOCAB, HIDDEN, generator=generator))
+        self.head = torch.nn.Parameter(torch.randn(HIDDEN, VOCAB, generator=generator) * 0.8)
+        self.scale: torch.Tensor
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, token_ids: torch.Tensor, attention_mask: torch.Tensor,
+                use_cache: bool = False) -> torch.Tensor:
+        emb = self.embed[token_ids] * attention_mask.unsqueeze(-1).to(self.embed.dtype)
+        counts = attention_mask.to(self.embed.dtype).cumsum(-1).clamp(min=1).unsqueeze(-1)
+        prefix_mean = emb.cumsum(1) / counts
+        hidden = torch.tanh(emb + prefix_mean) * self.scale
+        logits: torch.Tensor = hidden @ self.head
+        return logits
+
+    def step(self, token: torch.Tensor, running_sum: torch.Tensor, count: torch.Tensor) \
+            -> tuple[torch.Tensor, torch.Tensor]:
+        """Incremental decode: one position from the running prefix sum (cache analogue)."""
+        emb = self.embed[token]
+        running_sum = running_sum + emb
+        count = count.to(emb.dtype)  # a float32 count would promote bf16/fp16 state to fp32
+        hidden = torch.tanh(emb + running_sum / count.unsqueeze(-1)) * self.scale
+        return hidden @ self.head, running_sum
+
+
+def native_selected_logprob(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """What a side that does not upcast does: log_softmax in the logits' dtype."""
+    return torch.log_softmax(logits, -1).gather(-1, token_ids.unsqueeze(-1)).squeeze(-1).float()
+
+
+def _side_identity(identity: ScoringIdentity) -> dict[str, JSONScalar]:
+    # A synthetic model has no files to digest: it reports the identity's own digest.
+    return side_identity(identity, checkpoint_digest=identity.checkpoint.digest)
+
+
+class SyntheticRollout:
+    def __init__(self, binding: RuntimeBinding) -> None:
+        self.construction_fingerprint = binding.rollout_construction_fingerprint
+        self.dtype_name = str(binding.rollout.get("dtype", "float32"))
+        self.model = SyntheticCausalModel().to(DTYPES[self.dtype_name]).eval()
+        self.last_chunk = 0
+        self.backend_used = ""
+
+    def generate(self, identity: ScoringIdentity, *, batch_size: int,
+                 logp: LogpKernel | None) -> RolloutOutput:
+        kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = logp or \
+            native_selected_logprob
+        self.backend_used = backend_of(logp)
+        prompts = identity.prompts.token_ids
+        rows: list[tuple[list[int], list[int], list[float]]] = []
+        self.last_chunk = batch_size
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start:start + batch_size]
+            for offset, prompt in enumerate(chunk):
+                rows.append(self._sample_one(list(prompt), start + offset, identity, kernel))
+        return RolloutOutput(
+            tensors=canonical_batch([p for p, _, _ in rows], [(r, lp) for _, r, lp in rows],
+                                    PAD_ID),
+            identity=_side_identity(identity))
+
+    @torch.no_grad()
+    def _sample_one(self, prompt: list[int], index: int, identity: ScoringIdentity,
+                    kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) \
+            -> tuple[list[int], list[int], list[float]]:
+        sampling = identity.sampling
+        generator = torch.Generator().manual_seed(sampling.seed * 1_000_003 + index)
+        running = torch.zeros(HIDDEN, dtype=self.model.embed.dtype)
+        logits = torch.zeros(VOCAB)
+        for position, token in enumerate(prompt):
+            logits, running = self.model.step(torch.tensor(token), running,
+                                              torch.tensor(float(position + 1)))
+        response: list[int] = []
+        logprobs: list[float] = []
+        for _ in range(sampling.max_new_tokens):
+            if sampling.temperature == 0:
+                token = int(logits.float().argmax())
+            else:
+                probs = torch.softmax(logits.float() / sampling.temperature, -1)
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            logprobs.append(float(kernel(logits.unsqueeze(0), torch.tensor([token]))[0]))
+            response.append(token)
+            if token == EOS_ID:
+                break
+            count = torch.tensor(float(len(prompt) + len(response)))
+            logits, running = self.model.step(torch.tensor(token), running, count)
+        return prompt, response, logprobs
+
+    def read_back(self) -> Mapping[str, JSONScalar]:
+        dtype = str(self.model.embed.dtype).removeprefix("torch.")
+        return {"rollout.dtype": dtype, "batch.size": self.last_chunk,
+                "logp.backend": self.backend_used,
+                **{k: v for k, v in INHERENT.items() if k.startswith("rollout.")}}
+
+    def close(self) -> None:
+        del self.model
+
+
+class StatelessScorer:
+    """Read-only teacher-forced scorer over ``functional_call`` (parameters passed in)."""
+
+    def __init__(self, binding: RuntimeBinding, fault: str | None) -> None:
+        self.construction_fingerprint = binding.training_construction_fingerprint
+        self.dtype_name = str(binding.training.get("compute_dtype", "float32"))
+        self.model = SyntheticCausalModel().to(DTYPES[self.dtype_name]).eval()
+        self.fault = fault
+        self.last_chunk = 0
+        self.backend_used = ""
+
+    def score(self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int,
+              logp: LogpKernel | None) -> TrainingOutput:
+        kernel = logp or native_selected_logprob
+        self.backend_used = backend_of(logp)
+        token_ids = rollout["token_ids"].clone()
+        attention = rollout["attention_mask"].clone()
+        active = rollout["active_mask"].clone()
+        positions = rollout["position_ids"].clone()
+        if self.fault == "alter_tokens":
+            token_ids[0, -1] = (token_ids[0, -1] + 1) % VOCAB
+        if self.fault == "drop_active":
+            active = torch.zeros_like(active)
+        guard = ReadOnlyGuard(self.model, kv_cache_allowed=identity.training_kv_cache)
+        out = torch.zeros(token_ids.shape, dtype=torch.float32)
+        self.last_chunk = batch_size
+        with guard.watch():
+            params = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+            for start in range(0, token_ids.shape[0], batch_size):
+                rows = slice(start, start + batch_size)
+                with torch.no_grad():
+                    logits = torch.func.functional_call(
+                        self.model, params, (token_ids[rows], attention[rows]),
+                        {"use_cache": self.fault == "use_kv_cache"})
+                scores = kernel(logits[:, :-1], token_ids[rows, 1:])
+                out[rows, 1:] = scores * active[rows, 1:]
+            self._inject_fault()
+        if self.fault == "nan_scores":
+            out[active] = float("nan")
+        logprobs: torch.Tensor = out
+        if self.fault == "integer_scores":
+            logprobs = out.round().to(torch.int64)
+        return TrainingOutput(
+            logprobs=logprobs,
+            consumed={"token_ids": token_ids, "attention_mask": attention,
+                      "active_mask": active, "position_ids": positions},
+            identity=_side_identity(identity),
+            readonly_violations=tuple(guard.violations),
+            evidence={"state_digest_before": guard.digest_before,
+                      "state_digest_after": guard.digest_after,
+                      "model_state_digest": state_digest(self.model),
+                      "forward_calls": guard.forward_calls})
+
+    def _inject_fault(self) -> None:
+        with torch.no_grad():
+            if self.fault == "mutate_parameter":
+                self.model.head.add_(1e-3)
+            elif self.fault == "mutate_buffer":
+                self.model.scale.mul_(1.0001)
+        if self.fault == "leave_train_mode":
+            self.model.train()
+
+    def read_back(self) -> Mapping[str, JSONScalar]:
+        dtype = str(self.model.embed.dtype).removeprefix("torch.")
+        return {"training.compute_dtype": dtype, "training.sharding": "none",
+                "batch.size": self.last_chunk, "logp.backend": self.backend_used}
+
+    def close(self) -> None:
+        del self.model
+
+
+class CpuSmokeAdapter:
+    """RuntimeAdapter for the synthetic CPU smoke runtime."""
+
+    name = "cpu-smoke"
+
+    def __init__(self, fault: str | None = None) -> None:
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
+        self.fault = fault
+
+    def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
+        result: dict[str, Materialized] = {}
+        for path, value in requested.items():
+            if path == "batch.size":
+                result[path] = Materialized(value=value, status=ApplicationStatus.APPLIED,
+                                            evidence="prompts are processed in chunks of this "
+                                            "size on both sides")
+            elif path in ("rollout.dtype", "training.compute_dtype"):
+                result[path] = Materialized(value=value, status=ApplicationStatus.APPLIED,
+                                            evidence="synthetic weights are cast to this dtype")
+            elif path == "logp.backend":
+                result[path] = Materialized(value=value, status=ApplicationStatus.APPLIED,
+                                            evidence="the bound kernel computes both sides' "
+                                            "selected logprobs")
+            elif path in INHERENT and INHERENT[path] == value:
+                result[path] = Materialized(value=value, status=ApplicationStatus.APPLIED,
+                                            evidence="the only value a single-process "
+                                            "synthetic runtime has")
+            else:
+                result[path] = Materialized(value=None, status=ApplicationStatus.UNSUPPORTED,
+                                            evidence=f"the synthetic runtime cannot apply "
+                                            f"{path}={value!r}")
+        return result
+
+    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) \
+            -> SyntheticRollout:
+        self._check_identity(identity)
+        return SyntheticRollout(binding)
+
+    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
+            -> StatelessScorer:
+        self._check_identity(identity)
+        return StatelessScorer(binding, self.fault)
+
+    @staticmethod
+    def _check_identity(identity: ScoringIdentity) -> None:
+        if identity.checkpoint.uri != SYNTHETIC_URI:
+            from pytest_logprob_drift.errors import UsageError
+
+            raise UsageError(f"runtime cpu-smoke only serves checkpoint {SYNTHETIC_URI!r}, "
+                             f"config names {identity.checkpoint.uri!r}")
+        too_big = [t for row in identity.prompts.token_ids for t in row if t >= VOCAB]
+        if too_big:
+            from pytest_logprob_drift.errors import UsageError
+
+            raise UsageError(f"runtime cpu-smoke has a vocabulary of {VOCAB}; prompt token "
+                             f"{too_big[0]} is out of range")
+
+    def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
+        # A faulty scorer is a different scorer: its attempts must never stand in for clean ones.
+        fault = {"scorer_fault": self.fault} if self.fault is not None else {}
+        return {"runtime": "cpu-smoke", "synthetic_model": "v1", **fault}
+
+    def close(self) -> None:
+        return None
+
+
+def make_adapter(**kwargs: Any) -> CpuSmokeAdapter:
+    return CpuSmokeAdapter(**kwargs)

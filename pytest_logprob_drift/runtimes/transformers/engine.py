@@ -1,0 +1,384 @@
+"""Rollout generation and teacher-forced scoring with plain transformers.
+
+Owns: loading a local Hugging Face causal LM with an exact dtype and attention implementation
+(and reading back what the live model really has), the rollout side (its own decode loop on
+the KV-cache path with per-sample seeded sampling, reporting raw selected-token logprobs), the
+read-only training scorer (one teacher-forced forward per right-padded chunk, no cache), the two
+built-in selected-logprob functions, and the canonical batch tensor format they exchange.
+
+Canonical batch (``dict[str, torch.Tensor]``, the project's wire format), all ``[B, L]`` unless
+noted, right-padded:
+
+- ``token_ids`` int64: prompt + response, padded with the pad id;
+- ``attention_mask`` bool: True on prompt + response tokens;
+- ``active_mask`` bool: True at scored response positions (every generated token up to and
+  including the first EOS, nothing after);
+- ``logprobs`` float32: logprob of ``token_ids[b, t]`` given ``token_ids[b, :t]`` at active
+  positions, 0.0 elsewhere;
+- ``prompt_lengths`` int64 ``[B]``;
+- ``position_ids`` int64: 0..len-1 on valid tokens, 0 on padding.
+
+Must not know about cases, plans, knobs, thresholds, comparison, artifacts or pytest, and never
+downloads anything (models load with ``local_files_only=True``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+import transformers
+from torch import Tensor
+from transformers.utils import logging as _hf_logging
+
+from pytest_logprob_drift.runtimes.batch import (
+    CANONICAL_KEYS,
+    canonical_batch,
+    validate_rollout_request,
+)
+
+__all__ = [
+    "ATTN_IMPLEMENTATIONS",
+    "CANONICAL_KEYS",
+    "DTYPES",
+    "LOGPROBS_MODE",
+    "LogpFn",
+    "dtype_name",
+    "hf_rollout",
+    "hf_teacher_forced_score",
+    "load_model",
+    "native_selected_logprob",
+    "read_back",
+    "reference_selected_logprob",
+    "sample_seed",
+    "validate_canonical_batch",
+]
+
+LogpFn = Callable[[Tensor, Tensor], Tensor]
+"""``(logits [..., V], token_ids [...]) -> float32 [...]``: the selected-token logprob."""
+
+DTYPES: Final[Mapping[str, torch.dtype]] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+ATTN_IMPLEMENTATIONS: Final = ("eager", "sdpa", "flex_attention")
+LOGPROBS_MODE: Final = "raw_logprobs"
+"""What the rollout reports: logprobs of the raw logits (before temperature), as vLLM names it."""
+
+# transformers' annotations are partial; treat the parts used here as untyped.
+_tf: Any = transformers
+hf_logging: Any = _hf_logging
+
+_SCORER_KEYS: Final = ("token_ids", "attention_mask", "active_mask", "position_ids")
+
+
+# --------------------------------------------------------------------------- selected logprob
+
+
+def native_selected_logprob(logits: Tensor, token_ids: Tensor) -> Tensor:
+    """``log_softmax`` in the logits' own dtype, gather, then ``.float()`` (no upcast)."""
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1).float()
+
+
+def reference_selected_logprob(logits: Tensor, token_ids: Tensor) -> Tensor:
+    """``log_softmax(logits.float())`` then gather: the float32 reference."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
+
+
+def _selected(logp_fn: LogpFn, logits: Tensor, token_ids: Tensor) -> Tensor:
+    out = logp_fn(logits, token_ids)
+    if not isinstance(out, Tensor) or out.shape != token_ids.shape:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(
+            f"selected-logprob function returned {got}, expected shape {tuple(token_ids.shape)}"
+        )
+    if out.dtype != torch.float32:
+        raise ValueError(f"selected-logprob function returned {out.dtype}, expected float32")
+    return out
+
+
+# --------------------------------------------------------------------------- model loading
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def _model_device(model: Any) -> torch.device:
+    for p in model.parameters():
+        return torch.device(p.device)
+    return torch.device("cpu")
+
+
+def read_back(model: Any) -> dict[str, object]:
+    """What the live model actually has (never what was asked for)."""
+    params = list(model.parameters())
+    dtypes = sorted({dtype_name(p.dtype) for p in params})
+    return {
+        "param_dtype": dtypes[0] if len(dtypes) == 1 else ",".join(dtypes),
+        "attn_implementation": str(model.config._attn_implementation),
+        "device": str(params[0].device) if params else "none",
+        "num_parameters": int(sum(p.numel() for p in params)),
+        "training": bool(model.training),
+    }
+
+
+def load_model(
+    model_dir: Path, *, dtype: str, attn_implementation: str, device: str = "cpu"
+) -> Any:
+    """Load a local checkpoint in eval mode with exactly this dtype and attention implementation.
+
+    Raises ValueError naming the offending value for an unknown dtype or attention
+    implementation, for a combination this device cannot run, and when the live model does not
+    have what was asked for (a silent fallback is an error, never a result).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})")
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"unsupported attn_implementation {attn_implementation!r} "
+            f"(supported: {', '.join(ATTN_IMPLEMENTATIONS)})"
+        )
+    torch_device = torch.device(device)
+    if torch_device.type == "cpu" and attn_implementation == "flex_attention":
+        # Measured with torch 2.13 CPU / transformers 5.19: the teacher-forced forward compiles
+        # through inductor (~11 s) and the KV-cache decode step fails with a C++ compile error.
+        raise ValueError(
+            "unsupported combination: attn_implementation 'flex_attention' on device 'cpu' "
+            "(use 'eager' or 'sdpa' on CPU)"
+        )
+    bars_were_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = _tf.AutoModelForCausalLM.from_pretrained(
+            Path(model_dir),
+            dtype=DTYPES[dtype],
+            attn_implementation=attn_implementation,
+            local_files_only=True,
+        )
+    except (ImportError, ValueError, RuntimeError) as exc:
+        raise ValueError(
+            f"cannot load {model_dir} with dtype {dtype!r} and attn_implementation "
+            f"{attn_implementation!r}: {exc}"
+        ) from exc
+    finally:
+        if bars_were_enabled:
+            hf_logging.enable_progress_bar()
+    model.to(torch_device)
+    model.eval()
+    actual = read_back(model)
+    if actual["param_dtype"] != dtype or actual["attn_implementation"] != attn_implementation:
+        raise ValueError(
+            f"model loaded with dtype {actual['param_dtype']!r} and attn_implementation "
+            f"{actual['attn_implementation']!r}, requested {dtype!r} and {attn_implementation!r}"
+        )
+    return model
+
+
+# --------------------------------------------------------------------------- rollout
+
+
+def sample_seed(seed: int, sample_index: int) -> int:
+    """The 63-bit generator seed of one sample: independent of batching and of other samples."""
+    digest = hashlib.sha256(f"hf_rollout:{seed}:{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _sample(logits: Tensor, generators: Sequence[torch.Generator], temperature: float) -> Tensor:
+    """One token per row: greedy at temperature 0, else Gumbel-max with the row's generator.
+
+    The noise is drawn on CPU from each sample's own generator (a fixed amount per step), so a
+    sample's token stream depends only on its seed and its logits, never on its batch mates.
+    """
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    vocab = logits.shape[-1]
+    noise = torch.stack(
+        [
+            -torch.log(-torch.log(torch.rand(vocab, generator=g).clamp_(min=1e-20)))
+            for g in generators
+        ]
+    ).to(logits.device)
+    return (logits.float() / temperature + noise).argmax(dim=-1)
+
+
+def _rollout_chunk(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    first_index: int,
+    *,
+    seed: int,
+    max_new_tokens: int,
+    temperature: float,
+    eos_token_id: int,
+    pad_token_id: int,
+    logp_fn: LogpFn,
+) -> list[tuple[list[int], list[float]]]:
+    device = _model_device(model)
+    b = len(prompts)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((b, width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):  # left-padded prompt chunk
+        ids[i, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        mask[i, width - len(prompt) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+    generators = [
+        torch.Generator(device="cpu").manual_seed(sample_seed(seed, first_index + i))
+        for i in range(b)
+    ]
+    cache = _tf.DynamicCache(config=model.config)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    generated: list[tuple[list[int], list[float]]] = [([], []) for _ in range(b)]
+    done = [False] * b
+    last_pos = positions[:, -1:]
+    for step in range(max_new_tokens):
+        logits = out.logits[:, -1, :]
+        tokens = _sample(logits, generators, temperature)
+        logps = _selected(logp_fn, logits, tokens).cpu()
+        token_list = tokens.cpu().tolist()
+        for i in range(b):
+            if done[i]:
+                continue
+            generated[i][0].append(int(token_list[i]))
+            generated[i][1].append(float(logps[i]))
+            done[i] = token_list[i] == eos_token_id
+        if all(done) or step == max_new_tokens - 1:
+            break
+        last_pos = last_pos + 1
+        mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
+        out = model(
+            input_ids=tokens.unsqueeze(1),
+            attention_mask=mask,
+            position_ids=last_pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return generated
+
+
+def hf_rollout(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    seed: int,
+    max_new_tokens: int,
+    temperature: float,
+    eos_token_id: int,
+    pad_token_id: int,
+    batch_size: int,
+    logp_fn: LogpFn,
+) -> dict[str, Tensor]:
+    """Sample responses on the KV-cache decode path; return the canonical batch (on CPU).
+
+    Per chunk of ``batch_size`` samples: one prefill forward of the left-padded prompts, then
+    one token per step through a ``DynamicCache``. Sample ``i`` draws from its own generator
+    seeded by ``sample_seed(seed, i)``; ``temperature == 0`` is greedy. A sample stops after its
+    first EOS (which is kept and scored). The reported logprob of each sampled token is
+    ``logp_fn(raw step logits, token)`` in the model's native logits dtype (``LOGPROBS_MODE``).
+    """
+    validate_rollout_request(prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                             temperature=temperature)
+    responses: list[tuple[list[int], list[float]]] = []
+    with torch.inference_mode():
+        for start in range(0, len(prompts), batch_size):
+            responses.extend(
+                _rollout_chunk(
+                    model,
+                    prompts[start : start + batch_size],
+                    start,
+                    seed=seed,
+                    max_new_tokens=max_new_tokens,
+                    temperature=float(temperature),
+                    eos_token_id=eos_token_id,
+                    pad_token_id=pad_token_id,
+                    logp_fn=logp_fn,
+                )
+            )
+    return canonical_batch(prompts, responses, pad_token_id)
+
+
+# --------------------------------------------------------------------------- training scorer
+
+
+def validate_canonical_batch(batch: Mapping[str, Tensor]) -> None:
+    """Raise ValueError unless ``batch`` has the scorer's canonical, right-padded tensors."""
+    missing = [k for k in _SCORER_KEYS if k not in batch]
+    if missing:
+        raise ValueError(f"batch lacks {', '.join(missing)}")
+    token_ids, attention = batch["token_ids"], batch["attention_mask"]
+    if token_ids.dim() != 2 or token_ids.dtype != torch.long:
+        raise ValueError(f"token_ids must be int64 [B, L], got {token_ids.dtype} {token_ids.shape}")
+    expected = {"attention_mask": torch.bool, "active_mask": torch.bool, "position_ids": torch.long}
+    for key, dtype in expected.items():
+        t = batch[key]
+        if t.shape != token_ids.shape or t.dtype != dtype:
+            raise ValueError(
+                f"{key} must be {dtype_name(dtype)} {tuple(token_ids.shape)}, "
+                f"got {dtype_name(t.dtype)} {tuple(t.shape)}"
+            )
+    attention = attention.cpu()
+    lengths = attention.sum(-1)
+    prefix = torch.arange(token_ids.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+    if not torch.equal(prefix, attention):
+        raise ValueError("attention_mask is not right-padded (a True prefix per row)")
+    active = batch["active_mask"].cpu()
+    if bool((active & ~attention).any()):
+        raise ValueError("active_mask marks padding positions")
+    if token_ids.shape[1] > 0 and bool(active[:, 0].any()):
+        raise ValueError("active_mask marks position 0, which has no preceding token")
+
+
+def hf_teacher_forced_score(
+    model: Any, batch: Mapping[str, Tensor], *, batch_size: int, logp_fn: LogpFn
+) -> Tensor:
+    """Read-only teacher-forced scoring of the canonical batch; float32 ``[B, L]`` on CPU.
+
+    One forward per right-padded chunk of ``batch_size`` rows (trimmed to the chunk's longest
+    row) with the batch's attention mask and position ids and ``use_cache=False``; the logits
+    at ``t - 1`` score ``token_ids[:, t]``. Values at active positions, 0.0 elsewhere. Never
+    generates, never touches an optimizer, never changes the model's train/eval mode.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    validate_canonical_batch(batch)
+    token_ids = batch["token_ids"]
+    rows, width = token_ids.shape
+    result = torch.zeros((rows, width), dtype=torch.float32)
+    device = _model_device(model)
+    mode = model.training
+    with torch.no_grad():
+        for start in range(0, rows, batch_size):
+            stop = min(start + batch_size, rows)
+            length = int(batch["attention_mask"][start:stop].sum(-1).max())
+            if length < 2:
+                continue
+            ids = token_ids[start:stop, :length].to(device)
+            out = model(
+                input_ids=ids,
+                attention_mask=batch["attention_mask"][start:stop, :length].long().to(device),
+                position_ids=batch["position_ids"][start:stop, :length].to(device),
+                use_cache=False,
+            )
+            logp = _selected(logp_fn, out.logits[:, :-1, :], ids[:, 1:]).cpu()
+            active = batch["active_mask"][start:stop, 1:length].cpu()
+            result[start:stop, 1:length] = torch.where(active, logp, torch.zeros_like(logp))
+    if model.training != mode:
+        raise RuntimeError("the training scorer changed the model's train/eval mode")
+    return result

@@ -1,0 +1,124 @@
+"""Resume and offline verification of sealed attempts.
+
+Owns deciding whether an existing attempt may stand in for executing a case again: the seal is
+intact (every file's SHA-256, nothing unsealed), the execution key equals the current one, the
+tensor payloads load with ``weights_only=True`` from the exact bytes that were hashed, and the
+verdict recomputed offline from ``token_diffs.pt`` alone agrees with ``comparison.json``.
+Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
+still be reused. Private to the runner and the ``verify`` command. Never writes anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pytest_logprob_drift.execute.provenance import execution_key
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.store.artifacts import Seal, SealError, read_seal
+from pytest_logprob_drift.verdict import judge
+
+TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
+TOKEN_DIFF_KEYS = {"training_logprobs", "rollout_logprobs", "active_mask", "threshold"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckedAttempt:
+    directory: Path
+    seal: Seal
+    comparison: Mapping[str, Any]
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome(self.comparison["outcome"])
+
+
+def load_sealed_tensors(directory: Path, name: str, seal: Seal) -> dict[str, torch.Tensor]:
+    """Load a sealed ``.pt`` from the very bytes whose digest is checked; tensors only."""
+    data = (directory / name).read_bytes()
+    if hashlib.sha256(data).hexdigest() != seal.files.get(name):
+        raise SealError(name, "SHA-256 does not match the seal (tampered or corrupt)")
+    try:
+        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as exc:  # any unpickling failure means an invalid artifact
+        raise SealError(name, f"not a weights-only tensor file: {type(exc).__name__}: {exc}") \
+            from None
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                               for k, v in loaded.items()):
+        raise SealError(name, "expected a mapping of names to tensors")
+    return loaded
+
+
+def load_sealed_json(directory: Path, name: str, seal: Seal) -> dict[str, Any]:
+    data = (directory / name).read_bytes()
+    if hashlib.sha256(data).hexdigest() != seal.files.get(name):
+        raise SealError(name, "SHA-256 does not match the seal (tampered or corrupt)")
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SealError(name, f"invalid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise SealError(name, "expected a JSON object")
+    return document
+
+
+def recompute(directory: Path, seal: Seal) -> dict[str, Any]:
+    """The numerical verdict from token_diffs.pt alone."""
+    diffs = load_sealed_tensors(directory, "token_diffs.pt", seal)
+    if set(diffs) != TOKEN_DIFF_KEYS:
+        raise SealError("token_diffs.pt", f"expected tensors {sorted(TOKEN_DIFF_KEYS)}, found "
+                        f"{sorted(diffs)}")
+    threshold = float(diffs["threshold"].item())
+    verdict = judge(diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"],
+                    threshold)
+    return {"outcome": verdict.outcome.value, "mismatches": verdict.mismatches,
+            "active_tokens": verdict.active_tokens, "threshold": threshold}
+
+
+def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttempt:
+    """Raise SealError naming the file at fault unless the attempt is complete and consistent."""
+    seal = read_seal(directory)
+    if expected_key is not None and seal.execution_key != expected_key:
+        raise SealError("COMPLETE", "execution key differs from the current execution "
+                        "(identity, materialization, scorer, operators or environment changed)")
+    comparison = load_sealed_json(directory, "comparison.json", seal)
+    try:
+        outcome = Outcome(comparison["outcome"])
+    except (KeyError, ValueError):
+        raise SealError("comparison.json", "missing or unknown outcome") from None
+    if comparison.get("case_id") != seal.case_id:
+        raise SealError("comparison.json", "case id differs from the seal")
+    for name in ("requested.json", "materialized.json", "actual.json", "identity.json"):
+        if name not in seal.files:
+            raise SealError(name, "required file is not sealed")
+        document = load_sealed_json(directory, name, seal)
+        if name == "identity.json" and execution_key(
+                document.get("execution_key_payload", {})) != seal.execution_key:
+            raise SealError("COMPLETE", "execution key does not match the execution-key "
+                            "payload sealed in identity.json")
+    has_tensors = "token_diffs.pt" in seal.files
+    if outcome in TENSOR_OUTCOMES and not has_tensors:
+        raise SealError("token_diffs.pt", f"required for outcome {outcome.value} but not sealed")
+    if has_tensors:
+        for name in ("score_rollout.pt", "score_training.pt"):
+            if name not in seal.files:
+                raise SealError(name, "required file is not sealed")
+            load_sealed_tensors(directory, name, seal)
+        numeric = recompute(directory, seal)
+        recorded = comparison.get("numerical", {})
+        for key in ("outcome", "mismatches", "active_tokens", "threshold"):
+            if recorded.get(key) != numeric[key]:
+                raise SealError("token_diffs.pt", f"offline recomputation gives {key}="
+                                f"{numeric[key]!r}, comparison.json records "
+                                f"{recorded.get(key)!r}")
+        if outcome in TENSOR_OUTCOMES and outcome.value != numeric["outcome"]:
+            raise SealError("comparison.json", f"outcome {outcome.value} disagrees with the "
+                            f"recomputed verdict {numeric['outcome']}")
+    return CheckedAttempt(directory=directory, seal=seal, comparison=comparison)

@@ -1,1 +1,0 @@
-"""Test-only runtimes and operators (CPU smoke). Nothing here is imported by planning."""
