@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_logprob_drift.config import contract as contract_module
 from pytest_logprob_drift import load_config, parse_config, plan_experiment
+from pytest_logprob_drift.config import contract as contract_module
 from pytest_logprob_drift.plan import planner as planner_module
 from pytest_logprob_drift.plan.planner import (
     ATTENTION_BACKENDS,

@@ -17,13 +17,13 @@ from pytest_logprob_drift import (
     parse_config,
     plan_experiment,
 )
-from pytest_logprob_drift.registry import catalog as registry_module
 from pytest_logprob_drift.plan.binding import (
     ExecutionPlan,
     intervention_json_paths,
     side_topology,
 )
 from pytest_logprob_drift.records import IssueSeverity, Lifecycle, frozen_mapping
+from pytest_logprob_drift.registry import catalog as registry_module
 from pytest_logprob_drift.registry.catalog import (
     ENTRY_POINT_GROUP,
     NATIVE_DESCRIPTOR,

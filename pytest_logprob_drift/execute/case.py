@@ -9,7 +9,6 @@ writing every payload before COMPLETE. Private to the runner. Knows no concrete 
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +42,7 @@ from pytest_logprob_drift.registry.catalog import (
     SemanticOperatorCatalog,
 )
 from pytest_logprob_drift.store.artifacts import ArtifactStore, Seal
+from pytest_logprob_drift.tensorio import tensor_bytes
 from pytest_logprob_drift.verdict import Verdict, identity_violations, judge
 
 
@@ -82,12 +82,6 @@ class ExecutedAttempt:
     seal: Seal
     verdict: Verdict
     records: tuple[KnobApplication, ...]
-
-
-def tensor_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
-    buffer = io.BytesIO()
-    torch.save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, buffer)
-    return buffer.getvalue()
 
 
 def _records_json(records: tuple[KnobApplication, ...], stage: str) -> dict[str, Any]:

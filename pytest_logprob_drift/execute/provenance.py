@@ -19,13 +19,7 @@ from typing import Any
 
 from pytest_logprob_drift.execute.protocol import Materialized, RuntimeBinding
 from pytest_logprob_drift.plan.binding import ExecutionCase
-from pytest_logprob_drift.records import (
-    ResolvedContract,
-    ScoringIdentity,
-    canonical,
-    canonical_json,
-    sha256_hex,
-)
+from pytest_logprob_drift.records import ResolvedContract, ScoringIdentity, canonical
 
 EXECUTION_KEY_VERSION = "cross_config.execution_key.v1"
 
@@ -85,7 +79,3 @@ def execution_key_payload(*, ec: ExecutionCase, identity: ScoringIdentity,
                      "threshold": contract.threshold, "digest": contract.digest},
         "environment": dict(sorted(environment.items())),
     }
-
-
-def execution_key(payload: Mapping[str, Any]) -> str:
-    return sha256_hex(canonical_json(payload))

@@ -26,7 +26,6 @@ from pytest_logprob_drift.execute.protocol import (
 )
 from pytest_logprob_drift.execute.provenance import (
     base_environment,
-    execution_key,
     execution_key_payload,
 )
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeInfo, runtime_info
@@ -35,7 +34,7 @@ from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.records import canonical
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog, default_catalog
 from pytest_logprob_drift.runtimes.smoke.operators import register_smoke_operators
-from pytest_logprob_drift.store.artifacts import ArtifactStore, SealError
+from pytest_logprob_drift.store.artifacts import ArtifactStore, SealError, execution_key
 from pytest_logprob_drift.store.resume import check_attempt
 
 

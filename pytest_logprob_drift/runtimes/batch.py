@@ -3,7 +3,8 @@
 Owns the checks of a rollout request and building the right-padded ``[B, L]`` tensors from
 prompts and sampled responses:
 ``token_ids`` (int64, padded with the pad id), ``attention_mask`` and ``active_mask`` (bool;
-active = every generated token through the first EOS), ``logprobs`` (float32 at active positions,
+active = every generated token through the first EOS, or before it under
+``response_before_eos``), ``logprobs`` (float32 at active positions,
 0.0 elsewhere), ``prompt_lengths`` (int64 ``[B]``) and ``position_ids`` (0..len-1 on valid
 tokens). Knows nothing about engines, models or comparison; imports only torch.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from pytest_logprob_drift.records import MaskPolicy
 
 CANONICAL_KEYS = ("token_ids", "attention_mask", "active_mask", "logprobs", "prompt_lengths",
                   "position_ids")
@@ -36,8 +39,16 @@ def validate_rollout_request(prompts: Sequence[Sequence[int]], *, batch_size: in
 
 def canonical_batch(prompts: Sequence[Sequence[int]],
                     responses: Sequence[tuple[Sequence[int], Sequence[float]]],
-                    pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded canonical tensors of ``prompts[i] + responses[i][0]``."""
+                    pad_token_id: int, *, eos_token_id: int | None,
+                    mask_policy: MaskPolicy) -> dict[str, torch.Tensor]:
+    """Right-padded canonical tensors of ``prompts[i] + responses[i][0]``.
+
+    Every sampled token is active, except under ``response_before_eos`` a response's final
+    EOS token (``eos_token_id``), which stays in ``token_ids`` and the attention mask but is
+    not scored."""
+    drop_eos = mask_policy is MaskPolicy.RESPONSE_BEFORE_EOS
+    if drop_eos and eos_token_id is None:
+        raise ValueError("mask policy response_before_eos needs the runtime's EOS token id")
     n = len(prompts)
     length = max(len(p) + len(r[0]) for p, r in zip(prompts, responses, strict=True))
     token_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
@@ -50,8 +61,9 @@ def canonical_batch(prompts: Sequence[Sequence[int]],
         p, total = len(prompt), len(prompt) + len(tokens)
         token_ids[i, :total] = torch.tensor([*prompt, *tokens], dtype=torch.long)
         attention[i, :total] = True
-        active[i, p:total] = True
-        logprobs[i, p:total] = torch.tensor(list(lps), dtype=torch.float32)
+        scored = total - 1 if drop_eos and tokens and tokens[-1] == eos_token_id else total
+        active[i, p:scored] = True
+        logprobs[i, p:scored] = torch.tensor(list(lps)[:scored - p], dtype=torch.float32)
         positions[i, :total] = torch.arange(total)
     return {"token_ids": token_ids, "attention_mask": attention, "active_mask": active,
             "logprobs": logprobs, "prompt_lengths": prompt_lengths, "position_ids": positions}

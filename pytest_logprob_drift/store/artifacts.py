@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_logprob_drift.records import canonical_json
+from pytest_logprob_drift.records import canonical_json, sha256_hex
 
 COMPLETE = "COMPLETE"
 EXPERIMENT_FILE = "experiment.json"
@@ -36,6 +36,12 @@ LOCK_FILE = ".lock"
 HASH_CHUNK = 1 << 20
 PUBLISH_TEMPORARY = re.compile(r"\.[^/]+\.[0-9a-f]{8}\.tmp")
 """Temporary names ``publish_bytes`` writes before linking (``.<name>.<8 hex>.tmp``)."""
+
+
+def execution_key(payload: Mapping[str, Any]) -> str:
+    """The key an attempt is sealed under: SHA-256 of the canonical execution-key payload
+    (which ``identity.json`` carries, so the key can be re-derived offline)."""
+    return sha256_hex(canonical_json(payload))
 
 
 def new_attempt_id() -> str:

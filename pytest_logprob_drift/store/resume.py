@@ -11,7 +11,6 @@ still be reused. Private to the runner and the ``verify`` command. Never writes 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,9 +19,9 @@ from typing import Any
 
 import torch
 
-from pytest_logprob_drift.execute.provenance import execution_key
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.store.artifacts import Seal, SealError, read_seal
+from pytest_logprob_drift.store.artifacts import Seal, SealError, execution_key, read_seal
+from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 from pytest_logprob_drift.verdict import judge
 
 TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
@@ -46,14 +45,9 @@ def load_sealed_tensors(directory: Path, name: str, seal: Seal) -> dict[str, tor
     if hashlib.sha256(data).hexdigest() != seal.files.get(name):
         raise SealError(name, "SHA-256 does not match the seal (tampered or corrupt)")
     try:
-        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except Exception as exc:  # any unpickling failure means an invalid artifact
-        raise SealError(name, f"not a weights-only tensor file: {type(exc).__name__}: {exc}") \
-            from None
-    if not isinstance(loaded, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                               for k, v in loaded.items()):
-        raise SealError(name, "expected a mapping of names to tensors")
-    return loaded
+        return tensors_from_bytes(data)
+    except TensorFormatError as exc:
+        raise SealError(name, str(exc)) from None
 
 
 def load_sealed_json(directory: Path, name: str, seal: Seal) -> dict[str, Any]:

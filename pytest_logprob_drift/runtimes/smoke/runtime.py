@@ -114,7 +114,8 @@ class SyntheticRollout:
                 rows.append(self._sample_one(list(prompt), start + offset, identity, kernel))
         return RolloutOutput(
             tensors=canonical_batch([p for p, _, _ in rows], [(r, lp) for _, r, lp in rows],
-                                    PAD_ID),
+                                    PAD_ID, eos_token_id=EOS_ID,
+                                    mask_policy=identity.mask_policy),
             identity=_side_identity(identity))
 
     @torch.no_grad()

@@ -136,7 +136,7 @@ class HfRollout:
             self.model, identity.prompts.token_ids, seed=sampling.seed,
             max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
             eos_token_id=eos, pad_token_id=pad, batch_size=batch_size,
-            logp_fn=logp or hf_engine.native_selected_logprob)
+            logp_fn=logp or hf_engine.native_selected_logprob, mask_policy=identity.mask_policy)
         return RolloutOutput(tensors=tensors, identity=side_identity(identity, self.checkpoint))
 
     def read_back(self) -> Mapping[str, JSONScalar]:

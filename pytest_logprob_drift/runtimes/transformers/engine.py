@@ -34,6 +34,7 @@ import transformers
 from torch import Tensor
 from transformers.utils import logging as _hf_logging
 
+from pytest_logprob_drift.records import MaskPolicy
 from pytest_logprob_drift.runtimes.batch import (
     CANONICAL_KEYS,
     canonical_batch,
@@ -284,13 +285,15 @@ def hf_rollout(
     pad_token_id: int,
     batch_size: int,
     logp_fn: LogpFn,
+    mask_policy: MaskPolicy = MaskPolicy.RESPONSE_THROUGH_EOS,
 ) -> dict[str, Tensor]:
     """Sample responses on the KV-cache decode path; return the canonical batch (on CPU).
 
     Per chunk of ``batch_size`` samples: one prefill forward of the left-padded prompts, then
     one token per step through a ``DynamicCache``. Sample ``i`` draws from its own generator
     seeded by ``sample_seed(seed, i)``; ``temperature == 0`` is greedy. A sample stops after its
-    first EOS (which is kept and scored). The reported logprob of each sampled token is
+    first EOS (which is kept, and scored unless ``mask_policy`` is ``response_before_eos``).
+    The reported logprob of each sampled token is
     ``logp_fn(raw step logits, token)`` in the model's native logits dtype (``LOGPROBS_MODE``).
     """
     validate_rollout_request(prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
@@ -311,7 +314,8 @@ def hf_rollout(
                     logp_fn=logp_fn,
                 )
             )
-    return canonical_batch(prompts, responses, pad_token_id)
+    return canonical_batch(prompts, responses, pad_token_id, eos_token_id=eos_token_id,
+                           mask_policy=mask_policy)
 
 
 # --------------------------------------------------------------------------- training scorer

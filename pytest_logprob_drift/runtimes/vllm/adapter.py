@@ -83,7 +83,7 @@ class VllmRollout:
                                        max_new_tokens=sampling.max_new_tokens,
                                        temperature=sampling.temperature, seed=sampling.seed,
                                        batch_size=batch_size, eos_token_id=eos,
-                                       pad_token_id=pad)
+                                       pad_token_id=pad, mask_policy=identity.mask_policy)
         return RolloutOutput(tensors=tensors, identity=side_identity(identity, self.checkpoint))
 
     def read_back(self) -> Mapping[str, JSONScalar]:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from pytest_logprob_drift.records import MaskPolicy
+
 if TYPE_CHECKING:
     import torch
     from vllm import LLM
@@ -480,12 +482,14 @@ class VllmRolloutEngine:
         batch_size: int,
         eos_token_id: int,
         pad_token_id: int,
+        mask_policy: MaskPolicy = MaskPolicy.RESPONSE_THROUGH_EOS,
     ) -> dict[str, torch.Tensor]:
         """Sample one response per token-id prompt; return the canonical batch (on CPU).
 
         Chunks of ``batch_size`` prompts, one ``LLM.generate`` call each. Sample ``i`` uses
         the request seed ``request_seed(seed, i)``, so its tokens do not depend on chunking.
-        A sample stops at its first ``eos_token_id`` (kept and scored) or after
+        A sample stops at its first ``eos_token_id`` (kept; scored unless ``mask_policy`` says
+        otherwise) or after
         ``max_new_tokens``. ``logprobs`` holds vLLM's raw logprob of each sampled token
         (``LOGPROBS_MODE``) at active positions and 0.0 elsewhere.
         """
@@ -527,7 +531,8 @@ class VllmRolloutEngine:
                 responses.append(_response(out, start + j, eos_token_id))
         from pytest_logprob_drift.runtimes.batch import canonical_batch
 
-        return canonical_batch(prompts, responses, pad_token_id)
+        return canonical_batch(prompts, responses, pad_token_id, eos_token_id=eos_token_id,
+                               mask_policy=mask_policy)
 
 
 def _response(out: Any, index: int, eos_token_id: int) -> tuple[list[int], list[float]]:

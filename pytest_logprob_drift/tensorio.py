@@ -1,0 +1,36 @@
+"""The tensor wire format: a mapping of names to tensors as bytes, and back.
+
+Owns the one serializer used for sealed ``.pt`` artifacts and for tensors crossing a process
+boundary (FSDP ranks): ``torch.save`` of detached, contiguous CPU tensors, read back with
+``torch.load(..., weights_only=True)`` so no pickle code ever runs, and refused unless it is a
+mapping of string names to tensors. Knows nothing about seals, files or what the tensors mean.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+
+import torch
+
+
+class TensorFormatError(Exception):
+    """Bytes that are not a weights-only mapping of names to tensors."""
+
+
+def tensor_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, buffer)
+    return buffer.getvalue()
+
+
+def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    try:
+        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as exc:  # any unpickling failure means the bytes are not ours
+        raise TensorFormatError(f"not a weights-only tensor file: {type(exc).__name__}: "
+                                f"{exc}") from None
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                               for k, v in loaded.items()):
+        raise TensorFormatError("expected a mapping of names to tensors")
+    return loaded
