@@ -45,10 +45,14 @@ __version__ = "0.1.0"
 def plan_file(path: str, *, pairwise: bool = False,
               catalog: SemanticOperatorCatalog | None = None) -> ExecutionPlan:
     """Load, plan and operator-bind a config file (no engine, no torch), against ``catalog``
-    (default: the built-in and entry-point backends)."""
+    (default: what the frontends plan against, ``policy.assemble().operators``)."""
     from pytest_logprob_drift.plan.binding import intervention_json_paths
 
+    if catalog is None:
+        from pytest_logprob_drift.policy import assemble
+
+        catalog = assemble().operators
     config = load_config(path)
     plan = plan_experiment(config, pairwise=pairwise)
-    return build_execution_plan(plan, catalog if catalog is not None else default_catalog(),
+    return build_execution_plan(plan, catalog,
                                 intervention_paths=intervention_json_paths(config.interventions))

@@ -1,8 +1,8 @@
 """The one outcome enum shared by comparator, runner, CLI and plugin.
 
 Owns the closed set of verdicts a case can end with, their pytest status words and letters,
-and how ``--expect SELECTOR=OUTCOME`` selectors parse and match. Knows nothing about how an
-outcome is computed.
+and how ``SELECTOR=OUTCOME`` expectations parse and match (each frontend names its own flag
+for them). Knows nothing about how an outcome is computed.
 """
 
 from __future__ import annotations
@@ -52,14 +52,16 @@ class Expectation:
 
 
 def parse_expectation(text: str) -> Expectation:
+    """``SELECTOR=OUTCOME``; a UsageError starting with ``repr(text)`` otherwise (the frontend
+    puts its flag in front)."""
     selector, sep, outcome = text.rpartition("=")
     if not sep or not selector:
-        raise UsageError(f"--expect {text!r}: expected SELECTOR=OUTCOME, e.g. "
-                         "'logp.backend=smoke_only.logp_offset=MISMATCH'")
+        raise UsageError(f"{text!r}: expected SELECTOR=OUTCOME, e.g. "
+                         "'rollout.dtype=bfloat16=MISMATCH'")
     try:
         parsed = Outcome(outcome.strip().upper())
     except ValueError:
-        raise UsageError(f"--expect {text!r}: unknown outcome {outcome!r}; one of "
+        raise UsageError(f"{text!r}: unknown outcome {outcome!r}; one of "
                          f"{', '.join(o.value for o in Outcome)}") from None
     return Expectation(selector=selector.strip(), outcome=parsed)
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
+from pytest_logprob_drift.errors import Remedy
+
 JSONScalar: TypeAlias = str | int | float | bool | None
 KnobValue: TypeAlias = str | int | bool
 
@@ -266,6 +268,8 @@ class PlanIssue:
     code: str
     path: str
     message: str
+    remedy: Remedy | None = None
+    """What the execution policy must allow for this to pass; each frontend names its flag."""
 
     def render(self) -> str:
         return f"{self.severity.value} {self.code} at {self.path}: {self.message}"
@@ -313,6 +317,30 @@ class ExperimentPlan:
 
 
 # ---------------------------------------------------------------------------- runtime records
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeInfo:
+    """The static, torch-free description of one runtime: which scenario levels and devices it
+    executes and the ``module:attr`` of its adapter factory (imported only when a case
+    executes). A case whose scenario a runtime does not execute is PLAN_ONLY for it."""
+
+    name: str
+    levels: tuple[ScenarioLevel, ...]
+    devices: tuple[str, ...]
+    adapter: str
+    """``module:attr`` of a zero-argument callable returning the RuntimeAdapter."""
+    extra: str | None
+    """The install extra that provides the runtime's engines, named when it is missing."""
+    summary: str
+
+    def executes(self, scenario: Scenario) -> bool:
+        return scenario.level in self.levels and scenario.device in self.devices
+
+    def plan_only_reason(self, scenario: Scenario) -> str:
+        levels = "/".join(level.value for level in self.levels)
+        return (f"scenario {scenario.level.value} on {scenario.device} is plan-only for runtime "
+                f"{self.name!r} (it executes {levels} on {'/'.join(self.devices)})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -106,7 +106,9 @@ def test_s0_is_executable_by_the_cpu_runtimes() -> None:
     code, out, _ = run_main("plan", S0)
     assert code == 0
     assert "executable: cpu-smoke" in out
-    assert "warning SMOKE_OPERATOR at $.baseline.logp.backend" in out
+    assert "warning TEST_ONLY_OPERATOR at $.baseline.logp.backend" in out
+    assert "test-only backend: executing it needs authorization; pass --allow-smoke-operators" \
+        in out
 
 
 def test_plan_from_another_working_directory(tmp_path: Path) -> None:

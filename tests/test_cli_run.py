@@ -114,7 +114,7 @@ def test_refusals_exit_2_with_one_clear_line(tmp_path: Path) -> None:
     assert "Traceback" not in bad_expect.stderr
     assert bad_expect.stderr.strip().splitlines() == [
         "logprob-drift: error: --expect 'no-outcome-here': expected SELECTOR=OUTCOME, e.g. "
-        "'logp.backend=smoke_only.logp_offset=MISMATCH'"]
+        "'rollout.dtype=bfloat16=MISMATCH'"]
     assert not (tmp_path / "b").exists()
 
 

@@ -19,15 +19,8 @@ from hypothesis import strategies as st
 from pytest_logprob_drift import load_config, parse_config, plan_experiment
 from pytest_logprob_drift.config import contract as contract_module
 from pytest_logprob_drift.plan import planner as planner_module
-from pytest_logprob_drift.plan.planner import (
-    ATTENTION_BACKENDS,
-    CASE_CAP,
-    DTYPES,
-    KNOBS,
-    SHARDINGS,
-    case_id,
-    case_label,
-)
+from pytest_logprob_drift.plan.knobs import ATTENTION_BACKENDS, DTYPES, KNOBS, SHARDINGS
+from pytest_logprob_drift.plan.planner import CASE_CAP, case_id, case_label
 from pytest_logprob_drift.records import (
     CaseKind,
     ExperimentPlan,

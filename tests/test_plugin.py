@@ -346,7 +346,7 @@ HOOK_CONFTEST = """
                  "dtypes": ["float32"], "required_topology": {},
                  "alignment_properties": [], "lifecycle": "engine_construction",
                  "factory": "ws_kernel_not_imported_at_collection:kernel",
-                 "version": "1", "build_fingerprint": "b1", "is_smoke_only": SMOKE}]
+                 "version": "1", "build_fingerprint": "b1", "test_only": SMOKE}]
 """
 
 
@@ -366,7 +366,7 @@ def test_operator_hook_descriptors_are_bound_at_planning(s0: pytest.Pytester, ho
     else:
         result.assert_outcomes(errors=1)
         result.stdout.fnmatch_lines([
-            "*smoke-only backends cannot be registered through pytest_logprob_drift_operators"
+            "*test-only backends cannot be registered through pytest_logprob_drift_operators"
             if smoke else "*UNKNOWN_BACKEND at $.baseline.logp.backend: no selected_logprob "
             "backend 'ws.hooked' is registered*"])
         no_traceback(result)

@@ -17,11 +17,13 @@ from pytest_logprob_drift import (
     parse_config,
     plan_experiment,
 )
+from pytest_logprob_drift.errors import Remedy
 from pytest_logprob_drift.plan.binding import (
     ExecutionPlan,
     intervention_json_paths,
     side_topology,
 )
+from pytest_logprob_drift.policy import runtime_catalog
 from pytest_logprob_drift.records import IssueSeverity, Lifecycle, frozen_mapping
 from pytest_logprob_drift.registry import catalog as registry_module
 from pytest_logprob_drift.registry.catalog import (
@@ -31,18 +33,22 @@ from pytest_logprob_drift.registry.catalog import (
     FactoryStyle,
     FallbackPolicy,
     OperatorDescriptor,
-    OperatorResolutionError,
-    OperatorSession,
     SemanticOperatorCatalog,
     load_entry_point_descriptors,
 )
+from pytest_logprob_drift.registry.session import OperatorResolutionError, OperatorSession
 from pytest_logprob_drift.runtimes.smoke.operators import (
     SMOKE_BACKEND_IDS,
     SMOKE_DESCRIPTORS,
     SMOKE_OFFSET,
     SMOKE_REFERENCE,
-    register_smoke_operators,
 )
+
+
+def register_smoke_operators(catalog: SemanticOperatorCatalog) -> SemanticOperatorCatalog:
+    """What the frontends do under --allow-smoke-operators: add the smoke group's
+    descriptors (here taken directly from the smoke package)."""
+    return catalog.with_descriptors(SMOKE_DESCRIPTORS)
 
 REPO = Path(__file__).resolve().parents[1]
 S3 = REPO / "experiments" / "cross_config_s3_qwen3_8b_tp4_cp4_bf16.json"
@@ -125,9 +131,9 @@ def test_entry_point_descriptors_are_published_under_the_group() -> None:
 
 def test_smoke_backends_are_not_in_the_default_catalog() -> None:
     assert not SMOKE_BACKEND_IDS & set(CATALOG.backend_ids(SELECTED_LOGPROB))
-    assert not any(d.is_smoke_only for d in CATALOG.descriptors)
+    assert not any(d.test_only for d in CATALOG.descriptors)
     assert {SMOKE_REFERENCE, SMOKE_OFFSET} == SMOKE_BACKEND_IDS
-    assert all(d.is_smoke_only and d.devices == ("cpu",) for d in SMOKE_DESCRIPTORS)
+    assert all(d.test_only and d.devices == ("cpu",) for d in SMOKE_DESCRIPTORS)
 
 
 def test_smoke_registration_is_explicit_and_makes_a_new_catalog() -> None:
@@ -141,7 +147,7 @@ def test_smoke_backends_cannot_arrive_through_entry_points(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry_module, "load_entry_point_descriptors",
                         lambda: SMOKE_DESCRIPTORS)
-    with pytest.raises(ConfigError, match="smoke-only backends cannot be registered"):
+    with pytest.raises(ConfigError, match="test-only backends cannot be registered"):
         registry_module.default_catalog()
 
 
@@ -164,7 +170,7 @@ def test_descriptor_fingerprint_tracks_every_field() -> None:
     base = descriptor("x")
     assert base.fingerprint == descriptor("x").fingerprint
     for change in ({"version": "t2"}, {"build_fingerprint": "t2"}, {"devices": ("cuda",)},
-                   {"is_smoke_only": True}, {"fallback_policy": FallbackPolicy.DECLARED}):
+                   {"test_only": True}, {"fallback_policy": FallbackPolicy.DECLARED}):
         assert descriptor("x", **change).fingerprint != base.fingerprint, change
 
 
@@ -176,7 +182,7 @@ def test_descriptor_from_mapping() -> None:
             "factory": "a:b", "version": "1", "build_fingerprint": "f"}
     parsed = OperatorDescriptor.from_mapping(data)
     assert parsed.target_tags == ("training",)
-    assert parsed.fallback_policy is FallbackPolicy.NEVER and not parsed.is_smoke_only
+    assert parsed.fallback_policy is FallbackPolicy.NEVER and not parsed.test_only
     with pytest.raises(ConfigError, match="malformed operator descriptor"):
         OperatorDescriptor.from_mapping({**data, "lifecycle": "forever"})
     with pytest.raises(ConfigError, match="malformed operator descriptor"):
@@ -187,7 +193,7 @@ def test_descriptor_from_mapping() -> None:
 
 
 def test_unknown_backend_never_falls_back() -> None:
-    with OperatorSession(CATALOG, allow_smoke=True) as session:
+    with OperatorSession(CATALOG, allow_test_only=True) as session:
         error = resolution_error(session, "rlkernel.does_not_exist")
         assert error.code == "UNKNOWN_BACKEND"
         assert "'rlkernel.does_not_exist'" in error.message and "native" in error.message
@@ -204,7 +210,7 @@ def test_unknown_backend_never_falls_back() -> None:
 ])
 def test_strict_capability_codes(backend: str, kwargs: dict[str, Any], code: str) -> None:
     catalog = register_smoke_operators(CATALOG).with_descriptors([descriptor("narrow")])
-    with OperatorSession(catalog, allow_smoke=True) as session:
+    with OperatorSession(catalog, allow_test_only=True) as session:
         error = resolution_error(session, backend, **kwargs)
         assert error.code == code, error
         assert backend in error.message
@@ -212,37 +218,43 @@ def test_strict_capability_codes(backend: str, kwargs: dict[str, Any], code: str
 
 
 def test_topology_requirement_met() -> None:
-    with OperatorSession(CATALOG, allow_smoke=False) as session:
+    with OperatorSession(CATALOG, allow_test_only=False) as session:
         resolved = resolve(session, VOCAB_PARALLEL, topology={"world_size": 2})
         assert resolved.descriptor.backend_id == VOCAB_PARALLEL
 
 
-def test_declared_fallback_policy_still_does_not_fall_back_in_resolution() -> None:
+def test_declared_fallback_policy_is_refused_under_strict_execution() -> None:
     catalog = CATALOG.with_descriptors([descriptor("fallbacky",
                                                    fallback_policy=FallbackPolicy.DECLARED)])
-    with OperatorSession(catalog, allow_smoke=False) as session:
+    with OperatorSession(catalog, allow_test_only=False) as session:
+        error = resolution_error(session, "fallbacky")
+        assert error.code == "FALLBACK_POLICY"
+        assert "'declared'" in error.message
+        assert session.provenance() == []
+    # Without strict execution it resolves, and still never to another backend.
+    with OperatorSession(catalog, allow_test_only=False, strict=False) as session:
+        assert resolve(session, "fallbacky").descriptor.backend_id == "fallbacky"
         assert resolution_error(session, "fallbacky", device="cuda").code == \
             "UNSUPPORTED_DEVICE"
-        assert session.provenance() == []
 
 
 def test_smoke_backends_need_authorization() -> None:
     catalog = register_smoke_operators(CATALOG)
-    with OperatorSession(catalog, allow_smoke=False) as session:
+    with OperatorSession(catalog, allow_test_only=False) as session:
         error = resolution_error(session, SMOKE_OFFSET)
-        assert error.code == "SMOKE_NOT_AUTHORIZED"
-        assert "--allow-smoke-operators" in error.message
-    with OperatorSession(CATALOG, allow_smoke=True) as session:
+        assert error.code == "TEST_ONLY_NOT_AUTHORIZED"
+        assert "test-only backend" in error.message and "--" not in error.message
+    with OperatorSession(CATALOG, allow_test_only=True) as session:
         # Authorization without registration is not enough either.
         assert resolution_error(session, SMOKE_OFFSET).code == "UNKNOWN_BACKEND"
-    with OperatorSession(catalog, allow_smoke=True) as session:
-        assert resolve(session, SMOKE_OFFSET).descriptor.is_smoke_only
+    with OperatorSession(catalog, allow_test_only=True) as session:
+        assert resolve(session, SMOKE_OFFSET).descriptor.test_only
 
 
 def test_session_caches_within_a_case_and_not_across_cases(
         fake_factories: list[dict[str, Any]]) -> None:
     catalog = CATALOG.with_descriptors([descriptor("fake")])
-    with OperatorSession(catalog, allow_smoke=False) as first:
+    with OperatorSession(catalog, allow_test_only=False) as first:
         resolved = resolve(first, "fake", options={"k": 1})
         kernel = first.instantiate(resolved)
         assert first.instantiate(resolved) is kernel
@@ -254,7 +266,7 @@ def test_session_caches_within_a_case_and_not_across_cases(
         assert len(fake_factories) == 3
         assert [p["options"] for p in first.provenance()] == [{"k": 1}, {"k": 1}, {"k": 2},
                                                               {"k": 1}]
-    with OperatorSession(catalog, allow_smoke=False) as second:
+    with OperatorSession(catalog, allow_test_only=False) as second:
         assert second.provenance() == []
         again = second.instantiate(resolve(second, "fake", options={"k": 1}))
         assert again is not kernel
@@ -263,7 +275,7 @@ def test_session_caches_within_a_case_and_not_across_cases(
 
 def test_closed_session_refuses_use(fake_factories: list[dict[str, Any]]) -> None:
     catalog = CATALOG.with_descriptors([descriptor("fake")])
-    session = OperatorSession(catalog, allow_smoke=False)
+    session = OperatorSession(catalog, allow_test_only=False)
     resolved = resolve(session, "fake")
     session.instantiate(resolved)
     session.close()
@@ -281,11 +293,11 @@ def test_failed_factory_does_not_leak_into_the_next_case(
         descriptor("kernel", factory=f"{FACTORY_MODULE}:kernel",
                    factory_style=FactoryStyle.KERNEL),
     ])
-    with OperatorSession(catalog, allow_smoke=False) as session:
+    with OperatorSession(catalog, allow_test_only=False) as session:
         with pytest.raises(OperatorResolutionError) as info:
             session.instantiate(resolve(session, "broken"))
         assert info.value.code == "FACTORY_UNAVAILABLE"
-    with OperatorSession(catalog, allow_smoke=False) as session:
+    with OperatorSession(catalog, allow_test_only=False) as session:
         assert session.provenance() == []
         kernel = session.instantiate(resolve(session, "kernel"))
         assert kernel is sys.modules[FACTORY_MODULE].kernel  # type: ignore[attr-defined]
@@ -293,14 +305,14 @@ def test_failed_factory_does_not_leak_into_the_next_case(
 
 
 def test_native_instantiates_to_the_runtime_path() -> None:
-    with OperatorSession(CATALOG, allow_smoke=False) as session:
+    with OperatorSession(CATALOG, allow_test_only=False) as session:
         resolved = resolve(session, "native", target="rollout", device="cuda",
                            dtype="bfloat16")
         assert session.instantiate(resolved) is None
         (prov,) = session.provenance()
         assert prov["backend"] == "native" and prov["target"] == "rollout"
         assert prov["descriptor_fingerprint"] == NATIVE_DESCRIPTOR.fingerprint
-        assert prov["is_smoke_only"] is False
+        assert prov["test_only"] is False
 
 
 # ----------------------------------------------------------------------------- binding
@@ -355,7 +367,7 @@ def test_logp_backend_binds_the_same_backend_on_both_sides() -> None:
         ec = by_label[label]
         assert [(b.target, b.backend, b.source) for b in ec.bindings] == [
             ("rollout", backend, "logp.backend"), ("training", backend, "logp.backend")]
-        assert not ec.uses_smoke_operators
+        assert not ec.uses_test_only_operators
     ref = by_label[f"logp.backend={REFERENCE}"].binding("training")
     assert ref.descriptor_fingerprint == CATALOG.get(SELECTED_LOGPROB, REFERENCE).fingerprint  # type: ignore[union-attr]
 
@@ -382,7 +394,7 @@ def test_explicit_operators_mapping_binds_per_side_backends() -> None:
             REFERENCE, "explicit", {})
         assert (training.backend, training.source, dict(training.options)) == (
             CHUNKED, "explicit", {"chunk_size": 64})
-    rows = ep.rows()
+    rows = ep.rows(runtime_catalog().runtimes)
     assert [b["backend"] for b in rows[0]["operators"]] == [REFERENCE, CHUNKED]
 
 
@@ -455,20 +467,21 @@ def test_smoke_backend_plans_with_a_warning_and_is_cpu_only() -> None:
     doc = config_doc(scenario={"level": "S0", "device": "cpu"},
                      interventions=[{"path": "logp.backend", "values": [SMOKE_OFFSET]}])
     doc["baseline"]["logp"]["backend"] = SMOKE_REFERENCE
-    ep = bind(doc)
+    with_smoke = register_smoke_operators(CATALOG)
+    ep = bind(doc, with_smoke)
     assert not ep.has_errors
-    assert [(i.code, i.severity) for i in ep.issues] == [
-        ("SMOKE_OPERATOR", IssueSeverity.WARNING), ("SMOKE_OPERATOR", IssueSeverity.WARNING)]
-    assert all(ec.uses_smoke_operators for ec in ep.cases)
-    # Registered explicitly, they bind without the planning warning.
-    assert bind(doc, register_smoke_operators(CATALOG)).issues == ()
+    assert [(i.code, i.severity, i.remedy) for i in ep.issues] == [
+        ("TEST_ONLY_OPERATOR", IssueSeverity.WARNING, Remedy.AUTHORIZE_TEST_OPERATORS)] * 2
+    assert all(ec.uses_test_only_operators for ec in ep.cases)
+    # Where the smoke group is not loaded, they are unknown backends.
+    assert {i.code for i in bind(doc).issues} == {"UNKNOWN_BACKEND"}
     doc["scenario"] = {"level": "S2", "device": "cuda"}
-    assert {i.code for i in bind(doc).issues} >= {"UNSUPPORTED_DEVICE"}
+    assert {i.code for i in bind(doc, with_smoke).issues} >= {"UNSUPPORTED_DEVICE"}
 
 
 def test_rows_share_case_ids_with_the_plan() -> None:
     ep = bind(config_doc())
-    rows = ep.rows()
+    rows = ep.rows(runtime_catalog().runtimes)
     assert [r["case_id"] for r in rows] == [c.case_id for c in ep.plan.cases]
     assert set(rows[0]) == {"case_id", "label", "kind", "changed", "lifecycle", "requested",
                             "operators", "scenario_level", "device", "executable_by",

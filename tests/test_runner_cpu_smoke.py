@@ -2,8 +2,8 @@
 
 Every test runs the real runner, operator session, comparator and artifact store against the
 synthetic ``cpu-smoke`` runtime, with artifacts in a scratch directory (tmpfs when available).
-Deliberate scorer faults (``CpuSmokeAdapter(fault=...)``) and small wrapping adapters produce
-each identity violation.
+Deliberate scorer faults (``FaultyCpuSmokeAdapter(fault)`` from ``drift_testing``) and small
+wrapping adapters produce each identity violation.
 """
 
 from __future__ import annotations
@@ -11,17 +11,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from drift_testing import FAULTS, S0, S2, FaultyCpuSmokeAdapter, make_runner
 
 from pytest_logprob_drift import UsageError, plan_file
+from pytest_logprob_drift.errors import Remedy
 from pytest_logprob_drift.execute.protocol import Materialized, RolloutOutput, RuntimeBinding
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.outcomes import Outcome, parse_expectation
@@ -29,7 +28,6 @@ from pytest_logprob_drift.plan.binding import ExecutionPlan
 from pytest_logprob_drift.records import ApplicationStatus, ScoringIdentity, frozen_mapping
 from pytest_logprob_drift.registry.catalog import NATIVE_DESCRIPTOR, SemanticOperatorCatalog
 from pytest_logprob_drift.runtimes.smoke.runtime import (
-    FAULTS,
     CpuSmokeAdapter,
     StatelessScorer,
     SyntheticRollout,
@@ -37,28 +35,10 @@ from pytest_logprob_drift.runtimes.smoke.runtime import (
 from pytest_logprob_drift.store.artifacts import COMPLETE, AttemptWriter
 from pytest_logprob_drift.store.resume import check_attempt
 
-ROOT = Path(__file__).resolve().parents[1]
-S0 = ROOT / "experiments" / "cross_config_s0_cpu_smoke.json"
-S2 = ROOT / "experiments" / "cross_config_s2_vllm_tp_vs_fsdp.json"
 OFFSET_LABEL = "logp.backend=smoke_only.logp_offset"
 ATTEMPT_FILES = {"requested.json", "materialized.json", "actual.json", "identity.json",
                  "score_rollout.pt", "score_training.pt", "comparison.json", "token_diffs.pt",
                  COMPLETE}
-
-
-@pytest.fixture
-def work(tmp_path: Path) -> Iterator[Path]:
-    """A scratch directory on tmpfs when there is one (fsync is free there; behaviour is the
-    same), else pytest's ``tmp_path``. The CLI tests exercise a real disk."""
-    shm = Path("/dev/shm")
-    if not (shm.is_dir() and os.access(shm, os.W_OK)):
-        yield tmp_path
-        return
-    directory = Path(tempfile.mkdtemp(prefix="logprob-drift-test-", dir=shm))
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def s0_document() -> dict[str, Any]:
@@ -83,8 +63,9 @@ def plan_for(work: Path, edit: Callable[[dict[str, Any]], None] | None = None
 def run(plan: ExecutionPlan, artifacts: Path, *, adapter: CpuSmokeAdapter | None = None,
         labels: tuple[str, ...] | None = None, allow_smoke: bool = True,
         **kwargs: Any) -> tuple[dict[str, CaseResult], Runner]:
-    runner = Runner(plan, runtime="cpu-smoke", artifacts=artifacts, allow_smoke=allow_smoke,
-                    adapter=adapter if adapter is not None else CpuSmokeAdapter(), **kwargs)
+    runner = make_runner(plan, runtime="cpu-smoke", artifacts=artifacts,
+                         allow_smoke=allow_smoke,
+                         adapter=adapter if adapter is not None else CpuSmokeAdapter(), **kwargs)
     with runner:
         cases = None if labels is None else [ec for ec in plan.cases if ec.case.label in labels]
         results = runner.run(cases)
@@ -187,8 +168,8 @@ def test_engine_constructions_equal_distinct_fingerprints(work: Path, reverse: b
     cases = list(plan.cases)
     if reverse:
         cases.reverse()
-    with Runner(plan, runtime="cpu-smoke", artifacts=work / "runs", allow_smoke=True,
-                adapter=CountingAdapter()) as runner:
+    with make_runner(plan, runtime="cpu-smoke", artifacts=work / "runs", allow_smoke=True,
+                     adapter=CountingAdapter()) as runner:
         results = runner.run(cases)
         bindings = [runner.binding(ec) for ec in plan.cases]
         rollout_fps = {b.rollout_construction_fingerprint for b in bindings}
@@ -230,7 +211,7 @@ def test_every_fault_is_covered() -> None:
 @pytest.mark.parametrize("fault", sorted(FAULT_OUTCOMES))
 def test_scorer_fault_outcome(work: Path, fault: str) -> None:
     outcome, words = FAULT_OUTCOMES[fault]
-    results, _ = run(plan_file(str(S0)), work, adapter=CpuSmokeAdapter(fault=fault),
+    results, _ = run(plan_file(str(S0)), work, adapter=FaultyCpuSmokeAdapter(fault),
                      labels=("baseline",))
     result = results["baseline"]
     assert result.outcome is outcome, result.reason
@@ -247,7 +228,7 @@ def test_scorer_fault_outcome(work: Path, fault: str) -> None:
 
 def test_faulty_scorer_attempt_is_not_reused_by_a_clean_scorer(work: Path) -> None:
     plan = plan_file(str(S0))
-    faulty, _ = run(plan, work, adapter=CpuSmokeAdapter(fault="mutate_parameter"),
+    faulty, _ = run(plan, work, adapter=FaultyCpuSmokeAdapter("mutate_parameter"),
                     labels=("baseline",))
     assert faulty["baseline"].outcome is Outcome.INVALID_IDENTITY
     clean, _ = run(plan, work, labels=("baseline",))
@@ -453,7 +434,7 @@ def _s2_on_cpu(document: dict[str, Any]) -> None:
 @pytest.mark.parametrize("source", ["derived", "shipped"])
 def test_s2_is_plan_only_on_cpu_smoke(work: Path, source: str) -> None:
     plan = plan_for(work, _s2_on_cpu) if source == "derived" else plan_file(str(S2))
-    runner = Runner(plan, runtime="cpu-smoke", artifacts=work / "runs")
+    runner = make_runner(plan, runtime="cpu-smoke", artifacts=work / "runs")
     with runner:
         results = runner.run()
     assert results and {r.outcome for r in results} == {Outcome.PLAN_ONLY}
@@ -465,15 +446,17 @@ def test_s2_is_plan_only_on_cpu_smoke(work: Path, source: str) -> None:
 
 def test_runner_refuses_smoke_operators_without_authorization(work: Path) -> None:
     plan = plan_file(str(S0))
-    with pytest.raises(UsageError, match="--allow-smoke-operators") as info:
-        Runner(plan, runtime="cpu-smoke", artifacts=work / "runs")
+    with pytest.raises(UsageError, match="test-only selected_logprob backends") as info:
+        make_runner(plan, runtime="cpu-smoke", artifacts=work / "runs")
     assert "baseline" in str(info.value)
+    assert "--" not in str(info.value)  # the core names no frontend's flag
+    assert info.value.remedy is Remedy.AUTHORIZE_TEST_OPERATORS
     assert not (work / "runs").exists()
 
 
 def test_unknown_runtime_is_a_usage_error(work: Path) -> None:
     with pytest.raises(UsageError, match="unknown runtime"):
-        Runner(plan_file(str(S0)), runtime="nope", artifacts=work, allow_smoke=True)
+        make_runner(plan_file(str(S0)), runtime="nope", artifacts=work, allow_smoke=True)
 
 
 # --- resume ---------------------------------------------------------------------------------

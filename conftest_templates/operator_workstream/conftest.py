@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 import pytest_logprob_drift
-from pytest_logprob_drift.plan.planner import canonical_path
+from pytest_logprob_drift.plan.knobs import canonical_path
 from pytest_logprob_drift.registry.catalog import OperatorDescriptor
 
 # ---- edit these ---------------------------------------------------------------------------

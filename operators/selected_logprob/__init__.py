@@ -117,7 +117,7 @@ def descriptors() -> list[dict[str, Any]]:
 
     Keys: operation, backend_id, target_tags, devices, dtypes, required_topology,
     alignment_properties, lifecycle, factory (``module:attr``), version, build_fingerprint,
-    fallback_policy, is_smoke_only. Fresh objects on each call; callers may keep them.
+    fallback_policy, test_only. Fresh objects on each call; callers may keep them.
     """
     return [
         {
@@ -135,7 +135,7 @@ def descriptors() -> list[dict[str, Any]]:
             "version": backend["version"],
             "build_fingerprint": build_fingerprint(list(backend["sources"])),
             "fallback_policy": "never",
-            "is_smoke_only": False,
+            "test_only": False,
         }
         for backend in _BACKENDS
     ]

@@ -1,33 +1,31 @@
 """The command line: ``plan``, ``run``, ``verify`` and ``report``.
 
-Owns argument parsing, rendering tables for people (and ``--json`` for machines), and exit
-codes: 0 every case as expected, 1 some case had another outcome, 2 usage or config error (one
-line naming the JSON path, never a traceback), 3 runtime or internal failure. The work itself
-is done by the planner, runner and artifact store; this module only wires and prints. Knows
-nothing about torch (execution modules are imported only by ``run``/``verify``/``report``).
+Owns argument parsing, the CLI's spelling of execution-policy flags (``--allow-smoke-operators``,
+``--expect``), dispatching to one module per command, and mapping errors to ``ExitCode``: 0
+every case as expected, 1 some case had another outcome, 2 usage or config error (one line
+naming the JSON path, never a traceback), 3 runtime or internal failure. The work itself is
+done by the planner, runner, store and report; the command modules only wire and print.
+Knows nothing about torch (execution modules are imported only by ``run``/``verify``/
+``report``) or pytest.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from pytest_logprob_drift.errors import DriftError
-from pytest_logprob_drift.records import IssueSeverity, canonical
+from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 
-EXIT_OK = 0
-EXIT_UNEXPECTED = 1
-EXIT_USAGE = 2
-EXIT_FAILURE = 3
+FLAGS: Mapping[Remedy, str] = {Remedy.AUTHORIZE_TEST_OPERATORS: "--allow-smoke-operators"}
+"""How the CLI spells each execution-policy remedy."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2, no usage dump on stderr noise
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(ExitCode.USAGE_ERROR, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="execute every case and seal its artifacts")
     run.add_argument("config")
     run.add_argument("--runtime", required=True)
-    run.add_argument("--allow-smoke-operators", action="store_true")
+    run.add_argument("--allow-smoke-operators", action="store_true",
+                     help="register and authorize the smoke-only selected_logprob backends")
     run.add_argument("--artifacts", default="runs")
     run.add_argument("--expect", action="append", default=[], metavar="SELECTOR=OUTCOME")
     run.add_argument("--pairwise", action="store_true")
@@ -66,80 +65,35 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
     err = err or sys.stderr
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "plan":
-            return _plan(args, out)
-        if args.command == "run":
-            from pytest_logprob_drift.cli.run_cmd import run_command
-
-            return run_command(args, out, err)
-        if args.command == "verify":
-            from pytest_logprob_drift.cli.run_cmd import verify_command
-
-            return verify_command(args, out)
-        if args.command == "report":
-            from pytest_logprob_drift.report.html import report_command
-
-            return report_command(args, out)
+        return _dispatch(args, out, err)
     except DriftError as exc:
-        print(f"logprob-drift: error: {exc.render()}", file=err)
-        return exc.exit_code
+        from pytest_logprob_drift.policy import render_error
+
+        print(f"logprob-drift: error: {render_error(exc, FLAGS)}", file=err)
+        return int(exc.exit_code)
     except KeyboardInterrupt:
         print("logprob-drift: interrupted", file=err)
-        return EXIT_FAILURE
+        return ExitCode.RUNTIME_FAILURE
     except BrokenPipeError:  # `plan ... | head`: the reader left; not an error of ours
         sys.stderr = open(os.devnull, "w")
-        return EXIT_OK
-    raise AssertionError(f"unhandled command {args.command}")
+        return ExitCode.OK
 
 
-def _plan(args: argparse.Namespace, out: TextIO) -> int:
-    from pytest_logprob_drift import plan_file
+def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.command == "plan":
+        from pytest_logprob_drift.cli.plan_cmd import plan_command
 
-    execution_plan = plan_file(args.config, pairwise=args.pairwise)
-    plan = execution_plan.plan
-    rows = execution_plan.rows()
-    issues = [canonical(i) for i in execution_plan.issues]
-    if args.json:
-        json.dump({"experiment_id": plan.experiment_id, "scenario_id": plan.scenario_id,
-                   "scenario": canonical(plan.scenario), "contract": canonical(plan.contract),
-                   "strategy": plan.strategy.value, "cases": rows, "issues": issues},
-                  out, indent=2, sort_keys=True)
-        out.write("\n")
-    else:
-        print(f"experiment {plan.experiment_id}  scenario {plan.scenario_id} "
-              f"({plan.scenario.level.value}, {plan.scenario.device})  contract "
-              f"{plan.contract.source}/{plan.contract.version} threshold "
-              f"{plan.contract.threshold:g} {plan.contract.unit}", file=out)
-        print(render_table(
-            ["case_id", "label", "changed", "lifecycle", "selected_logprob r/t", "execution"],
-            [[r["case_id"], r["label"], ",".join(r["changed"]) or "-", r["lifecycle"] or "-",
-              _bindings(r), ("executable: " + ",".join(r["executable_by"]))
-              if r["executable_by"] else "plan-only"] for r in rows]), file=out)
-        print(f"{len(rows)} case(s)", file=out)
-        for issue in execution_plan.issues:
-            print(issue.render(), file=out)
-    if execution_plan.has_errors:
-        errors = [i for i in execution_plan.issues if i.severity is IssueSeverity.ERROR]
-        print(f"logprob-drift: error: {args.config}: {errors[0].render()}"
-              + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""), file=sys.stderr)
-        return EXIT_USAGE
-    return EXIT_OK
+        return plan_command(args, out, err)
+    if args.command == "run":
+        from pytest_logprob_drift.cli.run_cmd import run_command
 
+        return run_command(args, out, err)
+    if args.command == "verify":
+        from pytest_logprob_drift.cli.verify_cmd import verify_command
 
-def _bindings(row: dict[str, Any]) -> str:
-    by_target = {b["target"]: b["backend"] for b in row["operators"]}
-    rollout, training = by_target.get("rollout", "?"), by_target.get("training", "?")
-    return rollout if rollout == training else f"{rollout} / {training}"
+        return verify_command(args, out)
+    if args.command == "report":
+        from pytest_logprob_drift.cli.report_cmd import report_command
 
-
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def has_error_issues(issues: Sequence[Any]) -> bool:
-    return any(i.severity is IssueSeverity.ERROR for i in issues)
+        return report_command(args, out)
+    raise UsageError(f"unhandled command {args.command}")

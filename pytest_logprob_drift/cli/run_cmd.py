@@ -1,9 +1,9 @@
-"""The ``run`` and ``verify`` commands: progress lines, final tables, exit codes.
+"""The ``run`` command: plan, execute every case, print progress, the table and exit code.
 
-Owns wiring a config file to the runner (``run``) and re-checking a run directory offline
-(``verify``: every seal, every verdict recomputed from ``token_diffs.pt`` alone). Rendering
-only; the runner and the resume module do the work. Imports torch through them, so it is
-loaded only for these commands.
+Owns wiring a config file and the CLI's execution policy (``--runtime``,
+``--allow-smoke-operators``, ``--expect``) to the runner, live progress lines, the final table
+(or ``--json``) and the exit code. Rendering only; the runner does the work. Imports torch
+through it, so this module is loaded only for ``run``.
 """
 
 from __future__ import annotations
@@ -14,23 +14,25 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_logprob_drift import plan_file
-from pytest_logprob_drift.cli import (
-    EXIT_FAILURE,
-    EXIT_OK,
-    EXIT_UNEXPECTED,
-    EXIT_USAGE,
-    render_table,
-)
-from pytest_logprob_drift.errors import DriftError, UsageError
+from pytest_logprob_drift.cli import FLAGS
+from pytest_logprob_drift.cli.tables import render_table
+from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
-from pytest_logprob_drift.outcomes import parse_expectation
+from pytest_logprob_drift.outcomes import Expectation, parse_expectation
 from pytest_logprob_drift.plan.binding import ExecutionCase
-from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
-from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.policy import assemble, render_error, render_issue
 
 
 def _failure_text(exc: Exception) -> str:
-    return exc.render() if isinstance(exc, DriftError) else f"{type(exc).__name__}: {exc}"
+    return render_error(exc, FLAGS) if isinstance(exc, DriftError) \
+        else f"{type(exc).__name__}: {exc}"
+
+
+def parse_expectations(texts: list[str]) -> list[Expectation]:
+    try:
+        return [parse_expectation(text) for text in texts]
+    except UsageError as exc:
+        raise UsageError(f"--expect {exc}") from None
 
 
 def _max_diff(result: CaseResult) -> str:
@@ -39,15 +41,18 @@ def _max_diff(result: CaseResult) -> str:
 
 
 def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    expectations = [parse_expectation(text) for text in args.expect]
-    execution_plan = plan_file(args.config, pairwise=args.pairwise)
+    expectations = parse_expectations(args.expect)
+    catalogs = assemble()
+    execution_plan = plan_file(args.config, pairwise=args.pairwise, catalog=catalogs.operators)
     for issue in execution_plan.issues:
-        if not (issue.code == "SMOKE_OPERATOR" and args.allow_smoke_operators):
-            print(issue.render(), file=err)
+        if not (issue.remedy is Remedy.AUTHORIZE_TEST_OPERATORS and args.allow_smoke_operators):
+            print(render_issue(issue, FLAGS), file=err)
     if execution_plan.has_errors:
-        return EXIT_USAGE
-    with Runner(execution_plan, runtime=args.runtime, artifacts=Path(args.artifacts),
-                allow_smoke=args.allow_smoke_operators, expectations=expectations) as runner:
+        return ExitCode.USAGE_ERROR
+    with Runner(execution_plan, runtime=args.runtime, runtimes=catalogs.runtimes,
+                catalog=catalogs.operators, artifacts=Path(args.artifacts),
+                allow_test_only=args.allow_smoke_operators,
+                expectations=expectations) as runner:
         for note in runner.notes:
             print(f"note: {note}", file=err)
 
@@ -87,8 +92,8 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"engine constructions: rollout {constructions[0]}, training {constructions[1]}",
               file=out)
     if failures:
-        return EXIT_FAILURE
-    return EXIT_OK if all(r.as_expected for r in results) else EXIT_UNEXPECTED
+        return ExitCode.RUNTIME_FAILURE
+    return ExitCode.OK if all(r.as_expected for r in results) else ExitCode.UNEXPECTED_OUTCOME
 
 
 def _result_json(r: CaseResult) -> dict[str, Any]:
@@ -98,34 +103,3 @@ def _result_json(r: CaseResult) -> dict[str, Any]:
             "active_tokens": r.comparison.get("active_tokens"),
             "mismatches": r.comparison.get("mismatches"),
             "max_abs_diff": r.comparison.get("diagnostics", {}).get("max_abs_diff")}
-
-
-def verify_command(args: argparse.Namespace, out: TextIO) -> int:
-    run_dir = Path(args.run_dir)
-    if not (run_dir / "cases").is_dir():
-        raise UsageError(f"{run_dir}: not a run directory (no cases/ inside)")
-    report: list[dict[str, Any]] = []
-    bad = 0
-    for attempt in iter_attempt_dirs(run_dir):
-        entry: dict[str, Any] = {"case_id": attempt.parent.name, "attempt_id": attempt.name}
-        if not (attempt / COMPLETE).exists():
-            entry.update(status="incomplete", detail="no COMPLETE: never sealed; ignored by "
-                         "resume")
-        else:
-            try:
-                checked = check_attempt(attempt, expected_key=None)
-                entry.update(status="ok", outcome=checked.outcome.value)
-            except SealError as exc:
-                bad += 1
-                entry.update(status="invalid", file=exc.file, detail=exc.message)
-        report.append(entry)
-    if args.json:
-        json.dump({"attempts": report, "invalid": bad}, out, indent=2, sort_keys=True)
-        out.write("\n")
-    else:
-        print(render_table(["case_id", "attempt", "status", "outcome/file", "detail"],
-                           [[e["case_id"], e["attempt_id"], e["status"],
-                             e.get("outcome", e.get("file", "")), e.get("detail", "")]
-                            for e in report]), file=out)
-        print(f"{len(report)} attempt(s), {bad} invalid", file=out)
-    return EXIT_UNEXPECTED if bad else EXIT_OK

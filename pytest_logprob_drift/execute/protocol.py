@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_topology
-from pytest_logprob_drift.plan.planner import knob_lifecycle
+from pytest_logprob_drift.plan.knobs import knob_lifecycle
 from pytest_logprob_drift.records import (
     ApplicationStatus,
     JSONScalar,

@@ -1,39 +1,35 @@
 """The paired runner: one entry point for the CLI and the pytest plugin alike.
 
-Owns coordinating an execution plan against one runtime: refusing smoke operators without
-explicit registration and authorization, PLAN_ONLY for scenarios the runtime does not execute,
-the execution key and resume (reuse a sealed, consistent attempt; report the ones skipped),
-execution through the private ``_execution`` module, engine reuse by construction fingerprint
-with teardown as soon as no remaining case needs an engine, and the per-case result. Knows no
-concrete runtime: the adapter is loaded from the runtime catalog by name.
+Owns coordinating an execution plan against one runtime: refusing test-only operator backends
+unless the execution policy authorizes them, PLAN_ONLY for scenarios the runtime does not
+execute, the execution key and resume (reuse a sealed, consistent attempt; report the ones
+skipped), execution through ``execute.case``, engine reuse by construction fingerprint with
+teardown as soon as no remaining case needs an engine, and the per-case result. Receives its
+operator catalog and runtime catalog from the frontend; knows no concrete runtime or backend.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_logprob_drift.errors import UsageError
-from pytest_logprob_drift.execute.case import EnginePool, execute_case
+from pytest_logprob_drift.errors import Remedy, UsageError
+from pytest_logprob_drift.execute.case import CaseExecution, execute_case
+from pytest_logprob_drift.execute.engine_pool import EnginePool
 from pytest_logprob_drift.execute.protocol import (
     RuntimeAdapter,
     RuntimeBinding,
     bind_case,
     order_for_reuse,
 )
-from pytest_logprob_drift.execute.provenance import (
-    base_environment,
-    execution_key_payload,
-)
-from pytest_logprob_drift.execute.runtime_catalog import RuntimeInfo, runtime_info
+from pytest_logprob_drift.execute.provenance import base_environment, execution_key_payload
+from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog, load_adapter
 from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.records import canonical
-from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog, default_catalog
-from pytest_logprob_drift.runtimes.smoke.operators import register_smoke_operators
+from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.store.artifacts import ArtifactStore, SealError, execution_key
 from pytest_logprob_drift.store.resume import check_attempt
 
@@ -58,44 +54,36 @@ class CaseResult:
 Progress = Callable[[int, int, ExecutionCase, "CaseResult | Exception | None"], None]
 
 
-def load_adapter(info: RuntimeInfo) -> RuntimeAdapter:
-    module_name, _, attr = info.adapter.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        hint = f" (install the '{info.extra}' extra)" if info.extra else ""
-        raise UsageError(f"runtime {info.name!r} is not available: {exc}{hint}") from None
-    adapter: RuntimeAdapter = getattr(module, attr)()
-    return adapter
-
-
 class Runner:
     """Runs cases of one execution plan on one runtime; use as a context manager."""
 
-    def __init__(self, execution_plan: ExecutionPlan, *, runtime: str, artifacts: Path,
-                 allow_smoke: bool = False, expectations: Sequence[Expectation] = (),
-                 adapter: RuntimeAdapter | None = None,
-                 catalog: SemanticOperatorCatalog | None = None) -> None:
+    def __init__(self, execution_plan: ExecutionPlan, *, runtime: str, runtimes: RuntimeCatalog,
+                 catalog: SemanticOperatorCatalog, artifacts: Path,
+                 allow_test_only: bool = False, expectations: Sequence[Expectation] = (),
+                 adapter: RuntimeAdapter | None = None) -> None:
+        """``catalog`` holds every backend planning bound (test-only ones included); only the
+        production ones are registered for execution unless ``allow_test_only``."""
         if execution_plan.has_errors:
             first = next(i for i in execution_plan.issues if i.severity.value == "error")
             raise UsageError(f"the plan has errors; first: {first.render()}")
         self.plan = execution_plan
-        self.info = runtime_info(runtime)
-        self.allow_smoke = allow_smoke
+        self.info = runtimes.get(runtime)
+        self.allow_test_only = allow_test_only
         self.expectations = tuple(expectations)
-        base = catalog if catalog is not None else default_catalog()
-        smoke_cases = [ec.case.label for ec in execution_plan.cases if ec.uses_smoke_operators]
-        if smoke_cases and not allow_smoke:
-            raise UsageError(f"case(s) {', '.join(smoke_cases)} bind smoke-only "
-                             "selected_logprob backends; pass --allow-smoke-operators to "
-                             "register and authorize them")
-        self.catalog = register_smoke_operators(base) if allow_smoke else base
+        test_only = [ec.case.label for ec in execution_plan.cases
+                     if ec.uses_test_only_operators]
+        if test_only and not allow_test_only:
+            raise UsageError(f"case(s) {', '.join(test_only)} bind test-only selected_logprob "
+                             "backends, which need registration and authorization",
+                             remedy=Remedy.AUTHORIZE_TEST_OPERATORS)
+        self.catalog = catalog if allow_test_only else catalog.without_test_only()
         self.store = ArtifactStore(artifacts, execution_plan.plan.experiment_id)
         self.executable = self.info.executes(execution_plan.plan.scenario)
         self._adapter = adapter
         self.pool = EnginePool()
         self._bindings: dict[str, RuntimeBinding] = {}
-        self.notes = self.store.initialize(self._experiment_document(), execution_plan.rows())
+        self.notes = self.store.initialize(self._experiment_document(),
+                                           execution_plan.rows(runtimes.runtimes))
 
     def _experiment_document(self) -> dict[str, Any]:
         plan = self.plan.plan
@@ -164,11 +152,12 @@ class Runner:
                               expected=expected, reason=str(comparison.get("reason", "")),
                               reused=True, attempt_dir=attempt, comparison=comparison,
                               skipped_attempts=tuple(skipped))
-        executed = execute_case(ec=ec, identity=plan.identity, binding=binding,
-                                materialized=materialized, adapter=adapter, pool=self.pool,
-                                catalog=self.catalog, allow_smoke=self.allow_smoke,
-                                contract=plan.contract, strict=plan.strict_fallback,
-                                store=self.store, execution_key=key, key_payload=payload)
+        executed = execute_case(CaseExecution(
+            ec=ec, identity=plan.identity, binding=binding, materialized=materialized,
+            adapter=adapter, pool=self.pool, catalog=self.catalog,
+            allow_test_only=self.allow_test_only, contract=plan.contract,
+            strict=plan.strict_fallback, store=self.store, execution_key=key,
+            key_payload=payload))
         attempt_dir = self.store.case_dir(case.case_id) / executed.seal.attempt_id
         comparison = dict(check_attempt(attempt_dir, expected_key=key).comparison)
         return CaseResult(case_id=case.case_id, label=case.label,

@@ -1,57 +1,66 @@
-"""The names of the runtimes, what each can execute, and where its adapter lives.
+"""The runtime catalog an execution is handed, and loading a runtime's adapter.
 
-Owns the static, torch-free description of every runtime (``cpu-smoke``, ``hf``, ``vllm-hf``):
-which scenario levels and devices it executes, and the ``module:attr`` of its adapter factory,
-imported only when a case executes. A case whose scenario a runtime does not execute is
-PLAN_ONLY for that runtime. Adding a runtime is one entry here plus its adapter module; the
-planner and runner do not change. Knows nothing about engines.
+Owns ``RuntimeCatalog``: the runtimes a frontend makes available, by name (``RuntimeInfo``
+records, which name their adapter factory as ``module:attr``), looking one up with a clear
+error, and importing and constructing its adapter only when a case executes (a missing engine
+package names the install extra). Adding a runtime is one record plus its adapter module; the
+planner and runner do not change. Knows nothing about any concrete runtime or engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
-from pytest_logprob_drift.errors import UsageError
-from pytest_logprob_drift.records import Scenario, ScenarioLevel
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RuntimeInfo:
-    name: str
-    levels: tuple[ScenarioLevel, ...]
-    devices: tuple[str, ...]
-    adapter: str
-    """``module:attr`` of a zero-argument callable returning the RuntimeAdapter."""
-    extra: str | None
-    summary: str
-
-    def executes(self, scenario: Scenario) -> bool:
-        return scenario.level in self.levels and scenario.device in self.devices
-
-    def plan_only_reason(self, scenario: Scenario) -> str:
-        levels = "/".join(level.value for level in self.levels)
-        return (f"scenario {scenario.level.value} on {scenario.device} is plan-only for runtime "
-                f"{self.name!r} (it executes {levels} on {'/'.join(self.devices)})")
+from pytest_logprob_drift.errors import ConfigError, UsageError
+from pytest_logprob_drift.execute.protocol import RuntimeAdapter
+from pytest_logprob_drift.records import RuntimeInfo, Scenario
+from pytest_logprob_drift.references import UnresolvedReference, resolve_reference
 
 
-RUNTIMES: Mapping[str, RuntimeInfo] = {
-    "cpu-smoke": RuntimeInfo(
-        name="cpu-smoke", levels=(ScenarioLevel.S0,), devices=("cpu",),
-        adapter="pytest_logprob_drift.runtimes.smoke.runtime:CpuSmokeAdapter",
-        extra=None, summary="deterministic synthetic model + read-only stateless scorer"),
-    "hf": RuntimeInfo(
-        name="hf", levels=(ScenarioLevel.S0,), devices=("cpu",),
-        adapter="pytest_logprob_drift.runtimes.transformers.adapter:HfAdapter", extra="hf",
-        summary="transformers KV-cache generation vs transformers teacher-forced (FSDP opt.)"),
-    "vllm-hf": RuntimeInfo(
-        name="vllm-hf", levels=(ScenarioLevel.S0, ScenarioLevel.S1), devices=("cpu",),
-        adapter="pytest_logprob_drift.runtimes.vllm.adapter:VllmHfAdapter", extra="vllm",
-        summary="vLLM rollout engine vs transformers teacher-forced (FSDP opt.)"),
-}
+@dataclass(frozen=True, slots=True)
+class RuntimeCatalog:
+    """An immutable set of runtimes keyed by name."""
+
+    runtimes: tuple[RuntimeInfo, ...] = ()
+    _index: Mapping[str, RuntimeInfo] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index: dict[str, RuntimeInfo] = {}
+        for info in self.runtimes:
+            if info.name in index and index[info.name] != info:
+                raise ConfigError(f"runtime {info.name}", "two different runtimes use this name")
+            index[info.name] = info
+        object.__setattr__(self, "_index", MappingProxyType(index))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._index))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def get(self, name: str) -> RuntimeInfo:
+        if name not in self._index:
+            raise UsageError(f"unknown runtime {name!r}; known: {', '.join(self.names)}")
+        return self._index[name]
+
+    def executing(self, scenario: Scenario) -> list[str]:
+        """Names of the runtimes that execute ``scenario``."""
+        return [name for name in self.names if self._index[name].executes(scenario)]
+
+    def with_runtimes(self, extra: Iterable[RuntimeInfo]) -> RuntimeCatalog:
+        return RuntimeCatalog(self.runtimes + tuple(extra))
 
 
-def runtime_info(name: str) -> RuntimeInfo:
-    if name not in RUNTIMES:
-        raise UsageError(f"unknown runtime {name!r}; known: {', '.join(sorted(RUNTIMES))}")
-    return RUNTIMES[name]
+def load_adapter(info: RuntimeInfo) -> RuntimeAdapter:
+    """Import the runtime's adapter factory and construct the adapter."""
+    try:
+        factory = resolve_reference(info.adapter)
+    except UnresolvedReference as exc:
+        hint = f" (install the '{info.extra}' extra)" if info.extra else ""
+        raise UsageError(f"runtime {info.name!r} is not available: {exc.message}{hint}") \
+            from None
+    adapter: RuntimeAdapter = factory()
+    return adapter

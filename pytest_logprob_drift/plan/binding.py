@@ -4,18 +4,20 @@ Owns binding the selected rollout/training ``selected_logprob`` backends into ea
 case, before any runtime exists: an explicit ``operators`` mapping fixes both sides; otherwise
 ``logp.backend`` selects the same backend on both sides (``native`` when absent). A
 ``logp.backend`` baseline value or intervention cannot be combined with an explicit mapping.
-Also owns the canonical rows that planning prints and execution writes to ``plan.jsonl``, and
-which runtimes execute each case's scenario level. Knows nothing about engines or torch.
+Binding a test-only backend is a warning with a remedy (execution needs authorization). Also
+owns the canonical rows that planning prints and execution writes to ``plan.jsonl``. Works
+against the catalog it is handed; knows nothing about engines, torch, or which backends or
+runtimes exist.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_logprob_drift.execute.runtime_catalog import RUNTIMES, RuntimeInfo
-from pytest_logprob_drift.plan.planner import canonical_path
+from pytest_logprob_drift.errors import Remedy
+from pytest_logprob_drift.plan.knobs import canonical_path
 from pytest_logprob_drift.records import (
     Case,
     ExperimentPlan,
@@ -23,6 +25,7 @@ from pytest_logprob_drift.records import (
     KnobValue,
     OperatorSelection,
     PlanIssue,
+    RuntimeInfo,
     canonical,
     frozen_mapping,
 )
@@ -30,11 +33,10 @@ from pytest_logprob_drift.registry.catalog import (
     NATIVE_BACKEND,
     SELECTED_LOGPROB,
     TARGETS,
-    OperatorResolutionError,
+    OperatorDescriptor,
     SemanticOperatorCatalog,
-    check_capability,
 )
-from pytest_logprob_drift.runtimes.smoke.operators import SMOKE_DESCRIPTORS
+from pytest_logprob_drift.registry.session import OperatorResolutionError, check_capability
 
 FSDP_WORLD_SIZE = 2
 """Training world size the runtimes use for ``training.sharding=fsdp`` (derived, recorded)."""
@@ -50,7 +52,7 @@ class OperatorBinding:
     options: Mapping[str, Any]
     descriptor_fingerprint: str
     version: str
-    is_smoke_only: bool
+    test_only: bool
     source: str
     """``explicit`` (operators mapping) or ``logp.backend``."""
 
@@ -67,8 +69,8 @@ class ExecutionCase:
         raise KeyError((operation, target))
 
     @property
-    def uses_smoke_operators(self) -> bool:
-        return any(b.is_smoke_only for b in self.bindings)
+    def uses_test_only_operators(self) -> bool:
+        return any(b.test_only for b in self.bindings)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,11 +84,10 @@ class ExecutionPlan:
     def has_errors(self) -> bool:
         return any(i.severity is IssueSeverity.ERROR for i in self.issues)
 
-    def executable_by(self, runtime: RuntimeInfo) -> bool:
-        return runtime.executes(self.plan.scenario)
-
-    def rows(self) -> list[dict[str, Any]]:
-        return [case_row(self, ec) for ec in self.cases]
+    def rows(self, runtimes: Sequence[RuntimeInfo]) -> list[dict[str, Any]]:
+        """Canonical rows; ``executable_by`` names those of ``runtimes`` that execute it."""
+        executable = sorted(r.name for r in runtimes if r.executes(self.plan.scenario))
+        return [case_row(self, ec, executable) for ec in self.cases]
 
 
 def side_topology(requested: Mapping[str, KnobValue], target: str) -> dict[str, int]:
@@ -118,87 +119,111 @@ def build_execution_plan(plan: ExperimentPlan, catalog: SemanticOperatorCatalog,
                          ) -> ExecutionPlan:
     """Bind operators into every case; problems become structured issues.
 
-    ``catalog`` is what is registered for this execution. Smoke backends that are known but not
-    registered are reported as warnings here (planning is not execution); the runner refuses to
-    execute them without registration and authorization.
+    ``catalog`` is what planning can see. Test-only backends in it bind with a warning
+    (planning is not execution); the runner refuses to execute them unless the execution
+    policy authorizes them.
     """
-    issues: list[PlanIssue] = list(plan.issues)
+    paths = dict(intervention_paths or {})
     explicit = {s.operation: s for s in plan.operators}.get(SELECTED_LOGPROB)
+    issues: list[PlanIssue] = list(plan.issues)
     if explicit is not None:
-        baseline_case = plan.cases[0] if plan.cases else None
-        for path, json_path in (intervention_paths or {}).items():
-            if path == "logp.backend":
-                issues.append(PlanIssue(
-                    severity=IssueSeverity.ERROR, code="LOGP_BACKEND_WITH_EXPLICIT_OPERATORS",
-                    path=json_path, message="a logp.backend intervention cannot be combined "
-                    "with the fixed $.operators.selected_logprob mapping: it would not change "
-                    "execution"))
-        if baseline_case is not None and "logp.backend" in baseline_case.requested:
-            issues.append(PlanIssue(
-                severity=IssueSeverity.ERROR, code="LOGP_BACKEND_WITH_EXPLICIT_OPERATORS",
-                path="$.baseline.logp.backend", message="logp.backend and "
-                "$.operators.selected_logprob both select the backend; keep one"))
-
-    smoke_known = {d.backend_id: d for d in SMOKE_DESCRIPTORS}
-    device = plan.scenario.device
+        issues.extend(_explicit_mapping_conflicts(plan, paths))
+    binder = _Binder(catalog=catalog, device=plan.scenario.device, issues=issues)
     bound: list[ExecutionCase] = []
-    reported: set[tuple[str, str, str]] = set()
     for case in plan.cases:
-        bindings: list[OperatorBinding] = []
-        for target in TARGETS:
-            backend, options, source = _selection_for(case, explicit, target)
-            if source == "explicit":
-                json_path = f"$.operators.{SELECTED_LOGPROB}.{target}"
-            elif "logp.backend" in case.changed:
-                json_path = (intervention_paths or {}).get("logp.backend", "$.interventions")
-            else:
-                json_path = "$.baseline.logp.backend"
-            descriptor = catalog.get(SELECTED_LOGPROB, backend)
-            if descriptor is None and backend in smoke_known:
-                descriptor = smoke_known[backend]
-                key = ("smoke", backend, "")
-                if key not in reported:
-                    reported.add(key)
-                    issues.append(PlanIssue(
-                        severity=IssueSeverity.WARNING, code="SMOKE_OPERATOR",
-                        path=json_path, message=f"{backend} is a smoke-only backend: "
-                        "executing it needs --allow-smoke-operators"))
-            if descriptor is None:
-                key = ("unknown", backend, json_path)  # once per backend and JSON path
-                if key not in reported:
-                    reported.add(key)
-                    known = ", ".join(catalog.backend_ids(SELECTED_LOGPROB))
-                    issues.append(PlanIssue(
-                        severity=IssueSeverity.ERROR, code="UNKNOWN_BACKEND", path=json_path,
-                        message=f"no {SELECTED_LOGPROB} backend {backend!r} is registered "
-                        f"(known: {known})"))
-                continue
-            try:
-                check_capability(descriptor, target=target, device=device,
-                                 dtype=side_dtype(case.requested, target),
-                                 topology=side_topology(case.requested, target),
-                                 allow_smoke=True)
-            except OperatorResolutionError as exc:
-                issues.append(PlanIssue(severity=IssueSeverity.ERROR, code=exc.code,
-                                        path=json_path,
-                                        message=f"case {case.label}: {exc.message}"))
-                continue
-            bindings.append(OperatorBinding(
-                operation=SELECTED_LOGPROB, target=target, backend=backend,
-                options=frozen_mapping(dict(options)),
-                descriptor_fingerprint=descriptor.fingerprint, version=descriptor.version,
-                is_smoke_only=descriptor.is_smoke_only, source=source))
+        bindings = [b for target in TARGETS
+                    if (b := binder.bind(case, target, explicit, paths)) is not None]
         if len(bindings) == len(TARGETS):
             bound.append(ExecutionCase(case=case, bindings=tuple(bindings)))
     return ExecutionPlan(plan=plan, cases=tuple(bound), issues=tuple(issues),
                          catalog_fingerprint=catalog.fingerprint)
 
 
-def case_row(execution_plan: ExecutionPlan, ec: ExecutionCase) -> dict[str, Any]:
+def _explicit_mapping_conflicts(plan: ExperimentPlan, paths: Mapping[str, str]) \
+        -> list[PlanIssue]:
+    conflicts: list[PlanIssue] = []
+    if "logp.backend" in paths:
+        conflicts.append(PlanIssue(
+            severity=IssueSeverity.ERROR, code="LOGP_BACKEND_WITH_EXPLICIT_OPERATORS",
+            path=paths["logp.backend"], message="a logp.backend intervention cannot be "
+            "combined with the fixed $.operators.selected_logprob mapping: it would not change "
+            "execution"))
+    if plan.cases and "logp.backend" in plan.cases[0].requested:
+        conflicts.append(PlanIssue(
+            severity=IssueSeverity.ERROR, code="LOGP_BACKEND_WITH_EXPLICIT_OPERATORS",
+            path="$.baseline.logp.backend", message="logp.backend and "
+            "$.operators.selected_logprob both select the backend; keep one"))
+    return conflicts
+
+
+@dataclass(slots=True, kw_only=True)
+class _Binder:
+    """Binds one side of one case at a time; reports each problem once per backend/path."""
+
+    catalog: SemanticOperatorCatalog
+    device: str
+    issues: list[PlanIssue]
+    reported: set[tuple[str, str, str]] = field(default_factory=set)
+
+    def _once(self, key: tuple[str, str, str], issue: PlanIssue) -> None:
+        if key not in self.reported:
+            self.reported.add(key)
+            self.issues.append(issue)
+
+    def bind(self, case: Case, target: str, explicit: OperatorSelection | None,
+             paths: Mapping[str, str]) -> OperatorBinding | None:
+        backend, options, source = _selection_for(case, explicit, target)
+        json_path = _selection_json_path(case, target, source, paths)
+        descriptor = self.catalog.get(SELECTED_LOGPROB, backend)
+        if descriptor is None:
+            known = ", ".join(self.catalog.backend_ids(SELECTED_LOGPROB))
+            self._once(("unknown", backend, json_path), PlanIssue(
+                severity=IssueSeverity.ERROR, code="UNKNOWN_BACKEND", path=json_path,
+                message=f"no {SELECTED_LOGPROB} backend {backend!r} is registered "
+                f"(known: {known})"))
+            return None
+        if descriptor.test_only:
+            self._once(("test_only", backend, ""), PlanIssue(
+                severity=IssueSeverity.WARNING, code="TEST_ONLY_OPERATOR", path=json_path,
+                message=f"{backend} is a test-only backend: executing it needs authorization",
+                remedy=Remedy.AUTHORIZE_TEST_OPERATORS))
+        if not self._capable(case, target, descriptor, json_path):
+            return None
+        return OperatorBinding(
+            operation=SELECTED_LOGPROB, target=target, backend=backend,
+            options=frozen_mapping(dict(options)),
+            descriptor_fingerprint=descriptor.fingerprint, version=descriptor.version,
+            test_only=descriptor.test_only, source=source)
+
+    def _capable(self, case: Case, target: str, descriptor: OperatorDescriptor,
+                 json_path: str) -> bool:
+        try:
+            check_capability(descriptor, target=target, device=self.device,
+                             dtype=side_dtype(case.requested, target),
+                             topology=side_topology(case.requested, target),
+                             allow_test_only=True, strict=False)
+        except OperatorResolutionError as exc:
+            self.issues.append(PlanIssue(severity=IssueSeverity.ERROR, code=exc.code,
+                                         path=json_path,
+                                         message=f"case {case.label}: {exc.message}"))
+            return False
+        return True
+
+
+def _selection_json_path(case: Case, target: str, source: str,
+                         paths: Mapping[str, str]) -> str:
+    if source == "explicit":
+        return f"$.operators.{SELECTED_LOGPROB}.{target}"
+    if "logp.backend" in case.changed:
+        return paths.get("logp.backend", "$.interventions")
+    return "$.baseline.logp.backend"
+
+
+def case_row(execution_plan: ExecutionPlan, ec: ExecutionCase,
+             executable_by: Sequence[str]) -> dict[str, Any]:
     """The canonical row shared by `plan` output and `plan.jsonl`."""
     case = ec.case
     plan = execution_plan.plan
-    runtimes = [name for name, info in sorted(RUNTIMES.items()) if info.executes(plan.scenario)]
     return {
         "case_id": case.case_id,
         "label": case.label,
@@ -209,7 +234,7 @@ def case_row(execution_plan: ExecutionPlan, ec: ExecutionCase) -> dict[str, Any]
         "operators": [canonical(b) for b in ec.bindings],
         "scenario_level": plan.scenario.level.value,
         "device": plan.scenario.device,
-        "executable_by": runtimes,
+        "executable_by": list(executable_by),
         "contract_version": plan.contract.version,
         "threshold": plan.contract.threshold,
     }

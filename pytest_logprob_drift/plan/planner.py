@@ -1,12 +1,11 @@
-"""Planning: the knob catalog, normalization, one-at-a-time and pairwise cases.
+"""Planning: one explicit baseline plus declared interventions, expanded into cases.
 
-Owns the exact ten-knob allowlist with lifecycles, alias normalization of paths and values,
-capability constraints that need no engine (positive topology sizes, dtypes and attention
-backends the scenario device supports), the expansion of one explicit baseline plus declared
-interventions into cases (OAT; opt-in pairwise over explicitly listed path pairs only), the
-256-case cap (checked arithmetically before anything is expanded), stable case ids and human
-labels. Every finding becomes a structured ``PlanIssue``; planning reports them all at once and
-never creates an engine. Knows nothing about operators' implementations, runtimes or torch.
+Owns validating a config's knob paths and values against the knob catalog (``plan.knobs``) and
+the scenario device, the expansion into cases (OAT; opt-in pairwise over explicitly listed
+path pairs only), the 256-case cap (checked arithmetically before anything is expanded),
+stable case ids and human labels. Every finding becomes a structured ``PlanIssue``; planning
+reports them all at once and never creates an engine. Knows nothing about operators'
+implementations, runtimes or torch.
 """
 
 from __future__ import annotations
@@ -14,11 +13,19 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_logprob_drift.config.contract import resolve_contract
 from pytest_logprob_drift.errors import ConfigError
+from pytest_logprob_drift.plan.knobs import (
+    DEVICE_ATTENTION,
+    DEVICE_DTYPES,
+    KNOBS,
+    InvalidKnobValue,
+    canonical_path,
+    format_value,
+    knob_lifecycle,
+)
 from pytest_logprob_drift.records import (
     PLAN_SCHEMA_VERSION,
     Case,
@@ -26,9 +33,7 @@ from pytest_logprob_drift.records import (
     ExperimentConfig,
     ExperimentPlan,
     IssueSeverity,
-    Knob,
     KnobValue,
-    Lifecycle,
     PlanIssue,
     ResolvedContract,
     Strategy,
@@ -40,140 +45,6 @@ from pytest_logprob_drift.records import (
 
 CASE_CAP = 256
 """Framework cap on planned cases (baseline included); not configurable."""
-
-DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
-SHARDINGS = ("none", "fsdp")
-
-DEVICE_DTYPES: Mapping[str, tuple[str, ...]] = {
-    "cpu": ("float32", "bfloat16", "float16"),
-    "cuda": DTYPES,
-}
-DEVICE_ATTENTION: Mapping[str, tuple[str, ...]] = {
-    "cpu": ("eager", "sdpa", "flex_attention"),
-    "cuda": ATTENTION_BACKENDS,
-}
-
-_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32",
-                  "torch.float32": "float32", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
-                  "fp16": "float16", "half": "float16", "f16": "float16",
-                  "torch.float16": "float16"}
-_ATTENTION_ALIASES = {"fa2": "flash_attention_2", "flash_attn_2": "flash_attention_2",
-                      "flash-attention-2": "flash_attention_2", "flash_attn": "flash_attention_2",
-                      "flash_attention": "flash_attention_2", "flex": "flex_attention",
-                      "torch_sdpa": "sdpa", "math": "eager"}
-_SHARDING_ALIASES = {"unsharded": "none", "no_shard": "none", "ddp": "none", "fsdp2": "fsdp",
-                     "full_shard": "fsdp", "fully_shard": "fsdp"}
-_BOOL_ALIASES = {"true": True, "false": False, "on": True, "off": False, "yes": True,
-                 "no": False}
-
-PATH_ALIASES: Mapping[str, str] = {
-    "batch_size": "batch.size",
-    "rollout.tp": "rollout.tensor_parallel_size",
-    "rollout.tp_size": "rollout.tensor_parallel_size",
-    "rollout.tensor_parallel": "rollout.tensor_parallel_size",
-    "rollout.cp": "rollout.context_parallel_size",
-    "rollout.cp_size": "rollout.context_parallel_size",
-    "rollout.context_parallel": "rollout.context_parallel_size",
-    "rollout.prefix_caching": "rollout.enable_prefix_caching",
-    "rollout.eager": "rollout.enforce_eager",
-    "training.dtype": "training.compute_dtype",
-    "training.attn": "training.attention_backend",
-    "training.attn_implementation": "training.attention_backend",
-    "logp.impl": "logp.backend",
-}
-
-
-class _Invalid(Exception):
-    pass
-
-
-def _positive_int(raw: Any) -> KnobValue:
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
-        raise _Invalid(f"expected a positive integer, got {raw!r}")
-    return raw
-
-
-def _boolean(raw: Any) -> KnobValue:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str) and raw.strip().lower() in _BOOL_ALIASES:
-        return _BOOL_ALIASES[raw.strip().lower()]
-    raise _Invalid(f"expected a boolean, got {raw!r}")
-
-
-def _choice(choices: tuple[str, ...], aliases: Mapping[str, str]) -> Callable[[Any], KnobValue]:
-    def normalize(raw: Any) -> KnobValue:
-        if not isinstance(raw, str):
-            raise _Invalid(f"expected one of {', '.join(choices)}, got {raw!r}")
-        key = raw.strip().lower()
-        value = aliases.get(key, key)
-        if value not in choices:
-            raise _Invalid(f"expected one of {', '.join(choices)} (or an alias), got {raw!r}")
-        return value
-    return normalize
-
-
-def _backend_id(raw: Any) -> KnobValue:
-    if not isinstance(raw, str) or not raw.strip():
-        raise _Invalid(f"expected a selected_logprob backend id string, got {raw!r}")
-    return raw.strip()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KnobSpec:
-    """A knob plus how to normalize its values."""
-
-    knob: Knob
-    normalize: Callable[[Any], KnobValue]
-
-
-KNOB_CATALOG: tuple[KnobSpec, ...] = (
-    KnobSpec(knob=Knob(path="batch.size", lifecycle=Lifecycle.REQUEST,
-                       meaning="Canonical sample chunking only."), normalize=_positive_int),
-    KnobSpec(knob=Knob(path="rollout.tensor_parallel_size", lifecycle=Lifecycle.PROCESS,
-                       meaning="Rollout TP world."), normalize=_positive_int),
-    KnobSpec(knob=Knob(path="rollout.context_parallel_size", lifecycle=Lifecycle.PROCESS,
-                       meaning="Rollout CP world."), normalize=_positive_int),
-    KnobSpec(knob=Knob(path="rollout.dtype", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-                       meaning="Rollout numerical dtype."),
-             normalize=_choice(DTYPES, _DTYPE_ALIASES)),
-    KnobSpec(knob=Knob(path="rollout.enable_prefix_caching",
-                       lifecycle=Lifecycle.ENGINE_CONSTRUCTION, meaning="Engine cache policy."),
-             normalize=_boolean),
-    KnobSpec(knob=Knob(path="rollout.enforce_eager", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-                       meaning="Eager versus optimized/graph path."), normalize=_boolean),
-    KnobSpec(knob=Knob(path="training.attention_backend",
-                       lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-                       meaning="Training scorer attention implementation."),
-             normalize=_choice(ATTENTION_BACKENDS, _ATTENTION_ALIASES)),
-    KnobSpec(knob=Knob(path="training.compute_dtype", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-                       meaning="Training scorer compute dtype."),
-             normalize=_choice(DTYPES, _DTYPE_ALIASES)),
-    KnobSpec(knob=Knob(path="logp.backend", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-                       meaning="Both-sides selected-logprob shortcut."), normalize=_backend_id),
-    KnobSpec(knob=Knob(path="training.sharding", lifecycle=Lifecycle.PROCESS,
-                       meaning="Training topology, such as unsharded or FSDP."),
-             normalize=_choice(SHARDINGS, _SHARDING_ALIASES)),
-)
-KNOBS: Mapping[str, KnobSpec] = {spec.knob.path: spec for spec in KNOB_CATALOG}
-
-
-def knob_lifecycle(path: str) -> Lifecycle:
-    return KNOBS[path].knob.lifecycle
-
-
-def canonical_path(path: str) -> str:
-    """Alias-normalized knob path (may still be unknown)."""
-    stripped = path.strip()
-    return PATH_ALIASES.get(stripped, stripped)
-
-
-def format_value(value: KnobValue) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
 
 def case_label(changes: Sequence[tuple[str, KnobValue]]) -> str:
     if not changes:
@@ -236,7 +107,7 @@ def _normalize_value(issues: _Issues, path: str, raw: Any, json_path: str,
                      device: str) -> KnobValue | None:
     try:
         value = KNOBS[path].normalize(raw)
-    except _Invalid as exc:
+    except InvalidKnobValue as exc:
         issues.error("INVALID_VALUE", json_path, f"{path}: {exc}")
         return None
     if path in ("rollout.dtype", "training.compute_dtype") and value not in DEVICE_DTYPES[device]:
@@ -266,83 +137,11 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
         contract = resolve_contract(config.contract_source, config.contract_version)
     except ConfigError as exc:  # name the config file, like every other config fault
         raise ConfigError(exc.path, exc.message, source=exc.source or config.source) from None
-    device = config.scenario.device
-
-    baseline: dict[str, KnobValue] = {}
-    declared: set[str] = set()  # known baseline paths, valid values or not
-    for raw_path, raw in config.baseline.items():
-        json_path = config.baseline_json_paths[raw_path]
-        path = _known_path(issues, raw_path, json_path)
-        if path is None:
-            continue
-        if path in declared:
-            issues.error("DUPLICATE_KNOB", json_path, f"{path} is given twice (alias of "
-                         f"{raw_path!r})")
-            continue
-        declared.add(path)
-        value = _normalize_value(issues, path, raw, json_path, device)
-        if value is not None:
-            baseline[path] = value
-
-    interventions: dict[str, list[KnobValue]] = {}
-    for item in config.interventions:
-        path = _known_path(issues, item.path, f"{item.json_path}.path")
-        if path is None:
-            continue
-        if path in interventions:
-            issues.error("DUPLICATE_INTERVENTION", f"{item.json_path}.path", f"{path} is "
-                         "declared by more than one intervention; merge their values")
-            continue
-        if path not in declared:
-            issues.error("INTERVENTION_WITHOUT_BASELINE", f"{item.json_path}.path", f"{path} "
-                         f"has no baseline value; declare it under $.baseline")
-        values: list[KnobValue] = []
-        seen: set[KnobValue] = set()  # a set: thousands of values must not cost O(n^2)
-        for index, raw in enumerate(item.values):
-            vpath = f"{item.json_path}.values[{index}]"
-            value = _normalize_value(issues, path, raw, vpath, device)
-            if value is None:
-                continue
-            if path in baseline and value == baseline[path]:
-                issues.warning("EQUALS_BASELINE", vpath, f"{path}={format_value(value)} equals"
-                               " the baseline; no separate case is planned")
-                continue
-            if value in seen:
-                issues.warning("DUPLICATE_VALUE", vpath, f"{path}={format_value(value)} is "
-                               "listed twice; planned once")
-                continue
-            seen.add(value)
-            values.append(value)
-        interventions[path] = values
-
+    baseline, declared = _baseline(issues, config)
+    interventions = _interventions(issues, config, baseline, declared)
     use_pairwise = pairwise or config.strategy is Strategy.PAIRWISE
-    pairs: list[tuple[str, str]] = []
-    if use_pairwise and not config.pairs:
-        issues.error("PAIRWISE_WITHOUT_PAIRS", "$.pairs", "pairwise planning expands only "
-                     "explicitly listed path pairs; $.pairs is empty")
-    if use_pairwise:
-        for index, (first, second) in enumerate(config.pairs):
-            ppath = f"$.pairs[{index}]"
-            a = _known_path(issues, first, f"{ppath}[0]")
-            b = _known_path(issues, second, f"{ppath}[1]")
-            if a is None or b is None:
-                continue
-            if a == b:
-                issues.error("INVALID_PAIR", ppath, f"a pair needs two different paths, got "
-                             f"{a} twice")
-                continue
-            missing = [p for p in (a, b) if p not in interventions]
-            if missing:
-                issues.error("PAIR_WITHOUT_INTERVENTION", ppath, f"{', '.join(missing)} has no"
-                             " declared intervention values to pair")
-                continue
-            key = (a, b) if list(KNOBS).index(a) < list(KNOBS).index(b) else (b, a)
-            if key in pairs:
-                issues.warning("DUPLICATE_PAIR", ppath, f"pair {key[0]} x {key[1]} is listed "
-                               "twice; planned once")
-                continue
-            pairs.append(key)
-    elif config.pairs:
+    pairs = _pairs(issues, config, interventions) if use_pairwise else []
+    if not use_pairwise and config.pairs:
         issues.warning("PAIRS_IGNORED", "$.pairs", "pairs are listed but strategy is "
                        "one_at_a_time and --pairwise was not given; no pairwise cases planned")
 
@@ -369,6 +168,102 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
         issues=tuple(issues.items),
         operators=config.operators,
     )
+
+
+def _baseline(issues: _Issues, config: ExperimentConfig) -> tuple[dict[str, KnobValue], set[str]]:
+    """Normalized baseline values, and every known path the baseline declares (valid or not)."""
+    baseline: dict[str, KnobValue] = {}
+    declared: set[str] = set()
+    for raw_path, raw in config.baseline.items():
+        json_path = config.baseline_json_paths[raw_path]
+        path = _known_path(issues, raw_path, json_path)
+        if path is None:
+            continue
+        if path in declared:
+            issues.error("DUPLICATE_KNOB", json_path, f"{path} is given twice (alias of "
+                         f"{raw_path!r})")
+            continue
+        declared.add(path)
+        value = _normalize_value(issues, path, raw, json_path, config.scenario.device)
+        if value is not None:
+            baseline[path] = value
+    return baseline, declared
+
+
+def _interventions(issues: _Issues, config: ExperimentConfig,
+                   baseline: Mapping[str, KnobValue], declared: set[str]) \
+        -> dict[str, list[KnobValue]]:
+    """``path -> distinct normalized values`` of each declared intervention."""
+    interventions: dict[str, list[KnobValue]] = {}
+    for item in config.interventions:
+        path = _known_path(issues, item.path, f"{item.json_path}.path")
+        if path is None:
+            continue
+        if path in interventions:
+            issues.error("DUPLICATE_INTERVENTION", f"{item.json_path}.path", f"{path} is "
+                         "declared by more than one intervention; merge their values")
+            continue
+        if path not in declared:
+            issues.error("INTERVENTION_WITHOUT_BASELINE", f"{item.json_path}.path", f"{path} "
+                         f"has no baseline value; declare it under $.baseline")
+        interventions[path] = _intervention_values(issues, config, path, item.values,
+                                                   item.json_path, baseline)
+    return interventions
+
+
+def _intervention_values(issues: _Issues, config: ExperimentConfig, path: str,
+                         raw_values: Sequence[Any], json_path: str,
+                         baseline: Mapping[str, KnobValue]) -> list[KnobValue]:
+    values: list[KnobValue] = []
+    seen: set[KnobValue] = set()  # a set: thousands of values must not cost O(n^2)
+    for index, raw in enumerate(raw_values):
+        vpath = f"{json_path}.values[{index}]"
+        value = _normalize_value(issues, path, raw, vpath, config.scenario.device)
+        if value is None:
+            continue
+        if path in baseline and value == baseline[path]:
+            issues.warning("EQUALS_BASELINE", vpath, f"{path}={format_value(value)} equals"
+                           " the baseline; no separate case is planned")
+            continue
+        if value in seen:
+            issues.warning("DUPLICATE_VALUE", vpath, f"{path}={format_value(value)} is "
+                           "listed twice; planned once")
+            continue
+        seen.add(value)
+        values.append(value)
+    return values
+
+
+def _pairs(issues: _Issues, config: ExperimentConfig,
+           interventions: Mapping[str, list[KnobValue]]) -> list[tuple[str, str]]:
+    """The explicitly listed path pairs, in knob-catalog order, each once."""
+    if not config.pairs:
+        issues.error("PAIRWISE_WITHOUT_PAIRS", "$.pairs", "pairwise planning expands only "
+                     "explicitly listed path pairs; $.pairs is empty")
+    order = list(KNOBS)
+    pairs: list[tuple[str, str]] = []
+    for index, (first, second) in enumerate(config.pairs):
+        ppath = f"$.pairs[{index}]"
+        a = _known_path(issues, first, f"{ppath}[0]")
+        b = _known_path(issues, second, f"{ppath}[1]")
+        if a is None or b is None:
+            continue
+        if a == b:
+            issues.error("INVALID_PAIR", ppath, f"a pair needs two different paths, got "
+                         f"{a} twice")
+            continue
+        missing = [p for p in (a, b) if p not in interventions]
+        if missing:
+            issues.error("PAIR_WITHOUT_INTERVENTION", ppath, f"{', '.join(missing)} has no"
+                         " declared intervention values to pair")
+            continue
+        key = (a, b) if order.index(a) < order.index(b) else (b, a)
+        if key in pairs:
+            issues.warning("DUPLICATE_PAIR", ppath, f"pair {key[0]} x {key[1]} is listed "
+                           "twice; planned once")
+            continue
+        pairs.append(key)
+    return pairs
 
 
 def _expand(config: ExperimentConfig, contract: ResolvedContract,

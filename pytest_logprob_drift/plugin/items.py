@@ -5,15 +5,13 @@ order so every xdist worker collects the same items), node ids that carry the ex
 the case label (``exp.json::s0-cpu-smoke::batch.size=1``), markers for scenario level and
 changed knob, running an item through the shared runner (the same code path as the CLI), and a
 failure text that shows the evidence instead of a traceback. Planning binds operators against
-the session's catalog (``plugin.session_catalog``), the one the runner executes with. Importing
-this module never imports torch; the runner is imported when the first case executes.
+the session's catalog (``plugin.session``), the one the runner executes with. Importing this
+module never imports torch; the runner is imported when the first case executes.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,35 +20,19 @@ import pytest
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.errors import DriftError
 from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
-from pytest_logprob_drift.execute.runtime_catalog import runtime_info
-from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
+from pytest_logprob_drift.outcomes import Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
+from pytest_logprob_drift.plugin.options import FLAGS, keyword_token, marker_name
+from pytest_logprob_drift.plugin.session import (
+    OPTIONS_KEY,
+    RUNTIMES_KEY,
+    runner_for,
+    session_catalog,
+)
+from pytest_logprob_drift.policy import render_error
 
 if TYPE_CHECKING:
     from pytest_logprob_drift.execute.runner import CaseResult, Runner
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DriftOptions:
-    """Validated plugin options (the flag overrides the ini value)."""
-
-    configs: tuple[Path, ...]
-    runtime: str | None
-    allow_smoke: bool
-    artifacts: Path
-    plan_only: bool
-    expectations: tuple[Expectation, ...]
-    pairwise: bool
-
-
-def marker_name(text: str) -> str:
-    return re.sub(r"[^0-9a-zA-Z_]", "_", text)
-
-
-def keyword_token(text: str) -> str:
-    """``text`` in the spelling a ``-k`` expression can write: ``=`` and ``,`` (which case
-    labels use and ``-k`` cannot) become ``+eq+`` and ``+comma+``."""
-    return text.replace("=", "+eq+").replace(",", "+comma+")
 
 
 class DriftCaseFailure(Exception):
@@ -65,8 +47,6 @@ class DriftConfigFile(pytest.File):
     """A ``--drift-config`` file; its child is the experiment."""
 
     def collect(self) -> Iterator[pytest.Collector]:
-        from pytest_logprob_drift.plugin.hooks import OPTIONS_KEY, session_catalog
-
         options = self.config.stash[OPTIONS_KEY]
         execution_plan = plan_file(str(self.path), pairwise=options.pairwise,
                                           catalog=session_catalog(self.config))
@@ -79,8 +59,8 @@ class DriftConfigFile(pytest.File):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> Any:
         if isinstance(excinfo.value, (DriftError, DriftCollectionError)):
-            text = excinfo.value.render() if isinstance(excinfo.value, DriftError) \
-                else str(excinfo.value)
+            text = render_error(excinfo.value, FLAGS) \
+                if isinstance(excinfo.value, DriftError) else str(excinfo.value)
             return f"{self.path}: {text}" if str(self.path) not in text else text
         return super().repr_failure(excinfo)
 
@@ -95,8 +75,6 @@ class DriftExperiment(pytest.Collector):
         self.execution_plan = execution_plan
 
     def collect(self) -> Iterator[pytest.Item]:
-        from pytest_logprob_drift.plugin.hooks import OPTIONS_KEY
-
         options = self.config.stash[OPTIONS_KEY]
         plan = self.execution_plan.plan
         kind = options.runtime or "plan"
@@ -132,15 +110,13 @@ class DriftCaseItem(pytest.Item):
         return parent.execution_plan
 
     def runtest(self) -> None:
-        from pytest_logprob_drift.plugin.hooks import OPTIONS_KEY, runner_for
-
         options = self.config.stash[OPTIONS_KEY]
         case = self.case.case
         if options.plan_only:
             raise pytest.skip.Exception(f"--drift-plan-only: case {case.case_id} planned, not "
                                         "executed", _use_item_location=True)
         assert options.runtime is not None
-        info = runtime_info(options.runtime)
+        info = self.config.stash[RUNTIMES_KEY].get(options.runtime)
         if not info.executes(self.execution_plan.plan.scenario):
             expected = expected_outcome(options.expectations, case.case_id, case.label)
             self._record(Outcome.PLAN_ONLY.value, None)
@@ -149,7 +125,7 @@ class DriftCaseItem(pytest.Item):
                 raise pytest.skip.Exception(f"PLAN_ONLY: {info.plan_only_reason(scenario)}",
                                             _use_item_location=True)
             return
-        runner: Runner = runner_for(self)
+        runner: Runner = runner_for(self.config, str(self.path), self.execution_plan)
         try:
             result = runner.run_case(self.case)
         finally:
@@ -179,9 +155,7 @@ class DriftCaseItem(pytest.Item):
         if isinstance(excinfo.value, DriftCaseFailure):
             return render_evidence(excinfo.value.result)
         if isinstance(excinfo.value, DriftError):
-            text = excinfo.value.render().replace("--allow-smoke-operators",
-                                                  "--drift-allow-smoke-operators")
-            return f"{self.case.case.label}: {text}"
+            return f"{self.case.case.label}: {render_error(excinfo.value, FLAGS)}"
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Path, int, str]:

@@ -1,20 +1,21 @@
-"""Semantic operator descriptors, the immutable catalog, and per-case resolution sessions.
+"""Semantic operator descriptors and the immutable catalog.
 
-Owns what a backend of a semantic operation (``selected_logprob`` first) declares about itself,
-the ``SemanticOperatorCatalog`` of immutable descriptors (built-ins plus the entry-point group
-``pytest_logprob_drift.operators``), and ``OperatorSession``: one per case, for resolution,
-instantiation, caching and provenance, closed when the case ends so nothing leaks into the next
-case. Strict resolution never falls back to another backend. Factories are ``module:attr``
-strings imported only on instantiation, so describing and planning never import torch. Knows
-nothing about configs, planning rules or runtimes.
+Owns what a backend of a semantic operation (``selected_logprob`` first) declares about itself
+(``OperatorDescriptor``: targets, devices, dtypes, topology, alignment properties, lifecycle,
+factory, version, fallback policy and the temporary-test marker ``test_only``), the
+``SemanticOperatorCatalog`` of immutable descriptors, and loading descriptors from an
+entry-point group (``pytest_logprob_drift.operators`` for production backends, which refuses
+test-only ones). Factories are ``module:attr`` strings imported only on instantiation (see
+``registry.session``), so describing and planning never import torch. Knows nothing about
+configs, planning rules, runtimes, or which test-only backends exist.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-import importlib
 import importlib.metadata
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -46,15 +47,6 @@ class FactoryStyle(enum.Enum):
     """The object is called as ``builder(target=..., options=...)`` and returns the kernel."""
 
 
-class OperatorResolutionError(Exception):
-    """A case asked for a backend that the catalog cannot serve as requested."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        self.message = message
-        super().__init__(f"{code}: {message}")
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OperatorDescriptor:
     """Everything a backend declares; immutable, hashed into execution identity."""
@@ -73,7 +65,9 @@ class OperatorDescriptor:
     version: str
     build_fingerprint: str
     fallback_policy: FallbackPolicy = FallbackPolicy.NEVER
-    is_smoke_only: bool = False
+    test_only: bool = False
+    """A temporary test backend: never accepted from the production entry-point group, and
+    resolved only when the execution policy authorizes test-only backends."""
     factory_style: FactoryStyle = FactoryStyle.KERNEL
 
     @property
@@ -82,7 +76,13 @@ class OperatorDescriptor:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> OperatorDescriptor:
-        """Build from the plain-dict form that entry points return."""
+        """Build from the plain-dict form that entry points return; unknown keys are refused
+        (a misspelt field must not be silently ignored)."""
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"entry point {ENTRY_POINT_GROUP}", f"operator descriptor "
+                              f"{data.get('backend_id')!r} has unknown field(s) "
+                              f"{', '.join(map(repr, unknown))}")
         try:
             return cls(
                 operation=str(data["operation"]),
@@ -98,7 +98,7 @@ class OperatorDescriptor:
                 version=str(data["version"]),
                 build_fingerprint=str(data["build_fingerprint"]),
                 fallback_policy=FallbackPolicy(data.get("fallback_policy", "never")),
-                is_smoke_only=bool(data.get("is_smoke_only", False)),
+                test_only=bool(data.get("test_only", False)),
                 factory_style=FactoryStyle(data.get("factory_style", "kernel")),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -149,143 +149,56 @@ class SemanticOperatorCatalog:
         """A new catalog with ``extra`` added (explicit registration); self is unchanged."""
         return SemanticOperatorCatalog(self.descriptors + tuple(extra))
 
+    def without_test_only(self) -> SemanticOperatorCatalog:
+        """The catalog an unauthorized execution registers: test-only backends removed."""
+        return SemanticOperatorCatalog(tuple(d for d in self.descriptors if not d.test_only))
+
     @property
     def fingerprint(self) -> str:
         return sha256_hex(canonical_json(sorted(d.fingerprint for d in self.descriptors)))[:16]
 
 
-def load_entry_point_descriptors() -> tuple[OperatorDescriptor, ...]:
-    """Descriptors that installed distributions publish under the entry-point group."""
-    found: list[OperatorDescriptor] = []
-    for entry_point in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
+def entry_point_items(group: str, what: str, *, name: str | None = None) -> list[Any]:
+    """Every item the providers of ``group`` (or only its entry ``name``) return, in entry
+    name order; a provider that cannot be loaded is a ConfigError naming it."""
+    found: list[Any] = []
+    selected = importlib.metadata.entry_points(group=group)
+    for entry_point in sorted(selected if name is None else selected.select(name=name),
                               key=lambda ep: ep.name):
         try:
             provider = entry_point.load()
             items = list(provider())
         except Exception as exc:  # a broken third-party plugin must not crash planning
-            raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{entry_point.name}",
-                              f"cannot load operator descriptors from {entry_point.value!r}: "
+            raise ConfigError(f"entry point {group}:{entry_point.name}",
+                              f"cannot load {what} from {entry_point.value!r}: "
                               f"{type(exc).__name__}: {exc}") from None
-        for item in items:
-            found.append(item if isinstance(item, OperatorDescriptor)
-                         else OperatorDescriptor.from_mapping(item))
-    return tuple(found)
+        found.extend(items)
+    return found
+
+
+def as_descriptor(item: OperatorDescriptor | Mapping[str, Any]) -> OperatorDescriptor:
+    return item if isinstance(item, OperatorDescriptor) else OperatorDescriptor.from_mapping(item)
+
+
+def load_entry_point_descriptors(group: str = ENTRY_POINT_GROUP) \
+        -> tuple[OperatorDescriptor, ...]:
+    """Descriptors that installed distributions publish under ``group``."""
+    return tuple(as_descriptor(item) for item in entry_point_items(group, "operator descriptors"))
+
+
+def production_descriptors(items: Iterable[OperatorDescriptor], source: str) \
+        -> tuple[OperatorDescriptor, ...]:
+    """``items``, refusing any test-only descriptor (named with ``source``)."""
+    descriptors = tuple(items)
+    for descriptor in descriptors:
+        if descriptor.test_only:
+            raise ConfigError(f"operator {descriptor.backend_id}", "test-only backends cannot "
+                              f"be registered through {source}")
+    return descriptors
 
 
 def default_catalog() -> SemanticOperatorCatalog:
-    """Built-in ``native`` plus every entry-point backend; smoke backends are never here."""
-    descriptors = (NATIVE_DESCRIPTOR, *load_entry_point_descriptors())
-    for descriptor in descriptors:
-        if descriptor.is_smoke_only:
-            raise ConfigError(f"operator {descriptor.backend_id}",
-                              "smoke-only backends cannot be registered through entry points")
-    return SemanticOperatorCatalog(descriptors)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResolvedOperator:
-    """One backend bound to one side of one case."""
-
-    descriptor: OperatorDescriptor
-    target: str
-    options: Mapping[str, Any]
-
-    def provenance(self) -> dict[str, Any]:
-        d = self.descriptor
-        return {"operation": d.operation, "target": self.target, "backend": d.backend_id,
-                "version": d.version, "build_fingerprint": d.build_fingerprint,
-                "descriptor_fingerprint": d.fingerprint, "factory": d.factory,
-                "is_smoke_only": d.is_smoke_only, "options": dict(self.options)}
-
-
-def check_capability(descriptor: OperatorDescriptor, *, target: str, device: str,
-                     dtype: str | None, topology: Mapping[str, int],
-                     allow_smoke: bool) -> None:
-    """Raise OperatorResolutionError if the backend cannot serve this side as requested."""
-    ident = f"{descriptor.operation} backend {descriptor.backend_id!r}"
-    if descriptor.is_smoke_only and not allow_smoke:
-        raise OperatorResolutionError("SMOKE_NOT_AUTHORIZED", f"{ident} is a smoke-only "
-                                      "backend; it needs --allow-smoke-operators")
-    if target not in descriptor.target_tags:
-        raise OperatorResolutionError("UNSUPPORTED_TARGET", f"{ident} does not serve the "
-                                      f"{target} side (targets: {list(descriptor.target_tags)})")
-    if device not in descriptor.devices:
-        raise OperatorResolutionError("UNSUPPORTED_DEVICE", f"{ident} does not run on {device}"
-                                      f" (devices: {list(descriptor.devices)})")
-    if dtype is not None and dtype not in descriptor.dtypes:
-        raise OperatorResolutionError("UNSUPPORTED_DTYPE", f"{ident} does not support {dtype}"
-                                      f" (dtypes: {list(descriptor.dtypes)})")
-    for key, minimum in descriptor.required_topology.get(target, {}).items():
-        name = key.removeprefix("min_")
-        have = topology.get(name, 1)
-        if have < minimum:
-            raise OperatorResolutionError("UNSUPPORTED_TOPOLOGY", f"{ident} needs {target} "
-                                          f"{name} >= {minimum}, case has {have}")
-
-
-class OperatorSession:
-    """Per-case resolution, instantiation, cache and provenance. Use as a context manager."""
-
-    def __init__(self, catalog: SemanticOperatorCatalog, *, allow_smoke: bool) -> None:
-        self._catalog = catalog
-        self._allow_smoke = allow_smoke
-        self._cache: dict[tuple[str, str, str], Callable[..., Any]] = {}
-        self._resolved: list[ResolvedOperator] = []
-        self._closed = False
-
-    def __enter__(self) -> OperatorSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._cache.clear()
-        self._resolved.clear()
-        self._closed = True
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("OperatorSession used after close; create one per case")
-
-    def resolve(self, operation: str, target: str, backend_id: str, *, device: str,
-                dtype: str | None, topology: Mapping[str, int],
-                options: Mapping[str, Any] | None = None) -> ResolvedOperator:
-        """Strict: the named backend or an error; never another backend."""
-        self._check_open()
-        descriptor = self._catalog.get(operation, backend_id)
-        if descriptor is None:
-            known = ", ".join(self._catalog.backend_ids(operation)) or "none"
-            raise OperatorResolutionError("UNKNOWN_BACKEND", f"no {operation} backend "
-                                          f"{backend_id!r} is registered (known: {known})")
-        check_capability(descriptor, target=target, device=device, dtype=dtype,
-                         topology=topology, allow_smoke=self._allow_smoke)
-        resolved = ResolvedOperator(descriptor=descriptor, target=target,
-                                    options=frozen_mapping(dict(options or {})))
-        self._resolved.append(resolved)
-        return resolved
-
-    def instantiate(self, resolved: ResolvedOperator) -> Callable[..., Any] | None:
-        """Import the backend's factory (cached within this session); None for native."""
-        self._check_open()
-        descriptor = resolved.descriptor
-        factory = descriptor.factory
-        if factory is None:
-            return None
-        key = (factory, resolved.target, canonical_json(resolved.options))
-        if key not in self._cache:
-            module_name, _, attr = factory.partition(":")
-            try:
-                module = importlib.import_module(module_name)
-                obj = getattr(module, attr)
-            except (ImportError, AttributeError) as exc:
-                raise OperatorResolutionError("FACTORY_UNAVAILABLE", f"backend "
-                                              f"{descriptor.backend_id!r} factory "
-                                              f"{factory!r} cannot be loaded: {exc}") from None
-            if descriptor.factory_style is FactoryStyle.BUILDER:
-                obj = obj(target=resolved.target, options=dict(resolved.options))
-            self._cache[key] = obj
-        return self._cache[key]
-
-    def provenance(self) -> list[dict[str, Any]]:
-        return [r.provenance() for r in self._resolved]
+    """Built-in ``native`` plus every production entry-point backend; never a test-only one."""
+    return SemanticOperatorCatalog(
+        (NATIVE_DESCRIPTOR, *production_descriptors(load_entry_point_descriptors(),
+                                                    f"the {ENTRY_POINT_GROUP} entry points")))

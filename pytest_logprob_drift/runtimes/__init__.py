@@ -1,11 +1,26 @@
-"""Real runtime back ends (transformers, FSDP, vLLM) and the local tiny checkpoint.
+"""Runtime back ends: transformers (and FSDP), vLLM, and the CPU smoke runtime.
 
-Owns the code that touches torch, transformers and vLLM: building and resolving checkpoints
-(``tiny_model``), rollout and teacher-forced scoring with plain transformers (``hf_engine``),
-the FSDP-sharded training scorer over real processes (``fsdp_scoring``) and the vLLM rollout
-engine (``vllm_engine``).
+Owns the code that touches torch, transformers and vLLM: the canonical batch both scorers
+exchange (``batch``), building and resolving checkpoints (``tiny_model``), the transformers
+rollout and teacher-forced scorer with its FSDP rank group (``transformers/``), the vLLM
+rollout engine (``vllm/``) and the synthetic CPU smoke runtime (``smoke/``, published to the
+frontends through its own entry-point group). This file holds the torch-free descriptions of
+the production runtimes; every submodule is imported lazily, only when a case executes.
 
-Must not know about planning, cases, artifacts, comparison or pytest. This package file itself
-imports nothing, so that importing the framework, planning and pytest collection never load
-torch; the submodules are imported lazily, only when a case executes.
+Must not know about planning, cases, artifacts, verdicts or pytest.
 """
+
+from __future__ import annotations
+
+from pytest_logprob_drift.records import RuntimeInfo, ScenarioLevel
+
+HF = RuntimeInfo(
+    name="hf", levels=(ScenarioLevel.S0,), devices=("cpu",),
+    adapter="pytest_logprob_drift.runtimes.transformers.adapter:HfAdapter", extra="hf",
+    summary="transformers KV-cache generation vs transformers teacher-forced (FSDP opt.)")
+VLLM_HF = RuntimeInfo(
+    name="vllm-hf", levels=(ScenarioLevel.S0, ScenarioLevel.S1), devices=("cpu",),
+    adapter="pytest_logprob_drift.runtimes.vllm.adapter:VllmHfAdapter", extra="vllm",
+    summary="vLLM rollout engine vs transformers teacher-forced (FSDP opt.)")
+
+PRODUCTION_RUNTIMES: tuple[RuntimeInfo, ...] = (HF, VLLM_HF)

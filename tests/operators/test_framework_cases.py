@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
+from drift_testing import make_runner
 
 from pytest_logprob_drift import plan_file
-from pytest_logprob_drift.execute.runner import Runner
 from pytest_logprob_drift.outcomes import Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +35,8 @@ def test_backend_passes_the_s0_cpu_smoke_cases(tmp_path: Path, backend: str) -> 
                      interventions=[{"path": "batch.size", "values": [1]}])
     execution_plan = plan_file(str(config))
     assert not execution_plan.has_errors
-    assert not any(ec.uses_smoke_operators for ec in execution_plan.cases)
-    with Runner(execution_plan, runtime="cpu-smoke", artifacts=tmp_path / "runs") as runner:
+    assert not any(ec.uses_test_only_operators for ec in execution_plan.cases)
+    with make_runner(execution_plan, runtime="cpu-smoke", artifacts=tmp_path / "runs") as runner:
         results = runner.run()
     assert {r.label: r.outcome for r in results} == {"baseline": Outcome.PASS,
                                                      "batch.size=1": Outcome.PASS}
@@ -44,18 +44,20 @@ def test_backend_passes_the_s0_cpu_smoke_cases(tmp_path: Path, backend: str) -> 
     assert {p["backend"] for p in provenance["operator_provenance"]} == {backend}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", PRODUCTION)
 def test_backend_passes_the_hf_baseline(tmp_path: Path, backend: str) -> None:
     pytest.importorskip("transformers")
     config = _config(tmp_path, "cross_config_s0_hf_tiny.json", backend, interventions=[])
     execution_plan = plan_file(str(config))
-    with Runner(execution_plan, runtime="hf", artifacts=tmp_path / "runs") as runner:
+    with make_runner(execution_plan, runtime="hf", artifacts=tmp_path / "runs") as runner:
         (result,) = runner.run()
     assert result.outcome is Outcome.PASS, result.reason
     records = {r["knob"]: r for r in result.comparison["records"]}
     assert records["logp.backend"]["actual"] == backend
 
 
+@pytest.mark.slow
 def test_vocab_parallel_backend_passes_inside_fsdp_ranks(tmp_path: Path) -> None:
     """The vocab-parallel backend runs its collectives in the 2 real FSDP training ranks (each
     keeps its vocabulary shard) against the reference backend on the rollout side."""
@@ -70,7 +72,7 @@ def test_vocab_parallel_backend_passes_inside_fsdp_ranks(tmp_path: Path) -> None
     config.write_text(json.dumps(document))
     execution_plan = plan_file(str(config))
     assert not execution_plan.has_errors, execution_plan.issues
-    with Runner(execution_plan, runtime="hf", artifacts=tmp_path / "runs") as runner:
+    with make_runner(execution_plan, runtime="hf", artifacts=tmp_path / "runs") as runner:
         (result,) = runner.run()
     assert result.outcome is Outcome.PASS, result.reason
     assert result.comparison["diagnostics"]["max_abs_diff"] < 1e-4

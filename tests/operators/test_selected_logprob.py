@@ -461,7 +461,7 @@ DESCRIPTOR_KEYS = {
     "version",
     "build_fingerprint",
     "fallback_policy",
-    "is_smoke_only",
+    "test_only",
 }
 
 
@@ -482,7 +482,7 @@ def test_descriptors_describe_real_backends() -> None:
         assert set(record) == DESCRIPTOR_KEYS
         assert record["operation"] == "selected_logprob"
         assert record["lifecycle"] == "engine_construction"
-        assert record["fallback_policy"] == "never" and record["is_smoke_only"] is False
+        assert record["fallback_policy"] == "never" and record["test_only"] is False
         assert record["devices"] == ["cpu", "cuda"]
         assert record["dtypes"] == ["float32", "bfloat16", "float16"]
         assert "fp32_accumulation" in record["alignment_properties"]

@@ -1,11 +1,12 @@
 """Descriptors of the temporary smoke-only selected-logprob backends.
 
-Owns the static descriptors of ``smoke_only.logp_reference`` and ``smoke_only.logp_offset``
-and their explicit registration. They are CPU-only, ``is_smoke_only``, never published through
-the entry-point group, and usable only when registered here *and* authorized by
-``--allow-smoke-operators``. Their kernels live in ``kernels.py`` (torch), imported only when a
-case instantiates them. See SMOKE_OPERATORS.md for why they are temporary and how to remove
-them. Knows nothing about planning or runtimes.
+Owns the static descriptors of ``smoke_only.logp_reference`` and ``smoke_only.logp_offset``.
+They are CPU-only and ``test_only``; they are published only through the
+``pytest_logprob_drift.smoke`` entry-point group (never the production operators group), which
+only the frontends load, and executing them needs ``--allow-smoke-operators``. Their kernels
+live in ``kernels.py`` (torch), imported only when a case instantiates them. See
+SMOKE_OPERATORS.md for why they are temporary and how to remove them. Knows nothing about
+planning or runtimes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pytest_logprob_drift.registry.catalog import (
     SELECTED_LOGPROB,
     FactoryStyle,
     OperatorDescriptor,
-    SemanticOperatorCatalog,
 )
 
 SMOKE_REFERENCE = "smoke_only.logp_reference"
@@ -36,7 +36,7 @@ SMOKE_DESCRIPTORS: tuple[OperatorDescriptor, ...] = (
         factory="pytest_logprob_drift.runtimes.smoke.kernels:reference_selected_logprob",
         version="smoke-1",
         build_fingerprint="smoke-1",
-        is_smoke_only=True,
+        test_only=True,
     ),
     OperatorDescriptor(
         operation=SELECTED_LOGPROB,
@@ -50,13 +50,8 @@ SMOKE_DESCRIPTORS: tuple[OperatorDescriptor, ...] = (
         factory="pytest_logprob_drift.runtimes.smoke.kernels:build_offset_selected_logprob",
         version="smoke-1",
         build_fingerprint="smoke-1",
-        is_smoke_only=True,
+        test_only=True,
         factory_style=FactoryStyle.BUILDER,
     ),
 )
 SMOKE_BACKEND_IDS = frozenset(d.backend_id for d in SMOKE_DESCRIPTORS)
-
-
-def register_smoke_operators(catalog: SemanticOperatorCatalog) -> SemanticOperatorCatalog:
-    """Explicit registration: a new catalog that also holds the smoke descriptors."""
-    return catalog.with_descriptors(SMOKE_DESCRIPTORS)

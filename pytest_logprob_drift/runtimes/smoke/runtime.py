@@ -8,14 +8,14 @@ logprobs, and a read-only training scorer that teacher-forces the whole sequence
 rollout.dtype and training.compute_dtype (the weights are cast), logp.backend. Topology,
 caching, graphs, attention implementation and sharding cannot change anything here: their
 records say so (``applied`` only for the single value this runtime inherently has, otherwise
-``unsupported``). ``fault`` injects a deliberate scorer defect for the framework's own tests.
-Passing S0 proves framework plumbing only.
+``unsupported``). The scorer's steps are methods (inputs, forward, inside-the-guard, output) so
+the framework's own tests can subclass it with deliberate defects; none ship here. Passing S0
+proves framework plumbing only. Knows nothing about planning, artifacts or frontends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import torch
 
@@ -39,8 +39,6 @@ EOS_ID = 0
 PAD_ID = 0
 SYNTHETIC_URI = "synthetic://cpu-smoke/v1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FAULTS = ("mutate_parameter", "mutate_buffer", "leave_train_mode", "use_kv_cache",
-          "alter_tokens", "nan_scores", "integer_scores", "drop_active")
 
 # Knobs with the only value this runtime inherently has.
 INHERENT: Mapping[str, KnobValue] = {
@@ -158,11 +156,10 @@ class SyntheticRollout:
 class StatelessScorer:
     """Read-only teacher-forced scorer over ``functional_call`` (parameters passed in)."""
 
-    def __init__(self, binding: RuntimeBinding, fault: str | None) -> None:
+    def __init__(self, binding: RuntimeBinding) -> None:
         self.construction_fingerprint = binding.training_construction_fingerprint
         self.dtype_name = str(binding.training.get("compute_dtype", "float32"))
         self.model = SyntheticCausalModel().to(DTYPES[self.dtype_name]).eval()
-        self.fault = fault
         self.last_chunk = 0
         self.backend_used = ""
 
@@ -170,14 +167,9 @@ class StatelessScorer:
               logp: LogpKernel | None) -> TrainingOutput:
         kernel = logp or native_selected_logprob
         self.backend_used = backend_of(logp)
-        token_ids = rollout["token_ids"].clone()
-        attention = rollout["attention_mask"].clone()
-        active = rollout["active_mask"].clone()
-        positions = rollout["position_ids"].clone()
-        if self.fault == "alter_tokens":
-            token_ids[0, -1] = (token_ids[0, -1] + 1) % VOCAB
-        if self.fault == "drop_active":
-            active = torch.zeros_like(active)
+        consumed = self.inputs(rollout)
+        token_ids, attention, active = (consumed["token_ids"], consumed["attention_mask"],
+                                        consumed["active_mask"])
         guard = ReadOnlyGuard(self.model, kv_cache_allowed=identity.training_kv_cache)
         out = torch.zeros(token_ids.shape, dtype=torch.float32)
         self.last_chunk = batch_size
@@ -186,21 +178,12 @@ class StatelessScorer:
             for start in range(0, token_ids.shape[0], batch_size):
                 rows = slice(start, start + batch_size)
                 with torch.no_grad():
-                    logits = torch.func.functional_call(
-                        self.model, params, (token_ids[rows], attention[rows]),
-                        {"use_cache": self.fault == "use_kv_cache"})
+                    logits = self.forward(params, token_ids[rows], attention[rows])
                 scores = kernel(logits[:, :-1], token_ids[rows, 1:])
                 out[rows, 1:] = scores * active[rows, 1:]
-            self._inject_fault()
-        if self.fault == "nan_scores":
-            out[active] = float("nan")
-        logprobs: torch.Tensor = out
-        if self.fault == "integer_scores":
-            logprobs = out.round().to(torch.int64)
+            self.inside_guard()
         return TrainingOutput(
-            logprobs=logprobs,
-            consumed={"token_ids": token_ids, "attention_mask": attention,
-                      "active_mask": active, "position_ids": positions},
+            logprobs=self.output(out, active), consumed=consumed,
             identity=_side_identity(identity),
             readonly_violations=tuple(guard.violations),
             evidence={"state_digest_before": guard.digest_before,
@@ -208,14 +191,22 @@ class StatelessScorer:
                       "model_state_digest": state_digest(self.model),
                       "forward_calls": guard.forward_calls})
 
-    def _inject_fault(self) -> None:
-        with torch.no_grad():
-            if self.fault == "mutate_parameter":
-                self.model.head.add_(1e-3)
-            elif self.fault == "mutate_buffer":
-                self.model.scale.mul_(1.0001)
-        if self.fault == "leave_train_mode":
-            self.model.train()
+    def inputs(self, rollout: TensorBatch) -> dict[str, torch.Tensor]:
+        """The tensors the scorer consumes: copies of the rollout's identity tensors."""
+        return {name: rollout[name].clone()
+                for name in ("token_ids", "attention_mask", "active_mask", "position_ids")}
+
+    def forward(self, params: Mapping[str, torch.Tensor], token_ids: torch.Tensor,
+                attention: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = torch.func.functional_call(
+            self.model, dict(params), (token_ids, attention), {"use_cache": False})
+        return logits
+
+    def inside_guard(self) -> None:
+        """Runs while the read-only guard watches, after the last forward."""
+
+    def output(self, logprobs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        return logprobs
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         dtype = str(self.model.embed.dtype).removeprefix("torch.")
@@ -230,11 +221,6 @@ class CpuSmokeAdapter:
     """RuntimeAdapter for the synthetic CPU smoke runtime."""
 
     name = "cpu-smoke"
-
-    def __init__(self, fault: str | None = None) -> None:
-        if fault is not None and fault not in FAULTS:
-            raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
-        self.fault = fault
 
     def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
         result: dict[str, Materialized] = {}
@@ -268,7 +254,7 @@ class CpuSmokeAdapter:
     def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
             -> StatelessScorer:
         self._check_identity(identity)
-        return StatelessScorer(binding, self.fault)
+        return StatelessScorer(binding)
 
     @staticmethod
     def _check_identity(identity: ScoringIdentity) -> None:
@@ -285,13 +271,7 @@ class CpuSmokeAdapter:
                              f"{too_big[0]} is out of range")
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
-        # A faulty scorer is a different scorer: its attempts must never stand in for clean ones.
-        fault = {"scorer_fault": self.fault} if self.fault is not None else {}
-        return {"runtime": "cpu-smoke", "synthetic_model": "v1", **fault}
+        return {"runtime": "cpu-smoke", "synthetic_model": "v1"}
 
     def close(self) -> None:
         return None
-
-
-def make_adapter(**kwargs: Any) -> CpuSmokeAdapter:
-    return CpuSmokeAdapter(**kwargs)

@@ -1,0 +1,150 @@
+"""The knob catalog: the exact allowlist, lifecycles, aliases and value normalization.
+
+Owns the ten allowlisted knob paths with their lifecycles and meanings, path and value aliases
+(``rollout.tp``, ``bf16``, ``fa2``), normalizing a raw value into a canonical ``KnobValue``
+(``InvalidKnobValue`` otherwise), the dtypes and attention backends each device supports, and
+how a knob value is spelled in a case label. Knows nothing about configs, cases or runtimes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_logprob_drift.records import Knob, KnobValue, Lifecycle
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+SHARDINGS = ("none", "fsdp")
+
+DEVICE_DTYPES: Mapping[str, tuple[str, ...]] = {
+    "cpu": ("float32", "bfloat16", "float16"),
+    "cuda": DTYPES,
+}
+DEVICE_ATTENTION: Mapping[str, tuple[str, ...]] = {
+    "cpu": ("eager", "sdpa", "flex_attention"),
+    "cuda": ATTENTION_BACKENDS,
+}
+
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32",
+                  "torch.float32": "float32", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
+                  "fp16": "float16", "half": "float16", "f16": "float16",
+                  "torch.float16": "float16"}
+_ATTENTION_ALIASES = {"fa2": "flash_attention_2", "flash_attn_2": "flash_attention_2",
+                      "flash-attention-2": "flash_attention_2", "flash_attn": "flash_attention_2",
+                      "flash_attention": "flash_attention_2", "flex": "flex_attention",
+                      "torch_sdpa": "sdpa", "math": "eager"}
+_SHARDING_ALIASES = {"unsharded": "none", "no_shard": "none", "ddp": "none", "fsdp2": "fsdp",
+                     "full_shard": "fsdp", "fully_shard": "fsdp"}
+_BOOL_ALIASES = {"true": True, "false": False, "on": True, "off": False, "yes": True,
+                 "no": False}
+
+PATH_ALIASES: Mapping[str, str] = {
+    "batch_size": "batch.size",
+    "rollout.tp": "rollout.tensor_parallel_size",
+    "rollout.tp_size": "rollout.tensor_parallel_size",
+    "rollout.tensor_parallel": "rollout.tensor_parallel_size",
+    "rollout.cp": "rollout.context_parallel_size",
+    "rollout.cp_size": "rollout.context_parallel_size",
+    "rollout.context_parallel": "rollout.context_parallel_size",
+    "rollout.prefix_caching": "rollout.enable_prefix_caching",
+    "rollout.eager": "rollout.enforce_eager",
+    "training.dtype": "training.compute_dtype",
+    "training.attn": "training.attention_backend",
+    "training.attn_implementation": "training.attention_backend",
+    "logp.impl": "logp.backend",
+}
+
+
+class InvalidKnobValue(Exception):
+    """A raw value that a knob cannot take; the message says what it expected."""
+
+
+def _positive_int(raw: Any) -> KnobValue:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
+        raise InvalidKnobValue(f"expected a positive integer, got {raw!r}")
+    return raw
+
+
+def _boolean(raw: Any) -> KnobValue:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _BOOL_ALIASES:
+        return _BOOL_ALIASES[raw.strip().lower()]
+    raise InvalidKnobValue(f"expected a boolean, got {raw!r}")
+
+
+def _choice(choices: tuple[str, ...], aliases: Mapping[str, str]) -> Callable[[Any], KnobValue]:
+    def normalize(raw: Any) -> KnobValue:
+        if not isinstance(raw, str):
+            raise InvalidKnobValue(f"expected one of {', '.join(choices)}, got {raw!r}")
+        key = raw.strip().lower()
+        value = aliases.get(key, key)
+        if value not in choices:
+            raise InvalidKnobValue(f"expected one of {', '.join(choices)} (or an alias), "
+                                   f"got {raw!r}")
+        return value
+    return normalize
+
+
+def _backend_id(raw: Any) -> KnobValue:
+    if not isinstance(raw, str) or not raw.strip():
+        raise InvalidKnobValue(f"expected a selected_logprob backend id string, got {raw!r}")
+    return raw.strip()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KnobSpec:
+    """A knob plus how to normalize its values."""
+
+    knob: Knob
+    normalize: Callable[[Any], KnobValue]
+
+
+KNOB_CATALOG: tuple[KnobSpec, ...] = (
+    KnobSpec(knob=Knob(path="batch.size", lifecycle=Lifecycle.REQUEST,
+                       meaning="Canonical sample chunking only."), normalize=_positive_int),
+    KnobSpec(knob=Knob(path="rollout.tensor_parallel_size", lifecycle=Lifecycle.PROCESS,
+                       meaning="Rollout TP world."), normalize=_positive_int),
+    KnobSpec(knob=Knob(path="rollout.context_parallel_size", lifecycle=Lifecycle.PROCESS,
+                       meaning="Rollout CP world."), normalize=_positive_int),
+    KnobSpec(knob=Knob(path="rollout.dtype", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+                       meaning="Rollout numerical dtype."),
+             normalize=_choice(DTYPES, _DTYPE_ALIASES)),
+    KnobSpec(knob=Knob(path="rollout.enable_prefix_caching",
+                       lifecycle=Lifecycle.ENGINE_CONSTRUCTION, meaning="Engine cache policy."),
+             normalize=_boolean),
+    KnobSpec(knob=Knob(path="rollout.enforce_eager", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+                       meaning="Eager versus optimized/graph path."), normalize=_boolean),
+    KnobSpec(knob=Knob(path="training.attention_backend",
+                       lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+                       meaning="Training scorer attention implementation."),
+             normalize=_choice(ATTENTION_BACKENDS, _ATTENTION_ALIASES)),
+    KnobSpec(knob=Knob(path="training.compute_dtype", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+                       meaning="Training scorer compute dtype."),
+             normalize=_choice(DTYPES, _DTYPE_ALIASES)),
+    KnobSpec(knob=Knob(path="logp.backend", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+                       meaning="Both-sides selected-logprob shortcut."), normalize=_backend_id),
+    KnobSpec(knob=Knob(path="training.sharding", lifecycle=Lifecycle.PROCESS,
+                       meaning="Training topology, such as unsharded or FSDP."),
+             normalize=_choice(SHARDINGS, _SHARDING_ALIASES)),
+)
+KNOBS: Mapping[str, KnobSpec] = {spec.knob.path: spec for spec in KNOB_CATALOG}
+
+
+def knob_lifecycle(path: str) -> Lifecycle:
+    return KNOBS[path].knob.lifecycle
+
+
+def canonical_path(path: str) -> str:
+    """Alias-normalized knob path (may still be unknown)."""
+    stripped = path.strip()
+    return PATH_ALIASES.get(stripped, stripped)
+
+
+def format_value(value: KnobValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+

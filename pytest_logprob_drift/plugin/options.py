@@ -1,0 +1,152 @@
+"""The plugin's options: ``--drift-*`` flags, ``drift_*`` ini keys, and their validation.
+
+Owns declaring the flags and ini keys (a flag overrides its ini value), resolving them into
+one validated ``DriftOptions`` record (bad values raise ``pytest.UsageError`` naming the flag),
+finding the configured experiment files, the plugin's spelling of execution-policy remedies
+(``--drift-allow-smoke-operators``), and rewriting a ``-k`` expression that names a case label
+(``=`` and ``,`` cannot be written in ``-k``). Knows nothing about execution.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_logprob_drift.errors import Remedy, UsageError
+from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
+from pytest_logprob_drift.outcomes import Expectation, parse_expectation
+
+FLAGS: Mapping[Remedy, str] = {
+    Remedy.AUTHORIZE_TEST_OPERATORS: "--drift-allow-smoke-operators"}
+"""How the plugin spells each execution-policy remedy."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriftOptions:
+    """Validated plugin options (the flag overrides the ini value)."""
+
+    configs: tuple[Path, ...]
+    runtime: str | None
+    allow_smoke: bool
+    artifacts: Path
+    plan_only: bool
+    expectations: tuple[Expectation, ...]
+    pairwise: bool
+
+
+def marker_name(text: str) -> str:
+    return re.sub(r"[^0-9a-zA-Z_]", "_", text)
+
+
+def keyword_token(text: str) -> str:
+    """``text`` in the spelling a ``-k`` expression can write: ``=`` and ``,`` (which case
+    labels use and ``-k`` cannot) become ``+eq+`` and ``+comma+``."""
+    return text.replace("=", "+eq+").replace(",", "+comma+")
+
+
+def add_options(parser: pytest.Parser, runtime_names: Sequence[str]) -> None:
+    """The ``--drift-*`` flags and their ``drift_*`` ini keys."""
+    group = parser.getgroup("logprob-drift", "rollout/training logprob drift experiments")
+    group.addoption("--drift-config", action="append", default=None, metavar="PATH",
+                    help="experiment config; one test item per planned case (repeatable)")
+    group.addoption("--drift-runtime", default=None, metavar="NAME",
+                    help=f"runtime that executes the cases: {', '.join(runtime_names)}")
+    group.addoption("--drift-allow-smoke-operators", action="store_true", default=None,
+                    help="register and authorize the smoke-only selected_logprob backends")
+    group.addoption("--drift-artifacts", default=None, metavar="DIR",
+                    help="artifact root (default: runs/ under the invocation directory)")
+    group.addoption("--drift-plan-only", action="store_true", default=None,
+                    help="collect and plan the cases, execute nothing")
+    group.addoption("--drift-expect", action="append", default=None,
+                    metavar="SELECTOR=OUTCOME", help="expected outcome of matching cases")
+    group.addoption("--drift-pairwise", action="store_true", default=None,
+                    help="also expand the config's listed path pairs")
+    parser.addini("drift_config", type="paths", default=[],
+                  help="experiment configs collected as drift cases when no path is given")
+    parser.addini("drift_runtime", default="", help="default --drift-runtime")
+    parser.addini("drift_allow_smoke_operators", type="bool", default=False,
+                  help="default --drift-allow-smoke-operators")
+    parser.addini("drift_artifacts", default="", help="default --drift-artifacts")
+    parser.addini("drift_plan_only", type="bool", default=False, help="default "
+                  "--drift-plan-only")
+    parser.addini("drift_expect", type="linelist", default=[], help="default --drift-expect")
+    parser.addini("drift_pairwise", type="bool", default=False, help="default --drift-pairwise")
+
+
+def _option(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(f"drift_{name}")
+    return config.getini(f"drift_{name}") if value is None else value
+
+
+def _config_paths(config: pytest.Config) -> tuple[list[Path], list[Path]]:
+    """``(configs, configs to add to the collection arguments)``."""
+    invocation = config.invocation_params.dir
+    flag_configs = config.getoption("drift_config")
+    if flag_configs is not None:
+        configs = [invocation / p for p in flag_configs]
+        sources = ["--drift-config"] * len(configs)
+        added = list(configs)
+    else:
+        configs = [Path(p) for p in config.getini("drift_config")]
+        sources = ["ini drift_config"] * len(configs)
+        explicit = config.args_source is pytest.Config.ArgsSource.ARGS
+        added = [] if explicit else list(configs)
+    for results in config.hook.pytest_logprob_drift_configs(config=config):
+        hooked = [invocation / p for p in results]
+        configs.extend(hooked)
+        sources.extend(["pytest_logprob_drift_configs"] * len(hooked))
+        added.extend(hooked)
+    for path, source in zip(configs, sources, strict=True):
+        if not path.is_file():
+            raise pytest.UsageError(f"{source} {path}: file not found")
+    return configs, added
+
+
+def resolve_options(config: pytest.Config, runtimes: RuntimeCatalog) \
+        -> tuple[DriftOptions, list[Path]]:
+    """The validated options, and the config files to add to the collection arguments."""
+    invocation = config.invocation_params.dir
+    configs, added = _config_paths(config)
+    runtime = _option(config, "runtime") or None
+    if runtime is not None and runtime not in runtimes:
+        raise pytest.UsageError(f"--drift-runtime {runtime!r}: unknown runtime; one of "
+                                f"{', '.join(runtimes.names)}")
+    plan_only = bool(_option(config, "plan_only"))
+    if configs and runtime is None and not plan_only and not config.option.collectonly:
+        raise pytest.UsageError("--drift-config needs --drift-runtime NAME (or the ini key "
+                                "drift_runtime) to execute cases; add --drift-plan-only to "
+                                "only plan them")
+    try:
+        expectations = tuple(parse_expectation(t) for t in _option(config, "expect"))
+    except UsageError as exc:
+        raise pytest.UsageError(f"--drift-expect {exc}") from None
+    artifacts = _option(config, "artifacts") or "runs"
+    options = DriftOptions(
+        configs=tuple(sorted({p.resolve() for p in configs})),
+        runtime=runtime,
+        allow_smoke=bool(_option(config, "allow_smoke_operators")),
+        artifacts=(invocation / artifacts).resolve(),
+        plan_only=plan_only,
+        expectations=expectations,
+        pairwise=bool(_option(config, "pairwise")),
+    )
+    return options, added
+
+
+def named_by_args(config: pytest.Config, path: Path) -> bool:
+    """Whether a collection argument already names ``path`` (maybe with ``::`` node parts)."""
+    invocation = config.invocation_params.dir
+    resolved = path.resolve()
+    return any((invocation / arg.split("::", 1)[0]).resolve() == resolved
+               for arg in config.args)
+
+
+def keyword_for_labels(expression: str) -> str:
+    """``-k`` cannot spell ``=`` or ``,`` (case labels use both); items also carry their label
+    with those replaced (``keyword_token``), so an expression like ``batch.size=1`` selects."""
+    return keyword_token(expression) if "=" in expression or "," in expression else expression

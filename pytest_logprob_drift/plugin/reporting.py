@@ -1,0 +1,76 @@
+"""How drift outcomes are reported: status words and letters, the summary, report tags.
+
+Owns tagging a drift item's call report with its outcome (JSON-safe attributes, so they travel
+from xdist workers), the status word and letter of each outcome (MISMATCH "M", ...), and the
+per-outcome terminal summary with the session's engine constructions. Knows nothing about
+execution.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.plugin.session import CONSTRUCTIONS_KEY
+
+
+def tag_report(report: pytest.TestReport, user_properties: list[tuple[str, object]],
+               plan_only: bool) -> None:
+    """Put the item's outcome and expected outcome on its call report."""
+    properties = dict(user_properties)
+    outcome = properties.get("drift_outcome")
+    if outcome is None and plan_only:
+        outcome = Outcome.PLAN_ONLY.value
+    if outcome is not None:
+        report.drift_outcome = outcome  # type: ignore[attr-defined]
+        report.drift_expected = properties.get(  # type: ignore[attr-defined]
+            "drift_expected", Outcome.PASS.value)
+
+
+class OutcomeCounter:
+    """Counts drift outcomes of reports (on the xdist controller too) and prints them, with
+    the engine constructions of the session."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.counts: Counter[str] = Counter()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        outcome = getattr(report, "drift_outcome", None)
+        if outcome is not None and report.when == "call":
+            self.counts[outcome] += 1
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        constructions = self.config.stash.get(CONSTRUCTIONS_KEY, Counter())
+        if not self.counts and not constructions:
+            return
+        terminalreporter.write_sep("=", "logprob drift outcomes")
+        if self.counts:
+            terminalreporter.write_line(", ".join(f"{self.counts[o.value]} {o.value}"
+                                                  for o in Outcome if self.counts[o.value]))
+        if constructions:
+            terminalreporter.write_line(f"engine constructions: rollout "
+                                        f"{constructions['rollout']}, training "
+                                        f"{constructions['training']}")
+
+
+def status_of(report: pytest.TestReport) -> tuple[str, str, str] | None:
+    """``(category, letter, word)`` for a drift call report; None for any other report."""
+    outcome = getattr(report, "drift_outcome", None)
+    if outcome is None or report.when != "call":
+        return None
+    word = Outcome(outcome)
+    if report.failed:
+        if word is Outcome.PASS:
+            expected = getattr(report, "drift_expected", Outcome.PASS.value)
+            return "failed", "F", f"PASS (expected {expected})"
+        return "failed", word.letter, word.value
+    if report.passed:
+        return "passed", "." if word is Outcome.PASS else word.letter.lower(), \
+            f"{word.value} (expected)" if word is not Outcome.PASS else "PASS"
+    if report.skipped and word is Outcome.PLAN_ONLY:
+        return "skipped", word.letter, word.value
+    return None

@@ -1,0 +1,149 @@
+"""Per-case operator resolution: capability checks, instantiation, caching and provenance.
+
+Owns ``OperatorSession``: one per case, resolving each side's backend strictly (the named
+backend or an error, never another backend), refusing test-only backends unless the execution
+policy authorizes them and backends that may fall back internally under strict execution,
+importing factories lazily (``module:attr``), caching kernels for the case and recording
+provenance; it is closed when the case ends so nothing leaks into the next case. Knows nothing
+about configs, planning or runtimes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_logprob_drift.records import canonical_json, frozen_mapping
+from pytest_logprob_drift.references import UnresolvedReference, resolve_reference
+from pytest_logprob_drift.registry.catalog import (
+    FactoryStyle,
+    FallbackPolicy,
+    OperatorDescriptor,
+    SemanticOperatorCatalog,
+)
+
+
+class OperatorResolutionError(Exception):
+    """A case asked for a backend that the catalog cannot serve as requested."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code}: {message}")
+
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedOperator:
+    """One backend bound to one side of one case."""
+
+    descriptor: OperatorDescriptor
+    target: str
+    options: Mapping[str, Any]
+
+    def provenance(self) -> dict[str, Any]:
+        d = self.descriptor
+        return {"operation": d.operation, "target": self.target, "backend": d.backend_id,
+                "version": d.version, "build_fingerprint": d.build_fingerprint,
+                "descriptor_fingerprint": d.fingerprint, "factory": d.factory,
+                "test_only": d.test_only, "options": dict(self.options)}
+
+
+def check_capability(descriptor: OperatorDescriptor, *, target: str, device: str,
+                     dtype: str | None, topology: Mapping[str, int],
+                     allow_test_only: bool, strict: bool = True) -> None:
+    """Raise OperatorResolutionError if the backend cannot serve this side as requested."""
+    ident = f"{descriptor.operation} backend {descriptor.backend_id!r}"
+    if descriptor.test_only and not allow_test_only:
+        raise OperatorResolutionError("TEST_ONLY_NOT_AUTHORIZED", f"{ident} is a test-only "
+                                      "backend; the execution policy does not authorize it")
+    if strict and descriptor.fallback_policy is not FallbackPolicy.NEVER:
+        raise OperatorResolutionError("FALLBACK_POLICY", f"{ident} declares fallback policy "
+                                      f"{descriptor.fallback_policy.value!r}; strict execution "
+                                      "needs a backend that never falls back")
+    if target not in descriptor.target_tags:
+        raise OperatorResolutionError("UNSUPPORTED_TARGET", f"{ident} does not serve the "
+                                      f"{target} side (targets: {list(descriptor.target_tags)})")
+    if device not in descriptor.devices:
+        raise OperatorResolutionError("UNSUPPORTED_DEVICE", f"{ident} does not run on {device}"
+                                      f" (devices: {list(descriptor.devices)})")
+    if dtype is not None and dtype not in descriptor.dtypes:
+        raise OperatorResolutionError("UNSUPPORTED_DTYPE", f"{ident} does not support {dtype}"
+                                      f" (dtypes: {list(descriptor.dtypes)})")
+    for key, minimum in descriptor.required_topology.get(target, {}).items():
+        name = key.removeprefix("min_")
+        have = topology.get(name, 1)
+        if have < minimum:
+            raise OperatorResolutionError("UNSUPPORTED_TOPOLOGY", f"{ident} needs {target} "
+                                          f"{name} >= {minimum}, case has {have}")
+
+
+class OperatorSession:
+    """Per-case resolution, instantiation, cache and provenance. Use as a context manager."""
+
+    def __init__(self, catalog: SemanticOperatorCatalog, *, allow_test_only: bool,
+                 strict: bool = True) -> None:
+        self._catalog = catalog
+        self._allow_test_only = allow_test_only
+        self._strict = strict
+        self._cache: dict[tuple[str, str, str], Callable[..., Any]] = {}
+        self._resolved: list[ResolvedOperator] = []
+        self._closed = False
+
+    def __enter__(self) -> OperatorSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._cache.clear()
+        self._resolved.clear()
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("OperatorSession used after close; create one per case")
+
+    def resolve(self, operation: str, target: str, backend_id: str, *, device: str,
+                dtype: str | None, topology: Mapping[str, int],
+                options: Mapping[str, Any] | None = None) -> ResolvedOperator:
+        """Strict: the named backend or an error; never another backend."""
+        self._check_open()
+        descriptor = self._catalog.get(operation, backend_id)
+        if descriptor is None:
+            known = ", ".join(self._catalog.backend_ids(operation)) or "none"
+            raise OperatorResolutionError("UNKNOWN_BACKEND", f"no {operation} backend "
+                                          f"{backend_id!r} is registered (known: {known})")
+        check_capability(descriptor, target=target, device=device, dtype=dtype,
+                         topology=topology, allow_test_only=self._allow_test_only,
+                         strict=self._strict)
+        resolved = ResolvedOperator(descriptor=descriptor, target=target,
+                                    options=frozen_mapping(dict(options or {})))
+        self._resolved.append(resolved)
+        return resolved
+
+    def instantiate(self, resolved: ResolvedOperator) -> Callable[..., Any] | None:
+        """Import the backend's factory (cached within this session); None for native."""
+        self._check_open()
+        descriptor = resolved.descriptor
+        factory = descriptor.factory
+        if factory is None:
+            return None
+        key = (factory, resolved.target, canonical_json(resolved.options))
+        if key not in self._cache:
+            try:
+                obj = resolve_reference(factory)
+            except UnresolvedReference as exc:
+                raise OperatorResolutionError("FACTORY_UNAVAILABLE", f"backend "
+                                              f"{descriptor.backend_id!r} factory "
+                                              f"{factory!r} cannot be loaded: "
+                                              f"{exc.message}") from None
+            if descriptor.factory_style is FactoryStyle.BUILDER:
+                obj = obj(target=resolved.target, options=dict(resolved.options))
+            self._cache[key] = obj
+        return self._cache[key]
+
+    def provenance(self) -> list[dict[str, Any]]:
+        return [r.provenance() for r in self._resolved]

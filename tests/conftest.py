@@ -1,0 +1,31 @@
+"""Shared fixtures and markers of the suite.
+
+``slow`` marks every test that starts a real engine (a transformers model, FSDP rank
+processes, a vLLM engine); ``pytest -m "not slow"`` is the fast loop. Repository paths and the
+runner wiring live in ``drift_testing`` (importable because this directory is on sys.path).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Iterator[Path]:
+    """A scratch directory on tmpfs when there is one (fsync is free there; behaviour is the
+    same), else pytest's ``tmp_path``. The CLI tests exercise a real disk."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    directory = Path(tempfile.mkdtemp(prefix="logprob-drift-test-", dir=shm))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

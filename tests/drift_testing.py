@@ -1,0 +1,106 @@
+"""Test support shared by the suite: repository paths, runners wired like the frontends, and
+deliberately faulty smoke scorers.
+
+The faults used to ship inside the smoke runtime; they are test code, so they live here as
+subclasses that override the scorer's documented steps (inputs, forward, inside the read-only
+guard, output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pytest_logprob_drift.execute.protocol import RuntimeAdapter, RuntimeBinding, TensorBatch
+from pytest_logprob_drift.execute.runner import Runner
+from pytest_logprob_drift.outcomes import Expectation
+from pytest_logprob_drift.plan.binding import ExecutionPlan
+from pytest_logprob_drift.policy import assemble
+from pytest_logprob_drift.records import ScoringIdentity
+from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
+from pytest_logprob_drift.runtimes.smoke.runtime import VOCAB, CpuSmokeAdapter, StatelessScorer
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "experiments"
+S0 = EXPERIMENTS / "cross_config_s0_cpu_smoke.json"
+S0_HF = EXPERIMENTS / "cross_config_s0_hf_tiny.json"
+S1 = EXPERIMENTS / "cross_config_s1_vllm_cpu_tiny.json"
+S2 = EXPERIMENTS / "cross_config_s2_vllm_tp_vs_fsdp.json"
+S3 = EXPERIMENTS / "cross_config_s3_qwen3_8b_tp4_cp4_bf16.json"
+
+
+def make_runner(plan: ExecutionPlan, *, runtime: str, artifacts: Path,
+                allow_smoke: bool = False, adapter: RuntimeAdapter | None = None,
+                expectations: Sequence[Expectation] = (),
+                catalog: SemanticOperatorCatalog | None = None) -> Runner:
+    """A runner wired the way the CLI wires it (``policy.assemble``)."""
+    catalogs = assemble()
+    return Runner(plan, runtime=runtime, runtimes=catalogs.runtimes,
+                  catalog=catalog if catalog is not None else catalogs.operators,
+                  artifacts=artifacts, allow_test_only=allow_smoke, adapter=adapter,
+                  expectations=expectations)
+
+
+FAULTS = ("mutate_parameter", "mutate_buffer", "leave_train_mode", "use_kv_cache",
+          "alter_tokens", "nan_scores", "integer_scores", "drop_active")
+
+
+class FaultyScorer(StatelessScorer):
+    """The smoke scorer with one deliberate defect."""
+
+    def __init__(self, binding: RuntimeBinding, fault: str) -> None:
+        super().__init__(binding)
+        self.fault = fault
+
+    def inputs(self, rollout: TensorBatch) -> dict[str, torch.Tensor]:
+        consumed = super().inputs(rollout)
+        if self.fault == "alter_tokens":
+            consumed["token_ids"][0, -1] = (consumed["token_ids"][0, -1] + 1) % VOCAB
+        if self.fault == "drop_active":
+            consumed["active_mask"] = torch.zeros_like(consumed["active_mask"])
+        return consumed
+
+    def forward(self, params: Mapping[str, torch.Tensor], token_ids: torch.Tensor,
+                attention: torch.Tensor) -> torch.Tensor:
+        if self.fault != "use_kv_cache":
+            return super().forward(params, token_ids, attention)
+        logits: torch.Tensor = torch.func.functional_call(
+            self.model, dict(params), (token_ids, attention), {"use_cache": True})
+        return logits
+
+    def inside_guard(self) -> None:
+        with torch.no_grad():
+            if self.fault == "mutate_parameter":
+                self.model.head.add_(1e-3)
+            elif self.fault == "mutate_buffer":
+                self.model.scale.mul_(1.0001)
+        if self.fault == "leave_train_mode":
+            self.model.train()
+
+    def output(self, logprobs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        if self.fault == "nan_scores":
+            logprobs[active] = float("nan")
+        if self.fault == "integer_scores":
+            return logprobs.round().to(torch.int64)
+        return logprobs
+
+
+class FaultyCpuSmokeAdapter(CpuSmokeAdapter):
+    """The smoke runtime with a faulty scorer; a different scorer, so a different environment
+    (its attempts never stand in for clean ones)."""
+
+    def __init__(self, fault: str) -> None:
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
+        self.fault = fault
+
+    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
+            -> StatelessScorer:
+        self._check_identity(identity)
+        return FaultyScorer(binding, self.fault)
+
+    def environment(self, identity: ScoringIdentity) -> Mapping[str, Any]:
+        return {**super().environment(identity), "scorer_fault": self.fault}
