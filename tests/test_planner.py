@@ -252,7 +252,7 @@ def ok_plan_config(path: Path) -> ExperimentPlan:
 
 
 def test_case_ids_are_the_documented_hash() -> None:
-    # DESIGN: first 16 hex of SHA-256 over canonical JSON (sorted keys, no spaces) of the
+    # The case-id rule: first 16 hex of SHA-256 over canonical JSON (sorted keys, no spaces) of the
     # normalized requested values, identity, resolved contract version and scenario definition.
     config = parse_config(make_config())
     for case in REFERENCE.cases:

@@ -4,8 +4,9 @@ Owns the external schema: which keys exist, their JSON types, and turning a file
 ``ExperimentConfig``. Every fault is a ``ConfigError`` naming the JSON path (``$.baseline.
 rollout.dtype``) and what was expected; all faults of a document are reported together. Knob
 values stay raw here: aliases, the knob allowlist and capability rules belong to the planner.
-A config cannot carry execution mode, plan-only, expected outcomes, smoke authorization or a
-threshold; those belong to the CLI or the numerical contract. Knows nothing about torch.
+A config cannot carry execution mode, plan-only, expected outcomes, any authorization
+(``allow_*``/``authorize_*`` keys) or a threshold; those belong to the command line (execution
+policy) or the numerical contract. Knows nothing about torch.
 """
 
 from __future__ import annotations
@@ -48,15 +49,25 @@ FORBIDDEN_KEYS: Mapping[str, str] = {
     "expect": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
     "expected_outcome": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
     "expected_outcomes": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
-    "allow_smoke_operators": "smoke-operator authorization belongs to the CLI "
-    "(`--allow-smoke-operators`)",
-    "authorize_smoke_operators": "smoke-operator authorization belongs to the CLI "
-    "(`--allow-smoke-operators`)",
     "threshold": "the threshold is fixed by the numerical contract "
     "(contract_source/contract_version), not a config field",
     "fixed_threshold": "the threshold is fixed by the numerical contract "
     "(contract_source/contract_version), not a config field",
 }
+
+AUTHORIZATION_PREFIXES = ("allow_", "authorize_")
+AUTHORIZATION_REASON = ("authorization is execution policy: it belongs to the CLI (a flag of "
+                        "`run` or the pytest plugin), not the config")
+
+
+def forbidden_reason(key: str) -> str | None:
+    """Why ``key`` may not appear anywhere in a config, or None if it may."""
+    if key in FORBIDDEN_KEYS:
+        return FORBIDDEN_KEYS[key]
+    if key.startswith(AUTHORIZATION_PREFIXES):
+        return AUTHORIZATION_REASON
+    return None
+
 
 TOP_LEVEL_KEYS = (
     "schema_version", "experiment_id", "scenario_id", "contract_source", "contract_version",
@@ -112,7 +123,7 @@ def _object(c: _Collector, value: Any, path: str, allowed: tuple[str, ...],
         c.fail(path, f"expected an object, got {_type_name(value)}")
         return None
     for key in value:
-        if key in FORBIDDEN_KEYS:
+        if forbidden_reason(key) is not None:
             continue  # reported by the forbidden-key scan with its own message
         if key not in allowed:
             c.fail(f"{path}.{key}", f"unknown key; expected one of: {', '.join(allowed)}")
@@ -175,8 +186,9 @@ def _enum(c: _Collector, obj: Mapping[str, Any], key: str, path: str, enum_type:
 def _scan_forbidden(c: _Collector, value: Any, path: str) -> None:
     if isinstance(value, dict):
         for key, child in value.items():
-            if key in FORBIDDEN_KEYS:
-                c.fail(f"{path}.{key}", f"not allowed in a config: {FORBIDDEN_KEYS[key]}")
+            reason = forbidden_reason(key)
+            if reason is not None:
+                c.fail(f"{path}.{key}", f"not allowed in a config: {reason}")
             _scan_forbidden(c, child, f"{path}.{key}")
     elif isinstance(value, list):
         for index, child in enumerate(value):
@@ -449,7 +461,7 @@ def _baseline(c: _Collector, value: Any, path: str) -> tuple[dict[str, Any], dic
             c.fail(f"{path}.{section}", f"expected an object, got {_type_name(body)}")
             continue
         for key, raw in body.items():
-            if key in FORBIDDEN_KEYS:
+            if forbidden_reason(key) is not None:
                 continue
             if isinstance(raw, (dict, list)) or raw is None:
                 c.fail(f"{path}.{section}.{key}", f"expected a string, integer or boolean "

@@ -1,10 +1,11 @@
-"""Provenance: the execution environment and the execution key of a case.
+"""Provenance: the execution environment and the execution-key payload of a case.
 
 Owns what identifies an execution for resume: the case, the frozen identity, the knob
 materialization (requested and materialized, before any engine exists), the scorer spec, the
 operator bindings with descriptor fingerprints, the runtime kind, the contract version and
-threshold, and the environment (python, torch, transformers, vLLM versions, device). Private to
-the runner. Knows nothing about files or engines.
+threshold, and the environment (python, torch, transformers, vLLM versions, device). The store
+hashes the payload into the key (``store.artifacts.execution_key``). Used by the runner. Knows
+nothing about files or engines.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def package_version(name: str) -> str:
 def framework_digest() -> str:
     """SHA-256 over the framework's own source files: code changes invalidate old attempts.
     Read once per process."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the whole package, not just execute/
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())

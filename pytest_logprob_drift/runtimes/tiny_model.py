@@ -1,12 +1,13 @@
 """The tiny local causal-LM checkpoint and checkpoint resolution.
 
-Owns: building the project's tiny Qwen3 checkpoint deterministically from code (config,
-float32 safetensors weights from a fixed seed, a byte-level BPE tokenizer whose merges are
-learned here from a fixed in-code corpus), the checkpoint digest (the checkpoint identity), and
-resolving a checkpoint reference (``tiny://NAME`` or a local Hugging Face checkpoint directory)
-to a verified directory, with an atomically populated on-disk cache for the tiny ones.
+Owns building the project's tiny Qwen3 checkpoint deterministically from code (config, float32
+safetensors weights from a fixed seed, a byte-level BPE tokenizer whose merges are learned here
+from a fixed in-code corpus), the checkpoint digest (the checkpoint identity), resolving a
+checkpoint reference (``tiny://NAME`` or a local Hugging Face checkpoint directory) to a
+verified directory, with an atomically populated on-disk cache for the tiny ones, and reading a
+checkpoint's special token ids (EOS, pad) from its config, for every engine that loads it.
 
-Must not know about cases, plans, engines, scoring, artifacts or pytest, and never downloads
+Knows nothing about cases, plans, engines, scoring, artifacts or pytest, and never downloads
 anything: every byte of a tiny checkpoint comes from this file plus the installed torch,
 transformers, tokenizers and safetensors.
 """
@@ -30,9 +31,9 @@ import tokenizers
 import torch
 import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-from transformers.utils import logging as _hf_logging
 
-from pytest_logprob_drift.errors import DriftError
+from pytest_logprob_drift.errors import DriftError, ExitCode
+from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_bars, tf
 
 __all__ = [
     "TINY_QWEN3_NAME",
@@ -43,15 +44,12 @@ __all__ = [
     "checkpoint_digest",
     "default_cache_root",
     "resolve_checkpoint",
+    "special_token_ids",
 ]
 
 TINY_SCHEME: Final = "tiny://"
 TINY_QWEN3_NAME: Final = "qwen3-h64-v1"
 CACHE_ENV: Final = "LOGPROB_DRIFT_CACHE"
-
-# transformers' annotations are partial; treat the parts used here as untyped.
-_tf: Any = transformers
-hf_logging: Any = _hf_logging
 
 PAD_TOKEN: Final = "<|pad|>"
 EOS_TOKEN: Final = "<|eos|>"
@@ -85,7 +83,7 @@ _BUILD_INFO: Final = ".build_info.json"  # cache bookkeeping, deliberately outsi
 class CheckpointError(DriftError, ValueError):
     """A checkpoint reference cannot be resolved, or its digest is not the expected one."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE_ERROR
 
     def __init__(self, message: str) -> None:
         self.message = message
@@ -249,7 +247,7 @@ def _build_tokenizer(vocab_size: int) -> Tokenizer:
 
 def _tiny_config(tokenizer: Tokenizer) -> Any:
     ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
-    return _tf.Qwen3Config(
+    return tf.Qwen3Config(
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
         hidden_size=128,
         intermediate_size=256,
@@ -280,21 +278,16 @@ def build_tiny_checkpoint(target_dir: Path) -> None:
     config = _tiny_config(tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(WEIGHT_SEED)
-        model = _tf.Qwen3ForCausalLM(config).to(torch.float32)
+        model = tf.Qwen3ForCausalLM(config).to(torch.float32)
     model.eval()
-    model.generation_config = _tf.GenerationConfig(
+    model.generation_config = tf.GenerationConfig(
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
     )
-    bars_were_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with quiet_progress_bars():
         model.save_pretrained(target_dir, safe_serialization=True)
-    finally:
-        if bars_were_enabled:
-            hf_logging.enable_progress_bar()
-    fast = _tf.PreTrainedTokenizerFast(
+    fast = tf.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
@@ -452,3 +445,15 @@ def resolve_checkpoint(
             f"checkpoint {uri_or_path!r} has digest {digest}, expected {expected_digest}"
         )
     return ResolvedCheckpoint(path=path, digest=digest, uri=uri_or_path)
+
+
+def special_token_ids(model_dir: Path) -> tuple[int, int]:
+    """``(eos_token_id, pad_token_id)`` from a checkpoint's config.json.
+
+    A list of EOS ids yields its first; a checkpoint without a pad id pads with EOS.
+    """
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    eos = config.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    pad = config.get("pad_token_id")
+    return int(eos), int(pad if pad is not None else eos)

@@ -5,7 +5,8 @@ intact (every file's SHA-256, nothing unsealed), the execution key equals the cu
 tensor payloads load with ``weights_only=True`` from the exact bytes that were hashed, and the
 verdict recomputed offline from ``token_diffs.pt`` alone agrees with ``comparison.json``.
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
-still be reused. Private to the runner and the ``verify`` command. Never writes anything.
+still be reused. Used by the runner, ``store.verify`` and the report. Never writes anything;
+knows nothing about engines or runtimes.
 """
 
 from __future__ import annotations

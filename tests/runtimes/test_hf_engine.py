@@ -1,4 +1,8 @@
-"""Tests of the tiny checkpoint, the transformers engine and the FSDP training scorer."""
+"""Tests of the tiny checkpoint, the transformers engine and the FSDP training scorer.
+
+Tests that build a checkpoint, load a model or start FSDP ranks are marked ``slow``; the
+parent<->rank protocol tests build nothing.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ pytest.importorskip("transformers")
 import torch
 from torch import Tensor
 
+from pytest_logprob_drift.references import UnresolvedReference
 from pytest_logprob_drift.runtimes.tiny_model import (
     CheckpointError,
     ResolvedCheckpoint,
@@ -27,6 +32,9 @@ from pytest_logprob_drift.runtimes.tiny_model import (
 )
 from pytest_logprob_drift.runtimes.transformers import engine as hf_engine
 from pytest_logprob_drift.runtimes.transformers import fsdp as fsdp_scoring
+from pytest_logprob_drift.runtimes.transformers import fsdp_messages as wire
+from pytest_logprob_drift.runtimes.transformers.fsdp_rank import resolve_logp_backend
+from pytest_logprob_drift.tensorio import TensorFormatError
 
 TINY = "tiny://qwen3-h64-v1"
 PROMPTS = [[2, 75, 366, 111], [2, 300, 301], [2, 5, 6, 7, 8, 9, 10], [2, 400, 17, 93, 250]]
@@ -90,6 +98,7 @@ def max_active_diff(a: Tensor, b: Tensor, active: Tensor) -> float:
 # --------------------------------------------------------------------------- checkpoint
 
 
+@pytest.mark.slow
 def test_tiny_build_is_deterministic(tmp_path: Path, tiny: ResolvedCheckpoint) -> None:
     build_tiny_checkpoint(tmp_path / "a")
     build_tiny_checkpoint(tmp_path / "b")
@@ -104,6 +113,7 @@ def test_tiny_build_is_deterministic(tmp_path: Path, tiny: ResolvedCheckpoint) -
     assert tiny.path.name == f"tiny-qwen3-h64-v1-{tiny.digest[:16]}"
 
 
+@pytest.mark.slow
 def test_tiny_tokenizer_and_config_agree(tiny: ResolvedCheckpoint) -> None:
     import transformers
 
@@ -117,6 +127,7 @@ def test_tiny_tokenizer_and_config_agree(tiny: ResolvedCheckpoint) -> None:
     assert tok.decode(tok(text)["input_ids"]) == text
 
 
+@pytest.mark.slow
 def test_cache_reuse_tamper_and_digest_errors(tmp_path: Path, tiny: ResolvedCheckpoint) -> None:
     first = resolve_checkpoint(TINY, expected_digest=tiny.digest, cache_root=tmp_path)
     assert first.digest == tiny.digest and first.uri == TINY
@@ -155,6 +166,7 @@ def test_cache_reuse_tamper_and_digest_errors(tmp_path: Path, tiny: ResolvedChec
 # --------------------------------------------------------------------------- engine
 
 
+@pytest.mark.slow
 def test_load_model_errors_and_readback(tiny: ResolvedCheckpoint, fp32: object) -> None:
     with pytest.raises(ValueError, match="float64"):
         hf_engine.load_model(tiny.path, dtype="float64", attn_implementation="sdpa")
@@ -170,6 +182,7 @@ def test_load_model_errors_and_readback(tiny: ResolvedCheckpoint, fp32: object) 
     assert back["training"] is False
 
 
+@pytest.mark.slow
 def test_rollout_canonical_form_and_peaked(fp32: object, fp32_rollout: dict[str, Tensor]) -> None:
     r = fp32_rollout
     assert set(r) == set(hf_engine.CANONICAL_KEYS)
@@ -203,6 +216,7 @@ def test_rollout_canonical_form_and_peaked(fp32: object, fp32_rollout: dict[str,
     assert float(max_prob) > 0.05
 
 
+@pytest.mark.slow
 def test_rollout_stops_at_first_eos(fp32: object) -> None:
     greedy = rollout(fp32, temperature=0.0)
     p = len(PROMPTS[0])
@@ -216,6 +230,7 @@ def test_rollout_stops_at_first_eos(fp32: object) -> None:
     assert torch.equal(again["token_ids"], greedy["token_ids"])
 
 
+@pytest.mark.slow
 def test_fp32_rollout_matches_fp32_teacher_forced(
     fp32: object, fp32_rollout: dict[str, Tensor]
 ) -> None:
@@ -238,6 +253,7 @@ def test_fp32_rollout_matches_fp32_teacher_forced(
     )
 
 
+@pytest.mark.slow
 def test_batch_size_does_not_change_sampled_tokens(
     fp32: object, fp32_rollout: dict[str, Tensor]
 ) -> None:
@@ -250,6 +266,7 @@ def test_batch_size_does_not_change_sampled_tokens(
     assert not torch.equal(other_seed["token_ids"], fp32_rollout["token_ids"])
 
 
+@pytest.mark.slow
 def test_bf16_rollout_drifts_from_fp32_scoring(tiny: ResolvedCheckpoint, fp32: object) -> None:
     bf16 = hf_engine.load_model(tiny.path, dtype="bfloat16", attn_implementation="sdpa")
     assert hf_engine.read_back(bf16)["param_dtype"] == "bfloat16"
@@ -259,6 +276,7 @@ def test_bf16_rollout_drifts_from_fp32_scoring(tiny: ResolvedCheckpoint, fp32: o
     assert diff > 1e-3, diff
 
 
+@pytest.mark.slow
 def test_eager_and_sdpa_both_run(
     tiny: ResolvedCheckpoint, fp32: object, fp32_rollout: dict[str, Tensor]
 ) -> None:
@@ -271,6 +289,7 @@ def test_eager_and_sdpa_both_run(
     assert max_active_diff(score(fp32, r), score(eager, r), active) < 1e-4
 
 
+@pytest.mark.slow
 def test_scorer_rejects_non_canonical_batch(fp32: object, fp32_rollout: dict[str, Tensor]) -> None:
     bad = dict(fp32_rollout)
     bad["active_mask"] = bad["active_mask"].clone()
@@ -326,6 +345,7 @@ def crash_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
     yield "drift_crash_helper:crash_on_rank1"
 
 
+@pytest.mark.slow
 def test_fsdp_two_ranks_match_unsharded_then_crash_cleans_up(
     tiny: ResolvedCheckpoint,
     fp32: object,
@@ -370,6 +390,7 @@ def test_fsdp_two_ranks_match_unsharded_then_crash_cleans_up(
     assert _port_is_free(port)
 
 
+@pytest.mark.slow
 def test_fsdp_failed_start_leaves_no_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="float64"):
         fsdp_scoring.FsdpScorerGroup(tmp_path, dtype="float64", attn_implementation="sdpa")
@@ -387,3 +408,103 @@ def test_fsdp_failed_start_leaves_no_rank(tmp_path: Path, monkeypatch: pytest.Mo
     assert "Traceback" in str(err.value)
     assert len(started) == 2
     assert all(_gone(pid) for pid in started)
+
+
+# --------------------------------------------------------------------------- rank protocol
+
+
+def _evidence() -> wire.ScoreEvidence:
+    return wire.ScoreEvidence(
+        world_size=2,
+        backend="gloo",
+        result_sha256="0" * 64,
+        state_digest_before="a",
+        state_digest_after="a",
+        forward_calls=1,
+        readonly_violations=(),
+    )
+
+
+def test_messages_cross_a_real_pipe_as_named_records() -> None:
+    import multiprocessing
+
+    parent, child = multiprocessing.Pipe(duplex=True)
+    batch = {
+        "token_ids": torch.tensor([[2, 5, 1]]),
+        "active_mask": torch.tensor([[False, True, True]]),
+    }
+    try:
+        wire.send(parent, wire.Score.of(batch, batch_size=1, logp_backend=hf_engine.NATIVE_LOGP))
+        request = wire.receive_request(child)
+        assert isinstance(request, wire.Score) and request.batch_size == 1
+        assert request.logp_backend == hf_engine.NATIVE_LOGP
+        got = request.tensors()
+        assert set(got) == set(batch) and all(torch.equal(got[k], batch[k]) for k in batch)
+
+        logprobs = torch.tensor([[0.0, -1.5, -0.25]])
+        data = wire.result_bytes(logprobs)
+        wire.send(child, wire.Scored(rank=0, pid=7, logprobs=data, evidence=_evidence()))
+        reply = wire.receive_reply(parent)
+        assert isinstance(reply, wire.Scored) and (reply.rank, reply.pid) == (0, 7)
+        assert torch.equal(reply.result(), logprobs) and reply.evidence == _evidence()
+        with pytest.raises(wire.ProtocolError, match="rank 1 sent no result"):
+            wire.Scored(rank=1, pid=8, logprobs=None, evidence=_evidence()).result()
+
+        wire.send(child, wire.Failed(rank=1, pid=8, traceback="Traceback: boom"))
+        failed = wire.receive_reply(parent)
+        assert isinstance(failed, wire.Failed) and failed.traceback == "Traceback: boom"
+        assert (wire.Ready.KIND, wire.Scored.KIND, wire.Failed.KIND) == ("ready", "scored", "error")
+
+        wire.send(parent, wire.Close())
+        assert isinstance(wire.receive_request(child), wire.Close)
+    finally:
+        parent.close()
+        child.close()
+
+
+def test_protocol_refuses_wrong_direction_and_non_messages() -> None:
+    import dataclasses
+    import multiprocessing
+
+    parent, child = multiprocessing.Pipe(duplex=True)
+    try:
+        parent.send(("score", b"", 1, "m:f"))  # the old positional form is not a message
+        with pytest.raises(wire.ProtocolError, match="expected a request, got tuple"):
+            wire.receive_request(child)
+        wire.send(parent, wire.Close())
+        with pytest.raises(wire.ProtocolError, match="expected a reply, got Close"):
+            wire.receive_reply(child)
+    finally:
+        parent.close()
+        child.close()
+    score = wire.Score(batch=b"", batch_size=1, logp_backend="m:f")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        score.batch_size = 2  # type: ignore[misc]  # frozen
+    with pytest.raises(TypeError):
+        wire.Score(b"", 1, "m:f")  # type: ignore[misc]  # keyword-only
+
+
+class _NotATensor:
+    pass
+
+
+def test_score_tensors_are_read_weights_only() -> None:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save({"token_ids": _NotATensor()}, buffer)
+    with pytest.raises(TensorFormatError):
+        wire.Score(batch=buffer.getvalue(), batch_size=1, logp_backend="m:f").tensors()
+
+
+def test_rank_resolves_logp_backend_by_reference() -> None:
+    assert resolve_logp_backend(hf_engine.NATIVE_LOGP) is hf_engine.native_selected_logprob
+    assert resolve_logp_backend(fsdp_scoring.REFERENCE_LOGP) is (
+        hf_engine.reference_selected_logprob
+    )
+    with pytest.raises(UnresolvedReference, match="expected 'module:attr'"):
+        resolve_logp_backend("no_colon")
+    with pytest.raises(UnresolvedReference, match="has no attribute"):
+        resolve_logp_backend(f"{hf_engine.__name__}:missing")
+    with pytest.raises(ValueError, match="not callable"):
+        resolve_logp_backend(f"{hf_engine.__name__}:LOGPROBS_MODE")

@@ -1,13 +1,15 @@
 """The ``hf`` runtime: transformers generation against transformers teacher-forced scoring.
 
 Owns the adapter that maps knobs onto a local Hugging Face checkpoint: the rollout side is
-transformers on the KV-cache decode path with the identity's seeded sampling; the training side
-is the read-only teacher-forced forward, unsharded in this process or FSDP2 over real
-torch.distributed rank processes (``training.sharding=fsdp``). Knobs it really applies:
-batch.size, rollout.dtype, training.compute_dtype, training.attention_backend, logp.backend and
-training.sharding; topology, prefix caching and graph knobs exist only at their inherent value
-here (anything else is ``unsupported`` and strict execution rejects it). ``actual`` values are
-read back from the live models. Also hosts the training side reused by ``vllm-hf``.
+transformers on the KV-cache decode path with the identity's seeded sampling and mask policy;
+the training side is the read-only teacher-forced forward, unsharded in this process or FSDP2
+over real torch.distributed rank processes (``training.sharding=fsdp``). Knobs it really
+applies: batch.size, rollout.dtype, training.compute_dtype, training.attention_backend,
+logp.backend and training.sharding; topology, prefix caching and graph knobs exist only at their
+inherent value (``HF_INHERENT``, the one table of them on the transformers side; anything else
+is ``unsupported`` and strict execution rejects it). ``actual`` values are read back from the
+live models. Also hosts the training side reused by ``vllm-hf``. Knows nothing about planning,
+comparison, verdicts, artifacts, the CLI or pytest; the engines below it know nothing of knobs.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ from pytest_logprob_drift.runtimes.tiny_model import (
     CheckpointError,
     ResolvedCheckpoint,
     resolve_checkpoint,
+    special_token_ids,
 )
 from pytest_logprob_drift.runtimes.transformers import engine as hf_engine
+from pytest_logprob_drift.runtimes.transformers.fsdp import FsdpScorerGroup
 
-NATIVE_FACTORY = "pytest_logprob_drift.runtimes.transformers.engine:native_selected_logprob"
 ROLLOUT_ATTENTION = "sdpa"
 
 HF_INHERENT: Mapping[str, KnobValue] = {
@@ -59,8 +62,9 @@ def applied(value: KnobValue, evidence: str) -> Materialized:
 
 
 def unsupported(path: str, value: KnobValue, why: str) -> Materialized:
-    return Materialized(value=None, status=ApplicationStatus.UNSUPPORTED,
-                        evidence=f"{path}={value!r}: {why}")
+    return Materialized(
+        value=None, status=ApplicationStatus.UNSUPPORTED, evidence=f"{path}={value!r}: {why}"
+    )
 
 
 def materialize_training(path: str, value: KnobValue) -> Materialized | None:
@@ -76,15 +80,17 @@ def materialize_training(path: str, value: KnobValue) -> Materialized | None:
     if path == "training.sharding":
         if value == "none":
             return applied(value, "one unsharded model in this process")
-        return applied(value, f"FSDP2 fully_shard over {FSDP_WORLD_SIZE} torch.distributed "
-                       "rank processes")
+        return applied(
+            value, f"FSDP2 fully_shard over {FSDP_WORLD_SIZE} torch.distributed rank processes"
+        )
     return None
 
 
 def resolve_identity_checkpoint(identity: ScoringIdentity) -> ResolvedCheckpoint:
     try:
-        return resolve_checkpoint(identity.checkpoint.uri,
-                                  expected_digest=identity.checkpoint.digest)
+        return resolve_checkpoint(
+            identity.checkpoint.uri, expected_digest=identity.checkpoint.digest
+        )
     except CheckpointError as exc:
         raise UsageError(f"identity.checkpoint: {exc.message}") from None
 
@@ -99,19 +105,15 @@ def tokenizer_digest(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def side_identity(identity: ScoringIdentity, checkpoint: ResolvedCheckpoint) \
-        -> dict[str, JSONScalar]:
+def side_identity(
+    identity: ScoringIdentity, checkpoint: ResolvedCheckpoint
+) -> dict[str, JSONScalar]:
     """What one side actually loaded (digests read from its own files)."""
-    return runtime.side_identity(identity, checkpoint_digest=checkpoint.digest,
-                                 tokenizer_digest=tokenizer_digest(checkpoint.path))
-
-
-def special_ids(model: Any) -> tuple[int, int]:
-    config = model.config
-    eos = config.eos_token_id
-    eos = eos[0] if isinstance(eos, list) else eos
-    pad = config.pad_token_id if config.pad_token_id is not None else eos
-    return int(eos), int(pad)
+    return runtime.side_identity(
+        identity,
+        checkpoint_digest=checkpoint.digest,
+        tokenizer_digest=tokenizer_digest(checkpoint.path),
+    )
 
 
 class HfRollout:
@@ -120,32 +122,45 @@ class HfRollout:
     def __init__(self, binding: RuntimeBinding, checkpoint: ResolvedCheckpoint) -> None:
         self.construction_fingerprint = binding.rollout_construction_fingerprint
         self.checkpoint = checkpoint
-        self.model = hf_engine.load_model(self.checkpoint.path,
-                                          dtype=str(binding.rollout.get("dtype", "float32")),
-                                          attn_implementation=ROLLOUT_ATTENTION)
+        self.model = hf_engine.load_model(
+            self.checkpoint.path,
+            dtype=str(binding.rollout.get("dtype", "float32")),
+            attn_implementation=ROLLOUT_ATTENTION,
+        )
         self.batch_size = 0
         self.backend_used = ""
 
-    def generate(self, identity: ScoringIdentity, *, batch_size: int,
-                 logp: LogpKernel | None) -> RolloutOutput:
-        eos, pad = special_ids(self.model)
+    def generate(
+        self, identity: ScoringIdentity, *, batch_size: int, logp: LogpKernel | None
+    ) -> RolloutOutput:
+        eos, pad = special_token_ids(self.checkpoint.path)
         self.batch_size = batch_size
         self.backend_used = backend_of(logp)
         sampling = identity.sampling
         tensors = hf_engine.hf_rollout(
-            self.model, identity.prompts.token_ids, seed=sampling.seed,
-            max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-            eos_token_id=eos, pad_token_id=pad, batch_size=batch_size,
-            logp_fn=logp or hf_engine.native_selected_logprob, mask_policy=identity.mask_policy)
+            self.model,
+            identity.prompts.token_ids,
+            seed=sampling.seed,
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            batch_size=batch_size,
+            logp_fn=logp or hf_engine.native_selected_logprob,
+            mask_policy=identity.mask_policy,
+        )
         return RolloutOutput(tensors=tensors, identity=side_identity(identity, self.checkpoint))
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         live = hf_engine.read_back(self.model)
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-        return {"rollout.dtype": str(live["param_dtype"]), "batch.size": self.batch_size,
-                "logp.backend": self.backend_used,
-                "rollout.tensor_parallel_size": world, "rollout.context_parallel_size": 1,
-                "rollout.enable_prefix_caching": False, "rollout.enforce_eager": True}
+        return {
+            "rollout.dtype": str(live["param_dtype"]),
+            "batch.size": self.batch_size,
+            "logp.backend": self.backend_used,
+            **HF_INHERENT,
+            "rollout.tensor_parallel_size": world,
+        }
 
     def close(self) -> None:
         del self.model
@@ -155,8 +170,6 @@ class HfTrainingScorer:
     """Read-only teacher-forced scoring: in process, or FSDP2 over rank processes."""
 
     def __init__(self, binding: RuntimeBinding, checkpoint: ResolvedCheckpoint) -> None:
-        from pytest_logprob_drift.runtimes.transformers.fsdp import FsdpScorerGroup
-
         self.construction_fingerprint = binding.training_construction_fingerprint
         self.checkpoint = checkpoint
         self.dtype = str(binding.training.get("compute_dtype", "float32"))
@@ -165,56 +178,96 @@ class HfTrainingScorer:
         self.model: Any = None
         self.group: FsdpScorerGroup | None = None
         if self.sharded:
-            self.group = FsdpScorerGroup(self.checkpoint.path, dtype=self.dtype,
-                                         attn_implementation=self.attention,
-                                         world_size=FSDP_WORLD_SIZE,
-                                         device=str(binding.scorer["device"]))
+            self.group = FsdpScorerGroup(
+                self.checkpoint.path,
+                dtype=self.dtype,
+                attn_implementation=self.attention,
+                world_size=FSDP_WORLD_SIZE,
+                device=str(binding.scorer["device"]),
+            )
         else:
-            self.model = hf_engine.load_model(self.checkpoint.path, dtype=self.dtype,
-                                              attn_implementation=self.attention)
+            self.model = hf_engine.load_model(
+                self.checkpoint.path, dtype=self.dtype, attn_implementation=self.attention
+            )
         self.batch_size = 0
         self.backend_used = ""
         self.evidence: dict[str, Any] = {}
 
-    def score(self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int,
-              logp: LogpKernel | None) -> TrainingOutput:
+    def score(
+        self,
+        identity: ScoringIdentity,
+        rollout: TensorBatch,
+        *,
+        batch_size: int,
+        logp: LogpKernel | None,
+    ) -> TrainingOutput:
         self.batch_size = batch_size
         self.backend_used = backend_of(logp)
-        consumed = {k: rollout[k] for k in ("token_ids", "attention_mask", "active_mask",
-                                            "position_ids")}
-        violations: tuple[str, ...]
+        consumed = {k: rollout[k] for k in hf_engine.SCORER_KEYS}
         if self.group is not None:
-            factory = NATIVE_FACTORY if logp is None else (
-                logp.factory if isinstance(logp, BoundKernel) else None)
-            if factory is None:
-                raise RuntimeFailure(f"logp backend {self.backend_used!r} cannot be imported "
-                                     "by name inside FSDP rank processes")
-            logprobs, evidence = self.group.score(consumed, batch_size=batch_size,
-                                                  logp_backend=factory)
-            violations = tuple(str(v) for v in evidence.get("readonly_violations", []))  # type: ignore[attr-defined]
-            self.evidence = dict(evidence)
+            logprobs, violations = self._score_sharded(self.group, consumed, batch_size, logp)
         else:
-            guard = ReadOnlyGuard(self.model, kv_cache_allowed=identity.training_kv_cache)
-            with guard.watch():
-                logprobs = self._forward(consumed, batch_size, logp)
-            violations = tuple(guard.violations)
-            self.evidence = {"state_digest_before": guard.digest_before,
-                             "state_digest_after": guard.digest_after,
-                             "model_state_digest": state_digest(self.model),
-                             "forward_calls": guard.forward_calls, "world_size": 1}
-        return TrainingOutput(logprobs=logprobs, consumed=consumed,
-                              identity=side_identity(identity, self.checkpoint),
-                              readonly_violations=violations,
-                              evidence={k: v if isinstance(v, (str, int, float, bool))
-                                        or v is None else str(v)
-                                        for k, v in self.evidence.items()})
+            logprobs, violations = self._score_here(identity, consumed, batch_size, logp)
+        return TrainingOutput(
+            logprobs=logprobs,
+            consumed=consumed,
+            identity=side_identity(identity, self.checkpoint),
+            readonly_violations=violations,
+            evidence={
+                k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+                for k, v in self.evidence.items()
+            },
+        )
 
-    def _forward(self, batch: TensorBatch, batch_size: int, logp: LogpKernel | None) \
-            -> torch.Tensor:
+    def _score_sharded(
+        self, group: FsdpScorerGroup, batch: TensorBatch, batch_size: int, logp: LogpKernel | None
+    ) -> tuple[torch.Tensor, tuple[str, ...]]:
+        """Score in the FSDP rank processes, which import the kernel by its reference."""
+        factory = (
+            hf_engine.NATIVE_LOGP
+            if logp is None
+            else (logp.factory if isinstance(logp, BoundKernel) else None)
+        )
+        if factory is None:
+            raise RuntimeFailure(
+                f"logp backend {self.backend_used!r} cannot be imported "
+                "by name inside FSDP rank processes"
+            )
+        logprobs, evidence = group.score(batch, batch_size=batch_size, logp_backend=factory)
+        self.evidence = dict(evidence)
+        violations = evidence.get("readonly_violations", [])
+        return logprobs, tuple(str(v) for v in violations) if isinstance(violations, list) else ()
+
+    def _score_here(
+        self,
+        identity: ScoringIdentity,
+        batch: TensorBatch,
+        batch_size: int,
+        logp: LogpKernel | None,
+    ) -> tuple[torch.Tensor, tuple[str, ...]]:
+        """Score with the in-process model under the read-only guard."""
+        guard = ReadOnlyGuard(self.model, kv_cache_allowed=identity.training_kv_cache)
+        with guard.watch():
+            logprobs = self._forward(batch, batch_size, logp)
+        self.evidence = {
+            "state_digest_before": guard.digest_before,
+            "state_digest_after": guard.digest_after,
+            "model_state_digest": state_digest(self.model),
+            "forward_calls": guard.forward_calls,
+            "world_size": 1,
+        }
+        return logprobs, tuple(guard.violations)
+
+    def _forward(
+        self, batch: TensorBatch, batch_size: int, logp: LogpKernel | None
+    ) -> torch.Tensor:
         """The teacher-forced forward, run under the read-only guard."""
         return hf_engine.hf_teacher_forced_score(
-            self.model, batch, batch_size=batch_size,
-            logp_fn=logp or hf_engine.native_selected_logprob)
+            self.model,
+            batch,
+            batch_size=batch_size,
+            logp_fn=logp or hf_engine.native_selected_logprob,
+        )
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         if self.group is not None:
@@ -225,11 +278,18 @@ class HfTrainingScorer:
             sharding = "fsdp" if ev.get("fsdp") == "fully_shard" and world > 1 else "none"
         else:
             live = hf_engine.read_back(self.model)
-            dtype, attention, sharding = str(live["param_dtype"]), \
-                str(live["attn_implementation"]), "none"
-        return {"training.compute_dtype": dtype, "training.attention_backend": attention,
-                "training.sharding": sharding, "batch.size": self.batch_size,
-                "logp.backend": self.backend_used}
+            dtype, attention, sharding = (
+                str(live["param_dtype"]),
+                str(live["attn_implementation"]),
+                "none",
+            )
+        return {
+            "training.compute_dtype": dtype,
+            "training.attention_backend": attention,
+            "training.sharding": sharding,
+            "batch.size": self.batch_size,
+            "logp.backend": self.backend_used,
+        }
 
     def close(self) -> None:
         if self.group is not None:
@@ -255,15 +315,18 @@ class TransformersTrainingAdapter(abc.ABC):
         return self._checkpoints[key]
 
     def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
-        return {path: materialize_training(path, value) or self.materialize_rollout(path, value)
-                for path, value in requested.items()}
+        return {
+            path: materialize_training(path, value) or self.materialize_rollout(path, value)
+            for path, value in requested.items()
+        }
 
     @abc.abstractmethod
     def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
         """What this runtime's rollout side does with one non-training knob."""
 
-    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-            -> HfTrainingScorer:
+    def build_training(
+        self, binding: RuntimeBinding, identity: ScoringIdentity
+    ) -> HfTrainingScorer:
         return HfTrainingScorer(binding, self.checkpoint(identity))
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:

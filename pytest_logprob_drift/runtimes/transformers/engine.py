@@ -1,38 +1,27 @@
 """Rollout generation and teacher-forced scoring with plain transformers.
 
-Owns: loading a local Hugging Face causal LM with an exact dtype and attention implementation
+Owns loading a local Hugging Face causal LM with an exact dtype and attention implementation
 (and reading back what the live model really has), the rollout side (its own decode loop on
 the KV-cache path with per-sample seeded sampling, reporting raw selected-token logprobs), the
 read-only training scorer (one teacher-forced forward per right-padded chunk, no cache), the two
-built-in selected-logprob functions, and the canonical batch tensor format they exchange.
+built-in selected-logprob functions and their ``module:attr`` references, and the checks of the
+canonical batch the scorer accepts. The canonical batch itself (its tensors and which tokens are
+active under the identity's mask policy) is ``runtimes.batch``'s.
 
-Canonical batch (``dict[str, torch.Tensor]``, the project's wire format), all ``[B, L]`` unless
-noted, right-padded:
-
-- ``token_ids`` int64: prompt + response, padded with the pad id;
-- ``attention_mask`` bool: True on prompt + response tokens;
-- ``active_mask`` bool: True at scored response positions (every generated token up to and
-  including the first EOS, nothing after);
-- ``logprobs`` float32: logprob of ``token_ids[b, t]`` given ``token_ids[b, :t]`` at active
-  positions, 0.0 elsewhere;
-- ``prompt_lengths`` int64 ``[B]``;
-- ``position_ids`` int64: 0..len-1 on valid tokens, 0 on padding.
-
-Must not know about cases, plans, knobs, thresholds, comparison, artifacts or pytest, and never
-downloads anything (models load with ``local_files_only=True``).
+Knows nothing about cases, plans, knobs, thresholds, comparison, artifacts, processes or pytest,
+and never downloads anything (models load with ``local_files_only=True``).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import torch
-import transformers
 from torch import Tensor
-from transformers.utils import logging as _hf_logging
 
 from pytest_logprob_drift.records import MaskPolicy
 from pytest_logprob_drift.runtimes.batch import (
@@ -40,13 +29,18 @@ from pytest_logprob_drift.runtimes.batch import (
     canonical_batch,
     validate_rollout_request,
 )
+from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_bars, tf
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
     "CANONICAL_KEYS",
     "DTYPES",
     "LOGPROBS_MODE",
+    "NATIVE_LOGP",
+    "REFERENCE_LOGP",
+    "SCORER_KEYS",
     "LogpFn",
+    "check_dtype_and_attention",
     "dtype_name",
     "hf_rollout",
     "hf_teacher_forced_score",
@@ -70,11 +64,12 @@ ATTN_IMPLEMENTATIONS: Final = ("eager", "sdpa", "flex_attention")
 LOGPROBS_MODE: Final = "raw_logprobs"
 """What the rollout reports: logprobs of the raw logits (before temperature), as vLLM names it."""
 
-# transformers' annotations are partial; treat the parts used here as untyped.
-_tf: Any = transformers
-hf_logging: Any = _hf_logging
+NATIVE_LOGP: Final = f"{__name__}:native_selected_logprob"
+REFERENCE_LOGP: Final = f"{__name__}:reference_selected_logprob"
+"""``module:attr`` references of the built-in functions (what a rank process imports)."""
 
-_SCORER_KEYS: Final = ("token_ids", "attention_mask", "active_mask", "position_ids")
+SCORER_KEYS: Final = ("token_ids", "attention_mask", "active_mask", "position_ids")
+"""The canonical batch tensors the teacher-forced scorer reads (the rest it never sees)."""
 
 
 # --------------------------------------------------------------------------- selected logprob
@@ -131,6 +126,17 @@ def read_back(model: Any) -> dict[str, object]:
     }
 
 
+def check_dtype_and_attention(dtype: str, attn_implementation: str) -> None:
+    """Raise ValueError naming the value unless both are ones this module can load."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})")
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"unsupported attn_implementation {attn_implementation!r} "
+            f"(supported: {', '.join(ATTN_IMPLEMENTATIONS)})"
+        )
+
+
 def load_model(
     model_dir: Path, *, dtype: str, attn_implementation: str, device: str = "cpu"
 ) -> Any:
@@ -140,13 +146,7 @@ def load_model(
     implementation, for a combination this device cannot run, and when the live model does not
     have what was asked for (a silent fallback is an error, never a result).
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})")
-    if attn_implementation not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(
-            f"unsupported attn_implementation {attn_implementation!r} "
-            f"(supported: {', '.join(ATTN_IMPLEMENTATIONS)})"
-        )
+    check_dtype_and_attention(dtype, attn_implementation)
     torch_device = torch.device(device)
     if torch_device.type == "cpu" and attn_implementation == "flex_attention":
         # Measured with torch 2.13 CPU / transformers 5.19: the teacher-forced forward compiles
@@ -155,23 +155,19 @@ def load_model(
             "unsupported combination: attn_implementation 'flex_attention' on device 'cpu' "
             "(use 'eager' or 'sdpa' on CPU)"
         )
-    bars_were_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
     try:
-        model = _tf.AutoModelForCausalLM.from_pretrained(
-            Path(model_dir),
-            dtype=DTYPES[dtype],
-            attn_implementation=attn_implementation,
-            local_files_only=True,
-        )
+        with quiet_progress_bars():
+            model = tf.AutoModelForCausalLM.from_pretrained(
+                Path(model_dir),
+                dtype=DTYPES[dtype],
+                attn_implementation=attn_implementation,
+                local_files_only=True,
+            )
     except (ImportError, ValueError, RuntimeError) as exc:
         raise ValueError(
             f"cannot load {model_dir} with dtype {dtype!r} and attn_implementation "
             f"{attn_implementation!r}: {exc}"
         ) from exc
-    finally:
-        if bars_were_enabled:
-            hf_logging.enable_progress_bar()
     model.to(torch_device)
     model.eval()
     actual = read_back(model)
@@ -210,33 +206,22 @@ def _sample(logits: Tensor, generators: Sequence[torch.Generator], temperature: 
     return (logits.float() / temperature + noise).argmax(dim=-1)
 
 
-def _rollout_chunk(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    first_index: int,
-    *,
-    seed: int,
-    max_new_tokens: int,
-    temperature: float,
-    eos_token_id: int,
-    pad_token_id: int,
-    logp_fn: LogpFn,
-) -> list[tuple[list[int], list[float]]]:
-    device = _model_device(model)
-    b = len(prompts)
+def _left_padded(
+    prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A prompt chunk, left-padded: token ids, attention mask (int64) and position ids."""
     width = max(len(p) for p in prompts)
-    ids = torch.full((b, width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    for i, prompt in enumerate(prompts):  # left-padded prompt chunk
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
         ids[i, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
         mask[i, width - len(prompt) :] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
-    generators = [
-        torch.Generator(device="cpu").manual_seed(sample_seed(seed, first_index + i))
-        for i in range(b)
-    ]
-    cache = _tf.DynamicCache(config=model.config)
+    return ids.to(device), mask.to(device), positions.to(device)
+
+
+def _cached_forward(model: Any, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> Tensor:
+    """One forward through the KV cache (prefill or one decode step): last-position logits."""
     out = model(
         input_ids=ids,
         attention_mask=mask,
@@ -245,32 +230,48 @@ def _rollout_chunk(
         use_cache=True,
         logits_to_keep=1,
     )
-    generated: list[tuple[list[int], list[float]]] = [([], []) for _ in range(b)]
-    done = [False] * b
+    logits: Tensor = out.logits[:, -1, :]
+    return logits
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Decoding:
+    """How every chunk of one rollout decodes (what ``hf_rollout`` was asked for)."""
+
+    seed: int
+    max_new_tokens: int
+    temperature: float
+    eos_token_id: int
+    pad_token_id: int
+    logp_fn: LogpFn
+
+
+def _rollout_chunk(
+    model: Any, prompts: Sequence[Sequence[int]], first_index: int, how: _Decoding
+) -> list[tuple[list[int], list[float]]]:
+    ids, mask, positions = _left_padded(prompts, how.pad_token_id, _model_device(model))
+    generators = [
+        torch.Generator(device="cpu").manual_seed(sample_seed(how.seed, first_index + i))
+        for i in range(len(prompts))
+    ]
+    cache = tf.DynamicCache(config=model.config)
+    logits = _cached_forward(model, ids, mask, positions, cache)
+    generated: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
+    done = [False] * len(prompts)
     last_pos = positions[:, -1:]
-    for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :]
-        tokens = _sample(logits, generators, temperature)
-        logps = _selected(logp_fn, logits, tokens).cpu()
-        token_list = tokens.cpu().tolist()
-        for i in range(b):
-            if done[i]:
-                continue
-            generated[i][0].append(int(token_list[i]))
-            generated[i][1].append(float(logps[i]))
-            done[i] = token_list[i] == eos_token_id
-        if all(done) or step == max_new_tokens - 1:
+    for step in range(how.max_new_tokens):
+        tokens = _sample(logits, generators, how.temperature)
+        logps = _selected(how.logp_fn, logits, tokens).cpu()
+        for i, token in enumerate(tokens.cpu().tolist()):
+            if not done[i]:
+                generated[i][0].append(int(token))
+                generated[i][1].append(float(logps[i]))
+                done[i] = token == how.eos_token_id
+        if all(done) or step == how.max_new_tokens - 1:
             break
         last_pos = last_pos + 1
-        mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], dim=1)
-        out = model(
-            input_ids=tokens.unsqueeze(1),
-            attention_mask=mask,
-            position_ids=last_pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        logits = _cached_forward(model, tokens.unsqueeze(1), mask, last_pos, cache)
     return generated
 
 
@@ -296,26 +297,25 @@ def hf_rollout(
     The reported logprob of each sampled token is
     ``logp_fn(raw step logits, token)`` in the model's native logits dtype (``LOGPROBS_MODE``).
     """
-    validate_rollout_request(prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                             temperature=temperature)
+    validate_rollout_request(
+        prompts, batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature
+    )
+    how = _Decoding(
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        temperature=float(temperature),
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        logp_fn=logp_fn,
+    )
     responses: list[tuple[list[int], list[float]]] = []
     with torch.inference_mode():
         for start in range(0, len(prompts), batch_size):
-            responses.extend(
-                _rollout_chunk(
-                    model,
-                    prompts[start : start + batch_size],
-                    start,
-                    seed=seed,
-                    max_new_tokens=max_new_tokens,
-                    temperature=float(temperature),
-                    eos_token_id=eos_token_id,
-                    pad_token_id=pad_token_id,
-                    logp_fn=logp_fn,
-                )
-            )
-    return canonical_batch(prompts, responses, pad_token_id, eos_token_id=eos_token_id,
-                           mask_policy=mask_policy)
+            chunk = prompts[start : start + batch_size]
+            responses.extend(_rollout_chunk(model, chunk, start, how))
+    return canonical_batch(
+        prompts, responses, pad_token_id, eos_token_id=eos_token_id, mask_policy=mask_policy
+    )
 
 
 # --------------------------------------------------------------------------- training scorer
@@ -323,7 +323,7 @@ def hf_rollout(
 
 def validate_canonical_batch(batch: Mapping[str, Tensor]) -> None:
     """Raise ValueError unless ``batch`` has the scorer's canonical, right-padded tensors."""
-    missing = [k for k in _SCORER_KEYS if k not in batch]
+    missing = [k for k in SCORER_KEYS if k not in batch]
     if missing:
         raise ValueError(f"batch lacks {', '.join(missing)}")
     token_ids, attention = batch["token_ids"], batch["attention_mask"]

@@ -1,24 +1,17 @@
-"""The training scorer sharded with FSDP2 over real, separate rank processes.
+"""The training scorer sharded with FSDP2 over real, separate rank processes: the parent side.
 
-Owns: launching ``world_size`` rank processes (``python -c`` subprocesses, so callers need no
-``if __name__ == "__main__"`` guard), the torch.distributed rendezvous (gloo + a CPU
-DeviceMesh on CPU, nccl on CUDA), loading the checkpoint in every rank and sharding it with
-``torch.distributed.fsdp.fully_shard`` (each decoder layer, then the root), running the
-read-only teacher-forced scorer of ``hf_engine`` on every rank, reporting evidence read inside
-the ranks, propagating a rank's failure as an exception carrying the rank's own error text, and
-tearing everything down exactly once (also after a failed start or a rank crash).
-
-Parent and ranks talk over one private socket pair per rank (inherited file descriptor, POSIX
-only); tensors cross it as ``torch.save`` bytes and are read back with ``weights_only=True``.
-
-Must not know about cases, plans, knobs, thresholds, comparison, artifacts or pytest.
+Owns launching ``world_size`` rank processes (``python -c`` subprocesses running
+``fsdp_rank.main``, so callers need no ``if __name__ == "__main__"`` guard) with their
+torch.distributed environment, one private channel per rank, supervising them (a rank's
+failure, crash or timeout becomes ``FsdpScorerError`` carrying the rank's own text), assembling
+the ranks' replies into one result and one evidence record, and tearing everything down
+exactly once (also after a failed start or a rank crash). What runs inside a rank lives in
+``fsdp_rank``; what crosses the channel is ``fsdp_messages``. Knows nothing about cases, plans,
+knobs, thresholds, comparison, artifacts or pytest.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import io
 import multiprocessing
 import os
 import socket
@@ -26,57 +19,37 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Final
+from typing import Final, TypeVar
 
 import torch
 from torch import Tensor
 
 from pytest_logprob_drift.errors import RuntimeFailure
-from pytest_logprob_drift.execute.readonly import ReadOnlyGuard
-from pytest_logprob_drift.runtimes.transformers import engine as hf_engine
+from pytest_logprob_drift.runtimes.transformers import engine
+from pytest_logprob_drift.runtimes.transformers import fsdp_messages as wire
+from pytest_logprob_drift.runtimes.transformers.engine import NATIVE_LOGP, REFERENCE_LOGP
 
 __all__ = [
     "NATIVE_LOGP",
     "REFERENCE_LOGP",
     "FsdpScorerError",
     "FsdpScorerGroup",
-    "resolve_logp_backend",
 ]
 
-_ENGINE: Final = "pytest_logprob_drift.runtimes.transformers.engine"
-NATIVE_LOGP: Final = f"{_ENGINE}:native_selected_logprob"
-REFERENCE_LOGP: Final = f"{_ENGINE}:reference_selected_logprob"
-
-_FD_ENV: Final = "LOGPROB_DRIFT_RANK_FD"
-_RANK_ENTRY: Final = (
-    "from pytest_logprob_drift.runtimes.transformers.fsdp import _rank_main; _rank_main()"
-)
+_RANK_ENTRY: Final = "from pytest_logprob_drift.runtimes.transformers.fsdp_rank import main; main()"
 _LOG_TAIL: Final = 4000
+
+_R = TypeVar("_R", wire.Ready, wire.Scored)
 
 
 class FsdpScorerError(RuntimeFailure):
     """A rank failed (exception, crash or timeout); the message carries the rank's own text."""
-
-
-def resolve_logp_backend(spec: str) -> hf_engine.LogpFn:
-    """Import a ``"module:attr"`` (``attr`` may be dotted) selected-logprob function."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"logp backend {spec!r} is not a 'module:attr' import string")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"logp backend {spec!r} is not callable")
-    fn: hf_engine.LogpFn = obj
-    return fn
 
 
 def _free_port() -> int:
@@ -84,22 +57,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def _to_bytes(tensors: Mapping[str, Tensor]) -> bytes:
-    buf = io.BytesIO()
-    torch.save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, buf)
-    return buf.getvalue()
-
-
-def _from_bytes(data: bytes) -> dict[str, Tensor]:
-    loaded = torch.load(io.BytesIO(data), weights_only=True)
-    if not isinstance(loaded, dict):
-        raise TypeError("expected a dict of tensors")
-    return {str(k): v for k, v in loaded.items()}
-
-
-# --------------------------------------------------------------------------- parent side
 
 
 @dataclass
@@ -122,7 +79,7 @@ def _shutdown(state: _GroupState, grace_s: float) -> None:
     state.closed = True
     for conn in state.conns:
         try:
-            conn.send(("close",))
+            wire.send(conn, wire.Close())
         except (OSError, ValueError):
             pass
     deadline = time.monotonic() + (min(grace_s, 2.0) if state.failed else grace_s)
@@ -152,6 +109,92 @@ def _log_tail(path: Path) -> str:
     return data[-_LOG_TAIL:].decode(errors="replace")
 
 
+def _rank_threads(world_size: int) -> int:
+    """Intra-op threads per rank: ``OMP_NUM_THREADS`` if set, else the CPUs shared out."""
+    threads_env = os.environ.get("OMP_NUM_THREADS", "")
+    if threads_env.isdigit() and int(threads_env) > 0:
+        return int(threads_env)
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
+def _rank_env(state: _GroupState, rank: int, world_size: int, threads: int) -> dict[str, str]:
+    """The environment of rank ``rank``: torch.distributed's variables, this interpreter's
+    import path and the thread count."""
+    path_entries = [p or os.getcwd() for p in sys.path]
+    existing = os.environ.get("PYTHONPATH")
+    if existing:
+        path_entries.append(existing)
+    env = dict(os.environ)
+    env.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(state.master_port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "PYTHONPATH": os.pathsep.join(path_entries),
+            "OMP_NUM_THREADS": str(threads),
+        }
+    )
+    return env
+
+
+def _spawn_rank(state: _GroupState, rank: int, env: dict[str, str], init: wire.Init) -> None:
+    """Start one rank process with its end of a fresh channel; send it ``init``."""
+    assert state.workdir is not None
+    parent_end, child_end = multiprocessing.Pipe(duplex=True)
+    env = {**env, wire.CHANNEL_FD_ENV: str(child_end.fileno())}
+    log = Path(state.workdir.name) / f"rank{rank}.log"
+    state.logs.append(log)
+    state.conns.append(parent_end)  # closed by _shutdown even if Popen fails
+    with log.open("wb") as log_file:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _RANK_ENTRY],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                pass_fds=(child_end.fileno(),),
+            )
+        finally:
+            child_end.close()
+    state.procs.append(proc)
+    wire.send(parent_end, init)
+
+
+def _score_evidence(
+    ready: list[wire.ReadyEvidence], replies: list[wire.Scored], logp_backend: str
+) -> dict[str, object]:
+    """One evidence record of a scoring call from every rank's ``Ready`` and ``Scored``."""
+    ev = [reply.evidence for reply in replies]
+    return {
+        "world_size": ev[0].world_size,
+        "backend": ev[0].backend,
+        "rank_pids": [reply.pid for reply in replies],
+        "fsdp": "fully_shard",
+        "param_dtype": ready[0].param_dtype,
+        "attn_implementation": ready[0].attn_implementation,
+        "device": ready[0].device,
+        "device_mesh": ready[0].device_mesh,
+        "num_parameters": ready[0].num_parameters,
+        "local_param_numel": [r.local_param_numel for r in ready],
+        "sharded_modules": list(ready[0].sharded_modules),
+        "param_placements": list(ready[0].param_placements),
+        "logp_backend": logp_backend,
+        "rank_startup_s": [dict(r.startup_s) for r in ready],
+        "ranks_agree": len({e.result_sha256 for e in ev}) == 1,
+        "readonly_violations": [
+            f"rank {rank}: {v}" for rank, e in enumerate(ev) for v in e.readonly_violations
+        ],
+        "state_digests_before": [e.state_digest_before for e in ev],
+        "state_digests_after": [e.state_digest_after for e in ev],
+        "forward_calls": [e.forward_calls for e in ev],
+        "rank_world_sizes": [e.world_size for e in ev],
+    }
+
+
 class FsdpScorerGroup:
     """``world_size`` rank processes holding one FSDP2-sharded model, scoring on demand.
 
@@ -173,12 +216,7 @@ class FsdpScorerGroup:
         op_timeout_s: float = 600.0,
         close_grace_s: float = 20.0,
     ) -> None:
-        if dtype not in hf_engine.DTYPES:
-            raise ValueError(
-                f"unsupported dtype {dtype!r} (supported: {', '.join(hf_engine.DTYPES)})"
-            )
-        if attn_implementation not in hf_engine.ATTN_IMPLEMENTATIONS:
-            raise ValueError(f"unsupported attn_implementation {attn_implementation!r}")
+        engine.check_dtype_and_attention(dtype, attn_implementation)
         if device not in ("cpu", "cuda"):
             raise ValueError(f"unsupported device {device!r} (supported: 'cpu', 'cuda')")
         if world_size < 1:
@@ -192,15 +230,10 @@ class FsdpScorerGroup:
         self._op_timeout_s = op_timeout_s
         self._state = _GroupState()
         self._finalizer = weakref.finalize(self, _shutdown, self._state, close_grace_s)
-        self._ready: list[dict[str, Any]] = []
-        try:
+        self._ready: list[wire.ReadyEvidence] = []
+        with self._closed_on_failure():
             self._launch(Path(model_dir), dtype, attn_implementation, device, op_timeout_s)
-            replies = self._collect("ready", start_timeout_s)
-            self._ready = [reply[3] for reply in replies]
-        except BaseException:
-            self._state.failed = True
-            self.close()
-            raise
+            self._ready = [reply.evidence for reply in self._collect(wire.Ready, start_timeout_s)]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -210,57 +243,28 @@ class FsdpScorerGroup:
         state = self._state
         state.workdir = tempfile.TemporaryDirectory(prefix="logprob-drift-fsdp-")
         state.master_port = _free_port()
-        threads_env = os.environ.get("OMP_NUM_THREADS", "")
-        threads = (
-            int(threads_env)
-            if threads_env.isdigit() and int(threads_env) > 0
-            else max(1, (os.cpu_count() or 1) // self._world_size)
+        threads = _rank_threads(self._world_size)
+        init = wire.Init(
+            model_dir=str(model_dir.resolve()),
+            dtype=dtype,
+            attn_implementation=attn,
+            device=device,
+            op_timeout_s=op_timeout_s,
+            threads=threads,
         )
-        path_entries = [p or os.getcwd() for p in sys.path]
-        existing = os.environ.get("PYTHONPATH")
-        if existing:
-            path_entries.append(existing)
-        config = {
-            "model_dir": str(model_dir.resolve()),
-            "dtype": dtype,
-            "attn_implementation": attn,
-            "device": device,
-            "op_timeout_s": op_timeout_s,
-            "threads": threads,
-        }
         for rank in range(self._world_size):
-            parent_end, child_end = multiprocessing.Pipe(duplex=True)
-            env = dict(os.environ)
-            env.update(
-                {
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(state.master_port),
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(self._world_size),
-                    "LOCAL_WORLD_SIZE": str(self._world_size),
-                    "PYTHONPATH": os.pathsep.join(path_entries),
-                    _FD_ENV: str(child_end.fileno()),
-                }
-            )
-            env["OMP_NUM_THREADS"] = str(threads)
-            log = Path(state.workdir.name) / f"rank{rank}.log"
-            state.logs.append(log)
-            state.conns.append(parent_end)  # closed by _shutdown even if Popen fails
-            with log.open("wb") as log_file:
-                try:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-c", _RANK_ENTRY],
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log_file,
-                        stderr=subprocess.STDOUT,
-                        pass_fds=(child_end.fileno(),),
-                    )
-                finally:
-                    child_end.close()
-            state.procs.append(proc)
-            parent_end.send(("init", config))
+            env = _rank_env(state, rank, self._world_size, threads)
+            _spawn_rank(state, rank, env, init)
+
+    @contextmanager
+    def _closed_on_failure(self) -> Iterator[None]:
+        """Any exception inside closes the group (killing every rank) before it propagates."""
+        try:
+            yield
+        except BaseException:
+            self._state.failed = True
+            self.close()
+            raise
 
     def close(self) -> None:
         """Leave the process group in every rank, join them, kill survivors. Idempotent."""
@@ -292,40 +296,46 @@ class FsdpScorerGroup:
         detail = f"\n--- rank {rank} output (tail) ---\n{tail}" if tail.strip() else ""
         return FsdpScorerError(f"FSDP rank {rank} {what}{detail}")
 
-    def _collect(self, kind: str, timeout_s: float) -> list[tuple[Any, ...]]:
+    def _receive(self, rank: int, kind: type[_R]) -> _R:
+        """The next reply of rank ``rank``, which must be a ``kind``."""
+        state = self._state
+        try:
+            reply: wire.Reply = wire.receive_reply(state.conns[rank])
+        except (EOFError, OSError):
+            try:
+                code: int | None = state.procs[rank].wait(timeout=10.0)
+            except subprocess.TimeoutExpired:
+                code = None
+            what = "closed its channel" if code is None else f"exited (code {code})"
+            raise self._rank_failure(rank, what) from None
+        except wire.ProtocolError as exc:
+            raise self._rank_failure(rank, f"broke the protocol: {exc}") from None
+        if isinstance(reply, wire.Failed):
+            raise self._rank_failure(rank, f"failed:\n{reply.traceback}")
+        if not isinstance(reply, kind):
+            raise self._rank_failure(rank, f"sent {reply.KIND!r}, expected {kind.KIND!r}")
+        return reply
+
+    def _collect(self, kind: type[_R], timeout_s: float) -> list[_R]:
         """One reply of ``kind`` from every rank, in rank order; fail fast on any rank failure."""
         state = self._state
-        replies: dict[int, tuple[Any, ...]] = {}
+        replies: dict[int, _R] = {}
         deadline = time.monotonic() + timeout_s
         while len(replies) < self._world_size:
             pending = [c for r, c in enumerate(state.conns) if r not in replies]
             for conn in wait(pending, timeout=0.5):
                 assert isinstance(conn, Connection)
                 rank = state.conns.index(conn)
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    try:
-                        code: int | None = state.procs[rank].wait(timeout=10.0)
-                    except subprocess.TimeoutExpired:
-                        code = None
-                    what = "closed its channel" if code is None else f"exited (code {code})"
-                    raise self._rank_failure(rank, what) from None
-                if msg[0] == "error":
-                    raise self._rank_failure(rank, f"failed:\n{msg[3]}")
-                if msg[0] != kind:
-                    raise self._rank_failure(rank, f"sent {msg[0]!r}, expected {kind!r}")
-                replies[rank] = msg
+                replies[rank] = self._receive(rank, kind)
             for rank, proc in enumerate(state.procs):
                 if rank not in replies and proc.poll() is not None:
-                    conn = state.conns[rank]
-                    if conn.poll():  # its last words are still in the pipe
+                    if state.conns[rank].poll():  # its last words are still in the pipe
                         break
                     raise self._rank_failure(rank, f"exited (code {proc.returncode})")
             if time.monotonic() > deadline:
                 missing = sorted(set(range(self._world_size)) - set(replies))
                 raise self._rank_failure(
-                    missing[0], f"timed out after {timeout_s:.0f}s waiting for {kind!r}"
+                    missing[0], f"timed out after {timeout_s:.0f}s waiting for {kind.KIND!r}"
                 )
         return [replies[r] for r in range(self._world_size)]
 
@@ -345,191 +355,14 @@ class FsdpScorerGroup:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if ":" not in logp_backend:
             raise ValueError(f"logp backend {logp_backend!r} is not a 'module:attr' import string")
-        hf_engine.validate_canonical_batch(batch)
-        payload = _to_bytes(
-            {k: batch[k] for k in ("token_ids", "attention_mask", "active_mask", "position_ids")}
+        engine.validate_canonical_batch(batch)
+        request = wire.Score.of(
+            {k: batch[k] for k in engine.SCORER_KEYS},
+            batch_size=batch_size,
+            logp_backend=logp_backend,
         )
-        try:
+        with self._closed_on_failure():
             for conn in self._state.conns:
-                conn.send(("score", payload, batch_size, logp_backend))
-            replies = self._collect("scored", self._op_timeout_s)
-        except BaseException:
-            self._state.failed = True
-            self.close()
-            raise
-        result = _from_bytes(replies[0][3])["logprobs"]
-        digests = [reply[4]["result_sha256"] for reply in replies]
-        ev = [reply[4] for reply in replies]
-        ready = self._ready
-        evidence: dict[str, object] = {
-            "world_size": ev[0]["world_size"],
-            "backend": ev[0]["backend"],
-            "rank_pids": [reply[2] for reply in replies],
-            "fsdp": "fully_shard",
-            "param_dtype": ready[0]["param_dtype"],
-            "attn_implementation": ready[0]["attn_implementation"],
-            "device": ready[0]["device"],
-            "device_mesh": ready[0]["device_mesh"],
-            "num_parameters": ready[0]["num_parameters"],
-            "local_param_numel": [r["local_param_numel"] for r in ready],
-            "sharded_modules": ready[0]["sharded_modules"],
-            "param_placements": ready[0]["param_placements"],
-            "logp_backend": logp_backend,
-            "rank_startup_s": [r["startup_s"] for r in ready],
-            "ranks_agree": len(set(digests)) == 1,
-            "readonly_violations": [
-                f"rank {rank}: {v}" for rank, e in enumerate(ev) for v in e["readonly_violations"]
-            ],
-            "state_digests_before": [e["state_digest_before"] for e in ev],
-            "state_digests_after": [e["state_digest_after"] for e in ev],
-            "forward_calls": [e["forward_calls"] for e in ev],
-            "rank_world_sizes": [e["world_size"] for e in ev],
-        }
-        return result, evidence
-
-
-# --------------------------------------------------------------------------- rank side
-
-
-def _shard(model: Any, mesh: Any) -> list[str]:
-    from torch.distributed.fsdp import fully_shard
-
-    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
-    names = [f"{type(m).__name__} x{len(layers)}" for m in layers[:1]] + [type(model).__name__]
-    # Inference only: every group (the root too) frees its unsharded parameters after forward,
-    # so between calls each rank holds exactly its shards.
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, reshard_after_forward=True)
-    return names
-
-
-def _reshard_all(model: Any) -> None:
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
-
-
-def _rank_ready_evidence(model: Any, mesh: Any, sharded: list[str]) -> dict[str, Any]:
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-
-    actual = hf_engine.read_back(model)
-    local = 0
-    placements: set[str] = set()
-    for p in model.parameters():
-        if isinstance(p, DTensor):
-            local += p.to_local().numel()
-            placements.add(str(tuple(p.placements)))
-        else:
-            local += p.numel()
-            placements.add("replicated(plain tensor)")
-    return {
-        "param_dtype": actual["param_dtype"],
-        "attn_implementation": actual["attn_implementation"],
-        "device": actual["device"],
-        "num_parameters": actual["num_parameters"],
-        "local_param_numel": local,
-        "param_placements": sorted(placements),
-        "device_mesh": str(mesh),
-        "sharded_modules": sharded,
-        "world_size": dist.get_world_size(),
-        "backend": str(dist.get_backend()),
-    }
-
-
-def _guarded_score(
-    model: Any, batch: Mapping[str, Tensor], batch_size: int, logp_fn: hf_engine.LogpFn
-) -> tuple[Tensor, dict[str, Any]]:
-    """Score inside this rank under the shared read-only guard, on this rank's local shards
-    (resharded before each snapshot). The training scorer never gets a KV cache here."""
-    guard = ReadOnlyGuard(model, kv_cache_allowed=False, settle=lambda: _reshard_all(model))
-    with guard.watch():
-        result = hf_engine.hf_teacher_forced_score(
-            model, batch, batch_size=batch_size, logp_fn=logp_fn
-        )
-    return result, {
-        "state_digest_before": guard.digest_before,
-        "state_digest_after": guard.digest_after,
-        "forward_calls": guard.forward_calls,
-        "readonly_violations": list(guard.violations),
-    }
-
-
-def _rank_main() -> None:
-    """Entry point of one rank process (started by FsdpScorerGroup, never by users)."""
-    t0 = time.monotonic()
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    conn = Connection(int(os.environ[_FD_ENV]))
-    rank = int(os.environ["RANK"])
-    pid = os.getpid()
-    model: Any = None
-    try:
-        kind, cfg = conn.recv()
-        if kind != "init":
-            raise RuntimeError(f"expected 'init', got {kind!r}")
-        torch.set_num_threads(int(cfg["threads"]))
-        world_size = int(os.environ["WORLD_SIZE"])
-        device: str = cfg["device"]
-        timeout = timedelta(seconds=float(cfg["op_timeout_s"]))
-        if device == "cuda":
-            torch.cuda.set_device(rank)
-            dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timeout)
-            model_device = f"cuda:{rank}"
-        else:
-            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
-            model_device = "cpu"
-        mesh = init_device_mesh(device, (world_size,))
-        t1 = time.monotonic()
-        model = hf_engine.load_model(
-            Path(cfg["model_dir"]),
-            dtype=cfg["dtype"],
-            attn_implementation=cfg["attn_implementation"],
-            device=model_device,
-        )
-        t2 = time.monotonic()
-        sharded = _shard(model, mesh)
-        model.eval()
-        evidence = _rank_ready_evidence(model, mesh, sharded)
-        evidence["startup_s"] = {
-            "rendezvous": round(t1 - t0, 3),
-            "load": round(t2 - t1, 3),
-            "shard": round(time.monotonic() - t2, 3),
-        }
-        conn.send(("ready", rank, pid, evidence))
-    except BaseException:
-        conn.send(("error", rank, pid, traceback.format_exc()))
-        conn.close()
-        sys.exit(1)
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            break  # parent is gone
-        if msg[0] == "close":
-            break
-        try:
-            _, payload, batch_size, logp_backend = msg
-            batch = _from_bytes(payload)
-            logp_fn = resolve_logp_backend(logp_backend)
-            result, guard = _guarded_score(model, batch, int(batch_size), logp_fn)
-            data = _to_bytes({"logprobs": result})
-            evidence = {
-                "world_size": dist.get_world_size(),
-                "backend": str(dist.get_backend()),
-                "result_sha256": hashlib.sha256(data).hexdigest(),
-                **guard,
-            }
-            conn.send(("scored", rank, pid, data if rank == 0 else None, evidence))
-        except BaseException:
-            conn.send(("error", rank, pid, traceback.format_exc()))
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    finally:
-        conn.close()
+                wire.send(conn, request)
+            replies = self._collect(wire.Scored, self._op_timeout_s)
+        return replies[0].result(), _score_evidence(self._ready, replies, logp_backend)

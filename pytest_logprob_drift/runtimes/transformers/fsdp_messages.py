@@ -1,0 +1,187 @@
+"""The protocol between the FSDP scorer group (parent) and its rank processes.
+
+Owns every message that crosses a rank's private channel, as named frozen records: the
+parent's requests (``Init``, ``Score``, ``Close``) and the ranks' replies (``Ready``,
+``Scored``, ``Failed``) with their evidence, and how they cross: each rank has its own duplex
+``multiprocessing`` channel, inherited as the file descriptor that ``CHANNEL_FD_ENV`` names
+(POSIX); the records themselves travel over it, tensors inside them as bytes of the project's
+one tensor wire format (``tensorio``, read back weights-only); whatever arrives that is not a
+message of the expected direction is refused with ``ProtocolError``. Knows nothing about
+processes, torch.distributed, models, sharding or what the scores are compared with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import ClassVar
+
+from torch import Tensor
+
+from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
+
+__all__ = [
+    "CHANNEL_FD_ENV",
+    "Close",
+    "Failed",
+    "Init",
+    "ProtocolError",
+    "Ready",
+    "ReadyEvidence",
+    "Reply",
+    "Request",
+    "Score",
+    "ScoreEvidence",
+    "Scored",
+    "receive_reply",
+    "receive_request",
+    "result_bytes",
+    "send",
+]
+
+CHANNEL_FD_ENV = "LOGPROB_DRIFT_RANK_FD"
+"""Names, in a rank's environment, the inherited file descriptor of its end of the channel."""
+
+
+class ProtocolError(Exception):
+    """Something arrived on a rank channel that is not a message of the expected direction."""
+
+
+# --------------------------------------------------------------------------- parent -> rank
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Init:
+    """First message to every rank: what to load and how to run."""
+
+    model_dir: str
+    dtype: str
+    attn_implementation: str
+    device: str
+    op_timeout_s: float
+    threads: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Score:
+    """Score ``batch`` (canonical tensors as wire bytes) with the named selected-logprob fn."""
+
+    batch: bytes
+    batch_size: int
+    logp_backend: str
+
+    @classmethod
+    def of(cls, batch: Mapping[str, Tensor], *, batch_size: int, logp_backend: str) -> Score:
+        return cls(batch=tensor_bytes(batch), batch_size=batch_size, logp_backend=logp_backend)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return tensors_from_bytes(self.batch)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Close:
+    """Leave the process group and exit."""
+
+
+Request = Init | Score | Close
+
+# --------------------------------------------------------------------------- rank -> parent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _FromRank:
+    KIND: ClassVar[str] = ""
+
+    rank: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadyEvidence:
+    """What one rank read back from its live, sharded model after loading it."""
+
+    param_dtype: str
+    attn_implementation: str
+    device: str
+    num_parameters: int
+    local_param_numel: int
+    param_placements: tuple[str, ...]
+    device_mesh: str
+    sharded_modules: tuple[str, ...]
+    world_size: int
+    backend: str
+    startup_s: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ready(_FromRank):
+    KIND: ClassVar[str] = "ready"
+
+    evidence: ReadyEvidence
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScoreEvidence:
+    """What one rank observed while scoring: its group, its result digest, its guard."""
+
+    world_size: int
+    backend: str
+    result_sha256: str
+    state_digest_before: str
+    state_digest_after: str
+    forward_calls: int
+    readonly_violations: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scored(_FromRank):
+    """``logprobs`` holds the result's wire bytes on rank 0 only (``None`` elsewhere)."""
+
+    KIND: ClassVar[str] = "scored"
+
+    logprobs: bytes | None
+    evidence: ScoreEvidence
+
+    def result(self) -> Tensor:
+        if self.logprobs is None:
+            raise ProtocolError(f"rank {self.rank} sent no result tensor")
+        return tensors_from_bytes(self.logprobs)["logprobs"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failed(_FromRank):
+    """The rank's request failed; ``traceback`` is its own text."""
+
+    KIND: ClassVar[str] = "error"
+
+    traceback: str
+
+
+Reply = Ready | Scored | Failed
+
+
+def result_bytes(logprobs: Tensor) -> bytes:
+    """The wire bytes of a rank's result (what ``Scored.logprobs`` carries)."""
+    return tensor_bytes({"logprobs": logprobs})
+
+
+# --------------------------------------------------------------------------- the pipe
+
+
+def send(conn: Connection, message: Request | Reply) -> None:
+    conn.send(message)
+
+
+def receive_request(conn: Connection) -> Request:
+    message = conn.recv()
+    if not isinstance(message, Init | Score | Close):
+        raise ProtocolError(f"expected a request, got {type(message).__name__}")
+    return message
+
+
+def receive_reply(conn: Connection) -> Reply:
+    message = conn.recv()
+    if not isinstance(message, Ready | Scored | Failed):
+        raise ProtocolError(f"expected a reply, got {type(message).__name__}")
+    return message
