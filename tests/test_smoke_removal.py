@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from drift_testing import EXPERIMENTS, S0, S0_HF
 
 WITHOUT_SMOKE = """

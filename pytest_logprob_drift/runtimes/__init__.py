@@ -4,8 +4,9 @@ Owns the code that touches torch, transformers and vLLM: the canonical batch bot
 exchange (``batch``), building and resolving checkpoints (``tiny_model``), the transformers
 rollout and teacher-forced scorer with its FSDP rank group (``transformers/``), the vLLM
 rollout engine (``vllm/``) and, in its own subpackage published to the frontends through its
-own entry-point group, a synthetic CPU runtime with temporary test-only operators. This file holds the torch-free descriptions of
-the production runtimes; every submodule is imported lazily, only when a case executes.
+own entry-point group, a synthetic CPU runtime with temporary test-only operators. This file
+holds the torch-free descriptions of the production runtimes; every submodule is imported
+lazily, only when a case executes.
 
 Must not know about planning, cases, artifacts, verdicts or pytest.
 """
