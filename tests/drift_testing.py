@@ -24,6 +24,7 @@ from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.runtimes.smoke.runtime import VOCAB, CpuSmokeAdapter, StatelessScorer
 
 ROOT = Path(__file__).resolve().parents[1]
+REPO = ROOT
 EXPERIMENTS = ROOT / "experiments"
 S0 = EXPERIMENTS / "cross_config_s0_cpu_smoke.json"
 S0_HF = EXPERIMENTS / "cross_config_s0_hf_tiny.json"

@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drift_testing import EXPERIMENTS as EXPERIMENTS_DIR
+from drift_testing import REPO, S0, S3
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
-EXPERIMENTS = sorted((REPO / "experiments").glob("*.json"))
-S3 = REPO / "experiments" / "cross_config_s3_qwen3_8b_tp4_cp4_bf16.json"
-S0 = REPO / "experiments" / "cross_config_s0_cpu_smoke.json"
+EXPERIMENTS = sorted(EXPERIMENTS_DIR.glob("*.json"))
 
 
 def run_cli(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drift_testing import S0
 
 from pytest_logprob_drift.cli import main
 from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
 from pytest_logprob_drift.store.resume import check_attempt
 
-ROOT = Path(__file__).resolve().parents[1]
-S0 = ROOT / "experiments" / "cross_config_s0_cpu_smoke.json"
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
 OFFSET_LABEL = "logp.backend=smoke_only.logp_offset"
 SEALED_FILES = ("requested.json", "materialized.json", "actual.json", "identity.json",

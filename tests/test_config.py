@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drift_testing import EXPERIMENTS as EXPERIMENTS_DIR
 
 from pytest_logprob_drift import (
     ConfigError,
@@ -19,8 +20,7 @@ from pytest_logprob_drift import (
 from pytest_logprob_drift.config.loader import REQUIRED_TOP_LEVEL, forbidden_reason
 from pytest_logprob_drift.records import IssueSeverity, ScenarioLevel, Strategy
 
-REPO = Path(__file__).resolve().parents[1]
-EXPERIMENTS = sorted((REPO / "experiments").glob("*.json"))
+EXPERIMENTS = sorted(EXPERIMENTS_DIR.glob("*.json"))
 
 BASE: dict[str, Any] = {
     "schema_version": "cross_config.experiment_config.v1",

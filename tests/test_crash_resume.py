@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drift_testing import S0
 
 from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
 from pytest_logprob_drift.store.resume import check_attempt
 
-ROOT = Path(__file__).resolve().parents[1]
-S0 = ROOT / "experiments" / "cross_config_s0_cpu_smoke.json"
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
 RUN_ARGS = ["run", str(S0), "--runtime", "cpu-smoke", "--allow-smoke-operators",
             "--expect", EXPECT, "--json"]

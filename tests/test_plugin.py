@@ -15,15 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drift_testing import ROOT, S0, S2
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.protocol import bind_case
 
 pytest_plugins = ["pytester"]
 
-ROOT = Path(__file__).resolve().parents[1]
-S0 = ROOT / "experiments" / "cross_config_s0_cpu_smoke.json"
-S2 = ROOT / "experiments" / "cross_config_s2_vllm_tp_vs_fsdp.json"
+
 TEMPLATE = ROOT / "conftest_templates" / "operator_workstream" / "conftest.py"
 CONFIG = "cross_config_s0_cpu_smoke.json"
 RUN = ("--drift-config", CONFIG, "--drift-runtime", "cpu-smoke",

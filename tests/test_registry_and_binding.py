@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,8 +49,7 @@ def register_smoke_operators(catalog: SemanticOperatorCatalog) -> SemanticOperat
     descriptors (here taken directly from the smoke package)."""
     return catalog.with_descriptors(SMOKE_DESCRIPTORS)
 
-REPO = Path(__file__).resolve().parents[1]
-S3 = REPO / "experiments" / "cross_config_s3_qwen3_8b_tp4_cp4_bf16.json"
+
 REFERENCE = "rlkernel.reference_logp"
 CHUNKED = "rlkernel.chunked_logp"
 VOCAB_PARALLEL = "rlkernel.vocab_parallel_logp"

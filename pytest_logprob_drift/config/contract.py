@@ -30,10 +30,6 @@ def _load_document() -> dict[str, Any]:
     return document
 
 
-def known_sources() -> tuple[str, ...]:
-    return tuple(sorted(_load_document()["sources"]))
-
-
 def resolve_contract(source: str, version: str) -> ResolvedContract:
     """Resolve a contract reference; errors name the config's JSON path."""
     sources = _load_document()["sources"]

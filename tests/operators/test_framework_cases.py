@@ -11,12 +11,11 @@ import json
 from pathlib import Path
 
 import pytest
-from drift_testing import make_runner
+from drift_testing import ROOT, make_runner
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.outcomes import Outcome
 
-ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("rlkernel.reference_logp", "rlkernel.chunked_logp")
 
 

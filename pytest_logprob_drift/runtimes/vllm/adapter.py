@@ -1,20 +1,24 @@
 """The ``vllm-hf`` runtime: a real vLLM rollout engine against transformers training.
 
-Owns the adapter that maps rollout knobs onto ``vllm.LLM`` construction (dtype, tensor
-parallel size with the CPU thread binding, prefix caching, eager vs compiled/graph path) and
-reads every ``actual`` value back from the engine's own config objects; ``batch.size`` chunks
-the requests submitted together. vLLM computes the rollout logprobs in its own sampler
-(``raw_logprobs`` mode), so only ``logp.backend=native`` can be honoured on this side; context
-parallelism is recorded as unsupported where the platform lacks it. The training side is the
-``hf`` runtime's read-only scorer (unsharded or FSDP2). vLLM is imported only when an engine is
-built.
+Owns the adapter that maps rollout knobs onto a ``VllmEngineSpec`` (dtype, tensor parallel
+size with the CPU thread binding, prefix caching, eager vs compiled/graph path) and maps the
+values the engine reads back (``VllmRolloutEngine.read_back`` and ``context_parallel_size``)
+onto knob paths as ``actual``; ``batch.size`` chunks the requests submitted together. vLLM
+computes the rollout logprobs in its own sampler (``raw_logprobs`` mode), so only
+``logp.backend=native`` can be honoured on this side; context parallelism is recorded as
+unsupported where the platform lacks it. The training side is the ``hf`` runtime's read-only
+scorer (unsharded or FSDP2).
+
+Knows nothing about vLLM's config objects, workers or processes (``engine``, ``read_back`` and
+``processes`` read those; the adapter imports vLLM only for its version and when an engine is
+built), nor about comparison, verdicts or artifacts.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pytest_logprob_drift.execute.protocol import (
     LogpKernel,
@@ -24,13 +28,16 @@ from pytest_logprob_drift.execute.protocol import (
     backend_of,
 )
 from pytest_logprob_drift.records import JSONScalar, KnobValue, ScoringIdentity
-from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint
+from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, special_token_ids
 from pytest_logprob_drift.runtimes.transformers.adapter import (
     TransformersTrainingAdapter,
     applied,
     side_identity,
     unsupported,
 )
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 
 MODEL_LEN_QUANTUM = 64
 
@@ -50,10 +57,11 @@ def _model_len(identity: ScoringIdentity) -> int:
 class VllmRollout:
     """One vLLM engine per rollout construction fingerprint."""
 
-    def __init__(self, binding: RuntimeBinding, identity: ScoringIdentity,
-                 checkpoint: ResolvedCheckpoint) -> None:
+    def __init__(
+        self, binding: RuntimeBinding, identity: ScoringIdentity, checkpoint: ResolvedCheckpoint
+    ) -> None:
         quiet_vllm_logging()
-        from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
+        from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec
 
         self.construction_fingerprint = binding.rollout_construction_fingerprint
         self.checkpoint = checkpoint
@@ -67,58 +75,56 @@ class VllmRollout:
             seed=identity.sampling.seed,
             max_model_len=_model_len(identity),
         )
-        self.engine = VllmRolloutEngine(spec)
+        self.engine = self.build_engine(spec)
         self.batch_size = 0
         self.backend_used = ""
-        self._special = _special_ids(self.checkpoint.path)
+        self._special = special_token_ids(self.checkpoint.path)
 
-    def generate(self, identity: ScoringIdentity, *, batch_size: int,
-                 logp: LogpKernel | None) -> RolloutOutput:
+    def build_engine(self, spec: VllmEngineSpec) -> VllmRolloutEngine:
+        """The engine this rollout samples with (a new one, built from ``spec``)."""
+        from pytest_logprob_drift.runtimes.vllm.engine import VllmRolloutEngine
+
+        return VllmRolloutEngine(spec)
+
+    def generate(
+        self, identity: ScoringIdentity, *, batch_size: int, logp: LogpKernel | None
+    ) -> RolloutOutput:
         self.batch_size = batch_size
         # vLLM's sampler computes the rollout logprobs; no kernel can be injected here.
         self.backend_used = "native" if logp is None else f"native (ignored {backend_of(logp)})"
         eos, pad = self._special
         sampling = identity.sampling
-        tensors = self.engine.generate(identity.prompts.token_ids,
-                                       max_new_tokens=sampling.max_new_tokens,
-                                       temperature=sampling.temperature, seed=sampling.seed,
-                                       batch_size=batch_size, eos_token_id=eos,
-                                       pad_token_id=pad, mask_policy=identity.mask_policy)
+        tensors = self.engine.generate(
+            identity.prompts.token_ids,
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            seed=sampling.seed,
+            batch_size=batch_size,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            mask_policy=identity.mask_policy,
+        )
         return RolloutOutput(tensors=tensors, identity=side_identity(identity, self.checkpoint))
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         live = self.engine.read_back()
-        llm: Any = self.engine._live()
-        parallel = llm.llm_engine.vllm_config.parallel_config
-        cp: Any = getattr(parallel, "context_parallel_size", None)
-        if cp is None:
-            cp = getattr(parallel, "decode_context_parallel_size", 1)
         actual: dict[str, JSONScalar] = {
             "rollout.dtype": str(live["dtype"]),
             "rollout.tensor_parallel_size": int(str(live["tensor_parallel_size"])),
-            "rollout.context_parallel_size": int(cp),
+            "rollout.context_parallel_size": self.engine.context_parallel_size(),
             "rollout.enable_prefix_caching": bool(live["enable_prefix_caching"]),
             "rollout.enforce_eager": bool(live["enforce_eager"]),
             "batch.size": self.batch_size,
             "logp.backend": self.backend_used,
         }
         for key, value in live.items():
-            actual[f"vllm.{key}"] = value if isinstance(value, (str, int, float, bool)) \
-                or value is None else str(value)
+            actual[f"vllm.{key}"] = (
+                value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
+            )
         return actual
 
     def close(self) -> None:
         self.engine.close()
-
-
-def _special_ids(model_dir: Any) -> tuple[int, int]:
-    import json
-
-    config = json.loads((model_dir / "config.json").read_text())
-    eos = config.get("eos_token_id")
-    eos = eos[0] if isinstance(eos, list) else eos
-    pad = config.get("pad_token_id")
-    return int(eos), int(pad if pad is not None else eos)
 
 
 class VllmHfAdapter(TransformersTrainingAdapter):
@@ -130,23 +136,33 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         if path == "rollout.dtype":
             return applied(value, "vllm.LLM(dtype=...)")
         if path == "rollout.tensor_parallel_size":
-            return applied(value, "vllm.LLM(tensor_parallel_size=...); CPU threads bound per "
-                           "rank by VLLM_CPU_OMP_THREADS_BIND")
+            return applied(
+                value,
+                "vllm.LLM(tensor_parallel_size=...); CPU threads bound per "
+                "rank by VLLM_CPU_OMP_THREADS_BIND",
+            )
         if path == "rollout.enable_prefix_caching":
             return applied(value, "vllm.LLM(enable_prefix_caching=...)")
         if path == "rollout.enforce_eager":
-            return applied(value, "vllm.LLM(enforce_eager=...); False selects the "
-                           "compiled/graph path")
+            return applied(
+                value, "vllm.LLM(enforce_eager=...); False selects the compiled/graph path"
+            )
         if path == "rollout.context_parallel_size":
             if value == 1:
                 return applied(value, "no context parallelism")
             return unsupported(path, value, "the vLLM CPU platform has no context parallelism")
         if path == "logp.backend":
             if value == "native":
-                return applied(value, "vLLM sampler logprobs (raw_logprobs) and the trainer's "
-                               "native log_softmax")
-            return unsupported(path, value, "vLLM computes rollout logprobs in its sampler; a "
-                               "selected-logprob backend cannot be injected on the rollout side")
+                return applied(
+                    value,
+                    "vLLM sampler logprobs (raw_logprobs) and the trainer's native log_softmax",
+                )
+            return unsupported(
+                path,
+                value,
+                "vLLM computes rollout logprobs in its sampler; a "
+                "selected-logprob backend cannot be injected on the rollout side",
+            )
         return unsupported(path, value, "no vLLM setting for it")
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> VllmRollout:

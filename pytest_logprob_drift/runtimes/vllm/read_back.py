@@ -1,0 +1,143 @@
+"""Reading back what a live vLLM engine really runs, from vLLM's own objects.
+
+Owns turning a live ``vllm.LLM`` into plain values: the settings vLLM resolved and holds in
+``llm.llm_engine.vllm_config`` (its ``model_config``, ``cache_config``, ``parallel_config`` and
+``compilation_config``), and what every worker reports about its loaded model through
+``DriftWorkerExtension.model_report`` (``collective_rpc``): the attention implementation class
+of each attention layer and the tensor-parallel vocabulary shards of the embedding and the LM
+head. Nothing here parses a repr or consults the spec the engine was built from.
+
+Knows nothing about how the engine was built or shut down, about its processes or environment
+(those values are passed in by the engine), or about knobs, cases, comparison or pytest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+__all__ = [
+    "MODEL_REPORT",
+    "attention_backend",
+    "context_parallel_size",
+    "read_back",
+    "vocab_layout",
+    "worker_reports",
+]
+
+MODEL_REPORT: Final = "model_report"
+"""The ``DriftWorkerExtension`` method each worker answers through ``collective_rpc``."""
+
+_VOCAB_LAYERS: Final = ("embed_tokens", "lm_head")
+
+
+def worker_reports(llm: LLM) -> list[dict[str, Any]]:
+    """Each worker's ``model_report``, in the order vLLM returns them (tensor-parallel rank)."""
+    return [dict(report) for report in llm.collective_rpc(MODEL_REPORT)]
+
+
+def attention_backend(reports: Sequence[Mapping[str, Any]]) -> str:
+    """The attention implementation class names the workers run, joined; ``unknown`` if none."""
+    backends = sorted({str(name) for r in reports for name in r.get("attention_backends", ())})
+    return ",".join(backends) if backends else "unknown"
+
+
+def vocab_layout(reports: Sequence[Mapping[str, Any]]) -> dict[str, object]:
+    """The TP vocabulary layout the workers' embedding and LM head really have.
+
+    vLLM pads the vocabulary to a multiple of 64 (``DEFAULT_VOCAB_PADDING_SIZE``), then gives
+    rank ``r`` the padded rows ``[r * per_rank, (r + 1) * per_rank)``; the real (unpadded)
+    tokens it owns are that range clipped to the vocabulary size. Both ranges are the layer's
+    own ``shard_indices``.
+    """
+    layout: dict[str, object] = {}
+    for name in _VOCAB_LAYERS:
+        shards = [r["vocab"][name] for r in reports if name in r.get("vocab", {})]
+        if not shards:
+            continue
+        first = shards[0]
+        layout[name] = {
+            "vocab_size": int(first["org_vocab_size"]),
+            "padded_vocab_size": int(first["num_embeddings_padded"]),
+            "per_rank_size": int(first["num_embeddings_per_partition"]),
+            "ranks": [
+                {
+                    "rank": int(s["tp_rank"]),
+                    "padded_start": int(s["padded_org_vocab_start_index"]),
+                    "padded_end": int(s["padded_org_vocab_end_index"]),
+                    "vocab_start": int(s["org_vocab_start_index"]),
+                    "vocab_end": int(s["org_vocab_end_index"]),
+                }
+                for s in shards
+            ],
+        }
+    return layout
+
+
+def context_parallel_size(llm: LLM) -> int:
+    """The context-parallel size the engine runs with.
+
+    vLLM 0.32's ``ParallelConfig`` has no single ``context_parallel_size``; it holds
+    ``decode_context_parallel_size`` (read here) next to ``prefill_context_parallel_size``.
+    A release that has ``context_parallel_size`` is read by that name.
+    """
+    parallel: Any = llm.llm_engine.vllm_config.parallel_config
+    size: Any = getattr(parallel, "context_parallel_size", None)
+    if size is None:
+        size = parallel.decode_context_parallel_size
+    return int(size)
+
+
+def _enum_name(value: object) -> str:
+    name = getattr(value, "name", None)
+    return str(name) if name is not None else str(value)
+
+
+def read_back(
+    llm: LLM,
+    *,
+    is_cpu: bool,
+    process_ids: Mapping[str, Sequence[int]],
+    construction_env: Mapping[str, str | None],
+    amx_enabled: Sequence[bool],
+) -> dict[str, object]:
+    """What the live engine really runs, read from vLLM's own objects (never the spec).
+
+    ``process_ids`` (``engine_core`` and ``workers``), ``construction_env`` and
+    ``amx_enabled`` are what the engine observed itself; they are recorded as given.
+    """
+    import vllm
+
+    config = llm.llm_engine.vllm_config
+    model, cache = config.model_config, config.cache_config
+    parallel, compilation = config.parallel_config, config.compilation_config
+    reports = worker_reports(llm)
+    return {
+        "vllm_version": str(vllm.__version__),
+        "platform": "cpu" if is_cpu else "gpu",
+        "model": str(model.model),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "max_model_len": int(model.max_model_len),
+        "seed": model.seed,
+        "logprobs_mode": str(model.logprobs_mode),
+        "enforce_eager": bool(model.enforce_eager),
+        "tensor_parallel_size": int(parallel.tensor_parallel_size),
+        "world_size": int(parallel.world_size),
+        "distributed_executor_backend": str(parallel.distributed_executor_backend),
+        "enable_prefix_caching": bool(cache.enable_prefix_caching),
+        "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
+        "kv_cache_block_size": int(cache.block_size),
+        "kv_cache_num_blocks": cache.num_gpu_blocks,
+        "compilation_mode": _enum_name(compilation.mode),
+        "compilation_backend": str(compilation.backend),
+        "cudagraph_mode": _enum_name(compilation.cudagraph_mode),
+        "attention_backend": attention_backend(reports),
+        "vocab_layout": vocab_layout(reports),
+        "num_engine_core_processes": len(process_ids["engine_core"]),
+        "num_worker_processes": len(process_ids["workers"]),
+        "construction_env": dict(construction_env),
+        "worker_amx_enabled": list(amx_enabled),
+    }
