@@ -44,7 +44,8 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess
 
 def oat_document() -> dict[str, Any]:
     document: dict[str, Any] = json.loads(
-        (ROOT / "experiments" / "cross_config_s0_cpu_smoke.json").read_text(encoding="utf-8"))
+        (ROOT / "experiments" / "cross_config_s0_cpu_smoke.json").read_text(encoding="utf-8")
+    )
     document["experiment_id"] = "bench-oat-lifecycle"
     document["interventions"] = [
         {"path": "batch.size", "values": [1, 2, 3]},
@@ -65,8 +66,11 @@ def bench_collection(tmp: Path, runs: int) -> int:
 
     _, check = timed(drift_cmd, empty)
     if check.returncode != 0 or f"{EXPECTED_CASES} tests collected" not in check.stdout:
-        print(f"collection failed (exit {check.returncode}):\n{check.stdout[-2000:]}"
-              f"{check.stderr[-2000:]}", file=sys.stderr)
+        print(
+            f"collection failed (exit {check.returncode}):\n{check.stdout[-2000:]}"
+            f"{check.stderr[-2000:]}",
+            file=sys.stderr,
+        )
         return 1
     timed(plain_cmd, empty)  # warm the file cache for both before measuring
     drift_times: list[float] = []
@@ -81,16 +85,25 @@ def bench_collection(tmp: Path, runs: int) -> int:
 
     drift_best, drift_median = min(drift_times), statistics.median(drift_times)
     plain_best, plain_median = min(plain_times), statistics.median(plain_times)
-    print(f"collection: {EXPECTED_CASES} drift items; runs: {runs}; python "
-          f"{sys.version.split()[0]}")
-    print(f"pytest --collect-only --drift-config (256)  best {drift_best * 1000:8.1f} ms   "
-          f"median {drift_median * 1000:8.1f} ms")
-    print(f"pytest --collect-only (empty test dir)      best {plain_best * 1000:8.1f} ms   "
-          f"median {plain_median * 1000:8.1f} ms")
-    print(f"ratio drift/plain                           best {drift_best / plain_best:8.2f}x"
-          f"     median {drift_median / plain_median:8.2f}x")
-    print(f"per item above the empty run                best "
-          f"{(drift_best - plain_best) / EXPECTED_CASES * 1000:8.2f} ms")
+    print(
+        f"collection: {EXPECTED_CASES} drift items; runs: {runs}; python {sys.version.split()[0]}"
+    )
+    print(
+        f"pytest --collect-only --drift-config (256)  best {drift_best * 1000:8.1f} ms   "
+        f"median {drift_median * 1000:8.1f} ms"
+    )
+    print(
+        f"pytest --collect-only (empty test dir)      best {plain_best * 1000:8.1f} ms   "
+        f"median {plain_median * 1000:8.1f} ms"
+    )
+    print(
+        f"ratio drift/plain                           best {drift_best / plain_best:8.2f}x"
+        f"     median {drift_median / plain_median:8.2f}x"
+    )
+    print(
+        f"per item above the empty run                best "
+        f"{(drift_best - plain_best) / EXPECTED_CASES * 1000:8.2f} ms"
+    )
     return 0
 
 
@@ -99,25 +112,47 @@ def bench_constructions(tmp: Path) -> int:
     config.write_text(json.dumps(oat_document(), indent=2), encoding="utf-8")
     execution_plan = plan_file(str(config))
     identity = execution_plan.plan.identity
-    bindings = [bind_case(ec, runtime_kind="cpu-smoke", identity=identity, device="cpu")
-                for ec in execution_plan.cases]
-    distinct = (len({b.rollout_construction_fingerprint for b in bindings}),
-                len({b.training_construction_fingerprint for b in bindings}))
-    elapsed, result = timed([*PYTEST, "-q", "--drift-config", str(config), "--drift-runtime",
-                             "cpu-smoke", "--drift-allow-smoke-operators",
-                             "--drift-artifacts", str(tmp / "runs")], tmp)
+    bindings = [
+        bind_case(ec, runtime_kind="cpu-smoke", identity=identity, device="cpu")
+        for ec in execution_plan.cases
+    ]
+    distinct = (
+        len({b.rollout_construction_fingerprint for b in bindings}),
+        len({b.training_construction_fingerprint for b in bindings}),
+    )
+    elapsed, result = timed(
+        [
+            *PYTEST,
+            "-q",
+            "--drift-config",
+            str(config),
+            "--drift-runtime",
+            "cpu-smoke",
+            "--drift-allow-smoke-operators",
+            "--drift-artifacts",
+            str(tmp / "runs"),
+        ],
+        tmp,
+    )
     match = re.search(r"engine constructions: rollout (\d+), training (\d+)", result.stdout)
     summary = re.search(r"^(\d+ PASS.*)$", result.stdout, re.MULTILINE)
     if match is None:
-        print(f"no engine construction line (exit {result.returncode}):\n"
-              f"{result.stdout[-2000:]}{result.stderr[-2000:]}", file=sys.stderr)
+        print(
+            f"no engine construction line (exit {result.returncode}):\n"
+            f"{result.stdout[-2000:]}{result.stderr[-2000:]}",
+            file=sys.stderr,
+        )
         return 1
     built = (int(match.group(1)), int(match.group(2)))
-    print(f"engine lifecycle: one-at-a-time plan, {len(bindings)} cases on cpu-smoke "
-          f"({elapsed:.1f} s; outcomes: {summary.group(1) if summary else '?'})")
+    print(
+        f"engine lifecycle: one-at-a-time plan, {len(bindings)} cases on cpu-smoke "
+        f"({elapsed:.1f} s; outcomes: {summary.group(1) if summary else '?'})"
+    )
     print(f"engine constructions     rollout {built[0]:3d}   training {built[1]:3d}")
-    print(f"distinct fingerprints    rollout {distinct[0]:3d}   training {distinct[1]:3d}"
-          f"   -> {'equal (minimum)' if built == distinct else 'DIFFERENT'}")
+    print(
+        f"distinct fingerprints    rollout {distinct[0]:3d}   training {distinct[1]:3d}"
+        f"   -> {'equal (minimum)' if built == distinct else 'DIFFERENT'}"
+    )
     return 0 if built == distinct else 1
 
 

@@ -89,13 +89,22 @@ def main() -> int:
     parser.add_argument("--expect", action="append", default=[])
     args = parser.parse_args()
     artifacts = Path(tempfile.mkdtemp(prefix="bench-run-"))
-    command = [sys.executable, "-m", "pytest_logprob_drift", "run", args.config, "--runtime",
-               args.runtime, "--artifacts", str(artifacts), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest_logprob_drift",
+        "run",
+        args.config,
+        "--runtime",
+        args.runtime,
+        "--artifacts",
+        str(artifacts),
+        "--json",
+    ]
     for expect in args.expect:
         command += ["--expect", expect]
     start = time.monotonic()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     peak = 0
     launched: dict[int, str] = {}
     while proc.poll() is None:
@@ -118,12 +127,24 @@ def main() -> int:
     from pytest_logprob_drift.execute.protocol import bind_case
 
     plan = plan_file(args.config)
-    bindings = [bind_case(ec, runtime_kind=args.runtime, identity=plan.plan.identity,
-                          device=plan.plan.scenario.device) for ec in plan.cases]
+    bindings = [
+        bind_case(
+            ec,
+            runtime_kind=args.runtime,
+            identity=plan.plan.identity,
+            device=plan.plan.scenario.device,
+        )
+        for ec in plan.cases
+    ]
     rollout_min = len({b.rollout_construction_fingerprint for b in bindings})
     training_min = len({b.training_construction_fingerprint for b in bindings})
-    fsdp_groups = len({b.training_construction_fingerprint for b in bindings
-                       if b.training.get("sharding") == "fsdp"})
+    fsdp_groups = len(
+        {
+            b.training_construction_fingerprint
+            for b in bindings
+            if b.training.get("sharding") == "fsdp"
+        }
+    )
 
     print(f"experiment {args.config} runtime {args.runtime}")
     print(f"wall time {wall:.1f} s, peak RSS of the process tree {peak / 1024 / 1024:.2f} GiB")
@@ -132,26 +153,39 @@ def main() -> int:
     for r in report["results"]:
         ratio = (r["mismatches"] / r["active_tokens"]) if r["active_tokens"] else None
         diff = "-" if r["max_abs_diff"] is None else f"{r['max_abs_diff']:.2e}"
-        print(f"| {r['label']} | {r['outcome']} | {diff} | "
-              f"{'-' if ratio is None else f'{ratio:.3f}'} | "
-              f"{'reused' if r['reused'] else 'new'} |")
+        print(
+            f"| {r['label']} | {r['outcome']} | {diff} | "
+            f"{'-' if ratio is None else f'{ratio:.3f}'} | "
+            f"{'reused' if r['reused'] else 'new'} |"
+        )
     counts = report["engine_constructions"]
-    print(f"engine constructions: rollout {counts['rollout']} (minimum {rollout_min}), "
-          f"training {counts['training']} (minimum {training_min})")
+    print(
+        f"engine constructions: rollout {counts['rollout']} (minimum {rollout_min}), "
+        f"training {counts['training']} (minimum {training_min})"
+    )
     kinds = Counter(_kind(c) for c in launched.values())
     engine_cores = kinds.get("vLLM engine core", 0)
     workers = kinds.get("vLLM worker", 0)
-    tp_needed = sum(int(str(b.rollout.get("tensor_parallel_size", 1))) for b in
-                    {b.rollout_construction_fingerprint: b for b in bindings}.values())
-    print(f"child processes seen: {len(launched)}: "
-          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+    tp_needed = sum(
+        int(str(b.rollout.get("tensor_parallel_size", 1)))
+        for b in {b.rollout_construction_fingerprint: b for b in bindings}.values()
+    )
+    print(
+        f"child processes seen: {len(launched)}: "
+        + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    )
     print(f"FSDP rank processes {kinds.get('FSDP rank', 0)} (minimum {2 * fsdp_groups})")
     if args.runtime == "vllm-hf":
-        print(f"vLLM engine cores {engine_cores} (minimum {rollout_min}), vLLM workers "
-              f"{workers} (minimum {tp_needed})")
+        print(
+            f"vLLM engine cores {engine_cores} (minimum {rollout_min}), vLLM workers "
+            f"{workers} (minimum {tp_needed})"
+        )
     print(f"failures: {report['failures']}")
-    ok = (counts["rollout"] == rollout_min and counts["training"] == training_min
-          and not report["failures"])
+    ok = (
+        counts["rollout"] == rollout_min
+        and counts["training"] == training_min
+        and not report["failures"]
+    )
     return 0 if ok else 1
 
 

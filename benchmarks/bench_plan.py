@@ -44,11 +44,18 @@ def config_document() -> dict[str, Any]:
         },
         "baseline": {
             "batch": {"size": 8},
-            "rollout": {"tensor_parallel_size": 4, "context_parallel_size": 4,
-                        "dtype": "bfloat16", "enable_prefix_caching": True,
-                        "enforce_eager": False},
-            "training": {"attention_backend": "flash_attention_2", "compute_dtype": "bfloat16",
-                         "sharding": "fsdp"},
+            "rollout": {
+                "tensor_parallel_size": 4,
+                "context_parallel_size": 4,
+                "dtype": "bfloat16",
+                "enable_prefix_caching": True,
+                "enforce_eager": False,
+            },
+            "training": {
+                "attention_backend": "flash_attention_2",
+                "compute_dtype": "bfloat16",
+                "sharding": "fsdp",
+            },
             "logp": {"backend": "native"},
         },
         "interventions": [
@@ -60,8 +67,10 @@ def config_document() -> dict[str, Any]:
             {"path": "rollout.enforce_eager", "values": [True]},
             {"path": "training.attention_backend", "values": ["eager", "sdpa", "flex_attention"]},
             {"path": "training.compute_dtype", "values": ["float32", "float16"]},
-            {"path": "logp.backend", "values": ["rlkernel.reference_logp",
-                                                "rlkernel.chunked_logp"]},
+            {
+                "path": "logp.backend",
+                "values": ["rlkernel.reference_logp", "rlkernel.chunked_logp"],
+            },
             {"path": "training.sharding", "values": ["none"]},
         ],
         "pairs": [
@@ -92,15 +101,20 @@ def main() -> int:
 
         _, check = timed([*plan_cmd, "--json"])
         if check.returncode != 0:
-            print(f"plan --json failed (exit {check.returncode}):\n{check.stderr}{check.stdout}",
-                  file=sys.stderr)
+            print(
+                f"plan --json failed (exit {check.returncode}):\n{check.stderr}{check.stdout}",
+                file=sys.stderr,
+            )
             return 1
         document = json.loads(check.stdout)
         cases = len(document["cases"])
         errors = [i for i in document["issues"] if i["severity"] == "error"]
         if cases != EXPECTED_CASES or errors:
-            print(f"expected {EXPECTED_CASES} cases and no errors, got {cases} cases, "
-                  f"{len(errors)} errors", file=sys.stderr)
+            print(
+                f"expected {EXPECTED_CASES} cases and no errors, got {cases} cases, "
+                f"{len(errors)} errors",
+                file=sys.stderr,
+            )
             return 1
 
         timed(plan_cmd)  # warm the file cache for both before measuring
@@ -110,22 +124,25 @@ def main() -> int:
         for _ in range(args.runs):  # interleaved, so machine load affects both alike
             elapsed, result = timed(plan_cmd)
             if result.returncode != 0 or f"{EXPECTED_CASES} case(s)" not in result.stdout:
-                print(f"plan failed (exit {result.returncode}):\n{result.stderr}",
-                      file=sys.stderr)
+                print(f"plan failed (exit {result.returncode}):\n{result.stderr}", file=sys.stderr)
                 return 1
             plan_times.append(elapsed)
             pass_times.append(timed(pass_cmd)[0])
 
     plan_best, plan_median = min(plan_times), statistics.median(plan_times)
     pass_best, pass_median = min(pass_times), statistics.median(pass_times)
-    print(f"config: {cases} cases (1 baseline, "
-          f"{sum(c['kind'] == 'one_at_a_time' for c in document['cases'])} one-at-a-time, "
-          f"{sum(c['kind'] == 'pairwise' for c in document['cases'])} pairwise); "
-          f"runs: {args.runs}; python {sys.version.split()[0]}")
+    print(
+        f"config: {cases} cases (1 baseline, "
+        f"{sum(c['kind'] == 'one_at_a_time' for c in document['cases'])} one-at-a-time, "
+        f"{sum(c['kind'] == 'pairwise' for c in document['cases'])} pairwise); "
+        f"runs: {args.runs}; python {sys.version.split()[0]}"
+    )
     print(f"plan 256 cases   best {plan_best * 1000:8.1f} ms   median {plan_median * 1000:8.1f} ms")
     print(f"python -c pass   best {pass_best * 1000:8.1f} ms   median {pass_median * 1000:8.1f} ms")
-    print(f"ratio plan/pass  best {plan_best / pass_best:8.2f}x     "
-          f"median {plan_median / pass_median:8.2f}x")
+    print(
+        f"ratio plan/pass  best {plan_best / pass_best:8.2f}x     "
+        f"median {plan_median / pass_median:8.2f}x"
+    )
     return 0
 
 

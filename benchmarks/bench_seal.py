@@ -53,8 +53,9 @@ def time_plain(payloads: dict[str, bytes]) -> float:
     return elapsed
 
 
-def time_seal_and_verify(payloads: dict[str, bytes], root: Path, round_index: int) \
-        -> tuple[float, float]:
+def time_seal_and_verify(
+    payloads: dict[str, bytes], root: Path, round_index: int
+) -> tuple[float, float]:
     case_dir = root / f"round-{round_index}" / "case"
     start = time.perf_counter()
     writer = AttemptWriter(case_dir, "case", "bench-execution-key")
@@ -77,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tensors", type=int, default=4)
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--dir", default=None, help="where attempts are written "
-                        "(default: a temporary directory)")
+    parser.add_argument(
+        "--dir", default=None, help="where attempts are written (default: a temporary directory)"
+    )
     args = parser.parse_args(argv)
 
     payloads = serialized_tensors(args.tensors, args.mib)
@@ -98,15 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     best_plain, best_seal, best_verify = min(plain), min(seal), min(verify)
     best_both = min(s + v for s, v in zip(seal, verify, strict=True))
     mib = total / (1 << 20)
-    print(f"{args.tensors} x {args.mib} MiB float32 tensors, {mib:.1f} MiB serialized, "
-          f"best of {args.rounds}, attempts under {root.parent}")
+    print(
+        f"{args.tensors} x {args.mib} MiB float32 tensors, {mib:.1f} MiB serialized, "
+        f"best of {args.rounds}, attempts under {root.parent}"
+    )
     print(f"  plain sha256 (each byte once): {best_plain:8.3f} s  {mib / best_plain:8.0f} MiB/s")
     print(f"  seal (write+fsync+sha256):     {best_seal:8.3f} s  {mib / best_seal:8.0f} MiB/s")
     print(f"  verify (read_seal re-hash):    {best_verify:8.3f} s  {mib / best_verify:8.0f} MiB/s")
     print(f"  seal + verify:                 {best_both:8.3f} s")
-    print(f"  ratio (seal+verify)/plain: {best_both / best_plain:.2f}x   "
-          f"seal/plain: {best_seal / best_plain:.2f}x   "
-          f"verify/plain: {best_verify / best_plain:.2f}x")
+    print(
+        f"  ratio (seal+verify)/plain: {best_both / best_plain:.2f}x   "
+        f"seal/plain: {best_seal / best_plain:.2f}x   "
+        f"verify/plain: {best_verify / best_plain:.2f}x"
+    )
     return 0
 
 

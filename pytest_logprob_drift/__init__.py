@@ -42,8 +42,9 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def plan_file(path: str, *, pairwise: bool = False,
-              catalog: SemanticOperatorCatalog | None = None) -> ExecutionPlan:
+def plan_file(
+    path: str, *, pairwise: bool = False, catalog: SemanticOperatorCatalog | None = None
+) -> ExecutionPlan:
     """Load, plan and operator-bind a config file (no engine, no torch), against ``catalog``
     (default: what the frontends plan against, ``policy.assemble().operators``)."""
     from pytest_logprob_drift.plan.binding import intervention_json_paths
@@ -54,5 +55,6 @@ def plan_file(path: str, *, pairwise: bool = False,
         catalog = assemble().operators
     config = load_config(path)
     plan = plan_experiment(config, pairwise=pairwise)
-    return build_execution_plan(plan, catalog,
-                                intervention_paths=intervention_json_paths(config.interventions))
+    return build_execution_plan(
+        plan, catalog, intervention_paths=intervention_json_paths(config.interventions)
+    )

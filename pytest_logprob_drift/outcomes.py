@@ -47,8 +47,9 @@ class Expectation:
     outcome: Outcome
 
     def matches(self, case_id: str, label: str) -> bool:
-        return self.selector in ("*", label) or (len(self.selector) >= 4
-                                                 and case_id.startswith(self.selector))
+        return self.selector in ("*", label) or (
+            len(self.selector) >= 4 and case_id.startswith(self.selector)
+        )
 
 
 def parse_expectation(text: str) -> Expectation:
@@ -56,13 +57,15 @@ def parse_expectation(text: str) -> Expectation:
     puts its flag in front)."""
     selector, sep, outcome = text.rpartition("=")
     if not sep or not selector:
-        raise UsageError(f"{text!r}: expected SELECTOR=OUTCOME, e.g. "
-                         "'rollout.dtype=bfloat16=MISMATCH'")
+        raise UsageError(
+            f"{text!r}: expected SELECTOR=OUTCOME, e.g. 'rollout.dtype=bfloat16=MISMATCH'"
+        )
     try:
         parsed = Outcome(outcome.strip().upper())
     except ValueError:
-        raise UsageError(f"{text!r}: unknown outcome {outcome!r}; one of "
-                         f"{', '.join(o.value for o in Outcome)}") from None
+        raise UsageError(
+            f"{text!r}: unknown outcome {outcome!r}; one of {', '.join(o.value for o in Outcome)}"
+        ) from None
     return Expectation(selector=selector.strip(), outcome=parsed)
 
 

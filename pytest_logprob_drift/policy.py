@@ -59,8 +59,9 @@ def runtime_catalog() -> RuntimeCatalog:
     return RuntimeCatalog(PRODUCTION_RUNTIMES).with_runtimes(smoke)
 
 
-def operator_catalog(extra_operators: Iterable[OperatorDescriptor] = (), *,
-                     extra_source: str = "a conftest hook") -> SemanticOperatorCatalog:
+def operator_catalog(
+    extra_operators: Iterable[OperatorDescriptor] = (), *, extra_source: str = "a conftest hook"
+) -> SemanticOperatorCatalog:
     """Production backends, ``extra_operators`` (refused if test-only) and the smoke group's
     test-only backends."""
     extra = production_descriptors(extra_operators, extra_source)
@@ -68,10 +69,13 @@ def operator_catalog(extra_operators: Iterable[OperatorDescriptor] = (), *,
     return default_catalog().with_descriptors((*extra, *smoke))
 
 
-def assemble(extra_operators: Iterable[OperatorDescriptor] = (), *,
-             extra_source: str = "a conftest hook") -> Catalogs:
-    return Catalogs(operators=operator_catalog(extra_operators, extra_source=extra_source),
-                    runtimes=runtime_catalog())
+def assemble(
+    extra_operators: Iterable[OperatorDescriptor] = (), *, extra_source: str = "a conftest hook"
+) -> Catalogs:
+    return Catalogs(
+        operators=operator_catalog(extra_operators, extra_source=extra_source),
+        runtimes=runtime_catalog(),
+    )
 
 
 def render_error(error: DriftError, flags: Mapping[Remedy, str]) -> str:

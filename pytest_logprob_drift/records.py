@@ -50,8 +50,9 @@ def canonical(value: Any) -> Any:
 
 def canonical_json(value: Any) -> str:
     """Sorted keys, no spaces, UTF-8 safe: the form that ids and digests are taken over."""
-    return json.dumps(canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    return json.dumps(
+        canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
 
 
 def sha256_hex(text: str | bytes) -> str:
@@ -339,8 +340,10 @@ class RuntimeInfo:
 
     def plan_only_reason(self, scenario: Scenario) -> str:
         levels = "/".join(level.value for level in self.levels)
-        return (f"scenario {scenario.level.value} on {scenario.device} is plan-only for runtime "
-                f"{self.name!r} (it executes {levels} on {'/'.join(self.devices)})")
+        return (
+            f"scenario {scenario.level.value} on {scenario.device} is plan-only for runtime "
+            f"{self.name!r} (it executes {levels} on {'/'.join(self.devices)})"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -40,6 +40,5 @@ def resolve_reference(reference: str) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise UnresolvedReference(reference, f"{module_name} has no attribute {attr}") \
-                from None
+            raise UnresolvedReference(reference, f"{module_name} has no attribute {attr}") from None
     return obj

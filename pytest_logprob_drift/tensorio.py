@@ -28,9 +28,11 @@ def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
     try:
         loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:  # any unpickling failure means the bytes are not ours
-        raise TensorFormatError(f"not a weights-only tensor file: {type(exc).__name__}: "
-                                f"{exc}") from None
-    if not isinstance(loaded, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                               for k, v in loaded.items()):
+        raise TensorFormatError(
+            f"not a weights-only tensor file: {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(loaded, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+    ):
         raise TensorFormatError("expected a mapping of names to tensors")
     return loaded

@@ -40,18 +40,26 @@ class Verdict:
     identity_violations: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"outcome": self.outcome.value, "reason": self.reason,
-                "threshold": self.threshold, "active_tokens": self.active_tokens,
-                "mismatches": self.mismatches, "diagnostics": dict(self.diagnostics),
-                "worst_tokens": [dict(w) for w in self.worst_tokens],
-                "identity_violations": list(self.identity_violations)}
+        return {
+            "outcome": self.outcome.value,
+            "reason": self.reason,
+            "threshold": self.threshold,
+            "active_tokens": self.active_tokens,
+            "mismatches": self.mismatches,
+            "diagnostics": dict(self.diagnostics),
+            "worst_tokens": [dict(w) for w in self.worst_tokens],
+            "identity_violations": list(self.identity_violations),
+        }
 
 
-def identity_violations(expected: Mapping[str, Any], rollout_identity: Mapping[str, Any],
-                        training_identity: Mapping[str, Any],
-                        rollout_tensors: Mapping[str, torch.Tensor],
-                        consumed: Mapping[str, torch.Tensor],
-                        readonly_violations: tuple[str, ...]) -> list[str]:
+def identity_violations(
+    expected: Mapping[str, Any],
+    rollout_identity: Mapping[str, Any],
+    training_identity: Mapping[str, Any],
+    rollout_tensors: Mapping[str, torch.Tensor],
+    consumed: Mapping[str, torch.Tensor],
+    readonly_violations: tuple[str, ...],
+) -> list[str]:
     """Every way the two scorers did not share one logical input (empty when they did)."""
     problems: list[str] = []
     for key in sorted(set(expected) | set(rollout_identity) | set(training_identity)):
@@ -66,11 +74,11 @@ def identity_violations(expected: Mapping[str, Any], rollout_identity: Mapping[s
     for name in IDENTITY_TENSORS:
         a, b = rollout_tensors.get(name), consumed.get(name)
         if a is None or b is None:
-            problems.append(f"{name}: missing on the {'rollout' if a is None else 'training'}"
-                            " side")
+            problems.append(f"{name}: missing on the {'rollout' if a is None else 'training'} side")
         elif a.shape != b.shape:
-            problems.append(f"{name}: shape {tuple(a.shape)} (rollout) != {tuple(b.shape)} "
-                            "(training)")
+            problems.append(
+                f"{name}: shape {tuple(a.shape)} (rollout) != {tuple(b.shape)} (training)"
+            )
         elif not torch.equal(a, b):
             where = (a != b).nonzero()[0].tolist()
             problems.append(f"{name}: differs between rollout and training at {where}")
@@ -78,35 +86,61 @@ def identity_violations(expected: Mapping[str, Any], rollout_identity: Mapping[s
     return problems
 
 
-def _invalid(outcome: Outcome, reason: str, threshold: float,
-             violations: tuple[str, ...] = ()) -> Verdict:
-    return Verdict(outcome=outcome, reason=reason, threshold=threshold, active_tokens=0,
-                   mismatches=0, diagnostics={}, worst_tokens=(), identity_violations=violations)
+def _invalid(
+    outcome: Outcome, reason: str, threshold: float, violations: tuple[str, ...] = ()
+) -> Verdict:
+    return Verdict(
+        outcome=outcome,
+        reason=reason,
+        threshold=threshold,
+        active_tokens=0,
+        mismatches=0,
+        diagnostics={},
+        worst_tokens=(),
+        identity_violations=violations,
+    )
 
 
-def mismatch_mask(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor,
-                  threshold: float) -> torch.Tensor:
+def mismatch_mask(
+    training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor, threshold: float
+) -> torch.Tensor:
     """The contract's rule, exactly: strict ``>``, in float64."""
     diff = torch.abs(training.to(torch.float64) - rollout.to(torch.float64))
     return active & (diff > threshold)
 
 
-def judge(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor,
-          threshold: float, *, violations: tuple[str, ...] = ()) -> Verdict:
+def judge(
+    training: torch.Tensor,
+    rollout: torch.Tensor,
+    active: torch.Tensor,
+    threshold: float,
+    *,
+    violations: tuple[str, ...] = (),
+) -> Verdict:
     """The verdict for one case; identity violations win over any numerics."""
     if violations:
         return _invalid(Outcome.INVALID_IDENTITY, violations[0], threshold, violations)
     if active.dtype != torch.bool:
-        return _invalid(Outcome.INVALID_ARTIFACT, f"active_mask has dtype {active.dtype}, "
-                        "expected torch.bool", threshold)
+        return _invalid(
+            Outcome.INVALID_ARTIFACT,
+            f"active_mask has dtype {active.dtype}, expected torch.bool",
+            threshold,
+        )
     if training.shape != rollout.shape or training.shape != active.shape:
-        return _invalid(Outcome.INVALID_ARTIFACT, f"shapes differ: training "
-                        f"{tuple(training.shape)}, rollout {tuple(rollout.shape)}, active "
-                        f"{tuple(active.shape)}", threshold)
+        return _invalid(
+            Outcome.INVALID_ARTIFACT,
+            f"shapes differ: training "
+            f"{tuple(training.shape)}, rollout {tuple(rollout.shape)}, active "
+            f"{tuple(active.shape)}",
+            threshold,
+        )
     for name, scores in (("training", training), ("rollout", rollout)):
         if not scores.is_floating_point():
-            return _invalid(Outcome.INVALID_ARTIFACT, f"{name} logprobs have non-floating "
-                            f"dtype {scores.dtype}", threshold)
+            return _invalid(
+                Outcome.INVALID_ARTIFACT,
+                f"{name} logprobs have non-floating dtype {scores.dtype}",
+                threshold,
+            )
     active_count = int(active.sum())
     if active_count == 0:
         return _invalid(Outcome.ZERO_ACTIVE_TOKENS, "no active tokens to compare", threshold)
@@ -114,29 +148,44 @@ def judge(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor,
         bad = active & ~torch.isfinite(scores)
         if bool(bad.any()):
             where = bad.nonzero()[0].tolist()
-            return _invalid(Outcome.INVALID_ARTIFACT, f"{name} logprob is non-finite at active "
-                            f"position {where}", threshold)
+            return _invalid(
+                Outcome.INVALID_ARTIFACT,
+                f"{name} logprob is non-finite at active position {where}",
+                threshold,
+            )
     mask = mismatch_mask(training, rollout, active, threshold)
     mismatches = int(mask.sum())
     diagnostics, worst = _diagnostics(training, rollout, active)
     diagnostics["mismatch_ratio"] = mismatches / active_count
     if mismatches:
         w = worst[0]
-        reason = (f"{mismatches}/{active_count} active tokens differ by more than {threshold:g}"
-                  f"; worst |diff| {w['abs_diff']:.3e} at sample {w['sample']} position "
-                  f"{w['position']}")
+        reason = (
+            f"{mismatches}/{active_count} active tokens differ by more than {threshold:g}"
+            f"; worst |diff| {w['abs_diff']:.3e} at sample {w['sample']} position "
+            f"{w['position']}"
+        )
         outcome = Outcome.MISMATCH
     else:
-        reason = (f"all {active_count} active tokens within {threshold:g} (max |diff| "
-                  f"{diagnostics['max_abs_diff']:.3e})")
+        reason = (
+            f"all {active_count} active tokens within {threshold:g} (max |diff| "
+            f"{diagnostics['max_abs_diff']:.3e})"
+        )
         outcome = Outcome.PASS
-    return Verdict(outcome=outcome, reason=reason, threshold=threshold,
-                   active_tokens=active_count, mismatches=mismatches, diagnostics=diagnostics,
-                   worst_tokens=tuple(worst), identity_violations=())
+    return Verdict(
+        outcome=outcome,
+        reason=reason,
+        threshold=threshold,
+        active_tokens=active_count,
+        mismatches=mismatches,
+        diagnostics=diagnostics,
+        worst_tokens=tuple(worst),
+        identity_violations=(),
+    )
 
 
-def _diagnostics(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) \
-        -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _diagnostics(
+    training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     t = training.to(torch.float64)[active]
     r = rollout.to(torch.float64)[active]
     signed = t - r
@@ -158,7 +207,14 @@ def _diagnostics(training: torch.Tensor, rollout: torch.Tensor, active: torch.Te
     }
     positions = active.nonzero()
     order = torch.argsort(diff, descending=True, stable=True)[:WORST_TOKENS]
-    worst = [{"sample": int(positions[i][0]), "position": int(positions[i][1]),
-              "rollout_logprob": float(r[i]), "training_logprob": float(t[i]),
-              "abs_diff": float(diff[i])} for i in order.tolist()]
+    worst = [
+        {
+            "sample": int(positions[i][0]),
+            "position": int(positions[i][1]),
+            "rollout_logprob": float(r[i]),
+            "training_logprob": float(t[i]),
+            "abs_diff": float(diff[i]),
+        }
+        for i in order.tolist()
+    ]
     return diagnostics, worst

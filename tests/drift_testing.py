@@ -33,20 +33,40 @@ S2 = EXPERIMENTS / "cross_config_s2_vllm_tp_vs_fsdp.json"
 S3 = EXPERIMENTS / "cross_config_s3_qwen3_8b_tp4_cp4_bf16.json"
 
 
-def make_runner(plan: ExecutionPlan, *, runtime: str, artifacts: Path,
-                allow_smoke: bool = False, adapter: RuntimeAdapter | None = None,
-                expectations: Sequence[Expectation] = (),
-                catalog: SemanticOperatorCatalog | None = None) -> Runner:
+def make_runner(
+    plan: ExecutionPlan,
+    *,
+    runtime: str,
+    artifacts: Path,
+    allow_smoke: bool = False,
+    adapter: RuntimeAdapter | None = None,
+    expectations: Sequence[Expectation] = (),
+    catalog: SemanticOperatorCatalog | None = None,
+) -> Runner:
     """A runner wired the way the CLI wires it (``policy.assemble``)."""
     catalogs = assemble()
-    return Runner(plan, runtime=runtime, runtimes=catalogs.runtimes,
-                  catalog=catalog if catalog is not None else catalogs.operators,
-                  artifacts=artifacts, allow_test_only=allow_smoke, adapter=adapter,
-                  expectations=expectations)
+    return Runner(
+        plan,
+        runtime=runtime,
+        runtimes=catalogs.runtimes,
+        catalog=catalog if catalog is not None else catalogs.operators,
+        artifacts=artifacts,
+        allow_test_only=allow_smoke,
+        adapter=adapter,
+        expectations=expectations,
+    )
 
 
-FAULTS = ("mutate_parameter", "mutate_buffer", "leave_train_mode", "use_kv_cache",
-          "alter_tokens", "nan_scores", "integer_scores", "drop_active")
+FAULTS = (
+    "mutate_parameter",
+    "mutate_buffer",
+    "leave_train_mode",
+    "use_kv_cache",
+    "alter_tokens",
+    "nan_scores",
+    "integer_scores",
+    "drop_active",
+)
 
 
 class FaultyScorer(StatelessScorer):
@@ -64,12 +84,14 @@ class FaultyScorer(StatelessScorer):
             consumed["active_mask"] = torch.zeros_like(consumed["active_mask"])
         return consumed
 
-    def forward(self, params: Mapping[str, torch.Tensor], token_ids: torch.Tensor,
-                attention: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, params: Mapping[str, torch.Tensor], token_ids: torch.Tensor, attention: torch.Tensor
+    ) -> torch.Tensor:
         if self.fault != "use_kv_cache":
             return super().forward(params, token_ids, attention)
         logits: torch.Tensor = torch.func.functional_call(
-            self.model, dict(params), (token_ids, attention), {"use_cache": True})
+            self.model, dict(params), (token_ids, attention), {"use_cache": True}
+        )
         return logits
 
     def inside_guard(self) -> None:
@@ -98,8 +120,7 @@ class FaultyCpuSmokeAdapter(CpuSmokeAdapter):
             raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
         self.fault = fault
 
-    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-            -> StatelessScorer:
+    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) -> StatelessScorer:
         self._check_identity(identity)
         return FaultyScorer(binding, self.fault)
 

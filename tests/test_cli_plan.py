@@ -21,8 +21,14 @@ EXPERIMENTS = sorted(EXPERIMENTS_DIR.glob("*.json"))
 
 
 def run_cli(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_logprob_drift", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_logprob_drift", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
 
 
 def run_main(*args: str | Path) -> tuple[int, str, str]:
@@ -49,8 +55,9 @@ def test_s3_example_prints_baseline_and_one_case_per_intervention_value() -> Non
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("experiment qwen3-8b-alignment  scenario qwen3-8b-tp4-cp4-bf16 "
-                               "(S3, cuda)  contract ws1/")
+    assert lines[0].startswith(
+        "experiment qwen3-8b-alignment  scenario qwen3-8b-tp4-cp4-bf16 (S3, cuda)  contract ws1/"
+    )
     assert "threshold 0.001 nats" in lines[0]
     header = lines[1].split()
     assert header[:3] == ["case_id", "label", "changed"]
@@ -59,8 +66,11 @@ def test_s3_example_prints_baseline_and_one_case_per_intervention_value() -> Non
     assert lines[-1] == "3 case(s)"
     expected = plan_file(str(S3))
     assert [r[0] for r in rows] == [ec.case.case_id for ec in expected.cases]
-    assert [r[1] for r in rows] == ["baseline", "batch.size=1",
-                                    "logp.backend=rlkernel.reference_logp"]
+    assert [r[1] for r in rows] == [
+        "baseline",
+        "batch.size=1",
+        "logp.backend=rlkernel.reference_logp",
+    ]
     assert rows[0][2:4] == ["-", "-"]
     assert rows[1][2:4] == ["batch.size", "request"]
     assert rows[2][2:4] == ["logp.backend", "engine_construction"]
@@ -77,7 +87,10 @@ def test_s3_json_has_the_same_case_ids() -> None:
     assert ids == [line.split()[0] for line in table.stdout.splitlines()[3:-1]]
     assert ids == [ec.case.case_id for ec in plan_file(str(S3)).cases]
     assert [c["label"] for c in document["cases"]] == [
-        "baseline", "batch.size=1", "logp.backend=rlkernel.reference_logp"]
+        "baseline",
+        "batch.size=1",
+        "logp.backend=rlkernel.reference_logp",
+    ]
     assert document["experiment_id"] == "qwen3-8b-alignment"
     assert document["scenario"] == {"level": "S3", "device": "cuda"}
     assert document["contract"]["version"] != "current"
@@ -88,7 +101,9 @@ def test_s3_json_has_the_same_case_ids() -> None:
     assert case["changed"] == ["logp.backend"]
     assert case["requested"]["rollout.tensor_parallel_size"] == 4
     assert [(b["target"], b["backend"]) for b in case["operators"]] == [
-        ("rollout", "rlkernel.reference_logp"), ("training", "rlkernel.reference_logp")]
+        ("rollout", "rlkernel.reference_logp"),
+        ("training", "rlkernel.reference_logp"),
+    ]
     assert case["executable_by"] == []
 
 
@@ -106,8 +121,9 @@ def test_s0_is_executable_by_the_cpu_runtimes() -> None:
     assert code == 0
     assert "executable: cpu-smoke" in out
     assert "warning TEST_ONLY_OPERATOR at $.baseline.logp.backend" in out
-    assert "test-only backend: executing it needs authorization; pass --allow-smoke-operators" \
-        in out
+    assert (
+        "test-only backend: executing it needs authorization; pass --allow-smoke-operators" in out
+    )
 
 
 def test_plan_from_another_working_directory(tmp_path: Path) -> None:
@@ -119,11 +135,17 @@ def test_plan_from_another_working_directory(tmp_path: Path) -> None:
 def test_console_script_is_the_same_program() -> None:
     script = Path(sys.executable).with_name("logprob-drift")
     assert script.exists(), "the logprob-drift console script is not installed next to python"
-    result = subprocess.run([str(script), "plan", str(S3), "--json"], capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [str(script), "plan", str(S3), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert [c["case_id"] for c in json.loads(result.stdout)["cases"]] == [
-        ec.case.case_id for ec in plan_file(str(S3)).cases]
+        ec.case.case_id for ec in plan_file(str(S3)).cases
+    ]
 
 
 def test_pairwise_flag(tmp_path: Path) -> None:
@@ -143,17 +165,21 @@ def test_pairwise_flag(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- bad configs
 
 
-@pytest.mark.parametrize(("mutate", "path"), [
-    (lambda d: d.update(foo=1), "$.foo"),
-    (lambda d: d.update(strict_fallback="yes"), "$.strict_fallback"),
-    (lambda d: d.update(mode="run"), "$.mode"),
-    (lambda d: d["baseline"]["rollout"].update(threshold=0.5), "$.baseline.rollout.threshold"),
-    (lambda d: d.pop("baseline"), "$.baseline"),
-    (lambda d: d["identity"]["checkpoint"].pop("uri"), "$.identity.checkpoint.uri"),
-    (lambda d: d.update(contract_version="nope"), "$.contract_version"),
-])
-def test_bad_config_exits_2_with_one_line_naming_the_path(tmp_path: Path, mutate: Any,
-                                                          path: str) -> None:
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (lambda d: d.update(foo=1), "$.foo"),
+        (lambda d: d.update(strict_fallback="yes"), "$.strict_fallback"),
+        (lambda d: d.update(mode="run"), "$.mode"),
+        (lambda d: d["baseline"]["rollout"].update(threshold=0.5), "$.baseline.rollout.threshold"),
+        (lambda d: d.pop("baseline"), "$.baseline"),
+        (lambda d: d["identity"]["checkpoint"].pop("uri"), "$.identity.checkpoint.uri"),
+        (lambda d: d.update(contract_version="nope"), "$.contract_version"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line_naming_the_path(
+    tmp_path: Path, mutate: Any, path: str
+) -> None:
     doc = s3_doc()
     mutate(doc)
     config = write_config(tmp_path, doc)
@@ -175,7 +201,8 @@ def test_bad_config_subprocess_has_no_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         f"logprob-drift: error: {config}: $.scenario.expected: not allowed in a config: "
-        "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)"]
+        "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)"
+    ]
 
 
 def test_several_faults_are_one_line(tmp_path: Path) -> None:
@@ -193,14 +220,17 @@ def test_invalid_json_exit_2(tmp_path: Path) -> None:
     config.write_text('{\n  "schema_version": \n}', encoding="utf-8")
     code, _, err = run_main("plan", config)
     assert code == 2
-    assert err.strip() == (f"logprob-drift: error: {config}: $: invalid JSON at line 3 "
-                           "column 1: Expecting value")
+    assert err.strip() == (
+        f"logprob-drift: error: {config}: $: invalid JSON at line 3 column 1: Expecting value"
+    )
 
 
 def test_duplicate_key_exit_2_names_the_path(tmp_path: Path) -> None:
     config = tmp_path / "dup.json"
-    config.write_text(S3.read_text(encoding="utf-8").replace(
-        '"size": 8', '"size": 8, "size": 1'), encoding="utf-8")
+    config.write_text(
+        S3.read_text(encoding="utf-8").replace('"size": 8', '"size": 8, "size": 1'),
+        encoding="utf-8",
+    )
     code, _, err = run_main("plan", config)
     assert code == 2
     assert f"{config}: $.baseline.batch.size: invalid JSON: duplicate key 'size'" in err
@@ -212,8 +242,15 @@ def test_missing_config_file_exit_2(tmp_path: Path) -> None:
     assert err == f"logprob-drift: error: {tmp_path / 'absent.json'}: $: config file not found\n"
 
 
-@pytest.mark.parametrize("args", [["plan"], ["frobnicate"], ["plan", "x.json", "--mode", "run"],
-                                  ["plan", "x.json", "--allow-smoke-operators"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan"],
+        ["frobnicate"],
+        ["plan", "x.json", "--mode", "run"],
+        ["plan", "x.json", "--allow-smoke-operators"],
+    ],
+)
 def test_argument_errors_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(args)
@@ -237,7 +274,9 @@ def test_planner_errors_exit_2_and_name_the_path(tmp_path: Path) -> None:
     assert code == 2
     issues = json.loads(out)["issues"]
     assert {(i["code"], i["path"]) for i in issues} == {
-        ("UNKNOWN_KNOB", "$.baseline.rollout.foo"), ("INVALID_VALUE", "$.baseline.batch.size")}
+        ("UNKNOWN_KNOB", "$.baseline.rollout.foo"),
+        ("INVALID_VALUE", "$.baseline.batch.size"),
+    }
 
 
 def test_binding_errors_exit_2(tmp_path: Path) -> None:
@@ -286,8 +325,14 @@ def test_planning_never_imports_torch_transformers_or_vllm() -> None:
         assert not loaded, loaded
         print("NO-HEAVY-IMPORTS")
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=REPO, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 case(s)" in result.stdout
     assert result.stdout.strip().endswith("NO-HEAVY-IMPORTS")

@@ -19,23 +19,45 @@ from pytest_logprob_drift.store.resume import check_attempt
 
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
 OFFSET_LABEL = "logp.backend=smoke_only.logp_offset"
-SEALED_FILES = ("requested.json", "materialized.json", "actual.json", "identity.json",
-                "score_rollout.pt", "score_training.pt", "comparison.json", "token_diffs.pt",
-                COMPLETE)
+SEALED_FILES = (
+    "requested.json",
+    "materialized.json",
+    "actual.json",
+    "identity.json",
+    "score_rollout.pt",
+    "score_training.pt",
+    "comparison.json",
+    "token_diffs.pt",
+    COMPLETE,
+)
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "pytest_logprob_drift", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_logprob_drift", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def cli_parallel(*commands: list[str], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
     """Start every command at once (each is a separate interpreter), then wait for all."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "pytest_logprob_drift", *args], cwd=cwd,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for args in commands]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pytest_logprob_drift", *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for args in commands
+    ]
     done = []
     for args, proc in zip(commands, procs, strict=True):
         stdout, stderr = proc.communicate(timeout=120)
@@ -44,8 +66,7 @@ def cli_parallel(*commands: list[str], cwd: Path) -> list[subprocess.CompletedPr
 
 
 def run_args(artifacts: Path, *extra: str, config: Path = S0) -> list[str]:
-    return ["run", str(config), "--runtime", "cpu-smoke", "--artifacts", str(artifacts),
-            *extra]
+    return ["run", str(config), "--runtime", "cpu-smoke", "--artifacts", str(artifacts), *extra]
 
 
 def attempts(run_dir: Path) -> set[Path]:
@@ -58,8 +79,7 @@ def s0_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cwd = tmp_path_factory.mktemp("cli")
     artifacts = cwd / "runs"
     proc = cli(*run_args(artifacts, "--allow-smoke-operators", "--expect", EXPECT), cwd=cwd)
-    return {"cwd": cwd, "artifacts": artifacts, "run_dir": artifacts / "s0-cpu-smoke",
-            "proc": proc}
+    return {"cwd": cwd, "artifacts": artifacts, "run_dir": artifacts / "s0-cpu-smoke", "proc": proc}
 
 
 def test_run_with_expectation_exits_0(s0_run: dict[str, Any]) -> None:
@@ -67,21 +87,26 @@ def test_run_with_expectation_exits_0(s0_run: dict[str, Any]) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "Traceback" not in proc.stderr
-    for label, outcome in (("baseline", "PASS"), ("batch.size=1", "PASS"),
-                           (OFFSET_LABEL, "MISMATCH")):
+    for label, outcome in (
+        ("baseline", "PASS"),
+        ("batch.size=1", "PASS"),
+        (OFFSET_LABEL, "MISMATCH"),
+    ):
         line = next(x for x in out.splitlines() if x.startswith("[") and f" {label} -> " in x)
         assert f"-> {outcome} (new)" in line
-    table = out[out.index("case_id"):]
+    table = out[out.index("case_id") :]
     assert "expected" not in table  # no case deviated from its expectation
     assert "engine constructions: rollout 2, training 2" in out
     assert len(attempts(s0_run["run_dir"])) == 3
 
 
 def test_second_run_without_expectation_reuses_everything_and_exits_1(
-        s0_run: dict[str, Any]) -> None:
+    s0_run: dict[str, Any],
+) -> None:
     before = attempts(s0_run["run_dir"])
-    proc = cli(*run_args(s0_run["artifacts"], "--allow-smoke-operators", "--json"),
-               cwd=s0_run["cwd"])
+    proc = cli(
+        *run_args(s0_run["artifacts"], "--allow-smoke-operators", "--json"), cwd=s0_run["cwd"]
+    )
     assert proc.returncode == 1, proc.stderr
     document = json.loads(proc.stdout)  # with --json, stdout is the document only
     assert attempts(s0_run["run_dir"]) == before  # no new attempt directory
@@ -99,7 +124,8 @@ def test_refusals_exit_2_with_one_clear_line(tmp_path: Path) -> None:
     unauthorized, bad_expect = cli_parallel(
         run_args(tmp_path / "a"),
         run_args(tmp_path / "b", "--allow-smoke-operators", "--expect", "no-outcome-here"),
-        cwd=tmp_path)
+        cwd=tmp_path,
+    )
 
     assert unauthorized.returncode == 2
     assert "Traceback" not in unauthorized.stderr + unauthorized.stdout
@@ -113,13 +139,15 @@ def test_refusals_exit_2_with_one_clear_line(tmp_path: Path) -> None:
     assert "Traceback" not in bad_expect.stderr
     assert bad_expect.stderr.strip().splitlines() == [
         "logprob-drift: error: --expect 'no-outcome-here': expected SELECTOR=OUTCOME, e.g. "
-        "'rollout.dtype=bfloat16=MISMATCH'"]
+        "'rollout.dtype=bfloat16=MISMATCH'"
+    ]
     assert not (tmp_path / "b").exists()
 
 
 @pytest.mark.parametrize("text", ["baseline=MAYBE", "=PASS", "baseline="])
-def test_bad_expect_values_exit_2_in_process(tmp_path: Path, text: str,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_expect_values_exit_2_in_process(
+    tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = main(run_args(tmp_path / "runs", "--allow-smoke-operators", "--expect", text))
     assert rc == 2
     err = capsys.readouterr().err
@@ -128,12 +156,15 @@ def test_bad_expect_values_exit_2_in_process(tmp_path: Path, text: str,
 
 
 def test_verify_agrees_with_every_comparison_and_report_writes_html(
-        s0_run: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    s0_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = s0_run["run_dir"]
     target = s0_run["cwd"] / "report" / "s0.html"
-    verify, report = cli_parallel(["verify", str(run_dir), "--json"],
-                                  ["report", str(run_dir), "--html", str(target)],
-                                  cwd=s0_run["cwd"])
+    verify, report = cli_parallel(
+        ["verify", str(run_dir), "--json"],
+        ["report", str(run_dir), "--html", str(target)],
+        cwd=s0_run["cwd"],
+    )
     assert verify.returncode == 0, verify.stdout + verify.stderr
     document = json.loads(verify.stdout)
     assert document["invalid"] == 0
@@ -158,9 +189,9 @@ def test_verify_agrees_with_every_comparison_and_report_writes_html(
     assert target.read_text() == html
 
 
-def test_verify_and_report_refuse_a_non_run_directory(tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) \
-        -> None:
+def test_verify_and_report_refuse_a_non_run_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for command in ("verify", "report"):
         assert main([command, str(tmp_path)]) == 2
         err = capsys.readouterr().err
@@ -168,6 +199,7 @@ def test_verify_and_report_refuse_a_non_run_directory(tmp_path: Path,
 
 
 # --- tampering: one byte in each kind of sealed file ----------------------------------------
+
 
 def _flip(path: Path, position: int) -> None:
     data = bytearray(path.read_bytes())
@@ -190,16 +222,18 @@ def test_flipping_one_byte_in_each_sealed_file(tmp_path: Path) -> None:
     config_path = tmp_path / "ten_cases.json"
     config_path.write_text(json.dumps(config))
     artifacts = tmp_path / "runs"
-    args = run_args(artifacts, "--allow-smoke-operators", "--expect", EXPECT, "--json",
-                    config=config_path)
+    args = run_args(
+        artifacts, "--allow-smoke-operators", "--expect", EXPECT, "--json", config=config_path
+    )
     # the first run only prepares the directory: in process, to save an interpreter start
     with open(os.devnull, "w") as sink:
         assert main(args, out=sink, err=sink) == 0
     run_dir = artifacts / "s0-cpu-smoke"
     by_case = {a.parent.name: a for a in iter_attempt_dirs(run_dir)}
     assert len(by_case) == 10
-    labels = {c: json.loads((a / "requested.json").read_text())["label"]
-              for c, a in by_case.items()}
+    labels = {
+        c: json.loads((a / "requested.json").read_text())["label"] for c, a in by_case.items()
+    }
     cases = sorted(by_case, key=lambda c: labels[c])
     untouched_case = cases[-1]
     tampered: dict[str, tuple[str, Path, bytes]] = {}

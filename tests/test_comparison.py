@@ -29,13 +29,20 @@ from pytest_logprob_drift.verdict import (
 )
 
 THRESHOLD = resolve_contract("ws1", "current").threshold
-SETTINGS = settings(max_examples=80, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 DIAGNOSTIC_KEYS = {
-    "mean_abs_diff", "p50_abs_diff", "p90_abs_diff", "p99_abs_diff", "max_abs_diff",
-    "mismatch_ratio", "approx_kl_k1", "approx_kl_k3", "slime_mean_abs_logprob_diff",
-    "nemo_rl_token_mult_prob_error", "verl_rollout_probs_diff_max",
+    "mean_abs_diff",
+    "p50_abs_diff",
+    "p90_abs_diff",
+    "p99_abs_diff",
+    "max_abs_diff",
+    "mismatch_ratio",
+    "approx_kl_k1",
+    "approx_kl_k3",
+    "slime_mean_abs_logprob_diff",
+    "nemo_rl_token_mult_prob_error",
+    "verl_rollout_probs_diff_max",
 }
 
 
@@ -52,6 +59,7 @@ def _all_active(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 # --- outcomes -------------------------------------------------------------------------------
+
 
 def test_pass() -> None:
     rollout = _scores([[-1.0, -2.0, -0.5], [-3.0, -0.1, -4.0]])
@@ -142,8 +150,9 @@ def test_non_bool_active_mask_is_invalid_artifact(dtype: torch.dtype) -> None:
 
 
 def test_shape_disagreement_is_invalid_artifact() -> None:
-    verdict = judge(_scores([[-1.0, -2.0]]), _scores([[-1.0, -2.0, -3.0]]),
-                    _all_active((1, 3)), THRESHOLD)
+    verdict = judge(
+        _scores([[-1.0, -2.0]]), _scores([[-1.0, -2.0, -3.0]]), _all_active((1, 3)), THRESHOLD
+    )
     assert verdict.outcome is Outcome.INVALID_ARTIFACT
     assert "shapes differ" in verdict.reason
 
@@ -173,22 +182,30 @@ def _tensors() -> dict[str, torch.Tensor]:
     attention = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
     active = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]], dtype=torch.bool)
     positions = torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 0, 0]])
-    return {"token_ids": token_ids, "attention_mask": attention, "active_mask": active,
-            "position_ids": positions}
+    return {
+        "token_ids": token_ids,
+        "attention_mask": attention,
+        "active_mask": active,
+        "position_ids": positions,
+    }
 
 
-def _violations(*, rollout_identity: dict[str, Any] | None = None,
-                training_identity: dict[str, Any] | None = None,
-                rollout_tensors: dict[str, torch.Tensor] | None = None,
-                consumed: dict[str, torch.Tensor] | None = None,
-                readonly: tuple[str, ...] = ()) -> list[str]:
+def _violations(
+    *,
+    rollout_identity: dict[str, Any] | None = None,
+    training_identity: dict[str, Any] | None = None,
+    rollout_tensors: dict[str, torch.Tensor] | None = None,
+    consumed: dict[str, torch.Tensor] | None = None,
+    readonly: tuple[str, ...] = (),
+) -> list[str]:
     return identity_violations(
         EXPECTED_IDENTITY,
         rollout_identity if rollout_identity is not None else dict(EXPECTED_IDENTITY),
         training_identity if training_identity is not None else dict(EXPECTED_IDENTITY),
         rollout_tensors if rollout_tensors is not None else _tensors(),
         consumed if consumed is not None else _tensors(),
-        readonly)
+        readonly,
+    )
 
 
 def test_identical_inputs_have_no_violations() -> None:
@@ -205,8 +222,13 @@ def test_each_identity_field_is_named(field: str, side: str) -> None:
         problems = _violations(training_identity=changed)
     assert len(problems) == 1
     assert problems[0].startswith(f"{field}: {side} used 'something-else'")
-    verdict = judge(_scores([[-1.0]]), _scores([[-1.0]]), _all_active((1, 1)), THRESHOLD,
-                    violations=tuple(problems))
+    verdict = judge(
+        _scores([[-1.0]]),
+        _scores([[-1.0]]),
+        _all_active((1, 1)),
+        THRESHOLD,
+        violations=tuple(problems),
+    )
     assert verdict.outcome is Outcome.INVALID_IDENTITY
     assert verdict.reason.startswith(field)
     assert verdict.identity_violations == tuple(problems)
@@ -248,23 +270,25 @@ def test_each_identity_tensor_is_named_when_missing_or_reshaped(name: str) -> No
 
 def test_read_only_violations_are_identity_violations() -> None:
     problems = _violations(readonly=("parameters/buffers changed during scoring: param:head",))
-    assert problems == ["read-only scorer: parameters/buffers changed during scoring: "
-                        "param:head"]
+    assert problems == ["read-only scorer: parameters/buffers changed during scoring: param:head"]
 
 
 def test_identity_wins_over_every_numerical_outcome() -> None:
     problems = ("token_ids: differs between rollout and training at [0, 3]",)
     rollout = _scores([[-1.0, -2.0]])
-    for training, active in ((rollout + 1.0, _all_active((1, 2))),           # mismatch
-                             (rollout.clone(), torch.zeros((1, 2), dtype=torch.bool)),  # zero
-                             (rollout.to(torch.int64), _all_active((1, 2))),  # artifact
-                             (rollout + float("nan"), _all_active((1, 2)))):
+    for training, active in (
+        (rollout + 1.0, _all_active((1, 2))),  # mismatch
+        (rollout.clone(), torch.zeros((1, 2), dtype=torch.bool)),  # zero
+        (rollout.to(torch.int64), _all_active((1, 2))),  # artifact
+        (rollout + float("nan"), _all_active((1, 2))),
+    ):
         verdict = judge(training, rollout, active, THRESHOLD, violations=problems)
         assert verdict.outcome is Outcome.INVALID_IDENTITY
         assert verdict.reason == problems[0]
 
 
 # --- the threshold boundary -----------------------------------------------------------------
+
 
 def _f64_diff(training: np.float32, rollout: np.float32) -> float:
     return float(np.float64(training) - np.float64(rollout))
@@ -281,10 +305,12 @@ def _boundary_neighbours(rollout: float) -> tuple[np.float32, np.float32]:
         low = np.nextafter(low, np.float32(-np.inf))
         high = np.nextafter(high, np.float32(np.inf))
         candidates += [low, high]
-    below = max((c for c in candidates if _f64_diff(c, r32) <= THRESHOLD),
-                key=lambda c: _f64_diff(c, r32))
-    above = min((c for c in candidates if _f64_diff(c, r32) > THRESHOLD),
-                key=lambda c: _f64_diff(c, r32))
+    below = max(
+        (c for c in candidates if _f64_diff(c, r32) <= THRESHOLD), key=lambda c: _f64_diff(c, r32)
+    )
+    above = min(
+        (c for c in candidates if _f64_diff(c, r32) > THRESHOLD), key=lambda c: _f64_diff(c, r32)
+    )
     assert np.nextafter(below, np.float32(np.inf)) == above  # adjacent float32 values
     return below, above
 
@@ -295,6 +321,7 @@ def test_float32_neighbours_of_the_threshold(rollout: float, sign: float) -> Non
     """Adjacent float32 values straddling ``rollout + threshold`` land on either side."""
     below, above = _boundary_neighbours(rollout)
     r32 = np.float32(rollout)
+
     # mirror for training below rollout: same magnitudes of difference
     def pair(t: np.float32) -> tuple[torch.Tensor, torch.Tensor]:
         if sign > 0:
@@ -324,7 +351,7 @@ def test_float32_rounding_of_the_comparison_cannot_flip_the_verdict() -> None:
 
 def _exact_float64_pairs() -> list[tuple[float, float]]:
     pairs = []
-    for rollout in [0.0, -2.0 ** -10, -2.0 ** -11, -0.001, -0.002, -1e-4, -3e-4, -0.0375]:
+    for rollout in [0.0, -(2.0**-10), -(2.0**-11), -0.001, -0.002, -1e-4, -3e-4, -0.0375]:
         for training in (rollout + THRESHOLD, rollout - THRESHOLD):
             if abs(training - rollout) == THRESHOLD:
                 pairs.append((training, rollout))
@@ -341,23 +368,29 @@ def test_difference_exactly_equal_to_the_threshold_is_not_a_mismatch() -> None:
     assert verdict.outcome is Outcome.PASS
     assert verdict.mismatches == 0
     bumped = training.clone()
-    bumped[0, 0] = np.nextafter(bumped[0, 0].item(), math.inf if pairs[0][0] > pairs[0][1]
-                                else -math.inf)
-    assert judge(bumped, rollout, _all_active(tuple(training.shape)),
-                 THRESHOLD).outcome is Outcome.MISMATCH
+    bumped[0, 0] = np.nextafter(
+        bumped[0, 0].item(), math.inf if pairs[0][0] > pairs[0][1] else -math.inf
+    )
+    assert (
+        judge(bumped, rollout, _all_active(tuple(training.shape)), THRESHOLD).outcome
+        is Outcome.MISMATCH
+    )
 
 
 # --- property tests: offline recomputation, the contract formula ----------------------------
+
 
 @st.composite
 def scored_batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     batch = draw(st.integers(1, 4))
     length = draw(st.integers(1, 12))
     n = batch * length
-    rollout = np.array(draw(st.lists(st.floats(-30.0, 0.0, width=32), min_size=n, max_size=n)),
-                       dtype=np.float32)
-    kinds = draw(st.lists(st.sampled_from(["near", "random", "same", "far"]), min_size=n,
-                          max_size=n))
+    rollout = np.array(
+        draw(st.lists(st.floats(-30.0, 0.0, width=32), min_size=n, max_size=n)), dtype=np.float32
+    )
+    kinds = draw(
+        st.lists(st.sampled_from(["near", "random", "same", "far"]), min_size=n, max_size=n)
+    )
     training = np.empty(n, dtype=np.float32)
     for i, kind in enumerate(kinds):
         r = rollout[i]
@@ -381,7 +414,8 @@ def scored_batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 @SETTINGS
 @given(scored_batches())
 def test_offline_mask_equals_runtime_mask_and_the_contract_formula(
-        data: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    data: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
     training_np, rollout_np, active_np = data
     training = torch.from_numpy(training_np.copy())
     rollout = torch.from_numpy(rollout_np.copy())
@@ -389,26 +423,41 @@ def test_offline_mask_equals_runtime_mask_and_the_contract_formula(
     runtime_mask = mismatch_mask(training, rollout, active, THRESHOLD)
 
     # the contract formula, evaluated independently in float64 with numpy
-    formula = active_np & (np.abs(training_np.astype(np.float64)
-                                  - rollout_np.astype(np.float64)) > THRESHOLD)
+    formula = active_np & (
+        np.abs(training_np.astype(np.float64) - rollout_np.astype(np.float64)) > THRESHOLD
+    )
     assert np.array_equal(runtime_mask.numpy(), formula)
 
     # offline: exactly what token_diffs.pt holds, through a weights_only round trip
     buffer = io.BytesIO()
-    torch.save({"training_logprobs": training, "rollout_logprobs": rollout,
-                "active_mask": active,
-                "threshold": torch.tensor(THRESHOLD, dtype=torch.float64)}, buffer)
+    torch.save(
+        {
+            "training_logprobs": training,
+            "rollout_logprobs": rollout,
+            "active_mask": active,
+            "threshold": torch.tensor(THRESHOLD, dtype=torch.float64),
+        },
+        buffer,
+    )
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=True)
     offline_threshold = float(loaded["threshold"].item())
     assert offline_threshold == THRESHOLD
-    offline_mask = mismatch_mask(loaded["training_logprobs"], loaded["rollout_logprobs"],
-                                 loaded["active_mask"], offline_threshold)
+    offline_mask = mismatch_mask(
+        loaded["training_logprobs"],
+        loaded["rollout_logprobs"],
+        loaded["active_mask"],
+        offline_threshold,
+    )
     assert torch.equal(offline_mask, runtime_mask)
 
     verdict = judge(training, rollout, active, THRESHOLD)
-    offline = judge(loaded["training_logprobs"], loaded["rollout_logprobs"],
-                    loaded["active_mask"], offline_threshold)
+    offline = judge(
+        loaded["training_logprobs"],
+        loaded["rollout_logprobs"],
+        loaded["active_mask"],
+        offline_threshold,
+    )
     assert offline.to_json() == verdict.to_json()
     active_count = int(active_np.sum())
     if active_count == 0:
@@ -421,13 +470,15 @@ def test_offline_mask_equals_runtime_mask_and_the_contract_formula(
 
 # --- diagnostics ----------------------------------------------------------------------------
 
+
 def test_diagnostics_are_present_and_correct() -> None:
     rollout = np.array([[-1.0, -2.0, -0.5, -4.0], [-0.2, -3.0, -1.5, -9.0]], dtype=np.float32)
     delta = np.array([[0.0, 2e-4, -5e-4, 0.03], [1e-6, -0.2, 0.0, 7.0]], dtype=np.float32)
     training = (rollout + delta).astype(np.float32)
     active = np.array([[True, True, True, True], [True, True, True, False]])
-    verdict = judge(torch.from_numpy(training), torch.from_numpy(rollout),
-                    torch.from_numpy(active), THRESHOLD)
+    verdict = judge(
+        torch.from_numpy(training), torch.from_numpy(rollout), torch.from_numpy(active), THRESHOLD
+    )
     d = verdict.diagnostics
     assert set(d) == DIAGNOSTIC_KEYS
     t = training.astype(np.float64)[active]
@@ -441,10 +492,10 @@ def test_diagnostics_are_present_and_correct() -> None:
     assert d["mismatch_ratio"] == pytest.approx(2 / 7)
     assert d["approx_kl_k1"] == pytest.approx(np.mean(r - t), rel=1e-12)
     assert d["approx_kl_k3"] == pytest.approx(np.mean(np.exp(t - r) - (t - r) - 1), rel=1e-12)
-    assert d["nemo_rl_token_mult_prob_error"] == pytest.approx(np.mean(np.exp(diff)),
-                                                                rel=1e-12)
+    assert d["nemo_rl_token_mult_prob_error"] == pytest.approx(np.mean(np.exp(diff)), rel=1e-12)
     assert d["verl_rollout_probs_diff_max"] == pytest.approx(
-        np.max(np.abs(np.exp(t) - np.exp(r))), rel=1e-12)
+        np.max(np.abs(np.exp(t) - np.exp(r))), rel=1e-12
+    )
     assert verdict.outcome is Outcome.MISMATCH
     assert verdict.mismatches == 2  # the inactive 7.0 does not count
     assert [(w["sample"], w["position"]) for w in verdict.worst_tokens][:2] == [(1, 1), (0, 3)]
@@ -475,16 +526,23 @@ def test_diagnostics_never_change_the_outcome() -> None:
 
 
 @pytest.mark.parametrize("garbage", [float("nan"), 0.0, 1e9])
-def test_outcome_does_not_read_diagnostics(monkeypatch: pytest.MonkeyPatch,
-                                           garbage: float) -> None:
+def test_outcome_does_not_read_diagnostics(monkeypatch: pytest.MonkeyPatch, garbage: float) -> None:
     rollout = _scores([[-1.0, -2.0, -0.5, -3.0]])
     cases = [(rollout + 1e-5, Outcome.PASS, 0), (rollout + 0.01, Outcome.MISMATCH, 4)]
     real = [judge(t, rollout, _all_active((1, 4)), THRESHOLD) for t, _, _ in cases]
 
-    def fake(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) \
-            -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        worst = [{"sample": 0, "position": 0, "rollout_logprob": garbage,
-                  "training_logprob": garbage, "abs_diff": garbage}]
+    def fake(
+        training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        worst = [
+            {
+                "sample": 0,
+                "position": 0,
+                "rollout_logprob": garbage,
+                "training_logprob": garbage,
+                "abs_diff": garbage,
+            }
+        ]
         return {key: garbage for key in DIAGNOSTIC_KEYS}, worst
 
     monkeypatch.setattr(comparison_module, "_diagnostics", fake)

@@ -114,8 +114,10 @@ def test_base_document_is_valid() -> None:
     assert config.scenario.level is ScenarioLevel.S2
     assert config.baseline["rollout.tensor_parallel_size"] == 2
     assert config.baseline_json_paths["rollout.dtype"] == "$.baseline.rollout.dtype"
-    assert [i.json_path for i in config.interventions] == ["$.interventions[0]",
-                                                          "$.interventions[1]"]
+    assert [i.json_path for i in config.interventions] == [
+        "$.interventions[0]",
+        "$.interventions[1]",
+    ]
     assert config.identity.prompts.token_ids == ((1, 2, 3), (4, 5))
     assert config.identity.training_kv_cache is False  # the default forbids a training KV cache
 
@@ -139,20 +141,29 @@ def test_config_record_is_frozen() -> None:
 
 
 def test_unknown_top_level_key() -> None:
-    rejected(put(base(), "foo", 1), "$.foo", "unknown key", "expected one of", "schema_version",
-             "baseline")
+    rejected(
+        put(base(), "foo", 1),
+        "$.foo",
+        "unknown key",
+        "expected one of",
+        "schema_version",
+        "baseline",
+    )
 
 
-@pytest.mark.parametrize(("where", "allowed"), [
-    ("identity", "checkpoint"),
-    ("identity.checkpoint", "model_version"),
-    ("identity.tokenizer", "add_special_tokens"),
-    ("identity.prompts", "token_ids"),
-    ("identity.sampling", "max_new_tokens"),
-    ("baseline", "rollout"),
-    ("interventions[0]", "values"),
-    ("scenario", "device"),
-])
+@pytest.mark.parametrize(
+    ("where", "allowed"),
+    [
+        ("identity", "checkpoint"),
+        ("identity.checkpoint", "model_version"),
+        ("identity.tokenizer", "add_special_tokens"),
+        ("identity.prompts", "token_ids"),
+        ("identity.sampling", "max_new_tokens"),
+        ("baseline", "rollout"),
+        ("interventions[0]", "values"),
+        ("scenario", "device"),
+    ],
+)
 def test_unknown_nested_key(where: str, allowed: str) -> None:
     doc = base()
     put(doc, f"{where}.bogus_key", 1)
@@ -162,8 +173,11 @@ def test_unknown_nested_key(where: str, allowed: str) -> None:
 def test_unknown_operator_keys() -> None:
     doc = put(base(), "operators", {"other_op": {}})
     rejected(doc, "$.operators.other_op", "unknown key", "selected_logprob")
-    doc = put(base(), "operators", {"selected_logprob": {
-        "rollout": "native", "training": {"backend": "native", "extra": 1}}})
+    doc = put(
+        base(),
+        "operators",
+        {"selected_logprob": {"rollout": "native", "training": {"backend": "native", "extra": 1}}},
+    )
     rejected(doc, "$.operators.selected_logprob.training.extra", "unknown key", "options")
     doc = put(base(), "operators", {"selected_logprob": {"rollout": "native"}})
     rejected(doc, "$.operators.selected_logprob.training", "missing required key")
@@ -196,48 +210,55 @@ def test_baseline_value_of_the_wrong_type_is_a_planner_issue() -> None:
     assert plan.cases == ()
 
 
-@pytest.mark.parametrize(("path", "value", "expected"), [
-    ("strict_fallback", "yes", "expected a boolean, got string 'yes'"),
-    ("experiment_id", 3, "expected a non-empty id"),
-    ("experiment_id", "../escape", "expected a non-empty id"),
-    ("scenario_id", "", "expected a non-empty string"),
-    ("contract_version", 1, "expected a non-empty string"),
-    ("strategy", "grid", "expected one of 'one_at_a_time', 'pairwise'"),
-    ("description", 5, "expected a string"),
-    ("scenario.level", "S9", "expected one of 'S0', 'S1', 'S2', 'S3'"),
-    ("scenario.device", "tpu", "expected 'cpu' or 'cuda'"),
-    ("scenario", "S3", "expected an object, got string"),
-    ("identity", [], "expected an object, got array"),
-    ("identity.checkpoint.uri", 7, "expected a non-empty string"),
-    ("identity.checkpoint.digest", "abc", "64-hex-digit SHA-256"),
-    ("identity.tokenizer.add_special_tokens", 1, "expected a boolean, got integer"),
-    ("identity.tokenizer.chat_template", 1, "null or a string"),
-    ("identity.sampling.seed", -1, "expected a non-negative integer"),
-    ("identity.sampling.seed", True, "expected a non-negative integer, got boolean"),
-    ("identity.sampling.max_new_tokens", 0, "expected a positive integer"),
-    ("identity.sampling.temperature", "hot", "expected a finite number >= 0"),
-    ("identity.sampling.temperature", float("nan"), "expected a finite number >= 0"),
-    ("identity.sampling.temperature", float("inf"), "expected a finite number >= 0"),
-    ("identity.mask_policy", "everything", "expected one of 'response_through_eos'"),
-    ("identity.training_kv_cache", "no", "expected a boolean"),
-    ("identity.packing", "packed", "expected one of 'padded'"),
-    ("identity.positions", 3, "expected one of 'from_attention_mask'"),
-    ("identity.prompts.token_ids", [], "expected a non-empty array of token-id arrays"),
-    ("identity.prompts.token_ids[1]", 5, "expected a non-empty array of token ids"),
-    ("identity.prompts.token_ids[0][2]", -3, "expected a non-negative integer token id"),
-    ("identity.prompts.token_ids[0][0]", 1.5, "expected a non-negative integer token id"),
-    ("baseline.rollout", 3, "expected an object, got integer"),
-    ("baseline.batch.size", None, "expected a string, integer or boolean knob value, got null"),
-    ("baseline.rollout.dtype", ["bf16"], "expected a string, integer or boolean knob value"),
-    ("interventions", {"path": "batch.size"}, "expected an array of {path, values} objects"),
-    ("interventions[0].path", 3, "expected a knob path string"),
-    ("interventions[0].values", [], "expected a non-empty array"),
-    ("interventions[0].values", 1, "expected a non-empty array, got integer"),
-    ("interventions[1].values[0]", {"a": 1}, "expected a string, integer or boolean knob value"),
-    ("pairs", "batch.size", "expected an array of [path, path] pairs"),
-    ("pairs", [["batch.size"]], "expected a pair of two knob path strings"),
-    ("operators", [], "expected an object, got array"),
-])
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        ("strict_fallback", "yes", "expected a boolean, got string 'yes'"),
+        ("experiment_id", 3, "expected a non-empty id"),
+        ("experiment_id", "../escape", "expected a non-empty id"),
+        ("scenario_id", "", "expected a non-empty string"),
+        ("contract_version", 1, "expected a non-empty string"),
+        ("strategy", "grid", "expected one of 'one_at_a_time', 'pairwise'"),
+        ("description", 5, "expected a string"),
+        ("scenario.level", "S9", "expected one of 'S0', 'S1', 'S2', 'S3'"),
+        ("scenario.device", "tpu", "expected 'cpu' or 'cuda'"),
+        ("scenario", "S3", "expected an object, got string"),
+        ("identity", [], "expected an object, got array"),
+        ("identity.checkpoint.uri", 7, "expected a non-empty string"),
+        ("identity.checkpoint.digest", "abc", "64-hex-digit SHA-256"),
+        ("identity.tokenizer.add_special_tokens", 1, "expected a boolean, got integer"),
+        ("identity.tokenizer.chat_template", 1, "null or a string"),
+        ("identity.sampling.seed", -1, "expected a non-negative integer"),
+        ("identity.sampling.seed", True, "expected a non-negative integer, got boolean"),
+        ("identity.sampling.max_new_tokens", 0, "expected a positive integer"),
+        ("identity.sampling.temperature", "hot", "expected a finite number >= 0"),
+        ("identity.sampling.temperature", float("nan"), "expected a finite number >= 0"),
+        ("identity.sampling.temperature", float("inf"), "expected a finite number >= 0"),
+        ("identity.mask_policy", "everything", "expected one of 'response_through_eos'"),
+        ("identity.training_kv_cache", "no", "expected a boolean"),
+        ("identity.packing", "packed", "expected one of 'padded'"),
+        ("identity.positions", 3, "expected one of 'from_attention_mask'"),
+        ("identity.prompts.token_ids", [], "expected a non-empty array of token-id arrays"),
+        ("identity.prompts.token_ids[1]", 5, "expected a non-empty array of token ids"),
+        ("identity.prompts.token_ids[0][2]", -3, "expected a non-negative integer token id"),
+        ("identity.prompts.token_ids[0][0]", 1.5, "expected a non-negative integer token id"),
+        ("baseline.rollout", 3, "expected an object, got integer"),
+        ("baseline.batch.size", None, "expected a string, integer or boolean knob value, got null"),
+        ("baseline.rollout.dtype", ["bf16"], "expected a string, integer or boolean knob value"),
+        ("interventions", {"path": "batch.size"}, "expected an array of {path, values} objects"),
+        ("interventions[0].path", 3, "expected a knob path string"),
+        ("interventions[0].values", [], "expected a non-empty array"),
+        ("interventions[0].values", 1, "expected a non-empty array, got integer"),
+        (
+            "interventions[1].values[0]",
+            {"a": 1},
+            "expected a string, integer or boolean knob value",
+        ),
+        ("pairs", "batch.size", "expected an array of [path, path] pairs"),
+        ("pairs", [["batch.size"]], "expected a pair of two knob path strings"),
+        ("operators", [], "expected an object, got array"),
+    ],
+)
 def test_wrong_type(path: str, value: Any, expected: str) -> None:
     doc = put(base(), path, value)
     error_path = "$." + path
@@ -247,17 +268,29 @@ def test_wrong_type(path: str, value: Any, expected: str) -> None:
 
 
 def test_operator_backend_options_must_be_an_object() -> None:
-    doc = put(base(), "operators", {"selected_logprob": {
-        "rollout": "native", "training": {"backend": "native", "options": 3}}})
+    doc = put(
+        base(),
+        "operators",
+        {
+            "selected_logprob": {
+                "rollout": "native",
+                "training": {"backend": "native", "options": 3},
+            }
+        },
+    )
     rejected(doc, "$.operators.selected_logprob.training.options", "expected an object")
     doc = put(base(), "operators", {"selected_logprob": {"rollout": "", "training": "native"}})
     rejected(doc, "$.operators.selected_logprob.rollout", "expected an object")
 
 
 def test_unknown_schema_version() -> None:
-    rejected(put(base(), "schema_version", "cross_config.experiment_config.v2"),
-             "$.schema_version", "unknown schema_version", "v2",
-             "expected 'cross_config.experiment_config.v1'")
+    rejected(
+        put(base(), "schema_version", "cross_config.experiment_config.v2"),
+        "$.schema_version",
+        "unknown schema_version",
+        "v2",
+        "expected 'cross_config.experiment_config.v1'",
+    )
 
 
 def test_top_level_must_be_an_object() -> None:
@@ -284,20 +317,35 @@ def test_strict_fallback_defaults_to_true() -> None:
     assert parse_config(drop(base(), "strict_fallback")).strict_fallback is True
 
 
-@pytest.mark.parametrize("path", [
-    "identity.checkpoint", "identity.tokenizer", "identity.prompts", "identity.sampling",
-    "identity.checkpoint.uri", "identity.checkpoint.model_version", "identity.tokenizer.id",
-    "identity.sampling.seed", "identity.sampling.max_new_tokens", "scenario.level",
-    "scenario.device", "interventions[0].path", "interventions[0].values",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "identity.checkpoint",
+        "identity.tokenizer",
+        "identity.prompts",
+        "identity.sampling",
+        "identity.checkpoint.uri",
+        "identity.checkpoint.model_version",
+        "identity.tokenizer.id",
+        "identity.sampling.seed",
+        "identity.sampling.max_new_tokens",
+        "scenario.level",
+        "scenario.device",
+        "interventions[0].path",
+        "interventions[0].values",
+    ],
+)
 def test_missing_identity_and_structure_fields(path: str) -> None:
     rejected(drop(base(), path), f"$.{path}", "missing required key")
 
 
 def test_prompts_need_exactly_one_source() -> None:
     rejected(put(base(), "identity.prompts", {}), "$.identity.prompts", "exactly one of")
-    rejected(put(base(), "identity.prompts", {"token_ids": [[1]], "file": "p.json"}),
-             "$.identity.prompts", "exactly one of")
+    rejected(
+        put(base(), "identity.prompts", {"token_ids": [[1]], "file": "p.json"}),
+        "$.identity.prompts",
+        "exactly one of",
+    )
 
 
 def test_pairwise_strategy_needs_pairs() -> None:
@@ -306,18 +354,34 @@ def test_pairwise_strategy_needs_pairs() -> None:
 
 # ----------------------------------------------------------------------------- forbidden keys
 
-FORBIDDEN = ["mode", "plan_only", "expected", "expect", "allow_smoke_operators",
-             "authorize_test_operators", "threshold"]
-LOCATIONS = ["", "baseline.", "baseline.rollout.", "identity.", "identity.sampling.",
-             "interventions[0].", "scenario.", "operators.selected_logprob.training.options."]
+FORBIDDEN = [
+    "mode",
+    "plan_only",
+    "expected",
+    "expect",
+    "allow_smoke_operators",
+    "authorize_test_operators",
+    "threshold",
+]
+LOCATIONS = [
+    "",
+    "baseline.",
+    "baseline.rollout.",
+    "identity.",
+    "identity.sampling.",
+    "interventions[0].",
+    "scenario.",
+    "operators.selected_logprob.training.options.",
+]
 
 
 @pytest.mark.parametrize("key", FORBIDDEN)
 @pytest.mark.parametrize("where", LOCATIONS)
 def test_forbidden_keys_anywhere(where: str, key: str) -> None:
     doc = base()
-    doc["operators"] = {"selected_logprob": {
-        "rollout": "native", "training": {"backend": "native", "options": {}}}}
+    doc["operators"] = {
+        "selected_logprob": {"rollout": "native", "training": {"backend": "native", "options": {}}}
+    }
     doc["baseline"].pop("logp")
     put(doc, f"{where}{key}", True)
     path = f"$.{where}{key}"
@@ -330,9 +394,19 @@ def test_forbidden_keys_anywhere(where: str, key: str) -> None:
 
 
 def test_forbidden_keys_cover_the_contract_list() -> None:
-    for key in ("mode", "execution_mode", "plan_only", "expected", "expect",
-                "expected_outcome", "expected_outcomes", "allow_smoke_operators",
-                "authorize_smoke_operators", "threshold", "fixed_threshold"):
+    for key in (
+        "mode",
+        "execution_mode",
+        "plan_only",
+        "expected",
+        "expect",
+        "expected_outcome",
+        "expected_outcomes",
+        "allow_smoke_operators",
+        "authorize_smoke_operators",
+        "threshold",
+        "fixed_threshold",
+    ):
         assert forbidden_reason(key) is not None
     assert forbidden_reason("allowance") is None and forbidden_reason("seed") is None
 
@@ -360,8 +434,9 @@ def load_error(path: Path) -> ConfigError:
 
 def test_duplicate_top_level_key_is_named(tmp_path: Path) -> None:
     text = json.dumps(base(), indent=2)
-    text = text.replace('"strategy": "one_at_a_time",',
-                        '"strategy": "one_at_a_time", "strategy": "pairwise",')
+    text = text.replace(
+        '"strategy": "one_at_a_time",', '"strategy": "one_at_a_time", "strategy": "pairwise",'
+    )
     error = load_error(write(tmp_path, text))
     assert error.path == "$.strategy"
     assert "duplicate key 'strategy'" in error.message
@@ -384,8 +459,7 @@ def test_duplicate_key_inside_a_list_item_is_named(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
 def test_nan_and_infinity_are_not_json(tmp_path: Path, constant: str) -> None:
-    text = json.dumps(base(), indent=2).replace('"temperature": 1.0',
-                                                f'"temperature": {constant}')
+    text = json.dumps(base(), indent=2).replace('"temperature": 1.0', f'"temperature": {constant}')
     error = load_error(write(tmp_path, text))
     assert error.path == "$.identity.sampling.temperature"
     assert f"{constant} is not valid JSON" in error.message
@@ -430,8 +504,9 @@ def with_prompt_file(name: str) -> dict[str, Any]:
     return put(base(), "identity.prompts", {"file": name})
 
 
-def test_prompt_file_is_relative_to_the_config_directory(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prompt_file_is_relative_to_the_config_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config_dir = tmp_path / "configs"
     (config_dir / "prompts").mkdir(parents=True)
     (config_dir / "prompts" / "p.json").write_text("[[1, 2, 3], [4, 5]]", encoding="utf-8")
@@ -468,17 +543,19 @@ def test_missing_prompt_file(tmp_path: Path) -> None:
     assert str(tmp_path / "missing.json") in error.message
 
 
-@pytest.mark.parametrize(("contents", "path", "needle"), [
-    ("[[1, 2", "$.identity.prompts.file", "invalid JSON at line 1"),
-    ('[[1, 2], [1, 2, NaN]]', "$.identity.prompts.file", "NaN is not valid JSON"),
-    ('{"token_ids": [[1]], "token_ids": [[2]]}', "$.identity.prompts.file", "duplicate key"),
-    ("[]", "$.identity.prompts.file<p.json>", "expected a non-empty array of token-id arrays"),
-    ('{"ids": [[1]]}', "$.identity.prompts.file<p.json>", "got object"),
-    ('[[1, -2]]', "$.identity.prompts.file<p.json>[0][1]", "non-negative integer token id"),
-    ('[[1], "abc"]', "$.identity.prompts.file<p.json>[1]", "non-empty array of token ids"),
-])
-def test_bad_prompt_file_contents(tmp_path: Path, contents: str, path: str,
-                                  needle: str) -> None:
+@pytest.mark.parametrize(
+    ("contents", "path", "needle"),
+    [
+        ("[[1, 2", "$.identity.prompts.file", "invalid JSON at line 1"),
+        ("[[1, 2], [1, 2, NaN]]", "$.identity.prompts.file", "NaN is not valid JSON"),
+        ('{"token_ids": [[1]], "token_ids": [[2]]}', "$.identity.prompts.file", "duplicate key"),
+        ("[]", "$.identity.prompts.file<p.json>", "expected a non-empty array of token-id arrays"),
+        ('{"ids": [[1]]}', "$.identity.prompts.file<p.json>", "got object"),
+        ("[[1, -2]]", "$.identity.prompts.file<p.json>[0][1]", "non-negative integer token id"),
+        ('[[1], "abc"]', "$.identity.prompts.file<p.json>[1]", "non-empty array of token ids"),
+    ],
+)
+def test_bad_prompt_file_contents(tmp_path: Path, contents: str, path: str, needle: str) -> None:
     (tmp_path / "p.json").write_text(contents, encoding="utf-8")
     error = load_error(write(tmp_path, json.dumps(with_prompt_file("p.json"))))
     assert error.path == path
@@ -502,11 +579,19 @@ def test_all_faults_are_reported_together() -> None:
     with pytest.raises(ConfigErrors) as info:
         parse_config(doc, source="many.json")
     paths = [e.path for e in info.value.errors]
-    assert sorted(paths) == sorted([
-        "$.schema_version", "$.mode", "$.strict_fallback", "$.extra",
-        "$.identity.checkpoint.uri", "$.identity.sampling.seed",
-        "$.baseline.rollout.threshold", "$.interventions[0].values", "$.scenario.device",
-    ])
+    assert sorted(paths) == sorted(
+        [
+            "$.schema_version",
+            "$.mode",
+            "$.strict_fallback",
+            "$.extra",
+            "$.identity.checkpoint.uri",
+            "$.identity.sampling.seed",
+            "$.baseline.rollout.threshold",
+            "$.interventions[0].values",
+            "$.scenario.device",
+        ]
+    )
     rendered = info.value.render()
     assert "\n" not in rendered
     assert all(f"many.json: {p}: " in rendered for p in paths)

@@ -35,11 +35,19 @@ from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attem
 from pytest_logprob_drift.store.resume import check_attempt
 
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
-RUN_ARGS = ["run", str(S0), "--runtime", "cpu-smoke", "--allow-smoke-operators",
-            "--expect", EXPECT, "--json"]
+RUN_ARGS = [
+    "run",
+    str(S0),
+    "--runtime",
+    "cpu-smoke",
+    "--allow-smoke-operators",
+    "--expect",
+    EXPECT,
+    "--json",
+]
 FILES_PER_ATTEMPT = 9
 
-DRIVER = r'''
+DRIVER = r"""
 import hashlib, json, os, signal, sys
 from pathlib import Path
 
@@ -175,7 +183,7 @@ if params["concurrent_dirs"]:
     report["rounds"] = rounds
     report["concurrent_dirs"] = params["concurrent_dirs"]
 json.dump(report, sys.stdout)
-'''
+"""
 
 
 def start_driver(work: Path, params: dict[str, Any]) -> subprocess.Popen[str]:
@@ -183,9 +191,14 @@ def start_driver(work: Path, params: dict[str, Any]) -> subprocess.Popen[str]:
     # one intra-op thread: the tensors are tiny and idle OpenMP workers spinning on a shared
     # two-core machine cost more than they give
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", DRIVER, str(work), json.dumps(RUN_ARGS),
-                             json.dumps(params)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=work, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(work), json.dumps(RUN_ARGS), json.dumps(params)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=work,
+        env=env,
+    )
 
 
 def finish_driver(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -208,9 +221,17 @@ def drivers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str,
         scratch = tmp_path_factory.mktemp("crash")
     disk = tmp_path_factory.mktemp("concurrent")
     try:
-        procs = [start_driver(scratch / "a", {"part": 0, "parts": 2, "concurrent_dirs": []}),
-                 start_driver(scratch / "b", {"part": 1, "parts": 2, "concurrent_dirs": [
-                     str(disk / f"runs-{r}") for r in range(3)]})]
+        procs = [
+            start_driver(scratch / "a", {"part": 0, "parts": 2, "concurrent_dirs": []}),
+            start_driver(
+                scratch / "b",
+                {
+                    "part": 1,
+                    "parts": 2,
+                    "concurrent_dirs": [str(disk / f"runs-{r}") for r in range(3)],
+                },
+            ),
+        ]
         reports = [finish_driver(proc) for proc in procs]
         yield reports
     finally:
@@ -219,12 +240,19 @@ def drivers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str,
 
 def verdicts(out: str) -> dict[str, tuple[Any, ...]]:
     document = json.loads(out)
-    return {r["case_id"]: (r["label"], r["outcome"], r["active_tokens"], r["mismatches"],
-                           r["max_abs_diff"]) for r in document["results"]}
+    return {
+        r["case_id"]: (
+            r["label"],
+            r["outcome"],
+            r["active_tokens"],
+            r["mismatches"],
+            r["max_abs_diff"],
+        )
+        for r in document["results"]
+    }
 
 
-def test_kill_nine_at_every_artifact_write_then_resume(
-        drivers: list[dict[str, Any]]) -> None:
+def test_kill_nine_at_every_artifact_write_then_resume(drivers: list[dict[str, Any]]) -> None:
     reports = drivers
     reference = reports[0]["reference"]
     assert reference["exit"] == 0, reference
@@ -235,8 +263,9 @@ def test_kill_nine_at_every_artifact_write_then_resume(
     publishes = [n for n, e in enumerate(events, start=1) if e.startswith("published ")]
     # experiment.json, then 9 files per case, COMPLETE last in each attempt
     assert len(publishes) == 1 + FILES_PER_ATTEMPT * len(expected)
-    assert [e for e in events if e.startswith("published ")].count(
-        f"published {COMPLETE}") == len(expected)
+    assert [e for e in events if e.startswith("published ")].count(f"published {COMPLETE}") == len(
+        expected
+    )
     assert len(events) == 3 * len(publishes)
 
     points = [p for r in reports for p in r["points"]]
@@ -251,8 +280,9 @@ def test_kill_nine_at_every_artifact_write_then_resume(
         _check_point(point, expected, events)
 
 
-def _check_point(point: dict[str, Any], expected: dict[str, tuple[Any, ...]],
-                 events: list[str]) -> None:
+def _check_point(
+    point: dict[str, Any], expected: dict[str, tuple[Any, ...]], events: list[str]
+) -> None:
     n = point["n"]
     where = f"kill point {n} ({events[n - 1]})"
     assert point["killed"] == {"signal": 9, "exit": None}, where
@@ -277,8 +307,9 @@ def _check_point(point: dict[str, Any], expected: dict[str, tuple[Any, ...]],
             # only an attempt that was already sealed before the resume may be reused
             assert complete_before, f"{where}: reused {rel}, which was not sealed"
         else:
-            assert not any(p.startswith(rel + "/") for p in before), \
+            assert not any(p.startswith(rel + "/") for p in before), (
                 f"{where}: a new attempt reused the directory {rel}"
+            )
 
     # every attempt that carries a seal verifies; unsealed ones were all left by the kill
     for attempt in iter_attempt_dirs(root / "s0-cpu-smoke"):
@@ -289,18 +320,18 @@ def _check_point(point: dict[str, Any], expected: dict[str, tuple[Any, ...]],
             except SealError as exc:  # pragma: no cover - reported with context
                 pytest.fail(f"{where}: sealed attempt {rel} does not verify: {exc}")
         else:
-            assert any(p.startswith(rel + "/") for p in before) or \
-                not any(True for _ in attempt.iterdir()), \
-                f"{where}: the resume left an unsealed attempt {rel}"
+            assert any(p.startswith(rel + "/") for p in before) or not any(
+                True for _ in attempt.iterdir()
+            ), f"{where}: the resume left an unsealed attempt {rel}"
     # the attempts the kill left unsealed are still unsealed, and none of them was reused
-    unsealed = {p.rsplit("/", 1)[0] for p in before if p.count("/") == 4} - \
-        {p.rsplit("/", 1)[0] for p in before if p.endswith(f"/{COMPLETE}")}
+    unsealed = {p.rsplit("/", 1)[0] for p in before if p.count("/") == 4} - {
+        p.rsplit("/", 1)[0] for p in before if p.endswith(f"/{COMPLETE}")
+    }
     for rel in unsealed:
         assert not (root / rel / COMPLETE).exists(), f"{where}: {rel} was completed later"
 
 
-def test_two_concurrent_runs_of_one_experiment_directory(
-        drivers: list[dict[str, Any]]) -> None:
+def test_two_concurrent_runs_of_one_experiment_directory(drivers: list[dict[str, Any]]) -> None:
     """Two run processes released together by one pipe, on a real disk, three times."""
     report = drivers[1]
     dirs = [Path(d) for d in report["concurrent_dirs"]]
@@ -322,9 +353,17 @@ def test_two_concurrent_runs_of_one_experiment_directory(
         assert results[0].keys() == results[1].keys() and len(results[0]) == 3
         for case_id, first in results[0].items():
             second = results[1][case_id]
-            assert (first["outcome"], first["mismatches"], first["active_tokens"],
-                    first["max_abs_diff"]) == (second["outcome"], second["mismatches"],
-                                               second["active_tokens"], second["max_abs_diff"])
+            assert (
+                first["outcome"],
+                first["mismatches"],
+                first["active_tokens"],
+                first["max_abs_diff"],
+            ) == (
+                second["outcome"],
+                second["mismatches"],
+                second["active_tokens"],
+                second["max_abs_diff"],
+            )
             if first["attempt_dir"] != second["attempt_dir"]:
                 raced += 1
                 assert not (first["reused"] and second["reused"])
@@ -334,7 +373,8 @@ def test_two_concurrent_runs_of_one_experiment_directory(
         # the shared files were written once: one experiment.json, one plan row per case
         plan_rows = (run_dir / "plan.jsonl").read_text().splitlines()
         assert sorted(json.loads(row)["case_id"] for row in plan_rows) == sorted(results[0])
-        assert json.loads((run_dir / "experiment.json").read_text())["experiment_id"] == \
-            "s0-cpu-smoke"
+        assert (
+            json.loads((run_dir / "experiment.json").read_text())["experiment_id"] == "s0-cpu-smoke"
+        )
         assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
     assert raced > 0  # the two processes really did execute the same cases at the same time

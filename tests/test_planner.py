@@ -29,9 +29,11 @@ from pytest_logprob_drift.records import (
     Strategy,
 )
 
-SETTINGS = settings(max_examples=60, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 BACKENDS = ("native", "rlkernel.reference_logp", "rlkernel.chunked_logp")
 
@@ -48,8 +50,7 @@ def make_config(*, attention: str = "sdpa", device: str = "cuda") -> dict[str, A
         "strict_fallback": True,
         "identity": {
             "checkpoint": {"uri": "/models/tiny", "model_version": "tiny-v1", "digest": None},
-            "tokenizer": {"id": "tiny-tok", "add_special_tokens": False,
-                          "chat_template": None},
+            "tokenizer": {"id": "tiny-tok", "add_special_tokens": False, "chat_template": None},
             "prompts": {"token_ids": [[1, 2, 3], [4, 5]]},
             "sampling": {"seed": 0, "max_new_tokens": 8, "temperature": 1.0},
             "mask_policy": "response_through_eos",
@@ -59,11 +60,18 @@ def make_config(*, attention: str = "sdpa", device: str = "cuda") -> dict[str, A
         },
         "baseline": {
             "batch": {"size": 8},
-            "rollout": {"tensor_parallel_size": 4, "context_parallel_size": 2,
-                        "dtype": "bfloat16", "enable_prefix_caching": True,
-                        "enforce_eager": False},
-            "training": {"attention_backend": attention, "compute_dtype": "bfloat16",
-                         "sharding": "fsdp"},
+            "rollout": {
+                "tensor_parallel_size": 4,
+                "context_parallel_size": 2,
+                "dtype": "bfloat16",
+                "enable_prefix_caching": True,
+                "enforce_eager": False,
+            },
+            "training": {
+                "attention_backend": attention,
+                "compute_dtype": "bfloat16",
+                "sharding": "fsdp",
+            },
             "logp": {"backend": "native"},
         },
         "interventions": [
@@ -185,8 +193,9 @@ def alias_spellings(draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, 
     rollout[_spelled(draw, ["enable_prefix_caching", "prefix_caching"])] = _spelled(draw, true)
     rollout[_spelled(draw, ["enforce_eager", "eager"])] = _spelled(draw, false)
     training: dict[str, Any] = {}
-    training[_spelled(draw, ["attention_backend", "attn", "attn_implementation"])] = \
-        _spelled(draw, fa2)
+    training[_spelled(draw, ["attention_backend", "attn", "attn_implementation"])] = _spelled(
+        draw, fa2
+    )
     training[_spelled(draw, ["compute_dtype", "dtype"])] = _spelled(draw, bf16)
     training["sharding"] = _spelled(draw, ["fsdp", "FSDP", "fsdp2", "full_shard"])
     doc["baseline"]["rollout"] = rollout
@@ -194,21 +203,37 @@ def alias_spellings(draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, 
     doc["baseline"]["logp"] = {_spelled(draw, ["backend", "impl"]): "native"}
     doc["interventions"] = [
         {"path": _spelled(draw, ["batch.size", "batch_size", " batch.size"]), "values": [1, 2]},
-        {"path": _spelled(draw, ["rollout.tensor_parallel_size", "rollout.tp",
-                                 "rollout.tp_size"]), "values": [1, 2]},
+        {
+            "path": _spelled(
+                draw, ["rollout.tensor_parallel_size", "rollout.tp", "rollout.tp_size"]
+            ),
+            "values": [1, 2],
+        },
         {"path": "rollout.dtype", "values": [_spelled(draw, fp32)]},
-        {"path": _spelled(draw, ["rollout.enable_prefix_caching", "rollout.prefix_caching"]),
-         "values": [_spelled(draw, false)]},
-        {"path": _spelled(draw, ["rollout.enforce_eager", "rollout.eager"]),
-         "values": [_spelled(draw, true)]},
-        {"path": _spelled(draw, ["training.attention_backend", "training.attn"]),
-         "values": [_spelled(draw, ["eager", "math", "EAGER"])]},
-        {"path": _spelled(draw, ["training.compute_dtype", "training.dtype"]),
-         "values": [_spelled(draw, fp32)]},
-        {"path": "training.sharding",
-         "values": [_spelled(draw, ["none", "unsharded", "no_shard", "ddp"])]},
-        {"path": _spelled(draw, ["logp.backend", "logp.impl"]),
-         "values": [_spelled(draw, ["rlkernel.reference_logp", " rlkernel.reference_logp"])]},
+        {
+            "path": _spelled(draw, ["rollout.enable_prefix_caching", "rollout.prefix_caching"]),
+            "values": [_spelled(draw, false)],
+        },
+        {
+            "path": _spelled(draw, ["rollout.enforce_eager", "rollout.eager"]),
+            "values": [_spelled(draw, true)],
+        },
+        {
+            "path": _spelled(draw, ["training.attention_backend", "training.attn"]),
+            "values": [_spelled(draw, ["eager", "math", "EAGER"])],
+        },
+        {
+            "path": _spelled(draw, ["training.compute_dtype", "training.dtype"]),
+            "values": [_spelled(draw, fp32)],
+        },
+        {
+            "path": "training.sharding",
+            "values": [_spelled(draw, ["none", "unsharded", "no_shard", "ddp"])],
+        },
+        {
+            "path": _spelled(draw, ["logp.backend", "logp.impl"]),
+            "values": [_spelled(draw, ["rlkernel.reference_logp", " rlkernel.reference_logp"])],
+        },
     ]
     return doc
 
@@ -234,12 +259,15 @@ def test_case_ids_ignore_alias_spelling(doc: dict[str, Any]) -> None:
     ensure_ascii=st.booleans(),
     trailing=st.sampled_from(["", "\n", "\r\n\n  "]),
 )
-def test_case_ids_ignore_whitespace(tmp_path: Path, indent: Any, item_sep: str, key_sep: str,
-                                    ensure_ascii: bool, trailing: str) -> None:
+def test_case_ids_ignore_whitespace(
+    tmp_path: Path, indent: Any, item_sep: str, key_sep: str, ensure_ascii: bool, trailing: str
+) -> None:
     doc = make_config()
     doc["description"] = "Unicode ok: \u00e9\u4e2d"
-    text = json.dumps(doc, indent=indent, separators=(item_sep, key_sep),
-                      ensure_ascii=ensure_ascii) + trailing
+    text = (
+        json.dumps(doc, indent=indent, separators=(item_sep, key_sep), ensure_ascii=ensure_ascii)
+        + trailing
+    )
     path = tmp_path / "config.json"
     path.write_text(text, encoding="utf-8")
     assert ids_by_label(ok_plan_config(path)) == REFERENCE_IDS
@@ -260,14 +288,14 @@ def test_case_ids_are_the_documented_hash() -> None:
             "requested": dict(case.requested),
             "identity": config.identity.canonical_identity(),
             "contract": {"source": "ws1", "version": REFERENCE.contract.version},
-            "scenario": {"scenario_id": "planner-test-scenario", "level": "S2",
-                         "device": "cuda"},
+            "scenario": {"scenario_id": "planner-test-scenario", "level": "S2", "device": "cuda"},
             "operators": [],
         }
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         assert case.case_id == hashlib.sha256(text.encode()).hexdigest()[:16]
-        assert case.case_id == case_id(requested=case.requested, config=config,
-                                       contract=REFERENCE.contract)
+        assert case.case_id == case_id(
+            requested=case.requested, config=config, contract=REFERENCE.contract
+        )
 
 
 def test_large_prompt_sets_plan_quickly(tmp_path: Path) -> None:
@@ -322,8 +350,11 @@ SCENARIO_CHANGES: list[tuple[str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("path", "value"), IDENTITY_CHANGES + SCENARIO_CHANGES,
-                         ids=[f"{p}={v!r}"[:40] for p, v in IDENTITY_CHANGES + SCENARIO_CHANGES])
+@pytest.mark.parametrize(
+    ("path", "value"),
+    IDENTITY_CHANGES + SCENARIO_CHANGES,
+    ids=[f"{p}={v!r}"[:40] for p, v in IDENTITY_CHANGES + SCENARIO_CHANGES],
+)
 def test_every_case_id_changes_with_identity_and_scenario(path: str, value: Any) -> None:
     doc = make_config()
     _set(doc, path, value)
@@ -334,15 +365,23 @@ def test_every_case_id_changes_with_identity_and_scenario(path: str, value: Any)
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**63 - 1), max_new=st.integers(1, 10**6),
-       temperature=st.floats(0, 100, allow_nan=False),
-       tokens=st.lists(st.lists(st.integers(0, 2**31), min_size=1, max_size=6), min_size=1,
-                       max_size=4))
-def test_case_ids_track_identity_values(seed: int, max_new: int, temperature: float,
-                                        tokens: list[list[int]]) -> None:
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    max_new=st.integers(1, 10**6),
+    temperature=st.floats(0, 100, allow_nan=False),
+    tokens=st.lists(
+        st.lists(st.integers(0, 2**31), min_size=1, max_size=6), min_size=1, max_size=4
+    ),
+)
+def test_case_ids_track_identity_values(
+    seed: int, max_new: int, temperature: float, tokens: list[list[int]]
+) -> None:
     doc = make_config()
-    doc["identity"]["sampling"] = {"seed": seed, "max_new_tokens": max_new,
-                                   "temperature": temperature}
+    doc["identity"]["sampling"] = {
+        "seed": seed,
+        "max_new_tokens": max_new,
+        "temperature": temperature,
+    }
     doc["identity"]["prompts"] = {"token_ids": tokens}
     same = (seed, max_new, float(temperature), tokens) == (0, 8, 1.0, [[1, 2, 3], [4, 5]])
     ids = ids_by_label(ok_plan(doc))
@@ -400,8 +439,7 @@ def test_case_id_changes_exactly_when_requested_values_change(change: tuple[str,
     # Drop intervention values that would now equal the baseline (they are reported, not cased).
     for item in doc["interventions"]:
         if item["path"] == path:
-            item["values"] = [v for v in item["values"] if v != value] or [
-                BASELINE_VALUES[path]]
+            item["values"] = [v for v in item["values"] if v != value] or [BASELINE_VALUES[path]]
     plan = ok_plan(doc)
     assert plan.cases[0].case_id != REFERENCE_IDS["baseline"]
     reference = {c.label: c for c in REFERENCE.cases}
@@ -418,7 +456,8 @@ def test_changing_one_intervention_value_changes_only_that_case() -> None:
     assert "batch.size=2" not in ids
     assert ids["batch.size=3"] not in REFERENCE_IDS.values()
     assert {k: v for k, v in ids.items() if k != "batch.size=3"} == {
-        k: v for k, v in REFERENCE_IDS.items() if k != "batch.size=2"}
+        k: v for k, v in REFERENCE_IDS.items() if k != "batch.size=2"
+    }
 
 
 def test_explicit_operator_mapping_is_part_of_the_case_id() -> None:
@@ -436,16 +475,22 @@ def test_explicit_operator_mapping_is_part_of_the_case_id() -> None:
 
 TWO_VERSION_CONTRACT = {
     "schema_version": "cross_config.numerical_contract.v1",
-    "sources": {"ws1": {"current": "ws1.v2", "versions": {
-        "ws1.v1": {"threshold": 0.001, "unit": "nats"},
-        "ws1.v2": {"threshold": 0.001, "unit": "nats"},
-    }}},
+    "sources": {
+        "ws1": {
+            "current": "ws1.v2",
+            "versions": {
+                "ws1.v1": {"threshold": 0.001, "unit": "nats"},
+                "ws1.v2": {"threshold": 0.001, "unit": "nats"},
+            },
+        }
+    },
 }
 
 
 def test_case_ids_change_with_the_contract_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(contract_module, "_load_document",
-                        lambda: copy.deepcopy(TWO_VERSION_CONTRACT))
+    monkeypatch.setattr(
+        contract_module, "_load_document", lambda: copy.deepcopy(TWO_VERSION_CONTRACT)
+    )
 
     def ids(version: str) -> dict[str, str]:
         doc = make_config()
@@ -472,12 +517,14 @@ def test_current_contract_hashes_as_its_concrete_version() -> None:
 
 
 @st.composite
-def interventions(draw: Callable[[st.SearchStrategy[Any]], Any],
-                  max_values: int = 4) -> list[dict[str, Any]]:
-    paths = draw(st.lists(st.sampled_from(sorted(KNOBS)), min_size=1, max_size=10,
-                          unique=True))
-    return [{"path": p, "values": draw(st.lists(_valid_values(p), min_size=1,
-                                                max_size=max_values))} for p in paths]
+def interventions(
+    draw: Callable[[st.SearchStrategy[Any]], Any], max_values: int = 4
+) -> list[dict[str, Any]]:
+    paths = draw(st.lists(st.sampled_from(sorted(KNOBS)), min_size=1, max_size=10, unique=True))
+    return [
+        {"path": p, "values": draw(st.lists(_valid_values(p), min_size=1, max_size=max_values))}
+        for p in paths
+    ]
 
 
 def _distinct_new(values: list[Any], baseline: Any) -> list[Any]:
@@ -496,21 +543,26 @@ def _check_against_baseline(plan: ExperimentPlan) -> dict[str, Any]:
         assert sorted(case.changed) == diff, case.label
         assert case.requested.keys() == baseline.keys()
         assert case.label == case_label([(p, case.requested[p]) for p in case.changed])
-        assert case.lifecycle == max((KNOBS[p].knob.lifecycle for p in case.changed),
-                                     key=lambda lc: lc.rank)
+        assert case.lifecycle == max(
+            (KNOBS[p].knob.lifecycle for p in case.changed), key=lambda lc: lc.rank
+        )
     return baseline
 
 
 @SETTINGS
 @given(interventions())
 def test_oat_cases_differ_from_the_baseline_in_exactly_one_path(
-        items: list[dict[str, Any]]) -> None:
+    items: list[dict[str, Any]],
+) -> None:
     doc = make_config(attention="flash_attention_2")
     doc["interventions"] = items
     plan = ok_plan(doc)
     baseline = _check_against_baseline(plan)
-    expected = [(item["path"], v) for item in items
-                for v in _distinct_new(item["values"], baseline[item["path"]])]
+    expected = [
+        (item["path"], v)
+        for item in items
+        for v in _distinct_new(item["values"], baseline[item["path"]])
+    ]
     assert [(c.changed[0], c.requested[c.changed[0]]) for c in plan.cases[1:]] == expected
     for case in plan.cases[1:]:
         assert case.kind is CaseKind.ONE_AT_A_TIME and len(case.changed) == 1
@@ -527,9 +579,8 @@ def test_pairwise_cases_differ_only_in_a_listed_pair(data: st.DataObject) -> Non
     doc = make_config(attention="flash_attention_2")
     doc["interventions"] = items
     paths = [i["path"] for i in items]
-    all_pairs = [(a, b) for i, a in enumerate(paths) for b in paths[i + 1:]]
-    pairs = data.draw(st.lists(st.sampled_from(all_pairs), min_size=1, max_size=5,
-                               unique=True))
+    all_pairs = [(a, b) for i, a in enumerate(paths) for b in paths[i + 1 :]]
+    pairs = data.draw(st.lists(st.sampled_from(all_pairs), min_size=1, max_size=5, unique=True))
     doc["pairs"] = [list(p) if data.draw(st.booleans()) else [p[1], p[0]] for p in pairs]
     doc["strategy"] = "pairwise"
     plan = ok_plan(doc)
@@ -564,8 +615,9 @@ def test_pairwise_flag_expands_pairs_of_an_oat_config() -> None:
         "batch.size=2,rollout.tensor_parallel_size=2",
     ]
     # OAT cases keep their ids when pairwise cases are added.
-    assert {c.label: c.case_id for c in pw.cases if c.kind is not CaseKind.PAIRWISE} == \
-        REFERENCE_IDS
+    assert {
+        c.label: c.case_id for c in pw.cases if c.kind is not CaseKind.PAIRWISE
+    } == REFERENCE_IDS
 
 
 # ----------------------------------------------------------------------------- the case cap
@@ -598,9 +650,10 @@ def test_one_over_the_cap_is_refused_before_expansion(monkeypatch: pytest.Monkey
 def test_pairwise_product_over_the_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(planner_module, "_expand", lambda *a, **k: pytest.fail("expanded"))
     doc = make_config()
-    doc["interventions"] = [{"path": "batch.size", "values": _batch_values(16)},
-                            {"path": "rollout.tp", "values": [1, 2, 3, 5, 6, 7, 8, 9, 10,
-                                                              11, 12, 13, 14, 15, 16]}]
+    doc["interventions"] = [
+        {"path": "batch.size", "values": _batch_values(16)},
+        {"path": "rollout.tp", "values": [1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]},
+    ]
     doc["pairs"] = [["batch.size", "rollout.tp"]]
     assert 1 + 16 + 15 <= CASE_CAP  # OAT alone fits; the pair does not
     plan = plan_of(doc, pairwise=True)
@@ -651,14 +704,22 @@ def test_intervention_of_only_baseline_values_plans_only_the_baseline() -> None:
 
 def test_duplicate_value_is_planned_once() -> None:
     doc = make_config()
-    doc["interventions"] = [{"path": "rollout.dtype", "values": ["fp32", "float32", "float16"]},
-                            {"path": "batch.size", "values": [1, 1]}]
+    doc["interventions"] = [
+        {"path": "rollout.dtype", "values": ["fp32", "float32", "float16"]},
+        {"path": "batch.size", "values": [1, 1]},
+    ]
     plan = ok_plan(doc)
-    assert codes(plan) == [("DUPLICATE_VALUE", "$.interventions[0].values[1]"),
-                           ("DUPLICATE_VALUE", "$.interventions[1].values[1]")]
+    assert codes(plan) == [
+        ("DUPLICATE_VALUE", "$.interventions[0].values[1]"),
+        ("DUPLICATE_VALUE", "$.interventions[1].values[1]"),
+    ]
     assert all(i.severity is IssueSeverity.WARNING for i in plan.issues)
-    assert [c.label for c in plan.cases] == ["baseline", "rollout.dtype=float32",
-                                             "rollout.dtype=float16", "batch.size=1"]
+    assert [c.label for c in plan.cases] == [
+        "baseline",
+        "rollout.dtype=float32",
+        "rollout.dtype=float16",
+        "batch.size=1",
+    ]
 
 
 def test_intervention_without_baseline_value() -> None:
@@ -684,9 +745,11 @@ def test_invalid_intervention_value_names_its_path() -> None:
     doc = make_config()
     doc["interventions"][1]["values"] = [1, 0, "two", True]
     plan = plan_of(doc)
-    assert codes(plan) == [("INVALID_VALUE", "$.interventions[1].values[1]"),
-                           ("INVALID_VALUE", "$.interventions[1].values[2]"),
-                           ("INVALID_VALUE", "$.interventions[1].values[3]")]
+    assert codes(plan) == [
+        ("INVALID_VALUE", "$.interventions[1].values[1]"),
+        ("INVALID_VALUE", "$.interventions[1].values[2]"),
+        ("INVALID_VALUE", "$.interventions[1].values[3]"),
+    ]
     assert all("expected a positive integer" in i.message for i in plan.issues)
 
 
@@ -700,10 +763,13 @@ def test_duplicate_knobs_through_aliases() -> None:
     assert plan.cases == ()
 
 
-@pytest.mark.parametrize(("where", "path"), [
-    ("baseline", "$.baseline.training.attention_backend"),
-    ("intervention", "$.interventions[5].values[1]"),
-])
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        ("baseline", "$.baseline.training.attention_backend"),
+        ("intervention", "$.interventions[5].values[1]"),
+    ],
+)
 def test_flash_attention_on_cpu_is_unsupported(where: str, path: str) -> None:
     doc = make_config(device="cpu")
     if where == "baseline":
@@ -718,8 +784,10 @@ def test_flash_attention_on_cpu_is_unsupported(where: str, path: str) -> None:
 
 
 def test_flash_attention_on_cuda_is_fine() -> None:
-    assert ok_plan(make_config(attention="fa2")).cases[0].requested[
-        "training.attention_backend"] == "flash_attention_2"
+    assert (
+        ok_plan(make_config(attention="fa2")).cases[0].requested["training.attention_backend"]
+        == "flash_attention_2"
+    )
 
 
 def test_pairwise_without_pairs() -> None:
@@ -736,9 +804,13 @@ def test_pairwise_without_pairs() -> None:
 def test_bad_pairs() -> None:
     doc = make_config()
     doc["strategy"] = "pairwise"
-    doc["pairs"] = [["batch.size", "batch_size"], ["batch.size", "rollout.cp"],
-                    ["batch.size", "rollout.foo"], ["rollout.tp", "batch.size"],
-                    ["batch.size", "rollout.tp"]]
+    doc["pairs"] = [
+        ["batch.size", "batch_size"],
+        ["batch.size", "rollout.cp"],
+        ["batch.size", "rollout.foo"],
+        ["rollout.tp", "batch.size"],
+        ["batch.size", "rollout.tp"],
+    ]
     plan = plan_of(doc)
     assert codes(plan) == [
         ("INVALID_PAIR", "$.pairs[0]"),
@@ -754,20 +826,24 @@ def test_all_issues_are_reported_at_once() -> None:
     doc["baseline"]["training"]["attention_backend"] = "flash_attention_2"
     doc["baseline"]["rollout"]["foo"] = 1
     doc["baseline"]["batch"]["size"] = 0
-    doc["interventions"] = [{"path": "nope", "values": [1]},
-                            {"path": "rollout.dtype", "values": ["bf16", "int4"]},
-                            {"path": "training.sharding", "values": ["fsdp", "none", "none"]}]
+    doc["interventions"] = [
+        {"path": "nope", "values": [1]},
+        {"path": "rollout.dtype", "values": ["bf16", "int4"]},
+        {"path": "training.sharding", "values": ["fsdp", "none", "none"]},
+    ]
     plan = plan_of(doc)
-    assert sorted(codes(plan)) == sorted([
-        ("INVALID_VALUE", "$.baseline.batch.size"),
-        ("UNKNOWN_KNOB", "$.baseline.rollout.foo"),
-        ("UNSUPPORTED_ON_DEVICE", "$.baseline.training.attention_backend"),
-        ("UNKNOWN_KNOB", "$.interventions[0].path"),
-        ("EQUALS_BASELINE", "$.interventions[1].values[0]"),
-        ("INVALID_VALUE", "$.interventions[1].values[1]"),
-        ("EQUALS_BASELINE", "$.interventions[2].values[0]"),
-        ("DUPLICATE_VALUE", "$.interventions[2].values[2]"),
-    ])
+    assert sorted(codes(plan)) == sorted(
+        [
+            ("INVALID_VALUE", "$.baseline.batch.size"),
+            ("UNKNOWN_KNOB", "$.baseline.rollout.foo"),
+            ("UNSUPPORTED_ON_DEVICE", "$.baseline.training.attention_backend"),
+            ("UNKNOWN_KNOB", "$.interventions[0].path"),
+            ("EQUALS_BASELINE", "$.interventions[1].values[0]"),
+            ("INVALID_VALUE", "$.interventions[1].values[1]"),
+            ("EQUALS_BASELINE", "$.interventions[2].values[0]"),
+            ("DUPLICATE_VALUE", "$.interventions[2].values[2]"),
+        ]
+    )
     assert plan.has_errors and plan.cases == ()
 
 
@@ -778,16 +854,27 @@ def test_labels() -> None:
     assert case_label([]) == "baseline"
     assert case_label([("batch.size", 1)]) == "batch.size=1"
     assert case_label([("rollout.enforce_eager", True)]) == "rollout.enforce_eager=true"
-    assert case_label([("rollout.enable_prefix_caching", False)]) == \
-        "rollout.enable_prefix_caching=false"
-    assert case_label([("batch.size", 1), ("rollout.tensor_parallel_size", 2)]) == \
-        "batch.size=1,rollout.tensor_parallel_size=2"
+    assert (
+        case_label([("rollout.enable_prefix_caching", False)])
+        == "rollout.enable_prefix_caching=false"
+    )
+    assert (
+        case_label([("batch.size", 1), ("rollout.tensor_parallel_size", 2)])
+        == "batch.size=1,rollout.tensor_parallel_size=2"
+    )
     assert [c.label for c in REFERENCE.cases] == [
-        "baseline", "batch.size=1", "batch.size=2", "rollout.tensor_parallel_size=1",
-        "rollout.tensor_parallel_size=2", "rollout.dtype=float32",
-        "rollout.enable_prefix_caching=false", "rollout.enforce_eager=true",
-        "training.attention_backend=eager", "training.compute_dtype=float32",
-        "training.sharding=none", "logp.backend=rlkernel.reference_logp",
+        "baseline",
+        "batch.size=1",
+        "batch.size=2",
+        "rollout.tensor_parallel_size=1",
+        "rollout.tensor_parallel_size=2",
+        "rollout.dtype=float32",
+        "rollout.enable_prefix_caching=false",
+        "rollout.enforce_eager=true",
+        "training.attention_backend=eager",
+        "training.compute_dtype=float32",
+        "training.sharding=none",
+        "logp.backend=rlkernel.reference_logp",
     ]
 
 
@@ -797,10 +884,12 @@ def test_case_lifecycles() -> None:
     assert lifecycles["batch.size=1"] is Lifecycle.REQUEST
     assert lifecycles["rollout.tensor_parallel_size=1"] is Lifecycle.PROCESS
     assert lifecycles["rollout.dtype=float32"] is Lifecycle.ENGINE_CONSTRUCTION
-    pw = ok_plan({**make_config(), "strategy": "pairwise",
-                  "pairs": [["batch.size", "rollout.dtype"]]})
+    pw = ok_plan(
+        {**make_config(), "strategy": "pairwise", "pairs": [["batch.size", "rollout.dtype"]]}
+    )
     assert {c.lifecycle for c in pw.cases if c.kind is CaseKind.PAIRWISE} == {
-        Lifecycle.ENGINE_CONSTRUCTION}
+        Lifecycle.ENGINE_CONSTRUCTION
+    }
 
 
 def test_case_records_are_frozen() -> None:

@@ -60,11 +60,18 @@ CATALOG = default_catalog()
 
 def descriptor(backend_id: str, **overrides: Any) -> OperatorDescriptor:
     fields: dict[str, Any] = {
-        "operation": SELECTED_LOGPROB, "backend_id": backend_id,
-        "target_tags": ("rollout", "training"), "devices": ("cpu",), "dtypes": ("float32",),
-        "required_topology": frozen_mapping({}), "alignment_properties": ("test",),
-        "lifecycle": Lifecycle.ENGINE_CONSTRUCTION, "factory": f"{FACTORY_MODULE}:build",
-        "version": "t1", "build_fingerprint": "t1", "factory_style": FactoryStyle.BUILDER,
+        "operation": SELECTED_LOGPROB,
+        "backend_id": backend_id,
+        "target_tags": ("rollout", "training"),
+        "devices": ("cpu",),
+        "dtypes": ("float32",),
+        "required_topology": frozen_mapping({}),
+        "alignment_properties": ("test",),
+        "lifecycle": Lifecycle.ENGINE_CONSTRUCTION,
+        "factory": f"{FACTORY_MODULE}:build",
+        "version": "t1",
+        "build_fingerprint": "t1",
+        "factory_style": FactoryStyle.BUILDER,
     }
     fields.update(overrides)
     return OperatorDescriptor(**fields)
@@ -79,6 +86,7 @@ def fake_factories(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     def build(*, target: str, options: dict[str, Any]) -> Any:
         def kernel(logits: Any, token_ids: Any) -> Any:
             return (target, options)
+
         built.append({"target": target, "options": options, "kernel": kernel})
         return kernel
 
@@ -88,15 +96,30 @@ def fake_factories(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     return built
 
 
-def resolve(session: OperatorSession, backend: str, *, target: str = "training",
-            device: str = "cpu", dtype: str | None = "float32",
-            topology: dict[str, int] | None = None, **kwargs: Any) -> Any:
-    return session.resolve(SELECTED_LOGPROB, target, backend, device=device, dtype=dtype,
-                           topology=topology or {"world_size": 1}, **kwargs)
+def resolve(
+    session: OperatorSession,
+    backend: str,
+    *,
+    target: str = "training",
+    device: str = "cpu",
+    dtype: str | None = "float32",
+    topology: dict[str, int] | None = None,
+    **kwargs: Any,
+) -> Any:
+    return session.resolve(
+        SELECTED_LOGPROB,
+        target,
+        backend,
+        device=device,
+        dtype=dtype,
+        topology=topology or {"world_size": 1},
+        **kwargs,
+    )
 
 
-def resolution_error(session: OperatorSession, backend: str, **kwargs: Any) -> \
-        OperatorResolutionError:
+def resolution_error(
+    session: OperatorSession, backend: str, **kwargs: Any
+) -> OperatorResolutionError:
     with pytest.raises(OperatorResolutionError) as info:
         resolve(session, backend, **kwargs)
     return info.value
@@ -111,8 +134,10 @@ def test_default_catalog_has_native_and_entry_point_backends() -> None:
     assert CATALOG.get(SELECTED_LOGPROB, "native") is NATIVE_DESCRIPTOR
     reference = CATALOG.get(SELECTED_LOGPROB, REFERENCE)
     assert reference is not None
-    assert reference.factory == \
-        "logprob_drift_operators.selected_logprob.reference:reference_selected_logprob"
+    assert (
+        reference.factory
+        == "logprob_drift_operators.selected_logprob.reference:reference_selected_logprob"
+    )
     assert reference.fallback_policy is FallbackPolicy.NEVER
     assert reference.lifecycle is Lifecycle.ENGINE_CONSTRUCTION
     assert reference.version and reference.build_fingerprint
@@ -141,10 +166,8 @@ def test_smoke_registration_is_explicit_and_makes_a_new_catalog() -> None:
     assert with_smoke.fingerprint != CATALOG.fingerprint
 
 
-def test_smoke_backends_cannot_arrive_through_entry_points(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry_module, "load_entry_point_descriptors",
-                        lambda: SMOKE_DESCRIPTORS)
+def test_smoke_backends_cannot_arrive_through_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry_module, "load_entry_point_descriptors", lambda: SMOKE_DESCRIPTORS)
     with pytest.raises(ConfigError, match="test-only backends cannot be registered"):
         registry_module.default_catalog()
 
@@ -167,17 +190,30 @@ def test_conflicting_descriptors_are_refused() -> None:
 def test_descriptor_fingerprint_tracks_every_field() -> None:
     base = descriptor("x")
     assert base.fingerprint == descriptor("x").fingerprint
-    for change in ({"version": "t2"}, {"build_fingerprint": "t2"}, {"devices": ("cuda",)},
-                   {"test_only": True}, {"fallback_policy": FallbackPolicy.DECLARED}):
+    for change in (
+        {"version": "t2"},
+        {"build_fingerprint": "t2"},
+        {"devices": ("cuda",)},
+        {"test_only": True},
+        {"fallback_policy": FallbackPolicy.DECLARED},
+    ):
         assert descriptor("x", **change).fingerprint != base.fingerprint, change
 
 
 def test_descriptor_from_mapping() -> None:
-    data = {"operation": SELECTED_LOGPROB, "backend_id": "m", "target_tags": ["training"],
-            "devices": ["cpu"], "dtypes": ["float32"],
-            "required_topology": {"training": {"min_world_size": 2}},
-            "alignment_properties": [], "lifecycle": "engine_construction",
-            "factory": "a:b", "version": "1", "build_fingerprint": "f"}
+    data = {
+        "operation": SELECTED_LOGPROB,
+        "backend_id": "m",
+        "target_tags": ["training"],
+        "devices": ["cpu"],
+        "dtypes": ["float32"],
+        "required_topology": {"training": {"min_world_size": 2}},
+        "alignment_properties": [],
+        "lifecycle": "engine_construction",
+        "factory": "a:b",
+        "version": "1",
+        "build_fingerprint": "f",
+    }
     parsed = OperatorDescriptor.from_mapping(data)
     assert parsed.target_tags == ("training",)
     assert parsed.fallback_policy is FallbackPolicy.NEVER and not parsed.test_only
@@ -198,14 +234,20 @@ def test_unknown_backend_never_falls_back() -> None:
         assert session.provenance() == []
 
 
-@pytest.mark.parametrize(("backend", "kwargs", "code"), [
-    (SMOKE_REFERENCE, {"device": "cuda"}, "UNSUPPORTED_DEVICE"),
-    ("narrow", {"dtype": "bfloat16"}, "UNSUPPORTED_DTYPE"),
-    (VOCAB_PARALLEL, {"target": "rollout"}, "UNSUPPORTED_TARGET"),
-    (VOCAB_PARALLEL, {"target": "training", "topology": {"world_size": 1}},
-     "UNSUPPORTED_TOPOLOGY"),
-    (VOCAB_PARALLEL, {"target": "training", "topology": {}}, "UNSUPPORTED_TOPOLOGY"),
-])
+@pytest.mark.parametrize(
+    ("backend", "kwargs", "code"),
+    [
+        (SMOKE_REFERENCE, {"device": "cuda"}, "UNSUPPORTED_DEVICE"),
+        ("narrow", {"dtype": "bfloat16"}, "UNSUPPORTED_DTYPE"),
+        (VOCAB_PARALLEL, {"target": "rollout"}, "UNSUPPORTED_TARGET"),
+        (
+            VOCAB_PARALLEL,
+            {"target": "training", "topology": {"world_size": 1}},
+            "UNSUPPORTED_TOPOLOGY",
+        ),
+        (VOCAB_PARALLEL, {"target": "training", "topology": {}}, "UNSUPPORTED_TOPOLOGY"),
+    ],
+)
 def test_strict_capability_codes(backend: str, kwargs: dict[str, Any], code: str) -> None:
     catalog = register_smoke_operators(CATALOG).with_descriptors([descriptor("narrow")])
     with OperatorSession(catalog, allow_test_only=True) as session:
@@ -222,8 +264,9 @@ def test_topology_requirement_met() -> None:
 
 
 def test_declared_fallback_policy_is_refused_under_strict_execution() -> None:
-    catalog = CATALOG.with_descriptors([descriptor("fallbacky",
-                                                   fallback_policy=FallbackPolicy.DECLARED)])
+    catalog = CATALOG.with_descriptors(
+        [descriptor("fallbacky", fallback_policy=FallbackPolicy.DECLARED)]
+    )
     with OperatorSession(catalog, allow_test_only=False) as session:
         error = resolution_error(session, "fallbacky")
         assert error.code == "FALLBACK_POLICY"
@@ -232,8 +275,7 @@ def test_declared_fallback_policy_is_refused_under_strict_execution() -> None:
     # Without strict execution it resolves, and still never to another backend.
     with OperatorSession(catalog, allow_test_only=False, strict=False) as session:
         assert resolve(session, "fallbacky").descriptor.backend_id == "fallbacky"
-        assert resolution_error(session, "fallbacky", device="cuda").code == \
-            "UNSUPPORTED_DEVICE"
+        assert resolution_error(session, "fallbacky", device="cuda").code == "UNSUPPORTED_DEVICE"
 
 
 def test_smoke_backends_need_authorization() -> None:
@@ -250,7 +292,8 @@ def test_smoke_backends_need_authorization() -> None:
 
 
 def test_session_caches_within_a_case_and_not_across_cases(
-        fake_factories: list[dict[str, Any]]) -> None:
+    fake_factories: list[dict[str, Any]],
+) -> None:
     catalog = CATALOG.with_descriptors([descriptor("fake")])
     with OperatorSession(catalog, allow_test_only=False) as first:
         resolved = resolve(first, "fake", options={"k": 1})
@@ -258,12 +301,15 @@ def test_session_caches_within_a_case_and_not_across_cases(
         assert first.instantiate(resolved) is kernel
         assert first.instantiate(resolve(first, "fake", options={"k": 1})) is kernel
         other_options = first.instantiate(resolve(first, "fake", options={"k": 2}))
-        rollout = first.instantiate(resolve(first, "fake", target="rollout",
-                                            options={"k": 1}))
+        rollout = first.instantiate(resolve(first, "fake", target="rollout", options={"k": 1}))
         assert len({id(kernel), id(other_options), id(rollout)}) == 3
         assert len(fake_factories) == 3
-        assert [p["options"] for p in first.provenance()] == [{"k": 1}, {"k": 1}, {"k": 2},
-                                                              {"k": 1}]
+        assert [p["options"] for p in first.provenance()] == [
+            {"k": 1},
+            {"k": 1},
+            {"k": 2},
+            {"k": 1},
+        ]
     with OperatorSession(catalog, allow_test_only=False) as second:
         assert second.provenance() == []
         again = second.instantiate(resolve(second, "fake", options={"k": 1}))
@@ -285,12 +331,16 @@ def test_closed_session_refuses_use(fake_factories: list[dict[str, Any]]) -> Non
 
 
 def test_failed_factory_does_not_leak_into_the_next_case(
-        fake_factories: list[dict[str, Any]]) -> None:
-    catalog = CATALOG.with_descriptors([
-        descriptor("broken", factory=f"{FACTORY_MODULE}:missing_attr"),
-        descriptor("kernel", factory=f"{FACTORY_MODULE}:kernel",
-                   factory_style=FactoryStyle.KERNEL),
-    ])
+    fake_factories: list[dict[str, Any]],
+) -> None:
+    catalog = CATALOG.with_descriptors(
+        [
+            descriptor("broken", factory=f"{FACTORY_MODULE}:missing_attr"),
+            descriptor(
+                "kernel", factory=f"{FACTORY_MODULE}:kernel", factory_style=FactoryStyle.KERNEL
+            ),
+        ]
+    )
     with OperatorSession(catalog, allow_test_only=False) as session:
         with pytest.raises(OperatorResolutionError) as info:
             session.instantiate(resolve(session, "broken"))
@@ -304,8 +354,7 @@ def test_failed_factory_does_not_leak_into_the_next_case(
 
 def test_native_instantiates_to_the_runtime_path() -> None:
     with OperatorSession(CATALOG, allow_test_only=False) as session:
-        resolved = resolve(session, "native", target="rollout", device="cuda",
-                           dtype="bfloat16")
+        resolved = resolve(session, "native", target="rollout", device="cuda", dtype="bfloat16")
         assert session.instantiate(resolved) is None
         (prov,) = session.provenance()
         assert prov["backend"] == "native" and prov["target"] == "rollout"
@@ -336,8 +385,10 @@ def config_doc(**changes: Any) -> dict[str, Any]:
             "training": {"compute_dtype": "bfloat16", "sharding": "none"},
             "logp": {"backend": "native"},
         },
-        "interventions": [{"path": "batch.size", "values": [1]},
-                          {"path": "logp.backend", "values": [REFERENCE]}],
+        "interventions": [
+            {"path": "batch.size", "values": [1]},
+            {"path": "logp.backend", "values": [REFERENCE]},
+        ],
         "scenario": {"level": "S2", "device": "cuda"},
     }
     doc.update(changes)
@@ -346,9 +397,11 @@ def config_doc(**changes: Any) -> dict[str, Any]:
 
 def bind(doc: dict[str, Any], catalog: SemanticOperatorCatalog = CATALOG) -> ExecutionPlan:
     config = parse_config(doc)
-    return build_execution_plan(plan_experiment(config), catalog,
-                                intervention_paths=intervention_json_paths(
-                                    config.interventions))
+    return build_execution_plan(
+        plan_experiment(config),
+        catalog,
+        intervention_paths=intervention_json_paths(config.interventions),
+    )
 
 
 def issue_codes(ep: ExecutionPlan) -> list[tuple[str, str]]:
@@ -360,11 +413,16 @@ def test_logp_backend_binds_the_same_backend_on_both_sides() -> None:
     assert not ep.has_errors and ep.issues == ()
     assert len(ep.cases) == len(ep.plan.cases) == 3
     by_label = {ec.case.label: ec for ec in ep.cases}
-    for label, backend in (("baseline", "native"), ("batch.size=1", "native"),
-                           (f"logp.backend={REFERENCE}", REFERENCE)):
+    for label, backend in (
+        ("baseline", "native"),
+        ("batch.size=1", "native"),
+        (f"logp.backend={REFERENCE}", REFERENCE),
+    ):
         ec = by_label[label]
         assert [(b.target, b.backend, b.source) for b in ec.bindings] == [
-            ("rollout", backend, "logp.backend"), ("training", backend, "logp.backend")]
+            ("rollout", backend, "logp.backend"),
+            ("training", backend, "logp.backend"),
+        ]
         assert not ec.uses_test_only_operators
     ref = by_label[f"logp.backend={REFERENCE}"].binding("training")
     assert ref.descriptor_fingerprint == CATALOG.get(SELECTED_LOGPROB, REFERENCE).fingerprint  # type: ignore[union-attr]
@@ -379,28 +437,40 @@ def test_absent_logp_backend_means_native() -> None:
 
 
 def test_explicit_operators_mapping_binds_per_side_backends() -> None:
-    doc = config_doc(interventions=[{"path": "batch.size", "values": [1]}],
-                     operators={SELECTED_LOGPROB: {
-                         "rollout": REFERENCE,
-                         "training": {"backend": CHUNKED, "options": {"chunk_size": 64}}}})
+    doc = config_doc(
+        interventions=[{"path": "batch.size", "values": [1]}],
+        operators={
+            SELECTED_LOGPROB: {
+                "rollout": REFERENCE,
+                "training": {"backend": CHUNKED, "options": {"chunk_size": 64}},
+            }
+        },
+    )
     del doc["baseline"]["logp"]
     ep = bind(doc)
     assert not ep.has_errors, [i.render() for i in ep.issues]
     for ec in ep.cases:
         rollout, training = ec.binding("rollout"), ec.binding("training")
         assert (rollout.backend, rollout.source, dict(rollout.options)) == (
-            REFERENCE, "explicit", {})
+            REFERENCE,
+            "explicit",
+            {},
+        )
         assert (training.backend, training.source, dict(training.options)) == (
-            CHUNKED, "explicit", {"chunk_size": 64})
+            CHUNKED,
+            "explicit",
+            {"chunk_size": 64},
+        )
     rows = ep.rows(runtime_catalog().runtimes)
     assert [b["backend"] for b in rows[0]["operators"]] == [REFERENCE, CHUNKED]
 
 
 def test_logp_backend_intervention_with_explicit_mapping_is_refused() -> None:
-    doc = config_doc(operators={SELECTED_LOGPROB: {"rollout": REFERENCE,
-                                                   "training": REFERENCE}})
-    doc["interventions"] = [{"path": "batch.size", "values": [1]},
-                            {"path": "logp.impl", "values": [CHUNKED]}]
+    doc = config_doc(operators={SELECTED_LOGPROB: {"rollout": REFERENCE, "training": REFERENCE}})
+    doc["interventions"] = [
+        {"path": "batch.size", "values": [1]},
+        {"path": "logp.impl", "values": [CHUNKED]},
+    ]
     del doc["baseline"]["logp"]
     ep = bind(doc)
     assert ep.has_errors
@@ -411,12 +481,12 @@ def test_logp_backend_intervention_with_explicit_mapping_is_refused() -> None:
 
 
 def test_baseline_logp_backend_with_explicit_mapping_is_refused() -> None:
-    doc = config_doc(interventions=[{"path": "batch.size", "values": [1]}],
-                     operators={SELECTED_LOGPROB: {"rollout": "native",
-                                                   "training": "native"}})
+    doc = config_doc(
+        interventions=[{"path": "batch.size", "values": [1]}],
+        operators={SELECTED_LOGPROB: {"rollout": "native", "training": "native"}},
+    )
     ep = bind(doc)
-    assert issue_codes(ep) == [("LOGP_BACKEND_WITH_EXPLICIT_OPERATORS",
-                                "$.baseline.logp.backend")]
+    assert issue_codes(ep) == [("LOGP_BACKEND_WITH_EXPLICIT_OPERATORS", "$.baseline.logp.backend")]
 
 
 def test_unknown_backend_in_an_intervention() -> None:
@@ -434,42 +504,52 @@ def test_unknown_backend_in_baseline_and_explicit_mapping() -> None:
     ep = bind(doc)
     assert issue_codes(ep) == [("UNKNOWN_BACKEND", "$.baseline.logp.backend")]
     assert ep.cases == ()
-    doc = config_doc(interventions=[{"path": "batch.size", "values": [1]}],
-                     operators={SELECTED_LOGPROB: {"rollout": "native",
-                                                   "training": "mystery"}})
+    doc = config_doc(
+        interventions=[{"path": "batch.size", "values": [1]}],
+        operators={SELECTED_LOGPROB: {"rollout": "native", "training": "mystery"}},
+    )
     del doc["baseline"]["logp"]
-    assert issue_codes(bind(doc)) == [("UNKNOWN_BACKEND",
-                                       "$.operators.selected_logprob.training")]
+    assert issue_codes(bind(doc)) == [("UNKNOWN_BACKEND", "$.operators.selected_logprob.training")]
 
 
 def test_capability_violations_become_issues() -> None:
-    doc = config_doc(interventions=[{"path": "batch.size", "values": [1]}],
-                     operators={SELECTED_LOGPROB: {"rollout": VOCAB_PARALLEL,
-                                                   "training": VOCAB_PARALLEL}})
+    doc = config_doc(
+        interventions=[{"path": "batch.size", "values": [1]}],
+        operators={SELECTED_LOGPROB: {"rollout": VOCAB_PARALLEL, "training": VOCAB_PARALLEL}},
+    )
     del doc["baseline"]["logp"]
     ep = bind(doc)
     codes = {(i.code, i.path) for i in ep.issues}
-    assert codes == {("UNSUPPORTED_TARGET", "$.operators.selected_logprob.rollout"),
-                     ("UNSUPPORTED_TOPOLOGY", "$.operators.selected_logprob.training")}
+    assert codes == {
+        ("UNSUPPORTED_TARGET", "$.operators.selected_logprob.rollout"),
+        ("UNSUPPORTED_TOPOLOGY", "$.operators.selected_logprob.training"),
+    }
     assert ep.cases == ()
     # With FSDP training the vocab-parallel backend serves the training side.
     doc["operators"][SELECTED_LOGPROB]["rollout"] = "native"
     doc["baseline"]["training"]["sharding"] = "fsdp"
     assert not bind(doc).has_errors
     assert side_topology({"training.sharding": "fsdp"}, "training") == {"world_size": 2}
-    assert side_topology({"rollout.tensor_parallel_size": 2,
-                          "rollout.context_parallel_size": 2}, "rollout")["world_size"] == 4
+    assert (
+        side_topology(
+            {"rollout.tensor_parallel_size": 2, "rollout.context_parallel_size": 2}, "rollout"
+        )["world_size"]
+        == 4
+    )
 
 
 def test_smoke_backend_plans_with_a_warning_and_is_cpu_only() -> None:
-    doc = config_doc(scenario={"level": "S0", "device": "cpu"},
-                     interventions=[{"path": "logp.backend", "values": [SMOKE_OFFSET]}])
+    doc = config_doc(
+        scenario={"level": "S0", "device": "cpu"},
+        interventions=[{"path": "logp.backend", "values": [SMOKE_OFFSET]}],
+    )
     doc["baseline"]["logp"]["backend"] = SMOKE_REFERENCE
     with_smoke = register_smoke_operators(CATALOG)
     ep = bind(doc, with_smoke)
     assert not ep.has_errors
     assert [(i.code, i.severity, i.remedy) for i in ep.issues] == [
-        ("TEST_ONLY_OPERATOR", IssueSeverity.WARNING, Remedy.AUTHORIZE_TEST_OPERATORS)] * 2
+        ("TEST_ONLY_OPERATOR", IssueSeverity.WARNING, Remedy.AUTHORIZE_TEST_OPERATORS)
+    ] * 2
     assert all(ec.uses_test_only_operators for ec in ep.cases)
     # Where the smoke group is not loaded, they are unknown backends.
     assert {i.code for i in bind(doc).issues} == {"UNKNOWN_BACKEND"}
@@ -481,8 +561,19 @@ def test_rows_share_case_ids_with_the_plan() -> None:
     ep = bind(config_doc())
     rows = ep.rows(runtime_catalog().runtimes)
     assert [r["case_id"] for r in rows] == [c.case_id for c in ep.plan.cases]
-    assert set(rows[0]) == {"case_id", "label", "kind", "changed", "lifecycle", "requested",
-                            "operators", "scenario_level", "device", "executable_by",
-                            "contract_version", "threshold"}
+    assert set(rows[0]) == {
+        "case_id",
+        "label",
+        "kind",
+        "changed",
+        "lifecycle",
+        "requested",
+        "operators",
+        "scenario_level",
+        "device",
+        "executable_by",
+        "contract_version",
+        "threshold",
+    }
     assert rows[0]["executable_by"] == []  # S2 on cuda is plan-only for every runtime
     assert rows[0]["contract_version"] == ep.plan.contract.version != "current"

@@ -36,9 +36,17 @@ from pytest_logprob_drift.store.artifacts import COMPLETE, AttemptWriter
 from pytest_logprob_drift.store.resume import check_attempt
 
 OFFSET_LABEL = "logp.backend=smoke_only.logp_offset"
-ATTEMPT_FILES = {"requested.json", "materialized.json", "actual.json", "identity.json",
-                 "score_rollout.pt", "score_training.pt", "comparison.json", "token_diffs.pt",
-                 COMPLETE}
+ATTEMPT_FILES = {
+    "requested.json",
+    "materialized.json",
+    "actual.json",
+    "identity.json",
+    "score_rollout.pt",
+    "score_training.pt",
+    "comparison.json",
+    "token_diffs.pt",
+    COMPLETE,
+}
 
 
 def s0_document() -> dict[str, Any]:
@@ -52,20 +60,30 @@ def write_config(work: Path, document: dict[str, Any], name: str = "config.json"
     return str(path)
 
 
-def plan_for(work: Path, edit: Callable[[dict[str, Any]], None] | None = None
-             ) -> ExecutionPlan:
+def plan_for(work: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> ExecutionPlan:
     document = copy.deepcopy(s0_document())
     if edit is not None:
         edit(document)
     return plan_file(write_config(work, document))
 
 
-def run(plan: ExecutionPlan, artifacts: Path, *, adapter: CpuSmokeAdapter | None = None,
-        labels: tuple[str, ...] | None = None, allow_smoke: bool = True,
-        **kwargs: Any) -> tuple[dict[str, CaseResult], Runner]:
-    runner = make_runner(plan, runtime="cpu-smoke", artifacts=artifacts,
-                         allow_smoke=allow_smoke,
-                         adapter=adapter if adapter is not None else CpuSmokeAdapter(), **kwargs)
+def run(
+    plan: ExecutionPlan,
+    artifacts: Path,
+    *,
+    adapter: CpuSmokeAdapter | None = None,
+    labels: tuple[str, ...] | None = None,
+    allow_smoke: bool = True,
+    **kwargs: Any,
+) -> tuple[dict[str, CaseResult], Runner]:
+    runner = make_runner(
+        plan,
+        runtime="cpu-smoke",
+        artifacts=artifacts,
+        allow_smoke=allow_smoke,
+        adapter=adapter if adapter is not None else CpuSmokeAdapter(),
+        **kwargs,
+    )
     with runner:
         cases = None if labels is None else [ec for ec in plan.cases if ec.case.label in labels]
         results = runner.run(cases)
@@ -77,6 +95,7 @@ def attempt_dirs(root: Path) -> set[Path]:
 
 
 # --- S0: the reference passes, the offset is detected ---------------------------------------
+
 
 def test_s0_reference_passes_and_offset_mismatches(work: Path) -> None:
     plan = plan_file(str(S0))
@@ -104,14 +123,14 @@ def test_s0_reference_passes_and_offset_mismatches(work: Path) -> None:
         evidence = actual["training_evidence"]
         assert evidence["state_digest_before"] == evidence["state_digest_after"]
         tensors = torch.load(result.attempt_dir / "token_diffs.pt", weights_only=True)
-        assert set(tensors) == {"training_logprobs", "rollout_logprobs", "active_mask",
-                                "threshold"}
+        assert set(tensors) == {"training_logprobs", "rollout_logprobs", "active_mask", "threshold"}
         assert tensors["active_mask"].dtype == torch.bool
     run_dir = work / "runs" / "s0-cpu-smoke"
     assert (run_dir / "experiment.json").is_file()
     rows = (run_dir / "plan.jsonl").read_text().splitlines()
     assert sorted(json.loads(r)["case_id"] for r in rows) == sorted(
-        r.case_id for r in results.values())
+        r.case_id for r in results.values()
+    )
 
 
 def test_without_expectation_the_offset_case_is_not_as_expected(work: Path) -> None:
@@ -140,6 +159,7 @@ def test_second_run_reuses_every_attempt(work: Path) -> None:
 
 # --- engines --------------------------------------------------------------------------------
 
+
 def _many_engines(document: dict[str, Any]) -> None:
     document["interventions"] = [
         {"path": "rollout.dtype", "values": ["bfloat16"]},
@@ -155,21 +175,28 @@ def test_engine_constructions_equal_distinct_fingerprints(work: Path, reverse: b
     built: list[str] = []
 
     class CountingAdapter(CpuSmokeAdapter):
-        def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-                -> SyntheticRollout:
+        def build_rollout(
+            self, binding: RuntimeBinding, identity: ScoringIdentity
+        ) -> SyntheticRollout:
             built.append("rollout:" + binding.rollout_construction_fingerprint)
             return super().build_rollout(binding, identity)
 
-        def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-                -> StatelessScorer:
+        def build_training(
+            self, binding: RuntimeBinding, identity: ScoringIdentity
+        ) -> StatelessScorer:
             built.append("training:" + binding.training_construction_fingerprint)
             return super().build_training(binding, identity)
 
     cases = list(plan.cases)
     if reverse:
         cases.reverse()
-    with make_runner(plan, runtime="cpu-smoke", artifacts=work / "runs", allow_smoke=True,
-                     adapter=CountingAdapter()) as runner:
+    with make_runner(
+        plan,
+        runtime="cpu-smoke",
+        artifacts=work / "runs",
+        allow_smoke=True,
+        adapter=CountingAdapter(),
+    ) as runner:
         results = runner.run(cases)
         bindings = [runner.binding(ec) for ec in plan.cases]
         rollout_fps = {b.rollout_construction_fingerprint for b in bindings}
@@ -182,23 +209,27 @@ def test_engine_constructions_equal_distinct_fingerprints(work: Path, reverse: b
     assert not runner.pool.rollout and not runner.pool.training  # all closed at the end
     # batch size is a request-lifecycle knob: it never forces a new engine
     by_label = {ec.case.label: runner.binding(ec) for ec in plan.cases}
-    assert by_label["batch.size=1"].rollout_construction_fingerprint == \
-        by_label["baseline"].rollout_construction_fingerprint
+    assert (
+        by_label["batch.size=1"].rollout_construction_fingerprint
+        == by_label["baseline"].rollout_construction_fingerprint
+    )
 
 
 # --- faults in the training scorer ----------------------------------------------------------
 
 FAULT_OUTCOMES: dict[str, tuple[Outcome, str]] = {
-    "mutate_parameter": (Outcome.INVALID_IDENTITY, "parameters/buffers changed during scoring: "
-                                                   "param:head"),
-    "mutate_buffer": (Outcome.INVALID_IDENTITY, "parameters/buffers changed during scoring: "
-                                                "buffer:scale"),
+    "mutate_parameter": (
+        Outcome.INVALID_IDENTITY,
+        "parameters/buffers changed during scoring: param:head",
+    ),
+    "mutate_buffer": (
+        Outcome.INVALID_IDENTITY,
+        "parameters/buffers changed during scoring: buffer:scale",
+    ),
     "leave_train_mode": (Outcome.INVALID_IDENTITY, "module mode not restored"),
     "use_kv_cache": (Outcome.INVALID_IDENTITY, "KV cache used where the identity forbids it"),
-    "alter_tokens": (Outcome.INVALID_IDENTITY, "token_ids: differs between rollout and "
-                                               "training"),
-    "drop_active": (Outcome.INVALID_IDENTITY, "active_mask: differs between rollout and "
-                                              "training"),
+    "alter_tokens": (Outcome.INVALID_IDENTITY, "token_ids: differs between rollout and training"),
+    "drop_active": (Outcome.INVALID_IDENTITY, "active_mask: differs between rollout and training"),
     "nan_scores": (Outcome.INVALID_ARTIFACT, "training logprob is non-finite"),
     "integer_scores": (Outcome.INVALID_ARTIFACT, "training logprobs have non-floating dtype"),
 }
@@ -211,8 +242,9 @@ def test_every_fault_is_covered() -> None:
 @pytest.mark.parametrize("fault", sorted(FAULT_OUTCOMES))
 def test_scorer_fault_outcome(work: Path, fault: str) -> None:
     outcome, words = FAULT_OUTCOMES[fault]
-    results, _ = run(plan_file(str(S0)), work, adapter=FaultyCpuSmokeAdapter(fault),
-                     labels=("baseline",))
+    results, _ = run(
+        plan_file(str(S0)), work, adapter=FaultyCpuSmokeAdapter(fault), labels=("baseline",)
+    )
     result = results["baseline"]
     assert result.outcome is outcome, result.reason
     assert words in result.reason
@@ -228,8 +260,9 @@ def test_scorer_fault_outcome(work: Path, fault: str) -> None:
 
 def test_faulty_scorer_attempt_is_not_reused_by_a_clean_scorer(work: Path) -> None:
     plan = plan_file(str(S0))
-    faulty, _ = run(plan, work, adapter=FaultyCpuSmokeAdapter("mutate_parameter"),
-                    labels=("baseline",))
+    faulty, _ = run(
+        plan, work, adapter=FaultyCpuSmokeAdapter("mutate_parameter"), labels=("baseline",)
+    )
     assert faulty["baseline"].outcome is Outcome.INVALID_IDENTITY
     clean, _ = run(plan, work, labels=("baseline",))
     assert not clean["baseline"].reused
@@ -245,22 +278,21 @@ class TamperingAdapter(CpuSmokeAdapter):
         self.side = side
         self.field = field
 
-    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-            -> SyntheticRollout:
+    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> SyntheticRollout:
         engine = super().build_rollout(binding, identity)
         if self.side == "rollout":
             generate = engine.generate
 
             def tampered(*args: Any, **kwargs: Any) -> RolloutOutput:
                 out = generate(*args, **kwargs)
-                return RolloutOutput(tensors=out.tensors,
-                                     identity={**out.identity, self.field: "tampered"})
+                return RolloutOutput(
+                    tensors=out.tensors, identity={**out.identity, self.field: "tampered"}
+                )
 
             engine.generate = tampered  # type: ignore[method-assign]
         return engine
 
-    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-            -> StatelessScorer:
+    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) -> StatelessScorer:
         scorer = super().build_training(binding, identity)
         if self.side == "training":
             score = scorer.score
@@ -270,29 +302,36 @@ class TamperingAdapter(CpuSmokeAdapter):
                 if self.field in out.consumed:
                     consumed = dict(out.consumed)
                     changed = consumed[self.field].clone()
-                    changed[0, 1] = ~changed[0, 1] if changed.dtype == torch.bool \
-                        else changed[0, 1] + 1
+                    changed[0, 1] = (
+                        ~changed[0, 1] if changed.dtype == torch.bool else changed[0, 1] + 1
+                    )
                     consumed[self.field] = changed
                     return dataclasses.replace(out, consumed=consumed)
-                return dataclasses.replace(out, identity={**out.identity,
-                                                          self.field: "tampered"})
+                return dataclasses.replace(out, identity={**out.identity, self.field: "tampered"})
 
             scorer.score = tampered  # type: ignore[method-assign]
         return scorer
 
 
-IDENTITY_FIELDS = ("checkpoint_uri", "model_version", "checkpoint_digest", "tokenizer_id",
-                   "packing", "positions")
+IDENTITY_FIELDS = (
+    "checkpoint_uri",
+    "model_version",
+    "checkpoint_digest",
+    "tokenizer_id",
+    "packing",
+    "positions",
+)
 
 
-@pytest.mark.parametrize(("side", "field"),
-                         [(s, f) for f in IDENTITY_FIELDS for s in ("rollout", "training")]
-                         + [("training", t) for t in ("token_ids", "attention_mask",
-                                                      "active_mask", "position_ids")])
-def test_each_identity_field_gives_invalid_identity(work: Path, side: str,
-                                                    field: str) -> None:
-    results, _ = run(plan_file(str(S0)), work, adapter=TamperingAdapter(side, field),
-                     labels=("baseline",))
+@pytest.mark.parametrize(
+    ("side", "field"),
+    [(s, f) for f in IDENTITY_FIELDS for s in ("rollout", "training")]
+    + [("training", t) for t in ("token_ids", "attention_mask", "active_mask", "position_ids")],
+)
+def test_each_identity_field_gives_invalid_identity(work: Path, side: str, field: str) -> None:
+    results, _ = run(
+        plan_file(str(S0)), work, adapter=TamperingAdapter(side, field), labels=("baseline",)
+    )
     result = results["baseline"]
     assert result.outcome is Outcome.INVALID_IDENTITY
     assert result.reason.startswith(f"{field}:"), result.reason
@@ -302,20 +341,22 @@ def test_each_identity_field_gives_invalid_identity(work: Path, side: str,
 
 # --- strict execution -----------------------------------------------------------------------
 
+
 def test_unsupported_knob_is_strict_rejected(work: Path) -> None:
     def edit(document: dict[str, Any]) -> None:
-        document["baseline"]["rollout"].update(tensor_parallel_size=1,
-                                               enable_prefix_caching=False)
-        document["interventions"] = [{"path": "rollout.tensor_parallel_size", "values": [2]},
-                                     {"path": "rollout.enable_prefix_caching",
-                                      "values": [True]}]
+        document["baseline"]["rollout"].update(tensor_parallel_size=1, enable_prefix_caching=False)
+        document["interventions"] = [
+            {"path": "rollout.tensor_parallel_size", "values": [2]},
+            {"path": "rollout.enable_prefix_caching", "values": [True]},
+        ]
 
     plan = plan_for(work, edit)
     results, runner = run(plan, work / "runs")
     assert results["baseline"].outcome is Outcome.PASS
-    for label, knob in (("rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size=2"),
-                        ("rollout.enable_prefix_caching=true",
-                         "rollout.enable_prefix_caching=True")):
+    for label, knob in (
+        ("rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size=2"),
+        ("rollout.enable_prefix_caching=true", "rollout.enable_prefix_caching=True"),
+    ):
         result = results[label]
         assert result.outcome is Outcome.STRICT_REJECTED
         assert knob in result.reason and "unsupported" in result.reason
@@ -330,10 +371,10 @@ def test_unsupported_knob_is_strict_rejected(work: Path) -> None:
 class DtypeIgnoringAdapter(CpuSmokeAdapter):
     """Claims to apply rollout.dtype but always builds float32: a silent fallback."""
 
-    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-            -> SyntheticRollout:
-        forced = dataclasses.replace(binding, rollout=frozen_mapping(
-            {**binding.rollout, "dtype": "float32"}))
+    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> SyntheticRollout:
+        forced = dataclasses.replace(
+            binding, rollout=frozen_mapping({**binding.rollout, "dtype": "float32"})
+        )
         return super().build_rollout(forced, identity)
 
 
@@ -344,8 +385,10 @@ class DeclaredFallbackAdapter(DtypeIgnoringAdapter):
         result = dict(super().materialize(requested))
         if requested.get("rollout.dtype") == "bfloat16":
             result["rollout.dtype"] = Materialized(
-                value="float32", status=ApplicationStatus.FALLBACK,
-                evidence="declared: no bfloat16 rollout kernels, runs float32")
+                value="float32",
+                status=ApplicationStatus.FALLBACK,
+                evidence="declared: no bfloat16 rollout kernels, runs float32",
+            )
         return result
 
 
@@ -353,6 +396,7 @@ def _lenient(edit: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]
     def apply(document: dict[str, Any]) -> None:
         edit(document)
         document["strict_fallback"] = False
+
     return apply
 
 
@@ -383,8 +427,11 @@ def test_declared_fallback_is_measurable_only_as_the_declared_intervention(work:
     case = results["rollout.dtype=bfloat16"]
     assert case.outcome is Outcome.PASS  # measured: both sides really ran float32
     record = next(r for r in case.comparison["records"] if r["knob"] == "rollout.dtype")
-    assert (record["status"], record["materialized"], record["actual"]) == \
-        ("fallback", "float32", "float32")
+    assert (record["status"], record["materialized"], record["actual"]) == (
+        "fallback",
+        "float32",
+        "float32",
+    )
 
     results, _ = run(plan_for(work, _undeclared), work / "b", adapter=DeclaredFallbackAdapter())
     assert set(results) == {"baseline", "batch.size=1"}
@@ -392,8 +439,9 @@ def test_declared_fallback_is_measurable_only_as_the_declared_intervention(work:
         assert result.outcome is Outcome.STRICT_REJECTED
         assert "rollout.dtype='bfloat16': fallback" in result.reason
 
-    results, _ = run(plan_for(work, _lenient(_undeclared)), work / "c",
-                     adapter=DeclaredFallbackAdapter())
+    results, _ = run(
+        plan_for(work, _lenient(_undeclared)), work / "c", adapter=DeclaredFallbackAdapter()
+    )
     assert {r.outcome for r in results.values()} == {Outcome.PASS}
 
 
@@ -425,6 +473,7 @@ def test_stale_registry_state_is_strict_rejected(work: Path, registry: str) -> N
 
 
 # --- plan only, authorization ---------------------------------------------------------------
+
 
 def _s2_on_cpu(document: dict[str, Any]) -> None:
     _native(document)
@@ -460,6 +509,7 @@ def test_unknown_runtime_is_a_usage_error(work: Path) -> None:
 
 
 # --- resume ---------------------------------------------------------------------------------
+
 
 def test_partial_newer_attempt_is_skipped_and_older_valid_one_reused(work: Path) -> None:
     plan = plan_file(str(S0))

@@ -41,8 +41,12 @@ def baseline_document() -> dict[str, Any]:
     return document
 
 
-def run_one(work: Path, edit: Callable[[dict[str, Any]], None], name: str,
-            adapter: CpuSmokeAdapter | None = None) -> CaseResult | str:
+def run_one(
+    work: Path,
+    edit: Callable[[dict[str, Any]], None],
+    name: str,
+    adapter: CpuSmokeAdapter | None = None,
+) -> CaseResult | str:
     """The baseline case's result, or the planning refusal as text."""
     document = baseline_document()
     edit(document)
@@ -55,8 +59,9 @@ def run_one(work: Path, edit: Callable[[dict[str, Any]], None], name: str,
     errors = [i for i in plan.issues if i.severity.value == "error"]
     if errors:
         return f"refused: {errors[0].render()}"
-    with make_runner(plan, runtime="cpu-smoke", artifacts=work / name,
-                     adapter=adapter or CpuSmokeAdapter()) as runner:
+    with make_runner(
+        plan, runtime="cpu-smoke", artifacts=work / name, adapter=adapter or CpuSmokeAdapter()
+    ) as runner:
         return runner.run()[0]
 
 
@@ -73,6 +78,7 @@ def set_path(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         for key in parents:
             node = node.setdefault(key, {})
         node[last] = value
+
     return edit
 
 
@@ -87,8 +93,9 @@ def test_mask_policy_values(work: Path, default: CaseResult) -> None:
     assert {m.value for m in MaskPolicy} == {"response_through_eos", "response_before_eos"}
     through = sealed(default, "score_rollout.pt")
     prompt_lengths = through["prompt_lengths"]
-    ended = [i for i in range(len(prompt_lengths))
-             if int(through["active_mask"][i].sum()) < 40]  # stopped at EOS, not at the limit
+    ended = [
+        i for i in range(len(prompt_lengths)) if int(through["active_mask"][i].sum()) < 40
+    ]  # stopped at EOS, not at the limit
     assert ended, "no sample reached EOS: the test would prove nothing"
     before = run_one(work, set_path("identity.mask_policy", "response_before_eos"), "before")
     assert isinstance(before, CaseResult) and before.outcome is Outcome.PASS
@@ -109,15 +116,20 @@ def test_single_valued_policies_are_what_the_runtimes_do(default: CaseResult) ->
     assert [p.value for p in PackingPolicy] == ["padded"]
     assert [p.value for p in PositionPolicy] == ["from_attention_mask"]
     rollout = sealed(default, "score_rollout.pt")
-    expected = (rollout["attention_mask"].long().cumsum(-1) - 1).clamp(min=0) * \
-        rollout["attention_mask"]
+    expected = (rollout["attention_mask"].long().cumsum(-1) - 1).clamp(min=0) * rollout[
+        "attention_mask"
+    ]
     assert torch.equal(rollout["position_ids"], expected)
 
 
 def test_training_kv_cache_changes_what_the_guard_allows(work: Path) -> None:
     forbidden = run_one(work, lambda d: None, "forbidden", FaultyCpuSmokeAdapter("use_kv_cache"))
-    allowed = run_one(work, set_path("identity.training_kv_cache", True), "allowed",
-                      FaultyCpuSmokeAdapter("use_kv_cache"))
+    allowed = run_one(
+        work,
+        set_path("identity.training_kv_cache", True),
+        "allowed",
+        FaultyCpuSmokeAdapter("use_kv_cache"),
+    )
     assert isinstance(forbidden, CaseResult) and isinstance(allowed, CaseResult)
     assert forbidden.outcome is Outcome.INVALID_IDENTITY
     assert allowed.outcome is Outcome.PASS
@@ -126,8 +138,10 @@ def test_training_kv_cache_changes_what_the_guard_allows(work: Path) -> None:
 def test_strategy_values(work: Path) -> None:
     assert {s.value for s in Strategy} == {"one_at_a_time", "pairwise"}
     document = baseline_document()
-    document["interventions"] = [{"path": "batch.size", "values": [1]},
-                                 {"path": "rollout.dtype", "values": ["bfloat16"]}]
+    document["interventions"] = [
+        {"path": "batch.size", "values": [1]},
+        {"path": "rollout.dtype", "values": ["bfloat16"]},
+    ]
     document["pairs"] = [["batch.size", "rollout.dtype"]]
     counts = {}
     for strategy in Strategy:
@@ -141,8 +155,9 @@ def test_strategy_values(work: Path) -> None:
 @pytest.mark.parametrize("level", [level.value for level in ScenarioLevel])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_scenario_values_execute_or_are_plan_only(work: Path, level: str, device: str) -> None:
-    result = run_one(work, set_path("scenario", {"level": level, "device": device}),
-                     f"{level}-{device}")
+    result = run_one(
+        work, set_path("scenario", {"level": level, "device": device}), f"{level}-{device}"
+    )
     if isinstance(result, str):  # e.g. no backend for that device
         assert result.startswith("refused: ")
         return
@@ -165,8 +180,9 @@ KNOB_VALUES: list[tuple[str, object]] = [
 
 
 @pytest.mark.parametrize(("knob", "value"), KNOB_VALUES, ids=lambda v: str(v))
-def test_every_knob_value_is_applied_or_refused(work: Path, default: CaseResult, knob: str,
-                                                value: object) -> None:
+def test_every_knob_value_is_applied_or_refused(
+    work: Path, default: CaseResult, knob: str, value: object
+) -> None:
     section, key = knob.split(".")
 
     def edit(document: dict[str, Any]) -> None:
@@ -181,18 +197,24 @@ def test_every_knob_value_is_applied_or_refused(work: Path, default: CaseResult,
         assert record["status"] != "applied" and knob in result.reason
         return
     assert record["status"] == "applied" and record["actual"] == value
-    changed_scores = not torch.equal(sealed(result, "score_rollout.pt")["logprobs"],
-                                     sealed(default, "score_rollout.pt")["logprobs"]) or \
-        not torch.equal(sealed(result, "score_training.pt")["logprobs"],
-                        sealed(default, "score_training.pt")["logprobs"])
+    changed_scores = not torch.equal(
+        sealed(result, "score_rollout.pt")["logprobs"],
+        sealed(default, "score_rollout.pt")["logprobs"],
+    ) or not torch.equal(
+        sealed(result, "score_training.pt")["logprobs"],
+        sealed(default, "score_training.pt")["logprobs"],
+    )
     inherent = copy.deepcopy(baseline_document())["baseline"]
-    is_default = inherent.get(section, {}).get(key) == value or \
-        (knob, value) in CPU_SMOKE_INHERENT
+    is_default = inherent.get(section, {}).get(key) == value or (knob, value) in CPU_SMOKE_INHERENT
     assert changed_scores or is_default, f"{knob}={value!r} was accepted and changed nothing"
 
 
-CPU_SMOKE_INHERENT = {("rollout.tensor_parallel_size", 1), ("rollout.context_parallel_size", 1),
-                      ("rollout.enable_prefix_caching", False), ("rollout.enforce_eager", True),
-                      ("training.sharding", "none")}
+CPU_SMOKE_INHERENT = {
+    ("rollout.tensor_parallel_size", 1),
+    ("rollout.context_parallel_size", 1),
+    ("rollout.enable_prefix_caching", False),
+    ("rollout.enforce_eager", True),
+    ("training.sharding", "none"),
+}
 """The single value the synthetic runtime inherently has for knobs it cannot change: applied
 because that is what it does, identical to the default by construction."""

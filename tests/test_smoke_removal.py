@@ -31,40 +31,61 @@ raise SystemExit(main(sys.argv[1:]))
 
 
 def cli_without_smoke(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", WITHOUT_SMOKE, *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_SMOKE, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("config", sorted(EXPERIMENTS.glob("*.json")), ids=lambda p: p.stem)
-def test_every_experiment_but_s0_smoke_plans_without_the_smoke_group(config: Path,
-                                                                     tmp_path: Path) -> None:
+def test_every_experiment_but_s0_smoke_plans_without_the_smoke_group(
+    config: Path, tmp_path: Path
+) -> None:
     result = cli_without_smoke("plan", str(config), "--json", cwd=tmp_path)
     if config == S0:
         assert result.returncode == 2
-        assert "UNKNOWN_BACKEND" in result.stderr and "smoke_only.logp_reference" in \
-            result.stderr
+        assert "UNKNOWN_BACKEND" in result.stderr and "smoke_only.logp_reference" in result.stderr
         assert "Traceback" not in result.stderr
         return
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["cases"] and not [i for i in document["issues"]
-                                      if i["severity"] == "error"]
+    assert document["cases"] and not [i for i in document["issues"] if i["severity"] == "error"]
     for row in document["cases"]:
         assert "cpu-smoke" not in row["executable_by"]
 
 
 def test_cpu_smoke_runtime_is_unknown_without_the_smoke_group(tmp_path: Path) -> None:
-    result = cli_without_smoke("run", str(S0_HF), "--runtime", "cpu-smoke",
-                               "--artifacts", str(tmp_path / "runs"), cwd=tmp_path)
+    result = cli_without_smoke(
+        "run",
+        str(S0_HF),
+        "--runtime",
+        "cpu-smoke",
+        "--artifacts",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert "unknown runtime 'cpu-smoke'; known: hf, vllm-hf" in result.stderr
 
 
 @pytest.mark.slow
 def test_s0_hf_runs_without_the_smoke_group(tmp_path: Path) -> None:
-    result = cli_without_smoke("run", str(S0_HF), "--runtime", "hf", "--artifacts",
-                               str(tmp_path / "runs"), "--expect",
-                               "training.compute_dtype=bfloat16=MISMATCH", "--expect",
-                               "rollout.dtype=bfloat16=MISMATCH", cwd=tmp_path)
+    result = cli_without_smoke(
+        "run",
+        str(S0_HF),
+        "--runtime",
+        "hf",
+        "--artifacts",
+        str(tmp_path / "runs"),
+        "--expect",
+        "training.compute_dtype=bfloat16=MISMATCH",
+        "--expect",
+        "rollout.dtype=bfloat16=MISMATCH",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout and "MISMATCH" in result.stdout

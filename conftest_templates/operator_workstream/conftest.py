@@ -67,26 +67,30 @@ def kernel_build_fingerprint() -> str:
     module = KERNEL.partition(":")[0]
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
-        raise pytest.UsageError(f"operator workstream conftest: kernel module {module!r} "
-                                "is not importable from the CI suite")
+        raise pytest.UsageError(
+            f"operator workstream conftest: kernel module {module!r} "
+            "is not importable from the CI suite"
+        )
     return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()[:16]
 
 
 def backend_descriptor() -> OperatorDescriptor:
-    return OperatorDescriptor.from_mapping({
-        "operation": "selected_logprob",
-        "backend_id": BACKEND_ID,
-        "target_tags": list(KERNEL_SIDES),
-        "devices": list(DEVICES),
-        "dtypes": list(DTYPES),
-        "required_topology": {},
-        "alignment_properties": ["log_softmax_gather"],
-        "lifecycle": "engine_construction",
-        "factory": KERNEL,
-        "version": KERNEL_VERSION,
-        "build_fingerprint": kernel_build_fingerprint(),
-        "fallback_policy": "never",
-    })
+    return OperatorDescriptor.from_mapping(
+        {
+            "operation": "selected_logprob",
+            "backend_id": BACKEND_ID,
+            "target_tags": list(KERNEL_SIDES),
+            "devices": list(DEVICES),
+            "dtypes": list(DTYPES),
+            "required_topology": {},
+            "alignment_properties": ["log_softmax_gather"],
+            "lifecycle": "engine_construction",
+            "factory": KERNEL,
+            "version": KERNEL_VERSION,
+            "build_fingerprint": kernel_build_fingerprint(),
+            "fallback_policy": "never",
+        }
+    )
 
 
 def framework_experiments() -> list[Path]:
@@ -98,9 +102,11 @@ def framework_experiments() -> list[Path]:
         paths = [root / name for name in DEFAULT_EXPERIMENTS]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise pytest.UsageError(f"operator workstream conftest: {', '.join(missing)} not "
-                                f"found; set {EXPERIMENTS_ENV} to the framework's experiment "
-                                "files")
+        raise pytest.UsageError(
+            f"operator workstream conftest: {', '.join(missing)} not "
+            f"found; set {EXPERIMENTS_ENV} to the framework's experiment "
+            "files"
+        )
     return paths
 
 
@@ -108,22 +114,31 @@ def derived_config(document: dict[str, Any]) -> dict[str, Any]:
     """The framework experiment with this backend bound by an explicit operators mapping."""
     derived = json.loads(json.dumps(document))
     derived["experiment_id"] = f"{document['experiment_id']}--{BACKEND_ID}"
-    derived["description"] = (f"{document.get('description', '')} [derived: selected_logprob "
-                              f"{BACKEND_ID} on {'/'.join(KERNEL_SIDES)}, {REFERENCE_BACKEND} "
-                              "elsewhere]").strip()
+    derived["description"] = (
+        f"{document.get('description', '')} [derived: selected_logprob "
+        f"{BACKEND_ID} on {'/'.join(KERNEL_SIDES)}, {REFERENCE_BACKEND} "
+        "elsewhere]"
+    ).strip()
     derived.get("baseline", {}).pop("logp", None)
-    derived["interventions"] = [i for i in derived.get("interventions", [])
-                                if canonical_path(str(i.get("path", ""))) != "logp.backend"]
+    derived["interventions"] = [
+        i
+        for i in derived.get("interventions", [])
+        if canonical_path(str(i.get("path", ""))) != "logp.backend"
+    ]
     pairs = derived.get("pairs", [])
-    derived["pairs"] = [p for p in pairs
-                        if "logp.backend" not in {canonical_path(str(x)) for x in p}]
+    derived["pairs"] = [
+        p for p in pairs if "logp.backend" not in {canonical_path(str(x)) for x in p}
+    ]
     if not derived["pairs"]:
         derived.pop("pairs")
         if derived.get("strategy") == "pairwise":
             derived["strategy"] = "one_at_a_time"
-    derived["operators"] = {"selected_logprob": {
-        side: BACKEND_ID if side in KERNEL_SIDES else REFERENCE_BACKEND
-        for side in ("rollout", "training")}}
+    derived["operators"] = {
+        "selected_logprob": {
+            side: BACKEND_ID if side in KERNEL_SIDES else REFERENCE_BACKEND
+            for side in ("rollout", "training")
+        }
+    }
     return derived
 
 
@@ -147,10 +162,12 @@ def pytest_logprob_drift_configs(config: pytest.Config) -> Sequence[Path]:
         try:
             document = json.loads(source.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise pytest.UsageError(f"operator workstream conftest: {source}: invalid JSON: "
-                                    f"{exc}") from None
+            raise pytest.UsageError(
+                f"operator workstream conftest: {source}: invalid JSON: {exc}"
+            ) from None
         target = GENERATED_DIR / f"{source.stem}.{BACKEND_ID}.json"
-        write_if_changed(target, json.dumps(derived_config(document), indent=2,
-                                            sort_keys=True) + "\n")
+        write_if_changed(
+            target, json.dumps(derived_config(document), indent=2, sort_keys=True) + "\n"
+        )
         generated.append(target)
     return generated

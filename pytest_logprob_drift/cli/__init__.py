@@ -29,8 +29,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="logprob-drift", description="Isolate which configuration change "
-                     "makes rollout and training log-probabilities disagree.")
+    parser = _Parser(
+        prog="logprob-drift",
+        description="Isolate which configuration change "
+        "makes rollout and training log-probabilities disagree.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     plan = sub.add_parser("plan", help="plan the cases of a config (no engine is created)")
@@ -41,8 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="execute every case and seal its artifacts")
     run.add_argument("config")
     run.add_argument("--runtime", required=True)
-    run.add_argument("--allow-smoke-operators", action="store_true",
-                     help="register and authorize the smoke-only selected_logprob backends")
+    run.add_argument(
+        "--allow-smoke-operators",
+        action="store_true",
+        help="register and authorize the smoke-only selected_logprob backends",
+    )
     run.add_argument("--artifacts", default="runs")
     run.add_argument("--expect", action="append", default=[], metavar="SELECTOR=OUTCOME")
     run.add_argument("--pairwise", action="store_true")
@@ -54,13 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="human report of a run directory (terminal + HTML)")
     report.add_argument("run_dir")
-    report.add_argument("--html", default=None, help="HTML output path, never overwritten "
-                        "(default: RUN_DIR/report-<newest attempt id>.html)")
+    report.add_argument(
+        "--html",
+        default=None,
+        help="HTML output path, never overwritten "
+        "(default: RUN_DIR/report-<newest attempt id>.html)",
+    )
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
-         err: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
     args = build_parser().parse_args(argv)

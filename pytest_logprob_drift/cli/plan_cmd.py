@@ -27,29 +27,58 @@ def plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plan = execution_plan.plan
     rows = execution_plan.rows(catalogs.runtimes.runtimes)
     if args.json:
-        json.dump({"experiment_id": plan.experiment_id, "scenario_id": plan.scenario_id,
-                   "scenario": canonical(plan.scenario), "contract": canonical(plan.contract),
-                   "strategy": plan.strategy.value, "cases": rows,
-                   "issues": [canonical(i) for i in execution_plan.issues]},
-                  out, indent=2, sort_keys=True)
+        json.dump(
+            {
+                "experiment_id": plan.experiment_id,
+                "scenario_id": plan.scenario_id,
+                "scenario": canonical(plan.scenario),
+                "contract": canonical(plan.contract),
+                "strategy": plan.strategy.value,
+                "cases": rows,
+                "issues": [canonical(i) for i in execution_plan.issues],
+            },
+            out,
+            indent=2,
+            sort_keys=True,
+        )
         out.write("\n")
     else:
-        print(f"experiment {plan.experiment_id}  scenario {plan.scenario_id} "
-              f"({plan.scenario.level.value}, {plan.scenario.device})  contract "
-              f"{plan.contract.source}/{plan.contract.version} threshold "
-              f"{plan.contract.threshold:g} {plan.contract.unit}", file=out)
-        print(render_table(
-            ["case_id", "label", "changed", "lifecycle", "selected_logprob r/t", "execution"],
-            [[r["case_id"], r["label"], ",".join(r["changed"]) or "-", r["lifecycle"] or "-",
-              _bindings(r), ("executable: " + ",".join(r["executable_by"]))
-              if r["executable_by"] else "plan-only"] for r in rows]), file=out)
+        print(
+            f"experiment {plan.experiment_id}  scenario {plan.scenario_id} "
+            f"({plan.scenario.level.value}, {plan.scenario.device})  contract "
+            f"{plan.contract.source}/{plan.contract.version} threshold "
+            f"{plan.contract.threshold:g} {plan.contract.unit}",
+            file=out,
+        )
+        print(
+            render_table(
+                ["case_id", "label", "changed", "lifecycle", "selected_logprob r/t", "execution"],
+                [
+                    [
+                        r["case_id"],
+                        r["label"],
+                        ",".join(r["changed"]) or "-",
+                        r["lifecycle"] or "-",
+                        _bindings(r),
+                        ("executable: " + ",".join(r["executable_by"]))
+                        if r["executable_by"]
+                        else "plan-only",
+                    ]
+                    for r in rows
+                ],
+            ),
+            file=out,
+        )
         print(f"{len(rows)} case(s)", file=out)
         for issue in execution_plan.issues:
             print(render_issue(issue, FLAGS), file=out)
     if execution_plan.has_errors:
         errors = [i for i in execution_plan.issues if i.severity is IssueSeverity.ERROR]
-        print(f"logprob-drift: error: {args.config}: {errors[0].render()}"
-              + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""), file=err)
+        print(
+            f"logprob-drift: error: {args.config}: {errors[0].render()}"
+            + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+            file=err,
+        )
         return ExitCode.USAGE_ERROR
     return ExitCode.OK
 

@@ -24,8 +24,9 @@ from pytest_logprob_drift.policy import assemble, render_error, render_issue
 
 
 def _failure_text(exc: Exception) -> str:
-    return render_error(exc, FLAGS) if isinstance(exc, DriftError) \
-        else f"{type(exc).__name__}: {exc}"
+    return (
+        render_error(exc, FLAGS) if isinstance(exc, DriftError) else f"{type(exc).__name__}: {exc}"
+    )
 
 
 def parse_expectations(texts: list[str]) -> list[Expectation]:
@@ -49,17 +50,23 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(render_issue(issue, FLAGS), file=err)
     if execution_plan.has_errors:
         return ExitCode.USAGE_ERROR
-    with Runner(execution_plan, runtime=args.runtime, runtimes=catalogs.runtimes,
-                catalog=catalogs.operators, artifacts=Path(args.artifacts),
-                allow_test_only=args.allow_smoke_operators,
-                expectations=expectations) as runner:
+    with Runner(
+        execution_plan,
+        runtime=args.runtime,
+        runtimes=catalogs.runtimes,
+        catalog=catalogs.operators,
+        artifacts=Path(args.artifacts),
+        allow_test_only=args.allow_smoke_operators,
+        expectations=expectations,
+    ) as runner:
         for note in runner.notes:
             print(f"note: {note}", file=err)
 
         live = err if args.json else out  # with --json, stdout carries only the document
 
-        def progress(index: int, total: int, ec: ExecutionCase,
-                     result: CaseResult | Exception | None) -> None:
+        def progress(
+            index: int, total: int, ec: ExecutionCase, result: CaseResult | Exception | None
+        ) -> None:
             prefix = f"[{index + 1}/{total}] {ec.case.case_id} {ec.case.label}"
             if result is None:
                 print(f"{prefix} ...", file=live, flush=True)
@@ -67,8 +74,11 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 print(f"  case {ec.case.label} failed: {_failure_text(result)}", file=err)
             else:
                 how = "reused" if result.reused else "new"
-                print(f"{prefix} -> {result.outcome.value} ({how}) {result.reason}", file=live,
-                      flush=True)
+                print(
+                    f"{prefix} -> {result.outcome.value} ({how}) {result.reason}",
+                    file=live,
+                    flush=True,
+                )
                 for skipped in result.skipped_attempts:
                     print(f"    skipped attempt {skipped}", file=live)
 
@@ -76,30 +86,67 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         results = runner.run(progress=progress, failures=crashed)
         failures = [f"{ec.case.label}: {_failure_text(exc)}" for ec, exc in crashed]
         constructions = (runner.pool.rollout_constructions, runner.pool.training_constructions)
-    rows = [[r.case_id, r.label, r.outcome.value, r.comparison.get("active_tokens", "-"),
-             r.comparison.get("mismatches", "-"), _max_diff(r),
-             "reused" if r.reused else ("new" if r.attempt_dir else "-"),
-             "" if r.as_expected else f"expected {r.expected.value}"] for r in results]
+    rows = [
+        [
+            r.case_id,
+            r.label,
+            r.outcome.value,
+            r.comparison.get("active_tokens", "-"),
+            r.comparison.get("mismatches", "-"),
+            _max_diff(r),
+            "reused" if r.reused else ("new" if r.attempt_dir else "-"),
+            "" if r.as_expected else f"expected {r.expected.value}",
+        ]
+        for r in results
+    ]
     if args.json:
-        json.dump({"results": [_result_json(r) for r in results], "failures": failures,
-                   "engine_constructions": {"rollout": constructions[0],
-                                            "training": constructions[1]}},
-                  out, indent=2, sort_keys=True)
+        json.dump(
+            {
+                "results": [_result_json(r) for r in results],
+                "failures": failures,
+                "engine_constructions": {"rollout": constructions[0], "training": constructions[1]},
+            },
+            out,
+            indent=2,
+            sort_keys=True,
+        )
         out.write("\n")
     else:
-        print(render_table(["case_id", "label", "outcome", "active", "mismatches",
-                            "max|diff|", "attempt", "note"], rows), file=out)
-        print(f"engine constructions: rollout {constructions[0]}, training {constructions[1]}",
-              file=out)
+        print(
+            render_table(
+                [
+                    "case_id",
+                    "label",
+                    "outcome",
+                    "active",
+                    "mismatches",
+                    "max|diff|",
+                    "attempt",
+                    "note",
+                ],
+                rows,
+            ),
+            file=out,
+        )
+        print(
+            f"engine constructions: rollout {constructions[0]}, training {constructions[1]}",
+            file=out,
+        )
     if failures:
         return ExitCode.RUNTIME_FAILURE
     return ExitCode.OK if all(r.as_expected for r in results) else ExitCode.UNEXPECTED_OUTCOME
 
 
 def _result_json(r: CaseResult) -> dict[str, Any]:
-    return {"case_id": r.case_id, "label": r.label, "outcome": r.outcome.value,
-            "expected": r.expected.value, "reused": r.reused, "reason": r.reason,
-            "attempt_dir": None if r.attempt_dir is None else str(r.attempt_dir),
-            "active_tokens": r.comparison.get("active_tokens"),
-            "mismatches": r.comparison.get("mismatches"),
-            "max_abs_diff": r.comparison.get("diagnostics", {}).get("max_abs_diff")}
+    return {
+        "case_id": r.case_id,
+        "label": r.label,
+        "outcome": r.outcome.value,
+        "expected": r.expected.value,
+        "reused": r.reused,
+        "reason": r.reason,
+        "attempt_dir": None if r.attempt_dir is None else str(r.attempt_dir),
+        "active_tokens": r.comparison.get("active_tokens"),
+        "mismatches": r.comparison.get("mismatches"),
+        "max_abs_diff": r.comparison.get("diagnostics", {}).get("max_abs_diff"),
+    }

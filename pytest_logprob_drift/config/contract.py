@@ -25,8 +25,11 @@ def _load_document() -> dict[str, Any]:
     text = resources.files(__package__).joinpath(CONTRACT_FILE).read_text(encoding="utf-8")
     document: dict[str, Any] = json.loads(text)
     if document.get("schema_version") != CONTRACT_SCHEMA_VERSION:
-        raise ConfigError("$.schema_version", f"numerical contract file is not "
-                          f"{CONTRACT_SCHEMA_VERSION}", source=CONTRACT_FILE)
+        raise ConfigError(
+            "$.schema_version",
+            f"numerical contract file is not {CONTRACT_SCHEMA_VERSION}",
+            source=CONTRACT_FILE,
+        )
     return document
 
 
@@ -34,19 +37,27 @@ def resolve_contract(source: str, version: str) -> ResolvedContract:
     """Resolve a contract reference; errors name the config's JSON path."""
     sources = _load_document()["sources"]
     if source not in sources:
-        raise ConfigError("$.contract_source", f"unknown contract source {source!r}; "
-                          f"known: {', '.join(sorted(sources))}")
+        raise ConfigError(
+            "$.contract_source",
+            f"unknown contract source {source!r}; known: {', '.join(sorted(sources))}",
+        )
     entry = sources[source]
     concrete = entry["current"] if version == "current" else version
     versions = entry["versions"]
     if concrete not in versions:
-        raise ConfigError("$.contract_version", f"contract {source!r} has no version "
-                          f"{version!r}; known: current, {', '.join(sorted(versions))}")
+        raise ConfigError(
+            "$.contract_version",
+            f"contract {source!r} has no version "
+            f"{version!r}; known: current, {', '.join(sorted(versions))}",
+        )
     body = versions[concrete]
     threshold = body["threshold"]
     if not isinstance(threshold, float) or not math.isfinite(threshold) or threshold <= 0:
-        raise ConfigError(f"$.sources.{source}.versions.{concrete}.threshold",
-                          "threshold must be a positive finite float", source=CONTRACT_FILE)
+        raise ConfigError(
+            f"$.sources.{source}.versions.{concrete}.threshold",
+            "threshold must be a positive finite float",
+            source=CONTRACT_FILE,
+        )
     return ResolvedContract(
         source=source,
         version=concrete,

@@ -11,6 +11,7 @@ policy) or the numerical contract. Knows nothing about torch.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -38,7 +39,7 @@ from pytest_logprob_drift.records import (
     frozen_mapping,
 )
 
-T = TypeVar("T")
+E = TypeVar("E", bound=enum.Enum)
 
 # Keys that would let a config decide how it is executed or judged. Refused anywhere.
 FORBIDDEN_KEYS: Mapping[str, str] = {
@@ -56,8 +57,10 @@ FORBIDDEN_KEYS: Mapping[str, str] = {
 }
 
 AUTHORIZATION_PREFIXES = ("allow_", "authorize_")
-AUTHORIZATION_REASON = ("authorization is execution policy: it belongs to the CLI (a flag of "
-                        "`run` or the pytest plugin), not the config")
+AUTHORIZATION_REASON = (
+    "authorization is execution policy: it belongs to the CLI (a flag of "
+    "`run` or the pytest plugin), not the config"
+)
 
 
 def forbidden_reason(key: str) -> str | None:
@@ -70,13 +73,31 @@ def forbidden_reason(key: str) -> str | None:
 
 
 TOP_LEVEL_KEYS = (
-    "schema_version", "experiment_id", "scenario_id", "contract_source", "contract_version",
-    "strategy", "strict_fallback", "identity", "baseline", "interventions", "pairs",
-    "operators", "scenario", "description",
+    "schema_version",
+    "experiment_id",
+    "scenario_id",
+    "contract_source",
+    "contract_version",
+    "strategy",
+    "strict_fallback",
+    "identity",
+    "baseline",
+    "interventions",
+    "pairs",
+    "operators",
+    "scenario",
+    "description",
 )
 REQUIRED_TOP_LEVEL = (
-    "schema_version", "experiment_id", "scenario_id", "contract_source", "contract_version",
-    "strategy", "identity", "baseline", "scenario",
+    "schema_version",
+    "experiment_id",
+    "scenario_id",
+    "contract_source",
+    "contract_version",
+    "strategy",
+    "identity",
+    "baseline",
+    "scenario",
 )
 BASELINE_SECTIONS = ("batch", "rollout", "training", "logp")
 KNOWN_OPERATIONS = ("selected_logprob",)
@@ -117,8 +138,9 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def _object(c: _Collector, value: Any, path: str, allowed: tuple[str, ...],
-            required: tuple[str, ...] = ()) -> dict[str, Any] | None:
+def _object(
+    c: _Collector, value: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
+) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         c.fail(path, f"expected an object, got {_type_name(value)}")
         return None
@@ -133,8 +155,15 @@ def _object(c: _Collector, value: Any, path: str, allowed: tuple[str, ...],
     return value
 
 
-def _typed(c: _Collector, obj: Mapping[str, Any], key: str, path: str,
-           check: Callable[[Any], bool], expected: str, default: Any = ...) -> Any:
+def _typed(
+    c: _Collector,
+    obj: Mapping[str, Any],
+    key: str,
+    path: str,
+    check: Callable[[Any], bool],
+    expected: str,
+    default: Any = ...,
+) -> Any:
     if key not in obj:
         if default is ...:
             return None  # missing-required already reported by _object
@@ -170,17 +199,30 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _enum(c: _Collector, obj: Mapping[str, Any], key: str, path: str, enum_type: type[T],
-          default: T | None = None) -> T | None:
-    choices = [m.value for m in enum_type]  # type: ignore[attr-defined]
-    raw = _typed(c, obj, key, path, _is_str, "one of " + ", ".join(map(repr, choices)),
-                 default=None if default is None else default.value)  # type: ignore[attr-defined]
+def _enum(
+    c: _Collector,
+    obj: Mapping[str, Any],
+    key: str,
+    path: str,
+    enum_type: type[E],
+    default: E | None = None,
+) -> E | None:
+    choices = [m.value for m in enum_type]
+    raw = _typed(
+        c,
+        obj,
+        key,
+        path,
+        _is_str,
+        "one of " + ", ".join(map(repr, choices)),
+        default=None if default is None else default.value,
+    )
     if raw is None:
         return default
     if raw not in choices:
         c.fail(f"{path}.{key}", f"expected one of {', '.join(map(repr, choices))}, got {raw!r}")
         return default
-    return enum_type(raw)  # type: ignore[call-arg]
+    return enum_type(raw)
 
 
 def _scan_forbidden(c: _Collector, value: Any, path: str) -> None:
@@ -216,11 +258,17 @@ def _reject_constant(name: str) -> Any:
 def _first_rejected(value: Any, path: str) -> tuple[str, str] | None:
     if isinstance(value, _Rejected):
         return path, value.message
-    children = value.items() if isinstance(value, dict) else \
-        enumerate(value) if isinstance(value, list) else ()
+    children = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
     for key, child in children:
-        found = _first_rejected(child, f"{path}[{key}]" if isinstance(key, int)
-                                else f"{path}.{key}")
+        found = _first_rejected(
+            child, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
+        )
         if found is not None:
             return found
     return None
@@ -229,12 +277,14 @@ def _first_rejected(value: Any, path: str) -> tuple[str, str] | None:
 def parse_json_text(text: str, source: str) -> Any:
     """Strict JSON: no duplicate keys, no NaN/Infinity; errors name the JSON path."""
     try:
-        document = json.loads(text, object_pairs_hook=_reject_duplicate_keys,
-                              parse_constant=_reject_constant)
+        document = json.loads(
+            text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant
+        )
         found = _first_rejected(document, "$")
     except json.JSONDecodeError as exc:
-        raise ConfigError("$", f"invalid JSON at line {exc.lineno} column {exc.colno}: "
-                          f"{exc.msg}", source=source) from None
+        raise ConfigError(
+            "$", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=source
+        ) from None
     except RecursionError:
         raise ConfigError("$", "invalid JSON: nested too deeply", source=source) from None
     if found is not None:
@@ -251,12 +301,12 @@ def load_config(path: str | Path) -> ExperimentConfig:
         raise ConfigError("$", "config file not found", source=str(file)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("$", f"cannot read config file: {exc}", source=str(file)) from None
-    return parse_config(parse_json_text(text, str(file)), source=str(file),
-                        base_dir=file.parent)
+    return parse_config(parse_json_text(text, str(file)), source=str(file), base_dir=file.parent)
 
 
-def parse_config(document: Any, *, source: str | None = None,
-                 base_dir: Path | None = None) -> ExperimentConfig:
+def parse_config(
+    document: Any, *, source: str | None = None, base_dir: Path | None = None
+) -> ExperimentConfig:
     """Validate an already-parsed JSON document; report every fault at once."""
     c = _Collector(source)
     top = _object(c, document, "$", TOP_LEVEL_KEYS, REQUIRED_TOP_LEVEL)
@@ -267,22 +317,31 @@ def parse_config(document: Any, *, source: str | None = None,
 
     schema_version = _typed(c, top, "schema_version", "$", _is_str, "a string")
     if schema_version is not None and schema_version != CONFIG_SCHEMA_VERSION:
-        c.fail("$.schema_version", f"unknown schema_version {schema_version!r}; "
-               f"expected {CONFIG_SCHEMA_VERSION!r}")
-    experiment_id = _typed(c, top, "experiment_id", "$", _is_safe_id, "a non-empty id of "
-                           "letters, digits, '.', '_' or '-'")
+        c.fail(
+            "$.schema_version",
+            f"unknown schema_version {schema_version!r}; expected {CONFIG_SCHEMA_VERSION!r}",
+        )
+    experiment_id = _typed(
+        c,
+        top,
+        "experiment_id",
+        "$",
+        _is_safe_id,
+        "a non-empty id of letters, digits, '.', '_' or '-'",
+    )
     scenario_id = _typed(c, top, "scenario_id", "$", _is_str, "a non-empty string")
     contract_source = _typed(c, top, "contract_source", "$", _is_str, "a non-empty string")
     contract_version = _typed(c, top, "contract_version", "$", _is_str, "a non-empty string")
     _typed(c, top, "description", "$", lambda v: isinstance(v, str), "a string", default="")
     strategy = _enum(c, top, "strategy", "$", Strategy)
-    strict_fallback = _typed(c, top, "strict_fallback", "$", _is_bool, "a boolean",
-                             default=True)
+    strict_fallback = _typed(c, top, "strict_fallback", "$", _is_bool, "a boolean", default=True)
 
-    identity = _identity(c, top.get("identity"), "$.identity", base_dir) \
-        if "identity" in top else None
-    baseline, baseline_paths = _baseline(c, top.get("baseline"), "$.baseline") \
-        if "baseline" in top else ({}, {})
+    identity = (
+        _identity(c, top.get("identity"), "$.identity", base_dir) if "identity" in top else None
+    )
+    baseline, baseline_paths = (
+        _baseline(c, top.get("baseline"), "$.baseline") if "baseline" in top else ({}, {})
+    )
     interventions = _interventions(c, top.get("interventions", []), "$.interventions")
     pairs = _pairs(c, top.get("pairs", []), "$.pairs")
     operators = _operators(c, top.get("operators", {}), "$.operators")
@@ -315,55 +374,95 @@ def _is_safe_id(v: Any) -> bool:
     return _is_str(v) and all(ch.isalnum() or ch in "._-" for ch in v) and v[0] not in ".-"
 
 
-def _identity(c: _Collector, value: Any, path: str, base_dir: Path | None) -> ScoringIdentity \
-        | None:
-    obj = _object(c, value, path,
-                  ("checkpoint", "tokenizer", "prompts", "sampling", "mask_policy",
-                   "training_kv_cache", "packing", "positions"),
-                  ("checkpoint", "tokenizer", "prompts", "sampling"))
+def _identity(
+    c: _Collector, value: Any, path: str, base_dir: Path | None
+) -> ScoringIdentity | None:
+    obj = _object(
+        c,
+        value,
+        path,
+        (
+            "checkpoint",
+            "tokenizer",
+            "prompts",
+            "sampling",
+            "mask_policy",
+            "training_kv_cache",
+            "packing",
+            "positions",
+        ),
+        ("checkpoint", "tokenizer", "prompts", "sampling"),
+    )
     if obj is None:
         return None
-    checkpoint = _checkpoint(c, obj.get("checkpoint"), f"{path}.checkpoint") \
-        if "checkpoint" in obj else None
-    tokenizer = _tokenizer(c, obj.get("tokenizer"), f"{path}.tokenizer") \
-        if "tokenizer" in obj else None
-    prompts = _prompts(c, obj.get("prompts"), f"{path}.prompts", base_dir) \
-        if "prompts" in obj else None
-    sampling = _sampling(c, obj.get("sampling"), f"{path}.sampling") \
-        if "sampling" in obj else None
+    checkpoint = (
+        _checkpoint(c, obj.get("checkpoint"), f"{path}.checkpoint") if "checkpoint" in obj else None
+    )
+    tokenizer = (
+        _tokenizer(c, obj.get("tokenizer"), f"{path}.tokenizer") if "tokenizer" in obj else None
+    )
+    prompts = (
+        _prompts(c, obj.get("prompts"), f"{path}.prompts", base_dir) if "prompts" in obj else None
+    )
+    sampling = _sampling(c, obj.get("sampling"), f"{path}.sampling") if "sampling" in obj else None
     mask_policy = _enum(c, obj, "mask_policy", path, MaskPolicy, MaskPolicy.RESPONSE_THROUGH_EOS)
     kv_cache = _typed(c, obj, "training_kv_cache", path, _is_bool, "a boolean", default=False)
     packing = _enum(c, obj, "packing", path, PackingPolicy, PackingPolicy.PADDED)
-    positions = _enum(c, obj, "positions", path, PositionPolicy,
-                      PositionPolicy.FROM_ATTENTION_MASK)
-    if None in (checkpoint, tokenizer, prompts, sampling, mask_policy, kv_cache, packing,
-                positions):
+    positions = _enum(c, obj, "positions", path, PositionPolicy, PositionPolicy.FROM_ATTENTION_MASK)
+    if None in (
+        checkpoint,
+        tokenizer,
+        prompts,
+        sampling,
+        mask_policy,
+        kv_cache,
+        packing,
+        positions,
+    ):
         return None
     assert checkpoint and tokenizer and prompts and sampling and mask_policy and packing
     assert positions is not None and kv_cache is not None
-    return ScoringIdentity(checkpoint=checkpoint, tokenizer=tokenizer, prompts=prompts,
-                           sampling=sampling, mask_policy=mask_policy,
-                           training_kv_cache=kv_cache, packing=packing, positions=positions)
+    return ScoringIdentity(
+        checkpoint=checkpoint,
+        tokenizer=tokenizer,
+        prompts=prompts,
+        sampling=sampling,
+        mask_policy=mask_policy,
+        training_kv_cache=kv_cache,
+        packing=packing,
+        positions=positions,
+    )
 
 
 def _checkpoint(c: _Collector, value: Any, path: str) -> CheckpointIdentity | None:
     obj = _object(c, value, path, ("uri", "model_version", "digest"), ("uri", "model_version"))
     if obj is None:
         return None
-    uri = _typed(c, obj, "uri", path, _is_str, "a non-empty string (a local checkpoint "
-                 "directory or a tiny:// URI)")
+    uri = _typed(
+        c,
+        obj,
+        "uri",
+        path,
+        _is_str,
+        "a non-empty string (a local checkpoint directory or a tiny:// URI)",
+    )
     version = _typed(c, obj, "model_version", path, _is_str, "a non-empty string")
-    digest = _typed(c, obj, "digest", path, _is_sha256, "null or a 64-hex-digit SHA-256",
-                    default=None)
-    if uri is None or version is None or ("digest" in obj and obj["digest"] is not None
-                                          and digest is None):
+    digest = _typed(
+        c, obj, "digest", path, _is_sha256, "null or a 64-hex-digit SHA-256", default=None
+    )
+    if (
+        uri is None
+        or version is None
+        or ("digest" in obj and obj["digest"] is not None and digest is None)
+    ):
         return None
     return CheckpointIdentity(uri=uri, model_version=version, digest=digest)
 
 
 def _is_sha256(v: Any) -> bool:
-    return v is None or (isinstance(v, str) and len(v) == 64
-                         and all(ch in "0123456789abcdef" for ch in v))
+    return v is None or (
+        isinstance(v, str) and len(v) == 64 and all(ch in "0123456789abcdef" for ch in v)
+    )
 
 
 def _tokenizer(c: _Collector, value: Any, path: str) -> TokenizerIdentity | None:
@@ -372,13 +471,20 @@ def _tokenizer(c: _Collector, value: Any, path: str) -> TokenizerIdentity | None
         return None
     tok_id = _typed(c, obj, "id", path, _is_str, "a non-empty string")
     special = _typed(c, obj, "add_special_tokens", path, _is_bool, "a boolean", default=False)
-    template = _typed(c, obj, "chat_template", path,
-                      lambda v: v is None or isinstance(v, str), "null or a string",
-                      default=None)
+    template = _typed(
+        c,
+        obj,
+        "chat_template",
+        path,
+        lambda v: v is None or isinstance(v, str),
+        "null or a string",
+        default=None,
+    )
     if tok_id is None or special is None:
         return None
-    return TokenizerIdentity(tokenizer_id=tok_id, add_special_tokens=special,
-                             chat_template=template)
+    return TokenizerIdentity(
+        tokenizer_id=tok_id, add_special_tokens=special, chat_template=template
+    )
 
 
 def _token_rows(c: _Collector, value: Any, path: str) -> tuple[tuple[int, ...], ...] | None:
@@ -389,14 +495,17 @@ def _token_rows(c: _Collector, value: Any, path: str) -> tuple[tuple[int, ...], 
     ok = True
     for i, row in enumerate(value):
         if not isinstance(row, list) or not row:
-            c.fail(f"{path}[{i}]", f"expected a non-empty array of token ids, got "
-                   f"{_type_name(row)}")
+            c.fail(
+                f"{path}[{i}]", f"expected a non-empty array of token ids, got {_type_name(row)}"
+            )
             ok = False
             continue
         for j, tok in enumerate(row):
             if not _is_nonneg_int(tok):
-                c.fail(f"{path}[{i}][{j}]", f"expected a non-negative integer token id, got "
-                       f"{_type_name(tok)} {tok!r}")
+                c.fail(
+                    f"{path}[{i}][{j}]",
+                    f"expected a non-negative integer token id, got {_type_name(tok)} {tok!r}",
+                )
                 ok = False
         rows.append(tuple(row))
     return tuple(rows) if ok else None
@@ -433,14 +542,22 @@ def _prompts(c: _Collector, value: Any, path: str, base_dir: Path | None) -> Pro
 
 
 def _sampling(c: _Collector, value: Any, path: str) -> SamplingSpec | None:
-    obj = _object(c, value, path, ("seed", "max_new_tokens", "temperature"),
-                  ("seed", "max_new_tokens"))
+    obj = _object(
+        c, value, path, ("seed", "max_new_tokens", "temperature"), ("seed", "max_new_tokens")
+    )
     if obj is None:
         return None
     seed = _typed(c, obj, "seed", path, _is_nonneg_int, "a non-negative integer")
     max_new = _typed(c, obj, "max_new_tokens", path, _is_pos_int, "a positive integer")
-    temperature = _typed(c, obj, "temperature", path, lambda v: _is_number(v) and v >= 0,
-                         "a finite number >= 0", default=1.0)
+    temperature = _typed(
+        c,
+        obj,
+        "temperature",
+        path,
+        lambda v: _is_number(v) and v >= 0,
+        "a finite number >= 0",
+        default=1.0,
+    )
     if seed is None or max_new is None or temperature is None:
         return None
     return SamplingSpec(seed=seed, max_new_tokens=max_new, temperature=float(temperature))
@@ -464,8 +581,10 @@ def _baseline(c: _Collector, value: Any, path: str) -> tuple[dict[str, Any], dic
             if forbidden_reason(key) is not None:
                 continue
             if isinstance(raw, (dict, list)) or raw is None:
-                c.fail(f"{path}.{section}.{key}", f"expected a string, integer or boolean "
-                       f"knob value, got {_type_name(raw)}")
+                c.fail(
+                    f"{path}.{section}.{key}",
+                    f"expected a string, integer or boolean knob value, got {_type_name(raw)}",
+                )
                 continue
             flat[f"{section}.{key}"] = raw
             json_paths[f"{section}.{key}"] = f"{path}.{section}.{key}"
@@ -491,8 +610,10 @@ def _interventions(c: _Collector, value: Any, path: str) -> tuple[Intervention, 
             continue
         for j, raw in enumerate(values):
             if isinstance(raw, (dict, list)) or raw is None:
-                c.fail(f"{ipath}.values[{j}]", f"expected a string, integer or boolean knob "
-                       f"value, got {_type_name(raw)}")
+                c.fail(
+                    f"{ipath}.values[{j}]",
+                    f"expected a string, integer or boolean knob value, got {_type_name(raw)}",
+                )
         result.append(Intervention(path=knob, values=tuple(values), json_path=ipath))
     return tuple(result)
 
@@ -517,8 +638,9 @@ def _backend_selection(c: _Collector, value: Any, path: str) -> BackendSelection
     if obj is None:
         return None
     backend = _typed(c, obj, "backend", path, _is_str, "a backend id string")
-    options = _typed(c, obj, "options", path, lambda v: isinstance(v, dict), "an object",
-                     default={})
+    options = _typed(
+        c, obj, "options", path, lambda v: isinstance(v, dict), "an object", default={}
+    )
     if backend is None or options is None:
         return None
     return BackendSelection(backend=backend, options=frozen_mapping(options))
@@ -539,8 +661,9 @@ def _operators(c: _Collector, value: Any, path: str) -> tuple[OperatorSelection,
         rollout = _backend_selection(c, sides["rollout"], f"{opath}.rollout")
         training = _backend_selection(c, sides["training"], f"{opath}.training")
         if rollout and training:
-            result.append(OperatorSelection(operation=operation, rollout=rollout,
-                                            training=training))
+            result.append(
+                OperatorSelection(operation=operation, rollout=rollout, training=training)
+            )
     return tuple(result)
 
 
@@ -549,8 +672,7 @@ def _scenario(c: _Collector, value: Any, path: str) -> Scenario | None:
     if obj is None:
         return None
     level = _enum(c, obj, "level", path, ScenarioLevel)
-    device = _typed(c, obj, "device", path, lambda v: v in ("cpu", "cuda"),
-                    "'cpu' or 'cuda'")
+    device = _typed(c, obj, "device", path, lambda v: v in ("cpu", "cuda"), "'cpu' or 'cuda'")
     if level is None or device is None:
         return None
     return Scenario(level=level, device=device)

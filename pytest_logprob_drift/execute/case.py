@@ -56,16 +56,27 @@ class ExecutedAttempt:
 
 
 def _records_json(records: tuple[KnobApplication, ...], stage: str) -> dict[str, Any]:
-    return {r.knob: {"lifecycle": r.lifecycle.value,
-                     stage: getattr(r, stage),
-                     **({"status": r.status.value, "evidence": r.evidence}
-                        if stage != "requested" else {})} for r in records}
+    return {
+        r.knob: {
+            "lifecycle": r.lifecycle.value,
+            stage: getattr(r, stage),
+            **({"status": r.status.value, "evidence": r.evidence} if stage != "requested" else {}),
+        }
+        for r in records
+    }
 
 
 def _rejected(reasons: list[str], threshold: float) -> Verdict:
-    return Verdict(outcome=Outcome.STRICT_REJECTED, reason="; ".join(reasons),
-                   threshold=threshold, active_tokens=0, mismatches=0, diagnostics={},
-                   worst_tokens=(), identity_violations=())
+    return Verdict(
+        outcome=Outcome.STRICT_REJECTED,
+        reason="; ".join(reasons),
+        threshold=threshold,
+        active_tokens=0,
+        mismatches=0,
+        diagnostics={},
+        worst_tokens=(),
+        identity_violations=(),
+    )
 
 
 @dataclass(slots=True, kw_only=True)
@@ -102,11 +113,13 @@ def execute_case(run: CaseExecution) -> ExecutedAttempt:
     """Strict pre-checks, paired scoring, the verdict, and the sealed attempt."""
     case = run.ec.case
     scored = _Scored(records=application_records(case.requested, run.materialized, None))
-    reasons = _stale_registry(run) + strict_violations(scored.records, changed=case.changed,
-                                                       strict=run.strict)
+    reasons = _stale_registry(run) + strict_violations(
+        scored.records, changed=case.changed, strict=run.strict
+    )
     if not reasons:
-        with OperatorSession(run.catalog, allow_test_only=run.allow_test_only,
-                             strict=run.strict) as session:
+        with OperatorSession(
+            run.catalog, allow_test_only=run.allow_test_only, strict=run.strict
+        ) as session:
             kernels = _resolve_kernels(run, session, reasons)
             if not reasons:
                 _score(run, kernels, scored, reasons)
@@ -121,55 +134,74 @@ def _stale_registry(run: CaseExecution) -> list[str]:
     for b in run.ec.bindings:
         current = run.catalog.get(b.operation, b.backend)
         if current is None or current.fingerprint != b.descriptor_fingerprint:
-            reasons.append(f"stale registry state: {b.target} backend {b.backend!r} is no "
-                           "longer registered as it was when the case was bound")
+            reasons.append(
+                f"stale registry state: {b.target} backend {b.backend!r} is no "
+                "longer registered as it was when the case was bound"
+            )
     return reasons
 
 
-def _resolve_kernels(run: CaseExecution, session: OperatorSession,
-                     reasons: list[str]) -> dict[str, BoundKernel | None]:
+def _resolve_kernels(
+    run: CaseExecution, session: OperatorSession, reasons: list[str]
+) -> dict[str, BoundKernel | None]:
     """Each side's kernel through the case's session (None: the runtime's native path)."""
     requested = run.ec.case.requested
     kernels: dict[str, BoundKernel | None] = {}
     try:
         for target in ("rollout", "training"):
             b = run.ec.binding(target)
-            resolved = session.resolve(SELECTED_LOGPROB, target, b.backend,
-                                       device=str(run.binding.scorer["device"]),
-                                       dtype=side_dtype(requested, target),
-                                       topology=side_topology(requested, target),
-                                       options=b.options)
+            resolved = session.resolve(
+                SELECTED_LOGPROB,
+                target,
+                b.backend,
+                device=str(run.binding.scorer["device"]),
+                dtype=side_dtype(requested, target),
+                topology=side_topology(requested, target),
+                options=b.options,
+            )
             kernel = session.instantiate(resolved)
             by_name = resolved.descriptor.factory_style is FactoryStyle.KERNEL
-            kernels[target] = None if kernel is None else BoundKernel(
-                b.backend, kernel, resolved.descriptor.factory if by_name else None)
+            kernels[target] = (
+                None
+                if kernel is None
+                else BoundKernel(
+                    b.backend, kernel, resolved.descriptor.factory if by_name else None
+                )
+            )
     except OperatorResolutionError as exc:
         reasons.append(f"operator resolution: {exc}")
     return kernels
 
 
-def _score(run: CaseExecution, kernels: Mapping[str, BoundKernel | None], scored: _Scored,
-           reasons: list[str]) -> None:
+def _score(
+    run: CaseExecution,
+    kernels: Mapping[str, BoundKernel | None],
+    scored: _Scored,
+    reasons: list[str],
+) -> None:
     """Rollout, then read-only training scoring, on pooled engines; then read-back."""
     binding, identity, adapter = run.binding, run.identity, run.adapter
-    engine = run.pool.rollout_engine(binding.rollout_construction_fingerprint,
-                                     lambda: adapter.build_rollout(binding, identity))
-    scorer = run.pool.training_scorer(binding.training_construction_fingerprint,
-                                      lambda: adapter.build_training(binding, identity))
+    engine = run.pool.rollout_engine(
+        binding.rollout_construction_fingerprint, lambda: adapter.build_rollout(binding, identity)
+    )
+    scorer = run.pool.training_scorer(
+        binding.training_construction_fingerprint, lambda: adapter.build_training(binding, identity)
+    )
     for side, built, want in (
-            ("rollout", engine.construction_fingerprint,
-             binding.rollout_construction_fingerprint),
-            ("training", scorer.construction_fingerprint,
-             binding.training_construction_fingerprint)):
+        ("rollout", engine.construction_fingerprint, binding.rollout_construction_fingerprint),
+        ("training", scorer.construction_fingerprint, binding.training_construction_fingerprint),
+    ):
         if built != want:
-            reasons.append(f"incompatible reuse: {side} engine was built for {built}, case "
-                           f"needs {want}")
+            reasons.append(
+                f"incompatible reuse: {side} engine was built for {built}, case needs {want}"
+            )
     if reasons:
         return
     batch_size = int(binding.batch["size"])
     scored.rollout = engine.generate(identity, batch_size=batch_size, logp=kernels["rollout"])
-    scored.training = scorer.score(identity, scored.rollout.tensors, batch_size=batch_size,
-                                   logp=kernels["training"])
+    scored.training = scorer.score(
+        identity, scored.rollout.tensors, batch_size=batch_size, logp=kernels["training"]
+    )
     actual = merge_read_back(engine.read_back(), scorer.read_back())
     scored.read_back = dict(actual)
     case = run.ec.case
@@ -177,65 +209,109 @@ def _score(run: CaseExecution, kernels: Mapping[str, BoundKernel | None], scored
     reasons.extend(strict_violations(scored.records, changed=case.changed, strict=run.strict))
 
 
-def _judge(run: CaseExecution, scored: _Scored, reasons: list[str]) \
-        -> tuple[Verdict, dict[str, Any] | None]:
+def _judge(
+    run: CaseExecution, scored: _Scored, reasons: list[str]
+) -> tuple[Verdict, dict[str, Any] | None]:
     """The verdict (identity first), and the numerical verdict alone for offline checks."""
     threshold = run.contract.threshold
     rollout, training = scored.rollout, scored.training
     if rollout is None or training is None:
         return _rejected(reasons, threshold), None
     expected = side_identity(run.identity, checkpoint_digest=run.identity.checkpoint.digest)
-    violations = identity_violations(expected, rollout.identity, training.identity,
-                                     rollout.tensors, training.consumed,
-                                     training.readonly_violations)
+    violations = identity_violations(
+        expected,
+        rollout.identity,
+        training.identity,
+        rollout.tensors,
+        training.consumed,
+        training.readonly_violations,
+    )
     active = rollout.tensors["active_mask"]
     numeric_verdict = judge(training.logprobs, rollout.tensors["logprobs"], active, threshold)
-    numeric = {"outcome": numeric_verdict.outcome.value,
-               "mismatches": numeric_verdict.mismatches,
-               "active_tokens": numeric_verdict.active_tokens, "threshold": threshold}
-    verdict = judge(training.logprobs, rollout.tensors["logprobs"], active, threshold,
-                    violations=tuple(violations))
+    numeric = {
+        "outcome": numeric_verdict.outcome.value,
+        "mismatches": numeric_verdict.mismatches,
+        "active_tokens": numeric_verdict.active_tokens,
+        "threshold": threshold,
+    }
+    verdict = judge(
+        training.logprobs,
+        rollout.tensors["logprobs"],
+        active,
+        threshold,
+        violations=tuple(violations),
+    )
     if reasons and verdict.outcome is not Outcome.INVALID_IDENTITY:
         verdict = _rejected(reasons, threshold)
     return verdict, numeric
 
 
-def _write_attempt(run: CaseExecution, scored: _Scored, verdict: Verdict,
-                   numeric: dict[str, Any] | None) -> Seal:
+def _write_attempt(
+    run: CaseExecution, scored: _Scored, verdict: Verdict, numeric: dict[str, Any] | None
+) -> Seal:
     """Every payload, then COMPLETE last."""
     case, rollout, training = run.ec.case, scored.rollout, scored.training
     writer = run.store.new_attempt(case.case_id, run.execution_key)
-    writer.write_json("requested.json", {"case_id": case.case_id, "label": case.label,
-                                         "knobs": canonical(case.requested),
-                                         "changed": list(case.changed),
-                                         "binding": canonical(run.binding)})
-    writer.write_json("materialized.json", {
-        "knobs": {k: canonical(v) for k, v in sorted(run.materialized.items())},
-        "operators": [canonical(b) for b in run.ec.bindings]})
-    writer.write_json("actual.json", {"knobs": _records_json(scored.records, "actual"),
-                                      "read_back": scored.read_back,
-                                      "operator_provenance": scored.provenance,
-                                      "training_evidence": dict(training.evidence)
-                                      if training else None})
-    writer.write_json("identity.json", {
-        "identity": run.identity.canonical_identity(),
-        "rollout": dict(rollout.identity) if rollout else None,
-        "training": dict(training.identity) if training else None,
-        "execution_key_payload": dict(run.key_payload)})
+    writer.write_json(
+        "requested.json",
+        {
+            "case_id": case.case_id,
+            "label": case.label,
+            "knobs": canonical(case.requested),
+            "changed": list(case.changed),
+            "binding": canonical(run.binding),
+        },
+    )
+    writer.write_json(
+        "materialized.json",
+        {
+            "knobs": {k: canonical(v) for k, v in sorted(run.materialized.items())},
+            "operators": [canonical(b) for b in run.ec.bindings],
+        },
+    )
+    writer.write_json(
+        "actual.json",
+        {
+            "knobs": _records_json(scored.records, "actual"),
+            "read_back": scored.read_back,
+            "operator_provenance": scored.provenance,
+            "training_evidence": dict(training.evidence) if training else None,
+        },
+    )
+    writer.write_json(
+        "identity.json",
+        {
+            "identity": run.identity.canonical_identity(),
+            "rollout": dict(rollout.identity) if rollout else None,
+            "training": dict(training.identity) if training else None,
+            "execution_key_payload": dict(run.key_payload),
+        },
+    )
     if rollout is not None and training is not None:
         writer.write_bytes("score_rollout.pt", tensor_bytes(rollout.tensors))
-        writer.write_bytes("score_training.pt", tensor_bytes(
-            {"logprobs": training.logprobs, **training.consumed}))
-    comparison = {"case_id": case.case_id, "label": case.label,
-                  "contract": canonical(run.contract), **verdict.to_json(),
-                  "records": [canonical(r) for r in scored.records]}
+        writer.write_bytes(
+            "score_training.pt", tensor_bytes({"logprobs": training.logprobs, **training.consumed})
+        )
+    comparison = {
+        "case_id": case.case_id,
+        "label": case.label,
+        "contract": canonical(run.contract),
+        **verdict.to_json(),
+        "records": [canonical(r) for r in scored.records],
+    }
     if numeric is not None:
         comparison["numerical"] = numeric
     writer.write_json("comparison.json", comparison)
     if rollout is not None and training is not None:
-        writer.write_bytes("token_diffs.pt", tensor_bytes({
-            "training_logprobs": training.logprobs,
-            "rollout_logprobs": rollout.tensors["logprobs"],
-            "active_mask": rollout.tensors["active_mask"],
-            "threshold": torch.tensor(run.contract.threshold, dtype=torch.float64)}))
+        writer.write_bytes(
+            "token_diffs.pt",
+            tensor_bytes(
+                {
+                    "training_logprobs": training.logprobs,
+                    "rollout_logprobs": rollout.tensors["logprobs"],
+                    "active_mask": rollout.tensors["active_mask"],
+                    "threshold": torch.tensor(run.contract.threshold, dtype=torch.float64),
+                }
+            ),
+        )
     return writer.seal()

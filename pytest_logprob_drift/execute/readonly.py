@@ -53,8 +53,13 @@ def _modes(module: torch.nn.Module) -> dict[str, bool]:
 class ReadOnlyGuard:
     """Use ``with guard.watch():`` around the scoring call, then read ``violations``."""
 
-    def __init__(self, module: torch.nn.Module, *, kv_cache_allowed: bool,
-                 settle: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        kv_cache_allowed: bool,
+        settle: Callable[[], None] | None = None,
+    ) -> None:
         self.module = module
         self.kv_cache_allowed = kv_cache_allowed
         self.settle = settle
@@ -86,9 +91,11 @@ class ReadOnlyGuard:
         generate_calls: list[int] = []
         original_generate = module.__dict__.get("generate")
         if hasattr(module, "generate"):
+
             def refuse_generate(*args: Any, **kwargs: Any) -> Any:
                 generate_calls.append(1)
                 raise RuntimeError("the training scorer must not generate")
+
             module.generate = refuse_generate  # type: ignore[assignment]
         try:
             yield self
@@ -103,19 +110,23 @@ class ReadOnlyGuard:
             after = state_digests(module)
             changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
             if changed:
-                self.violations.append(f"parameters/buffers changed during scoring: "
-                                       f"{', '.join(changed[:5])}")
+                self.violations.append(
+                    f"parameters/buffers changed during scoring: {', '.join(changed[:5])}"
+                )
             mode_changes = sorted(n for n, t in _modes(module).items() if modes.get(n) != t)
             if mode_changes:
-                self.violations.append(f"module mode not restored for {', '.join(mode_changes[:5])}"
-                                       f" (was {'train' if modes[mode_changes[0]] else 'eval'})")
+                self.violations.append(
+                    f"module mode not restored for {', '.join(mode_changes[:5])}"
+                    f" (was {'train' if modes[mode_changes[0]] else 'eval'})"
+                )
             grads = {n for n, p in module.named_parameters() if p.grad is not None}
             if grads - grads_before:
                 self.violations.append("gradients were produced during scoring")
             if generate_calls:
                 self.violations.append("generate() was called by the training scorer")
             if seen_cache and not self.kv_cache_allowed:
-                self.violations.append(f"KV cache used where the identity forbids it "
-                                       f"({seen_cache[0]})")
+                self.violations.append(
+                    f"KV cache used where the identity forbids it ({seen_cache[0]})"
+                )
             self.digest_before = hashlib.sha256(repr(sorted(before.items())).encode()).hexdigest()
             self.digest_after = hashlib.sha256(repr(sorted(after.items())).encode()).hexdigest()

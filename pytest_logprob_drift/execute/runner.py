@@ -57,10 +57,18 @@ Progress = Callable[[int, int, ExecutionCase, "CaseResult | Exception | None"], 
 class Runner:
     """Runs cases of one execution plan on one runtime; use as a context manager."""
 
-    def __init__(self, execution_plan: ExecutionPlan, *, runtime: str, runtimes: RuntimeCatalog,
-                 catalog: SemanticOperatorCatalog, artifacts: Path,
-                 allow_test_only: bool = False, expectations: Sequence[Expectation] = (),
-                 adapter: RuntimeAdapter | None = None) -> None:
+    def __init__(
+        self,
+        execution_plan: ExecutionPlan,
+        *,
+        runtime: str,
+        runtimes: RuntimeCatalog,
+        catalog: SemanticOperatorCatalog,
+        artifacts: Path,
+        allow_test_only: bool = False,
+        expectations: Sequence[Expectation] = (),
+        adapter: RuntimeAdapter | None = None,
+    ) -> None:
         """``catalog`` holds every backend planning bound (test-only ones included); only the
         production ones are registered for execution unless ``allow_test_only``."""
         if execution_plan.has_errors:
@@ -70,27 +78,34 @@ class Runner:
         self.info = runtimes.get(runtime)
         self.allow_test_only = allow_test_only
         self.expectations = tuple(expectations)
-        test_only = [ec.case.label for ec in execution_plan.cases
-                     if ec.uses_test_only_operators]
+        test_only = [ec.case.label for ec in execution_plan.cases if ec.uses_test_only_operators]
         if test_only and not allow_test_only:
-            raise UsageError(f"case(s) {', '.join(test_only)} bind test-only selected_logprob "
-                             "backends, which need registration and authorization",
-                             remedy=Remedy.AUTHORIZE_TEST_OPERATORS)
+            raise UsageError(
+                f"case(s) {', '.join(test_only)} bind test-only selected_logprob "
+                "backends, which need registration and authorization",
+                remedy=Remedy.AUTHORIZE_TEST_OPERATORS,
+            )
         self.catalog = catalog if allow_test_only else catalog.without_test_only()
         self.store = ArtifactStore(artifacts, execution_plan.plan.experiment_id)
         self.executable = self.info.executes(execution_plan.plan.scenario)
         self._adapter = adapter
         self.pool = EnginePool()
         self._bindings: dict[str, RuntimeBinding] = {}
-        self.notes = self.store.initialize(self._experiment_document(),
-                                           execution_plan.rows(runtimes.runtimes))
+        self.notes = self.store.initialize(
+            self._experiment_document(), execution_plan.rows(runtimes.runtimes)
+        )
 
     def _experiment_document(self) -> dict[str, Any]:
         plan = self.plan.plan
-        return {"experiment_id": plan.experiment_id, "scenario_id": plan.scenario_id,
-                "scenario": canonical(plan.scenario), "contract": canonical(plan.contract),
-                "strategy": plan.strategy.value, "strict_fallback": plan.strict_fallback,
-                "identity": plan.identity.canonical_identity()}
+        return {
+            "experiment_id": plan.experiment_id,
+            "scenario_id": plan.scenario_id,
+            "scenario": canonical(plan.scenario),
+            "contract": canonical(plan.contract),
+            "strategy": plan.strategy.value,
+            "strict_fallback": plan.strict_fallback,
+            "identity": plan.identity.canonical_identity(),
+        }
 
     @property
     def adapter(self) -> RuntimeAdapter:
@@ -113,32 +128,47 @@ class Runner:
         if ec.case.case_id not in self._bindings:
             plan = self.plan.plan
             self._bindings[ec.case.case_id] = bind_case(
-                ec, runtime_kind=self.info.name, identity=plan.identity,
-                device=plan.scenario.device)
+                ec, runtime_kind=self.info.name, identity=plan.identity, device=plan.scenario.device
+            )
         return self._bindings[ec.case.case_id]
 
     def release_engines_except(self, remaining: Iterable[ExecutionCase]) -> None:
         """Close every engine that none of ``remaining`` needs."""
         bindings = [self.binding(ec) for ec in remaining]
-        self.pool.release_unneeded({b.rollout_construction_fingerprint for b in bindings},
-                                   {b.training_construction_fingerprint for b in bindings})
+        self.pool.release_unneeded(
+            {b.rollout_construction_fingerprint for b in bindings},
+            {b.training_construction_fingerprint for b in bindings},
+        )
 
     def run_case(self, ec: ExecutionCase) -> CaseResult:
         case = ec.case
         plan = self.plan.plan
         expected = expected_outcome(self.expectations, case.case_id, case.label)
         if not self.executable:
-            return CaseResult(case_id=case.case_id, label=case.label, outcome=Outcome.PLAN_ONLY,
-                              expected=expected, reason=self.info.plan_only_reason(plan.scenario),
-                              reused=False, attempt_dir=None)
+            return CaseResult(
+                case_id=case.case_id,
+                label=case.label,
+                outcome=Outcome.PLAN_ONLY,
+                expected=expected,
+                reason=self.info.plan_only_reason(plan.scenario),
+                reused=False,
+                attempt_dir=None,
+            )
         binding = self.binding(ec)
         adapter = self.adapter
         materialized = adapter.materialize(case.requested)
-        environment = {**base_environment(plan.scenario.device),
-                       **adapter.environment(plan.identity)}
-        payload = execution_key_payload(ec=ec, identity=plan.identity,
-                                        materialized=materialized, binding=binding,
-                                        contract=plan.contract, environment=environment)
+        environment = {
+            **base_environment(plan.scenario.device),
+            **adapter.environment(plan.identity),
+        }
+        payload = execution_key_payload(
+            ec=ec,
+            identity=plan.identity,
+            materialized=materialized,
+            binding=binding,
+            contract=plan.contract,
+            environment=environment,
+        )
         key = execution_key(payload)
         skipped: list[str] = []
         for attempt in self.store.attempts(case.case_id):
@@ -148,22 +178,47 @@ class Runner:
                 skipped.append(f"{attempt.name}: {exc}")
                 continue
             comparison = dict(checked.comparison)
-            return CaseResult(case_id=case.case_id, label=case.label, outcome=checked.outcome,
-                              expected=expected, reason=str(comparison.get("reason", "")),
-                              reused=True, attempt_dir=attempt, comparison=comparison,
-                              skipped_attempts=tuple(skipped))
-        executed = execute_case(CaseExecution(
-            ec=ec, identity=plan.identity, binding=binding, materialized=materialized,
-            adapter=adapter, pool=self.pool, catalog=self.catalog,
-            allow_test_only=self.allow_test_only, contract=plan.contract,
-            strict=plan.strict_fallback, store=self.store, execution_key=key,
-            key_payload=payload))
+            return CaseResult(
+                case_id=case.case_id,
+                label=case.label,
+                outcome=checked.outcome,
+                expected=expected,
+                reason=str(comparison.get("reason", "")),
+                reused=True,
+                attempt_dir=attempt,
+                comparison=comparison,
+                skipped_attempts=tuple(skipped),
+            )
+        executed = execute_case(
+            CaseExecution(
+                ec=ec,
+                identity=plan.identity,
+                binding=binding,
+                materialized=materialized,
+                adapter=adapter,
+                pool=self.pool,
+                catalog=self.catalog,
+                allow_test_only=self.allow_test_only,
+                contract=plan.contract,
+                strict=plan.strict_fallback,
+                store=self.store,
+                execution_key=key,
+                key_payload=payload,
+            )
+        )
         attempt_dir = self.store.case_dir(case.case_id) / executed.seal.attempt_id
         comparison = dict(check_attempt(attempt_dir, expected_key=key).comparison)
-        return CaseResult(case_id=case.case_id, label=case.label,
-                          outcome=executed.verdict.outcome, expected=expected,
-                          reason=executed.verdict.reason, reused=False, attempt_dir=attempt_dir,
-                          comparison=dict(comparison), skipped_attempts=tuple(skipped))
+        return CaseResult(
+            case_id=case.case_id,
+            label=case.label,
+            outcome=executed.verdict.outcome,
+            expected=expected,
+            reason=executed.verdict.reason,
+            reused=False,
+            attempt_dir=attempt_dir,
+            comparison=dict(comparison),
+            skipped_attempts=tuple(skipped),
+        )
 
     def order(self, cases: Sequence[ExecutionCase]) -> list[ExecutionCase]:
         """Group cases so each engine is built once: process, then rollout, then training."""
@@ -171,9 +226,13 @@ class Runner:
             return list(cases)
         return order_for_reuse(cases, self.binding)
 
-    def run(self, cases: Sequence[ExecutionCase] | None = None, *,
-            progress: Progress | None = None,
-            failures: list[tuple[ExecutionCase, Exception]] | None = None) -> list[CaseResult]:
+    def run(
+        self,
+        cases: Sequence[ExecutionCase] | None = None,
+        *,
+        progress: Progress | None = None,
+        failures: list[tuple[ExecutionCase, Exception]] | None = None,
+    ) -> list[CaseResult]:
         """Run cases in reuse order, closing each engine once no later case needs it.
 
         ``progress(index, total, case, outcome)`` is called before a case (outcome None) and
@@ -197,7 +256,7 @@ class Runner:
                 outcome = exc
             finally:
                 if self.executable:
-                    self.release_engines_except(ordered[index + 1:])
+                    self.release_engines_except(ordered[index + 1 :])
             if isinstance(outcome, CaseResult):
                 results.append(outcome)
             if progress is not None:

@@ -60,7 +60,6 @@ def load_adapter(info: RuntimeInfo) -> RuntimeAdapter:
         factory = resolve_reference(info.adapter)
     except UnresolvedReference as exc:
         hint = f" (install the '{info.extra}' extra)" if info.extra else ""
-        raise UsageError(f"runtime {info.name!r} is not available: {exc.message}{hint}") \
-            from None
+        raise UsageError(f"runtime {info.name!r} is not available: {exc.message}{hint}") from None
     adapter: RuntimeAdapter = factory()
     return adapter

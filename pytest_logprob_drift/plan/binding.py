@@ -105,18 +105,25 @@ def side_dtype(requested: Mapping[str, KnobValue], target: str) -> str | None:
     return None if value is None else str(value)
 
 
-def _selection_for(case: Case, explicit: OperatorSelection | None, target: str) \
-        -> tuple[str, Mapping[str, Any], str]:
+def _selection_for(
+    case: Case, explicit: OperatorSelection | None, target: str
+) -> tuple[str, Mapping[str, Any], str]:
     if explicit is not None:
         side = explicit.rollout if target == "rollout" else explicit.training
         return side.backend, side.options, "explicit"
-    return str(case.requested.get("logp.backend", NATIVE_BACKEND)), frozen_mapping({}), \
-        "logp.backend"
+    return (
+        str(case.requested.get("logp.backend", NATIVE_BACKEND)),
+        frozen_mapping({}),
+        "logp.backend",
+    )
 
 
-def build_execution_plan(plan: ExperimentPlan, catalog: SemanticOperatorCatalog, *,
-                         intervention_paths: Mapping[str, str] | None = None
-                         ) -> ExecutionPlan:
+def build_execution_plan(
+    plan: ExperimentPlan,
+    catalog: SemanticOperatorCatalog,
+    *,
+    intervention_paths: Mapping[str, str] | None = None,
+) -> ExecutionPlan:
     """Bind operators into every case; problems become structured issues.
 
     ``catalog`` is what planning can see. Test-only backends in it bind with a warning
@@ -131,28 +138,39 @@ def build_execution_plan(plan: ExperimentPlan, catalog: SemanticOperatorCatalog,
     binder = _Binder(catalog=catalog, device=plan.scenario.device, issues=issues)
     bound: list[ExecutionCase] = []
     for case in plan.cases:
-        bindings = [b for target in TARGETS
-                    if (b := binder.bind(case, target, explicit, paths)) is not None]
+        bindings = [
+            b for target in TARGETS if (b := binder.bind(case, target, explicit, paths)) is not None
+        ]
         if len(bindings) == len(TARGETS):
             bound.append(ExecutionCase(case=case, bindings=tuple(bindings)))
-    return ExecutionPlan(plan=plan, cases=tuple(bound), issues=tuple(issues),
-                         catalog_fingerprint=catalog.fingerprint)
+    return ExecutionPlan(
+        plan=plan, cases=tuple(bound), issues=tuple(issues), catalog_fingerprint=catalog.fingerprint
+    )
 
 
-def _explicit_mapping_conflicts(plan: ExperimentPlan, paths: Mapping[str, str]) \
-        -> list[PlanIssue]:
+def _explicit_mapping_conflicts(plan: ExperimentPlan, paths: Mapping[str, str]) -> list[PlanIssue]:
     conflicts: list[PlanIssue] = []
     if "logp.backend" in paths:
-        conflicts.append(PlanIssue(
-            severity=IssueSeverity.ERROR, code="LOGP_BACKEND_WITH_EXPLICIT_OPERATORS",
-            path=paths["logp.backend"], message="a logp.backend intervention cannot be "
-            "combined with the fixed $.operators.selected_logprob mapping: it would not change "
-            "execution"))
+        conflicts.append(
+            PlanIssue(
+                severity=IssueSeverity.ERROR,
+                code="LOGP_BACKEND_WITH_EXPLICIT_OPERATORS",
+                path=paths["logp.backend"],
+                message="a logp.backend intervention cannot be "
+                "combined with the fixed $.operators.selected_logprob mapping: it would not change "
+                "execution",
+            )
+        )
     if plan.cases and "logp.backend" in plan.cases[0].requested:
-        conflicts.append(PlanIssue(
-            severity=IssueSeverity.ERROR, code="LOGP_BACKEND_WITH_EXPLICIT_OPERATORS",
-            path="$.baseline.logp.backend", message="logp.backend and "
-            "$.operators.selected_logprob both select the backend; keep one"))
+        conflicts.append(
+            PlanIssue(
+                severity=IssueSeverity.ERROR,
+                code="LOGP_BACKEND_WITH_EXPLICIT_OPERATORS",
+                path="$.baseline.logp.backend",
+                message="logp.backend and "
+                "$.operators.selected_logprob both select the backend; keep one",
+            )
+        )
     return conflicts
 
 
@@ -170,48 +188,76 @@ class _Binder:
             self.reported.add(key)
             self.issues.append(issue)
 
-    def bind(self, case: Case, target: str, explicit: OperatorSelection | None,
-             paths: Mapping[str, str]) -> OperatorBinding | None:
+    def bind(
+        self, case: Case, target: str, explicit: OperatorSelection | None, paths: Mapping[str, str]
+    ) -> OperatorBinding | None:
         backend, options, source = _selection_for(case, explicit, target)
         json_path = _selection_json_path(case, target, source, paths)
         descriptor = self.catalog.get(SELECTED_LOGPROB, backend)
         if descriptor is None:
             known = ", ".join(self.catalog.backend_ids(SELECTED_LOGPROB))
-            self._once(("unknown", backend, json_path), PlanIssue(
-                severity=IssueSeverity.ERROR, code="UNKNOWN_BACKEND", path=json_path,
-                message=f"no {SELECTED_LOGPROB} backend {backend!r} is registered "
-                f"(known: {known})"))
+            self._once(
+                ("unknown", backend, json_path),
+                PlanIssue(
+                    severity=IssueSeverity.ERROR,
+                    code="UNKNOWN_BACKEND",
+                    path=json_path,
+                    message=f"no {SELECTED_LOGPROB} backend {backend!r} is registered "
+                    f"(known: {known})",
+                ),
+            )
             return None
         if descriptor.test_only:
-            self._once(("test_only", backend, ""), PlanIssue(
-                severity=IssueSeverity.WARNING, code="TEST_ONLY_OPERATOR", path=json_path,
-                message=f"{backend} is a test-only backend: executing it needs authorization",
-                remedy=Remedy.AUTHORIZE_TEST_OPERATORS))
+            self._once(
+                ("test_only", backend, ""),
+                PlanIssue(
+                    severity=IssueSeverity.WARNING,
+                    code="TEST_ONLY_OPERATOR",
+                    path=json_path,
+                    message=f"{backend} is a test-only backend: executing it needs authorization",
+                    remedy=Remedy.AUTHORIZE_TEST_OPERATORS,
+                ),
+            )
         if not self._capable(case, target, descriptor, json_path):
             return None
         return OperatorBinding(
-            operation=SELECTED_LOGPROB, target=target, backend=backend,
+            operation=SELECTED_LOGPROB,
+            target=target,
+            backend=backend,
             options=frozen_mapping(dict(options)),
-            descriptor_fingerprint=descriptor.fingerprint, version=descriptor.version,
-            test_only=descriptor.test_only, source=source)
+            descriptor_fingerprint=descriptor.fingerprint,
+            version=descriptor.version,
+            test_only=descriptor.test_only,
+            source=source,
+        )
 
-    def _capable(self, case: Case, target: str, descriptor: OperatorDescriptor,
-                 json_path: str) -> bool:
+    def _capable(
+        self, case: Case, target: str, descriptor: OperatorDescriptor, json_path: str
+    ) -> bool:
         try:
-            check_capability(descriptor, target=target, device=self.device,
-                             dtype=side_dtype(case.requested, target),
-                             topology=side_topology(case.requested, target),
-                             allow_test_only=True, strict=False)
+            check_capability(
+                descriptor,
+                target=target,
+                device=self.device,
+                dtype=side_dtype(case.requested, target),
+                topology=side_topology(case.requested, target),
+                allow_test_only=True,
+                strict=False,
+            )
         except OperatorResolutionError as exc:
-            self.issues.append(PlanIssue(severity=IssueSeverity.ERROR, code=exc.code,
-                                         path=json_path,
-                                         message=f"case {case.label}: {exc.message}"))
+            self.issues.append(
+                PlanIssue(
+                    severity=IssueSeverity.ERROR,
+                    code=exc.code,
+                    path=json_path,
+                    message=f"case {case.label}: {exc.message}",
+                )
+            )
             return False
         return True
 
 
-def _selection_json_path(case: Case, target: str, source: str,
-                         paths: Mapping[str, str]) -> str:
+def _selection_json_path(case: Case, target: str, source: str, paths: Mapping[str, str]) -> str:
     if source == "explicit":
         return f"$.operators.{SELECTED_LOGPROB}.{target}"
     if "logp.backend" in case.changed:
@@ -219,8 +265,9 @@ def _selection_json_path(case: Case, target: str, source: str,
     return "$.baseline.logp.backend"
 
 
-def case_row(execution_plan: ExecutionPlan, ec: ExecutionCase,
-             executable_by: Sequence[str]) -> dict[str, Any]:
+def case_row(
+    execution_plan: ExecutionPlan, ec: ExecutionCase, executable_by: Sequence[str]
+) -> dict[str, Any]:
     """The canonical row shared by `plan` output and `plan.jsonl`."""
     case = ec.case
     plan = execution_plan.plan

@@ -27,18 +27,37 @@ DEVICE_ATTENTION: Mapping[str, tuple[str, ...]] = {
     "cuda": ATTENTION_BACKENDS,
 }
 
-_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32",
-                  "torch.float32": "float32", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
-                  "fp16": "float16", "half": "float16", "f16": "float16",
-                  "torch.float16": "float16"}
-_ATTENTION_ALIASES = {"fa2": "flash_attention_2", "flash_attn_2": "flash_attention_2",
-                      "flash-attention-2": "flash_attention_2", "flash_attn": "flash_attention_2",
-                      "flash_attention": "flash_attention_2", "flex": "flex_attention",
-                      "torch_sdpa": "sdpa", "math": "eager"}
-_SHARDING_ALIASES = {"unsharded": "none", "no_shard": "none", "ddp": "none", "fsdp2": "fsdp",
-                     "full_shard": "fsdp", "fully_shard": "fsdp"}
-_BOOL_ALIASES = {"true": True, "false": False, "on": True, "off": False, "yes": True,
-                 "no": False}
+_DTYPE_ALIASES = {
+    "fp32": "float32",
+    "float": "float32",
+    "f32": "float32",
+    "torch.float32": "float32",
+    "bf16": "bfloat16",
+    "torch.bfloat16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
+    "torch.float16": "float16",
+}
+_ATTENTION_ALIASES = {
+    "fa2": "flash_attention_2",
+    "flash_attn_2": "flash_attention_2",
+    "flash-attention-2": "flash_attention_2",
+    "flash_attn": "flash_attention_2",
+    "flash_attention": "flash_attention_2",
+    "flex": "flex_attention",
+    "torch_sdpa": "sdpa",
+    "math": "eager",
+}
+_SHARDING_ALIASES = {
+    "unsharded": "none",
+    "no_shard": "none",
+    "ddp": "none",
+    "fsdp2": "fsdp",
+    "full_shard": "fsdp",
+    "fully_shard": "fsdp",
+}
+_BOOL_ALIASES = {"true": True, "false": False, "on": True, "off": False, "yes": True, "no": False}
 
 PATH_ALIASES: Mapping[str, str] = {
     "batch_size": "batch.size",
@@ -82,9 +101,11 @@ def _choice(choices: tuple[str, ...], aliases: Mapping[str, str]) -> Callable[[A
         key = raw.strip().lower()
         value = aliases.get(key, key)
         if value not in choices:
-            raise InvalidKnobValue(f"expected one of {', '.join(choices)} (or an alias), "
-                                   f"got {raw!r}")
+            raise InvalidKnobValue(
+                f"expected one of {', '.join(choices)} (or an alias), got {raw!r}"
+            )
         return value
+
     return normalize
 
 
@@ -103,32 +124,86 @@ class KnobSpec:
 
 
 KNOB_CATALOG: tuple[KnobSpec, ...] = (
-    KnobSpec(knob=Knob(path="batch.size", lifecycle=Lifecycle.REQUEST,
-                       meaning="Canonical sample chunking only."), normalize=_positive_int),
-    KnobSpec(knob=Knob(path="rollout.tensor_parallel_size", lifecycle=Lifecycle.PROCESS,
-                       meaning="Rollout TP world."), normalize=_positive_int),
-    KnobSpec(knob=Knob(path="rollout.context_parallel_size", lifecycle=Lifecycle.PROCESS,
-                       meaning="Rollout CP world."), normalize=_positive_int),
-    KnobSpec(knob=Knob(path="rollout.dtype", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-                       meaning="Rollout numerical dtype."),
-             normalize=_choice(DTYPES, _DTYPE_ALIASES)),
-    KnobSpec(knob=Knob(path="rollout.enable_prefix_caching",
-                       lifecycle=Lifecycle.ENGINE_CONSTRUCTION, meaning="Engine cache policy."),
-             normalize=_boolean),
-    KnobSpec(knob=Knob(path="rollout.enforce_eager", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-                       meaning="Eager versus optimized/graph path."), normalize=_boolean),
-    KnobSpec(knob=Knob(path="training.attention_backend",
-                       lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-                       meaning="Training scorer attention implementation."),
-             normalize=_choice(ATTENTION_BACKENDS, _ATTENTION_ALIASES)),
-    KnobSpec(knob=Knob(path="training.compute_dtype", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-                       meaning="Training scorer compute dtype."),
-             normalize=_choice(DTYPES, _DTYPE_ALIASES)),
-    KnobSpec(knob=Knob(path="logp.backend", lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-                       meaning="Both-sides selected-logprob shortcut."), normalize=_backend_id),
-    KnobSpec(knob=Knob(path="training.sharding", lifecycle=Lifecycle.PROCESS,
-                       meaning="Training topology, such as unsharded or FSDP."),
-             normalize=_choice(SHARDINGS, _SHARDING_ALIASES)),
+    KnobSpec(
+        knob=Knob(
+            path="batch.size",
+            lifecycle=Lifecycle.REQUEST,
+            meaning="Canonical sample chunking only.",
+        ),
+        normalize=_positive_int,
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="rollout.tensor_parallel_size",
+            lifecycle=Lifecycle.PROCESS,
+            meaning="Rollout TP world.",
+        ),
+        normalize=_positive_int,
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="rollout.context_parallel_size",
+            lifecycle=Lifecycle.PROCESS,
+            meaning="Rollout CP world.",
+        ),
+        normalize=_positive_int,
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="rollout.dtype",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="Rollout numerical dtype.",
+        ),
+        normalize=_choice(DTYPES, _DTYPE_ALIASES),
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="rollout.enable_prefix_caching",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="Engine cache policy.",
+        ),
+        normalize=_boolean,
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="rollout.enforce_eager",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="Eager versus optimized/graph path.",
+        ),
+        normalize=_boolean,
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="training.attention_backend",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="Training scorer attention implementation.",
+        ),
+        normalize=_choice(ATTENTION_BACKENDS, _ATTENTION_ALIASES),
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="training.compute_dtype",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="Training scorer compute dtype.",
+        ),
+        normalize=_choice(DTYPES, _DTYPE_ALIASES),
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="logp.backend",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="Both-sides selected-logprob shortcut.",
+        ),
+        normalize=_backend_id,
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="training.sharding",
+            lifecycle=Lifecycle.PROCESS,
+            meaning="Training topology, such as unsharded or FSDP.",
+        ),
+        normalize=_choice(SHARDINGS, _SHARDING_ALIASES),
+    ),
 )
 KNOBS: Mapping[str, KnobSpec] = {spec.knob.path: spec for spec in KNOB_CATALOG}
 
@@ -147,4 +222,3 @@ def format_value(value: KnobValue) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
-

@@ -52,8 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for level in ("S0", "S1", "S2", "S3"):
         config.addinivalue_line("markers", f"drift_{level}: case of scenario level {level}")
     for path in KNOBS:
-        config.addinivalue_line("markers", f"drift_knob_{marker_name(path)}: case changes "
-                                f"{path}")
+        config.addinivalue_line("markers", f"drift_knob_{marker_name(path)}: case changes {path}")
     runtimes = runtime_catalog()
     options, added = resolve_options(config, runtimes)
     config.stash[OPTIONS_KEY] = options
@@ -92,14 +91,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) \
-        -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if isinstance(item, DriftCaseItem) and call.when == "call":
         tag_report(report, item.user_properties, item.config.stash[OPTIONS_KEY].plan_only)
     return report
 
 
-def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) \
-        -> tuple[str, str, str] | None:
+def pytest_report_teststatus(
+    report: pytest.TestReport, config: pytest.Config
+) -> tuple[str, str, str] | None:
     return status_of(report)

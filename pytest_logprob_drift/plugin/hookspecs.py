@@ -28,7 +28,8 @@ class DriftHookSpecs:
 
     @pytest.hookspec
     def pytest_logprob_drift_operators(
-        self, config: pytest.Config,
+        self,
+        config: pytest.Config,
     ) -> Sequence[OperatorDescriptor | Mapping[str, Any]]:
         """Operator backend descriptors to add to the catalog for this session, as
         ``OperatorDescriptor`` records or the plain-dict form entry points return. Planning

@@ -48,19 +48,23 @@ class DriftConfigFile(pytest.File):
 
     def collect(self) -> Iterator[pytest.Collector]:
         options = self.config.stash[OPTIONS_KEY]
-        execution_plan = plan_file(str(self.path), pairwise=options.pairwise,
-                                          catalog=session_catalog(self.config))
+        execution_plan = plan_file(
+            str(self.path), pairwise=options.pairwise, catalog=session_catalog(self.config)
+        )
         errors = [i for i in execution_plan.issues if i.severity.value == "error"]
         if errors:
             raise DriftCollectionError("; ".join(f"{self.path}: {i.render()}" for i in errors))
-        yield DriftExperiment.from_parent(self, name=execution_plan.plan.experiment_id,
-                                          execution_plan=execution_plan)
+        yield DriftExperiment.from_parent(
+            self, name=execution_plan.plan.experiment_id, execution_plan=execution_plan
+        )
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
-                     style: Any = None) -> Any:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, (DriftError, DriftCollectionError)):
-            text = render_error(excinfo.value, FLAGS) \
-                if isinstance(excinfo.value, DriftError) else str(excinfo.value)
+            text = (
+                render_error(excinfo.value, FLAGS)
+                if isinstance(excinfo.value, DriftError)
+                else str(excinfo.value)
+            )
             return f"{self.path}: {text}" if str(self.path) not in text else text
         return super().repr_failure(excinfo)
 
@@ -78,11 +82,15 @@ class DriftExperiment(pytest.Collector):
         options = self.config.stash[OPTIONS_KEY]
         plan = self.execution_plan.plan
         kind = options.runtime or "plan"
-        bindings = {ec.case.case_id: bind_case(ec, runtime_kind=kind, identity=plan.identity,
-                                               device=plan.scenario.device)
-                    for ec in self.execution_plan.cases}
-        ordered = order_for_reuse(list(self.execution_plan.cases),
-                                  lambda ec: bindings[ec.case.case_id])
+        bindings = {
+            ec.case.case_id: bind_case(
+                ec, runtime_kind=kind, identity=plan.identity, device=plan.scenario.device
+            )
+            for ec in self.execution_plan.cases
+        }
+        ordered = order_for_reuse(
+            list(self.execution_plan.cases), lambda ec: bindings[ec.case.case_id]
+        )
         for ec in ordered:
             item = DriftCaseItem.from_parent(self, name=ec.case.label, case=ec)
             item.extra_keyword_matches.add(keyword_token(ec.case.label))
@@ -113,8 +121,10 @@ class DriftCaseItem(pytest.Item):
         options = self.config.stash[OPTIONS_KEY]
         case = self.case.case
         if options.plan_only:
-            raise pytest.skip.Exception(f"--drift-plan-only: case {case.case_id} planned, not "
-                                        "executed", _use_item_location=True)
+            raise pytest.skip.Exception(
+                f"--drift-plan-only: case {case.case_id} planned, not executed",
+                _use_item_location=True,
+            )
         assert options.runtime is not None
         info = self.config.stash[RUNTIMES_KEY].get(options.runtime)
         if not info.executes(self.execution_plan.plan.scenario):
@@ -122,8 +132,9 @@ class DriftCaseItem(pytest.Item):
             self._record(Outcome.PLAN_ONLY.value, None)
             if expected is not Outcome.PLAN_ONLY:
                 scenario = self.execution_plan.plan.scenario
-                raise pytest.skip.Exception(f"PLAN_ONLY: {info.plan_only_reason(scenario)}",
-                                            _use_item_location=True)
+                raise pytest.skip.Exception(
+                    f"PLAN_ONLY: {info.plan_only_reason(scenario)}", _use_item_location=True
+                )
             return
         runner: Runner = runner_for(self.config, str(self.path), self.execution_plan)
         try:
@@ -140,18 +151,19 @@ class DriftCaseItem(pytest.Item):
         if result is None:
             return
         c = result.comparison
-        self.user_properties.extend([
-            ("drift_expected", result.expected.value),
-            ("drift_reused", str(result.reused)),
-            ("drift_active_tokens", str(c.get("active_tokens"))),
-            ("drift_mismatches", str(c.get("mismatches"))),
-            ("drift_max_abs_diff", str(c.get("diagnostics", {}).get("max_abs_diff"))),
-            ("drift_threshold", str(c.get("threshold"))),
-            ("drift_attempt", str(result.attempt_dir)),
-        ])
+        self.user_properties.extend(
+            [
+                ("drift_expected", result.expected.value),
+                ("drift_reused", str(result.reused)),
+                ("drift_active_tokens", str(c.get("active_tokens"))),
+                ("drift_mismatches", str(c.get("mismatches"))),
+                ("drift_max_abs_diff", str(c.get("diagnostics", {}).get("max_abs_diff"))),
+                ("drift_threshold", str(c.get("threshold"))),
+                ("drift_attempt", str(result.attempt_dir)),
+            ]
+        )
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
-                     style: Any = None) -> Any:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, DriftCaseFailure):
             return render_evidence(excinfo.value.result)
         if isinstance(excinfo.value, DriftError):
@@ -159,8 +171,11 @@ class DriftCaseItem(pytest.Item):
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Path, int, str]:
-        return self.path, 0, f"{self.parent.name if self.parent else ''}::{self.name} " \
-            f"[{self.case.case.case_id}]"
+        return (
+            self.path,
+            0,
+            f"{self.parent.name if self.parent else ''}::{self.name} [{self.case.case.case_id}]",
+        )
 
 
 def remaining_cases(item: DriftCaseItem) -> list[ExecutionCase]:
@@ -170,32 +185,42 @@ def remaining_cases(item: DriftCaseItem) -> list[ExecutionCase]:
         index = items.index(item)
     except ValueError:
         return []
-    return [other.case for other in items[index + 1:]
-            if isinstance(other, DriftCaseItem) and other.parent is item.parent]
+    return [
+        other.case
+        for other in items[index + 1 :]
+        if isinstance(other, DriftCaseItem) and other.parent is item.parent
+    ]
 
 
 def render_evidence(result: CaseResult) -> str:
     c = result.comparison
-    lines = [f"{result.outcome.value} (expected {result.expected.value}): {result.reason}",
-             f"case {result.case_id} {result.label}",
-             f"threshold {c.get('threshold')} (contract "
-             f"{c.get('contract', {}).get('version')}); active tokens {c.get('active_tokens')},"
-             f" mismatches {c.get('mismatches')}"]
+    lines = [
+        f"{result.outcome.value} (expected {result.expected.value}): {result.reason}",
+        f"case {result.case_id} {result.label}",
+        f"threshold {c.get('threshold')} (contract "
+        f"{c.get('contract', {}).get('version')}); active tokens {c.get('active_tokens')},"
+        f" mismatches {c.get('mismatches')}",
+    ]
     worst = c.get("worst_tokens", [])
     if worst:
-        lines.append("worst tokens:  sample  position  rollout_logprob  training_logprob  "
-                     "|diff|")
+        lines.append("worst tokens:  sample  position  rollout_logprob  training_logprob  |diff|")
         for w in worst:
-            lines.append(f"               {w['sample']:>6}  {w['position']:>8}  "
-                         f"{w['rollout_logprob']:>15.6f}  {w['training_logprob']:>16.6f}  "
-                         f"{w['abs_diff']:.3e}")
+            lines.append(
+                f"               {w['sample']:>6}  {w['position']:>8}  "
+                f"{w['rollout_logprob']:>15.6f}  {w['training_logprob']:>16.6f}  "
+                f"{w['abs_diff']:.3e}"
+            )
     for violation in c.get("identity_violations", []):
         lines.append(f"identity: {violation}")
     records = c.get("records", [])
     if records:
-        lines.append("knobs: " + "; ".join(
-            f"{r['knob']} requested={r['requested']!r} actual={r['actual']!r} {r['status']}"
-            for r in records))
+        lines.append(
+            "knobs: "
+            + "; ".join(
+                f"{r['knob']} requested={r['requested']!r} actual={r['actual']!r} {r['status']}"
+                for r in records
+            )
+        )
     how = "reused sealed attempt" if result.reused else "new attempt"
     lines.append(f"artifacts ({how}): {result.attempt_dir}")
     return "\n".join(lines)

@@ -21,8 +21,7 @@ from pytest_logprob_drift.errors import Remedy, UsageError
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.outcomes import Expectation, parse_expectation
 
-FLAGS: Mapping[Remedy, str] = {
-    Remedy.AUTHORIZE_TEST_OPERATORS: "--drift-allow-smoke-operators"}
+FLAGS: Mapping[Remedy, str] = {Remedy.AUTHORIZE_TEST_OPERATORS: "--drift-allow-smoke-operators"}
 """How the plugin spells each execution-policy remedy."""
 
 
@@ -52,28 +51,65 @@ def keyword_token(text: str) -> str:
 def add_options(parser: pytest.Parser, runtime_names: Sequence[str]) -> None:
     """The ``--drift-*`` flags and their ``drift_*`` ini keys."""
     group = parser.getgroup("logprob-drift", "rollout/training logprob drift experiments")
-    group.addoption("--drift-config", action="append", default=None, metavar="PATH",
-                    help="experiment config; one test item per planned case (repeatable)")
-    group.addoption("--drift-runtime", default=None, metavar="NAME",
-                    help=f"runtime that executes the cases: {', '.join(runtime_names)}")
-    group.addoption("--drift-allow-smoke-operators", action="store_true", default=None,
-                    help="register and authorize the smoke-only selected_logprob backends")
-    group.addoption("--drift-artifacts", default=None, metavar="DIR",
-                    help="artifact root (default: runs/ under the invocation directory)")
-    group.addoption("--drift-plan-only", action="store_true", default=None,
-                    help="collect and plan the cases, execute nothing")
-    group.addoption("--drift-expect", action="append", default=None,
-                    metavar="SELECTOR=OUTCOME", help="expected outcome of matching cases")
-    group.addoption("--drift-pairwise", action="store_true", default=None,
-                    help="also expand the config's listed path pairs")
-    parser.addini("drift_config", type="paths", default=[],
-                  help="experiment configs collected as drift cases when no path is given")
+    group.addoption(
+        "--drift-config",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="experiment config; one test item per planned case (repeatable)",
+    )
+    group.addoption(
+        "--drift-runtime",
+        default=None,
+        metavar="NAME",
+        help=f"runtime that executes the cases: {', '.join(runtime_names)}",
+    )
+    group.addoption(
+        "--drift-allow-smoke-operators",
+        action="store_true",
+        default=None,
+        help="register and authorize the smoke-only selected_logprob backends",
+    )
+    group.addoption(
+        "--drift-artifacts",
+        default=None,
+        metavar="DIR",
+        help="artifact root (default: runs/ under the invocation directory)",
+    )
+    group.addoption(
+        "--drift-plan-only",
+        action="store_true",
+        default=None,
+        help="collect and plan the cases, execute nothing",
+    )
+    group.addoption(
+        "--drift-expect",
+        action="append",
+        default=None,
+        metavar="SELECTOR=OUTCOME",
+        help="expected outcome of matching cases",
+    )
+    group.addoption(
+        "--drift-pairwise",
+        action="store_true",
+        default=None,
+        help="also expand the config's listed path pairs",
+    )
+    parser.addini(
+        "drift_config",
+        type="paths",
+        default=[],
+        help="experiment configs collected as drift cases when no path is given",
+    )
     parser.addini("drift_runtime", default="", help="default --drift-runtime")
-    parser.addini("drift_allow_smoke_operators", type="bool", default=False,
-                  help="default --drift-allow-smoke-operators")
+    parser.addini(
+        "drift_allow_smoke_operators",
+        type="bool",
+        default=False,
+        help="default --drift-allow-smoke-operators",
+    )
     parser.addini("drift_artifacts", default="", help="default --drift-artifacts")
-    parser.addini("drift_plan_only", type="bool", default=False, help="default "
-                  "--drift-plan-only")
+    parser.addini("drift_plan_only", type="bool", default=False, help="default --drift-plan-only")
     parser.addini("drift_expect", type="linelist", default=[], help="default --drift-expect")
     parser.addini("drift_pairwise", type="bool", default=False, help="default --drift-pairwise")
 
@@ -107,20 +143,24 @@ def _config_paths(config: pytest.Config) -> tuple[list[Path], list[Path]]:
     return configs, added
 
 
-def resolve_options(config: pytest.Config, runtimes: RuntimeCatalog) \
-        -> tuple[DriftOptions, list[Path]]:
+def resolve_options(
+    config: pytest.Config, runtimes: RuntimeCatalog
+) -> tuple[DriftOptions, list[Path]]:
     """The validated options, and the config files to add to the collection arguments."""
     invocation = config.invocation_params.dir
     configs, added = _config_paths(config)
     runtime = _option(config, "runtime") or None
     if runtime is not None and runtime not in runtimes:
-        raise pytest.UsageError(f"--drift-runtime {runtime!r}: unknown runtime; one of "
-                                f"{', '.join(runtimes.names)}")
+        raise pytest.UsageError(
+            f"--drift-runtime {runtime!r}: unknown runtime; one of {', '.join(runtimes.names)}"
+        )
     plan_only = bool(_option(config, "plan_only"))
     if configs and runtime is None and not plan_only and not config.option.collectonly:
-        raise pytest.UsageError("--drift-config needs --drift-runtime NAME (or the ini key "
-                                "drift_runtime) to execute cases; add --drift-plan-only to "
-                                "only plan them")
+        raise pytest.UsageError(
+            "--drift-config needs --drift-runtime NAME (or the ini key "
+            "drift_runtime) to execute cases; add --drift-plan-only to "
+            "only plan them"
+        )
     try:
         expectations = tuple(parse_expectation(t) for t in _option(config, "expect"))
     except UsageError as exc:
@@ -142,8 +182,7 @@ def named_by_args(config: pytest.Config, path: Path) -> bool:
     """Whether a collection argument already names ``path`` (maybe with ``::`` node parts)."""
     invocation = config.invocation_params.dir
     resolved = path.resolve()
-    return any((invocation / arg.split("::", 1)[0]).resolve() == resolved
-               for arg in config.args)
+    return any((invocation / arg.split("::", 1)[0]).resolve() == resolved for arg in config.args)
 
 
 def keyword_for_labels(expression: str) -> str:

@@ -17,8 +17,9 @@ from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plugin.session import CONSTRUCTIONS_KEY
 
 
-def tag_report(report: pytest.TestReport, user_properties: list[tuple[str, object]],
-               plan_only: bool) -> None:
+def tag_report(
+    report: pytest.TestReport, user_properties: list[tuple[str, object]], plan_only: bool
+) -> None:
     """Put the item's outcome and expected outcome on its call report."""
     properties = dict(user_properties)
     outcome = properties.get("drift_outcome")
@@ -27,7 +28,8 @@ def tag_report(report: pytest.TestReport, user_properties: list[tuple[str, objec
     if outcome is not None:
         report.drift_outcome = outcome  # type: ignore[attr-defined]
         report.drift_expected = properties.get(  # type: ignore[attr-defined]
-            "drift_expected", Outcome.PASS.value)
+            "drift_expected", Outcome.PASS.value
+        )
 
 
 class OutcomeCounter:
@@ -49,12 +51,17 @@ class OutcomeCounter:
             return
         terminalreporter.write_sep("=", "logprob drift outcomes")
         if self.counts:
-            terminalreporter.write_line(", ".join(f"{self.counts[o.value]} {o.value}"
-                                                  for o in Outcome if self.counts[o.value]))
+            terminalreporter.write_line(
+                ", ".join(
+                    f"{self.counts[o.value]} {o.value}" for o in Outcome if self.counts[o.value]
+                )
+            )
         if constructions:
-            terminalreporter.write_line(f"engine constructions: rollout "
-                                        f"{constructions['rollout']}, training "
-                                        f"{constructions['training']}")
+            terminalreporter.write_line(
+                f"engine constructions: rollout "
+                f"{constructions['rollout']}, training "
+                f"{constructions['training']}"
+            )
 
 
 def status_of(report: pytest.TestReport) -> tuple[str, str, str] | None:
@@ -69,8 +76,11 @@ def status_of(report: pytest.TestReport) -> tuple[str, str, str] | None:
             return "failed", "F", f"PASS (expected {expected})"
         return "failed", word.letter, word.value
     if report.passed:
-        return "passed", "." if word is Outcome.PASS else word.letter.lower(), \
-            f"{word.value} (expected)" if word is not Outcome.PASS else "PASS"
+        return (
+            "passed",
+            "." if word is Outcome.PASS else word.letter.lower(),
+            f"{word.value} (expected)" if word is not Outcome.PASS else "PASS",
+        )
     if report.skipped and word is Outcome.PLAN_ONLY:
         return "skipped", word.letter, word.value
     return None

@@ -35,11 +35,14 @@ CONSTRUCTIONS_KEY = pytest.StashKey[Counter[str]]()
 def session_catalog(config: pytest.Config) -> SemanticOperatorCatalog:
     """The operator catalog of this session (computed once; ConfigError on a bad descriptor)."""
     if CATALOG_KEY not in config.stash:
-        extra = [as_descriptor(item)
-                 for results in config.hook.pytest_logprob_drift_operators(config=config)
-                 for item in results]
+        extra = [
+            as_descriptor(item)
+            for results in config.hook.pytest_logprob_drift_operators(config=config)
+            for item in results
+        ]
         config.stash[CATALOG_KEY] = operator_catalog(
-            extra, extra_source="pytest_logprob_drift_operators")
+            extra, extra_source="pytest_logprob_drift_operators"
+        )
     return config.stash[CATALOG_KEY]
 
 
@@ -51,11 +54,15 @@ def runner_for(config: pytest.Config, key: str, execution_plan: ExecutionPlan) -
     if key not in runners:
         options = config.stash[OPTIONS_KEY]
         assert options.runtime is not None
-        runners[key] = Runner(execution_plan, runtime=options.runtime,
-                              runtimes=config.stash[RUNTIMES_KEY],
-                              catalog=session_catalog(config), artifacts=options.artifacts,
-                              allow_test_only=options.allow_smoke,
-                              expectations=options.expectations)
+        runners[key] = Runner(
+            execution_plan,
+            runtime=options.runtime,
+            runtimes=config.stash[RUNTIMES_KEY],
+            catalog=session_catalog(config),
+            artifacts=options.artifacts,
+            allow_test_only=options.allow_smoke,
+            expectations=options.expectations,
+        )
     return runners[key]
 
 

@@ -43,8 +43,12 @@ class XdistGroupIds:
         for item in items:
             mark = item.get_closest_marker("xdist_group")
             node_id = getattr(item, "_id", None)
-            if not isinstance(item, DriftCaseItem) or mark is None or node_id is None \
-                    or "@" in item.nodeid:
+            if (
+                not isinstance(item, DriftCaseItem)
+                or mark is None
+                or node_id is None
+                or "@" in item.nodeid
+            ):
                 continue
             group = mark.args[0] if mark.args else mark.kwargs.get("name", "default")
             item._id = type(node_id).parse(f"{item.nodeid}@{group}")

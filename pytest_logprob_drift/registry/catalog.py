@@ -80,9 +80,12 @@ class OperatorDescriptor:
         (a misspelt field must not be silently ignored)."""
         unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
-            raise ConfigError(f"entry point {ENTRY_POINT_GROUP}", f"operator descriptor "
-                              f"{data.get('backend_id')!r} has unknown field(s) "
-                              f"{', '.join(map(repr, unknown))}")
+            raise ConfigError(
+                f"entry point {ENTRY_POINT_GROUP}",
+                f"operator descriptor "
+                f"{data.get('backend_id')!r} has unknown field(s) "
+                f"{', '.join(map(repr, unknown))}",
+            )
         try:
             return cls(
                 operation=str(data["operation"]),
@@ -91,7 +94,8 @@ class OperatorDescriptor:
                 devices=tuple(data["devices"]),
                 dtypes=tuple(data["dtypes"]),
                 required_topology=frozen_mapping(
-                    {k: frozen_mapping(dict(v)) for k, v in data["required_topology"].items()}),
+                    {k: frozen_mapping(dict(v)) for k, v in data["required_topology"].items()}
+                ),
                 alignment_properties=tuple(data["alignment_properties"]),
                 lifecycle=Lifecycle(data["lifecycle"]),
                 factory=data["factory"],
@@ -102,8 +106,10 @@ class OperatorDescriptor:
                 factory_style=FactoryStyle(data.get("factory_style", "kernel")),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"entry point {ENTRY_POINT_GROUP}",
-                              f"malformed operator descriptor {dict(data)!r}: {exc}") from None
+            raise ConfigError(
+                f"entry point {ENTRY_POINT_GROUP}",
+                f"malformed operator descriptor {dict(data)!r}: {exc}",
+            ) from None
 
 
 NATIVE_DESCRIPTOR = OperatorDescriptor(
@@ -126,16 +132,18 @@ class SemanticOperatorCatalog:
     """An immutable set of descriptors keyed by (operation, backend id)."""
 
     descriptors: tuple[OperatorDescriptor, ...] = ()
-    _index: Mapping[tuple[str, str], OperatorDescriptor] = field(init=False, repr=False,
-                                                                  compare=False)
+    _index: Mapping[tuple[str, str], OperatorDescriptor] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         index: dict[tuple[str, str], OperatorDescriptor] = {}
         for descriptor in self.descriptors:
             key = (descriptor.operation, descriptor.backend_id)
             if key in index and index[key] != descriptor:
-                raise ConfigError(f"operator {descriptor.backend_id}",
-                                  f"two different descriptors register {key}")
+                raise ConfigError(
+                    f"operator {descriptor.backend_id}", f"two different descriptors register {key}"
+                )
             index[key] = descriptor
         object.__setattr__(self, "_index", MappingProxyType(index))
 
@@ -163,15 +171,17 @@ def entry_point_items(group: str, what: str, *, name: str | None = None) -> list
     name order; a provider that cannot be loaded is a ConfigError naming it."""
     found: list[Any] = []
     selected = importlib.metadata.entry_points(group=group)
-    for entry_point in sorted(selected if name is None else selected.select(name=name),
-                              key=lambda ep: ep.name):
+    for entry_point in sorted(
+        selected if name is None else selected.select(name=name), key=lambda ep: ep.name
+    ):
         try:
             provider = entry_point.load()
             items = list(provider())
         except Exception as exc:  # a broken third-party plugin must not crash planning
-            raise ConfigError(f"entry point {group}:{entry_point.name}",
-                              f"cannot load {what} from {entry_point.value!r}: "
-                              f"{type(exc).__name__}: {exc}") from None
+            raise ConfigError(
+                f"entry point {group}:{entry_point.name}",
+                f"cannot load {what} from {entry_point.value!r}: {type(exc).__name__}: {exc}",
+            ) from None
         found.extend(items)
     return found
 
@@ -180,25 +190,32 @@ def as_descriptor(item: OperatorDescriptor | Mapping[str, Any]) -> OperatorDescr
     return item if isinstance(item, OperatorDescriptor) else OperatorDescriptor.from_mapping(item)
 
 
-def load_entry_point_descriptors(group: str = ENTRY_POINT_GROUP) \
-        -> tuple[OperatorDescriptor, ...]:
+def load_entry_point_descriptors(group: str = ENTRY_POINT_GROUP) -> tuple[OperatorDescriptor, ...]:
     """Descriptors that installed distributions publish under ``group``."""
     return tuple(as_descriptor(item) for item in entry_point_items(group, "operator descriptors"))
 
 
-def production_descriptors(items: Iterable[OperatorDescriptor], source: str) \
-        -> tuple[OperatorDescriptor, ...]:
+def production_descriptors(
+    items: Iterable[OperatorDescriptor], source: str
+) -> tuple[OperatorDescriptor, ...]:
     """``items``, refusing any test-only descriptor (named with ``source``)."""
     descriptors = tuple(items)
     for descriptor in descriptors:
         if descriptor.test_only:
-            raise ConfigError(f"operator {descriptor.backend_id}", "test-only backends cannot "
-                              f"be registered through {source}")
+            raise ConfigError(
+                f"operator {descriptor.backend_id}",
+                f"test-only backends cannot be registered through {source}",
+            )
     return descriptors
 
 
 def default_catalog() -> SemanticOperatorCatalog:
     """Built-in ``native`` plus every production entry-point backend; never a test-only one."""
     return SemanticOperatorCatalog(
-        (NATIVE_DESCRIPTOR, *production_descriptors(load_entry_point_descriptors(),
-                                                    f"the {ENTRY_POINT_GROUP} entry points")))
+        (
+            NATIVE_DESCRIPTOR,
+            *production_descriptors(
+                load_entry_point_descriptors(), f"the {ENTRY_POINT_GROUP} entry points"
+            ),
+        )
+    )

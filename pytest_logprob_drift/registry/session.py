@@ -33,7 +33,6 @@ class OperatorResolutionError(Exception):
         super().__init__(f"{code}: {message}")
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResolvedOperator:
     """One backend bound to one side of one case."""
@@ -44,46 +43,74 @@ class ResolvedOperator:
 
     def provenance(self) -> dict[str, Any]:
         d = self.descriptor
-        return {"operation": d.operation, "target": self.target, "backend": d.backend_id,
-                "version": d.version, "build_fingerprint": d.build_fingerprint,
-                "descriptor_fingerprint": d.fingerprint, "factory": d.factory,
-                "test_only": d.test_only, "options": dict(self.options)}
+        return {
+            "operation": d.operation,
+            "target": self.target,
+            "backend": d.backend_id,
+            "version": d.version,
+            "build_fingerprint": d.build_fingerprint,
+            "descriptor_fingerprint": d.fingerprint,
+            "factory": d.factory,
+            "test_only": d.test_only,
+            "options": dict(self.options),
+        }
 
 
-def check_capability(descriptor: OperatorDescriptor, *, target: str, device: str,
-                     dtype: str | None, topology: Mapping[str, int],
-                     allow_test_only: bool, strict: bool = True) -> None:
+def check_capability(
+    descriptor: OperatorDescriptor,
+    *,
+    target: str,
+    device: str,
+    dtype: str | None,
+    topology: Mapping[str, int],
+    allow_test_only: bool,
+    strict: bool = True,
+) -> None:
     """Raise OperatorResolutionError if the backend cannot serve this side as requested."""
     ident = f"{descriptor.operation} backend {descriptor.backend_id!r}"
     if descriptor.test_only and not allow_test_only:
-        raise OperatorResolutionError("TEST_ONLY_NOT_AUTHORIZED", f"{ident} is a test-only "
-                                      "backend; the execution policy does not authorize it")
+        raise OperatorResolutionError(
+            "TEST_ONLY_NOT_AUTHORIZED",
+            f"{ident} is a test-only backend; the execution policy does not authorize it",
+        )
     if strict and descriptor.fallback_policy is not FallbackPolicy.NEVER:
-        raise OperatorResolutionError("FALLBACK_POLICY", f"{ident} declares fallback policy "
-                                      f"{descriptor.fallback_policy.value!r}; strict execution "
-                                      "needs a backend that never falls back")
+        raise OperatorResolutionError(
+            "FALLBACK_POLICY",
+            f"{ident} declares fallback policy "
+            f"{descriptor.fallback_policy.value!r}; strict execution "
+            "needs a backend that never falls back",
+        )
     if target not in descriptor.target_tags:
-        raise OperatorResolutionError("UNSUPPORTED_TARGET", f"{ident} does not serve the "
-                                      f"{target} side (targets: {list(descriptor.target_tags)})")
+        raise OperatorResolutionError(
+            "UNSUPPORTED_TARGET",
+            f"{ident} does not serve the {target} side (targets: {list(descriptor.target_tags)})",
+        )
     if device not in descriptor.devices:
-        raise OperatorResolutionError("UNSUPPORTED_DEVICE", f"{ident} does not run on {device}"
-                                      f" (devices: {list(descriptor.devices)})")
+        raise OperatorResolutionError(
+            "UNSUPPORTED_DEVICE",
+            f"{ident} does not run on {device} (devices: {list(descriptor.devices)})",
+        )
     if dtype is not None and dtype not in descriptor.dtypes:
-        raise OperatorResolutionError("UNSUPPORTED_DTYPE", f"{ident} does not support {dtype}"
-                                      f" (dtypes: {list(descriptor.dtypes)})")
+        raise OperatorResolutionError(
+            "UNSUPPORTED_DTYPE",
+            f"{ident} does not support {dtype} (dtypes: {list(descriptor.dtypes)})",
+        )
     for key, minimum in descriptor.required_topology.get(target, {}).items():
         name = key.removeprefix("min_")
         have = topology.get(name, 1)
         if have < minimum:
-            raise OperatorResolutionError("UNSUPPORTED_TOPOLOGY", f"{ident} needs {target} "
-                                          f"{name} >= {minimum}, case has {have}")
+            raise OperatorResolutionError(
+                "UNSUPPORTED_TOPOLOGY",
+                f"{ident} needs {target} {name} >= {minimum}, case has {have}",
+            )
 
 
 class OperatorSession:
     """Per-case resolution, instantiation, cache and provenance. Use as a context manager."""
 
-    def __init__(self, catalog: SemanticOperatorCatalog, *, allow_test_only: bool,
-                 strict: bool = True) -> None:
+    def __init__(
+        self, catalog: SemanticOperatorCatalog, *, allow_test_only: bool, strict: bool = True
+    ) -> None:
         self._catalog = catalog
         self._allow_test_only = allow_test_only
         self._strict = strict
@@ -106,21 +133,38 @@ class OperatorSession:
         if self._closed:
             raise RuntimeError("OperatorSession used after close; create one per case")
 
-    def resolve(self, operation: str, target: str, backend_id: str, *, device: str,
-                dtype: str | None, topology: Mapping[str, int],
-                options: Mapping[str, Any] | None = None) -> ResolvedOperator:
+    def resolve(
+        self,
+        operation: str,
+        target: str,
+        backend_id: str,
+        *,
+        device: str,
+        dtype: str | None,
+        topology: Mapping[str, int],
+        options: Mapping[str, Any] | None = None,
+    ) -> ResolvedOperator:
         """Strict: the named backend or an error; never another backend."""
         self._check_open()
         descriptor = self._catalog.get(operation, backend_id)
         if descriptor is None:
             known = ", ".join(self._catalog.backend_ids(operation)) or "none"
-            raise OperatorResolutionError("UNKNOWN_BACKEND", f"no {operation} backend "
-                                          f"{backend_id!r} is registered (known: {known})")
-        check_capability(descriptor, target=target, device=device, dtype=dtype,
-                         topology=topology, allow_test_only=self._allow_test_only,
-                         strict=self._strict)
-        resolved = ResolvedOperator(descriptor=descriptor, target=target,
-                                    options=frozen_mapping(dict(options or {})))
+            raise OperatorResolutionError(
+                "UNKNOWN_BACKEND",
+                f"no {operation} backend {backend_id!r} is registered (known: {known})",
+            )
+        check_capability(
+            descriptor,
+            target=target,
+            device=device,
+            dtype=dtype,
+            topology=topology,
+            allow_test_only=self._allow_test_only,
+            strict=self._strict,
+        )
+        resolved = ResolvedOperator(
+            descriptor=descriptor, target=target, options=frozen_mapping(dict(options or {}))
+        )
         self._resolved.append(resolved)
         return resolved
 
@@ -136,10 +180,13 @@ class OperatorSession:
             try:
                 obj = resolve_reference(factory)
             except UnresolvedReference as exc:
-                raise OperatorResolutionError("FACTORY_UNAVAILABLE", f"backend "
-                                              f"{descriptor.backend_id!r} factory "
-                                              f"{factory!r} cannot be loaded: "
-                                              f"{exc.message}") from None
+                raise OperatorResolutionError(
+                    "FACTORY_UNAVAILABLE",
+                    f"backend "
+                    f"{descriptor.backend_id!r} factory "
+                    f"{factory!r} cannot be loaded: "
+                    f"{exc.message}",
+                ) from None
             if descriptor.factory_style is FactoryStyle.BUILDER:
                 obj = obj(target=resolved.target, options=dict(resolved.options))
             self._cache[key] = obj

@@ -14,8 +14,16 @@ from typing import Any
 from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
 from pytest_logprob_drift.store.resume import check_attempt
 
-HEADERS = ["case_id", "label", "outcome", "active", "mismatches", "max|diff|",
-           "mismatch ratio", "k3 KL"]
+HEADERS = [
+    "case_id",
+    "label",
+    "outcome",
+    "active",
+    "mismatches",
+    "max|diff|",
+    "mismatch ratio",
+    "k3 KL",
+]
 
 
 def collect(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -39,9 +47,18 @@ def summary_rows(cases: dict[str, dict[str, Any]]) -> list[list[Any]]:
     rows = []
     for case_id, c in sorted(cases.items(), key=lambda kv: kv[1].get("label", "")):
         d = c.get("diagnostics", {})
-        rows.append([case_id, c.get("label"), c.get("outcome"), c.get("active_tokens"),
-                     c.get("mismatches"), _fmt(d.get("max_abs_diff")),
-                     _fmt(d.get("mismatch_ratio")), _fmt(d.get("approx_kl_k3"))])
+        rows.append(
+            [
+                case_id,
+                c.get("label"),
+                c.get("outcome"),
+                c.get("active_tokens"),
+                c.get("mismatches"),
+                _fmt(d.get("max_abs_diff")),
+                _fmt(d.get("mismatch_ratio")),
+                _fmt(d.get("approx_kl_k3")),
+            ]
+        )
     return rows
 
 

@@ -16,12 +16,20 @@ from __future__ import annotations
 from pytest_logprob_drift.records import RuntimeInfo, ScenarioLevel
 
 HF = RuntimeInfo(
-    name="hf", levels=(ScenarioLevel.S0,), devices=("cpu",),
-    adapter="pytest_logprob_drift.runtimes.transformers.adapter:HfAdapter", extra="hf",
-    summary="transformers KV-cache generation vs transformers teacher-forced (FSDP opt.)")
+    name="hf",
+    levels=(ScenarioLevel.S0,),
+    devices=("cpu",),
+    adapter="pytest_logprob_drift.runtimes.transformers.adapter:HfAdapter",
+    extra="hf",
+    summary="transformers KV-cache generation vs transformers teacher-forced (FSDP opt.)",
+)
 VLLM_HF = RuntimeInfo(
-    name="vllm-hf", levels=(ScenarioLevel.S0, ScenarioLevel.S1), devices=("cpu",),
-    adapter="pytest_logprob_drift.runtimes.vllm.adapter:VllmHfAdapter", extra="vllm",
-    summary="vLLM rollout engine vs transformers teacher-forced (FSDP opt.)")
+    name="vllm-hf",
+    levels=(ScenarioLevel.S0, ScenarioLevel.S1),
+    devices=("cpu",),
+    adapter="pytest_logprob_drift.runtimes.vllm.adapter:VllmHfAdapter",
+    extra="vllm",
+    summary="vLLM rollout engine vs transformers teacher-forced (FSDP opt.)",
+)
 
 PRODUCTION_RUNTIMES: tuple[RuntimeInfo, ...] = (HF, VLLM_HF)

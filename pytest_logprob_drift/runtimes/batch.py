@@ -17,12 +17,19 @@ import torch
 
 from pytest_logprob_drift.records import MaskPolicy
 
-CANONICAL_KEYS = ("token_ids", "attention_mask", "active_mask", "logprobs", "prompt_lengths",
-                  "position_ids")
+CANONICAL_KEYS = (
+    "token_ids",
+    "attention_mask",
+    "active_mask",
+    "logprobs",
+    "prompt_lengths",
+    "position_ids",
+)
 
 
-def validate_rollout_request(prompts: Sequence[Sequence[int]], *, batch_size: int,
-                             max_new_tokens: int, temperature: float) -> None:
+def validate_rollout_request(
+    prompts: Sequence[Sequence[int]], *, batch_size: int, max_new_tokens: int, temperature: float
+) -> None:
     """The checks every rollout engine applies before sampling (ValueError naming the value)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -37,10 +44,14 @@ def validate_rollout_request(prompts: Sequence[Sequence[int]], *, batch_size: in
             raise ValueError(f"prompt {i} is empty")
 
 
-def canonical_batch(prompts: Sequence[Sequence[int]],
-                    responses: Sequence[tuple[Sequence[int], Sequence[float]]],
-                    pad_token_id: int, *, eos_token_id: int | None,
-                    mask_policy: MaskPolicy) -> dict[str, torch.Tensor]:
+def canonical_batch(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[tuple[Sequence[int], Sequence[float]]],
+    pad_token_id: int,
+    *,
+    eos_token_id: int | None,
+    mask_policy: MaskPolicy,
+) -> dict[str, torch.Tensor]:
     """Right-padded canonical tensors of ``prompts[i] + responses[i][0]``.
 
     Every sampled token is active, except under ``response_before_eos`` a response's final
@@ -63,7 +74,13 @@ def canonical_batch(prompts: Sequence[Sequence[int]],
         attention[i, :total] = True
         scored = total - 1 if drop_eos and tokens and tokens[-1] == eos_token_id else total
         active[i, p:scored] = True
-        logprobs[i, p:scored] = torch.tensor(list(lps)[:scored - p], dtype=torch.float32)
+        logprobs[i, p:scored] = torch.tensor(list(lps)[: scored - p], dtype=torch.float32)
         positions[i, :total] = torch.arange(total)
-    return {"token_ids": token_ids, "attention_mask": attention, "active_mask": active,
-            "logprobs": logprobs, "prompt_lengths": prompt_lengths, "position_ids": positions}
+    return {
+        "token_ids": token_ids,
+        "attention_mask": attention,
+        "active_mask": active,
+        "logprobs": logprobs,
+        "prompt_lengths": prompt_lengths,
+        "position_ids": positions,
+    }

@@ -119,24 +119,35 @@ def read_seal(attempt_dir: Path) -> Seal:
         document = json.loads(complete.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SealError(COMPLETE, f"unreadable seal: {exc}") from None
-    if not isinstance(document, dict) or set(document) != {"case_id", "attempt_id",
-                                                            "execution_key", "files"}:
-        raise SealError(COMPLETE, "malformed seal: expected keys case_id, attempt_id, "
-                        "execution_key, files")
+    if not isinstance(document, dict) or set(document) != {
+        "case_id",
+        "attempt_id",
+        "execution_key",
+        "files",
+    }:
+        raise SealError(
+            COMPLETE, "malformed seal: expected keys case_id, attempt_id, execution_key, files"
+        )
     files = document["files"]
-    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                              for k, v in files.items()):
+    if not isinstance(files, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in files.items()
+    ):
         raise SealError(COMPLETE, "malformed seal: files must map names to digests")
     if document["attempt_id"] != attempt_dir.name:
-        raise SealError(COMPLETE, f"seal names attempt {document['attempt_id']!r}, directory "
-                        f"is {attempt_dir.name!r}")
+        raise SealError(
+            COMPLETE,
+            f"seal names attempt {document['attempt_id']!r}, directory is {attempt_dir.name!r}",
+        )
     if document["case_id"] != attempt_dir.parent.name:
-        raise SealError(COMPLETE, f"seal names case {document['case_id']!r}, directory is "
-                        f"{attempt_dir.parent.name!r}")
+        raise SealError(
+            COMPLETE,
+            f"seal names case {document['case_id']!r}, directory is {attempt_dir.parent.name!r}",
+        )
     # A crash between linking a file into place and removing its temporary name leaves that
     # name behind (for COMPLETE, in an otherwise sealed attempt): it is never a payload.
-    present = {p.name for p in attempt_dir.iterdir()
-               if not PUBLISH_TEMPORARY.fullmatch(p.name)} - {COMPLETE}
+    present = {p.name for p in attempt_dir.iterdir() if not PUBLISH_TEMPORARY.fullmatch(p.name)} - {
+        COMPLETE
+    }
     for extra in sorted(present - set(files)):
         raise SealError(extra, "file is not covered by the seal")
     for name, digest in sorted(files.items()):
@@ -145,8 +156,12 @@ def read_seal(attempt_dir: Path) -> Seal:
             raise SealError(name, "sealed file is missing")
         if sha256_file(path) != digest:
             raise SealError(name, "SHA-256 does not match the seal (tampered or corrupt)")
-    return Seal(case_id=document["case_id"], attempt_id=document["attempt_id"],
-                execution_key=document["execution_key"], files=dict(files))
+    return Seal(
+        case_id=document["case_id"],
+        attempt_id=document["attempt_id"],
+        execution_key=document["execution_key"],
+        files=dict(files),
+    )
 
 
 class AttemptWriter:
@@ -180,11 +195,24 @@ class AttemptWriter:
         self.write_bytes(name, json_bytes(document))
 
     def seal(self) -> Seal:
-        seal = Seal(case_id=self.case_id, attempt_id=self.attempt_id,
-                    execution_key=self.execution_key, files=dict(sorted(self._digests.items())))
-        publish_bytes(self.directory, COMPLETE, json_bytes(
-            {"case_id": seal.case_id, "attempt_id": seal.attempt_id,
-             "execution_key": seal.execution_key, "files": dict(seal.files)}))
+        seal = Seal(
+            case_id=self.case_id,
+            attempt_id=self.attempt_id,
+            execution_key=self.execution_key,
+            files=dict(sorted(self._digests.items())),
+        )
+        publish_bytes(
+            self.directory,
+            COMPLETE,
+            json_bytes(
+                {
+                    "case_id": seal.case_id,
+                    "attempt_id": seal.attempt_id,
+                    "execution_key": seal.execution_key,
+                    "files": dict(seal.files),
+                }
+            ),
+        )
         self._sealed = True
         return seal
 
@@ -207,8 +235,9 @@ class ArtifactStore:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def initialize(self, experiment: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) \
-            -> list[str]:
+    def initialize(
+        self, experiment: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+    ) -> list[str]:
         """Create experiment.json once; append plan rows not yet recorded. Returns notes.
 
         An existing experiment.json that describes another experiment definition is left
@@ -221,12 +250,15 @@ class ArtifactStore:
             if existing.exists():
                 try:
                     same = json.loads(existing.read_text()) == json.loads(
-                        json_bytes(experiment).decode())
+                        json_bytes(experiment).decode()
+                    )
                 except (OSError, json.JSONDecodeError):
                     same = False
                 if not same:
-                    notes.append(f"{existing} describes a different definition of this "
-                                 "experiment; left unchanged (cases are keyed by case id)")
+                    notes.append(
+                        f"{existing} describes a different definition of this "
+                        "experiment; left unchanged (cases are keyed by case id)"
+                    )
             else:
                 publish_bytes(self.directory, EXPERIMENT_FILE, json_bytes(experiment))
             plan_path = self.directory / PLAN_FILE
@@ -256,8 +288,11 @@ class ArtifactStore:
         directory = self.case_dir(case_id)
         if not directory.is_dir():
             return []
-        return sorted((p for p in directory.iterdir() if p.is_dir()
-                       and not p.name.startswith(".")), key=lambda p: p.name, reverse=True)
+        return sorted(
+            (p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")),
+            key=lambda p: p.name,
+            reverse=True,
+        )
 
 
 def iter_attempt_dirs(run_dir: Path) -> Iterator[Path]:

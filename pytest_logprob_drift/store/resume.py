@@ -68,21 +68,30 @@ def recompute(directory: Path, seal: Seal) -> dict[str, Any]:
     """The numerical verdict from token_diffs.pt alone."""
     diffs = load_sealed_tensors(directory, "token_diffs.pt", seal)
     if set(diffs) != TOKEN_DIFF_KEYS:
-        raise SealError("token_diffs.pt", f"expected tensors {sorted(TOKEN_DIFF_KEYS)}, found "
-                        f"{sorted(diffs)}")
+        raise SealError(
+            "token_diffs.pt", f"expected tensors {sorted(TOKEN_DIFF_KEYS)}, found {sorted(diffs)}"
+        )
     threshold = float(diffs["threshold"].item())
-    verdict = judge(diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"],
-                    threshold)
-    return {"outcome": verdict.outcome.value, "mismatches": verdict.mismatches,
-            "active_tokens": verdict.active_tokens, "threshold": threshold}
+    verdict = judge(
+        diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"], threshold
+    )
+    return {
+        "outcome": verdict.outcome.value,
+        "mismatches": verdict.mismatches,
+        "active_tokens": verdict.active_tokens,
+        "threshold": threshold,
+    }
 
 
 def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttempt:
     """Raise SealError naming the file at fault unless the attempt is complete and consistent."""
     seal = read_seal(directory)
     if expected_key is not None and seal.execution_key != expected_key:
-        raise SealError("COMPLETE", "execution key differs from the current execution "
-                        "(identity, materialization, scorer, operators or environment changed)")
+        raise SealError(
+            "COMPLETE",
+            "execution key differs from the current execution "
+            "(identity, materialization, scorer, operators or environment changed)",
+        )
     comparison = load_sealed_json(directory, "comparison.json", seal)
     try:
         outcome = Outcome(comparison["outcome"])
@@ -94,10 +103,14 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         if name not in seal.files:
             raise SealError(name, "required file is not sealed")
         document = load_sealed_json(directory, name, seal)
-        if name == "identity.json" and execution_key(
-                document.get("execution_key_payload", {})) != seal.execution_key:
-            raise SealError("COMPLETE", "execution key does not match the execution-key "
-                            "payload sealed in identity.json")
+        if (
+            name == "identity.json"
+            and execution_key(document.get("execution_key_payload", {})) != seal.execution_key
+        ):
+            raise SealError(
+                "COMPLETE",
+                "execution key does not match the execution-key payload sealed in identity.json",
+            )
     has_tensors = "token_diffs.pt" in seal.files
     if outcome in TENSOR_OUTCOMES and not has_tensors:
         raise SealError("token_diffs.pt", f"required for outcome {outcome.value} but not sealed")
@@ -110,10 +123,16 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         recorded = comparison.get("numerical", {})
         for key in ("outcome", "mismatches", "active_tokens", "threshold"):
             if recorded.get(key) != numeric[key]:
-                raise SealError("token_diffs.pt", f"offline recomputation gives {key}="
-                                f"{numeric[key]!r}, comparison.json records "
-                                f"{recorded.get(key)!r}")
+                raise SealError(
+                    "token_diffs.pt",
+                    f"offline recomputation gives {key}="
+                    f"{numeric[key]!r}, comparison.json records "
+                    f"{recorded.get(key)!r}",
+                )
         if outcome in TENSOR_OUTCOMES and outcome.value != numeric["outcome"]:
-            raise SealError("comparison.json", f"outcome {outcome.value} disagrees with the "
-                            f"recomputed verdict {numeric['outcome']}")
+            raise SealError(
+                "comparison.json",
+                f"outcome {outcome.value} disagrees with the "
+                f"recomputed verdict {numeric['outcome']}",
+            )
     return CheckedAttempt(directory=directory, seal=seal, comparison=comparison)

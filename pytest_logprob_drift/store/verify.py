@@ -49,14 +49,20 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
     for attempt in iter_attempt_dirs(run_dir):
         ids = {"case_id": attempt.parent.name, "attempt_id": attempt.name}
         if not (attempt / COMPLETE).exists():
-            statuses.append(AttemptStatus(**ids, status="incomplete", detail="no COMPLETE: "
-                                          "never sealed; ignored by resume"))
+            statuses.append(
+                AttemptStatus(
+                    **ids,
+                    status="incomplete",
+                    detail="no COMPLETE: never sealed; ignored by resume",
+                )
+            )
             continue
         try:
             checked = check_attempt(attempt, expected_key=None)
         except SealError as exc:
-            statuses.append(AttemptStatus(**ids, status="invalid", file=exc.file,
-                                          detail=exc.message))
+            statuses.append(
+                AttemptStatus(**ids, status="invalid", file=exc.file, detail=exc.message)
+            )
             continue
         statuses.append(AttemptStatus(**ids, status="ok", outcome=checked.outcome.value))
     return statuses

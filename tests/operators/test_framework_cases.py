@@ -30,15 +30,21 @@ def _config(tmp_path: Path, source: str, backend: str, *, interventions: list[ob
 
 @pytest.mark.parametrize("backend", PRODUCTION)
 def test_backend_passes_the_s0_cpu_smoke_cases(tmp_path: Path, backend: str) -> None:
-    config = _config(tmp_path, "cross_config_s0_cpu_smoke.json", backend,
-                     interventions=[{"path": "batch.size", "values": [1]}])
+    config = _config(
+        tmp_path,
+        "cross_config_s0_cpu_smoke.json",
+        backend,
+        interventions=[{"path": "batch.size", "values": [1]}],
+    )
     execution_plan = plan_file(str(config))
     assert not execution_plan.has_errors
     assert not any(ec.uses_test_only_operators for ec in execution_plan.cases)
     with make_runner(execution_plan, runtime="cpu-smoke", artifacts=tmp_path / "runs") as runner:
         results = runner.run()
-    assert {r.label: r.outcome for r in results} == {"baseline": Outcome.PASS,
-                                                     "batch.size=1": Outcome.PASS}
+    assert {r.label: r.outcome for r in results} == {
+        "baseline": Outcome.PASS,
+        "batch.size=1": Outcome.PASS,
+    }
     provenance = json.loads((results[0].attempt_dir / "actual.json").read_text())  # type: ignore[operator]
     assert {p["backend"] for p in provenance["operator_provenance"]} == {backend}
 
@@ -64,8 +70,12 @@ def test_vocab_parallel_backend_passes_inside_fsdp_ranks(tmp_path: Path) -> None
     document = json.loads((ROOT / "experiments" / "cross_config_s0_hf_tiny.json").read_text())
     del document["baseline"]["logp"]
     document["baseline"]["training"]["sharding"] = "fsdp"
-    document["operators"] = {"selected_logprob": {"rollout": "rlkernel.reference_logp",
-                                                  "training": "rlkernel.vocab_parallel_logp"}}
+    document["operators"] = {
+        "selected_logprob": {
+            "rollout": "rlkernel.reference_logp",
+            "training": "rlkernel.vocab_parallel_logp",
+        }
+    }
     document["interventions"] = []
     config = tmp_path / "vocab_parallel.json"
     config.write_text(json.dumps(document))
@@ -80,15 +90,21 @@ def test_vocab_parallel_backend_passes_inside_fsdp_ranks(tmp_path: Path) -> None
     assert evidence["world_size"] == 2
     assert evidence["logp_backend"].endswith("vocab_parallel:process_group_selected_logprob")
     assert {p["backend"] for p in actual["operator_provenance"]} == {
-        "rlkernel.reference_logp", "rlkernel.vocab_parallel_logp"}
+        "rlkernel.reference_logp",
+        "rlkernel.vocab_parallel_logp",
+    }
 
 
 def test_vocab_parallel_backend_is_refused_without_a_training_world(tmp_path: Path) -> None:
     """Its descriptor requires training world size >= 2: an unsharded case does not bind."""
     document = json.loads((ROOT / "experiments" / "cross_config_s0_hf_tiny.json").read_text())
     del document["baseline"]["logp"]
-    document["operators"] = {"selected_logprob": {"rollout": "rlkernel.reference_logp",
-                                                  "training": "rlkernel.vocab_parallel_logp"}}
+    document["operators"] = {
+        "selected_logprob": {
+            "rollout": "rlkernel.reference_logp",
+            "training": "rlkernel.vocab_parallel_logp",
+        }
+    }
     document["interventions"] = []
     config = tmp_path / "unsharded.json"
     config.write_text(json.dumps(document))

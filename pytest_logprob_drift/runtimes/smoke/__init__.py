@@ -15,9 +15,13 @@ from pytest_logprob_drift.records import RuntimeInfo, ScenarioLevel
 from pytest_logprob_drift.registry.catalog import OperatorDescriptor
 
 CPU_SMOKE = RuntimeInfo(
-    name="cpu-smoke", levels=(ScenarioLevel.S0,), devices=("cpu",),
+    name="cpu-smoke",
+    levels=(ScenarioLevel.S0,),
+    devices=("cpu",),
     adapter="pytest_logprob_drift.runtimes.smoke.runtime:CpuSmokeAdapter",
-    extra=None, summary="deterministic synthetic model + read-only stateless scorer")
+    extra=None,
+    summary="deterministic synthetic model + read-only stateless scorer",
+)
 
 
 def smoke_runtimes() -> tuple[RuntimeInfo, ...]:

@@ -19,8 +19,9 @@ from pytest_logprob_drift.runtimes.smoke.operators import OFFSET_MULTIPLE_OF_THR
 
 def reference_selected_logprob(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     if logits.shape[:-1] != token_ids.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} and token_ids "
-                         f"{tuple(token_ids.shape)} do not align")
+        raise ValueError(
+            f"logits {tuple(logits.shape)} and token_ids {tuple(token_ids.shape)} do not align"
+        )
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     return logprobs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
 

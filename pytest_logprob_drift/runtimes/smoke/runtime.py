@@ -61,8 +61,9 @@ class SyntheticCausalModel(torch.nn.Module):
         self.scale: torch.Tensor
         self.register_buffer("scale", torch.ones(()))
 
-    def forward(self, token_ids: torch.Tensor, attention_mask: torch.Tensor,
-                use_cache: bool = False) -> torch.Tensor:
+    def forward(
+        self, token_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool = False
+    ) -> torch.Tensor:
         emb = self.embed[token_ids] * attention_mask.unsqueeze(-1).to(self.embed.dtype)
         counts = attention_mask.to(self.embed.dtype).cumsum(-1).clamp(min=1).unsqueeze(-1)
         prefix_mean = emb.cumsum(1) / counts
@@ -70,8 +71,9 @@ class SyntheticCausalModel(torch.nn.Module):
         logits: torch.Tensor = hidden @ self.head
         return logits
 
-    def step(self, token: torch.Tensor, running_sum: torch.Tensor, count: torch.Tensor) \
-            -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self, token: torch.Tensor, running_sum: torch.Tensor, count: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Incremental decode: one position from the running prefix sum (cache analogue)."""
         emb = self.embed[token]
         running_sum = running_sum + emb
@@ -98,35 +100,47 @@ class SyntheticRollout:
         self.last_chunk = 0
         self.backend_used = ""
 
-    def generate(self, identity: ScoringIdentity, *, batch_size: int,
-                 logp: LogpKernel | None) -> RolloutOutput:
-        kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = logp or \
-            native_selected_logprob
+    def generate(
+        self, identity: ScoringIdentity, *, batch_size: int, logp: LogpKernel | None
+    ) -> RolloutOutput:
+        kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = (
+            logp or native_selected_logprob
+        )
         self.backend_used = backend_of(logp)
         prompts = identity.prompts.token_ids
         rows: list[tuple[list[int], list[int], list[float]]] = []
         self.last_chunk = batch_size
         for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start:start + batch_size]
+            chunk = prompts[start : start + batch_size]
             for offset, prompt in enumerate(chunk):
                 rows.append(self._sample_one(list(prompt), start + offset, identity, kernel))
         return RolloutOutput(
-            tensors=canonical_batch([p for p, _, _ in rows], [(r, lp) for _, r, lp in rows],
-                                    PAD_ID, eos_token_id=EOS_ID,
-                                    mask_policy=identity.mask_policy),
-            identity=_side_identity(identity))
+            tensors=canonical_batch(
+                [p for p, _, _ in rows],
+                [(r, lp) for _, r, lp in rows],
+                PAD_ID,
+                eos_token_id=EOS_ID,
+                mask_policy=identity.mask_policy,
+            ),
+            identity=_side_identity(identity),
+        )
 
     @torch.no_grad()
-    def _sample_one(self, prompt: list[int], index: int, identity: ScoringIdentity,
-                    kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) \
-            -> tuple[list[int], list[int], list[float]]:
+    def _sample_one(
+        self,
+        prompt: list[int],
+        index: int,
+        identity: ScoringIdentity,
+        kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> tuple[list[int], list[int], list[float]]:
         sampling = identity.sampling
         generator = torch.Generator().manual_seed(sampling.seed * 1_000_003 + index)
         running = torch.zeros(HIDDEN, dtype=self.model.embed.dtype)
         logits = torch.zeros(VOCAB)
         for position, token in enumerate(prompt):
-            logits, running = self.model.step(torch.tensor(token), running,
-                                              torch.tensor(float(position + 1)))
+            logits, running = self.model.step(
+                torch.tensor(token), running, torch.tensor(float(position + 1))
+            )
         response: list[int] = []
         logprobs: list[float] = []
         for _ in range(sampling.max_new_tokens):
@@ -145,9 +159,12 @@ class SyntheticRollout:
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         dtype = str(self.model.embed.dtype).removeprefix("torch.")
-        return {"rollout.dtype": dtype, "batch.size": self.last_chunk,
-                "logp.backend": self.backend_used,
-                **{k: v for k, v in INHERENT.items() if k.startswith("rollout.")}}
+        return {
+            "rollout.dtype": dtype,
+            "batch.size": self.last_chunk,
+            "logp.backend": self.backend_used,
+            **{k: v for k, v in INHERENT.items() if k.startswith("rollout.")},
+        }
 
     def close(self) -> None:
         del self.model
@@ -163,13 +180,22 @@ class StatelessScorer:
         self.last_chunk = 0
         self.backend_used = ""
 
-    def score(self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int,
-              logp: LogpKernel | None) -> TrainingOutput:
+    def score(
+        self,
+        identity: ScoringIdentity,
+        rollout: TensorBatch,
+        *,
+        batch_size: int,
+        logp: LogpKernel | None,
+    ) -> TrainingOutput:
         kernel = logp or native_selected_logprob
         self.backend_used = backend_of(logp)
         consumed = self.inputs(rollout)
-        token_ids, attention, active = (consumed["token_ids"], consumed["attention_mask"],
-                                        consumed["active_mask"])
+        token_ids, attention, active = (
+            consumed["token_ids"],
+            consumed["attention_mask"],
+            consumed["active_mask"],
+        )
         guard = ReadOnlyGuard(self.model, kv_cache_allowed=identity.training_kv_cache)
         out = torch.zeros(token_ids.shape, dtype=torch.float32)
         self.last_chunk = batch_size
@@ -183,23 +209,31 @@ class StatelessScorer:
                 out[rows, 1:] = scores * active[rows, 1:]
             self.inside_guard()
         return TrainingOutput(
-            logprobs=self.output(out, active), consumed=consumed,
+            logprobs=self.output(out, active),
+            consumed=consumed,
             identity=_side_identity(identity),
             readonly_violations=tuple(guard.violations),
-            evidence={"state_digest_before": guard.digest_before,
-                      "state_digest_after": guard.digest_after,
-                      "model_state_digest": state_digest(self.model),
-                      "forward_calls": guard.forward_calls})
+            evidence={
+                "state_digest_before": guard.digest_before,
+                "state_digest_after": guard.digest_after,
+                "model_state_digest": state_digest(self.model),
+                "forward_calls": guard.forward_calls,
+            },
+        )
 
     def inputs(self, rollout: TensorBatch) -> dict[str, torch.Tensor]:
         """The tensors the scorer consumes: copies of the rollout's identity tensors."""
-        return {name: rollout[name].clone()
-                for name in ("token_ids", "attention_mask", "active_mask", "position_ids")}
+        return {
+            name: rollout[name].clone()
+            for name in ("token_ids", "attention_mask", "active_mask", "position_ids")
+        }
 
-    def forward(self, params: Mapping[str, torch.Tensor], token_ids: torch.Tensor,
-                attention: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, params: Mapping[str, torch.Tensor], token_ids: torch.Tensor, attention: torch.Tensor
+    ) -> torch.Tensor:
         logits: torch.Tensor = torch.func.functional_call(
-            self.model, dict(params), (token_ids, attention), {"use_cache": False})
+            self.model, dict(params), (token_ids, attention), {"use_cache": False}
+        )
         return logits
 
     def inside_guard(self) -> None:
@@ -210,8 +244,12 @@ class StatelessScorer:
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         dtype = str(self.model.embed.dtype).removeprefix("torch.")
-        return {"training.compute_dtype": dtype, "training.sharding": "none",
-                "batch.size": self.last_chunk, "logp.backend": self.backend_used}
+        return {
+            "training.compute_dtype": dtype,
+            "training.sharding": "none",
+            "batch.size": self.last_chunk,
+            "logp.backend": self.backend_used,
+        }
 
     def close(self) -> None:
         del self.model
@@ -226,33 +264,42 @@ class CpuSmokeAdapter:
         result: dict[str, Materialized] = {}
         for path, value in requested.items():
             if path == "batch.size":
-                result[path] = Materialized(value=value, status=ApplicationStatus.APPLIED,
-                                            evidence="prompts are processed in chunks of this "
-                                            "size on both sides")
+                result[path] = Materialized(
+                    value=value,
+                    status=ApplicationStatus.APPLIED,
+                    evidence="prompts are processed in chunks of this size on both sides",
+                )
             elif path in ("rollout.dtype", "training.compute_dtype"):
-                result[path] = Materialized(value=value, status=ApplicationStatus.APPLIED,
-                                            evidence="synthetic weights are cast to this dtype")
+                result[path] = Materialized(
+                    value=value,
+                    status=ApplicationStatus.APPLIED,
+                    evidence="synthetic weights are cast to this dtype",
+                )
             elif path == "logp.backend":
-                result[path] = Materialized(value=value, status=ApplicationStatus.APPLIED,
-                                            evidence="the bound kernel computes both sides' "
-                                            "selected logprobs")
+                result[path] = Materialized(
+                    value=value,
+                    status=ApplicationStatus.APPLIED,
+                    evidence="the bound kernel computes both sides' selected logprobs",
+                )
             elif path in INHERENT and INHERENT[path] == value:
-                result[path] = Materialized(value=value, status=ApplicationStatus.APPLIED,
-                                            evidence="the only value a single-process "
-                                            "synthetic runtime has")
+                result[path] = Materialized(
+                    value=value,
+                    status=ApplicationStatus.APPLIED,
+                    evidence="the only value a single-process synthetic runtime has",
+                )
             else:
-                result[path] = Materialized(value=None, status=ApplicationStatus.UNSUPPORTED,
-                                            evidence=f"the synthetic runtime cannot apply "
-                                            f"{path}={value!r}")
+                result[path] = Materialized(
+                    value=None,
+                    status=ApplicationStatus.UNSUPPORTED,
+                    evidence=f"the synthetic runtime cannot apply {path}={value!r}",
+                )
         return result
 
-    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-            -> SyntheticRollout:
+    def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> SyntheticRollout:
         self._check_identity(identity)
         return SyntheticRollout(binding)
 
-    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) \
-            -> StatelessScorer:
+    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) -> StatelessScorer:
         self._check_identity(identity)
         return StatelessScorer(binding)
 
@@ -261,14 +308,18 @@ class CpuSmokeAdapter:
         if identity.checkpoint.uri != SYNTHETIC_URI:
             from pytest_logprob_drift.errors import UsageError
 
-            raise UsageError(f"runtime cpu-smoke only serves checkpoint {SYNTHETIC_URI!r}, "
-                             f"config names {identity.checkpoint.uri!r}")
+            raise UsageError(
+                f"runtime cpu-smoke only serves checkpoint {SYNTHETIC_URI!r}, "
+                f"config names {identity.checkpoint.uri!r}"
+            )
         too_big = [t for row in identity.prompts.token_ids for t in row if t >= VOCAB]
         if too_big:
             from pytest_logprob_drift.errors import UsageError
 
-            raise UsageError(f"runtime cpu-smoke has a vocabulary of {VOCAB}; prompt token "
-                             f"{too_big[0]} is out of range")
+            raise UsageError(
+                f"runtime cpu-smoke has a vocabulary of {VOCAB}; prompt token "
+                f"{too_big[0]} is out of range"
+            )
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
         return {"runtime": "cpu-smoke", "synthetic_model": "v1"}
