@@ -42,6 +42,7 @@ def make_runner(
     adapter: RuntimeAdapter | None = None,
     expectations: Sequence[Expectation] = (),
     catalog: SemanticOperatorCatalog | None = None,
+    baseline_repeats: int = 1,
 ) -> Runner:
     """A runner wired the way the CLI wires it (``policy.assemble``)."""
     catalogs = assemble()
@@ -54,6 +55,7 @@ def make_runner(
         allow_test_only=allow_smoke,
         adapter=adapter,
         expectations=expectations,
+        baseline_repeats=baseline_repeats,
     )
 
 

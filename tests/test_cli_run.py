@@ -175,7 +175,7 @@ def test_verify_agrees_with_every_comparison_and_report_writes_html(
         assert entry["status"] == "ok"
         assert entry["outcome"] == comparison["outcome"] == comparison["numerical"]["outcome"]
     assert main(["verify", str(run_dir)]) == 0
-    assert "3 attempt(s), 0 invalid" in capsys.readouterr().out
+    assert "3 attempt(s), 1 attribution(s), 0 invalid" in capsys.readouterr().out
 
     assert report.returncode == 0, report.stderr
     assert f"HTML report: {target}" in report.stdout

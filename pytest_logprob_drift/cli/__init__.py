@@ -52,6 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--artifacts", default="runs")
     run.add_argument("--expect", action="append", default=[], metavar="SELECTOR=OUTCOME")
     run.add_argument("--pairwise", action="store_true")
+    run.add_argument(
+        "--baseline-repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="execute the baseline N times with the same engines: the run-to-run noise floor "
+        "of the attribution (default 1)",
+    )
     run.add_argument("--json", action="store_true", help="print the final table as JSON")
 
     verify = sub.add_parser("verify", help="re-check seals and recompute every verdict")

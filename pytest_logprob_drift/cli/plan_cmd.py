@@ -13,10 +13,10 @@ import json
 from typing import Any, TextIO
 
 from pytest_logprob_drift.cli import FLAGS
-from pytest_logprob_drift.cli.tables import render_table
 from pytest_logprob_drift.errors import ExitCode
 from pytest_logprob_drift.policy import assemble, render_issue
 from pytest_logprob_drift.records import IssueSeverity, canonical
+from pytest_logprob_drift.tables import render_table
 
 
 def plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -11,12 +11,12 @@ import argparse
 from pathlib import Path
 from typing import TextIO
 
-from pytest_logprob_drift.cli.tables import render_table
 from pytest_logprob_drift.errors import ExitCode
 from pytest_logprob_drift.report.html import render_html
 from pytest_logprob_drift.report.summary import HEADERS, collect, newest_attempt, summary_rows
 from pytest_logprob_drift.store.artifacts import publish_bytes
 from pytest_logprob_drift.store.verify import require_run_dir
+from pytest_logprob_drift.tables import render_table
 
 
 def report_command(args: argparse.Namespace, out: TextIO) -> int:

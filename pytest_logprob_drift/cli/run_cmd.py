@@ -14,13 +14,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.attribution.sealed import SealedAttribution, attribute_and_seal
+from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
+from pytest_logprob_drift.attribution.text import rows as attribution_rows
+from pytest_logprob_drift.attribution.text import summary_lines
 from pytest_logprob_drift.cli import FLAGS
-from pytest_logprob_drift.cli.tables import render_table
 from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.outcomes import Expectation, parse_expectation
 from pytest_logprob_drift.plan.binding import ExecutionCase
 from pytest_logprob_drift.policy import assemble, render_error, render_issue
+from pytest_logprob_drift.tables import render_table
 
 
 def _failure_text(exc: Exception) -> str:
@@ -58,6 +62,7 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         artifacts=Path(args.artifacts),
         allow_test_only=args.allow_smoke_operators,
         expectations=expectations,
+        baseline_repeats=args.baseline_repeats,
     ) as runner:
         for note in runner.notes:
             print(f"note: {note}", file=err)
@@ -86,6 +91,8 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         results = runner.run(progress=progress, failures=crashed)
         failures = [f"{ec.case.label}: {_failure_text(exc)}" for ec, exc in crashed]
         constructions = (runner.pool.rollout_constructions, runner.pool.training_constructions)
+        run_dir = runner.store.directory
+    attribution = attribute_run(run_dir, execution_plan.plan.experiment_id, results, err)
     rows = [
         [
             r.case_id,
@@ -105,6 +112,8 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 "results": [_result_json(r) for r in results],
                 "failures": failures,
                 "engine_constructions": {"rollout": constructions[0], "training": constructions[1]},
+                "attribution": None if attribution is None else attribution.document,
+                "attribution_dir": None if attribution is None else str(attribution.directory),
             },
             out,
             indent=2,
@@ -132,9 +141,37 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             f"engine constructions: rollout {constructions[0]}, training {constructions[1]}",
             file=out,
         )
+        if attribution is not None:
+            print_attribution(attribution, out)
     if failures:
         return ExitCode.RUNTIME_FAILURE
     return ExitCode.OK if all(r.as_expected for r in results) else ExitCode.UNEXPECTED_OUTCOME
+
+
+def attribute_run(
+    run_dir: Path, experiment_id: str, results: list[CaseResult], err: TextIO
+) -> SealedAttribution | None:
+    """Attribute the executed cases against the baseline and seal it (None when the run has no
+    comparable baseline, e.g. a plan-only scenario or a rejected baseline; said on ``err``)."""
+    baseline = next((r for r in results if r.label == "baseline" and r.attempt_dir), None)
+    cases = [r.attempt_dir for r in results if r is not baseline and r.attempt_dir is not None]
+    if baseline is None or baseline.attempt_dir is None or not cases:
+        return None
+    try:
+        return attribute_and_seal(
+            run_dir, experiment_id, baseline.attempt_dir, baseline.repeat_dirs, cases
+        )
+    except ValueError as exc:
+        print(f"note: no attribution: {exc}", file=err)
+        return None
+
+
+def print_attribution(attribution: SealedAttribution, out: TextIO) -> None:
+    how = "reused" if attribution.reused else "sealed"
+    print(f"drift attribution ({how}: {attribution.directory})", file=out)
+    print(render_table(list(ATTRIBUTION_HEADERS), attribution_rows(attribution.document)), file=out)
+    for line in summary_lines(attribution.document):
+        print(line, file=out)
 
 
 def _result_json(r: CaseResult) -> dict[str, Any]:

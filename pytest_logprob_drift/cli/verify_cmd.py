@@ -1,7 +1,9 @@
 """The ``verify`` command: re-check every seal of a run and recompute every verdict offline.
 
-Owns printing ``store.verify``'s per-attempt statuses as a table or ``--json`` and the exit
-code (1 when any attempt is invalid). Knows nothing about engines.
+Owns printing ``store.verify``'s per-attempt statuses and each sealed attribution's check
+(``attribution.sealed.verify_attribution``: its seal, the attempts it names, and the document
+recomputed from them) as a table or ``--json``, and the exit code (1 when any attempt or
+attribution is invalid). Knows nothing about engines.
 """
 
 from __future__ import annotations
@@ -11,17 +13,28 @@ import json
 from pathlib import Path
 from typing import TextIO
 
-from pytest_logprob_drift.cli.tables import render_table
+from pytest_logprob_drift.attribution.sealed import attribution_dirs, verify_attribution
 from pytest_logprob_drift.errors import ExitCode
 from pytest_logprob_drift.store.verify import verify_run
+from pytest_logprob_drift.tables import render_table
 
 
 def verify_command(args: argparse.Namespace, out: TextIO) -> int:
-    statuses = verify_run(Path(args.run_dir))
+    run_dir = Path(args.run_dir)
+    statuses = verify_run(run_dir)
+    attributions = [
+        {"attribution_id": d.name, "problems": verify_attribution(run_dir, d)}
+        for d in attribution_dirs(run_dir)
+    ]
     bad = sum(1 for s in statuses if s.status == "invalid")
+    bad += sum(1 for a in attributions if a["problems"])
     if args.json:
         json.dump(
-            {"attempts": [s.to_json() for s in statuses], "invalid": bad},
+            {
+                "attempts": [s.to_json() for s in statuses],
+                "attributions": attributions,
+                "invalid": bad,
+            },
             out,
             indent=2,
             sort_keys=True,
@@ -38,5 +51,13 @@ def verify_command(args: argparse.Namespace, out: TextIO) -> int:
             ),
             file=out,
         )
-        print(f"{len(statuses)} attempt(s), {bad} invalid", file=out)
+        for a in attributions:
+            problems = a["problems"]
+            state = f"invalid: {problems[0]}" if problems else "ok (recomputed, identical)"
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            print(f"attribution {a['attribution_id']}: {state}{more}", file=out)
+        print(
+            f"{len(statuses)} attempt(s), {len(attributions)} attribution(s), {bad} invalid",
+            file=out,
+        )
     return ExitCode.UNEXPECTED_OUTCOME if bad else ExitCode.OK

@@ -10,7 +10,7 @@ operator catalog and runtime catalog from the frontend; knows no concrete runtim
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from pytest_logprob_drift.errors import Remedy, UsageError
 from pytest_logprob_drift.execute.case import CaseExecution, execute_case
 from pytest_logprob_drift.execute.engine_pool import EnginePool
 from pytest_logprob_drift.execute.protocol import (
+    Materialized,
     RuntimeAdapter,
     RuntimeBinding,
     bind_case,
@@ -28,7 +29,7 @@ from pytest_logprob_drift.execute.provenance import base_environment, execution_
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog, load_adapter
 from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
-from pytest_logprob_drift.records import canonical
+from pytest_logprob_drift.records import CaseKind, canonical
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.store.artifacts import ArtifactStore, SealError, execution_key
 from pytest_logprob_drift.store.resume import check_attempt
@@ -45,6 +46,8 @@ class CaseResult:
     attempt_dir: Path | None
     comparison: dict[str, Any] = field(default_factory=dict)
     skipped_attempts: tuple[str, ...] = ()
+    repeat_dirs: tuple[Path, ...] = ()
+    """The baseline's repeated executions (noise floor); empty for other cases."""
 
     @property
     def as_expected(self) -> bool:
@@ -68,6 +71,7 @@ class Runner:
         allow_test_only: bool = False,
         expectations: Sequence[Expectation] = (),
         adapter: RuntimeAdapter | None = None,
+        baseline_repeats: int = 1,
     ) -> None:
         """``catalog`` holds every backend planning bound (test-only ones included); only the
         production ones are registered for execution unless ``allow_test_only``."""
@@ -77,6 +81,9 @@ class Runner:
         self.plan = execution_plan
         self.info = runtimes.get(runtime)
         self.allow_test_only = allow_test_only
+        if baseline_repeats < 1:
+            raise UsageError(f"baseline repeats must be at least 1, got {baseline_repeats}")
+        self.baseline_repeats = baseline_repeats
         self.expectations = tuple(expectations)
         test_only = [ec.case.label for ec in execution_plan.cases if ec.uses_test_only_operators]
         if test_only and not allow_test_only:
@@ -170,32 +177,62 @@ class Runner:
             environment=environment,
         )
         key = execution_key(payload)
+        valid, skipped = self._valid_attempts(case.case_id, key)
+        if valid:
+            attempt_dir, comparison = valid[0]
+            reused = True
+        else:
+            attempt_dir, comparison = self._execute(ec, materialized, payload, key)
+            reused = False
+        repeats: tuple[Path, ...] = ()
+        if case.kind is CaseKind.BASELINE and self.baseline_repeats > 1:
+            repeats = self._repeats(
+                ec, materialized, payload, key, attempt_dir, [d for d, _ in valid]
+            )
+        return CaseResult(
+            case_id=case.case_id,
+            label=case.label,
+            outcome=Outcome(comparison["outcome"]),
+            expected=expected,
+            reason=str(comparison.get("reason", "")),
+            reused=reused,
+            attempt_dir=attempt_dir,
+            comparison=comparison,
+            skipped_attempts=tuple(skipped),
+            repeat_dirs=repeats,
+        )
+
+    def _valid_attempts(
+        self, case_id: str, key: str
+    ) -> tuple[list[tuple[Path, dict[str, Any]]], list[str]]:
+        """Sealed attempts that may stand in for this execution (newest first), and why the
+        others may not."""
+        valid: list[tuple[Path, dict[str, Any]]] = []
         skipped: list[str] = []
-        for attempt in self.store.attempts(case.case_id):
+        for attempt in self.store.attempts(case_id):
             try:
                 checked = check_attempt(attempt, expected_key=key)
             except SealError as exc:
                 skipped.append(f"{attempt.name}: {exc}")
                 continue
-            comparison = dict(checked.comparison)
-            return CaseResult(
-                case_id=case.case_id,
-                label=case.label,
-                outcome=checked.outcome,
-                expected=expected,
-                reason=str(comparison.get("reason", "")),
-                reused=True,
-                attempt_dir=attempt,
-                comparison=comparison,
-                skipped_attempts=tuple(skipped),
-            )
+            valid.append((attempt, dict(checked.comparison)))
+        return valid, skipped
+
+    def _execute(
+        self,
+        ec: ExecutionCase,
+        materialized: Mapping[str, Materialized],
+        payload: Mapping[str, Any],
+        key: str,
+    ) -> tuple[Path, dict[str, Any]]:
+        plan = self.plan.plan
         executed = execute_case(
             CaseExecution(
                 ec=ec,
                 identity=plan.identity,
-                binding=binding,
+                binding=self.binding(ec),
                 materialized=materialized,
-                adapter=adapter,
+                adapter=self.adapter,
                 pool=self.pool,
                 catalog=self.catalog,
                 allow_test_only=self.allow_test_only,
@@ -206,19 +243,24 @@ class Runner:
                 key_payload=payload,
             )
         )
-        attempt_dir = self.store.case_dir(case.case_id) / executed.seal.attempt_id
-        comparison = dict(check_attempt(attempt_dir, expected_key=key).comparison)
-        return CaseResult(
-            case_id=case.case_id,
-            label=case.label,
-            outcome=executed.verdict.outcome,
-            expected=expected,
-            reason=executed.verdict.reason,
-            reused=False,
-            attempt_dir=attempt_dir,
-            comparison=dict(comparison),
-            skipped_attempts=tuple(skipped),
-        )
+        attempt_dir = self.store.case_dir(ec.case.case_id) / executed.seal.attempt_id
+        return attempt_dir, dict(check_attempt(attempt_dir, expected_key=key).comparison)
+
+    def _repeats(
+        self,
+        ec: ExecutionCase,
+        materialized: Mapping[str, Materialized],
+        payload: Mapping[str, Any],
+        key: str,
+        primary: Path,
+        valid: list[Path],
+    ) -> tuple[Path, ...]:
+        """The baseline executed ``baseline_repeats - 1`` more times with the same engines
+        (sealed attempts of the same key are reused first): the run-to-run noise floor."""
+        extra = [d for d in valid if d != primary][: self.baseline_repeats - 1]
+        while len(extra) < self.baseline_repeats - 1:
+            extra.append(self._execute(ec, materialized, payload, key)[0])
+        return tuple(extra)
 
     def order(self, cases: Sequence[ExecutionCase]) -> list[ExecutionCase]:
         """Group cases so each engine is built once: process, then rollout, then training."""

@@ -30,9 +30,11 @@ from pytest_logprob_drift.plugin.reporting import OutcomeCounter, status_of, tag
 from pytest_logprob_drift.plugin.session import (
     CONSTRUCTIONS_KEY,
     OPTIONS_KEY,
+    RESULTS_KEY,
     RUNNERS_KEY,
     RUNTIMES_KEY,
     close_runners,
+    seal_attributions,
 )
 from pytest_logprob_drift.policy import runtime_catalog
 
@@ -58,6 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[OPTIONS_KEY] = options
     config.stash[RUNTIMES_KEY] = runtimes
     config.stash[RUNNERS_KEY] = {}
+    config.stash[RESULTS_KEY] = {}
     config.stash[CONSTRUCTIONS_KEY] = Counter()
     config.pluginmanager.register(OutcomeCounter(config), "logprob-drift-outcomes")
     if config.pluginmanager.hasplugin("xdist"):
@@ -82,6 +85,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> DriftConfi
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    seal_attributions(session.config)
     counts = close_runners(session.config)
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None and counts:

@@ -11,6 +11,7 @@ module never imports torch; the runner is imported when the first case executes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ from pytest_logprob_drift.plugin.options import FLAGS, keyword_token, marker_nam
 from pytest_logprob_drift.plugin.session import (
     OPTIONS_KEY,
     RUNTIMES_KEY,
+    case_attribution,
+    record_result,
     runner_for,
     session_catalog,
 )
@@ -136,15 +139,35 @@ class DriftCaseItem(pytest.Item):
                     f"PLAN_ONLY: {info.plan_only_reason(scenario)}", _use_item_location=True
                 )
             return
-        runner: Runner = runner_for(self.config, str(self.path), self.execution_plan)
+        key = str(self.path)
+        runner: Runner = runner_for(self.config, key, self.execution_plan)
         try:
             result = runner.run_case(self.case)
+            record_result(self.config, key, result)
+            attribution = case_attribution(self.config, key, self.execution_plan, runner, result)
         finally:
             runner.release_engines_except(remaining_cases(self))
         self.result = result
         self._record(result.outcome.value, result)
+        if attribution is not None:
+            self._record_attribution(attribution)
         if not result.as_expected:
             raise DriftCaseFailure(result)
+
+    def _record_attribution(self, entry: dict[str, Any]) -> None:
+        """Junit properties, and a JSON-safe summary that travels with the report."""
+        ratio = entry["effect"]["mean_ratio"]
+        self.user_properties.extend(
+            [
+                ("drift_attribution", entry["classification"]),
+                ("drift_rollout_max_abs_delta", str(entry["rollout"]["max_abs_delta"])),
+                ("drift_training_max_abs_delta", str(entry["training"]["max_abs_delta"])),
+                ("drift_earliest_divergence", str(entry["earliest_divergence"])),
+                ("drift_effect_mean_ratio", str(ratio["value"])),
+                ("drift_effect_mean_ratio_interval", f"[{ratio['low']}, {ratio['high']}]"),
+                ("drift_attribution_entry", json.dumps(entry, sort_keys=True)),
+            ]
+        )
 
     def _record(self, outcome: str, result: CaseResult | None) -> None:
         self.user_properties.append(("drift_outcome", outcome))

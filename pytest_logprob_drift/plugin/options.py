@@ -36,6 +36,7 @@ class DriftOptions:
     plan_only: bool
     expectations: tuple[Expectation, ...]
     pairwise: bool
+    baseline_repeats: int = 1
 
 
 def marker_name(text: str) -> str:
@@ -95,6 +96,14 @@ def add_options(parser: pytest.Parser, runtime_names: Sequence[str]) -> None:
         default=None,
         help="also expand the config's listed path pairs",
     )
+    group.addoption(
+        "--drift-baseline-repeats",
+        default=None,
+        metavar="N",
+        help="execute each baseline N times with the same engines: the attribution's "
+        "run-to-run noise floor (default 1)",
+    )
+    parser.addini("drift_baseline_repeats", default="1", help="default --drift-baseline-repeats")
     parser.addini(
         "drift_config",
         type="paths",
@@ -174,8 +183,16 @@ def resolve_options(
         plan_only=plan_only,
         expectations=expectations,
         pairwise=bool(_option(config, "pairwise")),
+        baseline_repeats=_baseline_repeats(_option(config, "baseline_repeats")),
     )
     return options, added
+
+
+def _baseline_repeats(raw: object) -> int:
+    text = str(raw).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise pytest.UsageError(f"--drift-baseline-repeats {text!r}: expected a positive integer")
+    return int(text)
 
 
 def named_by_args(config: pytest.Config, path: Path) -> bool:

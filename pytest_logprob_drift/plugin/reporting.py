@@ -1,20 +1,25 @@
 """How drift outcomes are reported: status words and letters, the summary, report tags.
 
-Owns tagging a drift item's call report with its outcome (JSON-safe attributes, so they travel
-from xdist workers), the status word and letter of each outcome (MISMATCH "M", ...), and the
-per-outcome terminal summary with the session's engine constructions. Knows nothing about
-execution.
+Owns tagging a drift item's call report with its outcome and attribution entry (JSON-safe
+attributes, so they travel from xdist workers), the status word and letter of each outcome
+(MISMATCH "M", ...), and the terminal summary: per-outcome counts, the session's engine
+constructions, and a "drift attribution" section ranking each experiment's cases by their
+effect on the drift. Knows nothing about execution.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
 import pytest
 
+from pytest_logprob_drift.attribution.analysis import rank_key
+from pytest_logprob_drift.attribution.text import HEADERS, rows
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.plugin.session import CONSTRUCTIONS_KEY
+from pytest_logprob_drift.plugin.session import CONSTRUCTIONS_KEY, SEALED_KEY
+from pytest_logprob_drift.tables import render_table
 
 
 def tag_report(
@@ -30,6 +35,9 @@ def tag_report(
         report.drift_expected = properties.get(  # type: ignore[attr-defined]
             "drift_expected", Outcome.PASS.value
         )
+    entry = properties.get("drift_attribution_entry")
+    if isinstance(entry, str):
+        report.drift_attribution = entry  # type: ignore[attr-defined]
 
 
 class OutcomeCounter:
@@ -39,11 +47,32 @@ class OutcomeCounter:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.counts: Counter[str] = Counter()
+        self.attributions: dict[str, list[dict[str, Any]]] = {}
+        """Per experiment (the node id without the case label): attribution entries."""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         outcome = getattr(report, "drift_outcome", None)
         if outcome is not None and report.when == "call":
             self.counts[outcome] += 1
+        entry = getattr(report, "drift_attribution", None)
+        if isinstance(entry, str) and report.when == "call":
+            experiment = report.nodeid.split("@", 1)[0].rsplit("::", 1)[0]
+            self.attributions.setdefault(experiment, []).append(json.loads(entry))
+
+    def _write_attribution(self, terminalreporter: Any) -> None:
+        terminalreporter.write_sep("=", "drift attribution")
+        for experiment, entries in sorted(self.attributions.items()):
+            document = {
+                "cases": entries,
+                "ranking": [e["label"] for e in sorted(entries, key=rank_key)],
+            }
+            terminalreporter.write_line(f"{experiment} (against its baseline):")
+            terminalreporter.write_line(render_table(list(HEADERS), rows(document)))
+            terminalreporter.write_line(
+                "ranked by effect on the drift: " + " > ".join(document["ranking"])
+            )
+        for directory in self.config.stash.get(SEALED_KEY, []):
+            terminalreporter.write_line(f"sealed attribution: {directory}")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         constructions = self.config.stash.get(CONSTRUCTIONS_KEY, Counter())
@@ -62,6 +91,8 @@ class OutcomeCounter:
                 f"{constructions['rollout']}, training "
                 f"{constructions['training']}"
             )
+        if self.attributions:
+            self._write_attribution(terminalreporter)
 
 
 def status_of(report: pytest.TestReport) -> tuple[str, str, str] | None:

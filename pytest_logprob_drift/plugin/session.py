@@ -11,7 +11,7 @@ constructions. Knows nothing about collection or reporting.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,7 +21,7 @@ from pytest_logprob_drift.policy import operator_catalog
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog, as_descriptor
 
 if TYPE_CHECKING:
-    from pytest_logprob_drift.execute.runner import Runner
+    from pytest_logprob_drift.execute.runner import CaseResult, Runner
     from pytest_logprob_drift.plan.binding import ExecutionPlan
 
 OPTIONS_KEY = pytest.StashKey[DriftOptions]()
@@ -30,6 +30,10 @@ RUNNERS_KEY = pytest.StashKey[dict[str, "Runner"]]()
 CATALOG_KEY = pytest.StashKey[SemanticOperatorCatalog]()
 CONSTRUCTIONS_KEY = pytest.StashKey[Counter[str]]()
 """Engine constructions of the runners closed so far: ``rollout`` and ``training``."""
+RESULTS_KEY = pytest.StashKey[dict[str, list["CaseResult"]]]()
+"""Per experiment file: the results of the cases this process executed, baseline first."""
+SEALED_KEY = pytest.StashKey[list[str]]()
+"""The attribution directories sealed at the end of this session."""
 
 
 def session_catalog(config: pytest.Config) -> SemanticOperatorCatalog:
@@ -62,8 +66,85 @@ def runner_for(config: pytest.Config, key: str, execution_plan: ExecutionPlan) -
             artifacts=options.artifacts,
             allow_test_only=options.allow_smoke,
             expectations=options.expectations,
+            baseline_repeats=options.baseline_repeats,
         )
     return runners[key]
+
+
+def record_result(config: pytest.Config, key: str, result: CaseResult) -> None:
+    results = config.stash[RESULTS_KEY].setdefault(key, [])
+    if all(r.case_id != result.case_id for r in results):
+        results.append(result)
+
+
+def baseline_result(
+    config: pytest.Config, key: str, execution_plan: ExecutionPlan, runner: Runner
+) -> CaseResult | None:
+    """The experiment's baseline result: executed earlier in this session, or now (a sealed
+    attempt is reused when there is one) so that every case can be attributed."""
+    for result in config.stash[RESULTS_KEY].get(key, []):
+        if result.label == "baseline":
+            return result
+    baseline = next((ec for ec in execution_plan.cases if not ec.case.changed), None)
+    if baseline is None:
+        return None
+    result = runner.run_case(baseline)
+    record_result(config, key, result)
+    return result
+
+
+def case_attribution(
+    config: pytest.Config,
+    key: str,
+    execution_plan: ExecutionPlan,
+    runner: Runner,
+    result: CaseResult,
+) -> dict[str, Any] | None:
+    """This case against the baseline (one entry of the attribution document), or None when
+    there is nothing comparable."""
+    from pytest_logprob_drift.attribution.sealed import attribute_attempts
+
+    if result.attempt_dir is None or result.label == "baseline":
+        return None
+    baseline = baseline_result(config, key, execution_plan, runner)
+    if baseline is None or baseline.attempt_dir is None:
+        return None
+    try:
+        document = attribute_attempts(
+            execution_plan.plan.experiment_id,
+            baseline.attempt_dir,
+            baseline.repeat_dirs,
+            [result.attempt_dir],
+        )
+    except ValueError:
+        return None
+    cases: list[dict[str, Any]] = document["cases"]
+    return cases[0] if cases else None
+
+
+def seal_attributions(config: pytest.Config) -> None:
+    """Seal the attribution of every experiment this process executed a baseline for."""
+    from pytest_logprob_drift.attribution.sealed import attribute_and_seal
+
+    runners = config.stash.get(RUNNERS_KEY, {})
+    sealed = config.stash.setdefault(SEALED_KEY, [])
+    for key, results in config.stash.get(RESULTS_KEY, {}).items():
+        baseline = next((r for r in results if r.label == "baseline"), None)
+        cases = [r.attempt_dir for r in results if r is not baseline and r.attempt_dir]
+        if baseline is None or baseline.attempt_dir is None or not cases or key not in runners:
+            continue
+        runner = runners[key]
+        try:
+            done = attribute_and_seal(
+                runner.store.directory,
+                runner.plan.plan.experiment_id,
+                baseline.attempt_dir,
+                baseline.repeat_dirs,
+                cases,
+            )
+        except (ValueError, OSError):
+            continue
+        sealed.append(str(done.directory))
 
 
 def close_runners(config: pytest.Config) -> Counter[str]:

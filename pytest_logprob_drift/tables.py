@@ -1,4 +1,4 @@
-"""Plain-text tables for the terminal.
+"""Plain-text tables for the terminal (the CLI commands and the pytest summary).
 
 Owns aligning rows of cells under headers with a dashed rule. Knows nothing about what the
 cells mean.

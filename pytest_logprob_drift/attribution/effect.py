@@ -1,0 +1,157 @@
+"""The effect of a case on the drift itself: mean and p99 |diff| relative to its reference.
+
+Owns the ratio of a case's mean and p99 ``|training - rollout|`` over its active tokens to the
+reference's (the baseline's), and a 95% bootstrap interval for each: samples (rows) are
+resampled with replacement, the same draw for case and reference (paired by sample), with a
+fixed seed and ``RESAMPLES`` draws. The mean is resampled exactly from per-sample sums; the p99
+of a resample is read from per-sample histograms on log-spaced bins (``BINS_PER_DECADE``
+bins per decade, so the interval's ends are exact to within one bin, about 2.3%), which keeps
+the cost independent of the token count. The point estimates are exact. Knows nothing about
+files, verdicts or runtimes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+RESAMPLES = 1000
+SEED = 20261129
+CONFIDENCE = 0.95
+BINS_PER_DECADE = 100
+LOG10_LOW, LOG10_HIGH = -12.0, 3.0
+"""|diff| below 1e-12 (including exact zeros) falls in the first bin, above 1e3 in the last."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ratio:
+    """A ratio case/reference with its bootstrap interval (None when the reference is 0)."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+
+    @property
+    def excludes_one(self) -> bool:
+        return self.low is not None and self.high is not None and (self.low > 1 or self.high < 1)
+
+    def to_json(self) -> dict[str, float | bool | None]:
+        return {
+            "value": self.value,
+            "low": self.low,
+            "high": self.high,
+            "excludes_one": self.excludes_one,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriftEffect:
+    mean: Ratio
+    p99: Ratio
+    case_mean_abs_diff: float
+    reference_mean_abs_diff: float
+    resamples: int
+    seed: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "mean_ratio": self.mean.to_json(),
+            "p99_ratio": self.p99.to_json(),
+            "case_mean_abs_diff": self.case_mean_abs_diff,
+            "reference_mean_abs_diff": self.reference_mean_abs_diff,
+            "resamples": self.resamples,
+            "seed": self.seed,
+            "confidence": CONFIDENCE,
+        }
+
+
+def abs_diff_rows(
+    training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor
+) -> list[torch.Tensor]:
+    """Per sample, ``|training - rollout|`` (float64) over its active tokens."""
+    diff = (training.to(torch.float64) - rollout.to(torch.float64)).abs()
+    return [diff[i][active[i]] for i in range(int(active.shape[0]))]
+
+
+def _edges() -> torch.Tensor:
+    count = int((LOG10_HIGH - LOG10_LOW) * BINS_PER_DECADE)
+    return torch.logspace(LOG10_LOW, LOG10_HIGH, count + 1, dtype=torch.float64)
+
+
+def _histograms(rows: list[torch.Tensor], edges: torch.Tensor) -> torch.Tensor:
+    hist = torch.zeros((len(rows), int(edges.numel()) + 1), dtype=torch.float64)
+    for i, row in enumerate(rows):
+        index = torch.bucketize(row, edges)
+        hist[i] = torch.bincount(index, minlength=int(edges.numel()) + 1).to(torch.float64)
+    return hist
+
+
+def _quantile_from_histograms(hist: torch.Tensor, edges: torch.Tensor, q: float) -> torch.Tensor:
+    """The q-quantile of each weighted histogram row, as the upper edge of its bin."""
+    cumulative = hist.cumsum(-1)
+    target = cumulative[:, -1:] * q
+    index = torch.searchsorted(cumulative, target).squeeze(-1).clamp(max=int(edges.numel()))
+    upper = torch.cat([edges, edges[-1:]])  # the overflow bin reports the last edge
+    return upper[index]
+
+
+def _interval(values: torch.Tensor) -> tuple[float, float]:
+    finite = values[torch.isfinite(values)]
+    if finite.numel() == 0:
+        return math.nan, math.nan
+    lo, hi = torch.quantile(
+        finite,
+        torch.tensor([(1 - CONFIDENCE) / 2, 1 - (1 - CONFIDENCE) / 2], dtype=torch.float64),
+    ).tolist()
+    return float(lo), float(hi)
+
+
+def _ratio(value: float, reference: float, draws: torch.Tensor, ref_draws: torch.Tensor) -> Ratio:
+    if reference == 0.0:
+        return Ratio(value=None, low=None, high=None)
+    lo, hi = _interval(draws / ref_draws)
+    return Ratio(
+        value=value / reference,
+        low=None if math.isnan(lo) else lo,
+        high=None if math.isnan(hi) else hi,
+    )
+
+
+def drift_effect(case_rows: list[torch.Tensor], reference_rows: list[torch.Tensor]) -> DriftEffect:
+    """Case vs reference drift, paired by sample (both lists index the same prompts)."""
+    if len(case_rows) != len(reference_rows):
+        raise ValueError("case and reference must have the same samples")
+    n = len(case_rows)
+    case_all = torch.cat(case_rows) if case_rows else torch.zeros(0, dtype=torch.float64)
+    ref_all = torch.cat(reference_rows) if reference_rows else torch.zeros(0, dtype=torch.float64)
+    case_mean = float(case_all.mean()) if case_all.numel() else 0.0
+    ref_mean = float(ref_all.mean()) if ref_all.numel() else 0.0
+    generator = torch.Generator().manual_seed(SEED)
+    draws = torch.randint(0, max(n, 1), (RESAMPLES, n), generator=generator)
+    weights = torch.zeros((RESAMPLES, n), dtype=torch.float64)
+    weights.scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
+
+    def per_sample(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        sums = torch.tensor([float(r.sum()) for r in rows], dtype=torch.float64)
+        counts = torch.tensor([float(r.numel()) for r in rows], dtype=torch.float64)
+        return sums, counts
+
+    case_sums, case_counts = per_sample(case_rows)
+    ref_sums, ref_counts = per_sample(reference_rows)
+    case_means = (weights @ case_sums) / (weights @ case_counts)
+    ref_means = (weights @ ref_sums) / (weights @ ref_counts)
+    edges = _edges()
+    case_p99s = _quantile_from_histograms(weights @ _histograms(case_rows, edges), edges, 0.99)
+    ref_p99s = _quantile_from_histograms(weights @ _histograms(reference_rows, edges), edges, 0.99)
+    case_p99 = float(torch.quantile(case_all, 0.99)) if case_all.numel() else 0.0
+    ref_p99 = float(torch.quantile(ref_all, 0.99)) if ref_all.numel() else 0.0
+    return DriftEffect(
+        mean=_ratio(case_mean, ref_mean, case_means, ref_means),
+        p99=_ratio(case_p99, ref_p99, case_p99s, ref_p99s),
+        case_mean_abs_diff=case_mean,
+        reference_mean_abs_diff=ref_mean,
+        resamples=RESAMPLES,
+        seed=SEED,
+    )

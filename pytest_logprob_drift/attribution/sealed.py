@@ -1,0 +1,234 @@
+"""The sealed attribution artifact: written append-only, reused when consistent, verified offline.
+
+Owns ``runs/<experiment>/attributions/<inputs digest>-<id>/{attribution.json, COMPLETE}``:
+the document names the exact attempts it was computed from (case id, attempt id and the
+SHA-256 of each attempt's ``COMPLETE``), and ``COMPLETE`` seals it like an attempt. Writing the
+attribution of the same inputs again reuses a valid sealed one (a rerun that reuses every
+attempt reuses its attribution too); otherwise a new directory is created; nothing is
+overwritten. ``verify_attribution`` re-checks the seal, checks that every named attempt is
+still the one it names and is itself valid, recomputes the document from those attempts'
+sealed tensors, and reports any difference. Knows nothing about engines or frontends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_logprob_drift.attribution.analysis import (
+    ATTRIBUTION_SCHEMA_VERSION,
+    SealedExecution,
+    attribute,
+    load_execution,
+)
+from pytest_logprob_drift.records import canonical_json, sha256_hex
+from pytest_logprob_drift.store.artifacts import (
+    COMPLETE,
+    SealError,
+    json_bytes,
+    new_attempt_id,
+    publish_bytes,
+    sha256_file,
+)
+from pytest_logprob_drift.store.resume import check_attempt
+
+ATTRIBUTIONS = "attributions"
+DOCUMENT = "attribution.json"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SealedAttribution:
+    directory: Path
+    document: dict[str, Any]
+    reused: bool
+
+
+def inputs_digest(document: dict[str, Any]) -> str:
+    return sha256_hex(
+        canonical_json({"version": ATTRIBUTION_SCHEMA_VERSION, "inputs": document["inputs"]})
+    )[:16]
+
+
+def read_attribution(directory: Path) -> dict[str, Any]:
+    """The sealed document (SealError naming the file at fault otherwise)."""
+    complete = directory / COMPLETE
+    if not complete.is_file():
+        raise SealError(COMPLETE, "missing: the attribution was never sealed")
+    try:
+        seal = json.loads(complete.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SealError(COMPLETE, f"unreadable seal: {exc}") from None
+    if (
+        not isinstance(seal, dict)
+        or set(seal) != {"attribution_id", "inputs", "files"}
+        or seal.get("files", {}).keys() != {DOCUMENT}
+    ):
+        raise SealError(COMPLETE, "malformed attribution seal")
+    present = {p.name for p in directory.iterdir()} - {COMPLETE}
+    if present != {DOCUMENT}:
+        raise SealError(sorted(present ^ {DOCUMENT})[0], "file is not covered by the seal")
+    path = directory / DOCUMENT
+    if path.is_symlink() or sha256_file(path) != seal["files"][DOCUMENT]:
+        raise SealError(DOCUMENT, "SHA-256 does not match the seal (tampered or corrupt)")
+    document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    if document.get("inputs") != seal["inputs"]:
+        raise SealError(COMPLETE, "the seal and the document name different attempts")
+    return document
+
+
+def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribution:
+    """Seal ``document`` under the run, or reuse a valid sealed one of the same inputs."""
+    digest = inputs_digest(document)
+    root = run_dir / ATTRIBUTIONS
+    if root.is_dir():
+        for existing in sorted(root.glob(f"{digest}-*"), reverse=True):
+            try:
+                if read_attribution(existing) == _roundtrip(document):
+                    return SealedAttribution(directory=existing, document=document, reused=True)
+            except (SealError, OSError, ValueError):
+                continue
+    directory = root / f"{digest}-{new_attempt_id()}"
+    directory.mkdir(parents=True)
+    sha = publish_bytes(directory, DOCUMENT, json_bytes(document))
+    publish_bytes(
+        directory,
+        COMPLETE,
+        json_bytes(
+            {
+                "attribution_id": directory.name,
+                "inputs": document["inputs"],
+                "files": {DOCUMENT: sha},
+            }
+        ),
+    )
+    return SealedAttribution(directory=directory, document=document, reused=False)
+
+
+def _roundtrip(document: dict[str, Any]) -> Any:
+    return json.loads(json_bytes(document))
+
+
+def attribution_dirs(run_dir: Path) -> list[Path]:
+    root = run_dir / ATTRIBUTIONS
+    return (
+        sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name)
+        if root.is_dir()
+        else []
+    )
+
+
+def _execution_for(run_dir: Path, reference: dict[str, Any]) -> SealedExecution:
+    attempt = run_dir / "cases" / str(reference["case_id"]) / str(reference["attempt_id"])
+    if not attempt.is_dir():
+        raise SealError(
+            DOCUMENT,
+            f"names attempt {reference['attempt_id']} of case "
+            f"{reference['case_id']}, which does not exist",
+        )
+    complete = (
+        hashlib.sha256((attempt / COMPLETE).read_bytes()).hexdigest()
+        if (attempt / COMPLETE).is_file()
+        else None
+    )
+    if complete != reference["complete_sha256"]:
+        raise SealError(
+            DOCUMENT,
+            f"attempt {reference['attempt_id']} is no longer the one it "
+            "was computed from (its COMPLETE changed)",
+        )
+    try:
+        check_attempt(attempt, expected_key=None)
+    except SealError as exc:
+        raise SealError(
+            DOCUMENT, f"attempt {reference['attempt_id']} it was computed from is invalid: {exc}"
+        ) from None
+    return load_execution(attempt)
+
+
+def recompute(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
+    """The document recomputed from the attempts it names."""
+    executions = [_execution_for(run_dir, r) for r in document["inputs"]]
+    repeats = int(document["noise_floor"]["repeats"])
+    baseline, rest = executions[0], executions[1:]
+    return attribute(str(document["experiment_id"]), baseline, rest[:repeats], rest[repeats:])
+
+
+def differences(recorded: Any, recomputed: Any, path: str = "$") -> list[str]:
+    """Where two documents differ (floats within 1e-9 relative count as equal: the bootstrap's
+    float64 sums may round differently on another CPU)."""
+    if isinstance(recorded, dict) and isinstance(recomputed, dict):
+        found: list[str] = []
+        for key in sorted(set(recorded) | set(recomputed)):
+            found.extend(differences(recorded.get(key), recomputed.get(key), f"{path}.{key}"))
+        return found
+    if isinstance(recorded, list) and isinstance(recomputed, list):
+        if len(recorded) != len(recomputed):
+            return [f"{path}: {len(recorded)} items recorded, {len(recomputed)} recomputed"]
+        return [
+            d
+            for i, (a, b) in enumerate(zip(recorded, recomputed, strict=True))
+            for d in differences(a, b, f"{path}[{i}]")
+        ]
+    if (
+        isinstance(recorded, float)
+        and isinstance(recomputed, float)
+        and math.isclose(recorded, recomputed, rel_tol=1e-9, abs_tol=1e-15)
+    ):
+        return []
+    return (
+        []
+        if recorded == recomputed
+        else [f"{path}: recorded {recorded!r}, recomputed {recomputed!r}"]
+    )
+
+
+def verify_attribution(run_dir: Path, directory: Path) -> list[str]:
+    """Problems with one sealed attribution (empty when it is intact and reproducible)."""
+    try:
+        document = read_attribution(directory)
+        recomputed = _roundtrip(recompute(run_dir, document))
+    except SealError as exc:
+        return [f"{exc.file}: {exc.message}"]
+    except (KeyError, TypeError, ValueError) as exc:
+        return [f"{DOCUMENT}: malformed: {type(exc).__name__}: {exc}"]
+    return differences(document, recomputed)
+
+
+def latest_attribution(run_dir: Path) -> dict[str, Any] | None:
+    """The newest sealed attribution whose seal holds (None when there is none)."""
+    for directory in sorted(
+        attribution_dirs(run_dir), key=lambda p: p.name.split("-", 1)[-1], reverse=True
+    ):
+        try:
+            return read_attribution(directory)
+        except (SealError, OSError, ValueError):
+            continue
+    return None
+
+
+def attribute_attempts(
+    experiment_id: str, baseline: Path, repeats: Sequence[Path], cases: Sequence[Path]
+) -> dict[str, Any]:
+    """The attribution document of sealed attempt directories."""
+    return attribute(
+        experiment_id,
+        load_execution(baseline),
+        [load_execution(p) for p in repeats],
+        [load_execution(p) for p in cases],
+    )
+
+
+def attribute_and_seal(
+    run_dir: Path,
+    experiment_id: str,
+    baseline: Path,
+    repeats: Sequence[Path],
+    cases: Sequence[Path],
+) -> SealedAttribution:
+    """Compute the attribution of these sealed attempts and seal it (or reuse the sealed one)."""
+    return write_attribution(run_dir, attribute_attempts(experiment_id, baseline, repeats, cases))

@@ -1,0 +1,73 @@
+"""The attribution of a run as plain text: one row per case, then the ranking.
+
+Owns the terminal rendering shared by ``run``, ``report`` and the pytest summary: which side
+moved and by how much, where sampled tokens first diverged, the effect on the drift relative
+to the baseline with its bootstrap interval, the noise floor, and the interventions ranked by
+effect. Knows nothing about how the document was computed or where it is printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+HEADERS = (
+    "case",
+    "effect",
+    "rollout max|d|",
+    "training max|d|",
+    "shared",
+    "mean|diff| ratio",
+    "95% interval",
+)
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def rows(document: Mapping[str, Any]) -> list[list[str]]:
+    """Table rows in ranking order."""
+    by_label = {c["label"]: c for c in document["cases"]}
+    table: list[list[str]] = []
+    for label in document["ranking"]:
+        case = by_label[label]
+        ratio = case["effect"]["mean_ratio"]
+        interval = (
+            "-"
+            if ratio["low"] is None
+            else (
+                f"[{_num(ratio['low'])}, {_num(ratio['high'])}]"
+                + (" excludes 1" if ratio["excludes_one"] else "")
+            )
+        )
+        table.append(
+            [
+                label,
+                case["classification"],
+                _num(case["rollout"]["max_abs_delta"]),
+                _num(case["training"]["max_abs_delta"]),
+                str(case["shared_tokens"]),
+                _num(ratio["value"]),
+                interval,
+            ]
+        )
+    return table
+
+
+def summary_lines(document: Mapping[str, Any]) -> list[str]:
+    """The noise floor, the ranking, and the cases that could not be attributed."""
+    floor = document["noise_floor"]
+    if floor["measured"]:
+        noise = (
+            f"noise floor from {floor['repeats']} baseline repeat(s): rollout "
+            f"{_num(floor['rollout_max_abs_delta'])}, training "
+            f"{_num(floor['training_max_abs_delta'])}"
+        )
+    else:
+        noise = "noise floor not measured (one baseline execution; any movement counts)"
+    lines = [noise]
+    if document["ranking"]:
+        lines.append("ranked by effect on the drift: " + " > ".join(document["ranking"]))
+    lines.extend(f"not attributed: {s['label']}: {s['reason']}" for s in document["skipped"])
+    return lines
