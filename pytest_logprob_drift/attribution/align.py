@@ -24,6 +24,8 @@ class Alignment:
 
     shared: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     """Per sample: (positions in the case, positions in the reference), same length."""
+    offsets: tuple[torch.Tensor, ...]
+    """Per sample: the response offsets (0 = first sampled token) of the shared tokens."""
     first_divergence: tuple[int | None, ...]
     """Per sample: the response offset of the first token that differs (None: identical)."""
 
@@ -45,17 +47,20 @@ class Movement:
     max_abs_delta: float
     mean_abs_delta: float
     bitwise_equal_fraction: float
+    first_moved_offset: int | None
+    """The earliest response offset, over samples, where this side's logprob moved at all."""
 
     @property
     def bitwise_equal(self) -> bool:
         return self.shared_tokens > 0 and self.max_abs_delta == 0.0
 
-    def to_json(self) -> dict[str, float | int]:
+    def to_json(self) -> dict[str, float | int | None]:
         return {
             "shared_tokens": self.shared_tokens,
             "max_abs_delta": self.max_abs_delta,
             "mean_abs_delta": self.mean_abs_delta,
             "bitwise_equal_fraction": self.bitwise_equal_fraction,
+            "first_moved_offset": self.first_moved_offset,
         }
 
 
@@ -74,6 +79,7 @@ def align(case: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor
             f"the executions have {samples} and {int(reference['token_ids'].shape[0])} samples"
         )
     shared: list[tuple[torch.Tensor, torch.Tensor]] = []
+    offsets: list[torch.Tensor] = []
     divergence: list[int | None] = []
     for i in range(samples):
         mine, my_start = _response(case, i)
@@ -87,15 +93,18 @@ def align(case: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor
         else:
             first = None
         prefix = common if first is None else first
-        offsets = torch.arange(prefix)
+        candidates = torch.arange(prefix)
         both = (
-            case["active_mask"][i, my_start + offsets]
-            & reference["active_mask"][i, their_start + offsets]
+            case["active_mask"][i, my_start + candidates]
+            & reference["active_mask"][i, their_start + candidates]
         )
-        kept = offsets[both]
+        kept = candidates[both]
         shared.append((my_start + kept, their_start + kept))
+        offsets.append(kept)
         divergence.append(first)
-    return Alignment(shared=tuple(shared), first_divergence=tuple(divergence))
+    return Alignment(
+        shared=tuple(shared), offsets=tuple(offsets), first_divergence=tuple(divergence)
+    )
 
 
 def movement(alignment: Alignment, case: torch.Tensor, reference: torch.Tensor) -> Movement:
@@ -107,11 +116,21 @@ def movement(alignment: Alignment, case: torch.Tensor, reference: torch.Tensor) 
     flat = torch.cat(deltas) if deltas else torch.zeros(0, dtype=torch.float64)
     if flat.numel() == 0:
         return Movement(
-            shared_tokens=0, max_abs_delta=0.0, mean_abs_delta=0.0, bitwise_equal_fraction=0.0
+            shared_tokens=0,
+            max_abs_delta=0.0,
+            mean_abs_delta=0.0,
+            bitwise_equal_fraction=0.0,
+            first_moved_offset=None,
         )
+    moved = [
+        int(offsets[delta != 0].min())
+        for delta, offsets in zip(deltas, alignment.offsets, strict=True)
+        if bool((delta != 0).any())
+    ]
     return Movement(
         shared_tokens=int(flat.numel()),
         max_abs_delta=float(flat.max()),
         mean_abs_delta=float(flat.mean()),
         bitwise_equal_fraction=float((flat == 0).to(torch.float64).mean()),
+        first_moved_offset=min(moved) if moved else None,
     )

@@ -108,12 +108,17 @@ def classify(alignment: Alignment, rollout: Movement, training: Movement, floor:
         parts.append(f"changed the sampled tokens from position {earliest}")
     moved_rollout = rollout.max_abs_delta > floor.rollout
     moved_training = training.max_abs_delta > floor.training
+
+    def since(*sides: Movement) -> str:
+        first = [s.first_moved_offset for s in sides if s.first_moved_offset is not None]
+        return f" from position {min(first)}" if first else ""
+
     if moved_rollout and moved_training:
-        parts.append("moved both")
+        parts.append("moved both" + since(rollout, training))
     elif moved_rollout:
-        parts.append("moved the rollout side")
+        parts.append("moved the rollout side" + since(rollout))
     elif moved_training:
-        parts.append("moved the training side")
+        parts.append("moved the training side" + since(training))
     if parts:
         return "; ".join(parts)
     if rollout.max_abs_delta == 0.0 and training.max_abs_delta == 0.0:

@@ -178,6 +178,10 @@ class Runner:
         )
         key = execution_key(payload)
         valid, skipped = self._valid_attempts(case.case_id, key)
+        if case.kind is CaseKind.BASELINE and self.baseline_repeats > 1:
+            # The baseline and its repeats are the newest valid attempts in the order they were
+            # executed, so a rerun pairs them exactly as the first run did.
+            valid = sorted(valid[: self.baseline_repeats], key=lambda v: v[0].name)
         if valid:
             attempt_dir, comparison = valid[0]
             reused = True
