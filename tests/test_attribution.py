@@ -85,11 +85,16 @@ def test_alignment_never_pairs_different_tokens(
     case_outs, ref_outs = draw_responses(), draw_responses()
     case, ref = batch(prompts, case_outs, -1.0, policy), batch(prompts, ref_outs, -2.0, policy)
     alignment = align(case, ref)
-    for i, ((mine, theirs), offsets) in enumerate(
-        zip(alignment.shared, alignment.offsets, strict=True)
-    ):
-        assert torch.equal(case["token_ids"][i, mine], ref["token_ids"][i, theirs])
-        assert bool(case["active_mask"][i, mine].all() and ref["active_mask"][i, theirs].all())
+    width = alignment.mask.shape[1]
+    for i, offsets in enumerate(alignment.offsets):
+        positions = alignment.mask[i].nonzero().flatten()
+        assert all(
+            int(p) < case["token_ids"].shape[1] and int(p) < ref["token_ids"].shape[1]
+            for p in positions
+        )
+        assert torch.equal(case["token_ids"][i, positions], ref["token_ids"][i, positions])
+        assert bool(case["active_mask"][i, positions].all())
+        assert bool(ref["active_mask"][i, positions].all())
         common = 0
         while (
             common < min(len(case_outs[i]), len(ref_outs[i]))
@@ -98,7 +103,8 @@ def test_alignment_never_pairs_different_tokens(
             common += 1
         identical = case_outs[i] == ref_outs[i]
         assert alignment.first_divergence[i] == (None if identical else common)
-        assert all(int(o) < common for o in offsets)  # never at or past the divergence
+        assert all(0 <= int(o) < common or identical for o in offsets)
+        assert int(alignment.mask[i].sum()) <= width
     moved = movement(alignment, case["logprobs"], ref["logprobs"])
     assert moved.shared_tokens == alignment.shared_tokens
     if moved.shared_tokens:
@@ -463,3 +469,14 @@ def test_plugin_refuses_a_bad_repeat_count(pytester: pytest.Pytester) -> None:
     )
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*--drift-baseline-repeats '0': expected a positive integer*"])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=1e3, allow_nan=False), min_size=1,
+                max_size=300), st.sampled_from([0.5, 0.9, 0.99, 1.0]))
+def test_exact_quantile_is_torchs_linear_quantile(values: list[float], q: float) -> None:
+    from pytest_logprob_drift.attribution.effect import _exact_quantile
+
+    tensor = torch.tensor(values, dtype=torch.float64)
+    assert _exact_quantile(tensor, q) == pytest.approx(float(torch.quantile(tensor, q)),
+                                                       rel=1e-12, abs=1e-12)

@@ -5,9 +5,10 @@ baseline, a pairwise case's single-knob parent, or a repeat of the baseline) sam
 response tokens are paired only while both executions sampled the same token ids, up to the
 first divergence (a differing token, or one response ending earlier), and only where both
 score them (active). On those shared tokens it measures, per side, how far the logprobs moved:
-max and mean |delta| and the fraction that is bitwise equal. Different token ids are never
-paired. Knows nothing about files, verdicts or runtimes; works on the canonical tensors
-(``token_ids``, ``attention_mask``, ``active_mask``, ``prompt_lengths``, per-side logprobs).
+max and mean |delta|, the fraction that is bitwise equal, and the first response position
+where anything moved. Different token ids are never paired. Vectorized over the batch. Knows
+nothing about files, verdicts or runtimes; works on the canonical tensors (``token_ids``,
+``attention_mask``, ``active_mask``, ``prompt_lengths``, per-side logprobs).
 """
 
 from __future__ import annotations
@@ -20,23 +21,32 @@ import torch
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Alignment:
-    """Which positions of the case pair with which of the reference, per sample."""
+    """Which positions the case shares with the reference (the same absolute positions in
+    both: the prompts are identical, so responses start at the same place)."""
 
-    shared: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    """Per sample: (positions in the case, positions in the reference), same length."""
-    offsets: tuple[torch.Tensor, ...]
-    """Per sample: the response offsets (0 = first sampled token) of the shared tokens."""
+    mask: torch.Tensor
+    """``[B, W]`` bool: shared, active in both, before the sample's first divergence."""
+    starts: torch.Tensor
+    """``[B]`` where each sample's response starts (its prompt length)."""
     first_divergence: tuple[int | None, ...]
     """Per sample: the response offset of the first token that differs (None: identical)."""
 
     @property
     def shared_tokens(self) -> int:
-        return sum(int(case.numel()) for case, _ in self.shared)
+        return int(self.mask.sum())
 
     @property
     def earliest_divergence(self) -> int | None:
         found = [d for d in self.first_divergence if d is not None]
         return min(found) if found else None
+
+    @property
+    def offsets(self) -> tuple[torch.Tensor, ...]:
+        """Per sample: the response offsets (0 = first sampled token) of the shared tokens."""
+        return tuple(
+            row.nonzero().flatten() - int(start)
+            for row, start in zip(self.mask, self.starts, strict=True)
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,56 +74,58 @@ class Movement:
         }
 
 
-def _response(batch: Mapping[str, torch.Tensor], sample: int) -> tuple[torch.Tensor, int]:
-    """The valid response token ids of one sample, and where the response starts."""
-    start = int(batch["prompt_lengths"][sample])
-    length = int(batch["attention_mask"][sample].sum())
-    return batch["token_ids"][sample, start:length], start
+def _padded(tensor: torch.Tensor, width: int, fill: float | bool | int) -> torch.Tensor:
+    if tensor.shape[1] == width:
+        return tensor
+    pad = torch.full((tensor.shape[0], width - tensor.shape[1]), fill, dtype=tensor.dtype)
+    return torch.cat([tensor, pad], dim=1)
 
 
 def align(case: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> Alignment:
-    """Pair the two executions' response tokens sample by sample (same prompts assumed)."""
+    """Pair the two executions' response tokens sample by sample."""
     samples = int(case["token_ids"].shape[0])
     if int(reference["token_ids"].shape[0]) != samples:
         raise ValueError(
             f"the executions have {samples} and {int(reference['token_ids'].shape[0])} samples"
         )
-    shared: list[tuple[torch.Tensor, torch.Tensor]] = []
-    offsets: list[torch.Tensor] = []
-    divergence: list[int | None] = []
-    for i in range(samples):
-        mine, my_start = _response(case, i)
-        theirs, their_start = _response(reference, i)
-        common = min(int(mine.numel()), int(theirs.numel()))
-        differs = (mine[:common] != theirs[:common]).nonzero()
-        if differs.numel():
-            first: int | None = int(differs[0, 0])
-        elif mine.numel() != theirs.numel():
-            first = common  # one response ended (or ran on) where the other did not
-        else:
-            first = None
-        prefix = common if first is None else first
-        candidates = torch.arange(prefix)
-        both = (
-            case["active_mask"][i, my_start + candidates]
-            & reference["active_mask"][i, their_start + candidates]
-        )
-        kept = candidates[both]
-        shared.append((my_start + kept, their_start + kept))
-        offsets.append(kept)
-        divergence.append(first)
-    return Alignment(
-        shared=tuple(shared), offsets=tuple(offsets), first_divergence=tuple(divergence)
+    starts = case["prompt_lengths"]
+    if not torch.equal(starts, reference["prompt_lengths"]):
+        raise ValueError("the executions have different prompts")
+    width = max(int(case["token_ids"].shape[1]), int(reference["token_ids"].shape[1]))
+    positions = torch.arange(width).expand(samples, width)
+    response = positions >= starts.unsqueeze(1)
+    mine = _padded(case["attention_mask"], width, False) & response
+    theirs = _padded(reference["attention_mask"], width, False) & response
+    tokens_differ = _padded(case["token_ids"], width, -1) != _padded(
+        reference["token_ids"], width, -1
     )
+    diverged = (mine != theirs) | (mine & theirs & tokens_differ)
+    has_divergence = diverged.any(dim=1)
+    first = torch.where(
+        has_divergence, diverged.to(torch.int8).argmax(dim=1), torch.full((samples,), width)
+    )
+    shared = (
+        _padded(case["active_mask"], width, False)
+        & _padded(reference["active_mask"], width, False)
+        & mine
+        & theirs
+        & (positions < first.unsqueeze(1))
+    )
+    divergence = tuple(
+        int(f) - int(s) if bool(d) else None
+        for f, s, d in zip(first, starts, has_divergence, strict=True)
+    )
+    return Alignment(mask=shared, starts=starts, first_divergence=divergence)
 
 
 def movement(alignment: Alignment, case: torch.Tensor, reference: torch.Tensor) -> Movement:
     """Per-side movement of ``case`` logprobs against ``reference`` on the shared tokens."""
-    deltas = [
-        (case[i, mine].to(torch.float64) - reference[i, theirs].to(torch.float64)).abs()
-        for i, (mine, theirs) in enumerate(alignment.shared)
-    ]
-    flat = torch.cat(deltas) if deltas else torch.zeros(0, dtype=torch.float64)
+    width = int(alignment.mask.shape[1])
+    delta = (
+        _padded(case, width, 0.0).to(torch.float64)
+        - _padded(reference, width, 0.0).to(torch.float64)
+    ).abs()
+    flat = delta[alignment.mask]
     if flat.numel() == 0:
         return Movement(
             shared_tokens=0,
@@ -122,15 +134,12 @@ def movement(alignment: Alignment, case: torch.Tensor, reference: torch.Tensor) 
             bitwise_equal_fraction=0.0,
             first_moved_offset=None,
         )
-    moved = [
-        int(offsets[delta != 0].min())
-        for delta, offsets in zip(deltas, alignment.offsets, strict=True)
-        if bool((delta != 0).any())
-    ]
+    moved = alignment.mask & (delta != 0)
+    offsets = torch.arange(width).expand_as(moved) - alignment.starts.unsqueeze(1)
     return Movement(
         shared_tokens=int(flat.numel()),
         max_abs_delta=float(flat.max()),
         mean_abs_delta=float(flat.mean()),
         bitwise_equal_fraction=float((flat == 0).to(torch.float64).mean()),
-        first_moved_offset=min(moved) if moved else None,
+        first_moved_offset=int(offsets[moved].min()) if bool(moved.any()) else None,
     )

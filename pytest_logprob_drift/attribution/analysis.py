@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from pytest_logprob_drift.attribution.align import Alignment, Movement, align, movement
-from pytest_logprob_drift.attribution.effect import abs_diff_rows, drift_effect
+from pytest_logprob_drift.attribution.effect import abs_diff_rows, drift_effect, prepare
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store.artifacts import COMPLETE, read_seal
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
@@ -35,19 +35,65 @@ NO_EFFECT = "no effect (bitwise identical on both sides)"
 WITHIN_FLOOR = "within the noise floor"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class SealedExecution:
-    """One sealed attempt's scores, as attribution reads them."""
+    """One sealed attempt as attribution reads it: its metadata at once, its scores (digest
+    checked) on first use, and ``release()`` to drop them again, so that attributing hundreds
+    of cases holds only a few in memory."""
 
-    case_id: str
-    label: str
-    changed: tuple[str, ...]
-    requested: Mapping[str, Any]
-    attempt_id: str
-    complete_sha256: str
-    outcome: str
-    rollout: Mapping[str, torch.Tensor]
-    training_logprobs: torch.Tensor | None
+    __slots__ = (
+        "_scores",
+        "attempt_dir",
+        "attempt_id",
+        "case_id",
+        "changed",
+        "complete_sha256",
+        "label",
+        "outcome",
+        "requested",
+        "seal",
+    )
+
+    def __init__(self, attempt_dir: Path) -> None:
+        self.attempt_dir = attempt_dir
+        self.seal = read_seal(attempt_dir)
+        comparison = load_sealed_json(attempt_dir, "comparison.json", self.seal)
+        requested = load_sealed_json(attempt_dir, "requested.json", self.seal)
+        self.case_id = self.seal.case_id
+        self.attempt_id = self.seal.attempt_id
+        self.label = str(comparison.get("label", requested.get("label", "")))
+        self.changed = tuple(str(c) for c in requested.get("changed", ()))
+        self.requested: Mapping[str, Any] = dict(requested.get("knobs", {}))
+        self.outcome = str(comparison["outcome"])
+        self.complete_sha256 = hashlib.sha256((attempt_dir / COMPLETE).read_bytes()).hexdigest()
+        self._scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+
+    @property
+    def comparable(self) -> bool:
+        """Identity held and both sides' scores are sealed."""
+        files = self.seal.files
+        return (
+            self.outcome in ATTRIBUTED_OUTCOMES
+            and "score_rollout.pt" in files
+            and "score_training.pt" in files
+        )
+
+    def _load(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        if self._scores is None:
+            rollout = load_sealed_tensors(self.attempt_dir, "score_rollout.pt", self.seal)
+            training = load_sealed_tensors(self.attempt_dir, "score_training.pt", self.seal)
+            self._scores = (rollout, training["logprobs"])
+        return self._scores
+
+    @property
+    def rollout(self) -> Mapping[str, torch.Tensor]:
+        return self._load()[0]
+
+    @property
+    def training_logprobs(self) -> torch.Tensor:
+        return self._load()[1]
+
+    def release(self) -> None:
+        self._scores = None
 
     def reference(self) -> dict[str, str]:
         return {
@@ -58,29 +104,8 @@ class SealedExecution:
 
 
 def load_execution(attempt_dir: Path) -> SealedExecution:
-    """Read an attempt through its seal (SealError if anything does not match)."""
-    seal = read_seal(attempt_dir)
-    comparison = load_sealed_json(attempt_dir, "comparison.json", seal)
-    requested = load_sealed_json(attempt_dir, "requested.json", seal)
-    complete = hashlib.sha256((attempt_dir / COMPLETE).read_bytes()).hexdigest()
-    has_scores = "score_rollout.pt" in seal.files and "score_training.pt" in seal.files
-    rollout = load_sealed_tensors(attempt_dir, "score_rollout.pt", seal) if has_scores else {}
-    training = (
-        load_sealed_tensors(attempt_dir, "score_training.pt", seal)["logprobs"]
-        if has_scores
-        else None
-    )
-    return SealedExecution(
-        case_id=seal.case_id,
-        label=str(comparison.get("label", requested.get("label", ""))),
-        changed=tuple(requested.get("changed", ())),
-        requested=dict(requested.get("knobs", {})),
-        attempt_id=seal.attempt_id,
-        complete_sha256=complete,
-        outcome=str(comparison["outcome"]),
-        rollout=rollout,
-        training_logprobs=training,
-    )
+    """An attempt read through its seal (SealError if anything does not match)."""
+    return SealedExecution(attempt_dir)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,29 +205,26 @@ def attribute(
     cases: Sequence[SealedExecution],
 ) -> dict[str, Any]:
     """The attribution document of one run (plain JSON data)."""
-    skipped: list[dict[str, str]] = []
-    usable = [baseline, *repeats]
-    if any(e.outcome not in ATTRIBUTED_OUTCOMES or e.training_logprobs is None for e in usable):
+    if not all(e.comparable for e in (baseline, *repeats)):
         raise ValueError("the baseline has no comparable sealed scores")
     floor = noise_floor(baseline, repeats)
-    comparable: list[SealedExecution] = []
-    assert baseline.training_logprobs is not None
-    for case in cases:
-        if case.outcome not in ATTRIBUTED_OUTCOMES or case.training_logprobs is None:
-            skipped.append(
-                {
-                    "label": case.label,
-                    "reason": f"outcome {case.outcome} has no comparable sealed scores",
-                }
-            )
-        else:
-            comparable.append(case)
-    baseline_rows = abs_diff_rows(
-        baseline.training_logprobs, baseline.rollout["logprobs"], baseline.rollout["active_mask"]
+    for repeat in repeats:
+        repeat.release()
+    comparable = [case for case in cases if case.comparable]
+    skipped = [
+        {"label": case.label, "reason": f"outcome {case.outcome} has no comparable sealed scores"}
+        for case in cases
+        if not case.comparable
+    ]
+    baseline_drift = prepare(
+        abs_diff_rows(
+            baseline.training_logprobs,
+            baseline.rollout["logprobs"],
+            baseline.rollout["active_mask"],
+        )
     )
     entries: list[dict[str, Any]] = []
     for case in comparable:
-        assert case.training_logprobs is not None
         entry = {
             "case_id": case.case_id,
             "label": case.label,
@@ -213,11 +235,14 @@ def attribute(
         rows = abs_diff_rows(
             case.training_logprobs, case.rollout["logprobs"], case.rollout["active_mask"]
         )
-        entry["effect"] = drift_effect(rows, baseline_rows).to_json()
+        entry["effect"] = drift_effect(rows, baseline_drift).to_json()
         entry["parents"] = [
             _comparison(case, parent, floor) for parent in _parents(case, comparable)
         ]
         entries.append(entry)
+        case.release()
+        for parent in _parents(case, comparable):
+            parent.release()
     ranking = [e["label"] for e in sorted(entries, key=rank_key)]
     return {
         "schema_version": ATTRIBUTION_SCHEMA_VERSION,

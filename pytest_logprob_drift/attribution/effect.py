@@ -119,39 +119,82 @@ def _ratio(value: float, reference: float, draws: torch.Tensor, ref_draws: torch
     )
 
 
-def drift_effect(case_rows: list[torch.Tensor], reference_rows: list[torch.Tensor]) -> DriftEffect:
-    """Case vs reference drift, paired by sample (both lists index the same prompts)."""
-    if len(case_rows) != len(reference_rows):
-        raise ValueError("case and reference must have the same samples")
-    n = len(case_rows)
-    case_all = torch.cat(case_rows) if case_rows else torch.zeros(0, dtype=torch.float64)
-    ref_all = torch.cat(reference_rows) if reference_rows else torch.zeros(0, dtype=torch.float64)
-    case_mean = float(case_all.mean()) if case_all.numel() else 0.0
-    ref_mean = float(ref_all.mean()) if ref_all.numel() else 0.0
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Per-sample sums, counts and histograms of one execution's |diff|, and its exact mean
+    and p99: computed once for the baseline, reused for every case."""
+
+    sums: torch.Tensor
+    counts: torch.Tensor
+    histograms: torch.Tensor
+    mean: float
+    p99: float
+
+    @property
+    def samples(self) -> int:
+        return int(self.sums.numel())
+
+
+def prepare(rows: list[torch.Tensor]) -> Prepared:
+    everything = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.float64)
+    return Prepared(
+        sums=torch.tensor([float(r.sum()) for r in rows], dtype=torch.float64),
+        counts=torch.tensor([float(r.numel()) for r in rows], dtype=torch.float64),
+        histograms=_histograms(rows, _edges()).to(torch.float32),
+        mean=float(everything.mean()) if everything.numel() else 0.0,
+        p99=_exact_quantile(everything, 0.99),
+    )
+
+
+def _exact_quantile(values: torch.Tensor, q: float) -> float:
+    """``torch.quantile``'s linear interpolation, from two order statistics (no full sort)."""
+    if values.numel() == 0:
+        return 0.0
+    position = q * (values.numel() - 1)
+    low = int(position)
+    below = float(torch.kthvalue(values, low + 1).values)
+    if low + 1 >= values.numel():
+        return below
+    above = float(torch.kthvalue(values, low + 2).values)
+    return below + (above - below) * (position - low)
+
+
+def _weights(samples: int) -> torch.Tensor:
+    """How often each sample is drawn in each resample (fixed seed: the same for every case)."""
     generator = torch.Generator().manual_seed(SEED)
-    draws = torch.randint(0, max(n, 1), (RESAMPLES, n), generator=generator)
-    weights = torch.zeros((RESAMPLES, n), dtype=torch.float64)
+    draws = torch.randint(0, max(samples, 1), (RESAMPLES, samples), generator=generator)
+    weights = torch.zeros((RESAMPLES, samples), dtype=torch.float64)
     weights.scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
+    return weights
 
-    def per_sample(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        sums = torch.tensor([float(r.sum()) for r in rows], dtype=torch.float64)
-        counts = torch.tensor([float(r.numel()) for r in rows], dtype=torch.float64)
-        return sums, counts
 
-    case_sums, case_counts = per_sample(case_rows)
-    ref_sums, ref_counts = per_sample(reference_rows)
-    case_means = (weights @ case_sums) / (weights @ case_counts)
-    ref_means = (weights @ ref_sums) / (weights @ ref_counts)
+def drift_effect(
+    case_rows: list[torch.Tensor], reference: list[torch.Tensor] | Prepared
+) -> DriftEffect:
+    """Case vs reference drift, paired by sample (both index the same prompts)."""
+    case = prepare(case_rows)
+    ref = reference if isinstance(reference, Prepared) else prepare(reference)
+    if case.samples != ref.samples:
+        raise ValueError("case and reference must have the same samples")
+    weights = _weights(case.samples)
     edges = _edges()
-    case_p99s = _quantile_from_histograms(weights @ _histograms(case_rows, edges), edges, 0.99)
-    ref_p99s = _quantile_from_histograms(weights @ _histograms(reference_rows, edges), edges, 0.99)
-    case_p99 = float(torch.quantile(case_all, 0.99)) if case_all.numel() else 0.0
-    ref_p99 = float(torch.quantile(ref_all, 0.99)) if ref_all.numel() else 0.0
+    # Counts are integers below 2**24, so the float32 histogram products are exact.
+    wide = weights.to(torch.float32)
     return DriftEffect(
-        mean=_ratio(case_mean, ref_mean, case_means, ref_means),
-        p99=_ratio(case_p99, ref_p99, case_p99s, ref_p99s),
-        case_mean_abs_diff=case_mean,
-        reference_mean_abs_diff=ref_mean,
+        mean=_ratio(
+            case.mean,
+            ref.mean,
+            (weights @ case.sums) / (weights @ case.counts),
+            (weights @ ref.sums) / (weights @ ref.counts),
+        ),
+        p99=_ratio(
+            case.p99,
+            ref.p99,
+            _quantile_from_histograms(wide @ case.histograms, edges, 0.99),
+            _quantile_from_histograms(wide @ ref.histograms, edges, 0.99),
+        ),
+        case_mean_abs_diff=case.mean,
+        reference_mean_abs_diff=ref.mean,
         resamples=RESAMPLES,
         seed=SEED,
     )
