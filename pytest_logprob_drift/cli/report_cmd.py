@@ -1,20 +1,22 @@
-"""The ``report`` command: a run's report in the terminal and as an HTML file.
+"""The ``report`` command: a run's report in the terminal and as one self-contained HTML file.
 
-Owns printing the summary table and invalid attempts, and publishing the HTML page next to the
-run (created exclusively, never overwritten). The content comes from ``report.summary`` and
-``report.html``. Knows nothing about execution.
+Owns printing the summary table, the attribution ranking in text and the invalid attempts (or
+``--json``), and publishing the HTML page next to the run (or at ``--html``; created
+exclusively, never overwritten) through ``report.page``, with the token decoder of
+``runtimes.token_text`` so the page shows token text. Knows nothing about execution.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import TextIO
 
 from pytest_logprob_drift.errors import ExitCode
-from pytest_logprob_drift.report.html import render_html
-from pytest_logprob_drift.report.summary import HEADERS, collect, newest_attempt, summary_rows
-from pytest_logprob_drift.store.artifacts import publish_bytes
+from pytest_logprob_drift.report.page import publish_report
+from pytest_logprob_drift.report.summary import HEADERS, ranking_table, report_json, summary_rows
+from pytest_logprob_drift.runtimes.token_text import token_decoder
 from pytest_logprob_drift.store.verify import require_run_dir
 from pytest_logprob_drift.tables import render_table
 
@@ -22,17 +24,29 @@ from pytest_logprob_drift.tables import render_table
 def report_command(args: argparse.Namespace, out: TextIO) -> int:
     run_dir = Path(args.run_dir)
     require_run_dir(run_dir)
-    cases, problems = collect(run_dir)
-    rows = summary_rows(cases)
-    print(render_table(HEADERS, rows), file=out)
-    for p in problems:
-        print(f"invalid attempt skipped: {p}", file=out)
-    target = Path(args.html) if args.html else run_dir / f"report-{newest_attempt(cases)}.html"
-    if target.exists():
-        print(f"report {target} already exists; not overwritten", file=out)
+    published = publish_report(
+        run_dir, Path(args.html) if args.html else None, decoder_factory=token_decoder
+    )
+    data = published.data
+    if args.json:
+        json.dump(report_json(data, str(published.path)), out, indent=2, sort_keys=True)
+        out.write("\n")
+        return ExitCode.OK
+    print(render_table(HEADERS, summary_rows(data)), file=out)
+    ranking = ranking_table(data)
+    if ranking is not None:
+        headers, rows, lines = ranking
+        print("drift attribution (sealed, against the baseline):", file=out)
+        print(render_table(headers, rows), file=out)
+        for line in lines:
+            print(line, file=out)
+    for s in data.invalid:
+        print(
+            f"invalid attempt (not shown): {s.case_id}/{s.attempt_id}: {s.file}: {s.detail}",
+            file=out,
+        )
+    if published.written:
+        print(f"HTML report: {published.path} ({published.size / 1e6:.2f} MB)", file=out)
     else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        page = render_html(run_dir, HEADERS, rows, cases, problems)
-        publish_bytes(target.parent, target.name, page.encode())
-        print(f"HTML report: {target}", file=out)
+        print(f"report {published.path} already exists; not overwritten", file=out)
     return ExitCode.OK

@@ -1,1 +1,4 @@
-"""Reports of a run directory: what is shown (``summary``) and the HTML page (``html``)."""
+"""Reports of a run directory: ``load`` reads the run (verify statuses, the shown attempt of each
+case, aggregated plot data), ``model`` holds what it read, ``summary`` the rows and text the
+terminal prints, ``plots`` and ``html`` the self-contained page (torch-free), ``page``
+publishes it."""

@@ -1,18 +1,21 @@
-"""The report's content: the newest valid attempt of every case and its summary row.
+"""The report's rows and text: what the terminal prints, and the cell formats the page shares.
 
-Owns reading a run directory for reporting (newest valid attempt per case, through
-``store.resume``'s checks, so tampered attempts never reach a report and are listed as
-problems instead) and the per-case summary row shared by the terminal table and the HTML page.
-Knows nothing about how rows are printed, or about execution.
+Owns the summary row of each case (shared by the terminal table, ``--json`` and the page's
+formats), the peer metrics other RL frameworks log that the table shows, the attribution's
+ranking in text (``attribution.text``'s rows and lines, from the sealed document), and the
+JSON document of ``report --json``. Knows nothing about files, seals or how a table is
+printed.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
-from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
+from pytest_logprob_drift.attribution.text import rows as attribution_rows
+from pytest_logprob_drift.attribution.text import summary_lines
+from pytest_logprob_drift.report.model import ReportData
 
 HEADERS = [
     "case_id",
@@ -21,50 +24,89 @@ HEADERS = [
     "active",
     "mismatches",
     "max|diff|",
-    "mismatch ratio",
+    "p99|diff|",
+    "mean|diff|",
     "k3 KL",
 ]
 
-
-def collect(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    latest: dict[str, dict[str, Any]] = {}
-    problems: list[str] = []
-    for attempt in iter_attempt_dirs(run_dir):
-        if not (attempt / COMPLETE).exists():
-            continue
-        try:
-            checked = check_attempt(attempt, expected_key=None)
-        except SealError as exc:
-            problems.append(f"{attempt.parent.name}/{attempt.name}: {exc}")
-            continue
-        case_id = attempt.parent.name
-        if case_id not in latest or attempt.name > latest[case_id]["attempt_id"]:
-            latest[case_id] = {"attempt_id": attempt.name, **checked.comparison}
-    return latest, problems
+PEER_METRICS: tuple[tuple[str, str], ...] = (
+    ("k1 KL", "approx_kl_k1"),
+    ("k3 KL", "approx_kl_k3"),
+    ("NeMo-RL mult-prob error", "nemo_rl_token_mult_prob_error"),
+    ("verl probs diff max", "verl_rollout_probs_diff_max"),
+)
+"""``(column title, comparison.json diagnostics key)`` of the peer metrics: NeMo-RL's
+token_mult_prob_error, verl's rollout_probs_diff_max (slime's mean |logprob diff| is the mean
+|diff| column)."""
 
 
-def summary_rows(cases: dict[str, dict[str, Any]]) -> list[list[Any]]:
+def fmt_diff(value: Any) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value:.3e}"
+
+
+def fmt_ratio(value: Any) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value:.3g}"
+
+
+def interval(ratio: Mapping[str, Any]) -> str:
+    low, high = ratio.get("low"), ratio.get("high")
+    if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+        return "-"
+    return f"[{low:.3g}, {high:.3g}]" + (" excludes 1" if ratio.get("excludes_one") else "")
+
+
+def summary_rows(data: ReportData) -> list[list[Any]]:
     rows = []
-    for case_id, c in sorted(cases.items(), key=lambda kv: kv[1].get("label", "")):
-        d = c.get("diagnostics", {})
+    for view in data.cases:
+        d = view.diagnostics
         rows.append(
             [
-                case_id,
-                c.get("label"),
-                c.get("outcome"),
-                c.get("active_tokens"),
-                c.get("mismatches"),
-                _fmt(d.get("max_abs_diff")),
-                _fmt(d.get("mismatch_ratio")),
-                _fmt(d.get("approx_kl_k3")),
+                view.case_id,
+                view.label,
+                view.outcome,
+                "-" if view.active_tokens is None else view.active_tokens,
+                "-" if view.mismatches is None else view.mismatches,
+                fmt_diff(d.get("max_abs_diff")),
+                fmt_diff(d.get("p99_abs_diff")),
+                fmt_diff(d.get("mean_abs_diff")),
+                fmt_diff(d.get("approx_kl_k3")),
             ]
         )
     return rows
 
 
-def newest_attempt(cases: dict[str, dict[str, Any]]) -> str:
-    return max((c["attempt_id"] for c in cases.values()), default="empty")
+def ranking_table(data: ReportData) -> tuple[list[str], list[list[str]], list[str]] | None:
+    """``(headers, rows, lines)`` of the attribution in text, or None without one."""
+    if data.attribution is None:
+        return None
+    return (
+        list(ATTRIBUTION_HEADERS),
+        attribution_rows(data.attribution),
+        summary_lines(data.attribution),
+    )
 
 
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.3e}"
+def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
+    """The ``report --json`` document."""
+    return {
+        "run_dir": data.header.run_dir,
+        "experiment_id": data.header.experiment_id,
+        "html": page,
+        "cases": [
+            {
+                "case_id": v.case_id,
+                "label": v.label,
+                "changed": list(v.changed),
+                "outcome": v.outcome,
+                "attempt_id": v.attempt_id,
+                "active_tokens": v.active_tokens,
+                "mismatches": v.mismatches,
+                "diagnostics": dict(v.diagnostics),
+                "detailed": v.detail is not None,
+            }
+            for v in data.cases
+        ],
+        "attempts": [s.to_json() for s in data.statuses],
+        "invalid": len(data.invalid),
+        "ranking": list((data.attribution or {}).get("ranking", [])),
+    }

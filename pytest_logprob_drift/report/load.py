@@ -1,0 +1,598 @@
+"""Reading a run directory into a report: statuses, the shown attempt of each case, plot data.
+
+Owns turning ``RUN_DIR`` into ``model.ReportData``: the verify status of every attempt (from
+``store.verify.verify_run``, the same check ``verify`` runs), the newest ``ok`` attempt of each
+case (its sealed JSON and tensors read back through the store's digest-checked loaders, so a
+file changed since the check is refused too), the sealed attribution when there is one, which
+cases get a detailed section (at most ``MAX_DETAILED``: the cases that did not pass, then by
+attribution rank and max |diff|), and for those the aggregated plot data: |diff| on a fixed
+log grid, |diff| by response position binned to at most ``PROFILE_MAX_BINS`` bins with at most
+``PROFILE_MAX_LINES`` sample lines plus the range and median over all samples, and the logprob
+scatter (every point up to ``SCATTER_MAX_POINTS``, else a 2-D histogram with the worst tokens
+on top), and the worst tokens with their text through a decoder the frontend hands in.
+Invalid, tampered or incomplete attempts are listed, never loaded for plotting. Never writes.
+Knows nothing about how the page looks, engines or tokenizers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pytest_logprob_drift.attribution.sealed import latest_attribution
+from pytest_logprob_drift.report.model import (
+    HIST_BINS_PER_DECADE,
+    HIST_LOG10_HIGH,
+    HIST_LOG10_LOW,
+    CaseDetail,
+    CaseView,
+    DecoderFactory,
+    Header,
+    Histogram,
+    PositionProfile,
+    ReportData,
+    Scatter,
+    TokenDecoder,
+    WorstToken,
+)
+from pytest_logprob_drift.store.artifacts import (
+    COMPLETE,
+    EXPERIMENT_FILE,
+    PLAN_FILE,
+    Seal,
+    SealError,
+    plain_name,
+    read_regular,
+)
+from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
+from pytest_logprob_drift.store.verify import AttemptStatus, require_run_dir, verify_run
+
+MAX_DETAILED = 24
+"""Cases with a detailed section; the others are summarized by their table row."""
+WORST_TOKENS = 10
+CONTEXT_BEFORE, CONTEXT_AFTER = 4, 2
+PROFILE_MAX_BINS = 120
+PROFILE_MAX_LINES = 8
+SCATTER_MAX_POINTS = 4000
+SCATTER_GRID = 80
+SCATTER_OVERLAY = 300
+NO_VALID_ATTEMPT = "NO_VALID_ATTEMPT"
+
+
+def aggregation_notes(detailed_limit: int) -> tuple[str, ...]:
+    """How the page aggregates, in words (printed on the page)."""
+    return (
+        f"At most {detailed_limit} cases get a detailed section: every case that did not "
+        "pass first, then the others by attribution rank and max |diff|; every case has a "
+        "row in the table.",
+        f"Histogram: active-token |diff| on a fixed log grid ({HIST_BINS_PER_DECADE} bins per "
+        f"decade, 1e{HIST_LOG10_LOW:+.0f} to 1e{HIST_LOG10_HIGH:+.0f}); exact zeros are "
+        "counted apart; the red line is the contract threshold.",
+        f"|diff| by response position: positions binned into at most {PROFILE_MAX_BINS} bins; "
+        f"each line is one sample's max |diff| per bin; with more than {PROFILE_MAX_LINES} "
+        f"samples only the {PROFILE_MAX_LINES} with the largest max |diff| are drawn, and the "
+        "grey band and black line give the range and median over all samples.",
+        f"Scatter: every active token up to {SCATTER_MAX_POINTS} tokens; above that a "
+        f"{SCATTER_GRID}x{SCATTER_GRID} 2-D histogram (log colour) with the "
+        f"{SCATTER_OVERLAY} worst tokens drawn as points; red = mismatch.",
+    )
+
+
+# --------------------------------------------------------------------------- sealed reads
+
+
+def _seal(attempt: Path) -> Seal:
+    """The attempt's seal as recorded (``verify_run`` has just checked it against every file;
+    each file read below is checked against its recorded digest again)."""
+    try:
+        document = json.loads(read_regular(attempt / COMPLETE))
+        seal = Seal(
+            case_id=str(document["case_id"]),
+            attempt_id=str(document["attempt_id"]),
+            execution_key=str(document["execution_key"]),
+            files={str(k): str(v) for k, v in dict(document["files"]).items()},
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SealError(COMPLETE, f"unreadable seal: {exc}") from None
+    for name in seal.files:
+        if not plain_name(name) or name == COMPLETE:
+            raise SealError(COMPLETE, f"seal entry {name!r} is not a plain file name")
+    if (seal.case_id, seal.attempt_id) != (attempt.parent.name, attempt.name):
+        raise SealError(COMPLETE, "the seal names another attempt")
+    return seal
+
+
+def _plan_rows(run_dir: Path) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        lines = read_regular(run_dir / PLAN_FILE).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("case_id"), str):
+            rows[row["case_id"]] = row
+    return rows
+
+
+def _experiment(run_dir: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(read_regular(run_dir / EXPERIMENT_FILE))
+    except (OSError, ValueError):
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+class _Shown:
+    """The sealed documents of a case's shown attempt."""
+
+    def __init__(self, attempt: Path) -> None:
+        self.directory = attempt
+        self.seal = _seal(attempt)
+        self.comparison = load_sealed_json(attempt, "comparison.json", self.seal)
+        self.requested = load_sealed_json(attempt, "requested.json", self.seal)
+        self.identity = load_sealed_json(attempt, "identity.json", self.seal)
+
+
+# --------------------------------------------------------------------------- plot data
+
+
+def histogram(diff: torch.Tensor) -> Histogram:
+    """``diff``: float64 |diff| of the active tokens."""
+    zeros = int((diff == 0).sum())
+    positive = diff[diff > 0]
+    bins = int((HIST_LOG10_HIGH - HIST_LOG10_LOW) * HIST_BINS_PER_DECADE)
+    index = torch.floor((torch.log10(positive) - HIST_LOG10_LOW) * HIST_BINS_PER_DECADE)
+    index = index.clamp(0, bins - 1).to(torch.int64)
+    counts = torch.bincount(index, minlength=bins)
+    return Histogram(counts=counts.numpy().astype(np.int64), zeros=zeros)
+
+
+def position_profile(
+    diff_grid: torch.Tensor, active: torch.Tensor, starts: torch.Tensor
+) -> PositionProfile:
+    """``diff_grid``: float64 |diff| ``[B, T]``; ``starts``: each sample's first response
+    column."""
+    samples, width = active.shape
+    columns = torch.arange(width).expand(samples, width)
+    response = (columns - starts.view(-1, 1)).clamp(min=0)
+    length = int(response[active].max()) + 1 if bool(active.any()) else 1
+    bin_width = max(1, math.ceil(length / PROFILE_MAX_BINS))
+    bins = math.ceil(length / bin_width)
+    rows, cols = active.nonzero(as_tuple=True)
+    target = (rows * bins + response[rows, cols] // bin_width).to(torch.int64)
+    maxima = torch.full((samples * bins,), -1.0, dtype=torch.float64)
+    maxima.scatter_reduce_(0, target, diff_grid[rows, cols], reduce="amax", include_self=True)
+    maxima = maxima.view(samples, bins)
+    present = maxima >= 0
+    grid = torch.where(present, maxima, torch.tensor(float("nan"), dtype=torch.float64))
+    peak = torch.where(present, maxima, torch.tensor(-1.0, dtype=torch.float64)).amax(dim=1)
+    has_tokens = peak >= 0
+    order = torch.argsort(peak, descending=True, stable=True)
+    drawn = [int(i) for i in order.tolist() if bool(has_tokens[i])][:PROFILE_MAX_LINES]
+    drawn.sort()
+    used = grid[has_tokens]
+    if used.numel() == 0:
+        used = torch.full((1, bins), float("nan"), dtype=torch.float64)
+    band_low = torch.from_numpy(np.nanmin(_nan_safe(used.numpy()), axis=0))
+    band_high = torch.from_numpy(np.nanmax(_nan_safe(used.numpy()), axis=0))
+    median = torch.from_numpy(np.nanmedian(_nan_safe(used.numpy()), axis=0))
+    return PositionProfile(
+        bin_width=bin_width,
+        starts=(torch.arange(bins) * bin_width).numpy().astype(np.int64),
+        samples=np.asarray(drawn, dtype=np.int64),
+        lines=grid[drawn].numpy() if drawn else np.zeros((0, bins)),
+        band_low=band_low.numpy(),
+        band_high=band_high.numpy(),
+        median=median.numpy(),
+        total_samples=int(has_tokens.sum()),
+    )
+
+
+def _nan_safe(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A copy whose all-NaN columns are 0 (numpy's nan-reductions warn on them; a bin that no
+    sample reaches cannot occur with one bin per ``bin_width`` positions up to the longest)."""
+    out = array.copy()
+    empty = np.all(np.isnan(out), axis=0)
+    out[:, empty] = 0.0
+    return out
+
+
+def scatter(
+    rollout: torch.Tensor, training: torch.Tensor, diff: torch.Tensor, threshold: float
+) -> Scatter:
+    """Active tokens' logprobs (float64, flattened) and their |diff|."""
+    mismatch = diff > threshold
+    total = int(rollout.numel())
+    if total <= SCATTER_MAX_POINTS:
+        return Scatter(
+            points=True,
+            rollout=rollout.numpy(),
+            training=training.numpy(),
+            mismatch=mismatch.numpy(),
+            total=total,
+        )
+    low = float(torch.minimum(rollout.min(), training.min()))
+    high = float(torch.maximum(rollout.max(), training.max()))
+    if high <= low:
+        high = low + 1.0
+    scale = SCATTER_GRID / (high - low)
+    col = ((rollout - low) * scale).floor().clamp(0, SCATTER_GRID - 1).to(torch.int64)
+    row = ((training - low) * scale).floor().clamp(0, SCATTER_GRID - 1).to(torch.int64)
+    grid = torch.bincount(row * SCATTER_GRID + col, minlength=SCATTER_GRID * SCATTER_GRID)
+    worst = torch.argsort(diff, descending=True, stable=True)[:SCATTER_OVERLAY]
+    return Scatter(
+        points=False,
+        rollout=rollout[worst].numpy(),
+        training=training[worst].numpy(),
+        mismatch=mismatch[worst].numpy(),
+        grid=grid.view(SCATTER_GRID, SCATTER_GRID).numpy().astype(np.int64),
+        extent=(low, high, low, high),
+        total=total,
+    )
+
+
+def _texts(decoder: TokenDecoder | None, ids: Sequence[int]) -> list[str] | None:
+    if decoder is None or not ids:
+        return None
+    try:
+        texts = list(decoder(ids))
+    except Exception:  # a decoder that cannot handle an id: fall back to ids
+        return None
+    return texts if len(texts) == len(ids) else None
+
+
+def worst_tokens(
+    diff_grid: torch.Tensor,
+    tensors: Mapping[str, torch.Tensor],
+    rollout: torch.Tensor,
+    training: torch.Tensor,
+    starts: torch.Tensor,
+    threshold: float,
+    decoder: TokenDecoder | None,
+) -> tuple[tuple[WorstToken, ...], bool]:
+    active = tensors["active_mask"]
+    masked = torch.where(active, diff_grid, torch.tensor(-1.0, dtype=torch.float64)).flatten()
+    width = active.shape[1]
+    order = torch.argsort(masked, descending=True, stable=True)[:WORST_TOKENS]
+    token_ids = tensors["token_ids"]
+    valid = tensors.get("attention_mask", torch.ones_like(active))
+    picked = [(int(i) // width, int(i) % width) for i in order.tolist() if masked[i] >= 0]
+    windows: list[tuple[int, int, list[int]]] = []
+    for sample, column in picked:
+        lo = max(0, column - CONTEXT_BEFORE)
+        hi = min(width, column + CONTEXT_AFTER + 1)
+        ids = [int(token_ids[sample, c]) if bool(valid[sample, c]) else -1 for c in range(lo, hi)]
+        windows.append((lo, column, ids))
+    flat = sorted({i for _, _, ids in windows for i in ids if i >= 0})
+    texts = _texts(decoder, flat)
+    by_id = dict(zip(flat, texts, strict=True)) if texts is not None else {}
+    worst = []
+    for (sample, column), (lo, _, ids) in zip(picked, windows, strict=True):
+
+        def text(token: int) -> str:
+            return by_id.get(token, str(token)) if token >= 0 else ""
+
+        at = column - lo
+        worst.append(
+            WorstToken(
+                sample=sample,
+                position=column - int(starts[sample]),
+                token_id=int(token_ids[sample, column]),
+                text=by_id.get(int(token_ids[sample, column])) if texts is not None else None,
+                before=tuple(text(t) for t in ids[:at] if t >= 0),
+                after=tuple(text(t) for t in ids[at + 1 :] if t >= 0),
+                rollout=float(rollout[sample, column]),
+                training=float(training[sample, column]),
+                abs_diff=float(diff_grid[sample, column]),
+                mismatch=bool(diff_grid[sample, column] > threshold),
+            )
+        )
+    return tuple(worst), texts is not None
+
+
+def _identity_checks(identity: Mapping[str, Any]) -> tuple[tuple[str, str, str, bool], ...]:
+    rollout = identity.get("rollout") or {}
+    training = identity.get("training") or {}
+    checks = []
+    for key in sorted(set(rollout) | set(training)):
+        r, t = rollout.get(key), training.get(key)
+        checks.append((key, json.dumps(r), json.dumps(t), r == t))
+    return tuple(checks)
+
+
+def _decoder_for(
+    identity: Mapping[str, Any],
+    factory: DecoderFactory | None,
+    cache: dict[str, TokenDecoder | None],
+) -> TokenDecoder | None:
+    if factory is None:
+        return None
+    checkpoint = dict((identity.get("identity") or {}).get("checkpoint") or {})
+    digest = (identity.get("rollout") or {}).get("checkpoint_digest")
+    if checkpoint.get("digest") is None and digest is not None:
+        checkpoint["digest"] = digest
+    key = json.dumps(checkpoint, sort_keys=True)
+    if key not in cache:
+        try:
+            cache[key] = factory(checkpoint)
+        except Exception:  # no tokenizer for this checkpoint: ids are shown
+            cache[key] = None
+    return cache[key]
+
+
+def case_detail(
+    shown: _Shown, factory: DecoderFactory | None, cache: dict[str, TokenDecoder | None]
+) -> CaseDetail | None:
+    """The plot data of a case whose scores are sealed (None otherwise)."""
+    seal = shown.seal
+    if "token_diffs.pt" not in seal.files or "score_rollout.pt" not in seal.files:
+        return None
+    diffs = load_sealed_tensors(shown.directory, "token_diffs.pt", seal)
+    batch = load_sealed_tensors(shown.directory, "score_rollout.pt", seal)
+    active = diffs["active_mask"]
+    if active.dtype != torch.bool or not bool(active.any()):
+        return None
+    threshold = float(diffs["threshold"].item())
+    training = diffs["training_logprobs"].to(torch.float64)
+    rollout = diffs["rollout_logprobs"].to(torch.float64)
+    diff_grid = (training - rollout).abs()
+    if "prompt_lengths" in batch:
+        starts = batch["prompt_lengths"].to(torch.int64)
+    else:  # the first active column of each sample
+        starts = torch.argmax(active.to(torch.int8), dim=1)
+    diff = diff_grid[active]
+    actual: dict[str, Any] = {}
+    if "actual.json" in seal.files:
+        actual = load_sealed_json(shown.directory, "actual.json", seal)
+    worst, decoded = worst_tokens(
+        diff_grid,
+        {**batch, "active_mask": active},
+        rollout,
+        training,
+        starts,
+        threshold,
+        _decoder_for(shown.identity, factory, cache),
+    )
+    return CaseDetail(
+        histogram=histogram(diff),
+        profile=position_profile(diff_grid, active, starts),
+        scatter=scatter(rollout[active], training[active], diff, threshold),
+        worst=worst,
+        decoded=decoded,
+        identity_checks=_identity_checks(shown.identity),
+        training_evidence=dict(actual.get("training_evidence") or {}),
+        read_back=dict(actual.get("read_back") or {}),
+    )
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def usable_attribution(
+    document: Mapping[str, Any] | None, statuses: Sequence[AttemptStatus]
+) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """The attribution without the entries computed from attempts that are no longer valid
+    (None when the baseline's is not), and a note saying what was left out."""
+    if document is None:
+        return None, ()
+    ok = {(s.case_id, s.attempt_id) for s in statuses if s.status == "ok"}
+    baseline = document.get("baseline") or {}
+    if (baseline.get("case_id"), baseline.get("attempt_id")) not in ok:
+        return None, (
+            "The sealed attribution is not shown: the baseline attempt it was computed from "
+            "is no longer valid.",
+        )
+    cases = [c for c in document.get("cases", []) if (c.get("case_id"), c.get("attempt_id")) in ok]
+    dropped = [str(c.get("label")) for c in document.get("cases", []) if c not in cases]
+    if not dropped:
+        return dict(document), ()
+    kept = {str(c.get("label")) for c in cases}
+    filtered = {
+        **document,
+        "cases": cases,
+        "ranking": [label for label in document.get("ranking", []) if label in kept],
+    }
+    return filtered, (
+        "Left out of the attribution (computed from attempts that are no longer valid): "
+        + ", ".join(dropped)
+        + ".",
+    )
+
+
+def _detail_order(
+    views: Sequence[CaseView], attribution: Mapping[str, Any] | None
+) -> list[CaseView]:
+    rank = {label: i for i, label in enumerate((attribution or {}).get("ranking", []))}
+
+    def key(view: CaseView) -> tuple[int, int, float, str]:
+        failing = view.outcome != "PASS"
+        baseline = not view.changed
+        max_diff = view.diagnostics.get("max_abs_diff")
+        return (
+            0 if failing else (1 if baseline else 2),
+            rank.get(view.label, len(rank)),
+            -(max_diff if isinstance(max_diff, (int, float)) else -1.0),
+            view.label,
+        )
+
+    return sorted(views, key=key)
+
+
+def _relative(path: Path, page_dir: Path) -> str:
+    """``path`` as a link from a page in ``page_dir``."""
+    return Path(os.path.relpath(path.resolve(), page_dir.resolve())).as_posix()
+
+
+def load_report(
+    run_dir: Path,
+    *,
+    page_dir: Path,
+    decoder_factory: DecoderFactory | None = None,
+    detailed_limit: int = MAX_DETAILED,
+) -> ReportData:
+    """Everything the page and the terminal show about ``run_dir``; links are relative to
+    ``page_dir`` (where the page will be written)."""
+    require_run_dir(run_dir)
+    statuses = tuple(verify_run(run_dir))
+    plan = _plan_rows(run_dir)
+    experiment = _experiment(run_dir)
+    attribution, left_out = usable_attribution(latest_attribution(run_dir), statuses)
+    entries = {str(e.get("case_id")): e for e in (attribution or {}).get("cases", [])}
+    by_case: dict[str, list[AttemptStatus]] = {}
+    for status in statuses:
+        by_case.setdefault(status.case_id, []).append(status)
+    late_problems: list[AttemptStatus] = []
+    shown: dict[str, _Shown] = {}
+    views: list[CaseView] = []
+    for case_id, attempts in sorted(by_case.items()):
+        picked: _Shown | None = None
+        for status in sorted(attempts, key=lambda s: s.attempt_id, reverse=True):
+            if status.status != "ok":
+                continue
+            try:
+                picked = _Shown(run_dir / "cases" / case_id / status.attempt_id)
+                break
+            except SealError as exc:  # changed since verify_run checked it
+                late_problems.append(
+                    AttemptStatus(
+                        case_id=case_id,
+                        attempt_id=status.attempt_id,
+                        status="invalid",
+                        file=exc.file,
+                        detail=exc.message,
+                    )
+                )
+        invalid = sum(1 for s in attempts if s.status != "ok")
+        row = plan.get(case_id, {})
+        if picked is None:
+            views.append(
+                CaseView(
+                    case_id=case_id,
+                    label=str(row.get("label", case_id)),
+                    changed=tuple(row.get("changed", ())),
+                    outcome=NO_VALID_ATTEMPT,
+                    reason=f"no valid sealed attempt ({invalid} invalid or incomplete); "
+                    "nothing of it is plotted",
+                    attempt_id=None,
+                    active_tokens=None,
+                    mismatches=None,
+                    threshold=None,
+                    diagnostics={},
+                    records=(),
+                    identity_violations=(),
+                    files=(),
+                    attribution=None,
+                    detail=None,
+                    invalid_attempts=invalid,
+                )
+            )
+            continue
+        shown[case_id] = picked
+        comparison = picked.comparison
+        files = tuple(
+            (name, _relative(picked.directory / name, page_dir))
+            for name in [*sorted(picked.seal.files), COMPLETE]
+        )
+        views.append(
+            CaseView(
+                case_id=case_id,
+                label=str(comparison.get("label", row.get("label", case_id))),
+                changed=tuple(picked.requested.get("changed", row.get("changed", ()))),
+                outcome=str(comparison.get("outcome")),
+                reason=str(comparison.get("reason", "")),
+                attempt_id=picked.seal.attempt_id,
+                active_tokens=comparison.get("active_tokens"),
+                mismatches=comparison.get("mismatches"),
+                threshold=comparison.get("threshold"),
+                diagnostics=dict(comparison.get("diagnostics") or {}),
+                records=tuple(comparison.get("records") or ()),
+                identity_violations=tuple(comparison.get("identity_violations") or ()),
+                files=files,
+                attribution=entries.get(case_id),
+                detail=None,
+                invalid_attempts=invalid,
+            )
+        )
+    chosen = {
+        v.case_id
+        for v in _detail_order([v for v in views if v.case_id in shown], attribution)[
+            :detailed_limit
+        ]
+    }
+    cache: dict[str, TokenDecoder | None] = {}
+    final: list[CaseView] = []
+    for view in views:
+        if view.case_id in chosen:
+            try:
+                detail = case_detail(shown[view.case_id], decoder_factory, cache)
+            except SealError as exc:
+                late_problems.append(
+                    AttemptStatus(
+                        case_id=view.case_id,
+                        attempt_id=str(view.attempt_id),
+                        status="invalid",
+                        file=exc.file,
+                        detail=exc.message,
+                    )
+                )
+                detail = None
+            view = _with_detail(view, detail)
+        final.append(view)
+    final.sort(key=lambda v: (v.changed != (), _natural(v.label)))
+    return ReportData(
+        header=_header(run_dir, experiment, shown.values()),
+        cases=tuple(final),
+        statuses=statuses + tuple(late_problems),
+        attribution=attribution,
+        detailed_limit=detailed_limit,
+        notes=aggregation_notes(detailed_limit) + left_out,
+    )
+
+
+def _natural(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders ``batch.size=2`` before ``batch.size=10``."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part
+    )
+
+
+def _with_detail(view: CaseView, detail: CaseDetail | None) -> CaseView:
+    return dataclasses.replace(view, detail=detail)
+
+
+def _header(run_dir: Path, experiment: Mapping[str, Any], shown: Collection[_Shown]) -> Header:
+    payloads = [s.identity.get("execution_key_payload") or {} for s in shown]
+    environments: list[Mapping[str, Any]] = []
+    for payload in payloads:
+        environment = payload.get("environment") or {}
+        if environment not in environments:
+            environments.append(environment)
+    attempt_ids = sorted(s.seal.attempt_id for s in shown)
+    contract: Mapping[str, Any] = experiment.get("contract") or next(
+        (p["contract"] for p in payloads if isinstance(p.get("contract"), dict)), {}
+    )
+    return Header(
+        experiment_id=str(experiment.get("experiment_id", run_dir.name)),
+        scenario_id=str(experiment.get("scenario_id", "-")),
+        scenario=dict(experiment.get("scenario") or {}),
+        strategy=str(experiment.get("strategy", "-")),
+        contract=dict(contract),
+        runtimes=tuple(sorted({str(p.get("runtime")) for p in payloads if p.get("runtime")})),
+        environments=tuple(environments),
+        first_attempt=attempt_ids[0] if attempt_ids else None,
+        last_attempt=attempt_ids[-1] if attempt_ids else None,
+        run_dir=str(run_dir),
+    )

@@ -1,0 +1,439 @@
+"""The report's plots, drawn with matplotlib's Agg/SVG backends into inline SVG strings.
+
+Owns drawing, from the report's already aggregated data (``model``): the overview of every
+case's max/p99/mean |diff|, the attribution chart (one row per intervention: effect on mean
+|diff| relative to the baseline with its bootstrap interval on a log axis, and how far each
+side moved against the noise floor), and per case the |diff| histogram on a log axis, |diff| by
+response position, and the rollout vs training logprob scatter, each with the contract
+threshold where it applies. Every figure is small, uses the browser's own sans-serif font
+(``svg.fonttype`` ``none``: text stays text, no font is embedded or fetched), a distinct
+``svg.hashsalt`` so that ids never collide between the figures of one page, and no date
+metadata. Dense point layers are rasterized into the SVG as an inline PNG. Uses pyplot
+nowhere (no global figure state). Knows nothing about files, seals, torch or the page around
+the figures.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from pytest_logprob_drift.report.model import (
+    HIST_BINS_PER_DECADE,
+    HIST_LOG10_LOW,
+    CaseView,
+    Histogram,
+    PositionProfile,
+    Scatter,
+)
+
+RASTERIZE_ABOVE = 400
+"""Scatter layers with more points than this are embedded as a PNG inside the SVG."""
+ATTRIBUTION_MAX_ROWS = 40
+COLOURS = {"ok": "#3465a4", "bad": "#cc0000", "threshold": "#cc0000", "band": "#bbbbbb"}
+LINE_COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#d62728",
+    "#393b79",
+    "#637939",
+)
+_salts = itertools.count()
+
+
+def available() -> bool:
+    """Whether matplotlib is installed (the ``report`` extra); without it the page has no
+    plots and says so."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextmanager
+def _figure(
+    width: float,
+    height: float,
+    ncols: int = 1,
+    margins: tuple[float, float] = (0.55, 0.42),
+    right: float = 0.12,
+) -> Iterator[tuple[Any, Any]]:
+    """A figure of ``width`` x ``height`` inches; ``margins`` (left, bottom) and ``right`` in
+    inches."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context(
+        {
+            "svg.fonttype": "none",
+            "svg.hashsalt": f"lpd{next(_salts)}",
+            "font.family": "sans-serif",
+            "font.size": 7.5,
+            "axes.titlesize": 8.5,
+            "axes.linewidth": 0.6,
+            "xtick.major.width": 0.6,
+            "ytick.major.width": 0.6,
+            "path.simplify": True,
+        }
+    ):
+        figure = Figure(figsize=(width, height))
+        axes = figure.subplots(1, ncols, sharey=ncols > 1)
+        # Fixed margins (in inches): a layout engine costs more than the drawing itself.
+        left = margins[0] / width
+        figure.subplots_adjust(
+            left=left,
+            right=1 - right / width,
+            bottom=margins[1] / height,
+            top=1 - 0.28 / height,
+            wspace=0.08 if ncols > 1 else 0.2,
+        )
+        yield figure, axes
+
+
+def _log_ticks(axis: Any) -> None:
+    """At most a handful of labelled decades and no minor labels on a log axis."""
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, numticks=6))
+    axis.set_minor_locator(LogLocator(base=10, subs=(), numticks=1))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _svg(figure: Any) -> str:
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", metadata={"Date": None}, dpi=110)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]
+
+
+def _empty_note(axes: Any, text: str) -> None:
+    axes.text(0.5, 0.5, text, transform=axes.transAxes, ha="center", va="center", color="#555")
+
+
+# --------------------------------------------------------------------------- per case
+
+
+def histogram_decades(
+    histograms: Sequence[Histogram], thresholds: Sequence[float]
+) -> tuple[int, int]:
+    """The decades ``(low, high)`` all histograms of a page share: every non-empty bin and
+    one decade either side of the threshold."""
+    low, high = math.inf, -math.inf
+    for hist in histograms:
+        nonzero = np.nonzero(hist.counts)[0]
+        if nonzero.size:
+            low = min(low, HIST_LOG10_LOW + nonzero[0] / HIST_BINS_PER_DECADE)
+            high = max(high, HIST_LOG10_LOW + (nonzero[-1] + 1) / HIST_BINS_PER_DECADE)
+    for threshold in thresholds:
+        if threshold > 0:
+            low = min(low, math.log10(threshold) - 1)
+            high = max(high, math.log10(threshold) + 1)
+    if not math.isfinite(low):
+        low, high = -9.0, 0.0
+    return math.floor(low), math.ceil(high)
+
+
+def histogram_svg(hist: Histogram, threshold: float, decades: tuple[int, int]) -> str:
+    low, high = decades
+    first = round((low - HIST_LOG10_LOW) * HIST_BINS_PER_DECADE)
+    last = round((high - HIST_LOG10_LOW) * HIST_BINS_PER_DECADE)
+    first, last = max(first, 0), min(last, hist.counts.size)
+    counts = hist.counts[first:last]
+    edges = 10.0 ** (HIST_LOG10_LOW + np.arange(first, last + 1) / HIST_BINS_PER_DECADE)
+    with _figure(3.3, 2.3) as (figure, axes):
+        axes.stairs(counts, edges, fill=True, color=COLOURS["ok"], alpha=0.85)
+        axes.set_xscale("log")
+        _log_ticks(axes.xaxis)
+        axes.set_xlim(10.0**low, 10.0**high)
+        axes.axvline(threshold, color=COLOURS["threshold"], linewidth=1.2)
+        top = max(int(counts.max()) if counts.size else 0, 1)
+        axes.set_ylim(0, top * 1.12)
+        axes.text(
+            threshold,
+            top * 1.06,
+            f" threshold {threshold:g}",
+            color=COLOURS["threshold"],
+            fontsize=6.5,
+            va="center",
+        )
+        if hist.zeros:
+            axes.text(
+                0.02,
+                0.9,
+                f"+{hist.zeros} exactly 0",
+                transform=axes.transAxes,
+                fontsize=6.5,
+                color="#555",
+            )
+        if not counts.any() and not hist.zeros:
+            _empty_note(axes, "no active tokens")
+        elif not counts.any():
+            _empty_note(axes, "every |diff| is exactly 0")
+        axes.set_xlabel("|training - rollout| (nats)")
+        axes.set_ylabel("active tokens")
+        axes.set_title("|diff| histogram")
+        return _svg(figure)
+
+
+def profile_svg(profile: PositionProfile, threshold: float) -> str:
+    x = profile.starts.astype(np.float64) + (profile.bin_width - 1) / 2
+    floor = 1e-12
+    with _figure(3.3, 2.3) as (figure, axes):
+        positive = [a[np.isfinite(a) & (a > 0)] for a in (profile.band_high, profile.band_low)]
+        has_positive = any(p.size for p in positive)
+        if profile.total_samples > profile.samples.size:
+            axes.fill_between(
+                x,
+                np.maximum(np.nan_to_num(profile.band_low, nan=floor), floor),
+                np.maximum(np.nan_to_num(profile.band_high, nan=floor), floor),
+                color=COLOURS["band"],
+                alpha=0.6,
+                linewidth=0,
+                label=f"range, {profile.total_samples} samples",
+            )
+            axes.plot(
+                x,
+                np.maximum(profile.median, floor),
+                color="black",
+                linewidth=0.9,
+                label="median",
+            )
+        for i, (sample, line) in enumerate(zip(profile.samples, profile.lines, strict=True)):
+            axes.plot(
+                x,
+                np.where(np.isfinite(line), np.maximum(line, floor), np.nan),
+                color=LINE_COLOURS[i % len(LINE_COLOURS)],
+                linewidth=0.8,
+                label=f"sample {int(sample)}" if profile.samples.size <= 6 else None,
+            )
+        axes.axhline(threshold, color=COLOURS["threshold"], linewidth=1.0, linestyle="--")
+        axes.set_yscale("log")
+        _log_ticks(axes.yaxis)
+        if has_positive:
+            smallest = min(float(p.min()) for p in positive if p.size)
+            largest = max(float(p.max()) for p in positive if p.size)
+            axes.set_ylim(max(smallest / 3, floor), max(largest, threshold) * 3)
+        else:
+            axes.set_ylim(threshold / 1e6, threshold * 10)
+            _empty_note(axes, "every |diff| is exactly 0")
+        axes.set_xlim(0, x[-1] + profile.bin_width / 2 if x.size else 1)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(fontsize=5.5, loc="lower right", frameon=False, ncols=2)
+        unit = "" if profile.bin_width == 1 else f" (bins of {profile.bin_width})"
+        axes.set_xlabel(f"response position{unit}")
+        axes.set_ylabel("max |diff| in bin" if profile.bin_width > 1 else "|diff|")
+        drawn = profile.samples.size
+        axes.set_title(
+            f"|diff| by position, {drawn} of {profile.total_samples} samples"
+            if drawn < profile.total_samples
+            else "|diff| by position, one line per sample"
+        )
+        return _svg(figure)
+
+
+def scatter_svg(data: Scatter, threshold: float) -> str:
+    with _figure(3.0, 2.3) as (figure, axes):
+        low = high = 0.0
+        if data.grid is not None and data.extent is not None:
+            low, high = data.extent[0], data.extent[1]
+            axes.imshow(
+                np.log1p(data.grid),
+                origin="lower",
+                extent=data.extent,
+                cmap="Blues",
+                aspect="auto",
+                interpolation="nearest",
+            )
+        elif data.rollout.size:
+            low = float(min(data.rollout.min(), data.training.min()))
+            high = float(max(data.rollout.max(), data.training.max()))
+        if data.rollout.size:
+            raster = data.rollout.size > RASTERIZE_ABOVE
+            ok = ~data.mismatch
+            axes.scatter(
+                data.rollout[ok],
+                data.training[ok],
+                s=3 if data.points else 5,
+                color=COLOURS["ok"],
+                linewidths=0,
+                rasterized=raster,
+                label=f"|diff| <= {threshold:g}",
+            )
+            axes.scatter(
+                data.rollout[data.mismatch],
+                data.training[data.mismatch],
+                s=4 if data.points else 6,
+                color=COLOURS["bad"],
+                linewidths=0,
+                rasterized=raster,
+                label="mismatch",
+            )
+            pad = (high - low) * 0.04 or 0.5
+            axes.plot(
+                [low - pad, high + pad],
+                [low - pad, high + pad],
+                color="#888",
+                linewidth=0.6,
+                linestyle=":",
+            )
+            axes.set_xlim(low - pad, high + pad)
+            axes.set_ylim(low - pad, high + pad)
+            axes.legend(fontsize=5.5, loc="upper left", frameon=False, markerscale=2)
+        else:
+            _empty_note(axes, "no active tokens")
+        axes.set_xlabel("rollout logprob")
+        axes.set_ylabel("training logprob")
+        axes.set_title(
+            f"logprobs, {data.total} tokens"
+            if data.points
+            else f"logprobs, 2-D histogram of {data.total}; worst {data.rollout.size} as points"
+        )
+        return _svg(figure)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> str | None:
+    """Every case's max / p99 / mean |diff|, cases sorted by max |diff|."""
+    rows = [c for c in cases if isinstance(c.diagnostics.get("max_abs_diff"), (int, float))]
+    if not rows:
+        return None
+    rows.sort(key=lambda c: float(c.diagnostics["max_abs_diff"]))
+    x = np.arange(len(rows))
+    floor = 1e-12
+    values = {
+        key: np.maximum(np.array([float(c.diagnostics.get(key) or 0.0) for c in rows]), floor)
+        for key in ("max_abs_diff", "p99_abs_diff", "mean_abs_diff")
+    }
+    bad = np.array([c.outcome != "PASS" for c in rows])
+    width = min(9.0, max(4.0, 2.5 + 0.1 * len(rows)))
+    labelled = len(rows) <= 30
+    with _figure(
+        width + 1.0,
+        3.2 if labelled else 2.4,
+        margins=(0.6, 1.15 if labelled else 0.42),
+        right=1.1,
+    ) as (figure, axes):
+        axes.vlines(x, values["mean_abs_diff"], values["max_abs_diff"], color="#ccc", lw=0.8)
+        axes.scatter(x, values["mean_abs_diff"], s=8, marker="_", color="#555", label="mean")
+        axes.scatter(x, values["p99_abs_diff"], s=8, marker="x", color="#555", lw=0.7, label="p99")
+        axes.scatter(
+            x[~bad], values["max_abs_diff"][~bad], s=14, color=COLOURS["ok"], label="max (PASS)"
+        )
+        axes.scatter(
+            x[bad], values["max_abs_diff"][bad], s=14, color=COLOURS["bad"], label="max (other)"
+        )
+        if threshold:
+            axes.axhline(threshold, color=COLOURS["threshold"], linewidth=1.0, linestyle="--")
+        axes.set_yscale("log")
+        _log_ticks(axes.yaxis)
+        if labelled:
+            axes.set_xticks(x, [_short(c.label, 28) for c in rows], rotation=35, ha="right")
+        else:
+            axes.set_xlabel(f"{len(rows)} cases, sorted by max |diff|")
+        axes.set_ylabel("|diff| (nats)")
+        axes.set_title("every case: max, p99 and mean |diff| (dashed: threshold)")
+        axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        return _svg(figure)
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def attribution_svg(document: Mapping[str, Any]) -> str | None:
+    """One row per intervention in ranking order: the effect on mean |diff| relative to the
+    baseline with its bootstrap interval (log axis), and each side's movement."""
+    by_label = {c["label"]: c for c in document.get("cases", [])}
+    labels = [label for label in document.get("ranking", []) if label in by_label]
+    labels = labels[:ATTRIBUTION_MAX_ROWS]
+    if not labels:
+        return None
+    entries = [by_label[label] for label in labels]
+    y = np.arange(len(entries))[::-1].astype(np.float64)
+    floor = 1e-12
+    height = 0.9 + 0.24 * len(entries)
+    with _figure(8.5, height, ncols=2, margins=(2.3, 0.45)) as (figure, (effect, moved)):
+        ratios = [e.get("effect", {}).get("mean_ratio", {}) for e in entries]
+        finite = [
+            v
+            for r in ratios
+            for v in (r.get("value"), r.get("low"), r.get("high"))
+            if isinstance(v, (int, float)) and v > 0
+        ]
+        lo = min([*finite, 0.5]) / 2
+        hi = max([*finite, 2.0]) * 2
+        for yy, ratio, entry in zip(y, ratios, entries, strict=True):
+            value = ratio.get("value")
+            if not isinstance(value, (int, float)):
+                effect.text(lo * 1.2, yy, "n/a (baseline drift is 0)", va="center", fontsize=6)
+                continue
+            colour = (
+                COLOURS["bad"]
+                if ratio.get("excludes_one") and value > 1
+                else ("#4e9a06" if ratio.get("excludes_one") else "#777")
+            )
+            low, high = ratio.get("low"), ratio.get("high")
+            if isinstance(low, (int, float)) and isinstance(high, (int, float)):
+                effect.plot(
+                    [max(low, floor), max(high, floor)],
+                    [yy, yy],
+                    color=colour,
+                    linewidth=2.2,
+                    solid_capstyle="butt",
+                    alpha=0.55,
+                )
+            effect.plot([max(value, floor)], [yy], "o", color=colour, markersize=4)
+            p99 = entry.get("effect", {}).get("p99_ratio", {}).get("value")
+            if isinstance(p99, (int, float)) and p99 > 0:
+                effect.plot([p99], [yy], "d", mfc="none", color=colour, markersize=4, mew=0.8)
+        effect.axvline(1.0, color="black", linewidth=0.8)
+        effect.set_xscale("log")
+        _log_ticks(effect.xaxis)
+        effect.set_xlim(lo, hi)
+        effect.set_yticks(y, [_short(label, 34) for label in labels])
+        effect.set_xlabel("mean |diff| relative to the baseline (95% bootstrap interval)")
+        effect.set_title("effect on mean |diff| (\u25ca: p99); red: interval above 1")
+        sides = (("rollout", COLOURS["ok"], 0.18), ("training", "#f57900", -0.18))
+        deltas = []
+        for side, colour, offset in sides:
+            values = np.array(
+                [float((e.get(side) or {}).get("max_abs_delta") or 0.0) for e in entries]
+            )
+            deltas.extend(values[values > 0].tolist())
+            moved.barh(
+                y + offset,
+                np.maximum(values, floor),
+                height=0.34,
+                color=colour,
+                label=side,
+                left=floor,
+            )
+        floor_doc = document.get("noise_floor") or {}
+        for side, colour, _ in sides:
+            level = floor_doc.get(f"{side}_max_abs_delta")
+            if floor_doc.get("measured") and isinstance(level, (int, float)) and level > 0:
+                moved.axvline(level, color=colour, linestyle="--", linewidth=0.8)
+                deltas.append(float(level))
+        moved.set_xscale("log")
+        _log_ticks(moved.xaxis)
+        moved.set_xlim(min([*deltas, 1e-6]) / 3, max([*deltas, 1e-3]) * 3)
+        moved.set_xlabel("max |logprob change| vs baseline, shared tokens")
+        moved.set_title("which side moved (dashed: noise floor)")
+        moved.legend(fontsize=6, loc="lower right", frameon=False)
+        return _svg(figure)
