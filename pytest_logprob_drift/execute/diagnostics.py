@@ -1,0 +1,65 @@
+"""Full-vocabulary diagnostics of one executed case: what is sealed and what is summarized.
+
+Owns turning the two sides' full next-token distributions (``RolloutOutput.full_vocab`` and
+``TrainingOutput.full_vocab``, ``[A, V]`` each) into the tensors sealed as ``divergence.pt``
+(per-position reductions and the top tokens at the worst positions, never an ``[A, V]``
+tensor) and the ``full_vocabulary`` / ``semantic_offset`` entries of comparison.json's
+diagnostics, or into the reason they are unavailable. Never changes a verdict. Used by
+``execute.case``; the reductions and the summary are ``divergence``'s. Knows no engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pytest_logprob_drift.divergence import sealed_diagnostics, sealed_tensors
+from pytest_logprob_drift.execute.protocol import RolloutOutput, TrainingOutput
+from pytest_logprob_drift.records import FullVocabularySpec
+
+DIVERGENCE_FILE = "divergence.pt"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaseDiagnostics:
+    """``tensors`` to seal (None when unavailable) and the comparison.json entries."""
+
+    tensors: dict[str, torch.Tensor] | None
+    entries: dict[str, Any]
+
+
+def full_vocabulary(
+    spec: FullVocabularySpec, rollout: RolloutOutput, training: TrainingOutput
+) -> CaseDiagnostics:
+    """The case's full-vocabulary diagnostics, or why there are none."""
+    missing = [
+        side
+        for side, full in (("rollout", rollout.full_vocab), ("training", training.full_vocab))
+        if full is None
+    ]
+    if missing:
+        return _unavailable(
+            f"the {' and '.join(missing)} side did not hand back its full distributions "
+            "(this runtime or configuration does not provide them)"
+        )
+    active = rollout.tensors["active_mask"]
+    try:
+        tensors = sealed_tensors(
+            rollout.full_vocab,
+            training.full_vocab,
+            active,
+            top_k=spec.top_k,
+            worst_positions=spec.worst_positions,
+        )
+    except (ValueError, TypeError) as exc:
+        return _unavailable(f"the full distributions do not fit the case: {exc}")
+    entries = sealed_diagnostics(
+        tensors, training.logprobs, rollout.tensors["logprobs"], active.cpu()
+    )
+    return CaseDiagnostics(tensors=tensors, entries=entries)
+
+
+def _unavailable(reason: str) -> CaseDiagnostics:
+    return CaseDiagnostics(tensors=None, entries={"full_vocabulary": {"unavailable": reason}})

@@ -1,0 +1,67 @@
+"""Offline check of an attempt's sealed full-vocabulary diagnostics.
+
+Owns deciding whether ``divergence.pt`` and the ``full_vocabulary`` / ``semantic_offset``
+entries of comparison.json agree: the summary is recomputed from the sealed tensors and the
+sampled-token logprobs of ``token_diffs.pt`` alone (``divergence.sealed_diagnostics``) and must
+equal what comparison.json records; a summary recorded without its tensors is refused. Used by
+``store.resume`` (so resume, ``verify`` and the report all apply it). Never writes anything;
+knows nothing about engines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from pytest_logprob_drift.divergence import SEALED_KEYS, sealed_diagnostics
+from pytest_logprob_drift.store.artifacts import SealError
+
+DIVERGENCE_FILE = "divergence.pt"
+ENTRIES = ("full_vocabulary", "semantic_offset")
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, allow_nan=False))
+
+
+def check_divergence(
+    comparison: Mapping[str, Any],
+    divergence: Mapping[str, torch.Tensor] | None,
+    diffs: Mapping[str, torch.Tensor],
+) -> None:
+    """Raise SealError naming the file at fault unless the diagnostics are consistent."""
+    recorded = comparison.get("diagnostics") or {}
+    if not isinstance(recorded, Mapping):
+        raise SealError("comparison.json", "diagnostics must be an object")
+    if divergence is None:
+        claimed = recorded.get("full_vocabulary")
+        if "semantic_offset" in recorded or (
+            isinstance(claimed, Mapping) and "unavailable" not in claimed
+        ):
+            raise SealError(
+                DIVERGENCE_FILE,
+                "comparison.json records full-vocabulary diagnostics but they are not sealed",
+            )
+        return
+    if set(divergence) != SEALED_KEYS:
+        raise SealError(
+            DIVERGENCE_FILE, f"expected tensors {sorted(SEALED_KEYS)}, found {sorted(divergence)}"
+        )
+    try:
+        recomputed = sealed_diagnostics(
+            divergence,
+            diffs["training_logprobs"],
+            diffs["rollout_logprobs"],
+            diffs["active_mask"],
+        )
+    except ValueError as exc:
+        raise SealError(DIVERGENCE_FILE, str(exc)) from None
+    for key in ENTRIES:
+        if _plain(recomputed[key]) != _plain(recorded.get(key)):
+            raise SealError(
+                DIVERGENCE_FILE,
+                f"the {key} summary recomputed offline differs from comparison.json's",
+            )
