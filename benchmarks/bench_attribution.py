@@ -53,8 +53,9 @@ print(json.dumps({"seconds": elapsed, "peak_mib": peak, "items": detail}))
 
 
 def measure(run_dir: Path, step: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", STEP, str(run_dir), step], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", STEP, str(run_dir), step], check=True, capture_output=True, text=True
+    ).stdout
     result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -65,20 +66,24 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--response", type=int, default=1600)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where to build the run (default: a temporary directory, on "
-                        "/dev/shm when it exists)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where to build the run (default: a temporary directory, on /dev/shm when it exists)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     from synthetic_run import build
 
-    base = args.dir or Path(tempfile.mkdtemp(prefix="bench-attribution-",
-                                             dir="/dev/shm" if Path("/dev/shm").is_dir()
-                                             else None))
+    base = args.dir or Path(
+        tempfile.mkdtemp(
+            prefix="bench-attribution-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
+        )
+    )
     try:
         run_dir = build(base, cases=args.cases, samples=args.samples, response=args.response)
-        print(f"run: {args.cases} cases x {args.samples * args.response} active tokens "
-              f"({run_dir})")
+        print(f"run: {args.cases} cases x {args.samples * args.response} active tokens ({run_dir})")
         best: dict[str, dict[str, float]] = {}
         for _ in range(args.rounds):
             for step in ("verify", "attribution"):
@@ -86,8 +91,10 @@ def main() -> int:
                 if step not in best or result["seconds"] < best[step]["seconds"]:
                     best[step] = result
         for step, result in best.items():
-            print(f"{step:12s} {result['seconds']:8.2f} s   peak RSS {result['peak_mib']:8.0f} "
-                  f"MiB   ({int(result['items'])} items)")
+            print(
+                f"{step:12s} {result['seconds']:8.2f} s   peak RSS {result['peak_mib']:8.0f} "
+                f"MiB   ({int(result['items'])} items)"
+            )
         ratio = best["attribution"]["seconds"] / best["verify"]["seconds"]
         print(f"attribution / verify: {ratio:.2f}x (goal <= 1x)")
         return 0 if ratio <= 1.0 else 1

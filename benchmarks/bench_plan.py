@@ -3,16 +3,20 @@
 Writes a config (in a temporary directory) that expands to exactly the 256-case framework cap,
 mixing one-at-a-time values on every knob with three listed pairwise pairs, then times the whole
 ``plan`` process against ``python -c pass`` (interpreter start-up) in the same run: best and
-median of N runs each, and their ratio. Exits nonzero if the plan does not have 256 cases or the
-``plan`` process fails.
+median of N runs each, and their ratio. Both run with bytecode caching on (an installed package
+has its ``.pyc`` files; ``PYTHONDONTWRITEBYTECODE`` would make every run recompile the package)
+into a temporary ``PYTHONPYCACHEPREFIX``, warmed once before measuring. With ``--importtime``
+it also prints the slowest imports of one ``plan`` (``-X importtime``). Exits nonzero if the
+plan does not have 256 cases or the ``plan`` process fails.
 
-    .venv/bin/python benchmarks/bench_plan.py [--runs 5]
+    .venv/bin/python benchmarks/bench_plan.py [--runs 5] [--importtime]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -82,18 +86,39 @@ def config_document() -> dict[str, Any]:
     }
 
 
+ENV: dict[str, str] = {}
+
+
 def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
     start = time.perf_counter()
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, env=ENV)
     return time.perf_counter() - start, result
+
+
+def slowest_imports(plan_cmd: list[str], count: int = 12) -> list[str]:
+    """The ``count`` imports with the largest self time in one ``plan`` process."""
+    result = timed([plan_cmd[0], "-X", "importtime", *plan_cmd[1:]])[1]
+    rows = []
+    for line in result.stderr.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) == 3 and parts[0].strip().isdigit():
+            rows.append((int(parts[0]), int(parts[1]), parts[2].strip()))
+    return [
+        f"{own / 1000:6.1f} ms self {total / 1000:6.1f} ms total  {name}"
+        for own, total, name in sorted(rows, reverse=True)[:count]
+    ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--importtime", action="store_true", help="also show the slowest imports")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
+        ENV.update(os.environ)
+        ENV.pop("PYTHONDONTWRITEBYTECODE", None)
+        ENV["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
         config = Path(tmp) / "bench_256.json"
         config.write_text(json.dumps(config_document(), indent=2), encoding="utf-8")
         plan_cmd = [sys.executable, "-m", "pytest_logprob_drift", "plan", str(config)]
@@ -117,8 +142,9 @@ def main() -> int:
             )
             return 1
 
-        timed(plan_cmd)  # warm the file cache for both before measuring
+        timed(plan_cmd)  # warm the file and bytecode caches for both before measuring
         timed(pass_cmd)
+        imports = slowest_imports(plan_cmd) if args.importtime else []
         plan_times: list[float] = []
         pass_times: list[float] = []
         for _ in range(args.runs):  # interleaved, so machine load affects both alike
@@ -143,6 +169,8 @@ def main() -> int:
         f"ratio plan/pass  best {plan_best / pass_best:8.2f}x     "
         f"median {plan_median / pass_median:8.2f}x"
     )
+    for line in imports:
+        print(f"  import {line}")
     return 0
 
 

@@ -3,17 +3,18 @@
 Serializes N float32 tensors of S MiB each (``torch.save`` to bytes, as the runner does; not
 timed), then times, best of R rounds, in a fresh attempt directory each round:
 
-- seal:   ``AttemptWriter.write_bytes`` for every file (exclusive temporary, write, fsync,
-          hard link, unlink, directory fsync, SHA-256 of the bytes) and ``seal()`` (COMPLETE);
-- verify: ``read_seal`` (parse COMPLETE, list the directory, re-hash every sealed file from
-          disk), as resume and ``verify`` do first for every attempt;
+- seal:   ``AttemptWriter.write_bytes`` for every file (exclusive temporary, write with each
+          byte hashed once while it is written, hard link, unlink; the file fsynced in the
+          background while the next is written) and ``seal()`` (wait for every fsync, fsync the
+          directory, then COMPLETE, fsynced);
+- verify: ``read_seal`` (parse COMPLETE, list the directory, refuse links and non-regular
+          files, re-hash every sealed file from disk, each byte read and hashed once), as
+          resume and ``verify`` do first for every attempt;
 - plain:  ``hashlib.sha256`` over the same in-memory bytes, each byte hashed once.
 
-and reports the times, throughputs and the ratios (seal+verify)/plain, seal/plain and
-verify/plain. Sealing hashes every byte once while writing and verifying hashes it once more
-while reading, so about 2x plain hashing plus the file I/O is the floor. Just-written files are
-read back from the page cache, as an immediate resume or ``verify`` would. Exits nonzero if a
-seal fails to verify.
+and reports the times, throughputs and the ratios seal/plain (goal <= 1.5x), verify/plain
+(goal <= 1.1x) and (seal+verify)/plain. Just-written files are read back from the page cache,
+as an immediate resume or ``verify`` would. Exits nonzero if a seal fails to verify.
 
     .venv/bin/python benchmarks/bench_seal.py [--tensors 4] [--mib 64] [--rounds 3] [--dir D]
 """

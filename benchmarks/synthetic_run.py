@@ -46,28 +46,59 @@ def _scores(samples: int, response: int, generator: torch.Generator) -> dict[str
     }
 
 
-def _write_attempt(store: ArtifactStore, case_id: str, label: str,
-                   rollout: dict[str, torch.Tensor], training: torch.Tensor) -> None:
+def _write_attempt(
+    store: ArtifactStore,
+    case_id: str,
+    label: str,
+    rollout: dict[str, torch.Tensor],
+    training: torch.Tensor,
+) -> None:
     payload: dict[str, Any] = {"synthetic": True, "case_id": case_id}
     writer = store.new_attempt(case_id, execution_key(payload))
-    writer.write_json("requested.json", {"case_id": case_id, "label": label, "knobs": {},
-                                         "changed": [] if label == "baseline" else [label]})
+    writer.write_json(
+        "requested.json",
+        {
+            "case_id": case_id,
+            "label": label,
+            "knobs": {},
+            "changed": [] if label == "baseline" else [label],
+        },
+    )
     writer.write_json("materialized.json", {"knobs": {}, "operators": []})
     writer.write_json("actual.json", {"knobs": {}, "read_back": {}})
     writer.write_json("identity.json", {"execution_key_payload": payload})
-    consumed = {k: rollout[k] for k in ("token_ids", "attention_mask", "active_mask",
-                                         "position_ids")}
+    consumed = {
+        k: rollout[k] for k in ("token_ids", "attention_mask", "active_mask", "position_ids")
+    }
     writer.write_bytes("score_rollout.pt", tensor_bytes(rollout))
     writer.write_bytes("score_training.pt", tensor_bytes({"logprobs": training, **consumed}))
     verdict = judge(training, rollout["logprobs"], rollout["active_mask"], THRESHOLD)
-    writer.write_json("comparison.json", {
-        "case_id": case_id, "label": label, **verdict.to_json(), "records": [],
-        "numerical": {"outcome": verdict.outcome.value, "mismatches": verdict.mismatches,
-                      "active_tokens": verdict.active_tokens, "threshold": THRESHOLD}})
-    writer.write_bytes("token_diffs.pt", tensor_bytes({
-        "training_logprobs": training, "rollout_logprobs": rollout["logprobs"],
-        "active_mask": rollout["active_mask"],
-        "threshold": torch.tensor(THRESHOLD, dtype=torch.float64)}))
+    writer.write_json(
+        "comparison.json",
+        {
+            "case_id": case_id,
+            "label": label,
+            **verdict.to_json(),
+            "records": [],
+            "numerical": {
+                "outcome": verdict.outcome.value,
+                "mismatches": verdict.mismatches,
+                "active_tokens": verdict.active_tokens,
+                "threshold": THRESHOLD,
+            },
+        },
+    )
+    writer.write_bytes(
+        "token_diffs.pt",
+        tensor_bytes(
+            {
+                "training_logprobs": training,
+                "rollout_logprobs": rollout["logprobs"],
+                "active_mask": rollout["active_mask"],
+                "threshold": torch.tensor(THRESHOLD, dtype=torch.float64),
+            }
+        ),
+    )
     writer.seal()
 
 
@@ -77,8 +108,9 @@ def build(root: Path, *, cases: int, samples: int, response: int) -> Path:
     store = ArtifactStore(root, EXPERIMENT)
     store.initialize({"experiment_id": EXPERIMENT}, [])
     base = _scores(samples, response, generator)
-    base_training = base["logprobs"] + torch.randn(base["logprobs"].shape,
-                                                   generator=generator) * 2e-3
+    base_training = (
+        base["logprobs"] + torch.randn(base["logprobs"].shape, generator=generator) * 2e-3
+    )
     base_training = base_training * base["active_mask"]
     for index in range(cases):
         label = "baseline" if index == 0 else f"knob{index}={KINDS[index % len(KINDS)]}"
@@ -94,7 +126,8 @@ def build(root: Path, *, cases: int, samples: int, response: int) -> Path:
         if kind == "tokens":
             start = PROMPT + response // 2
             rollout["token_ids"][:, start:] = torch.randint(
-                2, 1024, rollout["token_ids"][:, start:].shape, generator=generator)
+                2, 1024, rollout["token_ids"][:, start:].shape, generator=generator
+            )
             rollout["logprobs"][:, start:] += noise[:, start:]
         _write_attempt(store, case_id, label, rollout, training)
     return store.directory

@@ -11,6 +11,8 @@ about planning, execution, argparse or pytest; tracebacks are for bugs, these ar
 from __future__ import annotations
 
 import enum
+import errno
+import re
 
 
 class ExitCode(enum.IntEnum):
@@ -32,6 +34,47 @@ class Remedy(enum.Enum):
 
     AUTHORIZE_TEST_OPERATORS = "authorize_test_operators"
     """Register and authorize temporary test-only operator backends."""
+    EXPAND_PAIRS = "expand_pairs"
+    """Expand the config's listed path pairs (pairwise planning)."""
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    if ch in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[ch]
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def one_line(text: str) -> str:
+    """``text`` with every non-printable character escaped (line breaks, terminal escape
+    sequences, bidirectional overrides, lone surrogates...): what a user-facing message is
+    printed as, so that one error is exactly one line and never drives the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escaped(ch) for ch in text)
+
+
+_PLAIN_MEMBER = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def json_member(parent: str, key: str) -> str:
+    """The JSON path of member ``key`` of the object at ``parent``: ``$.a.b`` for plain keys,
+    ``$.a["odd key"]`` (a JSON string) for any other, so a path is unambiguous and one line."""
+    if _PLAIN_MEMBER.fullmatch(key):
+        return f"{parent}.{key}"
+    return f"{parent}[{_json_string(key)}]"
+
+
+def _json_string(text: str) -> str:
+    body = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{one_line(body)}"'
 
 
 class DriftError(Exception):
@@ -41,7 +84,7 @@ class DriftError(Exception):
     remedy: Remedy | None = None
 
     def render(self) -> str:
-        return str(self)
+        return one_line(str(self))
 
 
 class ConfigError(DriftError):
@@ -57,7 +100,7 @@ class ConfigError(DriftError):
 
     def render(self) -> str:
         where = f"{self.source}: " if self.source else ""
-        return f"{where}{self.path}: {self.message}"
+        return one_line(f"{where}{self.path}: {self.message}")
 
 
 class ConfigErrors(DriftError):
@@ -98,3 +141,39 @@ class RuntimeFailure(DriftError):
     """A runtime adapter or engine failed while executing a case."""
 
     exit_code = ExitCode.RUNTIME_FAILURE
+
+
+USAGE_ERRNOS = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EEXIST,
+        errno.ENOENT,
+        errno.ENAMETOOLONG,
+        errno.ELOOP,
+    }
+)
+"""File-system errors that mean "this location cannot hold a run" (exit 2); any other
+(a full disk, an I/O error) is a runtime failure (exit 3)."""
+
+
+class StorageError(DriftError, OSError):
+    """The artifact store could not read or write a path: a location that cannot hold a run
+    (not a directory, read-only, permission denied: exit 2) or an I/O failure such as a full
+    disk (exit 3). Also an ``OSError`` carrying the original errno, so callers that handle
+    file-system errors keep working."""
+
+    def __init__(self, path: object, doing: str, error: OSError) -> None:
+        self.path = str(path)
+        self.doing = doing
+        self.message = f"{self.path}: cannot {doing}: {error.strerror or error}"
+        OSError.__init__(self, error.errno, self.message)
+        self.exit_code = (
+            ExitCode.USAGE_ERROR if error.errno in USAGE_ERRNOS else ExitCode.RUNTIME_FAILURE
+        )
+
+    def __str__(self) -> str:
+        return self.message

@@ -33,12 +33,29 @@ KNOB_RECORD_SCHEMA_VERSION = "cross_config.knob_application.v1"
 _JSON_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
+_RECORD_FIELDS: dict[type, tuple[str, ...] | None] = {}
+"""Per type: its dataclass field names, or None when it is not a dataclass (looked up once:
+``dataclasses.is_dataclass`` on an enum member goes through the enum's slow ``__getattr__``)."""
+
+
+def _record_fields(kind: type) -> tuple[str, ...] | None:
+    if kind not in _RECORD_FIELDS:
+        _RECORD_FIELDS[kind] = (
+            tuple(f.name for f in dataclasses.fields(kind))
+            if dataclasses.is_dataclass(kind)
+            else None
+        )
+    return _RECORD_FIELDS[kind]
+
+
 def canonical(value: Any) -> Any:
     """Plain-JSON form of a record, enum, mapping or sequence (recursively)."""
-    if type(value) in _JSON_SCALAR_TYPES:  # fast path: prompts can hold millions of token ids
+    kind = type(value)
+    if kind in _JSON_SCALAR_TYPES:  # fast path: prompts can hold millions of token ids
         return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    names = _record_fields(kind)
+    if names is not None:
+        return {name: canonical(getattr(value, name)) for name in names}
     if isinstance(value, enum.Enum):
         return canonical(value.value)
     if isinstance(value, Mapping):
@@ -146,9 +163,25 @@ class PromptSet:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingSpec:
+    """How the rollout samples. ``top_p``, ``top_k`` and ``min_p`` are None when the sampler
+    does not truncate by them (then they are left out of the canonical identity, so a config
+    without them keeps its case ids); both sides must apply the same values."""
+
     seed: int
     max_new_tokens: int
     temperature: float = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+
+    def truncation(self) -> dict[str, float | int]:
+        """The truncation parameters that are set, by name."""
+        values = {"top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+SAMPLING_TRUNCATION = ("top_p", "top_k", "min_p")
+"""The optional ``SamplingSpec`` fields, omitted from the canonical identity when None."""
 
 
 class MaskPolicy(enum.Enum):
@@ -184,6 +217,9 @@ class ScoringIdentity:
     def canonical_identity(self) -> dict[str, Any]:
         data = canonical(self)
         data["prompts"] = self.prompts.canonical_identity()
+        for name in SAMPLING_TRUNCATION:
+            if data["sampling"][name] is None:
+                del data["sampling"][name]
         return dict(data)
 
 
@@ -223,6 +259,17 @@ class OperatorSelection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FullVocabularySpec:
+    """Opt-in full-vocabulary diagnostics (``$.diagnostics.full_vocabulary``): per active
+    position KL both ways and total variation over the whole vocabulary, and the ``top_k``
+    tokens carrying most of it at the ``worst_positions`` positions. Never changes a verdict;
+    not part of the case id (it changes what is sealed, so it is part of the execution key)."""
+
+    top_k: int = 5
+    worst_positions: int = 5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExperimentConfig:
     """A strictly loaded ``cross_config.experiment_config.v1`` document (values still raw)."""
 
@@ -242,6 +289,7 @@ class ExperimentConfig:
     operators: tuple[OperatorSelection, ...]
     scenario: Scenario
     source: str | None = None
+    full_vocabulary: FullVocabularySpec | None = None
 
 
 # ---------------------------------------------------------------------------- contract
@@ -256,6 +304,8 @@ class ResolvedContract:
     threshold: float
     unit: str
     digest: str
+    minor_version: int = 0
+    """Compatible revisions of the version (recorded, not part of case ids)."""
 
 
 # ---------------------------------------------------------------------------- plan
@@ -311,6 +361,7 @@ class ExperimentPlan:
     cases: tuple[Case, ...]
     issues: tuple[PlanIssue, ...]
     operators: tuple[OperatorSelection, ...]
+    full_vocabulary: FullVocabularySpec | None = None
 
     @property
     def has_errors(self) -> bool:

@@ -31,6 +31,21 @@ S0_HF = EXPERIMENTS / "cross_config_s0_hf_tiny.json"
 S1 = EXPERIMENTS / "cross_config_s1_vllm_cpu_tiny.json"
 S2 = EXPERIMENTS / "cross_config_s2_vllm_tp_vs_fsdp.json"
 S3 = EXPERIMENTS / "cross_config_s3_qwen3_8b_tp4_cp4_bf16.json"
+OFFSET_LABEL = "logp.backend=smoke_only.logp_offset"
+ATTEMPT_FILES = frozenset(
+    {
+        "requested.json",
+        "materialized.json",
+        "actual.json",
+        "identity.json",
+        "score_rollout.pt",
+        "score_training.pt",
+        "comparison.json",
+        "token_diffs.pt",
+        "COMPLETE",
+    }
+)
+"""Every file of an attempt that scored both sides, COMPLETE included."""
 
 
 def make_runner(

@@ -472,11 +472,14 @@ def test_plugin_refuses_a_bad_repeat_count(pytester: pytest.Pytester) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.floats(min_value=0, max_value=1e3, allow_nan=False), min_size=1,
-                max_size=300), st.sampled_from([0.5, 0.9, 0.99, 1.0]))
+@given(
+    st.lists(st.floats(min_value=0, max_value=1e3, allow_nan=False), min_size=1, max_size=300),
+    st.sampled_from([0.5, 0.9, 0.99, 1.0]),
+)
 def test_exact_quantile_is_torchs_linear_quantile(values: list[float], q: float) -> None:
     from pytest_logprob_drift.attribution.effect import _exact_quantile
 
     tensor = torch.tensor(values, dtype=torch.float64)
-    assert _exact_quantile(tensor, q) == pytest.approx(float(torch.quantile(tensor, q)),
-                                                       rel=1e-12, abs=1e-12)
+    assert _exact_quantile(tensor, q) == pytest.approx(
+        float(torch.quantile(tensor, q)), rel=1e-12, abs=1e-12
+    )

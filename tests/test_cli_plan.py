@@ -155,6 +155,7 @@ def test_pairwise_flag(tmp_path: Path) -> None:
     code, out, _ = run_main("plan", config)
     assert code == 0
     assert "warning PAIRS_IGNORED at $.pairs" in out
+    assert "pairwise planning was not asked for; no pairwise cases planned; pass --pairwise" in out
     assert out.splitlines()[-2] == "3 case(s)"
     code, out, _ = run_main("plan", config, "--pairwise")
     assert code == 0
@@ -201,7 +202,7 @@ def test_bad_config_subprocess_has_no_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         f"logprob-drift: error: {config}: $.scenario.expected: not allowed in a config: "
-        "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)"
+        "expected outcomes belong to the CLI or the plugin's options (SELECTOR=OUTCOME)"
     ]
 
 

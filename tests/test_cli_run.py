@@ -11,25 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drift_testing import S0
+from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0
 
 from pytest_logprob_drift.cli import main
 from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
 from pytest_logprob_drift.store.resume import check_attempt
 
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
-OFFSET_LABEL = "logp.backend=smoke_only.logp_offset"
-SEALED_FILES = (
-    "requested.json",
-    "materialized.json",
-    "actual.json",
-    "identity.json",
-    "score_rollout.pt",
-    "score_training.pt",
-    "comparison.json",
-    "token_diffs.pt",
-    COMPLETE,
-)
+SEALED_FILES = tuple(sorted(ATTEMPT_FILES))
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -250,8 +239,11 @@ def test_flipping_one_byte_in_each_sealed_file(tmp_path: Path) -> None:
         assert info.value.file == name, (name, str(info.value))
     proc = cli("verify", str(run_dir), "--json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    report = {e["case_id"]: e for e in json.loads(proc.stdout)["attempts"]}
-    assert json.loads(proc.stdout)["invalid"] == len(SEALED_FILES)
+    document = json.loads(proc.stdout)
+    report = {e["case_id"]: e for e in document["attempts"]}
+    # ...and the run's sealed attribution, computed from attempts that were since tampered with
+    assert [bool(a["problems"]) for a in document["attributions"]] == [True]
+    assert document["invalid"] == len(SEALED_FILES) + 1
     for case_id, (name, _, _) in tampered.items():
         assert report[case_id]["status"] == "invalid"
         assert report[case_id]["file"] == name

@@ -618,3 +618,92 @@ def test_unknown_contract_source_and_version_name_their_path() -> None:
         plan_experiment(parse_config(put(base(), "contract_version", "v0")))
     assert info.value.path == "$.contract_version"
     assert "no version 'v0'" in info.value.message
+
+
+# ----------------------------------------------------------------------------- issue 14
+
+
+def parse_text(text: str) -> ConfigError:
+    from pytest_logprob_drift.config.loader import parse_json_text
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(parse_json_text(text, "t.json"), source="t.json")
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("replace", "path", "needle"),
+    [
+        ('"seed": 0', '"seed": ' + "9" * 5000, "5000 digits is out of range"),
+        ('"seed": 0', '"seed": 18446744073709551616', "out of range (at most 2**64)"),
+        ('"tiny-tok"', '"tiny\\ud800"', "lone surrogate \\ud800"),
+        ('"description"', '"\\udc00"', "key holds the lone surrogate"),
+        ('"strategy"', '"x":' + "[" * 65 + "]" * 65 + ',"strategy"', "nested deeper than 64"),
+    ],
+)
+def test_what_json_loads_lets_through_is_refused_with_its_path(
+    replace: str, path: str, needle: str
+) -> None:
+    text = json.dumps({**base(), "description": "d"}).replace(replace, path, 1)
+    error = parse_text(text)
+    assert needle in error.render() and "\n" not in error.render()
+    assert error.render().isprintable()
+
+
+def test_odd_keys_are_bracketed_and_escaped_in_paths() -> None:
+    doc = base()
+    doc["baseline"]["rollout"]["a.b\n\x1b[2J"] = "x"
+    with pytest.raises(ConfigError) as info:
+        plan_experiment(parse_config(put(doc, "identity.sampling.seed", 2**32)))
+    assert info.value.path == "$.identity.sampling.seed"  # a config fault comes first
+    doc["identity"]["sampling"]["seed"] = 1
+    plan = plan_experiment(parse_config(doc))
+    (issue,) = [i for i in plan.issues if i.code == "UNKNOWN_KNOB"]
+    assert issue.path == '$.baseline.rollout["a.b\\n\\x1b[2J"]'
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "path", "needle"),
+    [
+        ("experiment_id", "a" * 201, "$.experiment_id", "at most 200 bytes"),
+        ("experiment_id", "é" * 101, "$.experiment_id", "202 bytes of UTF-8 (101 characters)"),
+        ("identity.sampling.seed", 2**32, "$.identity.sampling.seed", "0 .. 4294967295"),
+        ("identity.checkpoint.uri", "tiny://nope", "$.identity.checkpoint.uri", "unknown"),
+        ("identity.checkpoint.uri", "a" * 256, "$.identity.checkpoint.uri", "256-byte name"),
+        ("identity.checkpoint.uri", "x\0y", "$.identity.checkpoint.uri", "NUL"),
+    ],
+)
+def test_what_execution_would_refuse_is_refused_at_planning(
+    dotted: str, value: Any, path: str, needle: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(put(base(), dotted, value))
+    assert info.value.path == path and needle in info.value.message
+
+
+def test_the_largest_accepted_values_load() -> None:
+    doc = put(base(), "experiment_id", "é" * 100)
+    put(doc, "identity.sampling.seed", 2**32 - 1)
+    assert parse_config(doc).identity.sampling.seed == 2**32 - 1
+
+
+@pytest.mark.parametrize(
+    ("uri", "tokens", "max_new", "path", "needle"),
+    [
+        ("synthetic://cpu-smoke/v1", [[1, 63], [64]], 8, "token_ids[1][0]", "vocabulary of"),
+        ("tiny://qwen3-h64-v1", [[1023, 1024, 2000]], 8, "token_ids[0][1]", "1 more"),
+        ("tiny://qwen3-h64-v1", [[1] * 10], 503, "max_new_tokens", "512 positions"),
+        ("LOCAL", [[99, 100]], 8, "token_ids[0][1]", "(100 ids: 0 .. 99)"),
+        ("LOCAL", [[1]], 48, "max_new_tokens", "48 positions"),
+    ],
+)
+def test_token_ids_and_context_are_checked_where_the_checkpoint_is_known(
+    tmp_path: Path, uri: str, tokens: list[list[int]], max_new: int, path: str, needle: str
+) -> None:
+    (tmp_path / "config.json").write_text('{"vocab_size": 100, "max_position_embeddings": 48}')
+    doc = put(base(), "identity.checkpoint.uri", str(tmp_path) if uri == "LOCAL" else uri)
+    put(doc, "identity.prompts.token_ids", tokens)
+    put(doc, "identity.sampling.max_new_tokens", max_new)
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc)
+    assert info.value.path.endswith(path) and needle in info.value.message, info.value

@@ -2,18 +2,21 @@
 
 A driver (``python -c DRIVER``) imports the package and torch once, runs an uninterrupted
 reference, then forks one ``run`` process per kill point: each runs the real CLI ``main`` with
-``publish_bytes`` and ``os.link`` instrumented to SIGKILL the process at its Nth artifact-writing
-event. Each published file has three events (temporary written and fsynced; linked into place
-with the temporary still present; fully published). The kill points are: after every single
-publish of a full S0 run (experiment.json, then nine files per case, COMPLETE last), plus both
-intermediate states of every COMPLETE, of experiment.json and of the first payload. After each
-kill the driver snapshots every file (digest, size, mtime, inode), resumes with a normal
-``run`` in a fresh forked process and snapshots again; the tests then check that the killed
-process died of SIGKILL, that no partial attempt was reused, that nothing that existed was
-modified or removed, that every sealed attempt verifies, and that the verdicts equal the
-uninterrupted run. Forking keeps a kill point at ~0.3 s instead of a 3 s interpreter start; the
-driver itself never runs a torch operation. The same driver also releases two ``run``
-processes at once through one pipe onto one experiment directory on a real disk, three times.
+``publish_bytes``, ``os.link``, ``os.mkdir`` and (in the main thread) ``os.fsync`` instrumented
+to SIGKILL the process at its Nth file-system event. Each published file has three events
+(temporary written; linked into place with the temporary still present; fully published); every
+directory created (run, cases, seals, case, attempt, attribution directories) and every fsync
+of the main thread (the plan.jsonl append, experiment.json, run seals, each COMPLETE, directory
+entries) is one more. The kill points are every event of a full S0 run (experiment.json, the
+plan rows and their run seal, nine files per case with COMPLETE last, the sealed attribution):
+more than a hundred distinct points. After each kill the driver snapshots every file (digest,
+size, mtime, inode), resumes with a normal ``run`` in a fresh forked process and snapshots
+again; the tests then check that the killed process died of SIGKILL, that no partial attempt
+was reused, that nothing that existed was modified or removed, that every sealed attempt and
+the run's own files verify, and that the verdicts equal the uninterrupted run. Forking keeps a
+kill point at ~0.3 s instead of a 3 s interpreter start; the driver itself never runs a torch
+operation. The same driver also releases two ``run`` processes at once through one pipe onto
+one experiment directory on a real disk, three times.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from drift_testing import S0
 
 from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
 from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.store.verify import verify_run_files
 
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
 RUN_ARGS = [
@@ -46,9 +50,10 @@ RUN_ARGS = [
     "--json",
 ]
 FILES_PER_ATTEMPT = 9
+MIN_KILL_POINTS = 100
 
 DRIVER = r"""
-import hashlib, json, os, signal, sys
+import hashlib, json, os, re, signal, sys, threading
 from pathlib import Path
 
 import pytest_logprob_drift.store.artifacts as artifacts
@@ -63,10 +68,25 @@ run_args = json.loads(sys.argv[2])
 params = json.loads(sys.argv[3])  # {"part", "parts", "concurrent_dirs"}
 
 
+RANDOM_PARTS = [
+    (re.compile(r"[0-9a-f]{16}-[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}"), "<attribution>"),
+    (re.compile(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}"), "<attempt>"),
+    (re.compile(r"\.[0-9a-f]{8}\.tmp"), ".<tmp>"),
+]
+
+
 def child(artifacts_dir, kill_at, out_name, barrier=None):
     # Body of a forked run process; never returns.
     count = [0]
     log = []
+
+    def where(path):
+        # The path inside the artifacts directory, without its random parts (attempt ids,
+        # temporary suffixes), so that runs log the same events.
+        text = os.path.relpath(path, artifacts_dir)
+        for pattern, placeholder in RANDOM_PARTS:
+            text = pattern.sub(placeholder, text)
+        return text
 
     def event(what):
         count[0] += 1
@@ -77,9 +97,11 @@ def child(artifacts_dir, kill_at, out_name, barrier=None):
             os.kill(os.getpid(), signal.SIGKILL)
 
     real_publish, real_link = artifacts.publish_bytes, os.link
+    real_mkdir, real_fsync = os.mkdir, os.fsync
+    main_thread = threading.main_thread()
 
-    def publish(directory, name, data):
-        digest = real_publish(directory, name, data)
+    def publish(directory, name, data, **kwargs):
+        digest = real_publish(directory, name, data, **kwargs)
         event(f"published {name}")
         return digest
 
@@ -88,8 +110,19 @@ def child(artifacts_dir, kill_at, out_name, barrier=None):
         real_link(src, dst, *args, **kwargs)
         event(f"linked {Path(dst).name} (temporary not yet removed)")
 
+    def mkdir(path, *args, **kwargs):
+        real_mkdir(path, *args, **kwargs)
+        event(f"created directory {where(path)}")
+
+    def fsync(fd):
+        real_fsync(fd)
+        if threading.current_thread() is main_thread:  # background syncs have no fixed order
+            event(f"fsynced {where(os.readlink(f'/proc/self/fd/{fd}'))}")
+
     artifacts.publish_bytes = publish
     os.link = link
+    os.mkdir = mkdir
+    os.fsync = fsync
     rc = 99
     try:
         if barrier is not None:
@@ -135,20 +168,9 @@ def read(name):
     return path.read_text() if path.exists() else None
 
 
-def event_file(event):
-    if event.startswith("temporary written for "):
-        return event.removeprefix("temporary written for ")
-    return event.split(" ")[1]  # "linked NAME (...)" or "published NAME"
-
-
 def kill_points(events):
-    # Every fully published file (one point per publish of a full run), plus both
-    # intermediate states (temporary written; linked, temporary not yet removed) of each
-    # COMPLETE, of experiment.json and of the first attempt's first payload.
-    first_payload = events.index("published requested.json") + 1
-    return [n for n, event in enumerate(events, start=1)
-            if event.startswith("published ") or n <= first_payload
-            or event_file(event) == COMPLETE]
+    # Every file-system event of a full run.
+    return list(range(1, len(events) + 1))
 
 
 report = {}
@@ -220,20 +242,16 @@ def drivers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str,
     else:
         scratch = tmp_path_factory.mktemp("crash")
     disk = tmp_path_factory.mktemp("concurrent")
+    rounds = [str(disk / f"runs-{r}") for r in range(3)]
     try:
         procs = [
-            start_driver(scratch / "a", {"part": 0, "parts": 2, "concurrent_dirs": []}),
             start_driver(
-                scratch / "b",
-                {
-                    "part": 1,
-                    "parts": 2,
-                    "concurrent_dirs": [str(disk / f"runs-{r}") for r in range(3)],
-                },
-            ),
+                scratch / name,
+                {"part": i, "parts": 2, "concurrent_dirs": rounds if i else []},
+            )
+            for i, name in enumerate("ab")
         ]
-        reports = [finish_driver(proc) for proc in procs]
-        yield reports
+        yield [finish_driver(proc) for proc in procs]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -252,7 +270,10 @@ def verdicts(out: str) -> dict[str, tuple[Any, ...]]:
     }
 
 
-def test_kill_nine_at_every_artifact_write_then_resume(drivers: list[dict[str, Any]]) -> None:
+def test_kill_nine_at_every_file_system_event_then_resume(
+    drivers: list[dict[str, Any]],
+) -> None:
+    """Every file-system event of a full run is a kill point: more than a hundred."""
     reports = drivers
     reference = reports[0]["reference"]
     assert reference["exit"] == 0, reference
@@ -260,22 +281,21 @@ def test_kill_nine_at_every_artifact_write_then_resume(drivers: list[dict[str, A
     assert sorted(v[1] for v in expected.values()) == ["MISMATCH", "PASS", "PASS"]
     events = reference["events"]
     assert reports[1]["reference"]["events"] == events  # the event sequence is deterministic
-    publishes = [n for n, e in enumerate(events, start=1) if e.startswith("published ")]
-    # experiment.json, then 9 files per case, COMPLETE last in each attempt
-    assert len(publishes) == 1 + FILES_PER_ATTEMPT * len(expected)
-    assert [e for e in events if e.startswith("published ")].count(f"published {COMPLETE}") == len(
-        expected
-    )
-    assert len(events) == 3 * len(publishes)
+    published = [e.removeprefix("published ") for e in events if e.startswith("published ")]
+    # experiment.json and the run seal of the plan rows, then 9 files per case, COMPLETE last
+    assert published[0] == "experiment.json" and published[1].startswith("run-")
+    assert published[2 : 2 + FILES_PER_ATTEMPT * len(expected)].count(COMPLETE) == len(expected)
+    # three events per file the store publishes (temporary written, linked, published)
+    linked = [e.split(" ")[1] for e in events if e.startswith("linked ")]
+    assert [e.split(" ")[3] for e in events if e.startswith("temporary written")] == linked
+    assert len(linked) >= len(published)  # (the attribution publishes without the wrapper)
+    assert any(e.endswith("/plan.jsonl") and e.startswith("fsynced ") for e in events)
+    assert sum(e.startswith("created directory ") for e in events) >= 2 * len(expected)
 
     points = [p for r in reports for p in r["points"]]
     covered = {p["n"] for p in points}
     assert len(covered) == len(points)
-    assert set(publishes) <= covered  # after every single publish of a full run
-    intermediate = {n for n in covered if not events[n - 1].startswith("published ")}
-    complete_states = {n for n in intermediate if COMPLETE in events[n - 1]}
-    assert len(complete_states) == 2 * len(expected)  # inside every COMPLETE publish
-    assert len(intermediate) == 2 * (len(expected) + 2)
+    assert len(covered) == len(events) >= MIN_KILL_POINTS  # every event is a kill point
     for point in sorted(points, key=lambda p: p["n"]):
         _check_point(point, expected, events)
 
@@ -310,6 +330,11 @@ def _check_point(
             assert not any(p.startswith(rel + "/") for p in before), (
                 f"{where}: a new attempt reused the directory {rel}"
             )
+
+    # the run's own files verify against their seals (nothing sealed was rewritten)
+    run_files = verify_run_files(root / "s0-cpu-smoke")
+    assert [f for f in run_files if f.status == "invalid"] == [], where
+    assert run_files[-1].file == "plan.jsonl" and "torn" not in run_files[-1].detail, where
 
     # every attempt that carries a seal verifies; unsealed ones were all left by the kill
     for attempt in iter_attempt_dirs(root / "s0-cpu-smoke"):

@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 from pytest_logprob_drift import load_config, parse_config, plan_experiment
 from pytest_logprob_drift.config import contract as contract_module
 from pytest_logprob_drift.plan import planner as planner_module
-from pytest_logprob_drift.plan.knobs import ATTENTION_BACKENDS, DTYPES, KNOBS, SHARDINGS
+from pytest_logprob_drift.plan.knobs import (
+    ATTENTION_BACKENDS,
+    DTYPES,
+    KNOBS,
+    LM_HEAD_DTYPES,
+    LOGPROB_SEMANTICS,
+    LOGPROBS_MODES,
+    SHARDINGS,
+)
 from pytest_logprob_drift.plan.planner import CASE_CAP, case_id, case_label
 from pytest_logprob_drift.records import (
     CaseKind,
@@ -66,11 +74,14 @@ def make_config(*, attention: str = "sdpa", device: str = "cuda") -> dict[str, A
                 "dtype": "bfloat16",
                 "enable_prefix_caching": True,
                 "enforce_eager": False,
+                "logprobs_mode": "raw_logprobs",
             },
             "training": {
                 "attention_backend": attention,
                 "compute_dtype": "bfloat16",
                 "sharding": "fsdp",
+                "logprob_semantics": "raw",
+                "lm_head_dtype": "compute",
             },
             "logp": {"backend": "native"},
         },
@@ -148,6 +159,10 @@ def test_knob_allowlist_is_exactly_the_contracts() -> None:
         "training.compute_dtype": Lifecycle.ENGINE_CONSTRUCTION,
         "logp.backend": Lifecycle.ENGINE_CONSTRUCTION,
         "training.sharding": Lifecycle.PROCESS,
+        # Issue 13: sampling semantics, beyond the contract's ten.
+        "rollout.logprobs_mode": Lifecycle.ENGINE_CONSTRUCTION,
+        "training.logprob_semantics": Lifecycle.ENGINE_CONSTRUCTION,
+        "training.lm_head_dtype": Lifecycle.ENGINE_CONSTRUCTION,
     }
 
 
@@ -192,12 +207,21 @@ def alias_spellings(draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, 
     rollout["dtype"] = _spelled(draw, bf16)
     rollout[_spelled(draw, ["enable_prefix_caching", "prefix_caching"])] = _spelled(draw, true)
     rollout[_spelled(draw, ["enforce_eager", "eager"])] = _spelled(draw, false)
+    rollout[_spelled(draw, ["logprobs_mode", "logprob_mode"])] = _spelled(
+        draw, ["raw_logprobs", "raw", "RAW"]
+    )
     training: dict[str, Any] = {}
     training[_spelled(draw, ["attention_backend", "attn", "attn_implementation"])] = _spelled(
         draw, fa2
     )
     training[_spelled(draw, ["compute_dtype", "dtype"])] = _spelled(draw, bf16)
     training["sharding"] = _spelled(draw, ["fsdp", "FSDP", "fsdp2", "full_shard"])
+    training[_spelled(draw, ["logprob_semantics", "semantics"])] = _spelled(
+        draw, ["raw", "raw_logprobs", "Raw"]
+    )
+    training[_spelled(draw, ["lm_head_dtype", "cast_lm_head_to_fp32"])] = _spelled(
+        draw, ["compute", "compute_dtype", "model"]
+    )
     doc["baseline"]["rollout"] = rollout
     doc["baseline"]["training"] = training
     doc["baseline"]["logp"] = {_spelled(draw, ["backend", "impl"]): "native"}
@@ -366,7 +390,7 @@ def test_every_case_id_changes_with_identity_and_scenario(path: str, value: Any)
 
 @SETTINGS
 @given(
-    seed=st.integers(0, 2**63 - 1),
+    seed=st.integers(0, 2**32 - 1),  # config.limits.MAX_SEED
     max_new=st.integers(1, 10**6),
     temperature=st.floats(0, 100, allow_nan=False),
     tokens=st.lists(
@@ -416,6 +440,12 @@ def _valid_values(path: str) -> st.SearchStrategy[Any]:
         return st.sampled_from(ATTENTION_BACKENDS)
     if path == "training.sharding":
         return st.sampled_from(SHARDINGS)
+    if path == "rollout.logprobs_mode":
+        return st.sampled_from(LOGPROBS_MODES)
+    if path == "training.logprob_semantics":
+        return st.sampled_from(LOGPROB_SEMANTICS)
+    if path == "training.lm_head_dtype":
+        return st.sampled_from(LM_HEAD_DTYPES)
     return st.sampled_from(BACKENDS)
 
 

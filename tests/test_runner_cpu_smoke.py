@@ -17,7 +17,15 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import FAULTS, S0, S2, FaultyCpuSmokeAdapter, make_runner
+from drift_testing import (
+    ATTEMPT_FILES,
+    FAULTS,
+    OFFSET_LABEL,
+    S0,
+    S2,
+    FaultyCpuSmokeAdapter,
+    make_runner,
+)
 
 from pytest_logprob_drift import UsageError, plan_file
 from pytest_logprob_drift.errors import Remedy
@@ -32,21 +40,8 @@ from pytest_logprob_drift.runtimes.smoke.runtime import (
     StatelessScorer,
     SyntheticRollout,
 )
-from pytest_logprob_drift.store.artifacts import COMPLETE, AttemptWriter
+from pytest_logprob_drift.store.artifacts import AttemptWriter
 from pytest_logprob_drift.store.resume import check_attempt
-
-OFFSET_LABEL = "logp.backend=smoke_only.logp_offset"
-ATTEMPT_FILES = {
-    "requested.json",
-    "materialized.json",
-    "actual.json",
-    "identity.json",
-    "score_rollout.pt",
-    "score_training.pt",
-    "comparison.json",
-    "token_diffs.pt",
-    COMPLETE,
-}
 
 
 def s0_document() -> dict[str, Any]:

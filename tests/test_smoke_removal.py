@@ -17,14 +17,13 @@ import pytest
 from drift_testing import EXPERIMENTS, S0, S0_HF
 
 WITHOUT_SMOKE = """
-import importlib.metadata, sys
+import sys
+import pytest_logprob_drift.registry.entry_points as installed
 sys.modules["pytest_logprob_drift.runtimes.smoke"] = None  # the package is deleted
-_entry_points = importlib.metadata.entry_points
-def entry_points(**params):
-    if params.get("group") == "pytest_logprob_drift.smoke":
-        return importlib.metadata.EntryPoints(())
-    return _entry_points(**params)
-importlib.metadata.entry_points = entry_points
+_select = installed.select
+def select(group):  # the pyproject entries are deleted
+    return [] if group == "pytest_logprob_drift.smoke" else _select(group)
+installed.select = select
 from pytest_logprob_drift.cli import main
 raise SystemExit(main(sys.argv[1:]))
 """

@@ -13,7 +13,6 @@ frontends or how the document is sealed.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 
 from pytest_logprob_drift.attribution.align import Alignment, Movement, align, movement
 from pytest_logprob_drift.attribution.effect import abs_diff_rows, drift_effect, prepare
+from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store.artifacts import COMPLETE, read_seal
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
@@ -186,16 +186,6 @@ def _parents(case: SealedExecution, others: Sequence[SealedExecution]) -> list[S
         and other.changed[0] in case.changed
         and other.requested.get(other.changed[0]) == case.requested.get(other.changed[0])
     ]
-
-
-def rank_key(entry: Mapping[str, Any]) -> tuple[int, float, float]:
-    """Strongest effect first: |log mean ratio|, then the larger side movement; cases whose
-    ratio is undefined (a zero-drift baseline) last."""
-    ratio = entry["effect"]["mean_ratio"]["value"] if entry.get("effect") else None
-    moved = max(entry["rollout"]["max_abs_delta"], entry["training"]["max_abs_delta"])
-    if ratio is None or ratio <= 0:
-        return (1, 0.0, -moved)
-    return (0, -abs(math.log(ratio)), -moved)
 
 
 def attribute(

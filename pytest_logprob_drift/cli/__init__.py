@@ -1,10 +1,13 @@
 """The command line: ``plan``, ``run``, ``verify`` and ``report``.
 
 Owns argument parsing, the CLI's spelling of execution-policy flags (``--allow-smoke-operators``,
-``--expect``), dispatching to one module per command, and mapping errors to ``ExitCode``: 0
+``--expect``, ``--seal-key-file``/``--seal-key-env``: the key made active around ``run`` and
+``verify``), dispatching to one module per command, and mapping errors to ``ExitCode``: 0
 every case as expected, 1 some case had another outcome, 2 usage or config error (one line
-naming the JSON path, never a traceback), 3 runtime or internal failure. The work itself is
-done by the planner, runner, store and report; the command modules only wire and print.
+naming the JSON path, never a traceback; also an artifacts location that cannot hold a run),
+3 runtime or internal failure (also an I/O failure such as a full disk; a file-system error
+no module named is still one line). The work itself is done by the planner, runner, store and
+report; the command modules only wire and print.
 Knows nothing about torch (execution modules are imported only by ``run``/``verify``/
 ``report``) or pytest.
 """
@@ -12,6 +15,7 @@ Knows nothing about torch (execution modules are imported only by ``run``/``veri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,11 +23,35 @@ from typing import Any, TextIO
 
 from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 
-FLAGS: Mapping[Remedy, str] = {Remedy.AUTHORIZE_TEST_OPERATORS: "--allow-smoke-operators"}
+FLAGS: Mapping[Remedy, str] = {
+    Remedy.AUTHORIZE_TEST_OPERATORS: "--allow-smoke-operators",
+    Remedy.EXPAND_PAIRS: "--pairwise",
+}
 """How the CLI spells each execution-policy remedy."""
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter with the terminal width taken from ``os`` (argparse asks
+    ``shutil``, whose import with its compression modules cost ``plan`` more than planning)."""
+
+    def __init__(self, prog: str) -> None:
+        try:
+            columns = int(os.environ.get("COLUMNS", "")) or 0
+        except ValueError:
+            columns = 0
+        if not columns:
+            try:
+                columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+            except (AttributeError, OSError, ValueError):
+                columns = 80
+        super().__init__(prog, width=max(columns - 2, 20))
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> Any:  # one line, exit 2, no usage dump on stderr noise
         self.exit(ExitCode.USAGE_ERROR, f"{self.prog}: error: {message}\n")
 
@@ -61,10 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
         "of the attribution (default 1)",
     )
     run.add_argument("--json", action="store_true", help="print the final table as JSON")
+    run.add_argument(
+        "-v",
+        "--engine-logs",
+        action="store_true",
+        help="show vLLM's own logs on the terminal (default: kept in "
+        "ARTIFACTS/<experiment>/engine-logs/)",
+    )
 
     verify = sub.add_parser("verify", help="re-check seals and recompute every verdict")
     verify.add_argument("run_dir")
     verify.add_argument("--json", action="store_true")
+    for command in (run, verify):
+        _add_seal_key_options(command)
 
     report = sub.add_parser("report", help="human report of a run directory (terminal + HTML)")
     report.add_argument("run_dir")
@@ -74,7 +111,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTML output path, never overwritten "
         "(default: RUN_DIR/report-<newest attempt id>.html)",
     )
+    report.add_argument("--json", action="store_true", help="print the report's rows as JSON")
     return parser
+
+
+SEAL_KEY_FLAGS = ("--seal-key-file", "--seal-key-env")
+
+
+def _add_seal_key_options(command: argparse.ArgumentParser) -> None:
+    keyed = command.add_mutually_exclusive_group()
+    keyed.add_argument(
+        SEAL_KEY_FLAGS[0],
+        metavar="PATH",
+        default=None,
+        help="keyed seals: HMAC-SHA256 with the key in this file (run: seal new attempts with "
+        "it and reuse only attempts sealed with it; verify: refuse any seal it did not make)",
+    )
+    keyed.add_argument(
+        SEAL_KEY_FLAGS[1],
+        metavar="NAME",
+        default=None,
+        help=f"like {SEAL_KEY_FLAGS[0]}, with the key in environment variable NAME",
+    )
 
 
 def main(
@@ -96,6 +154,13 @@ def main(
     except BrokenPipeError:  # `plan ... | head`: the reader left; not an error of ours
         sys.stderr = open(os.devnull, "w")
         return ExitCode.OK
+    except OSError as exc:  # a file-system failure the store did not name: still one line
+        from pytest_logprob_drift.errors import StorageError
+
+        where = exc.filename if exc.filename is not None else "the file system"
+        error = StorageError(where, "complete the command", exc)
+        print(f"logprob-drift: error: {error.render()}", file=err)
+        return int(error.exit_code)
 
 
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -106,13 +171,23 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.command == "run":
         from pytest_logprob_drift.cli.run_cmd import run_command
 
-        return run_command(args, out, err)
+        with _seal_key(args):
+            return run_command(args, out, err)
     if args.command == "verify":
         from pytest_logprob_drift.cli.verify_cmd import verify_command
 
-        return verify_command(args, out)
+        with _seal_key(args):
+            return verify_command(args, out)
     if args.command == "report":
         from pytest_logprob_drift.cli.report_cmd import report_command
 
         return report_command(args, out)
     raise UsageError(f"unhandled command {args.command}")
+
+
+def _seal_key(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    """The seal key ``--seal-key-file``/``--seal-key-env`` name, active for the command."""
+    from pytest_logprob_drift.store.keys import load_seal_key, sealing_with
+
+    key = load_seal_key(file=args.seal_key_file, env=args.seal_key_env, flags=SEAL_KEY_FLAGS)
+    return sealing_with(key)

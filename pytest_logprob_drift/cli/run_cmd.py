@@ -1,8 +1,9 @@
 """The ``run`` command: plan, execute every case, print progress, the table and exit code.
 
 Owns wiring a config file and the CLI's execution policy (``--runtime``,
-``--allow-smoke-operators``, ``--expect``) to the runner, live progress lines, the final table
-(or ``--json``) and the exit code. Rendering only; the runner does the work. Imports torch
+``--allow-smoke-operators``, ``--expect``) to the runner, where vLLM's own logs go (a file
+under the run's ``engine-logs/``, or the terminal with ``-v``), live progress lines, the final
+table (or ``--json``) and the exit code. Rendering only; the runner does the work. Imports torch
 through it, so this module is loaded only for ``run``.
 """
 
@@ -13,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-from pytest_logprob_drift import plan_file
+from pytest_logprob_drift import divergence_text, plan_file
 from pytest_logprob_drift.attribution.sealed import SealedAttribution, attribute_and_seal
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
@@ -23,7 +24,13 @@ from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.outcomes import Expectation, parse_expectation
 from pytest_logprob_drift.plan.binding import ExecutionCase
+from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
 from pytest_logprob_drift.policy import assemble, render_error, render_issue
+from pytest_logprob_drift.runtimes.vllm.logs import (
+    engine_log_file,
+    restore_engine_logs,
+    route_engine_logs,
+)
 from pytest_logprob_drift.tables import render_table
 
 
@@ -54,6 +61,11 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(render_issue(issue, FLAGS), file=err)
     if execution_plan.has_errors:
         return ExitCode.USAGE_ERROR
+    planned = execution_plan.plan.cases
+    for unmatched in unmatched_expectations(expectations, planned):
+        raise UsageError(describe_unmatched("--expect", unmatched, planned))
+    engine_logs = Path(args.artifacts) / execution_plan.plan.experiment_id / "engine-logs"
+    previous_logs = route_engine_logs(None if args.engine_logs else engine_logs)
     with Runner(
         execution_plan,
         runtime=args.runtime,
@@ -92,7 +104,11 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         failures = [f"{ec.case.label}: {_failure_text(exc)}" for ec, exc in crashed]
         constructions = (runner.pool.rollout_constructions, runner.pool.training_constructions)
         run_dir = runner.store.directory
+    restore_engine_logs(previous_logs)
+    if (log := engine_log_file()) is not None and log.parent == engine_logs.resolve():
+        print(f"vLLM logs: {log} (-v shows them here)", file=err)
     attribution = attribute_run(run_dir, execution_plan.plan.experiment_id, results, err)
+    full_vocabulary = divergence_text.has_full_vocabulary([r.comparison for r in results])
     rows = [
         [
             r.case_id,
@@ -103,6 +119,7 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             _max_diff(r),
             "reused" if r.reused else ("new" if r.attempt_dir else "-"),
             "" if r.as_expected else f"expected {r.expected.value}",
+            *(divergence_text.cells(r.comparison) if full_vocabulary else []),
         ]
         for r in results
     ]
@@ -132,11 +149,15 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     "max|diff|",
                     "attempt",
                     "note",
+                    *(divergence_text.HEADERS if full_vocabulary else ()),
                 ],
                 rows,
             ),
             file=out,
         )
+        for r in results:
+            for line in divergence_text.lines(r.comparison):
+                print(f"{r.label}: {line}", file=out)
         print(
             f"engine constructions: rollout {constructions[0]}, training {constructions[1]}",
             file=out,
@@ -186,4 +207,9 @@ def _result_json(r: CaseResult) -> dict[str, Any]:
         "active_tokens": r.comparison.get("active_tokens"),
         "mismatches": r.comparison.get("mismatches"),
         "max_abs_diff": r.comparison.get("diagnostics", {}).get("max_abs_diff"),
+        **{
+            key: r.comparison["diagnostics"][key]
+            for key in ("full_vocabulary", "semantic_offset")
+            if key in r.comparison.get("diagnostics", {})
+        },
     }

@@ -1,9 +1,12 @@
 """The ``verify`` command: re-check every seal of a run and recompute every verdict offline.
 
-Owns printing ``store.verify``'s per-attempt statuses and each sealed attribution's check
+Owns printing ``store.verify``'s per-attempt statuses, the run's own files against their run
+seals (``experiment.json``, ``plan.jsonl``), and each sealed attribution's check
 (``attribution.sealed.verify_attribution``: its seal, the attempts it names, and the document
-recomputed from them) as a table or ``--json``, and the exit code (1 when any attempt or
-attribution is invalid). Knows nothing about engines.
+recomputed from them) as a table or ``--json``, and the exit code (1 when any attempt, run
+file or attribution is invalid). Under ``--seal-key-file``/``--seal-key-env`` (made active by
+the CLI) every seal must also carry a valid keyed MAC. Reads only: a read-only run verifies.
+Knows nothing about engines.
 """
 
 from __future__ import annotations
@@ -14,24 +17,27 @@ from pathlib import Path
 from typing import TextIO
 
 from pytest_logprob_drift.attribution.sealed import attribution_dirs, verify_attribution
-from pytest_logprob_drift.errors import ExitCode
-from pytest_logprob_drift.store.verify import verify_run
+from pytest_logprob_drift.errors import ExitCode, one_line
+from pytest_logprob_drift.store.verify import verify_run, verify_run_files
 from pytest_logprob_drift.tables import render_table
 
 
 def verify_command(args: argparse.Namespace, out: TextIO) -> int:
     run_dir = Path(args.run_dir)
     statuses = verify_run(run_dir)
+    run_files = verify_run_files(run_dir)
     attributions = [
         {"attribution_id": d.name, "problems": verify_attribution(run_dir, d)}
         for d in attribution_dirs(run_dir)
     ]
     bad = sum(1 for s in statuses if s.status == "invalid")
+    bad += sum(1 for f in run_files if f.status == "invalid")
     bad += sum(1 for a in attributions if a["problems"])
     if args.json:
         json.dump(
             {
                 "attempts": [s.to_json() for s in statuses],
+                "run_files": [f.to_json() for f in run_files],
                 "attributions": attributions,
                 "invalid": bad,
             },
@@ -51,6 +57,9 @@ def verify_command(args: argparse.Namespace, out: TextIO) -> int:
             ),
             file=out,
         )
+        for f in run_files:
+            detail = f": {one_line(f.detail)}" if f.detail else ""
+            print(f"run file {f.file}: {f.status}{detail}", file=out)
         for a in attributions:
             problems = a["problems"]
             state = f"invalid: {problems[0]}" if problems else "ok (recomputed, identical)"

@@ -6,7 +6,11 @@ rollout.dtype``) and what was expected; all faults of a document are reported to
 values stay raw here: aliases, the knob allowlist and capability rules belong to the planner.
 A config cannot carry execution mode, plan-only, expected outcomes, any authorization
 (``allow_*``/``authorize_*`` keys) or a threshold; those belong to the command line (execution
-policy) or the numerical contract. Knows nothing about torch.
+policy) or the numerical contract. Hostile text never escapes as a traceback: integers beyond 64
+bits, lone surrogates and nesting deeper than ``MAX_NESTING`` are JSON faults with their path;
+odd keys appear in paths as ``["..."]`` and every message renders as one line; and whatever
+execution would refuse (``config.limits``) is refused here, at its path. Knows nothing about
+torch.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pytest_logprob_drift.errors import ConfigError, ConfigErrors
+from pytest_logprob_drift.config import limits
+from pytest_logprob_drift.errors import ConfigError, ConfigErrors, json_member
 from pytest_logprob_drift.records import (
     CONFIG_SCHEMA_VERSION,
     BackendSelection,
     CheckpointIdentity,
     ExperimentConfig,
+    FullVocabularySpec,
     Intervention,
     MaskPolicy,
     OperatorSelection,
@@ -42,14 +48,16 @@ from pytest_logprob_drift.records import (
 E = TypeVar("E", bound=enum.Enum)
 
 # Keys that would let a config decide how it is executed or judged. Refused anywhere.
+_EXPECTED = "expected outcomes belong to the CLI or the plugin's options (SELECTOR=OUTCOME)"
 FORBIDDEN_KEYS: Mapping[str, str] = {
     "mode": "execution mode belongs to the CLI (plan/run), not the config",
     "execution_mode": "execution mode belongs to the CLI (plan/run), not the config",
-    "plan_only": "plan-only execution belongs to the CLI (`plan`) or `--drift-plan-only`",
-    "expected": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
-    "expect": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
-    "expected_outcome": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
-    "expected_outcomes": "expected outcomes belong to the CLI (`--expect SELECTOR=OUTCOME`)",
+    "plan_only": "plan-only execution belongs to the CLI (the `plan` command) or the plugin's "
+    "options",
+    "expected": _EXPECTED,
+    "expect": _EXPECTED,
+    "expected_outcome": _EXPECTED,
+    "expected_outcomes": _EXPECTED,
     "threshold": "the threshold is fixed by the numerical contract "
     "(contract_source/contract_version), not a config field",
     "fixed_threshold": "the threshold is fixed by the numerical contract "
@@ -87,6 +95,7 @@ TOP_LEVEL_KEYS = (
     "operators",
     "scenario",
     "description",
+    "diagnostics",
 )
 REQUIRED_TOP_LEVEL = (
     "schema_version",
@@ -148,7 +157,7 @@ def _object(
         if forbidden_reason(key) is not None:
             continue  # reported by the forbidden-key scan with its own message
         if key not in allowed:
-            c.fail(f"{path}.{key}", f"unknown key; expected one of: {', '.join(allowed)}")
+            c.fail(json_member(path, key), f"unknown key; expected one of: {', '.join(allowed)}")
     for key in required:
         if key not in value:
             c.fail(f"{path}.{key}", "missing required key")
@@ -170,9 +179,15 @@ def _typed(
         return default
     value = obj[key]
     if not check(value):
-        c.fail(f"{path}.{key}", f"expected {expected}, got {_type_name(value)} {value!r}")
+        c.fail(f"{path}.{key}", f"expected {expected}, got {_type_name(value)} {_shown(value)}")
         return None
     return value
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, shortened: a message names a value, it does not reproduce it."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _is_str(v: Any) -> bool:
@@ -220,21 +235,25 @@ def _enum(
     if raw is None:
         return default
     if raw not in choices:
-        c.fail(f"{path}.{key}", f"expected one of {', '.join(map(repr, choices))}, got {raw!r}")
+        c.fail(
+            f"{path}.{key}", f"expected one of {', '.join(map(repr, choices))}, got {_shown(raw)}"
+        )
         return default
     return enum_type(raw)
 
 
 def _scan_forbidden(c: _Collector, value: Any, path: str) -> None:
-    if isinstance(value, dict):
-        for key, child in value.items():
-            reason = forbidden_reason(key)
-            if reason is not None:
-                c.fail(f"{path}.{key}", f"not allowed in a config: {reason}")
-            _scan_forbidden(c, child, f"{path}.{key}")
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            _scan_forbidden(c, child, f"{path}[{index}]")
+    stack = [(value, path)]  # depth-first, in document order; iterative (no recursion limit)
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            for key in node:
+                reason = forbidden_reason(key)
+                if reason is not None:
+                    c.fail(json_member(where, key), f"not allowed in a config: {reason}")
+            stack.extend((child, json_member(where, key)) for key, child in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((node[i], f"{where}[{i}]") for i in reversed(range(len(node))))
 
 
 class _Rejected:
@@ -247,7 +266,7 @@ class _Rejected:
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
-        result[key] = _Rejected(f"duplicate key {key!r}") if key in result else value
+        result[key] = _Rejected(f"duplicate key {_shown(key)}") if key in result else value
     return result
 
 
@@ -255,38 +274,86 @@ def _reject_constant(name: str) -> Any:
     return _Rejected(f"{name} is not valid JSON")
 
 
-def _first_rejected(value: Any, path: str) -> tuple[str, str] | None:
-    if isinstance(value, _Rejected):
-        return path, value.message
-    children = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list)
-        else ()
-    )
-    for key, child in children:
-        found = _first_rejected(
-            child, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
-        )
-        if found is not None:
-            return found
+MAX_NESTING = 64
+"""Deepest nesting of arrays and objects a config may have (the schema needs 6)."""
+MAX_INT_DIGITS = 20
+"""Longest integer literal (digits) a config may hold: every integer the schema accepts fits
+64 bits, and Python refuses to convert literals of more than 4,300 digits."""
+
+
+def _parse_int(literal: str) -> Any:
+    digits = len(literal.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        return _Rejected(f"an integer literal of {digits} digits is out of range (at most 2**64)")
+    value = int(literal)
+    if not -(2**64) < value < 2**64:
+        return _Rejected(f"integer {value} is out of range (at most 2**64)")
+    return value
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate escape in ``text`` (not Unicode: cannot be hashed or written)."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return text[exc.start]
+    return None
+
+
+def _first_rejected(document: Any, root: str) -> tuple[str, str] | None:
+    """The first fault json.loads lets through, in document order: a duplicate key, NaN or
+    Infinity, an out-of-range integer, a lone surrogate (in a key or a string), nesting deeper
+    than MAX_NESTING. Iterative, so no document can exhaust the recursion limit."""
+    stack: list[tuple[Any, str, int]] = [(document, root, 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, _Rejected):
+            return path, value.message
+        if isinstance(value, str):
+            bad = _lone_surrogate(value)
+            if bad is not None:
+                return path, f"string holds the lone surrogate \\u{ord(bad):04x} (not Unicode)"
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth >= MAX_NESTING:
+            return path, f"nested deeper than {MAX_NESTING} levels"
+        if isinstance(value, dict):
+            for key in value:
+                bad = _lone_surrogate(key)
+                if bad is not None:
+                    return json_member(path, key), (
+                        f"key holds the lone surrogate \\u{ord(bad):04x} (not Unicode)"
+                    )
+            stack.extend(
+                (child, json_member(path, key), depth + 1) for key, child in reversed(value.items())
+            )
+        else:
+            stack.extend((value[i], f"{path}[{i}]", depth + 1) for i in reversed(range(len(value))))
     return None
 
 
 def parse_json_text(text: str, source: str) -> Any:
-    """Strict JSON: no duplicate keys, no NaN/Infinity; errors name the JSON path."""
+    """Strict JSON: no duplicate keys, no NaN/Infinity, integers within 64 bits, Unicode
+    strings only, at most MAX_NESTING levels; errors name the JSON path."""
     try:
         document = json.loads(
-            text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant
+            text,
+            object_pairs_hook=_reject_duplicate_keys,
+            parse_constant=_reject_constant,
+            parse_int=_parse_int,
         )
-        found = _first_rejected(document, "$")
     except json.JSONDecodeError as exc:
         raise ConfigError(
             "$", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=source
         ) from None
     except RecursionError:
-        raise ConfigError("$", "invalid JSON: nested too deeply", source=source) from None
+        raise ConfigError(
+            "$", f"invalid JSON: nested deeper than {MAX_NESTING} levels", source=source
+        ) from None
+    found = _first_rejected(document, "$")
     if found is not None:
         raise ConfigError(found[0], f"invalid JSON: {found[1]}", source=source)
     return document
@@ -299,7 +366,7 @@ def load_config(path: str | Path) -> ExperimentConfig:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("$", "config file not found", source=str(file)) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
         raise ConfigError("$", f"cannot read config file: {exc}", source=str(file)) from None
     return parse_config(parse_json_text(text, str(file)), source=str(file), base_dir=file.parent)
 
@@ -319,7 +386,7 @@ def parse_config(
     if schema_version is not None and schema_version != CONFIG_SCHEMA_VERSION:
         c.fail(
             "$.schema_version",
-            f"unknown schema_version {schema_version!r}; expected {CONFIG_SCHEMA_VERSION!r}",
+            f"unknown schema_version {_shown(schema_version)}; expected {CONFIG_SCHEMA_VERSION!r}",
         )
     experiment_id = _typed(
         c,
@@ -345,9 +412,18 @@ def parse_config(
     interventions = _interventions(c, top.get("interventions", []), "$.interventions")
     pairs = _pairs(c, top.get("pairs", []), "$.pairs")
     operators = _operators(c, top.get("operators", {}), "$.operators")
+    full_vocabulary = (
+        _diagnostics(c, top["diagnostics"], "$.diagnostics") if "diagnostics" in top else None
+    )
     scenario = _scenario(c, top.get("scenario"), "$.scenario") if "scenario" in top else None
     if strategy is Strategy.PAIRWISE and not pairs and "pairs" not in top:
         c.fail("$.pairs", "strategy 'pairwise' needs an explicit list of path pairs")
+    if experiment_id is not None:
+        fault = limits.experiment_id_fault(experiment_id)
+        if fault is not None:
+            c.fail("$.experiment_id", fault)
+    if identity is not None:
+        _execution_limits(c, identity)
 
     c.raise_if_any()
     assert identity is not None and scenario is not None and strategy is not None
@@ -365,9 +441,35 @@ def parse_config(
         interventions=interventions,
         pairs=pairs,
         operators=operators,
+        full_vocabulary=full_vocabulary,
         scenario=scenario,
         source=source,
     )
+
+
+def _execution_limits(c: _Collector, identity: ScoringIdentity) -> None:
+    """Refuse what execution would refuse (config.limits), at the JSON path that causes it."""
+    path = "$.identity"
+    prompts = identity.prompts
+    rows = prompts.token_ids
+    fault = limits.seed_fault(identity.sampling.seed, len(rows))
+    if fault is not None:
+        c.fail(f"{path}.sampling.seed", fault)
+    uri = identity.checkpoint.uri
+    known, fault = limits.checkpoint_limits(uri)
+    if fault is not None:
+        c.fail(f"{path}.checkpoint.uri", fault)
+    found = limits.token_fault(rows, uri, known.vocab_size)
+    if found is not None:
+        where = (
+            f"{path}.prompts.token_ids"
+            if prompts.source is None
+            else f"{path}.prompts.file<{Path(prompts.source).name}>"
+        )
+        c.fail(f"{where}{found[0]}", found[1])
+    fault = limits.context_fault(rows, identity.sampling.max_new_tokens, uri, known.max_positions)
+    if fault is not None:
+        c.fail(f"{path}.sampling.max_new_tokens", fault)
 
 
 def _is_safe_id(v: Any) -> bool:
@@ -504,7 +606,8 @@ def _token_rows(c: _Collector, value: Any, path: str) -> tuple[tuple[int, ...], 
             if not _is_nonneg_int(tok):
                 c.fail(
                     f"{path}[{i}][{j}]",
-                    f"expected a non-negative integer token id, got {_type_name(tok)} {tok!r}",
+                    f"expected a non-negative integer token id, got {_type_name(tok)} "
+                    f"{_shown(tok)}",
                 )
                 ok = False
         rows.append(tuple(row))
@@ -530,6 +633,9 @@ def _prompts(c: _Collector, value: Any, path: str, base_dir: Path | None) -> Pro
     except OSError as exc:
         c.fail(f"{path}.file", f"cannot read prompt file {str(file)!r}: {exc.strerror}")
         return None
+    except ValueError as exc:  # not UTF-8, or a NUL in the path
+        c.fail(f"{path}.file", f"cannot read prompt file {str(file)!r}: {exc}")
+        return None
     try:
         data = parse_json_text(text, str(file))
     except ConfigError as exc:
@@ -543,10 +649,15 @@ def _prompts(c: _Collector, value: Any, path: str, base_dir: Path | None) -> Pro
 
 def _sampling(c: _Collector, value: Any, path: str) -> SamplingSpec | None:
     obj = _object(
-        c, value, path, ("seed", "max_new_tokens", "temperature"), ("seed", "max_new_tokens")
+        c,
+        value,
+        path,
+        ("seed", "max_new_tokens", "temperature", "top_p", "top_k", "min_p"),
+        ("seed", "max_new_tokens"),
     )
     if obj is None:
         return None
+    truncation = _truncation(c, obj, path)
     seed = _typed(c, obj, "seed", path, _is_nonneg_int, "a non-negative integer")
     max_new = _typed(c, obj, "max_new_tokens", path, _is_pos_int, "a positive integer")
     temperature = _typed(
@@ -558,9 +669,43 @@ def _sampling(c: _Collector, value: Any, path: str) -> SamplingSpec | None:
         "a finite number >= 0",
         default=1.0,
     )
-    if seed is None or max_new is None or temperature is None:
+    if seed is None or max_new is None or temperature is None or truncation is None:
         return None
-    return SamplingSpec(seed=seed, max_new_tokens=max_new, temperature=float(temperature))
+    return SamplingSpec(
+        seed=seed, max_new_tokens=max_new, temperature=float(temperature), **truncation
+    )
+
+
+def _truncation(c: _Collector, obj: Mapping[str, Any], path: str) -> dict[str, Any] | None:
+    """The optional sampling truncation; absent means the sampler does not truncate by it
+    (so ``top_p`` 1 and ``min_p`` 0, which truncate nothing, are spelled by leaving them out)."""
+    top_p = _typed(
+        c,
+        obj,
+        "top_p",
+        path,
+        lambda v: _is_number(v) and 0 < v < 1,
+        "a number in (0, 1) (leave top_p out for no nucleus truncation)",
+    )
+    top_k = _typed(c, obj, "top_k", path, _is_pos_int, "a positive integer")
+    min_p = _typed(
+        c,
+        obj,
+        "min_p",
+        path,
+        lambda v: _is_number(v) and 0 < v < 1,
+        "a number in (0, 1) (leave min_p out for no min-p truncation)",
+    )
+    if any(
+        key in obj and value is None
+        for key, value in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p))
+    ):
+        return None
+    return {
+        "top_p": None if top_p is None else float(top_p),
+        "top_k": top_k,
+        "min_p": None if min_p is None else float(min_p),
+    }
 
 
 def _baseline(c: _Collector, value: Any, path: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -582,12 +727,12 @@ def _baseline(c: _Collector, value: Any, path: str) -> tuple[dict[str, Any], dic
                 continue
             if isinstance(raw, (dict, list)) or raw is None:
                 c.fail(
-                    f"{path}.{section}.{key}",
+                    json_member(f"{path}.{section}", key),
                     f"expected a string, integer or boolean knob value, got {_type_name(raw)}",
                 )
                 continue
             flat[f"{section}.{key}"] = raw
-            json_paths[f"{section}.{key}"] = f"{path}.{section}.{key}"
+            json_paths[f"{section}.{key}"] = json_member(f"{path}.{section}", key)
     return flat, json_paths
 
 
@@ -676,3 +821,32 @@ def _scenario(c: _Collector, value: Any, path: str) -> Scenario | None:
     if level is None or device is None:
         return None
     return Scenario(level=level, device=device)
+
+
+DIAGNOSTIC_LIMIT = 64
+"""Most top tokens or worst positions a full-vocabulary diagnostic may ask for."""
+
+
+def _diagnostics(c: _Collector, value: Any, path: str) -> FullVocabularySpec | None:
+    """``{"full_vocabulary": true | {"top_k": k, "worst_positions": w}}``: opt-in diagnostics
+    that never change a verdict (absent or false: none)."""
+    obj = _object(c, value, path, ("full_vocabulary",))
+    if obj is None or "full_vocabulary" not in obj:
+        return None
+    spec = obj["full_vocabulary"]
+    fpath = f"{path}.full_vocabulary"
+    if isinstance(spec, bool):
+        return FullVocabularySpec() if spec else None
+    body = _object(c, spec, fpath, ("top_k", "worst_positions"))
+    if body is None:
+        return None
+
+    def limited(v: Any) -> bool:
+        return _is_pos_int(v) and v <= DIAGNOSTIC_LIMIT
+
+    expected = f"a positive integer up to {DIAGNOSTIC_LIMIT}"
+    top_k = _typed(c, body, "top_k", fpath, limited, expected, default=5)
+    worst = _typed(c, body, "worst_positions", fpath, limited, expected, default=5)
+    if top_k is None or worst is None:
+        return None
+    return FullVocabularySpec(top_k=top_k, worst_positions=worst)

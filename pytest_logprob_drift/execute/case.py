@@ -3,7 +3,8 @@
 Owns the steps between "this case must run" and "its attempt is sealed": strict pre-checks
 (stale registry state, materialization), per-case operator resolution through a fresh
 ``OperatorSession``, rollout then read-only training scoring on engines from the
-fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, and
+fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, the
+opt-in full-vocabulary diagnostics (``execute.diagnostics``, sealed as ``divergence.pt``), and
 writing every payload before COMPLETE. Used by the runner. Knows no concrete runtime, no
 frontend, and nothing about which operator backends exist.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from pytest_logprob_drift.execute.diagnostics import DIVERGENCE_FILE, full_vocabulary
 from pytest_logprob_drift.execute.engine_pool import EnginePool
 from pytest_logprob_drift.execute.protocol import (
     BoundKernel,
@@ -25,8 +27,8 @@ from pytest_logprob_drift.execute.protocol import (
     RuntimeBinding,
     TrainingOutput,
     application_records,
+    expected_identity,
     merge_read_back,
-    side_identity,
     strict_violations,
 )
 from pytest_logprob_drift.outcomes import Outcome
@@ -217,7 +219,7 @@ def _judge(
     rollout, training = scored.rollout, scored.training
     if rollout is None or training is None:
         return _rejected(reasons, threshold), None
-    expected = side_identity(run.identity, checkpoint_digest=run.identity.checkpoint.digest)
+    expected = expected_identity(run.identity)
     violations = identity_violations(
         expected,
         rollout.identity,
@@ -301,6 +303,12 @@ def _write_attempt(
     }
     if numeric is not None:
         comparison["numerical"] = numeric
+    spec = run.binding.full_vocabulary
+    if spec is not None and rollout is not None and training is not None:
+        extra = full_vocabulary(spec, rollout, training)  # never changes the verdict
+        comparison["diagnostics"] = {**comparison["diagnostics"], **extra.entries}
+        if extra.tensors is not None:
+            writer.write_bytes(DIVERGENCE_FILE, tensor_bytes(extra.tensors))
     writer.write_json("comparison.json", comparison)
     if rollout is not None and training is not None:
         writer.write_bytes(

@@ -20,6 +20,7 @@ from pytest_logprob_drift.plan.binding import ExecutionCase, side_topology
 from pytest_logprob_drift.plan.knobs import knob_lifecycle
 from pytest_logprob_drift.records import (
     ApplicationStatus,
+    FullVocabularySpec,
     JSONScalar,
     KnobApplication,
     KnobValue,
@@ -45,8 +46,15 @@ ROLLOUT_KNOBS = (
     "rollout.dtype",
     "rollout.enable_prefix_caching",
     "rollout.enforce_eager",
+    "rollout.logprobs_mode",
 )
-TRAINING_KNOBS = ("training.attention_backend", "training.compute_dtype", "training.sharding")
+TRAINING_KNOBS = (
+    "training.attention_backend",
+    "training.compute_dtype",
+    "training.sharding",
+    "training.logprob_semantics",
+    "training.lm_head_dtype",
+)
 PROCESS_KNOBS = (
     "rollout.tensor_parallel_size",
     "rollout.context_parallel_size",
@@ -107,6 +115,9 @@ class RuntimeBinding:
     distributed_fingerprint: str
     rollout_construction_fingerprint: str
     training_construction_fingerprint: str
+    full_vocabulary: FullVocabularySpec | None = None
+    """Opt-in: both sides hand back their full next-token distributions at the active
+    positions (``full_vocab``), for the diagnostics only."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,6 +127,11 @@ class RolloutOutput:
 
     tensors: TensorBatch
     identity: Mapping[str, JSONScalar]
+    full_vocab: Any = None
+    """Only under ``RuntimeBinding.full_vocabulary``: ``[A, V]`` logits or logprobs (any float
+    dtype, ``-inf`` outside a truncated support) of the distribution each reported logprob was
+    taken from, one row per active position in row-major order of ``active_mask``; None when
+    not asked for or not available. Never sealed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +144,8 @@ class TrainingOutput:
     identity: Mapping[str, JSONScalar]
     readonly_violations: tuple[str, ...]
     evidence: Mapping[str, JSONScalar]
+    full_vocab: Any = None
+    """As ``RolloutOutput.full_vocab``, from the scorer's own logits."""
 
 
 class RolloutEngine(Protocol):
@@ -207,12 +225,35 @@ def side_identity(
     }
 
 
+def applied_sampling(
+    *, top_p: float | None, top_k: int | None, min_p: float | None
+) -> dict[str, JSONScalar]:
+    """The sampling truncation a side reports it applies (None: it does not truncate by it).
+    Identity validation compares it with the identity's ``sampling`` on both sides."""
+    return {"sampling_top_p": top_p, "sampling_top_k": top_k, "sampling_min_p": min_p}
+
+
+def expected_identity(identity: ScoringIdentity) -> dict[str, JSONScalar]:
+    """What both sides must report: the identity's own values (``side_identity`` with the
+    config's digest) and its sampling truncation."""
+    sampling = identity.sampling
+    return {
+        **side_identity(identity, checkpoint_digest=identity.checkpoint.digest),
+        **applied_sampling(top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p),
+    }
+
+
 def _fp(payload: Any) -> str:
     return sha256_hex(canonical_json(payload))[:16]
 
 
 def bind_case(
-    ec: ExecutionCase, *, runtime_kind: str, identity: ScoringIdentity, device: str
+    ec: ExecutionCase,
+    *,
+    runtime_kind: str,
+    identity: ScoringIdentity,
+    device: str,
+    full_vocabulary: FullVocabularySpec | None = None,
 ) -> RuntimeBinding:
     """Derive the backend-neutral binding and fingerprints from an operator-bound case."""
     requested = ec.case.requested
@@ -245,6 +286,9 @@ def bind_case(
     process_fp = _fp({"rollout": rollout_process, "training": training_process})
     distributed_fp = _fp({"process": process_fp, "topology": topology})
     checkpoint = canonical(identity.checkpoint)
+    # Full distributions change how an engine is built (vLLM: max_logprobs=-1): only then
+    # part of the fingerprints, so that experiments without them keep theirs.
+    extra = {} if full_vocabulary is None else {"full_vocabulary": True}
     rollout_fp = _fp(
         {
             "process": rollout_process,
@@ -252,6 +296,7 @@ def bind_case(
             "settings": rollout,
             "operator": bindings.get("rollout"),
             "checkpoint": checkpoint,
+            **extra,
         }
     )
     training_fp = _fp(
@@ -261,6 +306,7 @@ def bind_case(
             "settings": training,
             "operator": bindings.get("training"),
             "checkpoint": checkpoint,
+            **extra,
         }
     )
     return RuntimeBinding(
@@ -283,6 +329,7 @@ def bind_case(
         distributed_fingerprint=distributed_fp,
         rollout_construction_fingerprint=rollout_fp,
         training_construction_fingerprint=training_fp,
+        full_vocabulary=full_vocabulary,
     )
 
 

@@ -91,4 +91,10 @@ def execution_key_payload(
             "digest": contract.digest,
         },
         "environment": dict(sorted(environment.items())),
+        # Only when asked for: payloads (and keys) of experiments without it are unchanged.
+        **(
+            {}
+            if binding.full_vocabulary is None
+            else {"diagnostics": {"full_vocabulary": canonical(binding.full_vocabulary)}}
+        ),
     }

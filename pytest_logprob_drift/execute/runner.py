@@ -135,7 +135,11 @@ class Runner:
         if ec.case.case_id not in self._bindings:
             plan = self.plan.plan
             self._bindings[ec.case.case_id] = bind_case(
-                ec, runtime_kind=self.info.name, identity=plan.identity, device=plan.scenario.device
+                ec,
+                runtime_kind=self.info.name,
+                identity=plan.identity,
+                device=plan.scenario.device,
+                full_vocabulary=plan.full_vocabulary,
             )
         return self._bindings[ec.case.case_id]
 

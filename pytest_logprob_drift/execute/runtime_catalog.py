@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from pytest_logprob_drift.errors import ConfigError, UsageError
-from pytest_logprob_drift.execute.protocol import RuntimeAdapter
 from pytest_logprob_drift.records import RuntimeInfo, Scenario
 from pytest_logprob_drift.references import UnresolvedReference, resolve_reference
+
+if TYPE_CHECKING:  # planning (``plan``, collection) never needs the execution protocol
+    from pytest_logprob_drift.execute.protocol import RuntimeAdapter
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ runtimes exist.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_logprob_drift.errors import Remedy
@@ -174,14 +174,21 @@ def _explicit_mapping_conflicts(plan: ExperimentPlan, paths: Mapping[str, str]) 
     return conflicts
 
 
-@dataclass(slots=True, kw_only=True)
 class _Binder:
-    """Binds one side of one case at a time; reports each problem once per backend/path."""
+    """Binds one side of one case at a time; reports each problem once per backend/path.
+    (A plain class: creating a dataclass costs ``plan`` more at import than it saves.)"""
 
-    catalog: SemanticOperatorCatalog
-    device: str
-    issues: list[PlanIssue]
-    reported: set[tuple[str, str, str]] = field(default_factory=set)
+    __slots__ = ("catalog", "device", "fingerprints", "issues", "reported")
+
+    def __init__(
+        self, *, catalog: SemanticOperatorCatalog, device: str, issues: list[PlanIssue]
+    ) -> None:
+        self.catalog = catalog
+        self.device = device
+        self.issues = issues
+        self.reported: set[tuple[str, str, str]] = set()
+        self.fingerprints: dict[str, str] = {}
+        """Descriptor fingerprints by backend id, computed once per plan, not per case."""
 
     def _once(self, key: tuple[str, str, str], issue: PlanIssue) -> None:
         if key not in self.reported:
@@ -225,7 +232,8 @@ class _Binder:
             target=target,
             backend=backend,
             options=frozen_mapping(dict(options)),
-            descriptor_fingerprint=descriptor.fingerprint,
+            descriptor_fingerprint=self.fingerprints.get(backend)
+            or self.fingerprints.setdefault(backend, descriptor.fingerprint),
             version=descriptor.version,
             test_only=descriptor.test_only,
             source=source,

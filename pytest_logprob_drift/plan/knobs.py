@@ -1,6 +1,8 @@
 """The knob catalog: the exact allowlist, lifecycles, aliases and value normalization.
 
-Owns the ten allowlisted knob paths with their lifecycles and meanings, path and value aliases
+Owns the allowlisted knob paths (the contract's ten, then the sampling-semantics three:
+``rollout.logprobs_mode``, ``training.logprob_semantics``, ``training.lm_head_dtype``) with
+their lifecycles and meanings, path and value aliases
 (``rollout.tp``, ``bf16``, ``fa2``), normalizing a raw value into a canonical ``KnobValue``
 (``InvalidKnobValue`` otherwise), the dtypes and attention backends each device supports, and
 how a knob value is spelled in a case label. Knows nothing about configs, cases or runtimes.
@@ -17,6 +19,9 @@ from pytest_logprob_drift.records import Knob, KnobValue, Lifecycle
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 SHARDINGS = ("none", "fsdp")
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+LOGPROB_SEMANTICS = ("raw", "processed")
+LM_HEAD_DTYPES = ("float32", "compute")
 
 DEVICE_DTYPES: Mapping[str, tuple[str, ...]] = {
     "cpu": ("float32", "bfloat16", "float16"),
@@ -57,6 +62,15 @@ _SHARDING_ALIASES = {
     "full_shard": "fsdp",
     "fully_shard": "fsdp",
 }
+_LOGPROBS_MODE_ALIASES = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
+_SEMANTICS_ALIASES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
+_LM_HEAD_ALIASES = {
+    "fp32": "float32",
+    "f32": "float32",
+    "torch.float32": "float32",
+    "compute_dtype": "compute",
+    "model": "compute",
+}
 _BOOL_ALIASES = {"true": True, "false": False, "on": True, "off": False, "yes": True, "no": False}
 
 PATH_ALIASES: Mapping[str, str] = {
@@ -73,6 +87,9 @@ PATH_ALIASES: Mapping[str, str] = {
     "training.attn": "training.attention_backend",
     "training.attn_implementation": "training.attention_backend",
     "logp.impl": "logp.backend",
+    "rollout.logprob_mode": "rollout.logprobs_mode",
+    "training.semantics": "training.logprob_semantics",
+    "training.cast_lm_head_to_fp32": "training.lm_head_dtype",
 }
 
 
@@ -203,6 +220,32 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Training topology, such as unsharded or FSDP.",
         ),
         normalize=_choice(SHARDINGS, _SHARDING_ALIASES),
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="rollout.logprobs_mode",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="Rollout-reported logprobs: of the raw logits, or of the processed logits "
+            "it samples from (temperature and truncation renormalization).",
+        ),
+        normalize=_choice(LOGPROBS_MODES, _LOGPROBS_MODE_ALIASES),
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="training.logprob_semantics",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="Whether the trainer applies the sampler's temperature and truncation "
+            "renormalization before the log-softmax.",
+        ),
+        normalize=_choice(LOGPROB_SEMANTICS, _SEMANTICS_ALIASES),
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="training.lm_head_dtype",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="Training LM head and logits in float32, or in training.compute_dtype.",
+        ),
+        normalize=_choice(LM_HEAD_DTYPES, _LM_HEAD_ALIASES),
     ),
 )
 KNOBS: Mapping[str, KnobSpec] = {spec.knob.path: spec for spec in KNOB_CATALOG}

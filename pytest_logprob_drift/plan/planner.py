@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pytest_logprob_drift.config.contract import resolve_contract
-from pytest_logprob_drift.errors import ConfigError
+from pytest_logprob_drift.errors import ConfigError, Remedy
 from pytest_logprob_drift.plan.knobs import (
     DEVICE_ATTENTION,
     DEVICE_DTYPES,
@@ -108,9 +108,15 @@ class _Issues:
             PlanIssue(severity=IssueSeverity.ERROR, code=code, path=path, message=message)
         )
 
-    def warning(self, code: str, path: str, message: str) -> None:
+    def warning(self, code: str, path: str, message: str, remedy: Remedy | None = None) -> None:
         self.items.append(
-            PlanIssue(severity=IssueSeverity.WARNING, code=code, path=path, message=message)
+            PlanIssue(
+                severity=IssueSeverity.WARNING,
+                code=code,
+                path=path,
+                message=message,
+                remedy=remedy,
+            )
         )
 
 
@@ -166,8 +172,9 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
         issues.warning(
             "PAIRS_IGNORED",
             "$.pairs",
-            "pairs are listed but strategy is "
-            "one_at_a_time and --pairwise was not given; no pairwise cases planned",
+            "pairs are listed but strategy is one_at_a_time and pairwise planning was not "
+            "asked for; no pairwise cases planned",
+            remedy=Remedy.EXPAND_PAIRS,
         )
 
     # The cap is checked arithmetically, before any expansion accumulates.
@@ -199,6 +206,7 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
         cases=tuple(cases),
         issues=tuple(issues.items),
         operators=config.operators,
+        full_vocabulary=config.full_vocabulary,
     )
 
 

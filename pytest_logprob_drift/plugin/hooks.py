@@ -3,13 +3,15 @@
 Owns the hook implementations of the logprob-drift plugin and nothing else: registering the
 options and hookspecs, configuring a session (markers, validated options, the ``-k`` rewrite,
 adding ``--drift-config`` files to the collection), collecting experiment files, tagging
-reports, status words, and closing runners at session end. Each hook delegates to the module
-that owns the work: ``options``, ``session``, ``items``, ``reporting``, ``xdist``. Importing
-this module never imports torch.
+reports, status words, closing runners at session end and writing the ``--drift-report``
+page. Each hook delegates to the module that owns the work: ``options``, ``session``,
+``items``, ``reporting``, ``xdist``, ``drift_report``. Importing this module never imports
+torch.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections import Counter
 from collections.abc import Generator
 from pathlib import Path
@@ -17,8 +19,14 @@ from pathlib import Path
 import pytest
 
 from pytest_logprob_drift.plan.knobs import KNOBS
+from pytest_logprob_drift.plugin.drift_report import write_drift_reports
 from pytest_logprob_drift.plugin.hookspecs import DriftHookSpecs
-from pytest_logprob_drift.plugin.items import DriftCaseItem, DriftConfigFile
+from pytest_logprob_drift.plugin.items import (
+    DriftCaseItem,
+    DriftCollectionErrors,
+    DriftConfigFile,
+    check_configs,
+)
 from pytest_logprob_drift.plugin.options import (
     add_options,
     keyword_for_labels,
@@ -37,6 +45,17 @@ from pytest_logprob_drift.plugin.session import (
     seal_attributions,
 )
 from pytest_logprob_drift.policy import runtime_catalog
+from pytest_logprob_drift.runtimes.vllm.logs import (
+    EngineLogPolicy,
+    restore_engine_logs,
+    route_engine_logs,
+)
+from pytest_logprob_drift.store.keys import SealKey, activate, deactivate
+
+SEAL_KEY_TOKEN = pytest.StashKey[contextvars.Token[SealKey | None]]()
+ENGINE_LOGS_KEY = pytest.StashKey[EngineLogPolicy | None]()
+"""The engine-log policy this session replaced, put back at unconfigure."""
+"""Restores the seal key that was active before this session (``store.keys``)."""
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -58,11 +77,17 @@ def pytest_configure(config: pytest.Config) -> None:
     runtimes = runtime_catalog()
     options, added = resolve_options(config, runtimes)
     config.stash[OPTIONS_KEY] = options
+    config.stash[SEAL_KEY_TOKEN] = activate(options.seal_key)
+    if options.runtime is not None:  # vLLM's own logs: a file under the artifacts by default
+        config.stash[ENGINE_LOGS_KEY] = route_engine_logs(
+            None if options.engine_logs else options.artifacts / "engine-logs"
+        )
     config.stash[RUNTIMES_KEY] = runtimes
     config.stash[RUNNERS_KEY] = {}
     config.stash[RESULTS_KEY] = {}
     config.stash[CONSTRUCTIONS_KEY] = Counter()
     config.pluginmanager.register(OutcomeCounter(config), "logprob-drift-outcomes")
+    config.pluginmanager.register(DriftCollectionErrors(config), "logprob-drift-collection")
     if config.pluginmanager.hasplugin("xdist"):
         from pytest_logprob_drift.plugin.xdist import XdistConstructions, XdistGroupIds
 
@@ -77,6 +102,20 @@ def pytest_configure(config: pytest.Config) -> None:
             config.args.append(str(config_path.resolve()))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # xdist workers: the controller checked
+        check_configs(session.config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    token = config.stash.get(SEAL_KEY_TOKEN, None)
+    if token is not None:
+        deactivate(token)
+    if ENGINE_LOGS_KEY in config.stash:  # process-wide: never outlive this session
+        restore_engine_logs(config.stash[ENGINE_LOGS_KEY])
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> DriftConfigFile | None:
     options = parent.config.stash.get(OPTIONS_KEY, None)
     if options is not None and options.configs and file_path.resolve() in options.configs:
@@ -88,6 +127,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     seal_attributions(session.config)
     counts = close_runners(session.config)
     workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is None:  # the controller (or a run without xdist) writes --drift-report
+        write_drift_reports(session.config)
     if workeroutput is not None and counts:
         from pytest_logprob_drift.plugin.xdist import WORKEROUTPUT_CONSTRUCTIONS
 

@@ -4,7 +4,10 @@ Owns turning one experiment config into collectors and items (deterministic, sor
 order so every xdist worker collects the same items), node ids that carry the experiment id and
 the case label (``exp.json::s0-cpu-smoke::batch.size=1``), markers for scenario level and
 changed knob, running an item through the shared runner (the same code path as the CLI), and a
-failure text that shows the evidence instead of a traceback. Planning binds operators against
+failure text that shows the evidence instead of a traceback. Also what a session refuses before
+anything is collected (two configs with one experiment id, a ``--drift-expect`` that selects no
+case) and the exit status of a config that cannot be planned (a one-line collection error: 2,
+under xdist too). Planning binds operators against
 the session's catalog (``plugin.session``), the one the runner executes with. Importing this
 module never imports torch; the runner is imported when the first case executes.
 """
@@ -18,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_logprob_drift import plan_file
-from pytest_logprob_drift.errors import DriftError
+from pytest_logprob_drift import divergence_text, plan_file
+from pytest_logprob_drift.errors import DriftError, one_line
 from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
 from pytest_logprob_drift.outcomes import Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
@@ -56,7 +59,9 @@ class DriftConfigFile(pytest.File):
         )
         errors = [i for i in execution_plan.issues if i.severity.value == "error"]
         if errors:
-            raise DriftCollectionError("; ".join(f"{self.path}: {i.render()}" for i in errors))
+            raise DriftCollectionError(
+                one_line("; ".join(f"{self.path}: {i.render()}" for i in errors))
+            )
         yield DriftExperiment.from_parent(
             self, name=execution_plan.plan.experiment_id, execution_plan=execution_plan
         )
@@ -68,12 +73,73 @@ class DriftConfigFile(pytest.File):
                 if isinstance(excinfo.value, DriftError)
                 else str(excinfo.value)
             )
-            return f"{self.path}: {text}" if str(self.path) not in text else text
+            return one_line(f"{self.path}: {text}" if str(self.path) not in text else text)
         return super().repr_failure(excinfo)
 
 
 class DriftCollectionError(Exception):
     pass
+
+
+class DriftCollectionErrors:
+    """Makes a drift config that cannot be planned end the session with pytest's collection
+    error status (2) under xdist too, where the controller only sees the workers' reports and
+    would exit 1."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.failed = False
+
+    def _is_drift_config(self, nodeid: str) -> bool:
+        configs = self.config.stash[OPTIONS_KEY].configs
+        return (self.config.rootpath / nodeid.split("::", 1)[0]).resolve() in configs
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed and self._is_drift_config(report.nodeid):
+            self.failed = True
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.failed and session.exitstatus == pytest.ExitCode.TESTS_FAILED:
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+
+
+def check_configs(config: pytest.Config) -> None:
+    """Refuse, before anything is collected or executed, what would make a session silently
+    wrong: two configs with one ``experiment_id`` (they would share ``runs/<experiment_id>/``)
+    and a ``--drift-expect`` selector that matches no planned case. Case ids and labels come
+    from the planner alone (no operator catalog, so no conftest is needed yet); configs that do
+    not plan are left to collection, which reports them."""
+    from pytest_logprob_drift.config.loader import load_config
+    from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
+    from pytest_logprob_drift.plan.planner import plan_experiment
+    from pytest_logprob_drift.records import Case
+
+    options = config.stash[OPTIONS_KEY]
+    owners: dict[str, Path] = {}
+    cases: list[Case] = []
+    complete = True
+    for path in options.configs:
+        try:
+            plan = plan_experiment(load_config(path), pairwise=options.pairwise)
+        except DriftError:
+            complete = False
+            continue
+        complete = complete and not any(i.severity.value == "error" for i in plan.issues)
+        other = owners.setdefault(plan.experiment_id, path)
+        if other != path:
+            raise pytest.UsageError(
+                one_line(
+                    f"--drift-config {path}: experiment_id {plan.experiment_id!r} is also the "
+                    f"experiment_id of {other}; both would write runs/{plan.experiment_id}/: "
+                    "give each config its own experiment_id"
+                )
+            )
+        cases.extend(plan.cases)
+    if complete and options.configs:
+        for expectation in unmatched_expectations(options.expectations, cases):
+            raise pytest.UsageError(
+                one_line(describe_unmatched("--drift-expect", expectation, cases))
+            )
 
 
 class DriftExperiment(pytest.Collector):
@@ -233,6 +299,7 @@ def render_evidence(result: CaseResult) -> str:
                 f"{w['rollout_logprob']:>15.6f}  {w['training_logprob']:>16.6f}  "
                 f"{w['abs_diff']:.3e}"
             )
+    lines.extend(divergence_text.lines(c))
     for violation in c.get("identity_violations", []):
         lines.append(f"identity: {violation}")
     records = c.get("records", [])

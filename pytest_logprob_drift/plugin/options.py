@@ -20,8 +20,12 @@ import pytest
 from pytest_logprob_drift.errors import Remedy, UsageError
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.outcomes import Expectation, parse_expectation
+from pytest_logprob_drift.store.keys import SealKey, load_seal_key
 
-FLAGS: Mapping[Remedy, str] = {Remedy.AUTHORIZE_TEST_OPERATORS: "--drift-allow-smoke-operators"}
+FLAGS: Mapping[Remedy, str] = {
+    Remedy.AUTHORIZE_TEST_OPERATORS: "--drift-allow-smoke-operators",
+    Remedy.EXPAND_PAIRS: "--drift-pairwise",
+}
 """How the plugin spells each execution-policy remedy."""
 
 
@@ -37,6 +41,12 @@ class DriftOptions:
     expectations: tuple[Expectation, ...]
     pairwise: bool
     baseline_repeats: int = 1
+    report: Path | None = None
+    """Where the HTML report of each executed experiment goes at session end (None: none)."""
+    engine_logs: bool = False
+    """Show vLLM's own logs on the terminal instead of a file under the artifacts."""
+    seal_key: SealKey | None = None
+    """The keyed-seal key (``--drift-seal-key-file``/``--drift-seal-key-env``), if any."""
 
 
 def marker_name(text: str) -> str:
@@ -103,7 +113,39 @@ def add_options(parser: pytest.Parser, runtime_names: Sequence[str]) -> None:
         help="execute each baseline N times with the same engines: the attribution's "
         "run-to-run noise floor (default 1)",
     )
+    group.addoption(
+        "--drift-report",
+        default=None,
+        metavar="PATH",
+        help="at session end write the HTML report of the executed experiment there "
+        "(never overwritten; with several experiments, one file each: PATH's stem + -<id>)",
+    )
+    group.addoption(
+        "--drift-engine-logs",
+        action="store_true",
+        default=None,
+        help="show vLLM's own logs on the terminal (default: ARTIFACTS/engine-logs/)",
+    )
+    group.addoption(
+        "--drift-seal-key-file",
+        default=None,
+        metavar="PATH",
+        help="keyed seals: HMAC-SHA256 with the key in this file (new attempts are sealed "
+        "with it; only attempts sealed with it are reused)",
+    )
+    group.addoption(
+        "--drift-seal-key-env",
+        default=None,
+        metavar="NAME",
+        help="like --drift-seal-key-file, with the key in environment variable NAME",
+    )
+    parser.addini("drift_seal_key_file", default="", help="default --drift-seal-key-file")
+    parser.addini("drift_seal_key_env", default="", help="default --drift-seal-key-env")
     parser.addini("drift_baseline_repeats", default="1", help="default --drift-baseline-repeats")
+    parser.addini("drift_report", default="", help="default --drift-report")
+    parser.addini(
+        "drift_engine_logs", type="bool", default=False, help="default --drift-engine-logs"
+    )
     parser.addini(
         "drift_config",
         type="paths",
@@ -184,8 +226,28 @@ def resolve_options(
         expectations=expectations,
         pairwise=bool(_option(config, "pairwise")),
         baseline_repeats=_baseline_repeats(_option(config, "baseline_repeats")),
+        report=(invocation / report).resolve() if (report := _option(config, "report")) else None,
+        engine_logs=bool(_option(config, "engine_logs")),
+        seal_key=_seal_key(config),
     )
     return options, added
+
+
+def _seal_key(config: pytest.Config) -> SealKey | None:
+    file = config.getoption("drift_seal_key_file")
+    env = config.getoption("drift_seal_key_env")
+    if file is None and env is None:  # a flag overrides both ini keys
+        file, env = config.getini("drift_seal_key_file"), config.getini("drift_seal_key_env")
+    if file:
+        file = str(config.invocation_params.dir / file)
+    try:
+        return load_seal_key(
+            file=file or None,
+            env=env or None,
+            flags=("--drift-seal-key-file", "--drift-seal-key-env"),
+        )
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _baseline_repeats(raw: object) -> int:

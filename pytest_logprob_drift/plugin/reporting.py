@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_logprob_drift.attribution.analysis import rank_key
+from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.attribution.text import HEADERS, rows
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plugin.session import CONSTRUCTIONS_KEY, SEALED_KEY

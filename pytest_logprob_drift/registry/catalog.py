@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib.metadata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -22,6 +21,7 @@ from typing import Any
 
 from pytest_logprob_drift.errors import ConfigError
 from pytest_logprob_drift.records import Lifecycle, canonical_json, frozen_mapping, sha256_hex
+from pytest_logprob_drift.registry import entry_points
 
 ENTRY_POINT_GROUP = "pytest_logprob_drift.operators"
 SELECTED_LOGPROB = "selected_logprob"
@@ -170,10 +170,8 @@ def entry_point_items(group: str, what: str, *, name: str | None = None) -> list
     """Every item the providers of ``group`` (or only its entry ``name``) return, in entry
     name order; a provider that cannot be loaded is a ConfigError naming it."""
     found: list[Any] = []
-    selected = importlib.metadata.entry_points(group=group)
-    for entry_point in sorted(
-        selected if name is None else selected.select(name=name), key=lambda ep: ep.name
-    ):
+    selected = [ep for ep in entry_points.select(group) if name is None or ep.name == name]
+    for entry_point in sorted(selected, key=lambda ep: ep.name):
         try:
             provider = entry_point.load()
             items = list(provider())

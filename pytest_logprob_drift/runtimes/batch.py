@@ -84,3 +84,20 @@ def canonical_batch(
         "prompt_lengths": prompt_lengths,
         "position_ids": positions,
     }
+
+
+def active_rows(steps: Sequence[Sequence[torch.Tensor]], active: torch.Tensor) -> torch.Tensor:
+    """The per-sample decode-step rows (``steps[i][t]``: the ``[V]`` distribution the ``t``-th
+    generated token of sample ``i`` was drawn from) at the active positions of the canonical
+    batch, stacked ``[A, V]`` in row-major order of ``active`` (a sample's active positions are
+    its first generated tokens)."""
+    rows: list[torch.Tensor] = []
+    for i, sample in enumerate(steps):
+        count = int(active[i].sum())
+        if count > len(sample):
+            raise ValueError(f"sample {i} has {count} active positions but {len(sample)} steps")
+        rows.extend(sample[:count])
+    if not rows:
+        width = next((len(s[0]) for s in steps if s), 0)
+        return torch.zeros((0, width), dtype=torch.float32)
+    return torch.stack([r.detach().cpu() for r in rows])

@@ -1,9 +1,12 @@
 """Resume and offline verification of sealed attempts.
 
 Owns deciding whether an existing attempt may stand in for executing a case again: the seal is
-intact (every file's SHA-256, nothing unsealed), the execution key equals the current one, the
-tensor payloads load with ``weights_only=True`` from the exact bytes that were hashed, and the
-verdict recomputed offline from ``token_diffs.pt`` alone agrees with ``comparison.json``.
+intact (every file's SHA-256, nothing unsealed, plain names only, no symbolic links; under a
+seal key its MAC verifies), the execution key equals the current one, the tensor payloads load
+with ``weights_only=True`` from the exact bytes that were hashed (each byte read and hashed
+once), ``token_diffs.pt`` holds exactly the logprobs and mask of ``score_rollout.pt`` and
+``score_training.pt``, and the verdict recomputed offline from it agrees with
+``comparison.json``.
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
 still be reused. Used by the runner, ``store.verify`` and the report. Never writes anything;
 knows nothing about engines or runtimes.
@@ -21,12 +24,28 @@ from typing import Any
 import torch
 
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.store.artifacts import Seal, SealError, execution_key, read_seal
+from pytest_logprob_drift.store.artifacts import (
+    NotRegularFileError,
+    Seal,
+    SealError,
+    execution_key,
+    read_regular,
+    read_seal,
+)
+from pytest_logprob_drift.store.divergence_check import DIVERGENCE_FILE, check_divergence
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 from pytest_logprob_drift.verdict import judge
 
 TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
 TOKEN_DIFF_KEYS = {"training_logprobs", "rollout_logprobs", "active_mask", "threshold"}
+JSON_FILES = ("requested.json", "materialized.json", "actual.json", "identity.json")
+TENSOR_FILES = ("score_rollout.pt", "score_training.pt", "token_diffs.pt")
+CROSS_CHECKS = (
+    ("rollout_logprobs", "score_rollout.pt", "logprobs"),
+    ("active_mask", "score_rollout.pt", "active_mask"),
+    ("training_logprobs", "score_training.pt", "logprobs"),
+)
+"""``token_diffs.pt`` tensors and the scored tensor each must equal bit for bit."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,11 +59,29 @@ class CheckedAttempt:
         return Outcome(self.comparison["outcome"])
 
 
-def load_sealed_tensors(directory: Path, name: str, seal: Seal) -> dict[str, torch.Tensor]:
-    """Load a sealed ``.pt`` from the very bytes whose digest is checked; tensors only."""
-    data = (directory / name).read_bytes()
+def _sealed_bytes(directory: Path, name: str, seal: Seal) -> bytes:
+    """The bytes of sealed file ``name``: those ``read_seal`` kept (already hashed), else read
+    now (a regular file only) and checked against the seal."""
+    if name in seal.contents:
+        return seal.contents[name]
+    if name not in seal.files:
+        raise SealError(name, "required file is not sealed")
+    try:
+        data = read_regular(directory / name)
+    except FileNotFoundError:
+        raise SealError(name, "sealed file is missing") from None
+    except NotRegularFileError as exc:
+        raise SealError(name, f"{exc.strerror}; refused") from None
+    except OSError as exc:
+        raise SealError(name, f"unreadable: {exc.strerror or exc}") from None
     if hashlib.sha256(data).hexdigest() != seal.files.get(name):
         raise SealError(name, "SHA-256 does not match the seal (tampered or corrupt)")
+    return data
+
+
+def load_sealed_tensors(directory: Path, name: str, seal: Seal) -> dict[str, torch.Tensor]:
+    """Load a sealed ``.pt`` from the very bytes whose digest is checked; tensors only."""
+    data = _sealed_bytes(directory, name, seal)
     try:
         return tensors_from_bytes(data)
     except TensorFormatError as exc:
@@ -52,16 +89,41 @@ def load_sealed_tensors(directory: Path, name: str, seal: Seal) -> dict[str, tor
 
 
 def load_sealed_json(directory: Path, name: str, seal: Seal) -> dict[str, Any]:
-    data = (directory / name).read_bytes()
-    if hashlib.sha256(data).hexdigest() != seal.files.get(name):
-        raise SealError(name, "SHA-256 does not match the seal (tampered or corrupt)")
+    data = _sealed_bytes(directory, name, seal)
     try:
         document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise SealError(name, f"invalid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise SealError(name, "expected a JSON object")
     return document
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal dtype, shape and bytes (NaN equals the same NaN; -0.0 differs from 0.0)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(
+        torch.equal(
+            a.detach().cpu().contiguous().reshape(-1).view(torch.uint8),
+            b.detach().cpu().contiguous().reshape(-1).view(torch.uint8),
+        )
+    )
+
+
+def cross_check(diffs: dict[str, torch.Tensor], scored: dict[str, dict[str, torch.Tensor]]) -> None:
+    """``token_diffs.pt`` must hold exactly what the two sides scored: a SealError naming the
+    first tensor that differs."""
+    for key, name, source in CROSS_CHECKS:
+        tensors = scored[name]
+        if source not in tensors:
+            raise SealError(name, f"has no {source!r} tensor to cross-check token_diffs.pt with")
+        if not _same_bits(diffs[key], tensors[source]):
+            raise SealError(
+                "token_diffs.pt",
+                f"{key} differs from {name}'s {source} (the verdict's input is not what was "
+                "scored)",
+            )
 
 
 def recompute(directory: Path, seal: Seal) -> dict[str, Any]:
@@ -71,6 +133,8 @@ def recompute(directory: Path, seal: Seal) -> dict[str, Any]:
         raise SealError(
             "token_diffs.pt", f"expected tensors {sorted(TOKEN_DIFF_KEYS)}, found {sorted(diffs)}"
         )
+    if diffs["threshold"].numel() != 1:
+        raise SealError("token_diffs.pt", "threshold must be a single number")
     threshold = float(diffs["threshold"].item())
     verdict = judge(
         diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"], threshold
@@ -85,7 +149,7 @@ def recompute(directory: Path, seal: Seal) -> dict[str, Any]:
 
 def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttempt:
     """Raise SealError naming the file at fault unless the attempt is complete and consistent."""
-    seal = read_seal(directory)
+    seal = read_seal(directory, keep=("comparison.json", *JSON_FILES, *TENSOR_FILES))
     if expected_key is not None and seal.execution_key != expected_key:
         raise SealError(
             "COMPLETE",
@@ -99,7 +163,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         raise SealError("comparison.json", "missing or unknown outcome") from None
     if comparison.get("case_id") != seal.case_id:
         raise SealError("comparison.json", "case id differs from the seal")
-    for name in ("requested.json", "materialized.json", "actual.json", "identity.json"):
+    for name in JSON_FILES:
         if name not in seal.files:
             raise SealError(name, "required file is not sealed")
         document = load_sealed_json(directory, name, seal)
@@ -115,11 +179,20 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
     if outcome in TENSOR_OUTCOMES and not has_tensors:
         raise SealError("token_diffs.pt", f"required for outcome {outcome.value} but not sealed")
     if has_tensors:
+        scored = {}
         for name in ("score_rollout.pt", "score_training.pt"):
             if name not in seal.files:
                 raise SealError(name, "required file is not sealed")
-            load_sealed_tensors(directory, name, seal)
+            scored[name] = load_sealed_tensors(directory, name, seal)
         numeric = recompute(directory, seal)
+        diffs = load_sealed_tensors(directory, "token_diffs.pt", seal)
+        cross_check(diffs, scored)
+        full = DIVERGENCE_FILE in seal.files
+        check_divergence(
+            comparison,
+            load_sealed_tensors(directory, DIVERGENCE_FILE, seal) if full else None,
+            diffs,
+        )
         recorded = comparison.get("numerical", {})
         for key in ("outcome", "mismatches", "active_tokens", "threshold"):
             if recorded.get(key) != numeric[key]:

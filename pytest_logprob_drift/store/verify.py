@@ -2,17 +2,35 @@
 
 Owns walking every attempt of a run and classifying it: ``ok`` (seal intact, every verdict
 recomputed from the sealed tensors agrees), ``incomplete`` (never sealed; resume ignores it) or
-``invalid`` (naming the file at fault). Reads through ``store.resume``'s checks only and never
-writes anything. Knows nothing about engines, runtimes or how results are printed.
+``invalid`` (naming the file at fault); and checking the run's own files against their run
+seals (``experiment.json`` and every sealed prefix of ``plan.jsonl``; rows appended after the
+last seal are ``incomplete``). Reads through ``store.resume``'s checks only and never writes
+anything, so a read-only run verifies. Knows nothing about engines, runtimes or how results
+are printed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pytest_logprob_drift.errors import UsageError
-from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
+from pytest_logprob_drift.errors import StorageError, UsageError
+from pytest_logprob_drift.store.artifacts import (
+    COMPLETE,
+    EXPERIMENT_FILE,
+    MAX_SEAL_BYTES,
+    PLAN_FILE,
+    SEALS_DIR,
+    SealError,
+    check_mac,
+    iter_attempt_dirs,
+    parse_plan_log,
+    read_regular,
+    run_seals,
+)
 from pytest_logprob_drift.store.resume import check_attempt
 
 
@@ -38,8 +56,110 @@ class AttemptStatus:
 
 
 def require_run_dir(run_dir: Path) -> None:
-    if not (run_dir / "cases").is_dir():
+    try:
+        is_run = (run_dir / "cases").is_dir()
+    except OSError as exc:  # e.g. permission denied on a parent
+        raise StorageError(run_dir, "read it", exc) from None
+    if not is_run:
         raise UsageError(f"{run_dir}: not a run directory (no cases/ inside)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFileStatus:
+    """A run-level file (``experiment.json``, ``plan.jsonl``, a run seal) and its status."""
+
+    file: str
+    status: str
+    """``ok``, ``incomplete`` or ``invalid``."""
+    detail: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        entry = {"file": self.file, "status": self.status}
+        if self.detail:
+            entry["detail"] = self.detail
+        return entry
+
+
+def _regular(path: Path) -> bytes | None:
+    try:
+        return read_regular(path)
+    except FileNotFoundError:
+        return None
+
+
+def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
+    """``experiment.json`` and ``plan.jsonl`` against every run seal (oldest first): each seal
+    must hold the digest of experiment.json and of the plan's first ``bytes`` bytes (so a
+    rewrite of anything already sealed is invalid); what follows the last seal is incomplete."""
+    require_run_dir(run_dir)
+    try:
+        experiment = _regular(run_dir / EXPERIMENT_FILE)
+        plan = _regular(run_dir / PLAN_FILE) or b""
+        seals = run_seals(run_dir)
+    except OSError as exc:  # NotRegularFileError included
+        name = Path(str(exc.filename or EXPERIMENT_FILE)).name
+        return [RunFileStatus(file=name, status="invalid", detail=f"unreadable: {exc}")]
+    statuses: list[RunFileStatus] = []
+    if experiment is None:
+        statuses.append(RunFileStatus(file=EXPERIMENT_FILE, status="invalid", detail="missing"))
+    if not seals:
+        statuses.append(
+            RunFileStatus(
+                file=SEALS_DIR,
+                status="incomplete",
+                detail="experiment.json and plan.jsonl are not sealed (no run seal yet)",
+            )
+        )
+    digest = hashlib.sha256()
+    hashed = 0
+    for length, path in seals:
+        checked = _seal_problem(path, experiment)
+        problem = checked if isinstance(checked, str) else None
+        if isinstance(checked, dict):  # the seal document: check the plan prefix it seals
+            if length > len(plan):
+                problem = f"plan.jsonl has {len(plan)} bytes, the seal covers {length}: truncated"
+            else:
+                digest.update(plan[hashed:length])
+                hashed = length
+                if checked["plan.jsonl"] != {"bytes": length, "sha256": digest.hexdigest()}:
+                    problem = (
+                        f"plan.jsonl's first {length} bytes do not match the seal "
+                        "(rewritten after it was sealed)"
+                    )
+        name = f"{SEALS_DIR}/{path.name}"
+        if problem is None:
+            statuses.append(RunFileStatus(file=name, status="ok"))
+        else:
+            statuses.append(RunFileStatus(file=name, status="invalid", detail=problem))
+    notes = parse_plan_log(plan).notes(Path(PLAN_FILE))
+    sealed = seals[-1][0] if seals else len(plan)
+    if len(plan) > sealed:
+        notes.insert(0, f"{len(plan) - sealed} byte(s) after the last run seal are not sealed")
+    status = "incomplete" if notes else "ok"
+    statuses.append(RunFileStatus(file=PLAN_FILE, status=status, detail="; ".join(notes)))
+    return statuses
+
+
+def _seal_problem(path: Path, experiment: bytes | None) -> str | dict[str, Any]:
+    """Why a run seal is not valid for ``experiment``, or its document when it is."""
+    try:
+        document = json.loads(read_regular(path, limit=MAX_SEAL_BYTES))
+    except (OSError, ValueError, RecursionError) as exc:
+        return f"unreadable: {exc}"
+    keys = set(document) if isinstance(document, dict) else set()
+    if not (
+        isinstance(document, dict)
+        and keys in ({"experiment.json", "plan.jsonl"}, {"experiment.json", "plan.jsonl", "mac"})
+        and isinstance(document["plan.jsonl"], dict)
+    ):
+        return "malformed run seal"
+    try:
+        check_mac(document, path.name)
+    except SealError as exc:
+        return exc.message
+    if experiment is None or document["experiment.json"] != hashlib.sha256(experiment).hexdigest():
+        return "experiment.json does not match the seal (rewritten after it was sealed)"
+    return document
 
 
 def verify_run(run_dir: Path) -> list[AttemptStatus]:

@@ -31,7 +31,7 @@ from pytest_logprob_drift.execute.protocol import (
 )
 from pytest_logprob_drift.execute.readonly import ReadOnlyGuard, state_digest
 from pytest_logprob_drift.records import ApplicationStatus, JSONScalar, KnobValue, ScoringIdentity
-from pytest_logprob_drift.runtimes.batch import canonical_batch
+from pytest_logprob_drift.runtimes.batch import active_rows, canonical_batch
 
 VOCAB = 64
 HIDDEN = 32
@@ -47,6 +47,9 @@ INHERENT: Mapping[str, KnobValue] = {
     "rollout.enable_prefix_caching": False,
     "rollout.enforce_eager": True,
     "training.sharding": "none",
+    "rollout.logprobs_mode": "raw_logprobs",
+    "training.logprob_semantics": "raw",
+    "training.lm_head_dtype": "compute",
 }
 
 
@@ -68,7 +71,11 @@ class SyntheticCausalModel(torch.nn.Module):
         counts = attention_mask.to(self.embed.dtype).cumsum(-1).clamp(min=1).unsqueeze(-1)
         prefix_mean = emb.cumsum(1) / counts
         hidden = torch.tanh(emb + prefix_mean) * self.scale
-        logits: torch.Tensor = hidden @ self.head
+        # One (T, H) @ (H, V) product per sequence, never one over the whole batch: BLAS picks
+        # its kernel (and so its rounding) by the product's shape, so a batched product could
+        # round a sample differently for another batch size on some CPUs. Per sequence, a
+        # sample's logits are bitwise the same for every batch size, on any CPU.
+        logits: torch.Tensor = torch.stack([sequence @ self.head for sequence in hidden])
         return logits
 
     def step(
@@ -99,6 +106,7 @@ class SyntheticRollout:
         self.model = SyntheticCausalModel().to(DTYPES[self.dtype_name]).eval()
         self.last_chunk = 0
         self.backend_used = ""
+        self.full_vocabulary = binding.full_vocabulary is not None
 
     def generate(
         self, identity: ScoringIdentity, *, batch_size: int, logp: LogpKernel | None
@@ -109,20 +117,26 @@ class SyntheticRollout:
         self.backend_used = backend_of(logp)
         prompts = identity.prompts.token_ids
         rows: list[tuple[list[int], list[int], list[float]]] = []
+        steps: list[list[torch.Tensor]] = []
         self.last_chunk = batch_size
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start : start + batch_size]
             for offset, prompt in enumerate(chunk):
-                rows.append(self._sample_one(list(prompt), start + offset, identity, kernel))
+                steps.append([])
+                rows.append(
+                    self._sample_one(list(prompt), start + offset, identity, kernel, steps[-1])
+                )
+        tensors = canonical_batch(
+            [p for p, _, _ in rows],
+            [(r, lp) for _, r, lp in rows],
+            PAD_ID,
+            eos_token_id=EOS_ID,
+            mask_policy=identity.mask_policy,
+        )
         return RolloutOutput(
-            tensors=canonical_batch(
-                [p for p, _, _ in rows],
-                [(r, lp) for _, r, lp in rows],
-                PAD_ID,
-                eos_token_id=EOS_ID,
-                mask_policy=identity.mask_policy,
-            ),
+            tensors=tensors,
             identity=_side_identity(identity),
+            full_vocab=active_rows(steps, tensors["active_mask"]) if self.full_vocabulary else None,
         )
 
     @torch.no_grad()
@@ -132,6 +146,7 @@ class SyntheticRollout:
         index: int,
         identity: ScoringIdentity,
         kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        steps: list[torch.Tensor],
     ) -> tuple[list[int], list[int], list[float]]:
         sampling = identity.sampling
         generator = torch.Generator().manual_seed(sampling.seed * 1_000_003 + index)
@@ -150,6 +165,8 @@ class SyntheticRollout:
                 probs = torch.softmax(logits.float() / sampling.temperature, -1)
                 token = int(torch.multinomial(probs, 1, generator=generator))
             logprobs.append(float(kernel(logits.unsqueeze(0), torch.tensor([token]))[0]))
+            if self.full_vocabulary:
+                steps.append(logits)
             response.append(token)
             if token == EOS_ID:
                 break
@@ -179,6 +196,7 @@ class StatelessScorer:
         self.model = SyntheticCausalModel().to(DTYPES[self.dtype_name]).eval()
         self.last_chunk = 0
         self.backend_used = ""
+        self.full_vocabulary = binding.full_vocabulary is not None
 
     def score(
         self,
@@ -198,6 +216,7 @@ class StatelessScorer:
         )
         guard = ReadOnlyGuard(self.model, kv_cache_allowed=identity.training_kv_cache)
         out = torch.zeros(token_ids.shape, dtype=torch.float32)
+        full: list[torch.Tensor] = []
         self.last_chunk = batch_size
         with guard.watch():
             params = {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
@@ -207,6 +226,8 @@ class StatelessScorer:
                     logits = self.forward(params, token_ids[rows], attention[rows])
                 scores = kernel(logits[:, :-1], token_ids[rows, 1:])
                 out[rows, 1:] = scores * active[rows, 1:]
+                if self.full_vocabulary:
+                    full.append(logits[:, :-1][active[rows, 1:]])
             self.inside_guard()
         return TrainingOutput(
             logprobs=self.output(out, active),
@@ -219,6 +240,7 @@ class StatelessScorer:
                 "model_state_digest": state_digest(self.model),
                 "forward_calls": guard.forward_calls,
             },
+            full_vocab=torch.cat(full) if self.full_vocabulary and full else None,
         )
 
     def inputs(self, rollout: TensorBatch) -> dict[str, torch.Tensor]:
@@ -246,9 +268,9 @@ class StatelessScorer:
         dtype = str(self.model.embed.dtype).removeprefix("torch.")
         return {
             "training.compute_dtype": dtype,
-            "training.sharding": "none",
             "batch.size": self.last_chunk,
             "logp.backend": self.backend_used,
+            **{k: v for k, v in INHERENT.items() if k.startswith("training.")},
         }
 
     def close(self) -> None:

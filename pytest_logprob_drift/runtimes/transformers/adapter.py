@@ -38,6 +38,8 @@ from pytest_logprob_drift.execute.protocol import (
 from pytest_logprob_drift.execute.readonly import ReadOnlyGuard, state_digest
 from pytest_logprob_drift.plan.binding import FSDP_WORLD_SIZE
 from pytest_logprob_drift.records import ApplicationStatus, JSONScalar, KnobValue, ScoringIdentity
+from pytest_logprob_drift.runtimes.batch import active_rows
+from pytest_logprob_drift.runtimes.sampling import Truncation
 from pytest_logprob_drift.runtimes.tiny_model import (
     CheckpointError,
     ResolvedCheckpoint,
@@ -83,7 +85,66 @@ def materialize_training(path: str, value: KnobValue) -> Materialized | None:
         return applied(
             value, f"FSDP2 fully_shard over {FSDP_WORLD_SIZE} torch.distributed rank processes"
         )
+    if path == "training.logprob_semantics":
+        if value == "processed":
+            return applied(
+                value,
+                "the trainer divides the logits by the sampling temperature and applies the "
+                "sampler's min_p/top_k/top_p truncation before the log-softmax",
+            )
+        return applied(value, "log-softmax of the raw logits")
+    if path == "training.lm_head_dtype":
+        if value == "float32":
+            return applied(
+                value,
+                "an untied float32 copy of the LM head; the final hidden states are upcast on "
+                "their way in, so the logits are float32",
+            )
+        return applied(value, "the LM head runs in training.compute_dtype")
     return None
+
+
+SHARDED_UNSUPPORTED: Mapping[str, KnobValue] = {
+    "training.logprob_semantics": "processed",
+    "training.lm_head_dtype": "float32",
+}
+"""Training values the FSDP rank processes do not implement (the in-process scorer does)."""
+
+
+def refuse_sharded(
+    requested: Mapping[str, KnobValue], materialized: dict[str, Materialized]
+) -> dict[str, Materialized]:
+    """Under ``training.sharding=fsdp``, the values only the in-process scorer implements are
+    unsupported (strict execution rejects them)."""
+    if requested.get("training.sharding") != "fsdp":
+        return materialized
+    for path, value in SHARDED_UNSUPPORTED.items():
+        if requested.get(path) == value:
+            materialized[path] = unsupported(
+                path, value, "not implemented by the FSDP rank processes"
+            )
+    return materialized
+
+
+def lm_head_knob(head_dtype: str, body_dtype: str, requested: str) -> str:
+    """The ``training.lm_head_dtype`` value a live LM head dtype shows: ``float32`` or
+    ``compute``; with a float32 body both are true, and the request's spelling is kept."""
+    if head_dtype == body_dtype == "float32":
+        return requested
+    if head_dtype == body_dtype:
+        return "compute"
+    return head_dtype
+
+
+def sampling_truncation(identity: ScoringIdentity) -> Truncation:
+    return Truncation.of(identity.sampling)
+
+
+def reported_sampling(truncation: Truncation) -> dict[str, JSONScalar]:
+    """The truncation a transformers side applies, as identity validation reads it."""
+    return runtime.applied_sampling(
+        top_p=truncation.top_p, top_k=truncation.top_k, min_p=truncation.min_p
+    )
 
 
 def resolve_identity_checkpoint(identity: ScoringIdentity) -> ResolvedCheckpoint:
@@ -127,8 +188,11 @@ class HfRollout:
             dtype=str(binding.rollout.get("dtype", "float32")),
             attn_implementation=ROLLOUT_ATTENTION,
         )
+        self.logprobs_mode = str(binding.rollout.get("logprobs_mode", hf_engine.LOGPROBS_MODE))
+        self.full_vocabulary = binding.full_vocabulary is not None
         self.batch_size = 0
         self.backend_used = ""
+        self.mode_used = ""
 
     def generate(
         self, identity: ScoringIdentity, *, batch_size: int, logp: LogpKernel | None
@@ -137,6 +201,8 @@ class HfRollout:
         self.batch_size = batch_size
         self.backend_used = backend_of(logp)
         sampling = identity.sampling
+        truncation = sampling_truncation(identity)
+        steps: list[list[torch.Tensor]] | None = [] if self.full_vocabulary else None
         tensors = hf_engine.hf_rollout(
             self.model,
             identity.prompts.token_ids,
@@ -148,8 +214,19 @@ class HfRollout:
             batch_size=batch_size,
             logp_fn=logp or hf_engine.native_selected_logprob,
             mask_policy=identity.mask_policy,
+            truncation=truncation,
+            logprobs_mode=self.logprobs_mode,
+            steps=steps,
         )
-        return RolloutOutput(tensors=tensors, identity=side_identity(identity, self.checkpoint))
+        self.mode_used = self.logprobs_mode
+        return RolloutOutput(
+            tensors=tensors,
+            identity={
+                **side_identity(identity, self.checkpoint),
+                **reported_sampling(truncation),
+            },
+            full_vocab=None if steps is None else active_rows(steps, tensors["active_mask"]),
+        )
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         live = hf_engine.read_back(self.model)
@@ -160,6 +237,7 @@ class HfRollout:
             "logp.backend": self.backend_used,
             **HF_INHERENT,
             "rollout.tensor_parallel_size": world,
+            "rollout.logprobs_mode": self.mode_used,
         }
 
     def close(self) -> None:
@@ -175,6 +253,9 @@ class HfTrainingScorer:
         self.dtype = str(binding.training.get("compute_dtype", "float32"))
         self.attention = str(binding.training.get("attention_backend", "sdpa"))
         self.sharded = binding.training.get("sharding", "none") == "fsdp"
+        self.semantics = str(binding.training.get("logprob_semantics", "raw"))
+        self.lm_head_dtype = str(binding.training.get("lm_head_dtype", "compute"))
+        self.full_vocabulary = binding.full_vocabulary is not None
         self.model: Any = None
         self.group: FsdpScorerGroup | None = None
         if self.sharded:
@@ -187,11 +268,17 @@ class HfTrainingScorer:
             )
         else:
             self.model = hf_engine.load_model(
-                self.checkpoint.path, dtype=self.dtype, attn_implementation=self.attention
+                self.checkpoint.path,
+                dtype=self.dtype,
+                attn_implementation=self.attention,
+                lm_head_dtype=self.lm_head_dtype,
             )
         self.batch_size = 0
         self.backend_used = ""
+        self.semantics_used = ""
         self.evidence: dict[str, Any] = {}
+        self._truncation = Truncation(temperature=1.0)
+        self._full: list[torch.Tensor] | None = None
 
     def score(
         self,
@@ -203,20 +290,29 @@ class HfTrainingScorer:
     ) -> TrainingOutput:
         self.batch_size = batch_size
         self.backend_used = backend_of(logp)
+        self._truncation = sampling_truncation(identity)
+        self._full = [] if self.full_vocabulary and self.group is None else None
         consumed = {k: rollout[k] for k in hf_engine.SCORER_KEYS}
         if self.group is not None:
             logprobs, violations = self._score_sharded(self.group, consumed, batch_size, logp)
+            self.semantics_used = "raw"
         else:
             logprobs, violations = self._score_here(identity, consumed, batch_size, logp)
+            self.semantics_used = self.semantics
+        full, self._full = self._full, None
         return TrainingOutput(
             logprobs=logprobs,
             consumed=consumed,
-            identity=side_identity(identity, self.checkpoint),
+            identity={
+                **side_identity(identity, self.checkpoint),
+                **reported_sampling(self._truncation),
+            },
             readonly_violations=violations,
             evidence={
                 k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
                 for k, v in self.evidence.items()
             },
+            full_vocab=torch.cat(full) if full else None,
         )
 
     def _score_sharded(
@@ -267,6 +363,8 @@ class HfTrainingScorer:
             batch,
             batch_size=batch_size,
             logp_fn=logp or hf_engine.native_selected_logprob,
+            processed=self._truncation if self.semantics == "processed" else None,
+            full_vocab=self._full,
         )
 
     def read_back(self) -> Mapping[str, JSONScalar]:
@@ -276,17 +374,21 @@ class HfTrainingScorer:
             dtype = str(ev.get("param_dtype", ""))
             attention = str(ev.get("attn_implementation", ""))
             sharding = "fsdp" if ev.get("fsdp") == "fully_shard" and world > 1 else "none"
+            head = dtype  # the rank processes load (and check) an LM head in compute dtype
         else:
             live = hf_engine.read_back(self.model)
-            dtype, attention, sharding = (
+            dtype, attention, sharding, head = (
                 str(live["param_dtype"]),
                 str(live["attn_implementation"]),
                 "none",
+                str(live["lm_head_dtype"]),
             )
         return {
             "training.compute_dtype": dtype,
             "training.attention_backend": attention,
             "training.sharding": sharding,
+            "training.logprob_semantics": self.semantics_used,
+            "training.lm_head_dtype": lm_head_knob(head, dtype, self.lm_head_dtype),
             "batch.size": self.batch_size,
             "logp.backend": self.backend_used,
         }
@@ -315,10 +417,13 @@ class TransformersTrainingAdapter(abc.ABC):
         return self._checkpoints[key]
 
     def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
-        return {
-            path: materialize_training(path, value) or self.materialize_rollout(path, value)
-            for path, value in requested.items()
-        }
+        return refuse_sharded(
+            requested,
+            {
+                path: materialize_training(path, value) or self.materialize_rollout(path, value)
+                for path, value in requested.items()
+            },
+        )
 
     @abc.abstractmethod
     def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
@@ -346,6 +451,14 @@ class HfAdapter(TransformersTrainingAdapter):
             return applied(value, "from_pretrained(dtype=...) for the rollout model")
         if path == "logp.backend":
             return applied(value, "the bound kernel scores the raw logits on both sides")
+        if path == "rollout.logprobs_mode":
+            if value == "processed_logprobs":
+                return applied(
+                    value,
+                    "the rollout reports the logprobs of the processed logits it samples from "
+                    "(temperature, min_p/top_k/top_p truncation, renormalized)",
+                )
+            return applied(value, "the rollout reports the logprobs of the raw logits")
         if path in HF_INHERENT and HF_INHERENT[path] == value:
             return applied(value, "the only value transformers generation has here")
         return unsupported(path, value, "transformers generation cannot apply it")

@@ -29,6 +29,7 @@ from pytest_logprob_drift.runtimes.batch import (
     canonical_batch,
     validate_rollout_request,
 )
+from pytest_logprob_drift.runtimes.sampling import Truncation, processed_logits
 from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_bars, tf
 
 __all__ = [
@@ -62,7 +63,11 @@ DTYPES: Final[Mapping[str, torch.dtype]] = {
 }
 ATTN_IMPLEMENTATIONS: Final = ("eager", "sdpa", "flex_attention")
 LOGPROBS_MODE: Final = "raw_logprobs"
-"""What the rollout reports: logprobs of the raw logits (before temperature), as vLLM names it."""
+"""What the rollout reports by default: logprobs of the raw logits (before temperature), as vLLM
+names it."""
+LOGPROBS_MODES: Final = ("raw_logprobs", "processed_logprobs")
+"""What the rollout can report: the raw logits' logprobs, or those of the processed logits it
+samples from (temperature and truncation applied, ``runtimes.sampling``), as vLLM names them."""
 
 NATIVE_LOGP: Final = f"{__name__}:native_selected_logprob"
 REFERENCE_LOGP: Final = f"{__name__}:reference_selected_logprob"
@@ -113,12 +118,27 @@ def _model_device(model: Any) -> torch.device:
     return torch.device("cpu")
 
 
+LM_HEAD_DTYPES: Final = ("float32", "compute")
+"""The LM head (and so the logits) in float32, or in the model's compute dtype."""
+
+
+def _lm_head(model: Any) -> Any:
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if callable(get) else None
+
+
 def read_back(model: Any) -> dict[str, object]:
-    """What the live model actually has (never what was asked for)."""
+    """What the live model actually has (never what was asked for): ``param_dtype`` is the
+    body's (every parameter but the LM head's), ``lm_head_dtype`` the LM head weight's."""
     params = list(model.parameters())
-    dtypes = sorted({dtype_name(p.dtype) for p in params})
+    head = _lm_head(model)
+    head_ids = {id(p) for p in head.parameters()} if head is not None else set()
+    body = [p for p in params if id(p) not in head_ids] or params
+    dtypes = sorted({dtype_name(p.dtype) for p in body})
+    head_weight = getattr(head, "weight", None)
     return {
         "param_dtype": dtypes[0] if len(dtypes) == 1 else ",".join(dtypes),
+        "lm_head_dtype": dtype_name(head_weight.dtype) if head_weight is not None else "none",
         "attn_implementation": str(model.config._attn_implementation),
         "device": str(params[0].device) if params else "none",
         "num_parameters": int(sum(p.numel() for p in params)),
@@ -137,10 +157,33 @@ def check_dtype_and_attention(dtype: str, attn_implementation: str) -> None:
         )
 
 
+def _float32_lm_head(model: Any) -> None:
+    """The LM head in float32 while the body keeps its dtype (TRL's ``cast_lm_head_to_fp32``):
+    an untied float32 copy of the head weight, and the final hidden states upcast on their
+    way in, so the logits are computed and returned in float32."""
+    head = _lm_head(model)
+    if head is None or not isinstance(getattr(head, "weight", None), torch.nn.Parameter):
+        raise ValueError("the model has no LM head weight to cast to float32")
+    head.weight = torch.nn.Parameter(head.weight.detach().float().clone(), requires_grad=False)
+    if getattr(head, "bias", None) is not None:
+        head.bias = torch.nn.Parameter(head.bias.detach().float().clone(), requires_grad=False)
+
+    def upcast(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (args[0].float(), *args[1:])
+
+    head.register_forward_pre_hook(upcast)
+
+
 def load_model(
-    model_dir: Path, *, dtype: str, attn_implementation: str, device: str = "cpu"
+    model_dir: Path,
+    *,
+    dtype: str,
+    attn_implementation: str,
+    device: str = "cpu",
+    lm_head_dtype: str = "compute",
 ) -> Any:
-    """Load a local checkpoint in eval mode with exactly this dtype and attention implementation.
+    """Load a local checkpoint in eval mode with exactly this dtype and attention implementation
+    (and, with ``lm_head_dtype="float32"``, a float32 LM head).
 
     Raises ValueError naming the offending value for an unknown dtype or attention
     implementation, for a combination this device cannot run, and when the live model does not
@@ -168,6 +211,10 @@ def load_model(
             f"cannot load {model_dir} with dtype {dtype!r} and attn_implementation "
             f"{attn_implementation!r}: {exc}"
         ) from exc
+    if lm_head_dtype not in LM_HEAD_DTYPES:
+        raise ValueError(f"lm_head_dtype must be one of {', '.join(LM_HEAD_DTYPES)}")
+    if lm_head_dtype == "float32" and dtype != "float32":
+        _float32_lm_head(model)
     model.to(torch_device)
     model.eval()
     actual = read_back(model)
@@ -175,6 +222,11 @@ def load_model(
         raise ValueError(
             f"model loaded with dtype {actual['param_dtype']!r} and attn_implementation "
             f"{actual['attn_implementation']!r}, requested {dtype!r} and {attn_implementation!r}"
+        )
+    want_head = "float32" if lm_head_dtype == "float32" else dtype
+    if actual["lm_head_dtype"] not in (want_head, "none"):
+        raise ValueError(
+            f"model loaded with an LM head in {actual['lm_head_dtype']!r}, expected {want_head!r}"
         )
     return model
 
@@ -188,8 +240,11 @@ def sample_seed(seed: int, sample_index: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def _sample(logits: Tensor, generators: Sequence[torch.Generator], temperature: float) -> Tensor:
-    """One token per row: greedy at temperature 0, else Gumbel-max with the row's generator.
+def _sample(
+    logits: Tensor, processed: Tensor, generators: Sequence[torch.Generator], temperature: float
+) -> Tensor:
+    """One token per row: greedy at temperature 0, else Gumbel-max over the ``processed``
+    logits (temperature and truncation applied) with the row's generator.
 
     The noise is drawn on CPU from each sample's own generator (a fixed amount per step), so a
     sample's token stream depends only on its seed and its logits, never on its batch mates.
@@ -203,7 +258,7 @@ def _sample(logits: Tensor, generators: Sequence[torch.Generator], temperature: 
             for g in generators
         ]
     ).to(logits.device)
-    return (logits.float() / temperature + noise).argmax(dim=-1)
+    return (processed + noise).argmax(dim=-1)
 
 
 def _left_padded(
@@ -244,6 +299,11 @@ class _Decoding:
     eos_token_id: int
     pad_token_id: int
     logp_fn: LogpFn
+    truncation: Truncation
+    logprobs_mode: str = LOGPROBS_MODE
+    steps: list[list[Tensor]] | None = None
+    """When given: per sample, the distribution each generated token's logprob was taken from
+    (raw logits, or the float32 processed logits), one ``[V]`` row per step."""
 
 
 def _rollout_chunk(
@@ -260,12 +320,16 @@ def _rollout_chunk(
     done = [False] * len(prompts)
     last_pos = positions[:, -1:]
     for step in range(how.max_new_tokens):
-        tokens = _sample(logits, generators, how.temperature)
-        logps = _selected(how.logp_fn, logits, tokens).cpu()
+        processed = processed_logits(logits, how.truncation)
+        tokens = _sample(logits, processed, generators, how.temperature)
+        reported = processed if how.logprobs_mode == "processed_logprobs" else logits
+        logps = _selected(how.logp_fn, reported, tokens).cpu()
         for i, token in enumerate(tokens.cpu().tolist()):
             if not done[i]:
                 generated[i][0].append(int(token))
                 generated[i][1].append(float(logps[i]))
+                if how.steps is not None:
+                    how.steps[first_index + i].append(reported[i].cpu())
                 done[i] = token == how.eos_token_id
         if all(done) or step == how.max_new_tokens - 1:
             break
@@ -287,6 +351,9 @@ def hf_rollout(
     batch_size: int,
     logp_fn: LogpFn,
     mask_policy: MaskPolicy = MaskPolicy.RESPONSE_THROUGH_EOS,
+    truncation: Truncation | None = None,
+    logprobs_mode: str = LOGPROBS_MODE,
+    steps: list[list[Tensor]] | None = None,
 ) -> dict[str, Tensor]:
     """Sample responses on the KV-cache decode path; return the canonical batch (on CPU).
 
@@ -294,12 +361,20 @@ def hf_rollout(
     one token per step through a ``DynamicCache``. Sample ``i`` draws from its own generator
     seeded by ``sample_seed(seed, i)``; ``temperature == 0`` is greedy. A sample stops after its
     first EOS (which is kept, and scored unless ``mask_policy`` is ``response_before_eos``).
-    The reported logprob of each sampled token is
-    ``logp_fn(raw step logits, token)`` in the model's native logits dtype (``LOGPROBS_MODE``).
+    Tokens are drawn from the processed logits (``truncation``: temperature, min_p, top_k,
+    top_p; ``runtimes.sampling``). The reported logprob of each sampled token is
+    ``logp_fn(raw step logits, token)`` in the model's native logits dtype under
+    ``raw_logprobs`` (``LOGPROBS_MODE``), ``logp_fn(processed logits, token)`` under
+    ``processed_logprobs``. ``steps``, when given (a list), receives per sample the rows of the
+    distribution each reported logprob was taken from.
     """
     validate_rollout_request(
         prompts, batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature
     )
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}")
+    if steps is not None:
+        steps[:] = [[] for _ in prompts]
     how = _Decoding(
         seed=seed,
         max_new_tokens=max_new_tokens,
@@ -307,6 +382,9 @@ def hf_rollout(
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         logp_fn=logp_fn,
+        truncation=truncation or Truncation(temperature=float(temperature)),
+        logprobs_mode=logprobs_mode,
+        steps=steps,
     )
     responses: list[tuple[list[int], list[float]]] = []
     with torch.inference_mode():
@@ -350,14 +428,24 @@ def validate_canonical_batch(batch: Mapping[str, Tensor]) -> None:
 
 
 def hf_teacher_forced_score(
-    model: Any, batch: Mapping[str, Tensor], *, batch_size: int, logp_fn: LogpFn
+    model: Any,
+    batch: Mapping[str, Tensor],
+    *,
+    batch_size: int,
+    logp_fn: LogpFn,
+    processed: Truncation | None = None,
+    full_vocab: list[Tensor] | None = None,
 ) -> Tensor:
     """Read-only teacher-forced scoring of the canonical batch; float32 ``[B, L]`` on CPU.
 
     One forward per right-padded chunk of ``batch_size`` rows (trimmed to the chunk's longest
     row) with the batch's attention mask and position ids and ``use_cache=False``; the logits
-    at ``t - 1`` score ``token_ids[:, t]``. Values at active positions, 0.0 elsewhere. Never
-    generates, never touches an optimizer, never changes the model's train/eval mode.
+    at ``t - 1`` score ``token_ids[:, t]``. Values at active positions, 0.0 elsewhere. With
+    ``processed`` the scored logits are first processed like the sampler's (temperature and
+    truncation renormalization, ``runtimes.sampling``), otherwise they are the raw logits.
+    ``full_vocab``, when given (a list), receives the scored ``[V]`` rows of the active
+    positions, one ``[A_chunk, V]`` tensor per chunk in row-major order. Never generates, never
+    touches an optimizer, never changes the model's train/eval mode.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -380,9 +468,14 @@ def hf_teacher_forced_score(
                 position_ids=batch["position_ids"][start:stop, :length].to(device),
                 use_cache=False,
             )
-            logp = _selected(logp_fn, out.logits[:, :-1, :], ids[:, 1:]).cpu()
+            scored = out.logits[:, :-1, :]
+            if processed is not None:
+                scored = processed_logits(scored, processed)
+            logp = _selected(logp_fn, scored, ids[:, 1:]).cpu()
             active = batch["active_mask"][start:stop, 1:length].cpu()
             result[start:stop, 1:length] = torch.where(active, logp, torch.zeros_like(logp))
+            if full_vocab is not None:
+                full_vocab.append(scored[active.to(scored.device)].cpu())
     if model.training != mode:
         raise RuntimeError("the training scorer changed the model's train/eval mode")
     return result

@@ -16,7 +16,6 @@ built), nor about comparison, verdicts or artifacts.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -25,9 +24,11 @@ from pytest_logprob_drift.execute.protocol import (
     Materialized,
     RolloutOutput,
     RuntimeBinding,
+    applied_sampling,
     backend_of,
 )
 from pytest_logprob_drift.records import JSONScalar, KnobValue, ScoringIdentity
+from pytest_logprob_drift.runtimes.batch import active_rows
 from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, special_token_ids
 from pytest_logprob_drift.runtimes.transformers.adapter import (
     TransformersTrainingAdapter,
@@ -35,17 +36,18 @@ from pytest_logprob_drift.runtimes.transformers.adapter import (
     side_identity,
     unsupported,
 )
+from pytest_logprob_drift.runtimes.vllm.logs import prepare_vllm_logging
 
 if TYPE_CHECKING:
+    import torch
+
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 
 MODEL_LEN_QUANTUM = 64
 
 
-def quiet_vllm_logging() -> None:
-    """vLLM logs every engine's full config at INFO; keep the run's progress readable unless
-    the user asked for a level."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+def _int_or_none(value: float | int | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def _model_len(identity: ScoringIdentity) -> int:
@@ -60,7 +62,7 @@ class VllmRollout:
     def __init__(
         self, binding: RuntimeBinding, identity: ScoringIdentity, checkpoint: ResolvedCheckpoint
     ) -> None:
-        quiet_vllm_logging()
+        prepare_vllm_logging()
         from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec
 
         self.construction_fingerprint = binding.rollout_construction_fingerprint
@@ -74,7 +76,10 @@ class VllmRollout:
             enforce_eager=bool(rollout.get("enforce_eager", True)),
             seed=identity.sampling.seed,
             max_model_len=_model_len(identity),
+            logprobs_mode=str(rollout.get("logprobs_mode", "raw_logprobs")),
+            full_vocabulary=binding.full_vocabulary is not None,
         )
+        self.full_vocabulary = spec.full_vocabulary
         self.engine = self.build_engine(spec)
         self.batch_size = 0
         self.backend_used = ""
@@ -94,6 +99,7 @@ class VllmRollout:
         self.backend_used = "native" if logp is None else f"native (ignored {backend_of(logp)})"
         eos, pad = self._special
         sampling = identity.sampling
+        steps: list[list[torch.Tensor]] | None = [] if self.full_vocabulary else None
         tensors = self.engine.generate(
             identity.prompts.token_ids,
             max_new_tokens=sampling.max_new_tokens,
@@ -103,8 +109,24 @@ class VllmRollout:
             eos_token_id=eos,
             pad_token_id=pad,
             mask_policy=identity.mask_policy,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            steps=steps,
         )
-        return RolloutOutput(tensors=tensors, identity=side_identity(identity, self.checkpoint))
+        applied = self.engine.applied_sampling  # what the requests really carried
+        return RolloutOutput(
+            tensors=tensors,
+            identity={
+                **side_identity(identity, self.checkpoint),
+                **applied_sampling(
+                    top_p=applied.get("top_p"),
+                    top_k=_int_or_none(applied.get("top_k")),
+                    min_p=applied.get("min_p"),
+                ),
+            },
+            full_vocab=None if steps is None else active_rows(steps, tensors["active_mask"]),
+        )
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         live = self.engine.read_back()
@@ -116,6 +138,9 @@ class VllmRollout:
             "rollout.enforce_eager": bool(live["enforce_eager"]),
             "batch.size": self.batch_size,
             "logp.backend": self.backend_used,
+            "rollout.logprobs_mode": str(live["logprobs_mode"]),
+            # Declared, not a knob: vLLM computes the logits with its LM head in rollout.dtype.
+            "rollout.lm_head_dtype": "compute",
         }
         for key, value in live.items():
             actual[f"vllm.{key}"] = (
@@ -147,6 +172,17 @@ class VllmHfAdapter(TransformersTrainingAdapter):
             return applied(
                 value, "vllm.LLM(enforce_eager=...); False selects the compiled/graph path"
             )
+        if path == "rollout.logprobs_mode":
+            return applied(
+                value,
+                f"vllm.LLM(logprobs_mode={value!r}); "
+                + (
+                    "logprobs of the processed logits vLLM samples from (temperature, min_p, "
+                    "top_k, top_p, renormalized)"
+                    if value == "processed_logprobs"
+                    else "logprobs of the raw logits"
+                ),
+            )
         if path == "rollout.context_parallel_size":
             if value == 1:
                 return applied(value, "no context parallelism")
@@ -155,7 +191,8 @@ class VllmHfAdapter(TransformersTrainingAdapter):
             if value == "native":
                 return applied(
                     value,
-                    "vLLM sampler logprobs (raw_logprobs) and the trainer's native log_softmax",
+                    "vLLM sampler logprobs (in its logprobs_mode) and the trainer's native "
+                    "log_softmax",
                 )
             return unsupported(
                 path,
@@ -169,7 +206,7 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         return VllmRollout(binding, identity, self.checkpoint(identity))
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
-        quiet_vllm_logging()
+        prepare_vllm_logging()
         import vllm
 
         return {**super().environment(identity), "vllm": str(vllm.__version__)}

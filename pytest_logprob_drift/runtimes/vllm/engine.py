@@ -7,7 +7,8 @@ environment ``processes`` provides; sampling token-id prompts into the project's
 batch (``runtimes.batch``), reporting vLLM's raw selected-token logprobs; and shutting the
 engine down so that no engine-core or worker process remains (``close``, also run by a
 finalizer). Its ``read_back`` and ``engine_process_ids`` delegate to ``read_back`` (vLLM's own
-objects) and ``processes`` (/proc).
+objects) and ``processes`` (/proc); where vLLM's own output goes (a log file or the terminal,
+the engine processes' included) is decided by ``logs``.
 
 Knows nothing about cases, plans, knobs, fingerprints, thresholds, comparison, artifacts,
 operators or pytest, nor how /proc, /dev/shm or the environment are handled (``processes``) or
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pytest_logprob_drift.records import MaskPolicy
 from pytest_logprob_drift.runtimes.vllm import read_back as _read_back
+from pytest_logprob_drift.runtimes.vllm.logs import engine_output, prepare_vllm_logging
 from pytest_logprob_drift.runtimes.vllm.processes import (
     construction_env,
     engine_process_ids,
@@ -53,7 +55,15 @@ __all__ = [
 
 DTYPES: Final = ("float32", "bfloat16", "float16")
 LOGPROBS_MODE: Final = "raw_logprobs"
-"""What the rollout reports: logprobs of the raw logits (before temperature or processors)."""
+"""What the rollout reports by default: logprobs of the raw logits (before temperature or
+processors)."""
+LOGPROBS_MODES: Final = ("raw_logprobs", "processed_logprobs")
+"""The ``logprobs_mode`` values the engine is built with: the raw logits' logprobs, or those of
+the processed logits vLLM samples from (temperature, min_p, top_k, top_p)."""
+
+VLLM_MAX_LOGPROBS: Final = 20
+"""vLLM 0.32's own ``max_logprobs`` default (``ModelConfig``), kept unless every token's logprob
+is asked for (``-1``: the vocabulary size)."""
 
 DEFAULT_KV_CACHE_BYTES: Final = 64 * 1024 * 1024
 """KV cache reserved per engine unless the spec says otherwise (enough for the tiny model)."""
@@ -79,6 +89,9 @@ class VllmEngineSpec:
     max_model_len: int
     kv_cache_memory_bytes: int = field(default=DEFAULT_KV_CACHE_BYTES)
     """Bytes of KV cache (CPU RAM on the CPU wheel); replaces ``gpu_memory_utilization``."""
+    logprobs_mode: str = LOGPROBS_MODE
+    full_vocabulary: bool = False
+    """Built with ``max_logprobs=-1``, so that a request may ask for every token's logprob."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -89,6 +102,8 @@ class VllmEngineSpec:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}")
         if not Path(self.model_dir).is_dir():
             raise ValueError(f"model_dir {self.model_dir!r} is not a directory")
 
@@ -147,6 +162,7 @@ class VllmRolloutEngine:
     """A vLLM engine built from a spec; a context manager. ``close`` ends its processes."""
 
     def __init__(self, spec: VllmEngineSpec) -> None:
+        prepare_vllm_logging()
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -154,10 +170,14 @@ class VllmRolloutEngine:
         self._handle = _EngineHandle()
         self._finalizer = weakref.finalize(self, _shutdown, self._handle)
         self._is_cpu = bool(current_platform.is_cpu())
+        self.applied_sampling: dict[str, float | int | None] = {}
         try:
-            with construction_env(
-                tensor_parallel_size=spec.tensor_parallel_size, is_cpu=self._is_cpu
-            ) as applied:
+            with (
+                engine_output(),
+                construction_env(
+                    tensor_parallel_size=spec.tensor_parallel_size, is_cpu=self._is_cpu
+                ) as applied,
+            ):
                 self.construction_env: Mapping[str, str | None] = dict(applied)
                 llm = LLM(
                     model=spec.model_dir,
@@ -170,8 +190,9 @@ class VllmRolloutEngine:
                     seed=spec.seed,
                     max_model_len=spec.max_model_len,
                     kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
-                    logprobs_mode=LOGPROBS_MODE,
+                    logprobs_mode=spec.logprobs_mode,
                     worker_extension_cls=WORKER_EXTENSION,
+                    max_logprobs=-1 if spec.full_vocabulary else VLLM_MAX_LOGPROBS,
                 )
                 self._handle.llm = llm
                 # Before any request: AMX permission in every worker (see worker_ext).
@@ -220,6 +241,9 @@ class VllmRolloutEngine:
             amx_enabled=self.amx_enabled,
         )
 
+    def _vocab_size(self) -> int:
+        return int(self._live().llm_engine.vllm_config.model_config.get_vocab_size())
+
     def context_parallel_size(self) -> int:
         """The context-parallel size the live engine runs with (from its parallel config)."""
         return _read_back.context_parallel_size(self._live())
@@ -237,15 +261,23 @@ class VllmRolloutEngine:
         eos_token_id: int,
         pad_token_id: int,
         mask_policy: MaskPolicy = MaskPolicy.RESPONSE_THROUGH_EOS,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        steps: list[list[torch.Tensor]] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Sample one response per token-id prompt; return the canonical batch (on CPU).
 
         Chunks of ``batch_size`` prompts, one ``LLM.generate`` call each. Sample ``i`` uses
         the request seed ``request_seed(seed, i)``, so its tokens do not depend on chunking.
         A sample stops at its first ``eos_token_id`` (kept; scored unless ``mask_policy`` is
-        ``response_before_eos``) or after ``max_new_tokens``. ``logprobs`` holds vLLM's raw
-        logprob of each sampled token (``LOGPROBS_MODE``) at active positions and 0.0
-        elsewhere.
+        ``response_before_eos``) or after ``max_new_tokens``. ``logprobs`` holds vLLM's logprob
+        of each sampled token (raw or processed, as the engine's ``logprobs_mode``) at active
+        positions and 0.0 elsewhere. ``top_p``, ``top_k``, ``min_p``: the sampler's truncation
+        (None: none); what the requests really carry is ``applied_sampling`` afterwards.
+        ``steps``, when given (a list; the engine must be built with ``full_vocabulary``),
+        receives per sample one ``[V]`` float32 row per generated token: every token's logprob
+        (``logprobs=-1``), ``-inf`` outside a truncated support.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -273,22 +305,53 @@ class VllmRolloutEngine:
                     max_tokens=max_new_tokens,
                     temperature=float(temperature),
                     seed=request_seed(seed, start + j),
-                    logprobs=0,
+                    logprobs=-1 if steps is not None else 0,
                     detokenize=False,
                     stop_token_ids=[eos_token_id],
+                    top_p=1.0 if top_p is None else float(top_p),
+                    top_k=0 if top_k is None else int(top_k),
+                    min_p=0.0 if min_p is None else float(min_p),
                 )
                 for j in range(len(chunk))
             ]
+            self.applied_sampling = _applied_sampling(params[0])
             outputs = llm.generate(requests, params, use_tqdm=False)
             if len(outputs) != len(chunk):
                 raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(chunk)}")
             for j, out in enumerate(outputs):
                 responses.append(_response(out, start + j, eos_token_id))
+                if steps is not None:
+                    steps.append(_full_rows(out, len(responses[-1][0]), self._vocab_size()))
         from pytest_logprob_drift.runtimes.batch import canonical_batch
 
         return canonical_batch(
             prompts, responses, pad_token_id, eos_token_id=eos_token_id, mask_policy=mask_policy
         )
+
+
+def _applied_sampling(params: Any) -> dict[str, float | int | None]:
+    """The truncation a request really carries, read from vLLM's own (normalized) params: its
+    "disabled" values (top_p 1, top_k 0 or -1, min_p 0) read as None."""
+    return {
+        "top_p": float(params.top_p) if params.top_p < 1.0 else None,
+        "top_k": int(params.top_k) if params.top_k > 0 else None,
+        "min_p": float(params.min_p) if params.min_p > 0.0 else None,
+    }
+
+
+def _full_rows(out: Any, count: int, vocab: int) -> list[torch.Tensor]:
+    """Every token's logprob at each of the first ``count`` generated positions (``[V]``
+    float32, ``-inf`` where vLLM reports none or ``-inf``)."""
+    import torch
+
+    rows = []
+    for entry in out.outputs[0].logprobs[:count]:
+        row = torch.full((vocab,), float("-inf"), dtype=torch.float32)
+        ids = torch.tensor(list(entry.keys()), dtype=torch.long)
+        values = torch.tensor([lp.logprob for lp in entry.values()], dtype=torch.float32)
+        row[ids] = values
+        rows.append(row)
+    return rows
 
 
 def _response(out: Any, index: int, eos_token_id: int) -> tuple[list[int], list[float]]:

@@ -123,6 +123,7 @@ def read_back(
         "max_model_len": int(model.max_model_len),
         "seed": model.seed,
         "logprobs_mode": str(model.logprobs_mode),
+        "max_logprobs": int(model.max_logprobs),
         "enforce_eager": bool(model.enforce_eager),
         "tensor_parallel_size": int(parallel.tensor_parallel_size),
         "world_size": int(parallel.world_size),

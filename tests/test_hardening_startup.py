@@ -1,0 +1,51 @@
+"""What keeps ``plan`` fast (issue 14, performance): no torch, no ``importlib.metadata``, no
+``shutil``, and one scan of the installed entry points that finds what
+``importlib.metadata`` finds.
+
+``benchmarks/bench_plan.py`` measures the time; this guards the causes it found.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+import warnings
+
+from drift_testing import S3
+
+from pytest_logprob_drift.registry import entry_points
+
+HEAVY = ("torch", "transformers", "vllm", "importlib.metadata", "email", "shutil", "zipfile")
+
+
+def test_plan_imports_nothing_heavy() -> None:
+    code = (
+        "import sys\n"
+        "from pytest_logprob_drift.cli import main\n"
+        f"assert main(['plan', {str(S3)!r}]) == 0\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1].replace("'", '"')) == []
+
+
+def test_entry_points_are_those_importlib_metadata_finds() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        groups = set(importlib.metadata.entry_points().keys())
+    assert "pytest_logprob_drift.smoke" in groups
+    for group in groups:
+        expected = sorted((e.name, e.value) for e in importlib.metadata.entry_points(group=group))
+        assert sorted((e.name, e.value) for e in entry_points.select(group)) == expected, group
+
+
+def test_an_entry_point_loads_its_object() -> None:
+    (runtimes,) = [
+        e for e in entry_points.select("pytest_logprob_drift.smoke") if e.name == "runtimes"
+    ]
+    assert callable(runtimes.load())
