@@ -102,7 +102,7 @@ def _records(knobs: dict[str, Any], changed: list[str]) -> list[dict[str, Any]]:
     ]
 
 
-def _write_case(
+def write_case(
     store: ArtifactStore,
     case_id: str,
     label: str,
@@ -209,7 +209,7 @@ def build(base: Path, *, cases: int, samples: int, response: int) -> Path:
         training = ((rollout["logprobs"] + noise) * active).to(torch.float32)
         knobs = {**BASELINE_KNOBS, **({} if i == 0 else {"batch.size": i})}
         directories.append(
-            _write_case(
+            write_case(
                 store, case_id, label, knobs, [] if i == 0 else ["batch.size"], rollout, training
             )
         )

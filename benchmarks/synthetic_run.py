@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 import torch
+from bench_report import write_case
 
 from pytest_logprob_drift.records import canonical_json, sha256_hex
-from pytest_logprob_drift.store.artifacts import ArtifactStore, execution_key
-from pytest_logprob_drift.tensorio import tensor_bytes
-from pytest_logprob_drift.verdict import judge
+from pytest_logprob_drift.store.artifacts import ArtifactStore
 
 EXPERIMENT = "synthetic-attribution"
-THRESHOLD = 1e-3
 PROMPT = 16
 KINDS = ("none", "rollout", "training", "both", "tokens")
 
@@ -53,53 +50,9 @@ def _write_attempt(
     rollout: dict[str, torch.Tensor],
     training: torch.Tensor,
 ) -> None:
-    payload: dict[str, Any] = {"synthetic": True, "case_id": case_id}
-    writer = store.new_attempt(case_id, execution_key(payload))
-    writer.write_json(
-        "requested.json",
-        {
-            "case_id": case_id,
-            "label": label,
-            "knobs": {},
-            "changed": [] if label == "baseline" else [label],
-        },
-    )
-    writer.write_json("materialized.json", {"knobs": {}, "operators": []})
-    writer.write_json("actual.json", {"knobs": {}, "read_back": {}})
-    writer.write_json("identity.json", {"execution_key_payload": payload})
-    consumed = {
-        k: rollout[k] for k in ("token_ids", "attention_mask", "active_mask", "position_ids")
-    }
-    writer.write_bytes("score_rollout.pt", tensor_bytes(rollout))
-    writer.write_bytes("score_training.pt", tensor_bytes({"logprobs": training, **consumed}))
-    verdict = judge(training, rollout["logprobs"], rollout["active_mask"], THRESHOLD)
-    writer.write_json(
-        "comparison.json",
-        {
-            "case_id": case_id,
-            "label": label,
-            **verdict.to_json(),
-            "records": [],
-            "numerical": {
-                "outcome": verdict.outcome.value,
-                "mismatches": verdict.mismatches,
-                "active_tokens": verdict.active_tokens,
-                "threshold": THRESHOLD,
-            },
-        },
-    )
-    writer.write_bytes(
-        "token_diffs.pt",
-        tensor_bytes(
-            {
-                "training_logprobs": training,
-                "rollout_logprobs": rollout["logprobs"],
-                "active_mask": rollout["active_mask"],
-                "threshold": torch.tensor(THRESHOLD, dtype=torch.float64),
-            }
-        ),
-    )
-    writer.seal()
+    """One attempt with every file the runner writes (the report benchmark's writer)."""
+    changed = [] if label == "baseline" else [label.split("=", 1)[0]]
+    write_case(store, case_id, label, {}, changed, rollout, training)
 
 
 def build(root: Path, *, cases: int, samples: int, response: int) -> Path:
