@@ -81,11 +81,15 @@ def _edges() -> torch.Tensor:
 
 
 def _histograms(rows: list[torch.Tensor], edges: torch.Tensor) -> torch.Tensor:
-    hist = torch.zeros((len(rows), int(edges.numel()) + 1), dtype=torch.float64)
-    for i, row in enumerate(rows):
-        index = torch.bucketize(row, edges)
-        hist[i] = torch.bincount(index, minlength=int(edges.numel()) + 1).to(torch.float64)
-    return hist
+    """Per-sample counts of |diff| in each log bin (one bucketize over all samples)."""
+    bins = int(edges.numel()) + 1
+    if not rows:
+        return torch.zeros((0, bins), dtype=torch.float64)
+    lengths = torch.tensor([int(r.numel()) for r in rows])
+    sample = torch.repeat_interleave(torch.arange(len(rows)), lengths)
+    index = torch.bucketize(torch.cat(rows), edges)
+    counts = torch.bincount(sample * bins + index, minlength=len(rows) * bins)
+    return counts.view(len(rows), bins).to(torch.float64)
 
 
 def _quantile_from_histograms(hist: torch.Tensor, edges: torch.Tensor, q: float) -> torch.Tensor:
@@ -134,15 +138,30 @@ class Prepared:
     def samples(self) -> int:
         return int(self.sums.numel())
 
+    means: torch.Tensor
+    """The mean |diff| of every bootstrap resample (``RESAMPLES`` draws of the samples)."""
+    p99s: torch.Tensor
+    """The (binned) p99 |diff| of every bootstrap resample."""
+
 
 def prepare(rows: list[torch.Tensor]) -> Prepared:
+    """Everything one execution contributes to a comparison, resamples included: computed once
+    for the baseline and reused for every case (the draws depend only on the sample count)."""
     everything = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.float64)
+    sums = torch.tensor([float(r.sum()) for r in rows], dtype=torch.float64)
+    counts = torch.tensor([float(r.numel()) for r in rows], dtype=torch.float64)
+    edges = _edges()
+    weights = _weights(len(rows))
+    # Counts are integers below 2**24, so the float32 histogram products are exact.
+    histograms = _histograms(rows, edges).to(torch.float32)
     return Prepared(
-        sums=torch.tensor([float(r.sum()) for r in rows], dtype=torch.float64),
-        counts=torch.tensor([float(r.numel()) for r in rows], dtype=torch.float64),
-        histograms=_histograms(rows, _edges()).to(torch.float32),
+        sums=sums,
+        counts=counts,
+        histograms=histograms,
         mean=float(everything.mean()) if everything.numel() else 0.0,
         p99=_exact_quantile(everything, 0.99),
+        means=(weights @ sums) / (weights @ counts),
+        p99s=_quantile_from_histograms(weights.to(torch.float32) @ histograms, edges, 0.99),
     )
 
 
@@ -176,23 +195,9 @@ def drift_effect(
     ref = reference if isinstance(reference, Prepared) else prepare(reference)
     if case.samples != ref.samples:
         raise ValueError("case and reference must have the same samples")
-    weights = _weights(case.samples)
-    edges = _edges()
-    # Counts are integers below 2**24, so the float32 histogram products are exact.
-    wide = weights.to(torch.float32)
     return DriftEffect(
-        mean=_ratio(
-            case.mean,
-            ref.mean,
-            (weights @ case.sums) / (weights @ case.counts),
-            (weights @ ref.sums) / (weights @ ref.counts),
-        ),
-        p99=_ratio(
-            case.p99,
-            ref.p99,
-            _quantile_from_histograms(wide @ case.histograms, edges, 0.99),
-            _quantile_from_histograms(wide @ ref.histograms, edges, 0.99),
-        ),
+        mean=_ratio(case.mean, ref.mean, case.means, ref.means),
+        p99=_ratio(case.p99, ref.p99, case.p99s, ref.p99s),
         case_mean_abs_diff=case.mean,
         reference_mean_abs_diff=ref.mean,
         resamples=RESAMPLES,
