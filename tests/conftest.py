@@ -1,7 +1,8 @@
 """Shared fixtures and markers of the suite.
 
 ``slow`` marks every test that starts a real engine (a transformers model, FSDP rank
-processes, a vLLM engine); ``pytest -m "not slow"`` is the fast loop. Repository paths and the
+processes, a vLLM engine), a browser, a pytest-xdist sub-session or the kill -9 loop;
+``pytest -m "not slow"`` is the fast loop. Repository paths and the
 runner wiring live in ``drift_testing`` (importable because this directory is on sys.path).
 """
 

@@ -270,6 +270,7 @@ def verdicts(out: str) -> dict[str, tuple[Any, ...]]:
     }
 
 
+@pytest.mark.slow
 def test_kill_nine_at_every_file_system_event_then_resume(
     drivers: list[dict[str, Any]],
 ) -> None:
@@ -356,6 +357,7 @@ def _check_point(
         assert not (root / rel / COMPLETE).exists(), f"{where}: {rel} was completed later"
 
 
+@pytest.mark.slow
 def test_two_concurrent_runs_of_one_experiment_directory(drivers: list[dict[str, Any]]) -> None:
     """Two run processes released together by one pipe, on a real disk, three times."""
     report = drivers[1]

@@ -61,6 +61,7 @@ def test_a_config_with_escapes_is_a_one_line_collection_error(s0: pytest.Pyteste
     assert '["\\u202eevil"]' in lines[0]  # every fault, on the same line
 
 
+@pytest.mark.slow
 def test_a_collection_error_under_xdist_exits_2(s0: pytest.Pytester) -> None:
     doc = document()
     doc["identity"]["prompts"]["token_ids"] = [[64]]  # outside the synthetic vocabulary

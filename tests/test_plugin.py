@@ -175,6 +175,7 @@ def test_collect_only_lists_cases_without_importing_torch(s0: pytest.Pytester) -
     assert (s0.path / "torch_imported.txt").read_text() == "False"
 
 
+@pytest.mark.slow
 def test_xdist_loadgroup_gives_the_same_verdicts(s0: pytest.Pytester) -> None:
     result = s0.runpytest_subprocess(*RUN, "-rA", "-n", "2", "--dist", "loadgroup")
     result.assert_outcomes(passed=2, failed=1)

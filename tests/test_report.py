@@ -98,6 +98,7 @@ def assert_page_reads_well(check: PageCheck, page: Path, cases: int, detailed: i
     assert check.screenshot is not None and check.screenshot.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_s0_report_reads_well_in_chromium(s0_run: dict[str, Any]) -> None:
     page = s0_run["page"]
     check = open_page(page, "report-s0-cpu-smoke.png")
@@ -192,6 +193,7 @@ class _Figures(HTMLParser):
             self.rows[str(a["data-case"])] = a.get("data-outcome")
 
 
+@pytest.mark.slow
 def test_tampered_attempt_is_shown_invalid_and_never_plotted(
     s0_run: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -230,6 +232,7 @@ def test_tampered_attempt_is_shown_invalid_and_never_plotted(
     assert all(p["variance"] > MIN_VARIANCE for p in check.plots)
 
 
+@pytest.mark.slow
 def test_plugin_writes_the_report_at_session_end(tmp_path: Path) -> None:
     shutil.copy(S0, tmp_path / S0.name)
     page = tmp_path / "drift.html"
