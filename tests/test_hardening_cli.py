@@ -159,26 +159,6 @@ def test_verify_or_report_of_a_missing_run_is_one_line(tmp_path: Path) -> None:
         assert "not a run directory" in one_error_line(err)
 
 
-@pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs to fill needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 @pytest.mark.parametrize("leave", [0, 2048, 6144])
 def test_a_full_disk_while_the_run_directory_is_set_up(tiny_tmpfs: Path, leave: int) -> None:
     stat_ = os.statvfs(tiny_tmpfs)

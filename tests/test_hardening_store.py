@@ -14,8 +14,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -371,27 +369,6 @@ def test_a_torn_plan_tail_is_reported_and_never_glued_to(tmp_path: Path) -> None
     log = read_plan_log(store.directory)
     assert sorted(json.loads(r)["case_id"] for r in log.rows) == ["a", "b"]
     assert log.bad_lines == (2,) and log.torn == 0
-
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs (root only): a disk that fills up."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs to fill needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill(directory: Path, leave: int) -> Path:
