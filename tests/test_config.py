@@ -684,7 +684,11 @@ def test_what_execution_would_refuse_is_refused_at_planning(
 def test_the_largest_accepted_values_load() -> None:
     doc = put(base(), "experiment_id", "é" * 100)
     put(doc, "identity.sampling.seed", 2**32 - 1)
-    assert parse_config(doc).identity.sampling.seed == 2**32 - 1
+    put(doc, "identity.checkpoint.uri", "synthetic://cpu-smoke/v1")
+    put(doc, "identity.prompts.token_ids", [[1]])
+    put(doc, "identity.sampling.max_new_tokens", 2**20 - 1)
+    sampling = parse_config(doc).identity.sampling
+    assert (sampling.seed, sampling.max_new_tokens) == (2**32 - 1, 2**20 - 1)
 
 
 @pytest.mark.parametrize(
@@ -695,6 +699,7 @@ def test_the_largest_accepted_values_load() -> None:
         ("tiny://qwen3-h64-v1", [[1] * 10], 503, "max_new_tokens", "512 positions"),
         ("LOCAL", [[99, 100]], 8, "token_ids[0][1]", "(100 ids: 0 .. 99)"),
         ("LOCAL", [[1]], 48, "max_new_tokens", "48 positions"),
+        ("synthetic://cpu-smoke/v1", [[1, 2]], 2**20 - 1, "max_new_tokens", "1048576 tokens"),
     ],
 )
 def test_token_ids_and_context_are_checked_where_the_checkpoint_is_known(

@@ -113,6 +113,8 @@ def execution_accepts(execution_plan: ExecutionPlan, scratch: Path) -> None:
     for row in prompts:
         torch.tensor(row, dtype=torch.long)
     uri = identity.checkpoint.uri
+    tokens = max(len(r) for r in prompts) + identity.sampling.max_new_tokens
+    assert tokens <= limits.MAX_SEQUENCE_TOKENS
     if uri == SYNTHETIC_URI:
         CpuSmokeAdapter._check_identity(identity)  # the smoke runtime's own vocabulary check
     elif uri.startswith("tiny://"):

@@ -287,6 +287,71 @@ def test_a_keyed_resume_reexecutes_attempts_it_cannot_verify(
     assert code == 0 and all(r["reused"] for r in json.loads(out)["results"]), err
 
 
+def test_a_keyed_resume_of_an_unkeyed_run_verifies_under_the_key(
+    sealed_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """After a keyed resume, keyed verify accepts the run: the run's files carry a seal made
+    with the key, and what was sealed without it is reported ``superseded``, not invalid; an
+    unkeyed forgery of one of those old attempts is still invalid."""
+    shutil.copytree(sealed_runs["plain"], tmp_path / "runs")
+    run_dir = tmp_path / "runs" / EXPERIMENT
+    old_attempts = {a.name for a in attempts(run_dir)}
+    env = {"DRIFT_KEY": KEY}
+    assert run_s0(tmp_path / "runs", "--seal-key-env", "DRIFT_KEY", env=env)[0] == 0
+    key = SealKey(KEY.encode(), "test")
+    keyed_seals = [p for _, p in run_seals(run_dir) if "mac" in json.loads(p.read_text())]
+    assert [p.name for p in keyed_seals] == [f"{keyed_seals[0].name[:16]}-{key.key_id}.json"]
+    code, out, _ = cli("verify", run_dir, "--seal-key-env", "DRIFT_KEY", "--json", env=env)
+    report = json.loads(out)
+    assert code == 0 and report["invalid"] == 0, out
+    by_status = {
+        status: {a["attempt_id"] for a in report["attempts"] if a["status"] == status}
+        for status in ("ok", "superseded")
+    }
+    assert by_status["superseded"] == old_attempts and by_status["ok"].isdisjoint(old_attempts)
+    assert [f["status"] for f in report["run_files"]] == ["superseded", "ok", "ok"]
+    statuses = [a["status"] for a in report["attributions"]]
+    assert sorted(statuses) == ["ok", "superseded"], report["attributions"]
+    attributions = sorted((run_dir / "attributions").iterdir())
+    assert sum("mac" in json.loads((d / COMPLETE).read_text()) for d in attributions) == 1
+    assert cli("verify", run_dir)[0] == 0  # without a key every intact attempt is ok
+    forged = next(a for a in attempts(run_dir) if a.name in old_attempts)
+    comparison = json.loads((forged / "comparison.json").read_text())
+    comparison["reason"] = "rewritten"
+    os.chmod(forged / "comparison.json", 0o644)
+    (forged / "comparison.json").write_bytes(json_bytes(comparison))
+    code, out, _ = cli("verify", run_dir, "--seal-key-env", "DRIFT_KEY", "--json", env=env)
+    bad = [a for a in json.loads(out)["attempts"] if a["status"] == "invalid"]
+    assert code == 1 and [(a["attempt_id"], a["file"]) for a in bad] == [
+        (forged.name, "comparison.json")
+    ]
+
+
+def test_a_keyed_attribution_seal_refuses_an_unkeyed_rewrite(
+    sealed_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    shutil.copytree(sealed_runs["keyed"], tmp_path / "runs")
+    run_dir = tmp_path / "runs" / EXPERIMENT
+    (attribution,) = (run_dir / "attributions").iterdir()
+    seal = json.loads((attribution / COMPLETE).read_text())
+    assert seal["mac"]["algorithm"] == "hmac-sha256"
+    env = {"DRIFT_KEY": KEY}
+    code, out, _ = cli("verify", run_dir, "--seal-key-env", "DRIFT_KEY", "--json", env=env)
+    assert code == 0 and json.loads(out)["attributions"][0]["status"] == "ok"
+    document = json.loads((attribution / "attribution.json").read_text())
+    document["experiment_id"] = "rewritten"
+    os.chmod(attribution / "attribution.json", 0o644)
+    (attribution / "attribution.json").write_bytes(json_bytes(document))
+    seal.pop("mac")
+    seal["files"]["attribution.json"] = digest(attribution / "attribution.json")
+    os.chmod(attribution / COMPLETE, 0o644)
+    (attribution / COMPLETE).write_bytes(json_bytes(seal))
+    code, out, _ = cli("verify", run_dir, "--seal-key-env", "DRIFT_KEY", "--json", env=env)
+    (checked,) = json.loads(out)["attributions"]
+    assert code == 1 and checked["status"] == "invalid"
+    assert checked["problems"][0].startswith("COMPLETE: not sealed with a key")
+
+
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [

@@ -2,7 +2,8 @@
 
 Owns ``runs/<experiment>/attributions/<inputs digest>-<id>/{attribution.json, COMPLETE}``:
 the document names the exact attempts it was computed from (case id, attempt id and the
-SHA-256 of each attempt's ``COMPLETE``), and ``COMPLETE`` seals it like an attempt. Writing the
+SHA-256 of each attempt's ``COMPLETE``), and ``COMPLETE`` seals it like an attempt (with the
+attempt's keyed MAC under an active seal key, ``store.keys``). Writing the
 attribution of the same inputs again reuses a valid sealed one (a rerun that reuses every
 attempt reuses its attribution too); otherwise a new directory is created; nothing is
 overwritten. ``verify_attribution`` re-checks the seal, checks that every named attempt is
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +31,16 @@ from pytest_logprob_drift.attribution.analysis import (
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store.artifacts import (
     COMPLETE,
+    MAX_SEAL_BYTES,
     SealError,
+    check_mac,
     json_bytes,
     new_attempt_id,
     publish_bytes,
+    read_regular,
     sha256_file,
 )
+from pytest_logprob_drift.store.keys import active_key, sealing_with
 from pytest_logprob_drift.store.resume import check_attempt
 
 ATTRIBUTIONS = "attributions"
@@ -56,19 +62,8 @@ def inputs_digest(document: dict[str, Any]) -> str:
 
 def read_attribution(directory: Path) -> dict[str, Any]:
     """The sealed document (SealError naming the file at fault otherwise)."""
-    complete = directory / COMPLETE
-    if not complete.is_file():
-        raise SealError(COMPLETE, "missing: the attribution was never sealed")
-    try:
-        seal = json.loads(complete.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SealError(COMPLETE, f"unreadable seal: {exc}") from None
-    if (
-        not isinstance(seal, dict)
-        or set(seal) != {"attribution_id", "inputs", "files"}
-        or seal.get("files", {}).keys() != {DOCUMENT}
-    ):
-        raise SealError(COMPLETE, "malformed attribution seal")
+    seal = _read_seal(directory)
+    check_mac(seal, COMPLETE)
     present = {p.name for p in directory.iterdir()} - {COMPLETE}
     if present != {DOCUMENT}:
         raise SealError(sorted(present ^ {DOCUMENT})[0], "file is not covered by the seal")
@@ -79,6 +74,38 @@ def read_attribution(directory: Path) -> dict[str, Any]:
     if document.get("inputs") != seal["inputs"]:
         raise SealError(COMPLETE, "the seal and the document name different attempts")
     return document
+
+
+def _read_seal(directory: Path) -> dict[str, Any]:
+    """The attribution's parsed ``COMPLETE`` with its shape checked (its MAC is not)."""
+    complete = directory / COMPLETE
+    if not os.path.lexists(complete):
+        raise SealError(COMPLETE, "missing: the attribution was never sealed")
+    try:
+        seal = json.loads(read_regular(complete, limit=MAX_SEAL_BYTES))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise SealError(COMPLETE, f"unreadable seal: {exc}") from None
+    if (
+        not isinstance(seal, dict)
+        or set(seal) - {"mac"} != {"attribution_id", "inputs", "files"}
+        or not isinstance(seal["files"], dict)
+        or seal["files"].keys() != {DOCUMENT}
+    ):
+        raise SealError(COMPLETE, "malformed attribution seal")
+    return seal
+
+
+def _seal_body(directory: Path, document: dict[str, Any], sha: str) -> dict[str, Any]:
+    """What ``COMPLETE`` of a new attribution holds (``mac`` added under a seal key)."""
+    body: dict[str, Any] = {
+        "attribution_id": directory.name,
+        "inputs": document["inputs"],
+        "files": {DOCUMENT: sha},
+    }
+    key = active_key()
+    if key is not None:
+        body["mac"] = key.mac(body)
+    return body
 
 
 def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribution:
@@ -95,17 +122,7 @@ def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribut
     directory = root / f"{digest}-{new_attempt_id()}"
     directory.mkdir(parents=True)
     sha = publish_bytes(directory, DOCUMENT, json_bytes(document))
-    publish_bytes(
-        directory,
-        COMPLETE,
-        json_bytes(
-            {
-                "attribution_id": directory.name,
-                "inputs": document["inputs"],
-                "files": {DOCUMENT: sha},
-            }
-        ),
-    )
+    publish_bytes(directory, COMPLETE, json_bytes(_seal_body(directory, document, sha)))
     return SealedAttribution(directory=directory, document=document, reused=False)
 
 
@@ -197,6 +214,33 @@ def verify_attribution(run_dir: Path, directory: Path) -> list[str]:
     except (KeyError, TypeError, ValueError) as exc:
         return [f"{DOCUMENT}: malformed: {type(exc).__name__}: {exc}"]
     return differences(document, recomputed)
+
+
+def verify_attributions(run_dir: Path) -> list[dict[str, Any]]:
+    """Every sealed attribution's check: ``attribution_id``, ``status`` (``ok``, ``invalid`` or,
+    under a seal key, ``superseded``: intact but sealed without the key, in a run that has an
+    attribution sealed with it, as after a keyed resume) and ``problems`` (empty unless
+    invalid)."""
+    checked = [(d, verify_attribution(run_dir, d)) for d in attribution_dirs(run_dir)]
+    keyed = active_key() is not None and any(not problems for _, problems in checked)
+    results: list[dict[str, Any]] = []
+    for directory, problems in checked:
+        status = "invalid" if problems else "ok"
+        if problems and keyed and _intact_unkeyed(run_dir, directory):
+            status, problems = "superseded", []
+        results.append({"attribution_id": directory.name, "status": status, "problems": problems})
+    return results
+
+
+def _intact_unkeyed(run_dir: Path, directory: Path) -> bool:
+    """Whether an attribution without a MAC verifies as a plain SHA-256 manifest."""
+    try:
+        if "mac" in _read_seal(directory):
+            return False
+    except SealError:
+        return False
+    with sealing_with(None):
+        return not verify_attribution(run_dir, directory)
 
 
 def latest_attribution(run_dir: Path) -> dict[str, Any] | None:

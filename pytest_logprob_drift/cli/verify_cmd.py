@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import TextIO
 
-from pytest_logprob_drift.attribution.sealed import attribution_dirs, verify_attribution
+from pytest_logprob_drift.attribution.sealed import verify_attributions
 from pytest_logprob_drift.errors import ExitCode, one_line
 from pytest_logprob_drift.store.verify import verify_run, verify_run_files
 from pytest_logprob_drift.tables import render_table
@@ -26,10 +26,7 @@ def verify_command(args: argparse.Namespace, out: TextIO) -> int:
     run_dir = Path(args.run_dir)
     statuses = verify_run(run_dir)
     run_files = verify_run_files(run_dir)
-    attributions = [
-        {"attribution_id": d.name, "problems": verify_attribution(run_dir, d)}
-        for d in attribution_dirs(run_dir)
-    ]
+    attributions = verify_attributions(run_dir)
     bad = sum(1 for s in statuses if s.status == "invalid")
     bad += sum(1 for f in run_files if f.status == "invalid")
     bad += sum(1 for a in attributions if a["problems"])
@@ -63,6 +60,8 @@ def verify_command(args: argparse.Namespace, out: TextIO) -> int:
         for a in attributions:
             problems = a["problems"]
             state = f"invalid: {problems[0]}" if problems else "ok (recomputed, identical)"
+            if a["status"] == "superseded":
+                state = "superseded (sealed without the key; a keyed one of the same inputs holds)"
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             print(f"attribution {a['attribution_id']}: {state}{more}", file=out)
         print(

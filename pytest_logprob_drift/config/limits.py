@@ -10,6 +10,8 @@ config for the same reason and names the JSON path instead:
   generator seed a runtime derives from it must fit torch's generators (``< 2**64``): the smoke
   runtime's ``seed * 1_000_003 + index``, vLLM's ``seed + index`` (the transformers runtime
   hashes it to 63 bits, which always fits);
+- prompt plus ``sampling.max_new_tokens`` fits the checkpoint's context where it is known,
+  and ``MAX_SEQUENCE_TOKENS`` everywhere;
 - token ids fit ``torch.long`` and, where the checkpoint's vocabulary
   and context length are known at planning (the fixed ``synthetic://`` and ``tiny://``
   checkpoints, a local checkpoint directory's ``config.json``), lie inside them;
@@ -36,6 +38,11 @@ MAX_GENERATOR_SEED = 2**64 - 1
 """torch's ``Generator.manual_seed`` range (non-negative part)."""
 MAX_TOKEN_ID = 2**63 - 1
 """int64 (``torch.long``): the dtype of every runtime's token-id tensors."""
+MAX_SEQUENCE_TOKENS = 1 << 20
+"""Prompt plus new tokens of one sample when the checkpoint's context length is not known at
+planning: the longest context windows of released models (about a million tokens). Beyond it
+every runtime would allocate ``[samples, tokens]`` scores (and the smoke runtime generate) for
+nothing any checkpoint can attend to."""
 CONFIG_JSON_LIMIT = 16 << 20
 """A local checkpoint's config.json larger than this is not read at planning."""
 
@@ -169,13 +176,16 @@ def token_fault(
 def context_fault(
     rows: Sequence[Sequence[int]], max_new_tokens: int, uri: str, max_positions: int | None
 ) -> str | None:
-    """Why the longest prompt plus ``max_new_tokens`` cannot fit the checkpoint's context."""
-    if max_positions is None:
-        return None
+    """Why the longest prompt plus ``max_new_tokens`` cannot fit the checkpoint's context
+    (``MAX_SEQUENCE_TOKENS`` when the checkpoint's context length is not known)."""
     longest = max(len(row) for row in rows)
-    if longest + max_new_tokens <= max_positions:
+    limit = MAX_SEQUENCE_TOKENS if max_positions is None else max_positions
+    if longest + max_new_tokens <= limit:
         return None
-    return (
-        f"{max_new_tokens} new tokens after the longest prompt ({longest} tokens) exceed the "
-        f"{max_positions} positions of {uri}"
+    where = (
+        f"the {max_positions} positions of {uri}"
+        if max_positions is not None
+        else f"{MAX_SEQUENCE_TOKENS} tokens, the most any sample may have when the context "
+        f"length of {uri} is not known"
     )
+    return f"{max_new_tokens} new tokens after the longest prompt ({longest} tokens) exceed {where}"

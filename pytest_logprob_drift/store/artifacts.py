@@ -53,8 +53,10 @@ EXPERIMENT_FILE = "experiment.json"
 PLAN_FILE = "plan.jsonl"
 LOCK_FILE = ".lock"
 SEALS_DIR = "seals"
-RUN_SEAL = re.compile(r"run-([0-9]{12})\.json")
-"""Names of run seals: ``run-<bytes of plan.jsonl sealed, 12 digits>.json``."""
+RUN_SEAL = re.compile(r"run-([0-9]{12})(?:-[0-9a-f]{16})?\.json")
+"""Names of run seals: ``run-<bytes of plan.jsonl sealed, 12 digits>.json``, or
+``run-<bytes>-<key id>.json`` when a seal key re-seals bytes that an unkeyed (or otherwise
+keyed) seal already covers."""
 HASH_CHUNK = 1 << 20
 THREADED_HASH_BYTES = 1 << 20
 """From this size on, a payload is hashed in a second thread while it is written."""
@@ -551,7 +553,8 @@ def read_plan_log(run_dir: Path) -> PlanLog:
 
 
 def run_seals(run_dir: Path) -> list[tuple[int, Path]]:
-    """``(sealed bytes of plan.jsonl, path)`` of every run seal, oldest first."""
+    """``(sealed bytes of plan.jsonl, path)`` of every run seal, oldest first (a re-seal of
+    the same bytes under a key after the plain one)."""
     seals_dir = run_dir / SEALS_DIR
     try:
         names = os.listdir(seals_dir)
@@ -560,7 +563,7 @@ def run_seals(run_dir: Path) -> list[tuple[int, Path]]:
     except OSError as exc:
         raise StorageError(seals_dir, "list it", exc) from None
     found = [(int(m.group(1)), seals_dir / n) for n in names if (m := RUN_SEAL.fullmatch(n))]
-    return sorted(found)
+    return sorted(found, key=lambda seal: (seal[0], len(seal[1].name), seal[1].name))
 
 
 def run_seal_document(experiment: bytes, plan: bytes) -> dict[str, Any]:
@@ -634,8 +637,26 @@ class ArtifactStore:
         ]
 
     def _sealed_through(self) -> int:
+        """Bytes of plan.jsonl the newest run seal covers (-1: none); under a seal key, only
+        seals whose MAC verifies under it count (a keyed resume of an unkeyed run re-seals)."""
         seals = run_seals(self.directory)
-        return seals[-1][0] if seals else -1
+        key = active_key()
+        if key is None:
+            return seals[-1][0] if seals else -1
+        for length, path in reversed(seals):
+            try:
+                document = json.loads(read_regular(path, limit=MAX_SEAL_BYTES))
+            except (OSError, ValueError, RecursionError):
+                continue
+            if (
+                isinstance(document, dict)
+                and key.problem(
+                    {k: v for k, v in document.items() if k != "mac"}, document.get("mac")
+                )
+                is None
+            ):
+                return length
+        return -1
 
     def initialize(
         self, experiment: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
@@ -722,12 +743,12 @@ class ArtifactStore:
             seals_dir.mkdir(exist_ok=True)
         except OSError as exc:
             raise StorageError(seals_dir, "create it", exc) from None
+        name = f"run-{len(log.data):012d}.json"
+        key = active_key()
+        if key is not None and os.path.lexists(seals_dir / name):  # sealed, not under this key
+            name = f"run-{len(log.data):012d}-{key.key_id}.json"
         with contextlib.suppress(FileExistsError):  # the same bytes were sealed meanwhile
-            publish_bytes(
-                seals_dir,
-                f"run-{len(log.data):012d}.json",
-                json_bytes(run_seal_document(experiment, log.data)),
-            )
+            publish_bytes(seals_dir, name, json_bytes(run_seal_document(experiment, log.data)))
 
     def case_dir(self, case_id: str) -> Path:
         return self.cases_dir / case_id

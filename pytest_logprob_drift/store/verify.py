@@ -1,12 +1,13 @@
 """Offline verification of a whole run directory.
 
 Owns walking every attempt of a run and classifying it: ``ok`` (seal intact, every verdict
-recomputed from the sealed tensors agrees), ``incomplete`` (never sealed; resume ignores it) or
-``invalid`` (naming the file at fault); and checking the run's own files against their run
-seals (``experiment.json`` and every sealed prefix of ``plan.jsonl``; rows appended after the
-last seal are ``incomplete``). Reads through ``store.resume``'s checks only and never writes
-anything, so a read-only run verifies. Knows nothing about engines, runtimes or how results
-are printed.
+recomputed from the sealed tensors agrees), ``incomplete`` (never sealed; resume ignores it),
+``invalid`` (naming the file at fault) or, under a seal key, ``superseded`` (an intact attempt
+or run seal made without the key, which a seal made with the key replaces); and checking the
+run's own files against their run seals (``experiment.json`` and every sealed prefix of
+``plan.jsonl``; rows appended after the last seal are ``incomplete``). Reads through
+``store.resume``'s checks only and never writes anything, so a read-only run verifies. Knows
+nothing about engines, runtimes or how results are printed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pytest_logprob_drift.store.artifacts import (
     read_regular,
     run_seals,
 )
+from pytest_logprob_drift.store.keys import active_key, sealing_with
 from pytest_logprob_drift.store.resume import check_attempt
 
 
@@ -39,7 +41,7 @@ class AttemptStatus:
     case_id: str
     attempt_id: str
     status: str
-    """``ok``, ``incomplete`` or ``invalid``."""
+    """``ok``, ``incomplete``, ``invalid`` or (under a seal key) ``superseded``."""
     outcome: str | None = None
     file: str | None = None
     detail: str = ""
@@ -70,7 +72,7 @@ class RunFileStatus:
 
     file: str
     status: str
-    """``ok``, ``incomplete`` or ``invalid``."""
+    """``ok``, ``incomplete``, ``invalid`` or (under a seal key) ``superseded``."""
     detail: str = ""
 
     def to_json(self) -> dict[str, str]:
@@ -112,6 +114,7 @@ def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
         )
     digest = hashlib.sha256()
     hashed = 0
+    seal_statuses: list[tuple[int, RunFileStatus, bool]] = []
     for length, path in seals:
         checked = _seal_problem(path, experiment)
         problem = checked if isinstance(checked, str) else None
@@ -127,10 +130,11 @@ def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
                         "(rewritten after it was sealed)"
                     )
         name = f"{SEALS_DIR}/{path.name}"
-        if problem is None:
-            statuses.append(RunFileStatus(file=name, status="ok"))
-        else:
-            statuses.append(RunFileStatus(file=name, status="invalid", detail=problem))
+        seal_status = RunFileStatus(
+            file=name, status="ok" if problem is None else "invalid", detail=problem or ""
+        )
+        seal_statuses.append((length, seal_status, _unkeyed(path)))
+    statuses.extend(_superseded(seal_statuses))
     notes = parse_plan_log(plan).notes(Path(PLAN_FILE))
     sealed = seals[-1][0] if seals else len(plan)
     if len(plan) > sealed:
@@ -138,6 +142,44 @@ def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
     status = "incomplete" if notes else "ok"
     statuses.append(RunFileStatus(file=PLAN_FILE, status=status, detail="; ".join(notes)))
     return statuses
+
+
+def _unkeyed(path: Path) -> bool:
+    """Whether a run seal carries no MAC at all (made without a seal key)."""
+    try:
+        document = json.loads(read_regular(path, limit=MAX_SEAL_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(document, dict) and "mac" not in document
+
+
+def _unkeyed_problem(attempt: Path) -> SealError | None:
+    """What is wrong with an unkeyed attempt as a plain SHA-256 manifest (None: nothing)."""
+    with sealing_with(None):
+        try:
+            check_attempt(attempt, expected_key=None)
+        except SealError as exc:
+            return exc
+    return None
+
+
+def _superseded(seals: list[tuple[int, RunFileStatus, bool]]) -> list[RunFileStatus]:
+    """Under a seal key, an unkeyed run seal that a later seal valid under the key covers
+    (a keyed resume of a run first sealed without a key) is ``superseded``, not invalid: the
+    keyed seal vouches for every byte the unkeyed one did."""
+    if active_key() is None:
+        return [status for _, status, _ in seals]
+    covered = max((length for length, s, _ in seals if s.status == "ok"), default=-1)
+    return [
+        RunFileStatus(
+            file=status.file,
+            status="superseded",
+            detail="sealed without a key; a later seal made with the key covers these bytes",
+        )
+        if unkeyed and status.status == "invalid" and length <= covered
+        else status
+        for length, status, unkeyed in seals
+    ]
 
 
 def _seal_problem(path: Path, experiment: bytes | None) -> str | dict[str, Any]:
@@ -163,9 +205,12 @@ def _seal_problem(path: Path, experiment: bytes | None) -> str | dict[str, Any]:
 
 
 def verify_run(run_dir: Path) -> list[AttemptStatus]:
-    """The status of every attempt under ``run_dir``, in case then attempt order."""
+    """The status of every attempt under ``run_dir``, in case then attempt order. Under a seal
+    key, an attempt sealed without any key is ``superseded`` (not invalid) when its case has an
+    attempt valid under the key: keyed resume re-executed it and never reuses it."""
     require_run_dir(run_dir)
     statuses: list[AttemptStatus] = []
+    unkeyed: set[int] = set()
     for attempt in iter_attempt_dirs(run_dir):
         ids = {"case_id": attempt.parent.name, "attempt_id": attempt.name}
         if not (attempt / COMPLETE).exists():
@@ -180,9 +225,29 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
         try:
             checked = check_attempt(attempt, expected_key=None)
         except SealError as exc:
+            if exc.file == COMPLETE and _unkeyed(attempt / COMPLETE):
+                manifest_problem = _unkeyed_problem(attempt)
+                if manifest_problem is None:
+                    unkeyed.add(len(statuses))  # intact, only made without the key
+                else:
+                    exc = manifest_problem
             statuses.append(
                 AttemptStatus(**ids, status="invalid", file=exc.file, detail=exc.message)
             )
             continue
         statuses.append(AttemptStatus(**ids, status="ok", outcome=checked.outcome.value))
-    return statuses
+    if active_key() is None:
+        return statuses
+    keyed_cases = {s.case_id for s in statuses if s.status == "ok"}
+    return [
+        AttemptStatus(
+            case_id=s.case_id,
+            attempt_id=s.attempt_id,
+            status="superseded",
+            file=COMPLETE,
+            detail="sealed without a key; the case has an attempt sealed with the key",
+        )
+        if i in unkeyed and s.case_id in keyed_cases
+        else s
+        for i, s in enumerate(statuses)
+    ]
