@@ -53,16 +53,26 @@ def canonical(value: Any) -> Any:
     kind = type(value)
     if kind in _JSON_SCALAR_TYPES:  # fast path: prompts can hold millions of token ids
         return value
+    scalar = _JSON_SCALAR_TYPES  # inlined below: ids hash thousands of small values per plan
     names = _record_fields(kind)
     if names is not None:
-        return {name: canonical(getattr(value, name)) for name in names}
+        return {
+            name: v if type(v := getattr(value, name)) in scalar else canonical(v) for name in names
+        }
     if isinstance(value, enum.Enum):
         return canonical(value.value)
     if isinstance(value, Mapping):
-        return {str(k): canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        return {
+            str(k): v if type(v) in scalar else canonical(v)
+            for k, v in sorted(value.items(), key=_key_text)
+        }
     if isinstance(value, (list, tuple)):
-        return [canonical(v) for v in value]
+        return [v if type(v) in scalar else canonical(v) for v in value]
     return value
+
+
+def _key_text(item: tuple[Any, Any]) -> str:
+    return str(item[0])
 
 
 def canonical_json(value: Any) -> str:
