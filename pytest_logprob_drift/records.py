@@ -154,6 +154,8 @@ class CheckpointIdentity:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenizerIdentity:
+    """The tokenizer both sides must use, and how prompts are encoded with it."""
+
     tokenizer_id: str
     add_special_tokens: bool = False
     chat_template: str | None = None
@@ -255,6 +257,8 @@ class Intervention:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendSelection:
+    """A named backend and its options (as written in the config)."""
+
     backend: str
     options: Mapping[str, Any] = field(default_factory=lambda: frozen_mapping({}))
 
@@ -360,6 +364,8 @@ class Case:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExperimentPlan:
+    """The planned cases of one experiment, with the contract they are judged by."""
+
     schema_version: str
     experiment_id: str
     scenario_id: str

@@ -59,6 +59,8 @@ class OperatorBinding:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutionCase:
+    """A planned case and the operator binding of each side."""
+
     case: Case
     bindings: tuple[OperatorBinding, ...]
 
@@ -75,6 +77,8 @@ class ExecutionCase:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutionPlan:
+    """The operator-bound plan that execution runs (and its planning issues)."""
+
     plan: ExperimentPlan
     cases: tuple[ExecutionCase, ...]
     issues: tuple[PlanIssue, ...]
