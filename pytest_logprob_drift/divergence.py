@@ -5,7 +5,8 @@ that nothing of size [N, V] is ever allocated in float32 (inputs excepted): KL(r
 training), KL(training || rollout), total variation, and the log of each side's probability mass
 on the other side's support (what a truncation renormalization divides by); the tokens that
 carry most of the divergence at chosen positions; the JSON summary of the sealed reductions;
-and the semantic-offset diagnostic (differences explained by a per-position ``log S``).
+and the semantic-offset diagnostic (differences explained by a per-position ``log S``, or at
+any temperature by the processed distribution recomputed from the other side's full logits).
 
 Inputs are each side's logits or logprobs ``[N, V]`` in any floating dtype (they are normalized
 here, so logits and logprobs mix freely); ``-inf`` marks a token outside a side's support (a
@@ -14,7 +15,8 @@ where some token has ``p > 0`` (a finite input) and ``q = 0`` (``-inf``), whatev
 ``p`` (support, not float underflow, decides); a row with no finite entry, or with a NaN or
 ``+inf`` entry, is not a distribution and gives NaN everywhere.
 
-Knows nothing about engines, files, verdicts or thresholds; imports only torch and records.
+Knows nothing about engines, files, verdicts or thresholds; imports only torch, records and
+``sampling`` (the one definition of processed logits).
 """
 
 from __future__ import annotations
@@ -28,14 +30,19 @@ import torch
 from torch import Tensor
 
 from pytest_logprob_drift.records import JSONScalar
+from pytest_logprob_drift.sampling import Truncation, processed_logits
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DIVERGENCE_FIELDS",
+    "EXPLANATIONS",
+    "SEMANTICS_KEYS",
     "Contributors",
     "Divergence",
     "SemanticOffset",
     "full_vocab_divergence",
+    "processed_residual",
+    "processing_tensor",
     "sealed_diagnostics",
     "sealed_tensors",
     "semantic_offset",
@@ -415,11 +422,45 @@ OFFSET_MIN_FRACTION = 0.9
 """Share of active positions that must be explained for the diagnostic to fire."""
 
 
+_PROCESSED_BLOCK_BYTES = 64 << 20
+"""Bytes of one row block of the processed recompute (float32 ``b x V``; top_p sorts it)."""
+
+
+def processed_residual(
+    reported: Tensor, full: Tensor, token_ids: Tensor, how: Truncation
+) -> Tensor:
+    """float64 ``[A]``: ``|reported - log_softmax(processed_logits(full))[token]|`` per row.
+
+    The hypothesis "this side reported the processed logprob (``how``: the declared
+    temperature and truncation, ``sampling.processed_logits``) of the other side's
+    distribution": ``full`` is the other side's ``[A, V]`` logits (or logprobs: a constant
+    shift per row changes nothing, temperature and truncation included), ``reported`` this
+    side's sampled-token logprobs ``[A]`` and ``token_ids`` the sampled tokens ``[A]``. Row
+    blocks of about 64 MiB of float32, whatever A. NaN where a row is not a distribution."""
+    rows, vocab = full.shape
+    out = torch.full((rows,), math.nan, dtype=torch.float64)
+    block = max(1, _PROCESSED_BLOCK_BYTES // max(1, 4 * vocab))
+    for r0 in range(0, rows, block):
+        r1 = min(rows, r0 + block)
+        logp = torch.log_softmax(processed_logits(full[r0:r1], how), dim=-1)
+        picked = logp.gather(-1, token_ids[r0:r1].long().unsqueeze(-1).to(logp.device))
+        out[r0:r1] = (reported[r0:r1].double().cpu() - picked.squeeze(-1).double().cpu()).abs()
+    return out
+
+
+EXPLANATIONS = ("truncation_renormalization", "processed_rollout", "processed_training")
+"""What the semantic-offset diagnostic can say explains a case's differences: a per-position
+``log S`` (truncation renormalization at temperature 1), the rollout's processed logprobs of
+the trainer's logits, or the trainer's processed logprobs of the rollout's logits."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SemanticOffset:
-    """Whether ``training - rollout`` equals the per-position truncation offset."""
+    """Whether the sampling semantics explain ``training - rollout``, and which explanation."""
 
     fires: bool
+    explanation: str | None
+    """One of ``EXPLANATIONS`` when it fires, else None."""
     explained_fraction: float
     truncated_positions: int
     tolerance: float
@@ -428,11 +469,43 @@ class SemanticOffset:
     def to_json(self) -> dict[str, JSONScalar]:
         return {
             "fires": self.fires,
+            "explanation": self.explanation,
             "explained_fraction": self.explained_fraction,
             "truncated_positions": self.truncated_positions,
             "tolerance": self.tolerance,
             "message": self.message,
         }
+
+
+def _processing_text(processing: Tensor) -> str:
+    """``temperature 0.7, top_p 0.9`` from the sealed ``[temperature, top_p, top_k, min_p]``."""
+    t, p, k, m = (float(v) for v in processing.tolist())
+    parts = [f"temperature {t:g}"]
+    if not math.isnan(p):
+        parts.append(f"top_p {p:g}")
+    if not math.isnan(k):
+        parts.append(f"top_k {int(k)}")
+    if not math.isnan(m):
+        parts.append(f"min_p {m:g}")
+    return ", ".join(parts)
+
+
+def processing_tensor(how: Truncation | None) -> Tensor:
+    """float64 ``[4]``: ``[temperature, top_p, top_k, min_p]`` (NaN: not given / no truncation
+    declared), sealed so that the diagnostic's text is recomputed offline."""
+    if how is None:
+        return torch.full((4,), math.nan, dtype=torch.float64)
+    values = [how.temperature, how.top_p, how.top_k, how.min_p]
+    return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float64)
+
+
+def _processing_changes_logits(processing: Tensor) -> bool:
+    """Whether the declared processing changes a distribution at all (not greedy, and a
+    temperature other than 1 or some truncation)."""
+    t, p, k, m = (float(v) for v in processing.tolist())
+    if math.isnan(t) or t < 1e-5:
+        return False
+    return t != 1.0 or (not math.isnan(p) and p < 1.0) or not math.isnan(k) or m > 0.0
 
 
 def semantic_offset(
@@ -442,19 +515,30 @@ def semantic_offset(
     log_mass_training_on_rollout_support: Tensor,
     log_mass_rollout_on_training_support: Tensor,
     *,
+    processed_rollout_residual: Tensor | None = None,
+    processed_training_residual: Tensor | None = None,
+    processing: Tensor | None = None,
     tolerance: float = OFFSET_TOLERANCE,
     min_fraction: float = OFFSET_MIN_FRACTION,
 ) -> SemanticOffset:
-    """Does a per-position constant equal to the log of the surviving mass explain the
-    selected-token differences?
+    """Do the sampling semantics explain the selected-token differences, and how?
 
-    When the rollout renormalizes over a truncated support (processed logprobs) and the trainer
-    does not, ``log p_r = log p_t - log S`` on the support, with ``S`` the trainer's mass on
-    the rollout's support: ``training - rollout = log S``. The other way round it is
-    ``-log S'``. The prediction is ``log_mass_training_on_rollout_support -
-    log_mass_rollout_on_training_support`` per position (0 where the supports agree). It fires
-    when some active position is truncated by more than ``tolerance`` and at least
-    ``min_fraction`` of the active positions match their prediction within ``tolerance``.
+    1. Truncation renormalization (temperature 1): when the rollout renormalizes over a
+       truncated support (processed logprobs) and the trainer does not, ``log p_r = log p_t -
+       log S`` on the support, with ``S`` the trainer's mass on the rollout's support:
+       ``training - rollout = log S``; the other way round ``-log S'``. The prediction is
+       ``log_mass_training_on_rollout_support - log_mass_rollout_on_training_support`` per
+       position (0 where the supports agree). It fires when some active position is truncated
+       by more than ``tolerance`` and at least ``min_fraction`` of the active positions match.
+    2. Processed semantics at any temperature: at temperature ``T`` the difference is no
+       per-position constant (``log p_r = z/T - logsumexp_S(z/T)`` against ``z -
+       logsumexp(z)``), so the processed distribution is recomputed from the other side's full
+       logits at the declared temperature and truncation (``processed_residual``, sealed as
+       ``processed_rollout_residual`` / ``processed_training_residual``). A side's hypothesis
+       fires when the declared processing changes a distribution at all, at least
+       ``min_fraction`` of the active positions match within ``tolerance``, and plain
+       agreement (``|diff| <= tolerance``) does not already cover ``min_fraction`` of them.
+    The first explanation that fires, in that order, is the one reported.
     """
     diff = training.double()[active] - rollout.double()[active]
     predicted = (
@@ -464,14 +548,47 @@ def semantic_offset(
     truncated = int((predicted.abs() > tolerance).sum())
     matched = (diff - predicted).abs() <= tolerance
     fraction = float(matched.double().mean()) if n else 0.0
-    fires = truncated > 0 and fraction >= min_fraction
-    if fires:
-        message = (
-            f"truncation renormalization: |diff| matches log S within {tolerance:g} at "
-            f"{100 * fraction:.0f}% of positions ({truncated} of {n} truncated): the sides "
-            "apply different sampling semantics, not different arithmetic"
+    if truncated > 0 and fraction >= min_fraction:
+        return SemanticOffset(
+            fires=True,
+            explanation=EXPLANATIONS[0],
+            explained_fraction=fraction,
+            truncated_positions=truncated,
+            tolerance=tolerance,
+            message=(
+                f"truncation renormalization: |diff| matches log S within {tolerance:g} at "
+                f"{100 * fraction:.0f}% of positions ({truncated} of {n} truncated): the sides "
+                "apply different sampling semantics, not different arithmetic"
+            ),
         )
-    elif truncated:
+    agree = float((diff.abs() <= tolerance).double().mean()) if n else 0.0
+    hypotheses = (
+        (EXPLANATIONS[1], processed_rollout_residual, "rollout", "trainer"),
+        (EXPLANATIONS[2], processed_training_residual, "trainer", "rollout"),
+    )
+    if processing is not None and n and agree < min_fraction:
+        if _processing_changes_logits(processing):
+            for name, residual, side, other in hypotheses:
+                if residual is None:
+                    continue
+                explained = float((residual[active] <= tolerance).double().mean())
+                if explained >= min_fraction:
+                    return SemanticOffset(
+                        fires=True,
+                        explanation=name,
+                        explained_fraction=explained,
+                        truncated_positions=truncated,
+                        tolerance=tolerance,
+                        message=(
+                            f"processed semantics: the {side}'s logprobs match the processed "
+                            f"distribution ({_processing_text(processing)}) recomputed from "
+                            f"the {other}'s full logits within {tolerance:g} at "
+                            f"{100 * explained:.0f}% of positions: the {side} reports "
+                            f"processed logprobs and the {other} raw ones, not different "
+                            "arithmetic"
+                        ),
+                    )
+    if truncated:
         message = (
             f"supports differ at {truncated} of {n} positions, but log S explains only "
             f"{100 * fraction:.0f}% of the differences"
@@ -479,7 +596,8 @@ def semantic_offset(
     else:
         message = "no truncation offset: both sides put mass on the same tokens"
     return SemanticOffset(
-        fires=fires,
+        fires=False,
+        explanation=None,
         explained_fraction=fraction,
         truncated_positions=truncated,
         tolerance=tolerance,
@@ -498,7 +616,11 @@ SEALED_TOP_KEYS = (
 )
 """``divergence.pt`` holds ``DIVERGENCE_FIELDS`` (float64 ``[B, L]``, 0 where inactive) and
 these (the contributors at the worst positions)."""
-SEALED_KEYS = frozenset((*DIVERGENCE_FIELDS, *SEALED_TOP_KEYS))
+SEMANTICS_KEYS = ("processed_rollout_residual", "processed_training_residual", "processing")
+"""The semantic-offset diagnostic's evidence: ``processed_residual`` of each side against the
+other's full logits (float64 ``[B, L]``, 0 where inactive, NaN everywhere when no sampling was
+declared) and the declared ``processing_tensor``."""
+SEALED_KEYS = frozenset((*DIVERGENCE_FIELDS, *SEALED_TOP_KEYS, *SEMANTICS_KEYS))
 
 
 def sealed_tensors(
@@ -509,11 +631,17 @@ def sealed_tensors(
     top_k: int,
     worst_positions: int,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    truncation: Truncation | None = None,
+    token_ids: Tensor | None = None,
+    rollout_logprobs: Tensor | None = None,
+    training_logprobs: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """What ``divergence.pt`` seals for one case: the per-position reductions scattered onto
-    the ``[B, L]`` grid of ``active`` and the top tokens at the worst positions (by total
-    variation). ``rollout_full`` / ``training_full`` are ``[A, V]``, one row per active
-    position in row-major order."""
+    the ``[B, L]`` grid of ``active``, the top tokens at the worst positions (by total
+    variation) and the processed-semantics residuals (``SEMANTICS_KEYS``; computed when
+    ``truncation``, the declared sampling, and the ``[B, L]`` ``token_ids`` and both sides'
+    sampled-token logprobs are given). ``rollout_full`` / ``training_full`` are ``[A, V]``,
+    one row per active position in row-major order."""
     count = int(active.sum())
     if rollout_full.shape[0] != count or training_full.shape[0] != count:
         raise ValueError(
@@ -537,7 +665,52 @@ def sealed_tensors(
             "top_tv_share": top.tv_share,
         }
     )
+    sealed.update(
+        _semantics(
+            rollout_full,
+            training_full,
+            active,
+            truncation,
+            token_ids,
+            rollout_logprobs,
+            training_logprobs,
+        )
+    )
     return sealed
+
+
+def _semantics(
+    rollout_full: Tensor,
+    training_full: Tensor,
+    active: Tensor,
+    truncation: Truncation | None,
+    token_ids: Tensor | None,
+    rollout_logprobs: Tensor | None,
+    training_logprobs: Tensor | None,
+) -> dict[str, Tensor]:
+    mask = active.cpu()
+    out = {
+        "processed_rollout_residual": torch.full(mask.shape, math.nan, dtype=torch.float64),
+        "processed_training_residual": torch.full(mask.shape, math.nan, dtype=torch.float64),
+        "processing": processing_tensor(truncation),
+    }
+    if (
+        truncation is None
+        or token_ids is None
+        or rollout_logprobs is None
+        or training_logprobs is None
+    ):
+        out["processing"] = processing_tensor(None)
+        return out
+    tokens = token_ids.cpu()[mask]
+    for name, reported, other in (
+        ("processed_rollout_residual", rollout_logprobs, training_full),
+        ("processed_training_residual", training_logprobs, rollout_full),
+    ):
+        grid = torch.zeros(mask.shape, dtype=torch.float64)
+        grid[mask] = processed_residual(reported.cpu()[mask], other, tokens, truncation)
+        out[name] = grid
+    return out
 
 
 def sealed_diagnostics(
@@ -567,12 +740,20 @@ def sealed_diagnostics(
     for name, tensor in contributors.items():
         if name != "rows" and (tensor.dim() != 2 or tensor.shape[:1] != width):
             raise ValueError(f"top_{name} must be [{rows.numel()}, k]")
+    for name in SEMANTICS_KEYS[:2]:
+        if sealed[name].shape != active.shape or sealed[name].dtype != torch.float64:
+            raise ValueError(f"{name} is not float64 {tuple(active.shape)}")
+    if sealed["processing"].shape != (4,) or sealed["processing"].dtype != torch.float64:
+        raise ValueError("processing is not float64 [4]")
     offset = semantic_offset(
         training,
         rollout,
         active,
         sealed["log_mass_training_on_rollout_support"],
         sealed["log_mass_rollout_on_training_support"],
+        processed_rollout_residual=sealed["processed_rollout_residual"],
+        processed_training_residual=sealed["processed_training_residual"],
+        processing=sealed["processing"],
     )
     return {
         "full_vocabulary": summarize(sealed, active, contributors),

@@ -75,6 +75,7 @@ def make_config(*, attention: str = "sdpa", device: str = "cuda") -> dict[str, A
                 "enable_prefix_caching": True,
                 "enforce_eager": False,
                 "logprobs_mode": "raw_logprobs",
+                "lm_head_dtype": "compute",
             },
             "training": {
                 "attention_backend": attention,
@@ -163,6 +164,7 @@ def test_knob_allowlist_is_exactly_the_contracts() -> None:
         "rollout.logprobs_mode": Lifecycle.ENGINE_CONSTRUCTION,
         "training.logprob_semantics": Lifecycle.ENGINE_CONSTRUCTION,
         "training.lm_head_dtype": Lifecycle.ENGINE_CONSTRUCTION,
+        "rollout.lm_head_dtype": Lifecycle.ENGINE_CONSTRUCTION,
     }
 
 
@@ -209,6 +211,9 @@ def alias_spellings(draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, 
     rollout[_spelled(draw, ["enforce_eager", "eager"])] = _spelled(draw, false)
     rollout[_spelled(draw, ["logprobs_mode", "logprob_mode"])] = _spelled(
         draw, ["raw_logprobs", "raw", "RAW"]
+    )
+    rollout[_spelled(draw, ["lm_head_dtype", "cast_lm_head_to_fp32"])] = _spelled(
+        draw, ["compute", "compute_dtype", "model"]
     )
     training: dict[str, Any] = {}
     training[_spelled(draw, ["attention_backend", "attn", "attn_implementation"])] = _spelled(
@@ -444,7 +449,7 @@ def _valid_values(path: str) -> st.SearchStrategy[Any]:
         return st.sampled_from(LOGPROBS_MODES)
     if path == "training.logprob_semantics":
         return st.sampled_from(LOGPROB_SEMANTICS)
-    if path == "training.lm_head_dtype":
+    if path in ("training.lm_head_dtype", "rollout.lm_head_dtype"):
         return st.sampled_from(LM_HEAD_DTYPES)
     return st.sampled_from(BACKENDS)
 

@@ -305,7 +305,8 @@ def _write_attempt(
         comparison["numerical"] = numeric
     spec = run.binding.full_vocabulary
     if spec is not None and rollout is not None and training is not None:
-        extra = full_vocabulary(spec, rollout, training)  # never changes the verdict
+        # never changes the verdict
+        extra = full_vocabulary(spec, rollout, training, sampling=run.identity.sampling)
         comparison["diagnostics"] = {**comparison["diagnostics"], **extra.entries}
         if extra.tensors is not None:
             writer.write_bytes(DIVERGENCE_FILE, tensor_bytes(extra.tensors))

@@ -2,9 +2,10 @@
 
 Owns turning the two sides' full next-token distributions (``RolloutOutput.full_vocab`` and
 ``TrainingOutput.full_vocab``, ``[A, V]`` each) into the tensors sealed as ``divergence.pt``
-(per-position reductions and the top tokens at the worst positions, never an ``[A, V]``
-tensor) and the ``full_vocabulary`` / ``semantic_offset`` entries of comparison.json's
-diagnostics, or into the reason they are unavailable. Never changes a verdict. Used by
+(per-position reductions, the top tokens at the worst positions and the processed-semantics
+residuals at the identity's temperature and truncation, never an ``[A, V]`` tensor) and the
+``full_vocabulary`` / ``semantic_offset`` entries of comparison.json's diagnostics, or into the
+reason they are unavailable. Never changes a verdict. Used by
 ``execute.case``; the reductions and the summary are ``divergence``'s. Knows no engine.
 """
 
@@ -17,7 +18,8 @@ import torch
 
 from pytest_logprob_drift.divergence import sealed_diagnostics, sealed_tensors
 from pytest_logprob_drift.execute.protocol import RolloutOutput, TrainingOutput
-from pytest_logprob_drift.records import FullVocabularySpec
+from pytest_logprob_drift.records import FullVocabularySpec, SamplingSpec
+from pytest_logprob_drift.sampling import Truncation
 
 DIVERGENCE_FILE = "divergence.pt"
 
@@ -31,9 +33,16 @@ class CaseDiagnostics:
 
 
 def full_vocabulary(
-    spec: FullVocabularySpec, rollout: RolloutOutput, training: TrainingOutput
+    spec: FullVocabularySpec,
+    rollout: RolloutOutput,
+    training: TrainingOutput,
+    *,
+    sampling: SamplingSpec | None = None,
 ) -> CaseDiagnostics:
-    """The case's full-vocabulary diagnostics, or why there are none."""
+    """The case's full-vocabulary diagnostics, or why there are none. ``sampling`` (the
+    identity's) is the processing the semantic-offset diagnostic recomputes from each side's
+    full logits (temperature and truncation); without it only the ``log S`` explanation can
+    fire."""
     missing = [
         side
         for side, full in (("rollout", rollout.full_vocab), ("training", training.full_vocab))
@@ -52,6 +61,10 @@ def full_vocabulary(
             active,
             top_k=spec.top_k,
             worst_positions=spec.worst_positions,
+            truncation=None if sampling is None else Truncation.of(sampling),
+            token_ids=rollout.tensors["token_ids"],
+            rollout_logprobs=rollout.tensors["logprobs"],
+            training_logprobs=training.logprobs,
         )
     except (ValueError, TypeError) as exc:
         return _unavailable(f"the full distributions do not fit the case: {exc}")

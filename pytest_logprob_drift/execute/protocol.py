@@ -47,6 +47,7 @@ ROLLOUT_KNOBS = (
     "rollout.enable_prefix_caching",
     "rollout.enforce_eager",
     "rollout.logprobs_mode",
+    "rollout.lm_head_dtype",
 )
 TRAINING_KNOBS = (
     "training.attention_backend",

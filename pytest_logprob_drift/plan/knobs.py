@@ -1,8 +1,8 @@
 """The knob catalog: the exact allowlist, lifecycles, aliases and value normalization.
 
-Owns the allowlisted knob paths (the contract's ten, then the sampling-semantics three:
-``rollout.logprobs_mode``, ``training.logprob_semantics``, ``training.lm_head_dtype``) with
-their lifecycles and meanings, path and value aliases
+Owns the allowlisted knob paths (the contract's ten, then the sampling-semantics four:
+``rollout.logprobs_mode``, ``training.logprob_semantics``, ``training.lm_head_dtype``,
+``rollout.lm_head_dtype``) with their lifecycles and meanings, path and value aliases
 (``rollout.tp``, ``bf16``, ``fa2``), normalizing a raw value into a canonical ``KnobValue``
 (``InvalidKnobValue`` otherwise), the dtypes and attention backends each device supports, and
 how a knob value is spelled in a case label. Knows nothing about configs, cases or runtimes.
@@ -90,6 +90,7 @@ PATH_ALIASES: Mapping[str, str] = {
     "rollout.logprob_mode": "rollout.logprobs_mode",
     "training.semantics": "training.logprob_semantics",
     "training.cast_lm_head_to_fp32": "training.lm_head_dtype",
+    "rollout.cast_lm_head_to_fp32": "rollout.lm_head_dtype",
 }
 
 
@@ -244,6 +245,15 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             path="training.lm_head_dtype",
             lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
             meaning="Training LM head and logits in float32, or in training.compute_dtype.",
+        ),
+        normalize=_choice(LM_HEAD_DTYPES, _LM_HEAD_ALIASES),
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="rollout.lm_head_dtype",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="Rollout LM head and logits in float32, or in rollout.dtype; a runtime "
+            "that cannot run its LM head in float32 declares so and refuses it.",
         ),
         normalize=_choice(LM_HEAD_DTYPES, _LM_HEAD_ALIASES),
     ),

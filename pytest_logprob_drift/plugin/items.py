@@ -27,6 +27,7 @@ from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
 from pytest_logprob_drift.outcomes import Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plugin.options import FLAGS, keyword_token, marker_name
+from pytest_logprob_drift.plugin.reporting import diagnostic_properties
 from pytest_logprob_drift.plugin.session import (
     OPTIONS_KEY,
     RUNTIMES_KEY,
@@ -249,6 +250,7 @@ class DriftCaseItem(pytest.Item):
                 ("drift_max_abs_diff", str(c.get("diagnostics", {}).get("max_abs_diff"))),
                 ("drift_threshold", str(c.get("threshold"))),
                 ("drift_attempt", str(result.attempt_dir)),
+                *diagnostic_properties(c),
             ]
         )
 

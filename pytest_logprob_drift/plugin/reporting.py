@@ -1,7 +1,8 @@
 """How drift outcomes are reported: status words and letters, the summary, report tags.
 
 Owns tagging a drift item's call report with its outcome and attribution entry (JSON-safe
-attributes, so they travel from xdist workers), the status word and letter of each outcome
+attributes, so they travel from xdist workers), the junit properties of a case's
+full-vocabulary and semantic-offset diagnostics, the status word and letter of each outcome
 (MISMATCH "M", ...), and the terminal summary: per-outcome counts, the session's engine
 constructions, and a "drift attribution" section ranking each experiment's cases by their
 effect on the drift. Knows nothing about execution.
@@ -11,15 +12,23 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
+from pytest_logprob_drift import divergence_text
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.attribution.text import HEADERS, rows
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plugin.session import CONSTRUCTIONS_KEY, SEALED_KEY
 from pytest_logprob_drift.tables import render_table
+
+
+def diagnostic_properties(comparison: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The junit properties of a case's full-vocabulary and semantic-offset diagnostics
+    (``divergence_text.properties``): what ``--junitxml`` records beside the verdict."""
+    return divergence_text.properties(comparison)
 
 
 def tag_report(

@@ -3,12 +3,14 @@
 Owns laying out ``model.ReportData`` as a page, top to bottom: the header (experiment,
 scenario, contract, run time, runtime, package and engine versions, the verify status of every
 attempt), the overview plot, the case table (outcome coloured, changed knobs, active tokens,
-mismatches, max/p99/mean |diff|, the peer metrics other RL frameworks log, and the
-attribution columns when a sealed attribution exists; sortable by a few lines of plain
+mismatches, max/p99/mean |diff|, the peer metrics other RL frameworks log, KL both ways, TV
+and the semantic offset when some case has full-vocabulary diagnostics, and the attribution
+columns when a sealed attribution exists; sortable by a few lines of plain
 JavaScript), the attribution chart and ranking, the invalid attempts (listed, never plotted),
 then one section per detailed case (histogram, |diff| by position, logprob scatter, the worst
-tokens with their text in context, requested -> materialized -> actual knob records, identity
-checks, relative links to the sealed files), and how the plots aggregate. Nothing is fetched:
+tokens with their text in context, the full-vocabulary divergence and the semantic offset when
+the case has them, requested -> materialized -> actual knob records, identity checks, relative
+links to the sealed files), and how the plots aggregate. Nothing is fetched:
 no external script, style sheet, font or image; plots are inline SVG from ``plots``. Knows
 nothing about files, seals, torch or engines.
 """
@@ -20,9 +22,20 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pytest_logprob_drift.divergence_text import entries
 from pytest_logprob_drift.report import plots
 from pytest_logprob_drift.report.model import CaseView, ReportData, WorstToken
-from pytest_logprob_drift.report.summary import PEER_METRICS, fmt_diff, fmt_ratio, interval
+from pytest_logprob_drift.report.summary import (
+    FULL_VOCAB_COLUMNS,
+    PEER_METRICS,
+    STATISTICS,
+    fmt_diff,
+    fmt_ratio,
+    full_vocabulary_cells,
+    has_full_vocabulary,
+    interval,
+    reduction_rows,
+)
 
 _esc = html.escape
 RANKING_SHOWN = 30
@@ -68,6 +81,8 @@ mark{background:#ffd84d;padding:0 2px;white-space:pre}
 .good{color:#1a6e1a}
 details{margin:.3em 0}
 summary{cursor:pointer}
+table.top{margin:0}
+table.top td,table.top th{border-bottom:none;padding:0 5px;font-size:12px}
 """
 
 SORT_SCRIPT = """
@@ -214,6 +229,9 @@ def _case_table(data: ReportData) -> str:
         "mean |diff|",
         *(title for title, _ in PEER_METRICS),
     ]
+    with_full = has_full_vocabulary(data)
+    if with_full:
+        headers += [title for title, _, _ in FULL_VOCAB_COLUMNS] + ["semantic offset"]
     if with_attr:
         headers += ["which side moved", "mean |diff| ratio", "95% interval", "p99 ratio"]
     headers += ["attempt (UTC)"]
@@ -236,6 +254,10 @@ def _case_table(data: ReportData) -> str:
             cells.append(_td(fmt_diff(d.get(key)), num=_num(d.get(key)), cls="n"))
         for _, key in PEER_METRICS:
             cells.append(_td(fmt_diff(d.get(key)), num=_num(d.get(key)), cls="n"))
+        if with_full:
+            *stats, (offset, _) = full_vocabulary_cells(d)
+            cells += [_td(text, num=value, cls="n") for text, value in stats]
+            cells.append(_td(offset, cls="words" if offset not in ("-", "no") else ""))
         if with_attr:
             entry = view.attribution or {}
             effect = entry.get("effect") or {}
@@ -387,6 +409,93 @@ def _worst(worst: Sequence[WorstToken], decoded: bool) -> str:
     )
 
 
+def _number(value: Any) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value:.4g}"
+
+
+def _stat_td(cell: tuple[str, float | None]) -> str:
+    text, value = cell
+    return _td(text, num=value if value is not None and value != float("inf") else None, cls="n")
+
+
+def _offset(offset: Mapping[str, Any]) -> str:
+    if not offset:
+        return ""
+    fires = bool(offset.get("fires"))
+    explanation = offset.get("explanation")
+    how = f" <span class='muted'>({_esc(str(explanation))})</span>" if explanation else ""
+    return (
+        f"<p class='offset'><b>Semantic offset:</b> "
+        f"<span class='{'bad' if fires else 'muted'}'>{_esc(str(offset.get('message', '')))}"
+        f"</span>{how}</p>"
+    )
+
+
+def _top_token(token: Mapping[str, Any], texts: Mapping[int, str]) -> str:
+    token_id = int(token["token_id"])
+    return _token(texts.get(token_id), token_id)
+
+
+def _full_vocabulary(view: CaseView) -> str:
+    """The full-vocabulary divergence of a detailed case: KL both ways and TV (mean / p99 /
+    max), truncated supports, the worst positions with their top tokens, the semantic
+    offset; or why they are unavailable; nothing when the case has none."""
+    full, offset = entries({"diagnostics": view.diagnostics})
+    if not full and not offset:
+        return ""
+    parts = ["<h3>Full-vocabulary divergence</h3>"]
+    if "unavailable" in full:
+        parts.append(f"<p class='muted'>unavailable: {_esc(str(full['unavailable']))}</p>")
+        return "".join(parts) + _offset(offset)
+    if full:
+        head = "".join(f"<th>{_esc(s)}</th>" for s in STATISTICS)
+        rows = "".join(
+            f"<tr>{_td(name)}" + "".join(_stat_td(c) for c in cells) + "</tr>"
+            for name, cells in reduction_rows(full)
+        )
+        parts.append(
+            f"<p>Over {_esc(str(full.get('positions')))} active positions; supports differ "
+            f"(truncation) at {_esc(str(full.get('truncated_positions')))}.</p>"
+            f"<table class='divergence'><thead><tr><th></th>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table>"
+        )
+    parts.append(_offset(offset))
+    worst = full.get("worst_positions") or []
+    texts = view.detail.top_token_texts if view.detail is not None else {}
+    if worst:
+        body = []
+        for w in worst:
+            tokens = "".join(
+                "<tr>"
+                + _td(t.get("token_id"), cls="n")
+                + f"<td><code class='tok'>{_top_token(t, texts)}</code></td>"
+                + _td(_number(t.get("rollout_logprob")), cls="n")
+                + _td(_number(t.get("training_logprob")), cls="n")
+                + _td(_number(t.get("tv_share")), cls="n")
+                + "</tr>"
+                for t in w.get("top_tokens", [])
+            )
+            body.append(
+                "<tr>"
+                + _td(w.get("sample"), cls="n")
+                + _td(w.get("position"), cls="n")
+                + _td(_number(w.get("total_variation")), cls="n")
+                + _td(_number(w.get("kl_rollout_training")), cls="n")
+                + _td(_number(w.get("kl_training_rollout")), cls="n")
+                + "<td><table class='top'><thead><tr><th>id</th><th>token</th>"
+                "<th>rollout</th><th>training</th><th>TV share</th></tr></thead>"
+                f"<tbody>{tokens}</tbody></table></td></tr>"
+            )
+        parts.append(
+            "<table class='worst-positions'><thead><tr><th>sample</th><th>position</th>"
+            "<th>TV</th><th>KL(r||t)</th><th>KL(t||r)</th>"
+            "<th>top tokens (logprobs; share of the position's TV)</th></tr></thead><tbody>"
+            + "".join(body)
+            + "</tbody></table>"
+        )
+    return "".join(parts)
+
+
 def _value(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
@@ -494,6 +603,7 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> str:
         )
     parts += [
         _worst(detail.worst, detail.decoded),
+        _full_vocabulary(view),
         _records(view),
         _identity(view),
         _files(view),

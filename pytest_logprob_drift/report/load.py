@@ -333,6 +333,18 @@ def _decoder_for(
     return cache[key]
 
 
+def _full_vocabulary_token_ids(comparison: Mapping[str, Any]) -> list[int]:
+    """The token ids named at the full-vocabulary worst positions, sorted, distinct."""
+    full = (comparison.get("diagnostics") or {}).get("full_vocabulary") or {}
+    ids = {
+        int(t["token_id"])
+        for w in (full.get("worst_positions") or [] if isinstance(full, Mapping) else [])
+        for t in w.get("top_tokens", [])
+        if isinstance(t.get("token_id"), int)
+    }
+    return sorted(ids)
+
+
 def case_detail(
     shown: _Shown, factory: DecoderFactory | None, cache: dict[str, TokenDecoder | None]
 ) -> CaseDetail | None:
@@ -366,7 +378,11 @@ def case_detail(
         threshold,
         _decoder_for(shown.identity, factory, cache),
     )
+    decoder = _decoder_for(shown.identity, factory, cache)
+    top_ids = _full_vocabulary_token_ids(shown.comparison)
+    top_texts = _texts(decoder, top_ids)
     return CaseDetail(
+        top_token_texts=dict(zip(top_ids, top_texts, strict=True)) if top_texts else {},
         histogram=histogram(diff),
         profile=position_profile(diff_grid, active, starts),
         scatter=scatter(rollout[active], training[active], diff, threshold),

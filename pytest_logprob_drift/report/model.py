@@ -108,6 +108,9 @@ class CaseDetail:
     """``(field, rollout, training, same)`` for each side-identity field."""
     training_evidence: Mapping[str, Any]
     read_back: Mapping[str, Any]
+    top_token_texts: Mapping[int, str] = field(default_factory=dict)
+    """The text of each token id named at the full-vocabulary worst positions (empty without a
+    tokenizer or without the diagnostics)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,8 +3,9 @@
 Owns the summary row of each case (shared by the terminal table, ``--json`` and the page's
 formats), the peer metrics other RL frameworks log that the table shows, the attribution's
 ranking in text (``attribution.text``'s rows and lines, from the sealed document), and the
-JSON document of ``report --json``. Knows nothing about files, seals or how a table is
-printed.
+JSON document of ``report --json``; and the full-vocabulary columns (KL both ways, TV) and the
+semantic-offset cell a page shows when some case has those diagnostics. Knows nothing about
+files, seals or how a table is printed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
+from pytest_logprob_drift.divergence_text import REDUCTIONS, entries
 from pytest_logprob_drift.report.model import ReportData
 
 HEADERS = [
@@ -53,6 +55,64 @@ def interval(ratio: Mapping[str, Any]) -> str:
     if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
         return "-"
     return f"[{low:.3g}, {high:.3g}]" + (" excludes 1" if ratio.get("excludes_one") else "")
+
+
+FULL_VOCAB_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("KL(r||t) max", "kl_rollout_training", "max"),
+    ("KL(r||t) mean", "kl_rollout_training", "mean"),
+    ("KL(t||r) max", "kl_training_rollout", "max"),
+    ("KL(t||r) mean", "kl_training_rollout", "mean"),
+    ("TV max", "total_variation", "max"),
+)
+"""``(column title, full_vocabulary summary key, statistic)`` of the full-vocabulary columns."""
+STATISTICS = ("mean", "p99", "max")
+
+
+def has_full_vocabulary(data: ReportData) -> bool:
+    """Whether some case carries full-vocabulary or semantic-offset diagnostics."""
+    return any(any(entries({"diagnostics": v.diagnostics})) for v in data.cases)
+
+
+def _infinite(stats: Mapping[str, Any]) -> int:
+    value = stats.get("infinite")
+    return value if isinstance(value, int) else 0
+
+
+def stat_cell(stats: Any, statistic: str) -> tuple[str, float | None]:
+    """A statistic of one reduction: its text (``inf`` when infinite somewhere and the
+    statistic is the max, ``+ inf at n`` noted otherwise) and its sort value."""
+    if not isinstance(stats, Mapping):
+        return "-", None
+    value = stats.get(statistic)
+    infinite = _infinite(stats)
+    if statistic == "max" and infinite:
+        return f"inf ({infinite} pos.)", float("inf")
+    if not isinstance(value, (int, float)):
+        return ("inf" if infinite else "-"), (float("inf") if infinite else None)
+    text = fmt_diff(value)
+    return (f"{text} (+inf at {infinite})" if infinite else text), float(value)
+
+
+def full_vocabulary_cells(diagnostics: Mapping[str, Any]) -> list[tuple[str, float | None]]:
+    """``(text, sort value)`` of the full-vocabulary columns, then the semantic-offset cell
+    (its explanation when it fires)."""
+    full, offset = entries({"diagnostics": diagnostics})
+    if "unavailable" in full:
+        cells: list[tuple[str, float | None]] = [("n/a", None) for _ in FULL_VOCAB_COLUMNS]
+    else:
+        cells = [stat_cell(full.get(key), stat) for _, key, stat in FULL_VOCAB_COLUMNS]
+    if offset.get("fires"):
+        cells.append((str(offset.get("explanation") or "fires"), None))
+    else:
+        cells.append(("-" if not offset else "no", None))
+    return cells
+
+
+def reduction_rows(full: Mapping[str, Any]) -> list[tuple[str, list[tuple[str, float | None]]]]:
+    """Per reduction: its display name and ``STATISTICS`` cells (what a case section shows)."""
+    return [
+        (name, [stat_cell(full.get(key), stat) for stat in STATISTICS]) for key, name in REDUCTIONS
+    ]
 
 
 def summary_rows(data: ReportData) -> list[list[Any]]:

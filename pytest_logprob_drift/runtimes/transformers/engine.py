@@ -15,7 +15,8 @@ and never downloads anything (models load with ``local_files_only=True``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -36,6 +37,7 @@ __all__ = [
     "ATTN_IMPLEMENTATIONS",
     "CANONICAL_KEYS",
     "DTYPES",
+    "LM_HEAD_DTYPES",
     "LOGPROBS_MODE",
     "NATIVE_LOGP",
     "REFERENCE_LOGP",
@@ -45,6 +47,7 @@ __all__ = [
     "dtype_name",
     "hf_rollout",
     "hf_teacher_forced_score",
+    "lm_head_at_score",
     "load_model",
     "native_selected_logprob",
     "read_back",
@@ -172,6 +175,38 @@ def _float32_lm_head(model: Any) -> None:
         return (args[0].float(), *args[1:])
 
     head.register_forward_pre_hook(upcast)
+
+
+@contextmanager
+def lm_head_at_score(model: Any, lm_head_dtype: str) -> Iterator[list[str]]:
+    """For the duration, the LM head's output is observed and, with ``lm_head_dtype="float32"``
+    on a model whose head is not float32, recomputed in float32: ``F.linear`` of the upcast
+    final hidden states and a float32 copy of the head weight (the same arithmetic as
+    ``load_model``'s float32 head, which an FSDP-sharded model cannot hold: its parameter
+    groups need one dtype). Yields a list receiving the dtype name of every logits tensor
+    the head produced. Changes no parameter or buffer."""
+    if lm_head_dtype not in LM_HEAD_DTYPES:
+        raise ValueError(f"lm_head_dtype must be one of {', '.join(LM_HEAD_DTYPES)}")
+    head = _lm_head(model)
+    if head is None:
+        raise ValueError("the model has no LM head")
+    seen: list[str] = []
+
+    def output(module: Any, args: tuple[Any, ...], out: Any) -> Any:
+        weight = module.weight
+        if lm_head_dtype == "float32" and weight.dtype != torch.float32:
+            bias = getattr(module, "bias", None)
+            out = torch.nn.functional.linear(
+                args[0].float(), weight.float(), None if bias is None else bias.float()
+            )
+        seen.append(dtype_name(out.dtype))
+        return out
+
+    handle = head.register_forward_hook(output)
+    try:
+        yield seen
+    finally:
+        handle.remove()
 
 
 def load_model(

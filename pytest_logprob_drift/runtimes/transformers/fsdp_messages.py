@@ -7,7 +7,8 @@ parent's requests (``Init``, ``Score``, ``Close``) and the ranks' replies (``Rea
 (POSIX); the records themselves travel over it, tensors inside them as bytes of the project's
 one tensor wire format (``tensorio``, read back weights-only); whatever arrives that is not a
 message of the expected direction is refused with ``ProtocolError``. Knows nothing about
-processes, torch.distributed, models, sharding or what the scores are compared with.
+processes, torch.distributed, models, sharding or what the scores are compared with (the
+sampler's ``Truncation`` record travels as it is).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from pytest_logprob_drift.runtimes.sampling import Truncation
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "Score",
     "ScoreEvidence",
     "Scored",
+    "full_vocab_bytes",
     "receive_reply",
     "receive_request",
     "result_bytes",
@@ -65,15 +68,40 @@ class Init:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Score:
-    """Score ``batch`` (canonical tensors as wire bytes) with the named selected-logprob fn."""
+    """Score ``batch`` (canonical tensors as wire bytes) with the named selected-logprob fn.
+
+    ``processed``: score the sampler's processed logits (temperature and truncation, as
+    ``runtimes.sampling`` applies them) instead of the raw ones; ``lm_head_dtype``: ``float32``
+    computes the LM head and logits in float32 from upcast hidden states, ``compute`` leaves
+    them in the model's dtype; ``full_vocabulary``: rank 0 also returns the scored ``[A, V]``
+    rows of the active positions (float32)."""
 
     batch: bytes
     batch_size: int
     logp_backend: str
+    processed: Truncation | None = None
+    lm_head_dtype: str = "compute"
+    full_vocabulary: bool = False
 
     @classmethod
-    def of(cls, batch: Mapping[str, Tensor], *, batch_size: int, logp_backend: str) -> Score:
-        return cls(batch=tensor_bytes(batch), batch_size=batch_size, logp_backend=logp_backend)
+    def of(
+        cls,
+        batch: Mapping[str, Tensor],
+        *,
+        batch_size: int,
+        logp_backend: str,
+        processed: Truncation | None = None,
+        lm_head_dtype: str = "compute",
+        full_vocabulary: bool = False,
+    ) -> Score:
+        return cls(
+            batch=tensor_bytes(batch),
+            batch_size=batch_size,
+            logp_backend=logp_backend,
+            processed=processed,
+            lm_head_dtype=lm_head_dtype,
+            full_vocabulary=full_vocabulary,
+        )
 
     def tensors(self) -> dict[str, Tensor]:
         return tensors_from_bytes(self.batch)
@@ -132,21 +160,34 @@ class ScoreEvidence:
     state_digest_after: str
     forward_calls: int
     readonly_violations: tuple[str, ...]
+    logprob_semantics: str = "raw"
+    """``raw`` or ``processed``: which logits this rank's scores were taken from."""
+    logits_dtype: str = ""
+    """The dtype of the logits the LM head produced, observed at its output."""
+    full_vocab_rows: int = 0
+    """How many full-vocabulary rows this rank scored (0 unless the request asked)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scored(_FromRank):
-    """``logprobs`` holds the result's wire bytes on rank 0 only (``None`` elsewhere)."""
+    """``logprobs`` holds the result's wire bytes on rank 0 only (``None`` elsewhere);
+    ``full_vocab`` the scored ``[A, V]`` float32 rows, on rank 0 and only when asked for."""
 
     KIND: ClassVar[str] = "scored"
 
     logprobs: bytes | None
     evidence: ScoreEvidence
+    full_vocab: bytes | None = None
 
     def result(self) -> Tensor:
         if self.logprobs is None:
             raise ProtocolError(f"rank {self.rank} sent no result tensor")
         return tensors_from_bytes(self.logprobs)["logprobs"]
+
+    def full_vocab_rows(self) -> Tensor:
+        if self.full_vocab is None:
+            raise ProtocolError(f"rank {self.rank} sent no full-vocabulary rows")
+        return tensors_from_bytes(self.full_vocab)["full_vocab"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +205,11 @@ Reply = Ready | Scored | Failed
 def result_bytes(logprobs: Tensor) -> bytes:
     """The wire bytes of a rank's result (what ``Scored.logprobs`` carries)."""
     return tensor_bytes({"logprobs": logprobs})
+
+
+def full_vocab_bytes(rows: Tensor) -> bytes:
+    """The wire bytes of a rank's full-vocabulary rows (what ``Scored.full_vocab`` carries)."""
+    return tensor_bytes({"full_vocab": rows})
 
 
 # --------------------------------------------------------------------------- the pipe

@@ -4,8 +4,10 @@ Owns turning a live ``vllm.LLM`` into plain values: the settings vLLM resolved a
 ``llm.llm_engine.vllm_config`` (its ``model_config``, ``cache_config``, ``parallel_config`` and
 ``compilation_config``), and what every worker reports about its loaded model through
 ``DriftWorkerExtension.model_report`` (``collective_rpc``): the attention implementation class
-of each attention layer and the tensor-parallel vocabulary shards of the embedding and the LM
-head. Nothing here parses a repr or consults the spec the engine was built from.
+of each attention layer, the tensor-parallel vocabulary shards of the embedding and the LM
+head, the LM head weight's dtype, and the sampling parameters of the requests the workers'
+batches took in (what the running engine applied, e.g. ``min_p``). Nothing here parses a repr
+or consults the spec the engine was built from.
 
 Knows nothing about how the engine was built or shut down, about its processes or environment
 (those values are passed in by the engine), or about knobs, cases, comparison or pytest.
@@ -23,7 +25,10 @@ __all__ = [
     "MODEL_REPORT",
     "attention_backend",
     "context_parallel_size",
+    "lm_head_dtype",
     "read_back",
+    "sampling_applied",
+    "sampling_seen",
     "vocab_layout",
     "worker_reports",
 ]
@@ -75,6 +80,53 @@ def vocab_layout(reports: Sequence[Mapping[str, Any]]) -> dict[str, object]:
             ],
         }
     return layout
+
+
+def lm_head_dtype(reports: Sequence[Mapping[str, Any]]) -> str:
+    """The dtype of the LM head weight the workers loaded, joined if they differ; ``unknown``
+    when no worker reported one."""
+    dtypes = sorted({str(r["lm_head_dtype"]) for r in reports if "lm_head_dtype" in r})
+    return ",".join(dtypes) if dtypes else "unknown"
+
+
+def sampling_seen(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The sampling parameters of the requests the workers' input batches took in so far,
+    with their counts (``DriftWorkerExtension.model_report``; every tensor-parallel worker
+    takes in every request, so the first worker's list is the engine's). Empty when no worker
+    runs the probe."""
+    for report in reports:
+        seen = report.get("sampling_seen")
+        if report.get("sampling_probe") and isinstance(seen, list):
+            return [dict(entry) for entry in seen]
+    return []
+
+
+def sampling_applied(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """What the requests between two ``sampling_seen`` snapshots really ran with.
+
+    ``observed``: whether some request entered a worker's batch in between; ``values``: the
+    distinct ``{temperature, top_p, top_k, min_p}`` of those requests (one entry when every
+    request of the call ran with the same parameters)."""
+
+    def key(entry: Mapping[str, Any]) -> tuple[float, float, int, float]:
+        return (
+            float(entry["temperature"]),
+            float(entry["top_p"]),
+            int(entry["top_k"]),
+            float(entry["min_p"]),
+        )
+
+    counts = {key(e): int(e["requests"]) for e in before}
+    new = [e for e in after if int(e["requests"]) > counts.get(key(e), 0)]
+    return {
+        "observed": bool(new),
+        "values": [
+            {"temperature": t, "top_p": p, "top_k": k, "min_p": m}
+            for t, p, k, m in sorted(key(e) for e in new)
+        ],
+    }
 
 
 def context_parallel_size(llm: LLM) -> int:
@@ -137,6 +189,8 @@ def read_back(
         "cudagraph_mode": _enum_name(compilation.cudagraph_mode),
         "attention_backend": attention_backend(reports),
         "vocab_layout": vocab_layout(reports),
+        "lm_head_dtype": lm_head_dtype(reports),
+        "sampling_seen": sampling_seen(reports),
         "num_engine_core_processes": len(process_ids["engine_core"]),
         "num_worker_processes": len(process_ids["workers"]),
         "construction_env": dict(construction_env),

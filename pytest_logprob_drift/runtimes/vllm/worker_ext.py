@@ -8,7 +8,10 @@ so the first AMX instruction dies with SIGILL unless some oneDNN call happened t
 first (measured here: bf16 workers died with exit code -4 in 2 of 4 engine starts).
 ``model_report`` returns what this worker's loaded model really is, read from the attributes of
 vLLM's own layer objects: the attention implementation class of every attention layer and the
-vocabulary shard (sizes and ``shard_indices``) of the embedding and the LM head.
+vocabulary shard (sizes and ``shard_indices``) of the embedding and the LM head, the LM head
+weight's dtype, and the sampling parameters (temperature, top_p, top_k, min_p) of every request
+the worker's input batch took in, counted by a probe on vLLM's ``InputBatch.add_request``: what
+the running engine applied, which ``RequestOutput`` does not carry.
 
 Knows nothing about cases, knobs, scoring, how the report is summarised, or the engine's
 processes; imported only inside vLLM worker processes, where vLLM and torch are loaded.
@@ -16,16 +19,55 @@ processes; imported only inside vLLM worker processes, where vLLM and torch are 
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 _VOCAB_LAYERS = ("embed_tokens", "lm_head")
+
+_SAMPLING_SEEN: Counter[tuple[float, float, int, float]] = Counter()
+"""``(temperature, top_p, top_k, min_p)`` of every request this worker's input batch took in
+(the ``SamplingParams`` the worker really received, after the hop from the frontend), with
+how often; never reset, so a caller compares two reports to see one call's requests."""
+
+
+def _install_sampling_probe() -> bool:
+    """Wrap vLLM's ``InputBatch.add_request`` in this worker process (once) so that the
+    sampling parameters of each request entering the batch are counted in ``_SAMPLING_SEEN``:
+    the values the sampler and the min_p logits processor (``MinPLogitsProcessor``, fed from
+    the same ``request.sampling_params``) apply. Changes nothing the request does."""
+    from vllm.v1.worker import gpu_input_batch
+
+    batch_type: Any = gpu_input_batch.InputBatch
+    if getattr(batch_type.add_request, "_drift_probe", False):
+        return True
+    original = batch_type.add_request
+
+    def add_request(self: Any, request: Any) -> Any:
+        params = getattr(request, "sampling_params", None)
+        if params is not None:
+            key = (
+                float(params.temperature),
+                float(params.top_p),
+                int(params.top_k),
+                float(params.min_p),
+            )
+            _SAMPLING_SEEN[key] += 1
+        return original(self, request)
+
+    add_request._drift_probe = True  # type: ignore[attr-defined]
+    batch_type.add_request = add_request
+    return True
 
 
 class DriftWorkerExtension:
     """Methods vLLM adds to each worker (called by name through ``collective_rpc``)."""
 
     def enable_amx(self) -> bool:
+        """Called in every worker before any request: AMX permission (and, as the one
+        per-worker set-up call, the sampling probe)."""
         import torch
+
+        _install_sampling_probe()
 
         if not torch.cpu._is_amx_tile_supported():
             return False
@@ -39,6 +81,9 @@ class DriftWorkerExtension:
         named ``embed_tokens`` and the first named ``lm_head``, the layer's tensor-parallel
         rank and size, its original and padded vocabulary sizes, its rows per rank and its
         ``shard_indices`` (the padded rows and the real token ids this rank owns).
+        ``lm_head_dtype``: the dtype of the loaded LM head's weight (``none`` without one).
+        ``sampling_seen``: the sampling parameters of the requests this worker's input batch
+        took in so far (``_install_sampling_probe``), with their counts.
         """
         from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
@@ -67,4 +112,18 @@ class DriftWorkerExtension:
                         "org_vocab_start_index": int(shard.org_vocab_start_index),
                         "org_vocab_end_index": int(shard.org_vocab_end_index),
                     }
-        return {"attention_backends": sorted(backends), "vocab": vocab}
+        head = next(
+            (m for n, m in model.named_modules() if n.rsplit(".", 1)[-1] == "lm_head"), None
+        )
+        weight = getattr(head, "weight", None)
+        head_dtype = str(weight.dtype).removeprefix("torch.") if weight is not None else "none"
+        return {
+            "sampling_probe": _install_sampling_probe(),
+            "sampling_seen": [
+                {"temperature": t, "top_p": p, "top_k": k, "min_p": m, "requests": n}
+                for (t, p, k, m), n in sorted(_SAMPLING_SEEN.items())
+            ],
+            "attention_backends": sorted(backends),
+            "vocab": vocab,
+            "lm_head_dtype": head_dtype,
+        }

@@ -1,0 +1,84 @@
+"""``rollout.lm_head_dtype`` on real engines: the transformers rollout applies ``float32``
+(read back from its live LM head), vLLM declares ``compute`` (read back from the LM head
+weight its workers loaded) and a ``float32`` request is refused before any engine is built.
+On the same vLLM engine, the identity's ``min_p`` is observed in the requests the worker ran.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from drift_testing import S0_HF, S1, make_runner
+
+from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.outcomes import Outcome
+
+pytestmark = pytest.mark.slow
+
+CASE = "rollout.lm_head_dtype=float32"
+
+
+def _config(source: Path, path: Path, experiment_id: str, rollout_dtype: str) -> str:
+    document: dict[str, Any] = json.loads(source.read_text())
+    document["experiment_id"] = experiment_id
+    document["baseline"]["rollout"]["dtype"] = rollout_dtype
+    document["baseline"]["rollout"]["lm_head_dtype"] = "compute"
+    document["interventions"] = [{"path": "rollout.lm_head_dtype", "values": ["float32"]}]
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def _knobs(result: Any) -> dict[str, Any]:
+    knobs: dict[str, Any] = json.loads((result.attempt_dir / "actual.json").read_text())["knobs"]
+    return knobs
+
+
+def test_transformers_rollout_runs_its_lm_head_in_float32(tmp_path: Path) -> None:
+    plan = plan_file(_config(S0_HF, tmp_path / "hf.json", "hf-rollout-head", "bfloat16"))
+    with make_runner(plan, runtime="hf", artifacts=tmp_path / "runs") as runner:
+        results = {r.label: r for r in runner.run()}
+    for label, head in (("baseline", "compute"), (CASE, "float32")):
+        result = results[label]
+        assert result.outcome in (Outcome.PASS, Outcome.MISMATCH), (label, result.reason)
+        record = _knobs(result)["rollout.lm_head_dtype"]
+        assert (record["status"], record["actual"]) == ("applied", head), record
+        assert _knobs(result)["rollout.dtype"]["actual"] == "bfloat16"
+
+
+def test_vllm_declares_compute_and_refuses_a_float32_head(tmp_path: Path) -> None:
+    """Also: the identity's min_p (and top_p) observed on the running engine, in the requests
+    its worker's batch took in, and reported for identity validation."""
+    pytest.importorskip("vllm")
+    config = _config(S1, tmp_path / "vllm.json", "vllm-rollout-head", "float32")
+    document = json.loads(Path(config).read_text())
+    document["identity"]["sampling"].update({"min_p": 0.05, "top_p": 0.9})
+    Path(config).write_text(json.dumps(document))
+    plan = plan_file(config)
+    with make_runner(plan, runtime="vllm-hf", artifacts=tmp_path / "runs") as runner:
+        results = {r.label: r for r in runner.run()}
+        constructions = runner.pool.rollout_constructions
+    baseline = results["baseline"]
+    assert baseline.outcome is Outcome.PASS, baseline.reason
+    knobs = _knobs(baseline)
+    assert knobs["rollout.lm_head_dtype"]["actual"] == "compute"
+    assert knobs["rollout.lm_head_dtype"]["status"] == "applied"
+    refused = results[CASE]
+    assert refused.outcome is Outcome.STRICT_REJECTED, refused.reason
+    assert "rollout.lm_head_dtype='float32': unsupported" in refused.reason
+    assert constructions == 1  # the refused case built no engine
+    # The workers' LM head weight, read back from the live engine: the model's dtype.
+    read_back = json.loads((baseline.attempt_dir / "actual.json").read_text())["read_back"]
+    assert read_back["vllm.lm_head_dtype"] == read_back["vllm.dtype"] == "float32"
+    applied = json.loads(read_back["vllm.sampling_applied"])
+    assert applied["observed"] is True
+    assert applied["values"] == [{"temperature": 1.0, "top_p": 0.9, "top_k": 0, "min_p": 0.05}]
+    sides = json.loads((baseline.attempt_dir / "identity.json").read_text())
+    assert sides["rollout"]["sampling_min_p"] == sides["training"]["sampling_min_p"] == 0.05
+    assert sides["rollout"]["sampling_top_p"] == 0.9

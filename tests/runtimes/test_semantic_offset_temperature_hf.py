@@ -1,0 +1,84 @@
+"""The semantic-offset diagnostic at temperature 0.7 on the ``hf`` and ``vllm-hf`` runtimes
+(real tiny Qwen3).
+
+top_p 0.9 at temperature 0.7: the rollout reporting processed logprobs against a raw trainer
+is MISMATCH, and the diagnostic says the processed distribution recomputed from the trainer's
+full logits explains it (``log S`` cannot at T != 1); the raw baseline PASSes without it. The
+run verifies offline (``verify`` recomputes the diagnostic from the sealed tensors).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from drift_testing import S0_HF, S1, make_runner
+
+from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.report.html import render_page
+from pytest_logprob_drift.report.load import load_report
+from pytest_logprob_drift.store.verify import verify_run
+
+pytestmark = pytest.mark.slow
+
+ROLLOUT = "rollout.logprobs_mode=processed_logprobs"
+
+
+def _config(source: Path, tmp_path: Path, experiment_id: str) -> str:
+    document: dict[str, Any] = json.loads(source.read_text())
+    document["experiment_id"] = experiment_id
+    document["identity"]["sampling"].update({"temperature": 0.7, "top_p": 0.9})
+    document["diagnostics"] = {"full_vocabulary": True}
+    document["baseline"]["rollout"]["logprobs_mode"] = "raw_logprobs"
+    document["interventions"] = [
+        {"path": "rollout.logprobs_mode", "values": ["processed_logprobs"]}
+    ]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(document))
+    return str(config)
+
+
+def _run(config: str, runtime: str, artifacts: Path) -> dict[str, Any]:
+    with make_runner(plan_file(config), runtime=runtime, artifacts=artifacts) as runner:
+        return {r.label: r for r in runner.run()}
+
+
+def test_temperature_0_7_processed_rollout_is_explained(tmp_path: Path) -> None:
+    results = _run(_config(S0_HF, tmp_path, "hf-offset-t07"), "hf", tmp_path / "runs")
+    baseline, processed = results["baseline"], results[ROLLOUT]
+    assert baseline.outcome is Outcome.PASS, baseline.reason
+    assert baseline.comparison["diagnostics"]["semantic_offset"]["fires"] is False
+    assert processed.outcome is Outcome.MISMATCH, processed.reason
+    offset = processed.comparison["diagnostics"]["semantic_offset"]
+    assert offset["fires"] is True and offset["explanation"] == "processed_rollout", offset
+    assert offset["message"].startswith(
+        "processed semantics: the rollout's logprobs match the processed distribution "
+        "(temperature 0.7, top_p 0.9)"
+    )
+    assert {s.status for s in verify_run(tmp_path / "runs" / "hf-offset-t07")} == {"ok"}
+    # People see it: the report's case table and the case section.
+    page = render_page(load_report(tmp_path / "runs" / "hf-offset-t07", page_dir=tmp_path))
+    assert "<h3>Full-vocabulary divergence</h3>" in page
+    assert "processed semantics: the rollout&#x27;s logprobs match" in page
+    assert "<td class='words'>processed_rollout</td>" in page
+
+
+def test_temperature_0_7_processed_vllm_rollout_is_explained(tmp_path: Path) -> None:
+    """The same on vLLM: its ``processed_logprobs`` at temperature 0.7 and top_p 0.9 are the
+    processed distribution recomputed from the transformers trainer's full logits."""
+    pytest.importorskip("vllm")
+    results = _run(_config(S1, tmp_path, "vllm-offset-t07"), "vllm-hf", tmp_path / "runs")
+    baseline, processed = results["baseline"], results[ROLLOUT]
+    assert baseline.outcome is Outcome.PASS, baseline.reason
+    assert baseline.comparison["diagnostics"]["semantic_offset"]["fires"] is False
+    assert processed.outcome is Outcome.MISMATCH, processed.reason
+    offset = processed.comparison["diagnostics"]["semantic_offset"]
+    assert offset["fires"] is True and offset["explanation"] == "processed_rollout", offset
+    assert {s.status for s in verify_run(tmp_path / "runs" / "vllm-offset-t07")} == {"ok"}

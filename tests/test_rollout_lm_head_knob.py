@@ -1,0 +1,89 @@
+"""``rollout.lm_head_dtype`` (issue 13): the knob, how each runtime declares it, case ids.
+
+The transformers rollout applies both values; the vLLM rollout declares ``compute`` only and
+refuses ``float32`` as unsupported (its read-back reads the LM head weight the workers
+loaded). Configs without the field keep their case ids (``case_ids_before_issue13.json``,
+checked by ``test_sampling_semantics``); a config that names it gets its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drift_testing import S0_HF
+
+from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.execute.protocol import ROLLOUT_KNOBS
+from pytest_logprob_drift.plan.knobs import KNOBS, InvalidKnobValue, canonical_path
+from pytest_logprob_drift.records import ApplicationStatus, Lifecycle
+
+
+def test_the_knob_and_its_aliases() -> None:
+    spec = KNOBS["rollout.lm_head_dtype"]
+    assert spec.knob.lifecycle is Lifecycle.ENGINE_CONSTRUCTION
+    assert canonical_path("rollout.cast_lm_head_to_fp32") == "rollout.lm_head_dtype"
+    assert spec.normalize("FP32") == "float32"
+    assert spec.normalize("compute_dtype") == "compute"
+    with pytest.raises(InvalidKnobValue, match="float32, compute"):
+        spec.normalize("bfloat16")
+    assert "rollout.lm_head_dtype" in ROLLOUT_KNOBS  # reaches the rollout binding
+
+
+def _config(tmp_path: Path, *, baseline: str, values: list[str]) -> str:
+    document: dict[str, Any] = copy.deepcopy(json.loads(S0_HF.read_text()))
+    document["baseline"]["rollout"]["lm_head_dtype"] = baseline
+    document["interventions"] = [{"path": "rollout.lm_head_dtype", "values": values}]
+    path = tmp_path / f"{baseline}-{'-'.join(values)}.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def test_a_config_that_names_it_plans_it(tmp_path: Path) -> None:
+    plan = plan_file(_config(tmp_path, baseline="compute", values=["fp32"]))
+    assert not plan.plan.has_errors
+    cases = {c.case.label: c.case for c in plan.cases}
+    assert set(cases) == {"baseline", "rollout.lm_head_dtype=float32"}
+    assert cases["baseline"].requested["rollout.lm_head_dtype"] == "compute"
+    assert cases["rollout.lm_head_dtype=float32"].requested["rollout.lm_head_dtype"] == "float32"
+    shipped = {c.case.label: c.case.case_id for c in plan_file(str(S0_HF)).cases}
+    assert cases["baseline"].case_id != shipped["baseline"]  # a named field is hashed
+
+
+def test_transformers_rollout_applies_both_values() -> None:
+    pytest.importorskip("transformers")
+    from pytest_logprob_drift.runtimes.transformers.adapter import HfAdapter
+
+    for value in ("compute", "float32"):
+        record = HfAdapter().materialize({"rollout.lm_head_dtype": value})["rollout.lm_head_dtype"]
+        assert record.status is ApplicationStatus.APPLIED, record
+        assert record.value == value
+
+
+def test_vllm_rollout_declares_compute_and_refuses_float32() -> None:
+    pytest.importorskip("transformers")
+    from pytest_logprob_drift.runtimes.vllm.adapter import VllmHfAdapter
+
+    adapter = VllmHfAdapter()
+    compute = adapter.materialize({"rollout.lm_head_dtype": "compute"})["rollout.lm_head_dtype"]
+    assert compute.status is ApplicationStatus.APPLIED
+    refused = adapter.materialize({"rollout.lm_head_dtype": "float32"})["rollout.lm_head_dtype"]
+    assert refused.status is ApplicationStatus.UNSUPPORTED
+    assert refused.value is None
+    assert "rollout.lm_head_dtype='float32'" in refused.evidence
+    assert "vLLM declares only 'compute'" in refused.evidence
+
+
+def test_vllm_read_back_of_the_lm_head_dtype() -> None:
+    from pytest_logprob_drift.runtimes.vllm.read_back import lm_head_dtype
+
+    assert lm_head_dtype([{"lm_head_dtype": "bfloat16"}, {"lm_head_dtype": "bfloat16"}]) == (
+        "bfloat16"
+    )
+    assert lm_head_dtype([{"lm_head_dtype": "float32"}, {"lm_head_dtype": "bfloat16"}]) == (
+        "bfloat16,float32"
+    )
+    assert lm_head_dtype([{"vocab": {}}]) == "unknown"
