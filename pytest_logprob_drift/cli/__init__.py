@@ -88,6 +88,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="execute the baseline N times with the same engines: the run-to-run noise floor "
         "of the attribution (default 1)",
     )
+    run.add_argument(
+        "--launcher",
+        choices=("local", "ray"),
+        default="local",
+        help="how engines' processes start: local child processes (default) or Ray (training "
+        "ranks as actors in a placement group, vLLM's Ray executor for TP > 1, engine groups "
+        "side by side when the cluster fits them; extra 'ray')",
+    )
+    run.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="with --launcher ray: the cluster to join (default: RAY_ADDRESS, else a local "
+        "cluster on 127.0.0.1 started and shut down by this run)",
+    )
+    run.add_argument(
+        "--ray-num-cpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --launcher ray: CPUs of the local cluster this run starts (default: all)",
+    )
+    run.add_argument(
+        "--ray-rank-cpus",
+        type=float,
+        default=1.0,
+        metavar="C",
+        help="with --launcher ray on a CPU scenario: CPUs each training rank actor declares "
+        "(default 1)",
+    )
+    run.add_argument(
+        "--serial",
+        action="store_true",
+        help="with --launcher ray: run every case one after another",
+    )
     run.add_argument("--json", action="store_true", help="print the final table as JSON")
     run.add_argument(
         "-v",

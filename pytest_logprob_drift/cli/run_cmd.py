@@ -1,10 +1,11 @@
 """The ``run`` command: plan, execute every case, print progress, the table and exit code.
 
 Owns wiring a config file and the CLI's execution policy (``--runtime``,
-``--allow-smoke-operators``, ``--expect``) to the runner, where vLLM's own logs go (a file
-under the run's ``engine-logs/``, or the terminal with ``-v``), live progress lines, the final
-table (or ``--json``) and the exit code. Rendering only; the runner does the work. Imports torch
-through it, so this module is loaded only for ``run``.
+``--allow-smoke-operators``, ``--expect``, ``--launcher`` and its Ray flags, as a frozen
+``Launch``) to the runner, where vLLM's own logs go (a file under the run's ``engine-logs/``,
+or the terminal with ``-v``), live progress lines, the final table (or ``--json``) and the
+exit code. Rendering only; the runner does the work. Imports torch through it, so this module
+is loaded only for ``run``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
 from pytest_logprob_drift.cli import FLAGS
 from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
+from pytest_logprob_drift.execute.launch import Launch
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.outcomes import Expectation, parse_expectation
 from pytest_logprob_drift.plan.binding import ExecutionCase
@@ -52,8 +54,25 @@ def _max_diff(result: CaseResult) -> str:
     return "-" if value is None else f"{value:.3e}"
 
 
+def launch_policy(args: argparse.Namespace) -> Launch:
+    """The ``--launcher`` flags as the runner's frozen launch record."""
+    ray_only = args.ray_address or args.ray_num_cpus or args.serial or args.ray_rank_cpus != 1.0
+    if args.launcher != "ray" and ray_only:
+        raise UsageError(
+            "--ray-address, --ray-num-cpus, --ray-rank-cpus and --serial need --launcher ray"
+        )
+    return Launch(
+        launcher=args.launcher,
+        ray_address=args.ray_address,
+        ray_num_cpus=args.ray_num_cpus,
+        concurrent=not args.serial,
+        rank_cpus=args.ray_rank_cpus,
+    )
+
+
 def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     expectations = parse_expectations(args.expect)
+    launch = launch_policy(args)
     catalogs = assemble()
     execution_plan = plan_file(args.config, pairwise=args.pairwise, catalog=catalogs.operators)
     for issue in execution_plan.issues:
@@ -75,6 +94,7 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         allow_test_only=args.allow_smoke_operators,
         expectations=expectations,
         baseline_repeats=args.baseline_repeats,
+        launch=launch,
     ) as runner:
         for note in runner.notes:
             print(f"note: {note}", file=err)

@@ -4,13 +4,18 @@ Owns coordinating an execution plan against one runtime: refusing test-only oper
 unless the execution policy authorizes them, PLAN_ONLY for scenarios the runtime does not
 execute, the execution key and resume (reuse a sealed, consistent attempt; report the ones
 skipped), execution through ``execute.case``, engine reuse by construction fingerprint with
-teardown as soon as no remaining case needs an engine, and the per-case result. Receives its
-operator catalog and runtime catalog from the frontend; knows no concrete runtime or backend.
+teardown as soon as no remaining case needs an engine, and the per-case result. Under the ray
+launcher (``execute.launch``) it also runs engine groups side by side in threads when the
+resources their engines declare fit the cluster's free ones, with results, failures and sealed
+attempts equal to a serial run's. Receives its operator catalog, runtime catalog and launch
+policy from the frontend; knows no concrete runtime or backend, and nothing about Ray.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +23,7 @@ from typing import Any
 from pytest_logprob_drift.errors import Remedy, UsageError
 from pytest_logprob_drift.execute.case import CaseExecution, execute_case
 from pytest_logprob_drift.execute.engine_pool import EnginePool
+from pytest_logprob_drift.execute.launch import Launch, LaunchAware, ResourceAware, fits
 from pytest_logprob_drift.execute.protocol import (
     Materialized,
     RuntimeAdapter,
@@ -72,6 +78,7 @@ class Runner:
         expectations: Sequence[Expectation] = (),
         adapter: RuntimeAdapter | None = None,
         baseline_repeats: int = 1,
+        launch: Launch | None = None,
     ) -> None:
         """``catalog`` holds every backend planning bound (test-only ones included); only the
         production ones are registered for execution unless ``allow_test_only``."""
@@ -95,7 +102,9 @@ class Runner:
         self.catalog = catalog if allow_test_only else catalog.without_test_only()
         self.store = ArtifactStore(artifacts, execution_plan.plan.experiment_id)
         self.executable = self.info.executes(execution_plan.plan.scenario)
+        self.launch = launch or Launch()
         self._adapter = adapter
+        self._launch_given = False
         self.pool = EnginePool()
         self._bindings: dict[str, RuntimeBinding] = {}
         self.notes = self.store.initialize(
@@ -118,6 +127,10 @@ class Runner:
     def adapter(self) -> RuntimeAdapter:
         if self._adapter is None:
             self._adapter = load_adapter(self.info)
+        if not self._launch_given:
+            self._launch_given = True
+            if isinstance(self._adapter, LaunchAware):
+                self._adapter.use_launch(self.launch)
         return self._adapter
 
     def __enter__(self) -> Runner:
@@ -289,26 +302,163 @@ class Runner:
         after it (its CaseResult, or the exception it raised). Without ``failures`` a case
         that raises ends the run; with it, the failure is recorded there and the run goes on.
         Usage errors always end the run.
+
+        Under the ray launcher (``concurrent``), cases are split into engine groups (cases
+        linked by a shared rollout or training engine; each engine is still built once) and
+        groups run side by side while their declared resources fit the cluster's free ones.
+        Each group runs its cases one after another in reuse order; the results, the
+        failures and every sealed attempt are those of the serial run, in the same order
+        (progress lines may interleave).
         """
         ordered = self.order(list(cases if cases is not None else self.plan.cases))
+        groups = self._engine_groups(ordered)
+        if len(groups) < 2:
+            return self._run_serial(ordered, progress, failures)
+        return self._run_groups(ordered, groups, progress, failures)
+
+    def _run_serial(
+        self,
+        ordered: list[ExecutionCase],
+        progress: Progress | None,
+        failures: list[tuple[ExecutionCase, Exception]] | None,
+    ) -> list[CaseResult]:
         results: list[CaseResult] = []
         for index, ec in enumerate(ordered):
-            if progress is not None:
-                progress(index, len(ordered), ec, None)
-            try:
-                outcome: CaseResult | Exception = self.run_case(ec)
-            except UsageError:
-                raise
-            except Exception as exc:  # a runtime crash in one case must not lose the others
-                if failures is None:
-                    raise
-                failures.append((ec, exc))
-                outcome = exc
-            finally:
-                if self.executable:
-                    self.release_engines_except(ordered[index + 1 :])
+            outcome = self._run_one(index, ordered, ec, progress, failures is not None)
+            if self.executable:
+                self.release_engines_except(ordered[index + 1 :])
             if isinstance(outcome, CaseResult):
                 results.append(outcome)
+            else:
+                assert failures is not None
+                failures.append((ec, outcome))
             if progress is not None:
                 progress(index, len(ordered), ec, outcome)
         return results
+
+    def _run_one(
+        self,
+        index: int,
+        ordered: Sequence[ExecutionCase],
+        ec: ExecutionCase,
+        progress: Progress | None,
+        keep_going: bool,
+    ) -> CaseResult | Exception:
+        if progress is not None:
+            progress(index, len(ordered), ec, None)
+        try:
+            return self.run_case(ec)
+        except UsageError:
+            raise
+        except Exception as exc:  # a runtime crash in one case must not lose the others
+            if not keep_going:
+                raise
+            return exc
+
+    # -- engine groups side by side (ray launcher) ------------------------------------------
+
+    def _engine_groups(self, ordered: list[ExecutionCase]) -> list[list[int]]:
+        """Indices into ``ordered`` of each engine group (in order), or one group when cases
+        must run serially (local launcher, not concurrent, plan-only, an adapter that
+        declares no resources)."""
+        everything = [list(range(len(ordered)))]
+        if not (self.launch.is_ray and self.launch.concurrent and self.executable):
+            return everything
+        if not isinstance(self.adapter, ResourceAware) or len(ordered) < 2:
+            return everything
+        parent: dict[str, str] = {}
+
+        def find(key: str) -> str:
+            while parent.setdefault(key, key) != key:
+                key = parent[key]
+            return key
+
+        for ec in ordered:
+            b = self.binding(ec)
+            rollout = find("r:" + b.rollout_construction_fingerprint)
+            training = find("t:" + b.training_construction_fingerprint)
+            parent[training] = rollout
+        groups: dict[str, list[int]] = {}
+        for index, ec in enumerate(ordered):
+            root = find("r:" + self.binding(ec).rollout_construction_fingerprint)
+            groups.setdefault(root, []).append(index)
+        return list(groups.values())
+
+    def _demand(self, adapter: ResourceAware, cases: Iterable[ExecutionCase]) -> dict[str, float]:
+        """What a group holds at most at once: per resource, the most any of its cases needs."""
+        demand: dict[str, float] = {}
+        for ec in cases:
+            for name, amount in adapter.engine_resources(self.binding(ec)).items():
+                demand[name] = max(demand.get(name, 0.0), float(amount))
+        return demand
+
+    def _run_groups(
+        self,
+        ordered: list[ExecutionCase],
+        groups: list[list[int]],
+        progress: Progress | None,
+        failures: list[tuple[ExecutionCase, Exception]] | None,
+    ) -> list[CaseResult]:
+        adapter = self.adapter
+        assert isinstance(adapter, ResourceAware)
+        for ec in ordered:  # everything shared is computed before any thread starts
+            self.binding(ec)
+        demands = [self._demand(adapter, (ordered[i] for i in group)) for group in groups]
+        free = dict(adapter.cluster_resources())
+        lock = threading.Lock()
+        outcomes: dict[int, CaseResult | Exception] = {}
+
+        def report(index: int, total: int, ec: ExecutionCase, outcome: Any) -> None:
+            if progress is not None:
+                with lock:
+                    progress(index, total, ec, outcome)
+
+        def run_group(group: list[int]) -> None:
+            for position, index in enumerate(group):
+                ec = ordered[index]
+                outcome = self._run_one(index, ordered, ec, report, failures is not None)
+                later = [ordered[i] for i in group[position + 1 :]]
+                self._release_group_engines(ec, later)
+                outcomes[index] = outcome
+                report(index, len(ordered), ec, outcome)
+
+        pending = list(range(len(groups)))
+        running: dict[Future[None], int] = {}
+        errors: list[BaseException] = []
+        with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="drift-group") as ex:
+            while pending or running:
+                # Start groups in order while the next one fits (or nothing else runs).
+                while pending and not errors and (fits(demands[pending[0]], free) or not running):
+                    g = pending.pop(0)
+                    for name, amount in demands[g].items():
+                        free[name] = free.get(name, 0.0) - amount
+                    running[ex.submit(run_group, groups[g])] = g
+                if not running:
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    g = running.pop(future)
+                    for name, amount in demands[g].items():
+                        free[name] = free.get(name, 0.0) + amount
+                    if (exc := future.exception()) is not None:
+                        errors.append(exc)
+        if errors:
+            raise errors[0]
+        results: list[CaseResult] = []
+        for index in sorted(outcomes):
+            outcome = outcomes[index]
+            if isinstance(outcome, CaseResult):
+                results.append(outcome)
+            elif failures is not None:
+                failures.append((ordered[index], outcome))
+        return results
+
+    def _release_group_engines(self, done: ExecutionCase, later: Sequence[ExecutionCase]) -> None:
+        """Close the engines of ``done`` that no later case of its group needs."""
+        b = self.binding(done)
+        rollout_needed = {self.binding(ec).rollout_construction_fingerprint for ec in later}
+        training_needed = {self.binding(ec).training_construction_fingerprint for ec in later}
+        self.pool.release(
+            {b.rollout_construction_fingerprint} - rollout_needed,
+            {b.training_construction_fingerprint} - training_needed,
+        )

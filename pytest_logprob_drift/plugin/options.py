@@ -47,6 +47,11 @@ class DriftOptions:
     """Show vLLM's own logs on the terminal instead of a file under the artifacts."""
     seal_key: SealKey | None = None
     """The keyed-seal key (``--drift-seal-key-file``/``--drift-seal-key-env``), if any."""
+    launcher: str = "local"
+    """How engines' processes start: ``local`` or ``ray`` (``--drift-launcher``)."""
+    ray_address: str | None = None
+    """With ``ray``: the cluster to join (``--drift-ray-address``; else RAY_ADDRESS, else a
+    local one)."""
 
 
 def marker_name(text: str) -> str:
@@ -139,6 +144,22 @@ def add_options(parser: pytest.Parser, runtime_names: Sequence[str]) -> None:
         metavar="NAME",
         help="like --drift-seal-key-file, with the key in environment variable NAME",
     )
+    group.addoption(
+        "--drift-launcher",
+        default=None,
+        choices=("local", "ray"),
+        help="how engines' processes start: local child processes (default) or Ray actors "
+        "(extra 'ray')",
+    )
+    group.addoption(
+        "--drift-ray-address",
+        default=None,
+        metavar="ADDR",
+        help="with --drift-launcher ray: the cluster to join (default: RAY_ADDRESS, else a "
+        "local cluster on 127.0.0.1 started and shut down by the session)",
+    )
+    parser.addini("drift_launcher", default="local", help="default --drift-launcher")
+    parser.addini("drift_ray_address", default="", help="default --drift-ray-address")
     parser.addini("drift_seal_key_file", default="", help="default --drift-seal-key-file")
     parser.addini("drift_seal_key_env", default="", help="default --drift-seal-key-env")
     parser.addini("drift_baseline_repeats", default="1", help="default --drift-baseline-repeats")
@@ -217,6 +238,12 @@ def resolve_options(
     except UsageError as exc:
         raise pytest.UsageError(f"--drift-expect {exc}") from None
     artifacts = _option(config, "artifacts") or "runs"
+    launcher = str(_option(config, "launcher") or "local")
+    if launcher not in ("local", "ray"):
+        raise pytest.UsageError(f"drift_launcher {launcher!r}: expected 'local' or 'ray'")
+    ray_address = str(_option(config, "ray_address") or "") or None
+    if ray_address and launcher != "ray":
+        raise pytest.UsageError("--drift-ray-address needs --drift-launcher ray")
     options = DriftOptions(
         configs=tuple(sorted({p.resolve() for p in configs})),
         runtime=runtime,
@@ -229,6 +256,8 @@ def resolve_options(
         report=(invocation / report).resolve() if (report := _option(config, "report")) else None,
         engine_logs=bool(_option(config, "engine_logs")),
         seal_key=_seal_key(config),
+        launcher=launcher,
+        ray_address=ray_address,
     )
     return options, added
 

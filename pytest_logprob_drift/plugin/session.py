@@ -52,6 +52,7 @@ def session_catalog(config: pytest.Config) -> SemanticOperatorCatalog:
 
 def runner_for(config: pytest.Config, key: str, execution_plan: ExecutionPlan) -> Runner:
     """The session-scoped runner of one experiment file (created on first use)."""
+    from pytest_logprob_drift.execute.launch import Launch
     from pytest_logprob_drift.execute.runner import Runner
 
     runners = config.stash[RUNNERS_KEY]
@@ -67,6 +68,10 @@ def runner_for(config: pytest.Config, key: str, execution_plan: ExecutionPlan) -
             allow_test_only=options.allow_smoke,
             expectations=options.expectations,
             baseline_repeats=options.baseline_repeats,
+            # Items run one at a time in pytest; engine groups never overlap here.
+            launch=Launch(
+                launcher=options.launcher, ray_address=options.ray_address, concurrent=False
+            ),
         )
     return runners[key]
 

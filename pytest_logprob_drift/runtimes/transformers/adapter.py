@@ -5,7 +5,9 @@ transformers on the KV-cache decode path with the identity's seeded sampling and
 the training side is the read-only teacher-forced forward, unsharded in this process or FSDP2
 over real torch.distributed rank processes (``training.sharding=fsdp``). Knobs it really
 applies: batch.size, rollout.dtype, training.compute_dtype, training.attention_backend,
-logp.backend and training.sharding; topology, prefix caching and graph knobs exist only at their
+logp.backend, training.sharding and the sampling-semantics knobs (rollout.logprobs_mode,
+rollout.lm_head_dtype, training.logprob_semantics, training.lm_head_dtype, unsharded and under
+FSDP alike); topology, prefix caching and graph knobs exist only at their
 inherent value (``HF_INHERENT``, the one table of them on the transformers side; anything else
 is ``unsupported`` and strict execution rejects it). ``actual`` values are read back from the
 live models. Also hosts the training side reused by ``vllm-hf``. Knows nothing about planning,
@@ -25,6 +27,7 @@ import torch
 
 from pytest_logprob_drift.errors import RuntimeFailure, UsageError
 from pytest_logprob_drift.execute import protocol as runtime
+from pytest_logprob_drift.execute.launch import Launch
 from pytest_logprob_drift.execute.protocol import (
     BoundKernel,
     LogpKernel,
@@ -38,7 +41,9 @@ from pytest_logprob_drift.execute.protocol import (
 from pytest_logprob_drift.execute.readonly import ReadOnlyGuard, state_digest
 from pytest_logprob_drift.plan.binding import FSDP_WORLD_SIZE
 from pytest_logprob_drift.records import ApplicationStatus, JSONScalar, KnobValue, ScoringIdentity
+from pytest_logprob_drift.runtimes import ray_cluster
 from pytest_logprob_drift.runtimes.batch import active_rows
+from pytest_logprob_drift.runtimes.ray_cluster import ClusterLease
 from pytest_logprob_drift.runtimes.sampling import Truncation
 from pytest_logprob_drift.runtimes.tiny_model import (
     CheckpointError,
@@ -97,37 +102,17 @@ def materialize_training(path: str, value: KnobValue) -> Materialized | None:
         if value == "float32":
             return applied(
                 value,
-                "an untied float32 copy of the LM head; the final hidden states are upcast on "
-                "their way in, so the logits are float32",
+                "the LM head in float32 (in process: an untied float32 copy of its weight; "
+                "under FSDP: its output recomputed from a float32 copy of the unsharded "
+                "weight); the final hidden states are upcast on their way in, so the logits "
+                "are float32",
             )
         return applied(value, "the LM head runs in training.compute_dtype")
     return None
 
 
-SHARDED_UNSUPPORTED: Mapping[str, KnobValue] = {
-    "training.logprob_semantics": "processed",
-    "training.lm_head_dtype": "float32",
-}
-"""Training values the FSDP rank processes do not implement (the in-process scorer does)."""
-
-
-def refuse_sharded(
-    requested: Mapping[str, KnobValue], materialized: dict[str, Materialized]
-) -> dict[str, Materialized]:
-    """Under ``training.sharding=fsdp``, the values only the in-process scorer implements are
-    unsupported (strict execution rejects them)."""
-    if requested.get("training.sharding") != "fsdp":
-        return materialized
-    for path, value in SHARDED_UNSUPPORTED.items():
-        if requested.get(path) == value:
-            materialized[path] = unsupported(
-                path, value, "not implemented by the FSDP rank processes"
-            )
-    return materialized
-
-
 def lm_head_knob(head_dtype: str, body_dtype: str, requested: str) -> str:
-    """The ``training.lm_head_dtype`` value a live LM head dtype shows: ``float32`` or
+    """The ``*.lm_head_dtype`` knob value a live LM head dtype shows: ``float32`` or
     ``compute``; with a float32 body both are true, and the request's spelling is kept."""
     if head_dtype == body_dtype == "float32":
         return requested
@@ -183,10 +168,12 @@ class HfRollout:
     def __init__(self, binding: RuntimeBinding, checkpoint: ResolvedCheckpoint) -> None:
         self.construction_fingerprint = binding.rollout_construction_fingerprint
         self.checkpoint = checkpoint
+        self.lm_head_dtype = str(binding.rollout.get("lm_head_dtype", "compute"))
         self.model = hf_engine.load_model(
             self.checkpoint.path,
             dtype=str(binding.rollout.get("dtype", "float32")),
             attn_implementation=ROLLOUT_ATTENTION,
+            lm_head_dtype=self.lm_head_dtype,
         )
         self.logprobs_mode = str(binding.rollout.get("logprobs_mode", hf_engine.LOGPROBS_MODE))
         self.full_vocabulary = binding.full_vocabulary is not None
@@ -238,6 +225,9 @@ class HfRollout:
             **HF_INHERENT,
             "rollout.tensor_parallel_size": world,
             "rollout.logprobs_mode": self.mode_used,
+            "rollout.lm_head_dtype": lm_head_knob(
+                str(live["lm_head_dtype"]), str(live["param_dtype"]), self.lm_head_dtype
+            ),
         }
 
     def close(self) -> None:
@@ -247,9 +237,15 @@ class HfRollout:
 class HfTrainingScorer:
     """Read-only teacher-forced scoring: in process, or FSDP2 over rank processes."""
 
-    def __init__(self, binding: RuntimeBinding, checkpoint: ResolvedCheckpoint) -> None:
+    def __init__(
+        self,
+        binding: RuntimeBinding,
+        checkpoint: ResolvedCheckpoint,
+        launch: Launch | None = None,
+    ) -> None:
         self.construction_fingerprint = binding.training_construction_fingerprint
         self.checkpoint = checkpoint
+        self.launcher = (launch or Launch()).launcher
         self.dtype = str(binding.training.get("compute_dtype", "float32"))
         self.attention = str(binding.training.get("attention_backend", "sdpa"))
         self.sharded = binding.training.get("sharding", "none") == "fsdp"
@@ -259,13 +255,27 @@ class HfTrainingScorer:
         self.model: Any = None
         self.group: FsdpScorerGroup | None = None
         if self.sharded:
-            self.group = FsdpScorerGroup(
-                self.checkpoint.path,
-                dtype=self.dtype,
-                attn_implementation=self.attention,
-                world_size=FSDP_WORLD_SIZE,
-                device=str(binding.scorer["device"]),
-            )
+            launch = launch or Launch()
+            device = str(binding.scorer["device"])
+            if launch.is_ray:
+                from pytest_logprob_drift.runtimes.transformers import fsdp_ray
+
+                self.group = fsdp_ray.RayFsdpScorerGroup(
+                    self.checkpoint.path,
+                    rank_cpus=launch.rank_cpus,
+                    dtype=self.dtype,
+                    attn_implementation=self.attention,
+                    world_size=FSDP_WORLD_SIZE,
+                    device=device,
+                )
+            else:
+                self.group = FsdpScorerGroup(
+                    self.checkpoint.path,
+                    dtype=self.dtype,
+                    attn_implementation=self.attention,
+                    world_size=FSDP_WORLD_SIZE,
+                    device=device,
+                )
         else:
             self.model = hf_engine.load_model(
                 self.checkpoint.path,
@@ -291,11 +301,11 @@ class HfTrainingScorer:
         self.batch_size = batch_size
         self.backend_used = backend_of(logp)
         self._truncation = sampling_truncation(identity)
-        self._full = [] if self.full_vocabulary and self.group is None else None
+        self._full = [] if self.full_vocabulary else None
         consumed = {k: rollout[k] for k in hf_engine.SCORER_KEYS}
         if self.group is not None:
             logprobs, violations = self._score_sharded(self.group, consumed, batch_size, logp)
-            self.semantics_used = "raw"
+            self.semantics_used = str(self.evidence.get("logprob_semantics", ""))
         else:
             logprobs, violations = self._score_here(identity, consumed, batch_size, logp)
             self.semantics_used = self.semantics
@@ -329,8 +339,15 @@ class HfTrainingScorer:
                 f"logp backend {self.backend_used!r} cannot be imported "
                 "by name inside FSDP rank processes"
             )
-        logprobs, evidence = group.score(batch, batch_size=batch_size, logp_backend=factory)
-        self.evidence = dict(evidence)
+        logprobs, evidence = group.score(
+            batch,
+            batch_size=batch_size,
+            logp_backend=factory,
+            processed=self._truncation if self.semantics == "processed" else None,
+            lm_head_dtype=self.lm_head_dtype,
+            full_vocab=self._full,
+        )
+        self.evidence = {**evidence, **group.launch_evidence()}
         violations = evidence.get("readonly_violations", [])
         return logprobs, tuple(str(v) for v in violations) if isinstance(violations, list) else ()
 
@@ -374,7 +391,7 @@ class HfTrainingScorer:
             dtype = str(ev.get("param_dtype", ""))
             attention = str(ev.get("attn_implementation", ""))
             sharding = "fsdp" if ev.get("fsdp") == "fully_shard" and world > 1 else "none"
-            head = dtype  # the rank processes load (and check) an LM head in compute dtype
+            head = str(ev.get("lm_head_dtype", ""))  # the logits dtype the ranks' head produced
         else:
             live = hf_engine.read_back(self.model)
             dtype, attention, sharding, head = (
@@ -391,6 +408,7 @@ class HfTrainingScorer:
             "training.lm_head_dtype": lm_head_knob(head, dtype, self.lm_head_dtype),
             "batch.size": self.batch_size,
             "logp.backend": self.backend_used,
+            "launcher": self.launcher,
         }
 
     def close(self) -> None:
@@ -407,6 +425,21 @@ class TransformersTrainingAdapter(abc.ABC):
 
     def __init__(self) -> None:
         self._checkpoints: dict[tuple[str, str | None], ResolvedCheckpoint] = {}
+        self.launch = Launch()
+        self._lease: ClusterLease | None = None
+
+    def use_launch(self, launch: Launch) -> None:
+        """The execution policy's launcher (``execute.launch.LaunchAware``)."""
+        self.launch = launch
+
+    def cluster_address(self) -> str | None:
+        """Under the ray launcher: the cluster's address (connected, or started, on first
+        use and released by ``close``); None under ``local``."""
+        if not self.launch.is_ray:
+            return None
+        if self._lease is None:
+            self._lease = ray_cluster.acquire(self.launch)
+        return self._lease.address
 
     def checkpoint(self, identity: ScoringIdentity) -> ResolvedCheckpoint:
         """The identity's checkpoint, resolved and digest-checked once per adapter (a large
@@ -417,28 +450,57 @@ class TransformersTrainingAdapter(abc.ABC):
         return self._checkpoints[key]
 
     def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
-        return refuse_sharded(
-            requested,
-            {
-                path: materialize_training(path, value) or self.materialize_rollout(path, value)
-                for path, value in requested.items()
-            },
-        )
+        return {
+            path: materialize_training(path, value) or self.materialize_rollout(path, value)
+            for path, value in requested.items()
+        }
 
     @abc.abstractmethod
     def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
         """What this runtime's rollout side does with one non-training knob."""
 
+    def engine_resources(self, binding: RuntimeBinding) -> Mapping[str, float]:
+        """What one case's engines hold on the cluster (``execute.launch.ResourceAware``):
+        under ray, the FSDP rank actors (one bundle per rank: a GPU each on CUDA, else the
+        launch policy's CPUs per rank) plus the rollout's (``rollout_resources``)."""
+        if not self.launch.is_ray:
+            return {}
+        demand: dict[str, float] = dict(self.rollout_resources(binding))
+        if binding.training.get("sharding", "none") == "fsdp":
+            if str(binding.scorer["device"]) == "cuda":
+                demand["GPU"] = demand.get("GPU", 0.0) + FSDP_WORLD_SIZE
+            else:
+                demand["CPU"] = demand.get("CPU", 0.0) + FSDP_WORLD_SIZE * self.launch.rank_cpus
+        return demand
+
+    def rollout_resources(self, binding: RuntimeBinding) -> Mapping[str, float]:
+        """Cluster resources of the rollout side (none: it runs in this process)."""
+        return {}
+
+    def cluster_resources(self) -> Mapping[str, float]:
+        """The cluster's free resources (connecting to it, or starting it, first), plus what
+        this process offers its in-process engines (``local_resources``)."""
+        self.cluster_address()
+        return {**ray_cluster.free_resources(), **self.local_resources()}
+
+    def local_resources(self) -> Mapping[str, float]:
+        """Resources of this process that engines running in it declare (none here)."""
+        return {}
+
     def build_training(
         self, binding: RuntimeBinding, identity: ScoringIdentity
     ) -> HfTrainingScorer:
-        return HfTrainingScorer(binding, self.checkpoint(identity))
+        if binding.training.get("sharding", "none") == "fsdp":
+            self.cluster_address()  # the rank actors need the cluster
+        return HfTrainingScorer(binding, self.checkpoint(identity), self.launch)
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
         return {"runtime": self.name, "checkpoint_digest": self.checkpoint(identity).digest}
 
     def close(self) -> None:
-        return None
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
 
 
 class HfAdapter(TransformersTrainingAdapter):
@@ -459,6 +521,14 @@ class HfAdapter(TransformersTrainingAdapter):
                     "(temperature, min_p/top_k/top_p truncation, renormalized)",
                 )
             return applied(value, "the rollout reports the logprobs of the raw logits")
+        if path == "rollout.lm_head_dtype":
+            if value == "float32":
+                return applied(
+                    value,
+                    "an untied float32 copy of the rollout model's LM head; the final hidden "
+                    "states are upcast on their way in, so the sampled logits are float32",
+                )
+            return applied(value, "the rollout's LM head runs in rollout.dtype")
         if path in HF_INHERENT and HF_INHERENT[path] == value:
             return applied(value, "the only value transformers generation has here")
         return unsupported(path, value, "transformers generation cannot apply it")

@@ -5,9 +5,11 @@ Owns launching ``world_size`` rank processes (``python -c`` subprocesses running
 torch.distributed environment, one private channel per rank, supervising them (a rank's
 failure, crash or timeout becomes ``FsdpScorerError`` carrying the rank's own text), assembling
 the ranks' replies into one result and one evidence record, and tearing everything down
-exactly once (also after a failed start or a rank crash). What runs inside a rank lives in
-``fsdp_rank``; what crosses the channel is ``fsdp_messages``. Knows nothing about cases, plans,
-knobs, thresholds, comparison, artifacts or pytest.
+exactly once (also after a failed start or a rank crash). The transport is replaceable: a
+subclass supplies its own ``_new_state``/``_SHUTDOWN``/``_launch``/``_collect`` and
+``launch_evidence`` (``fsdp_ray``: the ranks as Ray actors) and inherits scoring unchanged.
+What runs inside a rank lives in ``fsdp_rank``; what crosses the channel is ``fsdp_messages``.
+Knows nothing about cases, plans, knobs, thresholds, comparison, artifacts or pytest.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from torch import Tensor
 
 from pytest_logprob_drift.errors import RuntimeFailure
+from pytest_logprob_drift.runtimes.sampling import Truncation
 from pytest_logprob_drift.runtimes.transformers import engine
 from pytest_logprob_drift.runtimes.transformers import fsdp_messages as wire
 from pytest_logprob_drift.runtimes.transformers.engine import NATIVE_LOGP, REFERENCE_LOGP
@@ -167,7 +170,8 @@ def _spawn_rank(state: _GroupState, rank: int, env: dict[str, str], init: wire.I
 def _score_evidence(
     ready: list[wire.ReadyEvidence], replies: list[wire.Scored], logp_backend: str
 ) -> dict[str, object]:
-    """One evidence record of a scoring call from every rank's ``Ready`` and ``Scored``."""
+    """One evidence record of a scoring call from every rank's ``Ready`` and ``Scored``
+    (``lm_head_dtype``: the logits dtype rank 0's LM head produced, observed at its output)."""
     ev = [reply.evidence for reply in replies]
     return {
         "world_size": ev[0].world_size,
@@ -192,6 +196,9 @@ def _score_evidence(
         "state_digests_after": [e.state_digest_after for e in ev],
         "forward_calls": [e.forward_calls for e in ev],
         "rank_world_sizes": [e.world_size for e in ev],
+        "logprob_semantics": ev[0].logprob_semantics,
+        "lm_head_dtype": ev[0].logits_dtype,
+        "full_vocab_rows": ev[0].full_vocab_rows,
     }
 
 
@@ -221,21 +228,41 @@ class FsdpScorerGroup:
             raise ValueError(f"unsupported device {device!r} (supported: 'cpu', 'cuda')")
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
-        if device == "cuda" and torch.cuda.device_count() < world_size:
-            raise ValueError(
-                f"world_size {world_size} needs {world_size} CUDA devices, "
-                f"found {torch.cuda.device_count()}"
-            )
+        self._check_devices(device, world_size)
         self._world_size = world_size
         self._op_timeout_s = op_timeout_s
-        self._state = _GroupState()
-        self._finalizer = weakref.finalize(self, _shutdown, self._state, close_grace_s)
+        self._start_timeout_s = start_timeout_s
+        self._state = self._new_state()
+        self._finalizer = weakref.finalize(self, type(self)._SHUTDOWN, self._state, close_grace_s)
         self._ready: list[wire.ReadyEvidence] = []
         with self._closed_on_failure():
             self._launch(Path(model_dir), dtype, attn_implementation, device, op_timeout_s)
             self._ready = [reply.evidence for reply in self._collect(wire.Ready, start_timeout_s)]
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    _SHUTDOWN = staticmethod(_shutdown)
+    """Teardown of this transport, run once by the finalizer (holds no reference to self)."""
+
+    def _new_state(self) -> _GroupState:
+        return _GroupState()
+
+    def _check_devices(self, device: str, world_size: int) -> None:
+        """Local ranks share this machine's CUDA devices, one each."""
+        if device == "cuda" and torch.cuda.device_count() < world_size:
+            raise ValueError(
+                f"world_size {world_size} needs {world_size} CUDA devices, "
+                f"found {torch.cuda.device_count()}"
+            )
+
+    def launch_evidence(self) -> dict[str, object]:
+        """How the ranks were launched, for the ``actual`` record: the launcher and the node
+        of every rank (here: this machine)."""
+        return {
+            "launcher": "local",
+            "rank_nodes": [socket.gethostname()] * self._world_size,
+            "process_group_world_size": [r.world_size for r in self._ready],
+        }
 
     def _launch(
         self, model_dir: Path, dtype: str, attn: str, device: str, op_timeout_s: float
@@ -342,12 +369,23 @@ class FsdpScorerGroup:
     # -- scoring -----------------------------------------------------------------------------
 
     def score(
-        self, batch: Mapping[str, Tensor], *, batch_size: int, logp_backend: str
+        self,
+        batch: Mapping[str, Tensor],
+        *,
+        batch_size: int,
+        logp_backend: str,
+        processed: Truncation | None = None,
+        lm_head_dtype: str = "compute",
+        full_vocab: list[Tensor] | None = None,
     ) -> tuple[Tensor, dict[str, object]]:
         """Teacher-forced logprobs of the canonical ``batch`` (float32 ``[B, L]``) + evidence.
 
         Every rank scores the full batch (FSDP shards parameters, not data); rank 0's result is
         returned. ``logp_backend`` is a ``"module:attr"`` string imported inside the ranks.
+        ``processed`` and ``lm_head_dtype`` mean what they mean to the in-process scorer
+        (``engine.hf_teacher_forced_score``, ``engine.lm_head_at_score``); ``full_vocab``, when
+        given (a list), receives rank 0's scored ``[A, V]`` float32 rows of the active
+        positions (asked of the ranks only then).
         """
         if self._state.closed:
             raise FsdpScorerError("the FSDP scorer group is closed")
@@ -355,14 +393,21 @@ class FsdpScorerGroup:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if ":" not in logp_backend:
             raise ValueError(f"logp backend {logp_backend!r} is not a 'module:attr' import string")
+        if lm_head_dtype not in engine.LM_HEAD_DTYPES:
+            raise ValueError(f"lm_head_dtype must be one of {', '.join(engine.LM_HEAD_DTYPES)}")
         engine.validate_canonical_batch(batch)
         request = wire.Score.of(
             {k: batch[k] for k in engine.SCORER_KEYS},
             batch_size=batch_size,
             logp_backend=logp_backend,
+            processed=processed,
+            lm_head_dtype=lm_head_dtype,
+            full_vocabulary=full_vocab is not None,
         )
         with self._closed_on_failure():
             for conn in self._state.conns:
                 wire.send(conn, request)
             replies = self._collect(wire.Scored, self._op_timeout_s)
+            if full_vocab is not None:
+                full_vocab.append(replies[0].full_vocab_rows())
         return replies[0].result(), _score_evidence(self._ready, replies, logp_backend)

@@ -4,11 +4,14 @@ Owns the rank side of ``fsdp.FsdpScorerGroup``: the torch.distributed rendezvous
 DeviceMesh on CPU, nccl on CUDA), loading the checkpoint and sharding it with
 ``torch.distributed.fsdp.fully_shard`` (each decoder layer, then the root), the evidence read
 back from the live sharded model, scoring each request with the engine's teacher-forced scorer
-under the shared read-only guard on this rank's local shards, importing the selected-logprob
-function by its ``module:attr`` reference, answering every failure with the rank's own
-traceback, and leaving the process group. Speaks to the parent only through
-``fsdp_messages``. Knows nothing about launching or supervising processes, cases, plans,
-knobs, thresholds, comparison, artifacts or pytest.
+under the shared read-only guard on this rank's local shards (raw or processed semantics, the
+LM head in compute dtype or float32, the full-vocabulary rows of the active positions on
+request), importing the selected-logprob function by its ``module:attr`` reference, answering
+every failure with the rank's own traceback, and leaving the process group. The rank's work is
+transport-independent (``start``, ``handle``, ``leave``); two transports call it: the local
+rank process's pipe (``main``/``_serve``) and the Ray rank actor (``fsdp_ray``). Speaks to the
+parent only through ``fsdp_messages``. Knows nothing about launching or supervising processes,
+cases, plans, knobs, thresholds, comparison, artifacts or pytest.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -32,7 +36,7 @@ from pytest_logprob_drift.references import resolve_reference
 from pytest_logprob_drift.runtimes.transformers import engine
 from pytest_logprob_drift.runtimes.transformers import fsdp_messages as wire
 
-__all__ = ["main", "resolve_logp_backend"]
+__all__ = ["failed", "handle", "leave", "main", "resolve_logp_backend", "start"]
 
 
 def resolve_logp_backend(spec: str) -> engine.LogpFn:
@@ -47,16 +51,19 @@ def resolve_logp_backend(spec: str) -> engine.LogpFn:
 # --------------------------------------------------------------------------- start
 
 
-def _rendezvous(init: wire.Init, rank: int) -> tuple[Any, str]:
-    """Join the process group; return this rank's device mesh and its model device."""
+def _rendezvous(init: wire.Init, rank: int, local_device: int | None) -> tuple[Any, str]:
+    """Join the process group (``env://``: ``MASTER_ADDR``/``MASTER_PORT``/``WORLD_SIZE`` set by
+    the transport); return this rank's device mesh and its model device (on CUDA the
+    ``local_device`` index, default the rank)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     world_size = int(os.environ["WORLD_SIZE"])
     timeout = timedelta(seconds=float(init.op_timeout_s))
     if init.device == "cuda":
-        torch.cuda.set_device(rank)
-        backend, model_device = "nccl", f"cuda:{rank}"
+        index = rank if local_device is None else local_device
+        torch.cuda.set_device(index)
+        backend, model_device = "nccl", f"cuda:{index}"
     else:
         backend, model_device = "gloo", "cpu"
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
@@ -108,13 +115,15 @@ def _ready_evidence(
     )
 
 
-def _start(conn: Connection, rank: int, pid: int, t0: float) -> Any:
-    """Receive ``Init``, join the group, load and shard the model, reply ``Ready``."""
-    init = wire.receive_request(conn)
-    if not isinstance(init, wire.Init):
-        raise wire.ProtocolError(f"expected 'init', got {type(init).__name__!r}")
+def start(
+    init: wire.Init, rank: int, pid: int, t0: float, *, local_device: int | None = None
+) -> tuple[Any, wire.Ready]:
+    """Join the group, load and shard the model: the model and this rank's ``Ready``.
+
+    Transport-independent: the local rank process (``main``) and the Ray rank actor
+    (``fsdp_ray.RankActor``) both call it with the ``Init`` they received."""
     torch.set_num_threads(int(init.threads))
-    mesh, model_device = _rendezvous(init, rank)
+    mesh, model_device = _rendezvous(init, rank, local_device)
     t1 = time.monotonic()
     model = engine.load_model(
         Path(init.model_dir),
@@ -131,7 +140,16 @@ def _start(conn: Connection, rank: int, pid: int, t0: float) -> Any:
         "shard": round(time.monotonic() - t2, 3),
     }
     evidence = _ready_evidence(model, mesh, sharded, startup_s)
-    wire.send(conn, wire.Ready(rank=rank, pid=pid, evidence=evidence))
+    return model, wire.Ready(rank=rank, pid=pid, evidence=evidence)
+
+
+def _start(conn: Connection, rank: int, pid: int, t0: float) -> Any:
+    """Receive ``Init`` on the pipe, ``start``, reply ``Ready``."""
+    init = wire.receive_request(conn)
+    if not isinstance(init, wire.Init):
+        raise wire.ProtocolError(f"expected 'init', got {type(init).__name__!r}")
+    model, ready = start(init, rank, pid, t0)
+    wire.send(conn, ready)
     return model
 
 
@@ -146,17 +164,47 @@ def _reshard_all(model: Any) -> None:
             module.reshard()
 
 
+@dataclass(slots=True)
+class _RankScore:
+    """One rank's scoring result: the ``[B, L]`` logprobs, the guard that watched it, the
+    scored full-vocabulary rows (when asked for) and the logits dtype the head produced."""
+
+    logprobs: Tensor
+    guard: ReadOnlyGuard
+    full_vocab: Tensor | None
+    logits_dtype: str
+
+
 def _guarded_score(
-    model: Any, batch: Mapping[str, Tensor], batch_size: int, logp_fn: engine.LogpFn
-) -> tuple[Tensor, ReadOnlyGuard]:
+    model: Any,
+    batch: Mapping[str, Tensor],
+    batch_size: int,
+    logp_fn: engine.LogpFn,
+    request: wire.Score,
+) -> _RankScore:
     """Score inside this rank under the shared read-only guard, on this rank's local shards
-    (resharded before each snapshot). The training scorer never gets a KV cache here."""
+    (resharded before each snapshot), with the engine's teacher-forced scorer exactly as the
+    in-process trainer calls it (processed semantics, full-vocabulary rows); the LM head in
+    float32 when asked (``engine.lm_head_at_score``). The training scorer never gets a KV
+    cache here."""
     guard = ReadOnlyGuard(model, kv_cache_allowed=False, settle=lambda: _reshard_all(model))
-    with guard.watch():
+    rows: list[Tensor] | None = [] if request.full_vocabulary else None
+    with engine.lm_head_at_score(model, request.lm_head_dtype) as seen, guard.watch():
         result = engine.hf_teacher_forced_score(
-            model, batch, batch_size=batch_size, logp_fn=logp_fn
+            model,
+            batch,
+            batch_size=batch_size,
+            logp_fn=logp_fn,
+            processed=request.processed,
+            full_vocab=rows,
         )
-    return result, guard
+    full = None
+    if rows is not None:
+        vocab = int(model.config.vocab_size)
+        full = torch.cat(rows).float() if rows else torch.zeros((0, vocab))
+    return _RankScore(
+        logprobs=result, guard=guard, full_vocab=full, logits_dtype=",".join(sorted(set(seen)))
+    )
 
 
 def _scored(model: Any, request: wire.Score, rank: int, pid: int) -> wire.Scored:
@@ -164,23 +212,50 @@ def _scored(model: Any, request: wire.Score, rank: int, pid: int) -> wire.Scored
 
     batch = request.tensors()
     logp_fn = resolve_logp_backend(request.logp_backend)
-    result, guard = _guarded_score(model, batch, int(request.batch_size), logp_fn)
-    data = wire.result_bytes(result)
+    scored = _guarded_score(model, batch, int(request.batch_size), logp_fn, request)
+    guard = scored.guard
+    data = wire.result_bytes(scored.logprobs)
+    full = None if scored.full_vocab is None else wire.full_vocab_bytes(scored.full_vocab)
+    digest = hashlib.sha256(data)
+    if full is not None:
+        digest.update(full)
     evidence = wire.ScoreEvidence(
         world_size=dist.get_world_size(),
         backend=str(dist.get_backend()),
-        result_sha256=hashlib.sha256(data).hexdigest(),
+        result_sha256=digest.hexdigest(),
         state_digest_before=guard.digest_before,
         state_digest_after=guard.digest_after,
         forward_calls=guard.forward_calls,
         readonly_violations=tuple(guard.violations),
+        logprob_semantics="raw" if request.processed is None else "processed",
+        logits_dtype=scored.logits_dtype,
+        full_vocab_rows=0 if scored.full_vocab is None else int(scored.full_vocab.shape[0]),
     )
-    return wire.Scored(rank=rank, pid=pid, logprobs=data if rank == 0 else None, evidence=evidence)
+    return wire.Scored(
+        rank=rank,
+        pid=pid,
+        logprobs=data if rank == 0 else None,
+        evidence=evidence,
+        full_vocab=full if rank == 0 else None,
+    )
 
 
-def _failed(rank: int, pid: int) -> wire.Failed:
+def failed(rank: int, pid: int) -> wire.Failed:
     """The exception being handled, as this rank's reply."""
     return wire.Failed(rank=rank, pid=pid, traceback=traceback.format_exc())
+
+
+def handle(model: Any, request: wire.Request, rank: int, pid: int) -> wire.Reply:
+    """This rank's reply to one request after ``start`` (transport-independent): ``Scored``,
+    or ``Failed`` with the rank's own traceback (also for anything but ``Score``)."""
+    try:
+        if not isinstance(request, wire.Score):
+            raise wire.ProtocolError(f"expected 'score', got {type(request).__name__!r}")
+        if model is None:
+            raise wire.ProtocolError("'score' before a successful 'init'")
+        return _scored(model, request, rank, pid)
+    except BaseException:
+        return failed(rank, pid)
 
 
 def _serve(conn: Connection, model: Any, rank: int, pid: int) -> None:
@@ -191,27 +266,27 @@ def _serve(conn: Connection, model: Any, rank: int, pid: int) -> None:
         except (EOFError, OSError):
             return  # parent is gone
         except wire.ProtocolError:
-            wire.send(conn, _failed(rank, pid))
+            wire.send(conn, failed(rank, pid))
             continue
         if isinstance(request, wire.Close):
             return
-        try:
-            if not isinstance(request, wire.Score):
-                raise wire.ProtocolError(f"expected 'score', got {type(request).__name__!r}")
-            wire.send(conn, _scored(model, request, rank, pid))
-        except BaseException:
-            wire.send(conn, _failed(rank, pid))
+        wire.send(conn, handle(model, request, rank, pid))
 
 
 # --------------------------------------------------------------------------- process
 
 
-def _leave(conn: Connection) -> None:
+def leave() -> None:
+    """Leave the process group (if joined)."""
     import torch.distributed as dist
 
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _leave(conn: Connection) -> None:
     try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave()
     finally:
         conn.close()
 
@@ -225,7 +300,7 @@ def main() -> None:
     try:
         model = _start(conn, rank, pid, t0)
     except BaseException:
-        wire.send(conn, _failed(rank, pid))
+        wire.send(conn, failed(rank, pid))
         conn.close()
         sys.exit(1)
     _serve(conn, model, rank, pid)

@@ -6,8 +6,11 @@ values the engine reads back (``VllmRolloutEngine.read_back`` and ``context_para
 onto knob paths as ``actual``; ``batch.size`` chunks the requests submitted together. vLLM
 computes the rollout logprobs in its own sampler (``raw_logprobs`` mode), so only
 ``logp.backend=native`` can be honoured on this side; context parallelism is recorded as
-unsupported where the platform lacks it. The training side is the ``hf`` runtime's read-only
-scorer (unsharded or FSDP2).
+unsupported where the platform lacks it; ``rollout.lm_head_dtype`` is declared ``compute``
+(read back from the workers' LM head weight) and ``float32`` refused as unsupported. The
+sampling truncation (top_p, top_k, min_p) reported for identity validation is what the
+requests of the call ran with in the workers (``read_back.sampling_applied``). The training
+side is the ``hf`` runtime's read-only scorer (unsharded or FSDP2).
 
 Knows nothing about vLLM's config objects, workers or processes (``engine``, ``read_back`` and
 ``processes`` read those; the adapter imports vLLM only for its version and when an engine is
@@ -16,8 +19,9 @@ built), nor about comparison, verdicts or artifacts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_logprob_drift.execute.protocol import (
     LogpKernel,
@@ -33,10 +37,12 @@ from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, special
 from pytest_logprob_drift.runtimes.transformers.adapter import (
     TransformersTrainingAdapter,
     applied,
+    lm_head_knob,
     side_identity,
     unsupported,
 )
 from pytest_logprob_drift.runtimes.vllm.logs import prepare_vllm_logging
+from pytest_logprob_drift.runtimes.vllm.read_back import sampling_applied
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +50,8 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 
 MODEL_LEN_QUANTUM = 64
+IN_PROCESS_ENGINE = "logprob_drift_vllm_engine_in_process"
+"""A resource this process offers once: the vLLM engine it may build and drive at a time."""
 
 
 def _int_or_none(value: float | int | None) -> int | None:
@@ -56,11 +64,42 @@ def _model_len(identity: ScoringIdentity) -> int:
     return max(MODEL_LEN_QUANTUM, -(-need // MODEL_LEN_QUANTUM) * MODEL_LEN_QUANTUM)
 
 
+def _observed_truncation(
+    observed: Mapping[str, Any], frontend: Mapping[str, float | int | None]
+) -> dict[str, JSONScalar]:
+    """The truncation the side reports for identity validation: what the workers' batches
+    really took in (``read_back.sampling_applied``; several distinct values read as a
+    ``mixed: ...`` string, which matches no identity), or, when the probe saw no request,
+    the frontend's normalized ``SamplingParams``."""
+    values = list(observed.get("values") or [])
+    if not observed.get("observed") or not values:
+        return applied_sampling(
+            top_p=frontend.get("top_p"),
+            top_k=_int_or_none(frontend.get("top_k")),
+            min_p=frontend.get("min_p"),
+        )
+    if len(values) > 1:
+        mixed = f"mixed: {json.dumps(values, sort_keys=True)}"
+        return {"sampling_top_p": mixed, "sampling_top_k": mixed, "sampling_min_p": mixed}
+    (v,) = values
+    return applied_sampling(
+        top_p=float(v["top_p"]) if float(v["top_p"]) < 1.0 else None,
+        top_k=int(v["top_k"]) if int(v["top_k"]) > 0 else None,
+        min_p=float(v["min_p"]) if float(v["min_p"]) > 0.0 else None,
+    )
+
+
 class VllmRollout:
     """One vLLM engine per rollout construction fingerprint."""
 
     def __init__(
-        self, binding: RuntimeBinding, identity: ScoringIdentity, checkpoint: ResolvedCheckpoint
+        self,
+        binding: RuntimeBinding,
+        identity: ScoringIdentity,
+        checkpoint: ResolvedCheckpoint,
+        *,
+        launcher: str = "local",
+        ray_address: str | None = None,
     ) -> None:
         prepare_vllm_logging()
         from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec
@@ -78,11 +117,15 @@ class VllmRollout:
             max_model_len=_model_len(identity),
             logprobs_mode=str(rollout.get("logprobs_mode", "raw_logprobs")),
             full_vocabulary=binding.full_vocabulary is not None,
+            distributed_executor_backend="ray" if launcher == "ray" else None,
+            ray_address=ray_address,
         )
+        self.launcher = launcher
         self.full_vocabulary = spec.full_vocabulary
         self.engine = self.build_engine(spec)
         self.batch_size = 0
         self.backend_used = ""
+        self.sampling_observed: dict[str, Any] = {"observed": False, "values": []}
         self._special = special_token_ids(self.checkpoint.path)
 
     def build_engine(self, spec: VllmEngineSpec) -> VllmRolloutEngine:
@@ -100,6 +143,7 @@ class VllmRollout:
         eos, pad = self._special
         sampling = identity.sampling
         steps: list[list[torch.Tensor]] | None = [] if self.full_vocabulary else None
+        before = self._sampling_seen()
         tensors = self.engine.generate(
             identity.prompts.token_ids,
             max_new_tokens=sampling.max_new_tokens,
@@ -114,19 +158,17 @@ class VllmRollout:
             min_p=sampling.min_p,
             steps=steps,
         )
-        applied = self.engine.applied_sampling  # what the requests really carried
+        self.sampling_observed = sampling_applied(before, self._sampling_seen())
+        truncation = _observed_truncation(self.sampling_observed, self.engine.applied_sampling)
         return RolloutOutput(
             tensors=tensors,
-            identity={
-                **side_identity(identity, self.checkpoint),
-                **applied_sampling(
-                    top_p=applied.get("top_p"),
-                    top_k=_int_or_none(applied.get("top_k")),
-                    min_p=applied.get("min_p"),
-                ),
-            },
+            identity={**side_identity(identity, self.checkpoint), **truncation},
             full_vocab=None if steps is None else active_rows(steps, tensors["active_mask"]),
         )
+
+    def _sampling_seen(self) -> list[dict[str, Any]]:
+        seen = self.engine.read_back().get("sampling_seen")
+        return list(seen) if isinstance(seen, list) else []
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         live = self.engine.read_back()
@@ -139,8 +181,16 @@ class VllmRollout:
             "batch.size": self.batch_size,
             "logp.backend": self.backend_used,
             "rollout.logprobs_mode": str(live["logprobs_mode"]),
-            # Declared, not a knob: vLLM computes the logits with its LM head in rollout.dtype.
-            "rollout.lm_head_dtype": "compute",
+            # The LM head weight the workers loaded: vLLM has no setting for it, so it is the
+            # model's dtype ("compute"), and a float32 request was refused at materialization.
+            "rollout.lm_head_dtype": lm_head_knob(
+                str(live["lm_head_dtype"]), str(live["dtype"]), "compute"
+            ),
+            # The sampling parameters the last call's requests ran with in the workers.
+            "vllm.sampling_applied": json.dumps(self.sampling_observed, sort_keys=True),
+            "launcher": self.launcher,
+            "vllm.executor_requested": self.engine.executor_requested,
+            "vllm.executor_reason": self.engine.executor_reason,
         }
         for key, value in live.items():
             actual[f"vllm.{key}"] = (
@@ -183,6 +233,20 @@ class VllmHfAdapter(TransformersTrainingAdapter):
                     else "logprobs of the raw logits"
                 ),
             )
+        if path == "rollout.lm_head_dtype":
+            if value == "compute":
+                return applied(
+                    value,
+                    "vLLM's LM head (ParallelLMHead) is loaded and run in rollout.dtype "
+                    "(vllm.LLM(dtype=...)); read back from the workers' LM head weight",
+                )
+            return unsupported(
+                path,
+                value,
+                "vLLM declares only 'compute': it has no setting to run the LM head (and the "
+                "logits it samples from) in float32 while the model runs in rollout.dtype; "
+                "rollout.dtype=float32 with rollout.lm_head_dtype=compute gives float32 logits",
+            )
         if path == "rollout.context_parallel_size":
             if value == 1:
                 return applied(value, "no context parallelism")
@@ -202,8 +266,29 @@ class VllmHfAdapter(TransformersTrainingAdapter):
             )
         return unsupported(path, value, "no vLLM setting for it")
 
+    def rollout_resources(self, binding: RuntimeBinding) -> Mapping[str, float]:
+        """vLLM's Ray executor holds one GPU per TP worker. Every engine is also built and
+        driven from this process (its construction patches this process's environment and
+        output), so at most one engine group with a vLLM engine runs at a time
+        (``IN_PROCESS_ENGINE``)."""
+        tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
+        demand = {IN_PROCESS_ENGINE: 1.0}
+        if self.launch.is_ray and tp > 1 and str(binding.scorer["device"]) == "cuda":
+            demand["GPU"] = float(tp)
+        return demand
+
+    def local_resources(self) -> Mapping[str, float]:
+        return {IN_PROCESS_ENGINE: 1.0}
+
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> VllmRollout:
-        return VllmRollout(binding, identity, self.checkpoint(identity))
+        tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
+        return VllmRollout(
+            binding,
+            identity,
+            self.checkpoint(identity),
+            launcher=self.launch.launcher,
+            ray_address=self.cluster_address() if tp > 1 else None,
+        )
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:
         prepare_vllm_logging()

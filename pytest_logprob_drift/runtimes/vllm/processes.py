@@ -32,6 +32,7 @@ __all__ = [
 
 _BIND_ENV: Final = "VLLM_CPU_OMP_THREADS_BIND"
 _KVCACHE_ENV: Final = "VLLM_CPU_KVCACHE_SPACE"
+_RAY_ADDRESS_ENV: Final = "RAY_ADDRESS"
 _SHM_DIR: Final = "/dev/shm/"
 _PSM_PREFIX: Final = "psm_"
 _WORKER_TITLE: Final = "VLLM::Worker"
@@ -190,7 +191,9 @@ def _cpu_bind_groups(tensor_parallel_size: int) -> str:
 
 
 @contextmanager
-def construction_env(*, tensor_parallel_size: int, is_cpu: bool) -> Iterator[dict[str, str | None]]:
+def construction_env(
+    *, tensor_parallel_size: int, is_cpu: bool, ray_address: str | None = None
+) -> Iterator[dict[str, str | None]]:
     """Set the environment an engine build needs; afterwards restore ``os.environ`` exactly.
 
     Yields what was applied (``None`` for a removed variable). On the CPU wheel: for TP > 1,
@@ -200,9 +203,13 @@ def construction_env(*, tensor_parallel_size: int, is_cpu: bool) -> Iterator[dic
     CPU platform also writes variables into this process's environment while the engine is
     built (``VLLM_WORKER_MULTIPROC_METHOD``, ``TORCHINDUCTOR_COMPILE_THREADS``, ...); those are
     undone too, so that a later training scorer in this process sees the environment it had.
+    ``ray_address``: the cluster vLLM's Ray executor joins (``RAY_ADDRESS``; the engine core
+    is a spawned process and calls ``ray.init`` itself).
     """
     before = dict(os.environ)
     applied: dict[str, str | None] = {}
+    if ray_address:
+        applied[_RAY_ADDRESS_ENV] = ray_address
     if is_cpu:
         if tensor_parallel_size > 1 and not os.environ.get(_BIND_ENV):
             applied[_BIND_ENV] = _cpu_bind_groups(tensor_parallel_size)
