@@ -217,6 +217,54 @@ def test_last_failed_reruns_only_the_failed_case(s0: pytest.Pytester) -> None:
 # ---- errors ---------------------------------------------------------------------------------
 
 
+CRASHING_SCORER = """
+from pytest_logprob_drift.errors import RuntimeFailure
+from pytest_logprob_drift.runtimes.smoke.runtime import StatelessScorer
+
+original = StatelessScorer.score
+
+
+def crash_at_batch_size_one(self, identity, rollout, *, batch_size, logp):
+    if batch_size == 1:
+        raise RuntimeFailure("scorer worker died: out of memory")
+    return original(self, identity, rollout, batch_size=batch_size, logp=logp)
+
+
+def pytest_configure(config):
+    StatelessScorer.score = crash_at_batch_size_one
+
+
+def pytest_unconfigure(config):
+    StatelessScorer.score = original
+"""
+
+
+def test_a_runtime_failure_is_an_error_item_in_one_line(s0: pytest.Pytester) -> None:
+    """The case whose engine fails is an error (E), not a verdict: one line naming the case and
+    the runtime's message; nothing is sealed for it; the other cases still run and pass or
+    fail on their verdicts; a rerun without the fault executes only that case."""
+    s0.makeconftest(CRASHING_SCORER)
+    result = s0.runpytest(*RUN, "-rA")
+    result.assert_outcomes(passed=1, failed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at setup of s0-cpu-smoke::batch.size=1 *",
+            "batch.size=1: scorer worker died: out of memory",
+            f"ERROR {NODE}::batch.size=1*",
+        ]
+    )
+    no_traceback(result)
+    cases = s0.path / "runs" / "s0-cpu-smoke" / "cases"
+    sealed = {
+        c.name for c in cases.iterdir() if any((a / "COMPLETE").exists() for a in c.iterdir())
+    }
+    assert len(sealed) == 2
+    (s0.path / "conftest.py").unlink()
+    result = s0.runpytest(*RUN, "-rA")
+    assert verdicts(result) == SERIAL_VERDICTS
+    assert len(list(cases.iterdir())) == 3
+
+
 def test_unknown_knob_is_a_collection_error_naming_the_json_path(s0: pytest.Pytester) -> None:
     document = json.loads(S0.read_text())
     document["interventions"][0]["path"] = "batch.sizee"

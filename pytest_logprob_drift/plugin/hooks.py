@@ -140,8 +140,12 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if isinstance(item, DriftCaseItem) and call.when == "call":
+    if not isinstance(item, DriftCaseItem):
+        return report
+    if call.when == "call":
         tag_report(report, item.user_properties, item.config.stash[OPTIONS_KEY].plan_only)
+    elif call.when == "setup" and report.failed and call.excinfo is not None:
+        report.longrepr = item.repr_failure(call.excinfo)  # one line, not a traceback
     return report
 
 

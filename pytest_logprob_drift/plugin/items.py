@@ -3,13 +3,14 @@
 Owns turning one experiment config into collectors and items (deterministic, sorted by case
 order so every xdist worker collects the same items), node ids that carry the experiment id and
 the case label (``exp.json::s0-cpu-smoke::batch.size=1``), markers for scenario level and
-changed knob, running an item through the shared runner (the same code path as the CLI), and a
-failure text that shows the evidence instead of a traceback. Also what a session refuses before
-anything is collected (two configs with one experiment id, a ``--drift-expect`` that selects no
-case) and the exit status of a config that cannot be planned (a one-line collection error: 2,
-under xdist too). Planning binds operators against
-the session's catalog (``plugin.session``), the one the runner executes with. Importing this
-module never imports torch; the runner is imported when the first case executes.
+changed knob, running an item through the shared runner (the same code path as the CLI: the
+item's setup executes the case, so a runtime failure is an error item; its call judges the
+verdict), and a failure text that shows the evidence instead of a traceback. Also what a
+session refuses before anything is collected (two configs with one experiment id, a
+``--drift-expect`` that selects no case) and the exit status of a config that cannot be planned
+(a one-line collection error: 2, under xdist too). Planning binds operators against the
+session's catalog (``plugin.session``), the one the runner executes with. Importing this module
+never imports torch; the runner is imported when the first case executes.
 """
 
 from __future__ import annotations
@@ -187,24 +188,20 @@ class DriftCaseItem(pytest.Item):
         assert isinstance(parent, DriftExperiment)
         return parent.execution_plan
 
-    def runtest(self) -> None:
+    def _executes(self) -> bool:
+        """Whether this session executes the case (not ``--drift-plan-only``, and the runtime
+        executes its scenario)."""
         options = self.config.stash[OPTIONS_KEY]
-        case = self.case.case
         if options.plan_only:
-            raise pytest.skip.Exception(
-                f"--drift-plan-only: case {case.case_id} planned, not executed",
-                _use_item_location=True,
-            )
+            return False
         assert options.runtime is not None
         info = self.config.stash[RUNTIMES_KEY].get(options.runtime)
-        if not info.executes(self.execution_plan.plan.scenario):
-            expected = expected_outcome(options.expectations, case.case_id, case.label)
-            self._record(Outcome.PLAN_ONLY.value, None)
-            if expected is not Outcome.PLAN_ONLY:
-                scenario = self.execution_plan.plan.scenario
-                raise pytest.skip.Exception(
-                    f"PLAN_ONLY: {info.plan_only_reason(scenario)}", _use_item_location=True
-                )
+        return info.executes(self.execution_plan.plan.scenario)
+
+    def setup(self) -> None:
+        """Execute the case (or reuse its sealed attempt). A runtime that fails here makes the
+        item an error, not a failure: the case produced no verdict to judge."""
+        if not self._executes():
             return
         key = str(self.path)
         runner: Runner = runner_for(self.config, key, self.execution_plan)
@@ -218,8 +215,30 @@ class DriftCaseItem(pytest.Item):
         self._record(result.outcome.value, result)
         if attribution is not None:
             self._record_attribution(attribution)
-        if not result.as_expected:
-            raise DriftCaseFailure(result)
+
+    def runtest(self) -> None:
+        """Judge the executed case against its expected outcome (PLAN_ONLY: skipped, with the
+        reason, unless expected)."""
+        options = self.config.stash[OPTIONS_KEY]
+        case = self.case.case
+        if options.plan_only:
+            raise pytest.skip.Exception(
+                f"--drift-plan-only: case {case.case_id} planned, not executed",
+                _use_item_location=True,
+            )
+        if not self._executes():
+            assert options.runtime is not None
+            info = self.config.stash[RUNTIMES_KEY].get(options.runtime)
+            expected = expected_outcome(options.expectations, case.case_id, case.label)
+            self._record(Outcome.PLAN_ONLY.value, None)
+            if expected is not Outcome.PLAN_ONLY:
+                scenario = self.execution_plan.plan.scenario
+                raise pytest.skip.Exception(
+                    f"PLAN_ONLY: {info.plan_only_reason(scenario)}", _use_item_location=True
+                )
+            return
+        if self.result is not None and not self.result.as_expected:
+            raise DriftCaseFailure(self.result)
 
     def _record_attribution(self, entry: dict[str, Any]) -> None:
         """Junit properties, and a JSON-safe summary that travels with the report."""
