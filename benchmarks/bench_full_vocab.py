@@ -36,9 +36,17 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from pytest_logprob_drift.divergence import full_vocab_divergence  # noqa: E402
+from pytest_logprob_drift.divergence import (  # noqa: E402
+    full_vocab_divergence,
+    processed_residual,
+)
+from pytest_logprob_drift.sampling import Truncation  # noqa: E402
 
-METHODS = ("logsumexp", "logsumexp_both", "naive", "streamed")
+METHODS = ("logsumexp", "logsumexp_both", "naive", "streamed", "offset_residual")
+OFFSET_TRUNCATION = Truncation(temperature=0.7, top_p=0.9)
+"""The semantic-offset diagnostic's second explanation (``processed_residual``) is measured
+at temperature 0.7 with top_p 0.9 (its costliest form: a full sort per row). It is evidence
+beside the reductions, with no target of its own."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 LOGIT_SCALE = 3.0
 NOISE = 0.05
@@ -77,6 +85,9 @@ def _method(name: str) -> Callable[[torch.Tensor, torch.Tensor], Any]:
         ),
         "naive": _naive,
         "streamed": lambda r, t: full_vocab_divergence(r, t),
+        "offset_residual": lambda r, t: processed_residual(
+            torch.zeros(r.shape[0]), t, r.float().argmax(-1), OFFSET_TRUNCATION
+        ),
     }
     return table[name]
 
@@ -243,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
                 streamed["max_abs_diff"] <= 1e-5,
             ),
         ]
+    print(
+        "\noffset_residual: the semantic-offset diagnostic's processed-logprob recomputation "
+        f"(temperature {OFFSET_TRUNCATION.temperature}, top_p {OFFSET_TRUNCATION.top_p}: "
+        "a sort per row), one side; no target"
+    )
     print("\nTargets:")
     for text, ok in checks:
         print(f"- [{'PASS' if ok else 'FAIL'}] {text}")
