@@ -30,43 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_experiment_run import _rss_kib, _tree  # the process-tree readers, shared
+
 ROOT = Path(__file__).resolve().parents[1]
 S0_HF = ROOT / "experiments" / "cross_config_s0_hf_tiny.json"
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                out.extend(int(c) for c in handle.read().split())
-        except OSError:
-            continue
-    return out
-
-
-def _tree(root: int) -> list[int]:
-    seen, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        seen.append(pid)
-        stack.extend(_children(pid))
-    return seen
-
-
-def _rss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def _fsdp_config(directory: Path) -> Path:

@@ -120,6 +120,20 @@ def _rank_threads(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
+def _init_message(
+    model_dir: Path, dtype: str, attn: str, device: str, op_timeout_s: float, threads: int
+) -> wire.Init:
+    """What every rank is told to load, whichever launcher started it."""
+    return wire.Init(
+        model_dir=str(model_dir.resolve()),
+        dtype=dtype,
+        attn_implementation=attn,
+        device=device,
+        op_timeout_s=op_timeout_s,
+        threads=threads,
+    )
+
+
 def _rank_env(state: _GroupState, rank: int, world_size: int, threads: int) -> dict[str, str]:
     """The environment of rank ``rank``: torch.distributed's variables, this interpreter's
     import path and the thread count."""
@@ -271,14 +285,7 @@ class FsdpScorerGroup:
         state.workdir = tempfile.TemporaryDirectory(prefix="logprob-drift-fsdp-")
         state.master_port = _free_port()
         threads = _rank_threads(self._world_size)
-        init = wire.Init(
-            model_dir=str(model_dir.resolve()),
-            dtype=dtype,
-            attn_implementation=attn,
-            device=device,
-            op_timeout_s=op_timeout_s,
-            threads=threads,
-        )
+        init = _init_message(model_dir, dtype, attn, device, op_timeout_s, threads)
         for rank in range(self._world_size):
             env = _rank_env(state, rank, self._world_size, threads)
             _spawn_rank(state, rank, env, init)

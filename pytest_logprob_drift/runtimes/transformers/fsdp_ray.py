@@ -30,6 +30,7 @@ from pytest_logprob_drift.runtimes.transformers.fsdp import (
     _R,
     FsdpScorerGroup,
     _GroupState,
+    _init_message,
     _rank_threads,
 )
 
@@ -235,13 +236,8 @@ class RayFsdpScorerGroup(FsdpScorerGroup):
         state.where = self._get([a.where.remote() for a in state.actors], "start")
         master_addr, master_port = self._get([state.actors[0].master_address.remote()], "start")[0]
         state.master_port = int(master_port)
-        init = wire.Init(
-            model_dir=str(model_dir.resolve()),
-            dtype=dtype,
-            attn_implementation=attn,
-            device=device,
-            op_timeout_s=op_timeout_s,
-            threads=_rank_threads(self._world_size),
+        init = _init_message(
+            model_dir, dtype, attn, device, op_timeout_s, _rank_threads(self._world_size)
         )
         for actor in state.actors:
             actor.configure.remote(master_addr, int(master_port))  # runs before call (ordered)
