@@ -86,7 +86,7 @@ def _method(name: str) -> Callable[[torch.Tensor, torch.Tensor], Any]:
         "naive": _naive,
         "streamed": lambda r, t: full_vocab_divergence(r, t),
         "offset_residual": lambda r, t: processed_residual(
-            torch.zeros(r.shape[0]), t, r.float().argmax(-1), OFFSET_TRUNCATION
+            torch.zeros(r.shape[0]), t, r.argmax(-1), OFFSET_TRUNCATION
         ),
     }
     return table[name]
