@@ -86,6 +86,21 @@ def test_show_routing_leaves_vllm_its_terminal(tmp_path: Path, clean_routing: No
         assert path is None
 
 
+def test_restoring_the_policy_takes_its_config_out_of_the_environment(
+    tmp_path: Path, clean_routing: None
+) -> None:
+    """After a run routed vLLM's logs to its file, a process started later (a CLI run, an
+    engine of another policy) must not inherit that run's logging config."""
+    previous = logs.route_engine_logs(tmp_path / "engine-logs")
+    logs.prepare_vllm_logging()
+    assert Path(os.environ[logs.CONFIG_ENV]).is_file()
+    logs.restore_engine_logs(previous)
+    assert logs.CONFIG_ENV not in os.environ
+    logs.route_engine_logs(tmp_path / "engine-logs")  # the next engine writes it again
+    logs.prepare_vllm_logging()
+    assert Path(os.environ[logs.CONFIG_ENV]).is_file()
+
+
 def test_a_users_own_vllm_logging_config_wins(
     tmp_path: Path, clean_routing: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,8 +144,10 @@ def s1_small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "rollout.dtype=bfloat16=MISMATCH",
         ],
         cwd=workdir,
-        # a fresh CLI process, as a user starts it: no logging level left by earlier tests
-        env={k: v for k, v in os.environ.items() if k != logs.LEVEL_ENV},
+        # a fresh CLI process, as a user starts it: no logging level or logging config file
+        # left in this worker's environment by earlier in-process vLLM tests (a config file of
+        # theirs would be honoured as the user's own and route the engine's logs elsewhere)
+        env={k: v for k, v in os.environ.items() if k not in (logs.LEVEL_ENV, logs.CONFIG_ENV)},
         capture_output=True,
         text=True,
         timeout=900,

@@ -53,9 +53,12 @@ def route_engine_logs(directory: Path | None) -> EngineLogPolicy | None:
 
 
 def restore_engine_logs(previous: EngineLogPolicy | None) -> None:
-    """Put back the policy ``route_engine_logs`` replaced."""
+    """Put back the policy ``route_engine_logs`` replaced, and take this policy's logging
+    config out of the environment (a process started afterwards, an engine or a CLI run,
+    must not inherit it; the next engine under a file policy writes it again)."""
     global _policy
     _policy = previous
+    _forget_logging_config()
 
 
 def engine_log_file() -> Path | None:
