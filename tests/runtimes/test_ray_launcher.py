@@ -558,3 +558,55 @@ def test_killed_rank_actor_fails_the_case_and_a_rerun_resumes(
         "training.sharding=fsdp": False,
         "training.attention_backend=eager": True,
     }
+
+
+_BACKGROUND_START = """
+import json, os, sys, time
+import ray
+from pytest_logprob_drift.execute.launch import Launch
+from pytest_logprob_drift.runtimes import ray_cluster
+
+launch = Launch(launcher="ray", ray_num_cpus=1)
+ray_cluster.start_in_background(launch)
+ray_cluster.start_in_background(launch)  # a second call while the first runs: nothing
+if sys.argv[1] == "acquire":
+    lease = ray_cluster.acquire(launch)
+    print(json.dumps({"started_here": lease.started_here, "address": lease.address,
+                      "initialized": ray.is_initialized()}))
+    lease.release()
+else:
+    ray_cluster.abandon_background_start()
+print(json.dumps({"initialized_after": ray.is_initialized(),
+                  "keeper_left": ray_cluster._STATE.keeper is not None}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["acquire", "abandon"])
+def test_a_background_start_is_acquired_or_abandoned_and_leaves_nothing(how: str) -> None:
+    """The local cluster that starts in the background while engines load: ``acquire`` takes
+    it (started here, bound to 127.0.0.1) and the last release shuts it down; a run that never
+    needed it shuts it down at close. Either way no Ray process outlives the run."""
+    pytest.importorskip("ray")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BACKGROUND_START, how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    seen: set[int] = set()
+    while proc.poll() is None:
+        seen |= _ray_processes(proc.pid)
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if how == "acquire":
+        assert lines[0]["started_here"] and lines[0]["initialized"]
+        assert lines[0]["address"].startswith("127.0.0.1:")
+    assert lines[-1] == {"initialized_after": False, "keeper_left": False}
+    assert seen, "no Ray process was started"
+    assert not _wait_dead(seen), "Ray processes outlived the run"
+    assert "not the main thread" not in err

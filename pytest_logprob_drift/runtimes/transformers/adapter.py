@@ -429,8 +429,11 @@ class TransformersTrainingAdapter(abc.ABC):
         self._lease: ClusterLease | None = None
 
     def use_launch(self, launch: Launch) -> None:
-        """The execution policy's launcher (``execute.launch.LaunchAware``)."""
+        """The execution policy's launcher (``execute.launch.LaunchAware``). Under ray, a local
+        cluster starts in the background now, while the first engines load."""
         self.launch = launch
+        if launch.is_ray and self._lease is None:
+            ray_cluster.start_in_background(launch)
 
     def cluster_address(self) -> str | None:
         """Under the ray launcher: the cluster's address (connected, or started, on first
@@ -501,6 +504,8 @@ class TransformersTrainingAdapter(abc.ABC):
         lease, self._lease = self._lease, None
         if lease is not None:
             lease.release()
+        elif self.launch.is_ray:
+            ray_cluster.abandon_background_start()
 
 
 class HfAdapter(TransformersTrainingAdapter):
