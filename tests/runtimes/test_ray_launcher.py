@@ -94,6 +94,25 @@ def _wait_dead(pids: set[int], timeout_s: float = 20.0) -> set[int]:
     return {p for p in pids if _alive(p)}
 
 
+def _run_watching_ray(args: list[str]) -> tuple[int, str, str, set[int]]:
+    """Run ``python *args`` without RAY_ADDRESS (so it starts its own cluster); return its
+    exit code, output, and every Ray process seen among its descendants while it ran."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    seen: set[int] = set()
+    while proc.poll() is None:
+        seen |= _ray_processes(proc.pid)
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    return proc.returncode, out, err, seen
+
+
 def _shm() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
@@ -349,34 +368,12 @@ def test_s0_hf_ray_matches_local_and_shuts_down_its_own_cluster(tmp_path: Path) 
         "run", str(config), "--runtime", "hf", "--artifacts", str(local_dir), *S0_EXPECT
     )
     assert code == 0, out + err
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest_logprob_drift",
-            "run",
-            str(config),
-            "--runtime",
-            "hf",
-            "--launcher",
-            "ray",
-            "--artifacts",
-            str(ray_dir),
-            *S0_EXPECT,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+    command = ["-m", "pytest_logprob_drift", "run", str(config), "--runtime", "hf"]
+    code, stdout, stderr, seen = _run_watching_ray(
+        [*command, "--launcher", "ray", "--artifacts", str(ray_dir), *S0_EXPECT]
     )
-    seen: set[int] = set()
-    while proc.poll() is None:
-        seen |= _ray_processes(proc.pid)
-        time.sleep(0.3)
-    stdout, stderr = proc.communicate()
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    assert any("raylet" in _cmdline(p) or True for p in seen) and seen, "no Ray process seen"
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
+    assert seen, "no Ray process seen"
     assert not _wait_dead(seen), "the run left Ray processes behind"
     _assert_same_evidence(local_dir / "s0-hf-launchers", ray_dir / "s0-hf-launchers")
     fsdp = _attempts(ray_dir / "s0-hf-launchers")["training.sharding=fsdp"]
@@ -588,20 +585,8 @@ def test_a_background_start_is_acquired_or_abandoned_and_leaves_nothing(how: str
     it (started here, bound to 127.0.0.1) and the last release shuts it down; a run that never
     needed it shuts it down at close. Either way no Ray process outlives the run."""
     pytest.importorskip("ray")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _BACKGROUND_START, how],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    seen: set[int] = set()
-    while proc.poll() is None:
-        seen |= _ray_processes(proc.pid)
-        time.sleep(0.2)
-    out, err = proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
+    code, out, err, seen = _run_watching_ray(["-c", _BACKGROUND_START, how])
+    assert code == 0, err[-3000:]
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if how == "acquire":
         assert lines[0]["started_here"] and lines[0]["initialized"]
