@@ -378,15 +378,23 @@ def read_seal(attempt_dir: Path, *, keep: Collection[str] = ()) -> Seal:
     )
 
 
-def _file_digest(path: Path, name: str, keep: dict[str, bytes] | None) -> str:
+@contextlib.contextmanager
+def sealed_file_errors(name: str) -> Iterator[None]:
+    """Opening or reading the sealed file ``name``: any OS error becomes a SealError naming it
+    (missing; a link or other non-regular file, refused; unreadable)."""
     try:
-        fd, size = _open_regular(path)
+        yield
     except FileNotFoundError:
         raise SealError(name, "sealed file is missing") from None
     except NotRegularFileError as exc:
         raise SealError(name, f"{exc.strerror}; refused") from None
     except OSError as exc:
         raise SealError(name, f"unreadable: {exc.strerror or exc}") from None
+
+
+def _file_digest(path: Path, name: str, keep: dict[str, bytes] | None) -> str:
+    with sealed_file_errors(name):
+        fd, size = _open_regular(path)
     try:
         if keep is None:
             return _hash_fd(fd)

@@ -25,12 +25,12 @@ import torch
 
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store.artifacts import (
-    NotRegularFileError,
     Seal,
     SealError,
     execution_key,
     read_regular,
     read_seal,
+    sealed_file_errors,
 )
 from pytest_logprob_drift.store.divergence_check import DIVERGENCE_FILE, check_divergence
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
@@ -66,14 +66,8 @@ def _sealed_bytes(directory: Path, name: str, seal: Seal) -> bytes:
         return seal.contents[name]
     if name not in seal.files:
         raise SealError(name, "required file is not sealed")
-    try:
+    with sealed_file_errors(name):
         data = read_regular(directory / name)
-    except FileNotFoundError:
-        raise SealError(name, "sealed file is missing") from None
-    except NotRegularFileError as exc:
-        raise SealError(name, f"{exc.strerror}; refused") from None
-    except OSError as exc:
-        raise SealError(name, f"unreadable: {exc.strerror or exc}") from None
     if hashlib.sha256(data).hexdigest() != seal.files.get(name):
         raise SealError(name, "SHA-256 does not match the seal (tampered or corrupt)")
     return data
