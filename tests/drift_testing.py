@@ -8,12 +8,17 @@ guard, output).
 
 from __future__ import annotations
 
+import io
+import os
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pytest_logprob_drift.cli import main as cli_main
 from pytest_logprob_drift.execute.protocol import RuntimeAdapter, RuntimeBinding, TensorBatch
 from pytest_logprob_drift.execute.runner import Runner
 from pytest_logprob_drift.outcomes import Expectation
@@ -32,6 +37,7 @@ S1 = EXPERIMENTS / "cross_config_s1_vllm_cpu_tiny.json"
 S2 = EXPERIMENTS / "cross_config_s2_vllm_tp_vs_fsdp.json"
 S3 = EXPERIMENTS / "cross_config_s3_qwen3_8b_tp4_cp4_bf16.json"
 OFFSET_LABEL = "logp.backend=smoke_only.logp_offset"
+OFFSET_EXPECT = f"{OFFSET_LABEL}=MISMATCH"
 ATTEMPT_FILES = frozenset(
     {
         "requested.json",
@@ -143,3 +149,53 @@ class FaultyCpuSmokeAdapter(CpuSmokeAdapter):
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, Any]:
         return {**super().environment(identity), "scorer_fault": self.fault}
+
+
+def cli(*args: str | Path, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """``logprob-drift ARGS`` in this process: exit code, stdout, stderr (``env`` is added to
+    the environment for the call and taken out again)."""
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        code = cli_main([str(a) for a in args], out=out, err=err)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_s0(
+    artifacts: Path, *extra: str, env: Mapping[str, str] | None = None
+) -> tuple[int, str, str]:
+    """``run`` of the S0 smoke experiment (the offset case expected to MISMATCH), ``--json``."""
+    return cli(
+        "run",
+        S0,
+        "--runtime",
+        "cpu-smoke",
+        "--allow-smoke-operators",
+        "--expect",
+        OFFSET_EXPECT,
+        "--artifacts",
+        artifacts,
+        "--json",
+        *extra,
+        env=env,
+    )
+
+
+def pytest_drift(
+    workdir: Path, *args: str | Path, timeout: float = 1500
+) -> subprocess.CompletedProcess[str]:
+    """A real ``pytest`` process in ``workdir`` (its own rootdir, no cache), quiet with the
+    short summary of every item, given ``args`` (the ``--drift-*`` options)."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"]
+    return subprocess.run(
+        [*command, "--rootdir", str(workdir), *map(str, args)],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -24,35 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from drift_testing import S0
+from drift_testing import OFFSET_EXPECT, S0, cli, run_s0
 
-from pytest_logprob_drift.cli import main
 from pytest_logprob_drift.errors import ExitCode
 
-EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
+EXPECT = OFFSET_EXPECT
 EXPERIMENT = "s0-cpu-smoke"
-
-
-def cli(*args: str | Path) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main([str(a) for a in args], out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
-
-
-def run_s0(artifacts: Path, *extra: str) -> tuple[int, str, str]:
-    return cli(
-        "run",
-        S0,
-        "--runtime",
-        "cpu-smoke",
-        "--allow-smoke-operators",
-        "--expect",
-        EXPECT,
-        "--artifacts",
-        artifacts,
-        "--json",
-        *extra,
-    )
 
 
 def one_error_line(err: str) -> str:

@@ -10,7 +10,6 @@ a failed append is rolled back (a real full tmpfs when running as root).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -19,9 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import S0
+from drift_testing import OFFSET_EXPECT, cli, run_s0
 
-from pytest_logprob_drift.cli import main
 from pytest_logprob_drift.errors import ExitCode, StorageError
 from pytest_logprob_drift.store.artifacts import (
     COMPLETE,
@@ -39,38 +37,9 @@ from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.verify import verify_run, verify_run_files
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
-EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
+EXPECT = OFFSET_EXPECT
 EXPERIMENT = "s0-cpu-smoke"
 KEY = "k" * 32
-
-
-def cli(*args: str | Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    saved = dict(os.environ)
-    os.environ.update(env or {})
-    try:
-        code = main([str(a) for a in args], out=out, err=err)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    return code, out.getvalue(), err.getvalue()
-
-
-def run_s0(artifacts: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    return cli(
-        "run",
-        S0,
-        "--runtime",
-        "cpu-smoke",
-        "--allow-smoke-operators",
-        "--expect",
-        EXPECT,
-        "--artifacts",
-        artifacts,
-        "--json",
-        *extra,
-        env=env,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from drift_testing import S0, S0_HF
+from drift_testing import S0, S0_HF, pytest_drift
 from report_browser import PageCheck, open_page
 
 from pytest_logprob_drift.report import plots
@@ -236,33 +236,20 @@ def test_tampered_attempt_is_shown_invalid_and_never_plotted(
 def test_plugin_writes_the_report_at_session_end(tmp_path: Path) -> None:
     shutil.copy(S0, tmp_path / S0.name)
     page = tmp_path / "drift.html"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--rootdir",
-            str(tmp_path),
-            "--drift-config",
-            S0.name,
-            "--drift-runtime",
-            "cpu-smoke",
-            "--drift-allow-smoke-operators",
-            "--drift-expect",
-            EXPECT,
-            "--drift-artifacts",
-            "runs",
-            "--drift-report",
-            page.name,
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+    proc = pytest_drift(
+        tmp_path,
+        "--drift-config",
+        S0.name,
+        "--drift-runtime",
+        "cpu-smoke",
+        "--drift-allow-smoke-operators",
+        "--drift-expect",
+        EXPECT,
+        "--drift-artifacts",
+        "runs",
+        "--drift-report",
+        page.name,
         timeout=300,
-        check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert f"drift report: {page}" in proc.stdout

@@ -18,14 +18,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
+from drift_testing import cli
 
 from pytest_logprob_drift.cli import build_parser
-from pytest_logprob_drift.cli import main as cli_main
 from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.execute.launch import Launch, fits
 
@@ -133,12 +132,6 @@ def _config(tmp: Path, source: Path, name: str, **changes: Any) -> Path:
     return path
 
 
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = StringIO(), StringIO()
-    code = cli_main(list(argv), out=out, err=err)
-    return code, out.getvalue(), err.getvalue()
-
-
 def _attempts(run_dir: Path) -> dict[str, Path]:
     """label -> the sealed attempt directory of each case (one per case here)."""
     found: dict[str, Path] = {}
@@ -198,7 +191,7 @@ def test_launcher_is_policy_on_the_command_line() -> None:
     args = build_parser().parse_args(["run", "x.json", "--runtime", "hf", "--ray-address", "h:1"])
     with pytest.raises(UsageError, match="need --launcher ray"):
         launch_policy(args)
-    code, _, err = _cli("run", str(S0_HF), "--runtime", "hf", "--serial")
+    code, _, err = cli("run", str(S0_HF), "--runtime", "hf", "--serial")
     assert code == 2 and "need --launcher ray" in err
     with pytest.raises(UsageError, match="unknown launcher"):
         Launch(launcher="slurm")
@@ -364,7 +357,7 @@ def test_s0_hf_ray_matches_local_and_shuts_down_its_own_cluster(tmp_path: Path) 
     starts (and must shut down) its own cluster, against ``--launcher local``."""
     config = _config(tmp_path, S0_HF, "s0-hf-launchers")
     local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
-    code, out, err = _cli(
+    code, out, err = cli(
         "run", str(config), "--runtime", "hf", "--artifacts", str(local_dir), *S0_EXPECT
     )
     assert code == 0, out + err
@@ -405,7 +398,7 @@ def test_s1_fsdp_and_tp2_cases_ray_match_local(cluster: dict[str, Any], tmp_path
     runs = {}
     for launcher in ("local", "ray"):
         artifacts = tmp_path / launcher
-        code, out, err = _cli(
+        code, out, err = cli(
             "run", str(config), "--runtime", "vllm-hf", "--launcher", launcher,
             "--artifacts", str(artifacts),
         )  # fmt: skip
@@ -456,10 +449,10 @@ def test_engine_groups_run_side_by_side_and_store_equals_serial(
     )
     before = _actor_times()
     common = ["--runtime", "hf", "--launcher", "ray", "--ray-rank-cpus", "0.5"]
-    code, out, err = _cli("run", str(config), *common, "--artifacts", str(tmp_path / "par"))
+    code, out, err = cli("run", str(config), *common, "--artifacts", str(tmp_path / "par"))
     assert code == 0, out + err
     concurrent = [t for t in _actor_times() if t not in before]
-    code, out, err = _cli(
+    code, out, err = cli(
         "run", str(config), *common, "--serial", "--artifacts", str(tmp_path / "ser")
     )
     assert code == 0, out + err
@@ -521,7 +514,7 @@ def test_killed_rank_actor_fails_the_case_and_a_rerun_resumes(
     killer = threading.Thread(target=kill_rank_mid_case, daemon=True)
     killer.start()
     try:
-        code, out, err = _cli(
+        code, out, err = cli(
             "run", str(config), "--runtime", "hf", "--launcher", "ray", "--artifacts",
             str(artifacts),
         )  # fmt: skip
@@ -544,7 +537,7 @@ def test_killed_rank_actor_fails_the_case_and_a_rerun_resumes(
     assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
     assert not _ours(_shm() - shm_before)
     # A rerun resumes: the two sealed cases are reused, the failed one executes now.
-    code, out, err = _cli(
+    code, out, err = cli(
         "run", str(config), "--runtime", "hf", "--launcher", "ray", "--artifacts",
         str(artifacts), "--json",
     )  # fmt: skip

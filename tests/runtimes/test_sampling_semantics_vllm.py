@@ -14,14 +14,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm")
+
+from drift_testing import pytest_drift
 
 from pytest_logprob_drift.store.verify import verify_run
 
@@ -48,30 +48,15 @@ def semantics_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     shutil.copy(CONFIG, config)
     artifacts = workdir / "runs"
     expects = [a for label, o in EXPECTED.items() for a in ("--drift-expect", f"{label}={o}")]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rA",
-            "--rootdir",
-            str(workdir),
-            "--drift-config",
-            str(config),
-            "--drift-runtime",
-            "vllm-hf",
-            "--drift-artifacts",
-            str(artifacts),
-            *expects,
-        ],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
+    proc = pytest_drift(
+        workdir,
+        "--drift-config",
+        config,
+        "--drift-runtime",
+        "vllm-hf",
+        "--drift-artifacts",
+        artifacts,
+        *expects,
     )
     comparisons: dict[str, dict[str, Any]] = {}
     for path in (artifacts / EXPERIMENT / "cases").glob("*/*/comparison.json"):

@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from drift_testing import pytest_drift
+
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.runner import Runner
 from pytest_logprob_drift.outcomes import Outcome
@@ -33,40 +35,22 @@ CONFIG = ROOT / "experiments" / "cross_config_s1_vllm_cpu_tiny.json"
 @pytest.fixture(scope="module")
 def s1_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run the whole S1 experiment once through the plugin (real pytest, subprocess)."""
-    import subprocess
-    import sys
-
     workdir = tmp_path_factory.mktemp("s1")
     config = workdir / CONFIG.name
     shutil.copy(CONFIG, config)
     artifacts = workdir / "runs"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rA",
-            "--rootdir",
-            str(workdir),
-            "--drift-config",
-            str(config),
-            "--drift-runtime",
-            "vllm-hf",
-            "--drift-artifacts",
-            str(artifacts),
-            "--drift-expect",
-            "rollout.dtype=bfloat16=MISMATCH",
-            "--junitxml",
-            str(workdir / "junit.xml"),
-        ],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
+    proc = pytest_drift(
+        workdir,
+        "--drift-config",
+        config,
+        "--drift-runtime",
+        "vllm-hf",
+        "--drift-artifacts",
+        artifacts,
+        "--drift-expect",
+        "rollout.dtype=bfloat16=MISMATCH",
+        "--junitxml",
+        workdir / "junit.xml",
     )
     comparisons: dict[str, dict[str, Any]] = {}
     for path in (artifacts / "s1-vllm-cpu-tiny" / "cases").glob("*/*/comparison.json"):
