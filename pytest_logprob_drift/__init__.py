@@ -3,23 +3,50 @@
 The package root is the common planning and execution facade only. Importing it never imports
 torch, transformers or vLLM; runtimes load them lazily when a case executes. Runtime, artifact,
 schema and operator internals stay in their owning modules.
+
+The facade's names are resolved on first use (PEP 562): ``import pytest_logprob_drift`` itself
+loads nothing else, so a process that only needs one command (``python -m pytest_logprob_drift
+plan``) pays only for the modules that command imports.
 """
 
 from __future__ import annotations
 
-from pytest_logprob_drift.config.loader import load_config, parse_config
-from pytest_logprob_drift.errors import (
-    ArtifactError,
-    ConfigError,
-    ConfigErrors,
-    DriftError,
-    UsageError,
-)
-from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.plan.binding import ExecutionPlan, build_execution_plan
-from pytest_logprob_drift.plan.planner import plan_experiment
-from pytest_logprob_drift.records import ExperimentConfig, ExperimentPlan
-from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog, default_catalog
+import importlib
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from pytest_logprob_drift.config.loader import load_config, parse_config
+    from pytest_logprob_drift.errors import (
+        ArtifactError,
+        ConfigError,
+        ConfigErrors,
+        DriftError,
+        UsageError,
+    )
+    from pytest_logprob_drift.outcomes import Outcome
+    from pytest_logprob_drift.plan.binding import ExecutionPlan, build_execution_plan
+    from pytest_logprob_drift.plan.planner import plan_experiment
+    from pytest_logprob_drift.records import ExperimentConfig, ExperimentPlan
+    from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog, default_catalog
+
+_FACADE = {
+    "load_config": "pytest_logprob_drift.config.loader",
+    "parse_config": "pytest_logprob_drift.config.loader",
+    "ArtifactError": "pytest_logprob_drift.errors",
+    "ConfigError": "pytest_logprob_drift.errors",
+    "ConfigErrors": "pytest_logprob_drift.errors",
+    "DriftError": "pytest_logprob_drift.errors",
+    "UsageError": "pytest_logprob_drift.errors",
+    "Outcome": "pytest_logprob_drift.outcomes",
+    "ExecutionPlan": "pytest_logprob_drift.plan.binding",
+    "build_execution_plan": "pytest_logprob_drift.plan.binding",
+    "plan_experiment": "pytest_logprob_drift.plan.planner",
+    "ExperimentConfig": "pytest_logprob_drift.records",
+    "ExperimentPlan": "pytest_logprob_drift.records",
+    "SemanticOperatorCatalog": "pytest_logprob_drift.registry.catalog",
+    "default_catalog": "pytest_logprob_drift.registry.catalog",
+}
+"""Each facade name and the module that owns it."""
 
 __all__ = [
     "ArtifactError",
@@ -30,6 +57,7 @@ __all__ = [
     "ExperimentConfig",
     "ExperimentPlan",
     "Outcome",
+    "SemanticOperatorCatalog",
     "UsageError",
     "build_execution_plan",
     "default_catalog",
@@ -42,12 +70,27 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+def __getattr__(name: str) -> object:
+    owner = _FACADE.get(name)
+    if owner is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(owner), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_FACADE})
+
+
 def plan_file(
     path: str, *, pairwise: bool = False, catalog: SemanticOperatorCatalog | None = None
 ) -> ExecutionPlan:
     """Load, plan and operator-bind a config file (no engine, no torch), against ``catalog``
     (default: what the frontends plan against, ``policy.assemble().operators``)."""
-    from pytest_logprob_drift.plan.binding import intervention_json_paths
+    from pytest_logprob_drift.config.loader import load_config
+    from pytest_logprob_drift.plan.binding import build_execution_plan, intervention_json_paths
+    from pytest_logprob_drift.plan.planner import plan_experiment
 
     if catalog is None:
         from pytest_logprob_drift.policy import assemble

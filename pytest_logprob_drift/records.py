@@ -17,9 +17,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeAlias
 
 from pytest_logprob_drift.errors import Remedy
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any, TypeAlias
 
 JSONScalar: TypeAlias = str | int | float | bool | None
 KnobValue: TypeAlias = str | int | bool

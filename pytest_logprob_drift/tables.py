@@ -7,7 +7,10 @@ cells mean.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -1,6 +1,6 @@
 """What keeps ``plan`` fast (issue 14, performance): no torch, no ``importlib.metadata``, no
-``shutil``, and one scan of the installed entry points that finds what
-``importlib.metadata`` finds.
+``shutil``, no ``typing``, a package root that loads nothing until a name is used, and one scan
+of the installed entry points that finds what ``importlib.metadata`` finds.
 
 ``benchmarks/bench_plan.py`` measures the time; this guards the causes it found.
 """
@@ -13,19 +13,32 @@ import subprocess
 import sys
 import warnings
 
+import pytest
 from drift_testing import S3
 
 from pytest_logprob_drift.registry import entry_points
 
-HEAVY = ("torch", "transformers", "vllm", "importlib.metadata", "email", "shutil", "zipfile")
+NOT_FOR_PLAN = (
+    "torch",
+    "transformers",
+    "vllm",
+    "importlib.metadata",
+    "email",
+    "shutil",
+    "zipfile",
+    "typing",
+    "pytest_logprob_drift.outcomes",
+)
+"""Modules ``plan`` has no use for: engines, the metadata and e-mail parsers, ``typing`` (only
+type checkers read the annotations) and outcomes."""
 
 
-def test_plan_imports_nothing_heavy() -> None:
+def test_plan_imports_nothing_it_does_not_use() -> None:
     code = (
         "import sys\n"
         "from pytest_logprob_drift.cli import main\n"
         f"assert main(['plan', {str(S3)!r}]) == 0\n"
-        f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
+        f"print([m for m in {NOT_FOR_PLAN!r} if m in sys.modules])\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
@@ -49,3 +62,26 @@ def test_an_entry_point_loads_its_object() -> None:
         e for e in entry_points.select("pytest_logprob_drift.smoke") if e.name == "runtimes"
     ]
     assert callable(runtimes.load())
+
+
+def test_the_package_root_loads_its_names_on_first_use() -> None:
+    code = (
+        "import sys\n"
+        "import pytest_logprob_drift as facade\n"
+        "print(sorted(m for m in sys.modules if m.startswith('pytest_logprob_drift.')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+    import pytest_logprob_drift as facade
+
+    for name in facade.__all__:
+        value = getattr(facade, name)
+        owner = sys.modules[value.__module__]
+        assert getattr(owner, name) is value, name
+        assert name in dir(facade)
+    with pytest.raises(AttributeError, match="'pytest_logprob_drift' has no attribute 'nope'"):
+        facade.nope  # noqa: B018

@@ -15,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
+    from typing import Any
+
     from .chunked import chunked_selected_logprob
     from .reference import reference_selected_logprob
     from .vocab_parallel import vocab_parallel_selected_logprob

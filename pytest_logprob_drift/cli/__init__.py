@@ -19,9 +19,12 @@ import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
 
 from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 FLAGS: Mapping[Remedy, str] = {
     Remedy.AUTHORIZE_TEST_OPERATORS: "--allow-smoke-operators",

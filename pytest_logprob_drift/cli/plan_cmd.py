@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, TextIO
 
 from pytest_logprob_drift.cli import FLAGS
 from pytest_logprob_drift.errors import ExitCode
 from pytest_logprob_drift.policy import assemble, render_issue
 from pytest_logprob_drift.records import IssueSeverity, canonical
 from pytest_logprob_drift.tables import render_table
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 
 def plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

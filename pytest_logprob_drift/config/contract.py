@@ -15,10 +15,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 from pytest_logprob_drift.errors import ConfigError
 from pytest_logprob_drift.records import ResolvedContract, canonical_json, sha256_hex
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any
 
 CONTRACT_FILE = "numerical_contract.json"
 CONTRACT_SCHEMA_VERSION = "cross_config.numerical_contract.v1"

@@ -20,7 +20,6 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
 
 from pytest_logprob_drift.config import limits
 from pytest_logprob_drift.errors import ConfigError, ConfigErrors, json_member
@@ -45,7 +44,11 @@ from pytest_logprob_drift.records import (
     frozen_mapping,
 )
 
-E = TypeVar("E", bound=enum.Enum)
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    E = TypeVar("E", bound=enum.Enum)
 
 # Keys that would let a config decide how it is executed or judged. Refused anywhere.
 _EXPECTED = "expected outcomes belong to the CLI or the plugin's options (SELECTOR=OUTCOME)"

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from pytest_logprob_drift.errors import ConfigError, UsageError
 from pytest_logprob_drift.records import RuntimeInfo, Scenario
 from pytest_logprob_drift.references import UnresolvedReference, resolve_reference
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:  # planning (``plan``, collection) never needs the execution protocol
     from pytest_logprob_drift.execute.protocol import RuntimeAdapter
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_logprob_drift.errors import Remedy
 from pytest_logprob_drift.plan.knobs import canonical_path
@@ -37,6 +36,10 @@ from pytest_logprob_drift.registry.catalog import (
     SemanticOperatorCatalog,
 )
 from pytest_logprob_drift.registry.session import OperatorResolutionError, check_capability
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any
 
 FSDP_WORLD_SIZE = 2
 """Training world size the runtimes use for ``training.sharding=fsdp`` (derived, recorded)."""

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_logprob_drift.records import Knob, KnobValue, Lifecycle
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("eager", "sdpa", "flex_attention", "flash_attention_2")

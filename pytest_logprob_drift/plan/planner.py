@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from pytest_logprob_drift.config.contract import resolve_contract
 from pytest_logprob_drift.errors import ConfigError, Remedy
@@ -42,6 +41,10 @@ from pytest_logprob_drift.records import (
     frozen_mapping,
     sha256_hex,
 )
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any
 
 CASE_CAP = 256
 """Framework cap on planned cases (baseline included); not configurable."""

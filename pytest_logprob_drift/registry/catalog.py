@@ -17,11 +17,19 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 from pytest_logprob_drift.errors import ConfigError
-from pytest_logprob_drift.records import Lifecycle, canonical_json, frozen_mapping, sha256_hex
+from pytest_logprob_drift.records import (
+    Lifecycle,
+    canonical_json,
+    frozen_mapping,
+    sha256_hex,
+)
 from pytest_logprob_drift.registry import entry_points
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any
 
 ENTRY_POINT_GROUP = "pytest_logprob_drift.operators"
 SELECTED_LOGPROB = "selected_logprob"

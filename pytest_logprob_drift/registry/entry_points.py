@@ -15,7 +15,10 @@ import importlib
 import os
 import re
 import sys
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any
 
 _DIST_DIR = re.compile(r"(?P<name>[^-]+)(?:-[^/]*)?\.(?:dist|egg)-info")
 _SECTION = re.compile(r"\[(?P<group>[^\]]+)\]")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_logprob_drift.records import canonical_json, frozen_mapping
 from pytest_logprob_drift.references import UnresolvedReference, resolve_reference
@@ -22,6 +21,10 @@ from pytest_logprob_drift.registry.catalog import (
     OperatorDescriptor,
     SemanticOperatorCatalog,
 )
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class OperatorResolutionError(Exception):
