@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 import warnings
+import zipfile
+from pathlib import Path
 
 import pytest
 from drift_testing import S3
@@ -28,9 +30,10 @@ NOT_FOR_PLAN = (
     "zipfile",
     "typing",
     "pytest_logprob_drift.outcomes",
+    "pytest_logprob_drift.registry.session",
 )
 """Modules ``plan`` has no use for: engines, the metadata and e-mail parsers, ``typing`` (only
-type checkers read the annotations) and outcomes."""
+type checkers read the annotations), outcomes and per-case operator sessions."""
 
 
 def test_plan_imports_nothing_it_does_not_use() -> None:
@@ -55,6 +58,33 @@ def test_entry_points_are_those_importlib_metadata_finds() -> None:
     for group in groups:
         expected = sorted((e.name, e.value) for e in importlib.metadata.entry_points(group=group))
         assert sorted((e.name, e.value) for e in entry_points.select(group)) == expected, group
+
+
+def test_a_zip_on_sys_path_falls_back_to_importlib_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = tmp_path / "plugins.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr(
+            "zipped_plugin-1.0.dist-info/METADATA", "Name: zipped-plugin\nVersion: 1.0\n"
+        )
+        zipped.writestr(
+            "zipped_plugin-1.0.dist-info/entry_points.txt",
+            "[drift.test.zipped]\nbackend = zipped_plugin.ops:descriptors\n",
+        )
+    monkeypatch.syspath_prepend(str(archive))
+    found = [(e.name, e.value, e.group) for e in entry_points.select("drift.test.zipped")]
+    assert found == [("backend", "zipped_plugin.ops:descriptors", "drift.test.zipped")]
+    assert entry_points.select("drift.test.no-such-group") == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        expected = importlib.metadata.entry_points(group="pytest_logprob_drift.smoke")
+    smoke = entry_points.select("pytest_logprob_drift.smoke")
+    assert sorted((e.name, e.value) for e in smoke) == sorted((e.name, e.value) for e in expected)
+
+
+def test_a_group_no_distribution_declares_is_empty() -> None:
+    assert entry_points.select("drift.test.no-such-group") == []
 
 
 def test_an_entry_point_loads_its_object() -> None:

@@ -25,6 +25,7 @@ from pytest_logprob_drift.plan.binding import (
 from pytest_logprob_drift.policy import runtime_catalog
 from pytest_logprob_drift.records import IssueSeverity, Lifecycle, frozen_mapping
 from pytest_logprob_drift.registry import catalog as registry_module
+from pytest_logprob_drift.registry.capability import OperatorResolutionError
 from pytest_logprob_drift.registry.catalog import (
     ENTRY_POINT_GROUP,
     NATIVE_DESCRIPTOR,
@@ -35,7 +36,7 @@ from pytest_logprob_drift.registry.catalog import (
     SemanticOperatorCatalog,
     load_entry_point_descriptors,
 )
-from pytest_logprob_drift.registry.session import OperatorResolutionError, OperatorSession
+from pytest_logprob_drift.registry.session import OperatorSession
 from pytest_logprob_drift.runtimes.smoke.operators import (
     SMOKE_BACKEND_IDS,
     SMOKE_DESCRIPTORS,

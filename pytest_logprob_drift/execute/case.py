@@ -39,12 +39,13 @@ from pytest_logprob_drift.records import (
     ScoringIdentity,
     canonical,
 )
+from pytest_logprob_drift.registry.capability import OperatorResolutionError
 from pytest_logprob_drift.registry.catalog import (
     SELECTED_LOGPROB,
     FactoryStyle,
     SemanticOperatorCatalog,
 )
-from pytest_logprob_drift.registry.session import OperatorResolutionError, OperatorSession
+from pytest_logprob_drift.registry.session import OperatorSession
 from pytest_logprob_drift.store.artifacts import ArtifactStore, Seal
 from pytest_logprob_drift.tensorio import tensor_bytes
 from pytest_logprob_drift.verdict import Verdict, identity_violations, judge

@@ -28,6 +28,7 @@ from pytest_logprob_drift.records import (
     canonical,
     frozen_mapping,
 )
+from pytest_logprob_drift.registry.capability import OperatorResolutionError, check_capability
 from pytest_logprob_drift.registry.catalog import (
     NATIVE_BACKEND,
     SELECTED_LOGPROB,
@@ -35,7 +36,6 @@ from pytest_logprob_drift.registry.catalog import (
     OperatorDescriptor,
     SemanticOperatorCatalog,
 )
-from pytest_logprob_drift.registry.session import OperatorResolutionError, check_capability
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:

@@ -3,10 +3,11 @@
 Owns finding the entry points of a group the way ``importlib.metadata.entry_points`` does
 (every ``*.dist-info``/``*.egg-info`` on ``sys.path``, the first distribution of a name wins)
 at a fraction of its cost: one scan of ``sys.path`` per process (cached until ``sys.path``
-changes), reading only ``entry_points.txt`` files, without importing ``importlib.metadata``
-and the e-mail parser it pulls in, which dominated the start-up of ``plan``. Any ``sys.path``
-entry that is not a directory (a zip archive) falls back to ``importlib.metadata``. Loading an
-entry point imports its module only then. Knows nothing about what the entry points provide.
+changes), reading only ``entry_points.txt`` files and parsing only the groups asked for,
+without importing ``importlib.metadata`` and the e-mail parser it pulls in, which dominated
+the start-up of ``plan``. Any ``sys.path`` entry that is not a directory (a zip archive) falls
+back to ``importlib.metadata``. Loading an entry point imports its module only then. Knows
+nothing about what the entry points provide.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 _DIST_DIR = re.compile(r"(?P<name>[^-]+)(?:-[^/]*)?\.(?:dist|egg)-info")
+_DIST_SUFFIXES = (".dist-info", ".egg-info")
+_SEPARATORS = re.compile(r"[-_.]+")
 _SECTION = re.compile(r"\[(?P<group>[^\]]+)\]")
 
 
@@ -46,7 +49,30 @@ class EntryPoint:
         return target
 
 
-_cache: tuple[tuple[str, ...], dict[str, list[EntryPoint]]] | None = None
+_cache: tuple[tuple[str, ...], _Installed] | None = None
+
+
+class _Installed:
+    """The entry points of one ``sys.path``: every ``entry_points.txt`` read once, each group's
+    section parsed only when asked for (a scan finds dozens of files; a process asks for two
+    groups)."""
+
+    __slots__ = ("groups", "texts")
+
+    def __init__(self, texts: list[str], groups: dict[str, list[EntryPoint]] | None = None) -> None:
+        self.texts = texts
+        self.groups: dict[str, list[EntryPoint]] = groups if groups is not None else {}
+
+    def select(self, group: str) -> list[EntryPoint]:
+        if group not in self.groups:
+            self.groups[group] = [
+                entry
+                for text in self.texts
+                if group in text
+                for entry in _parse(text)
+                if entry.group == group
+            ]
+        return self.groups[group]
 
 
 def select(group: str) -> list[EntryPoint]:
@@ -55,17 +81,17 @@ def select(group: str) -> list[EntryPoint]:
     key = tuple(sys.path)
     if _cache is None or _cache[0] != key:
         _cache = (key, _scan(key))
-    return list(_cache[1].get(group, ()))
+    return list(_cache[1].select(group))
 
 
 def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
+    return _SEPARATORS.sub("_", name).lower()
 
 
-def _scan(paths: tuple[str, ...]) -> dict[str, list[EntryPoint]]:
+def _scan(paths: tuple[str, ...]) -> _Installed:
     if any(p and not os.path.isdir(p) and os.path.exists(p) for p in paths):
         return _from_importlib_metadata()
-    groups: dict[str, list[EntryPoint]] = {}
+    texts: list[str] = []
     seen: set[str] = set()
     for path in paths:
         try:
@@ -73,6 +99,8 @@ def _scan(paths: tuple[str, ...]) -> dict[str, list[EntryPoint]]:
         except OSError:
             continue
         for directory in names:
+            if not directory.endswith(_DIST_SUFFIXES):
+                continue
             match = _DIST_DIR.fullmatch(directory)
             if match is None:
                 continue
@@ -80,16 +108,15 @@ def _scan(paths: tuple[str, ...]) -> dict[str, list[EntryPoint]]:
             if name in seen:
                 continue
             seen.add(name)
+            file = os.path.join(path or ".", directory, "entry_points.txt")
+            if not os.access(file, os.R_OK):  # most have none: no exception raised per miss
+                continue
             try:
-                with open(
-                    os.path.join(path or ".", directory, "entry_points.txt"), encoding="utf-8"
-                ) as handle:
-                    text = handle.read()
+                with open(file, encoding="utf-8") as handle:
+                    texts.append(handle.read())
             except (OSError, ValueError):
                 continue
-            for entry in _parse(text):
-                groups.setdefault(entry.group, []).append(entry)
-    return groups
+    return _Installed(texts)
 
 
 def _parse(text: str) -> list[EntryPoint]:
@@ -109,7 +136,7 @@ def _parse(text: str) -> list[EntryPoint]:
     return entries
 
 
-def _from_importlib_metadata() -> dict[str, list[EntryPoint]]:
+def _from_importlib_metadata() -> _Installed:
     import importlib.metadata
 
     groups: dict[str, list[EntryPoint]] = {}
@@ -123,4 +150,4 @@ def _from_importlib_metadata() -> dict[str, list[EntryPoint]]:
             groups.setdefault(entry.group, []).append(
                 EntryPoint(name=entry.name, value=entry.value, group=entry.group)
             )
-    return groups
+    return _Installed([], groups=groups)

@@ -1,4 +1,4 @@
-"""Per-case operator resolution: capability checks, instantiation, caching and provenance.
+"""Per-case operator resolution: instantiation, caching and provenance.
 
 Owns ``OperatorSession``: one per case, resolving each side's backend strictly (the named
 backend or an error, never another backend), refusing test-only backends unless the execution
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from pytest_logprob_drift.records import canonical_json, frozen_mapping
 from pytest_logprob_drift.references import UnresolvedReference, resolve_reference
+from pytest_logprob_drift.registry.capability import OperatorResolutionError, check_capability
 from pytest_logprob_drift.registry.catalog import (
     FactoryStyle,
-    FallbackPolicy,
     OperatorDescriptor,
     SemanticOperatorCatalog,
 )
@@ -25,15 +25,6 @@ from pytest_logprob_drift.registry.catalog import (
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
     from typing import Any
-
-
-class OperatorResolutionError(Exception):
-    """A case asked for a backend that the catalog cannot serve as requested."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        self.message = message
-        super().__init__(f"{code}: {message}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,55 +48,6 @@ class ResolvedOperator:
             "test_only": d.test_only,
             "options": dict(self.options),
         }
-
-
-def check_capability(
-    descriptor: OperatorDescriptor,
-    *,
-    target: str,
-    device: str,
-    dtype: str | None,
-    topology: Mapping[str, int],
-    allow_test_only: bool,
-    strict: bool = True,
-) -> None:
-    """Raise OperatorResolutionError if the backend cannot serve this side as requested."""
-    ident = f"{descriptor.operation} backend {descriptor.backend_id!r}"
-    if descriptor.test_only and not allow_test_only:
-        raise OperatorResolutionError(
-            "TEST_ONLY_NOT_AUTHORIZED",
-            f"{ident} is a test-only backend; the execution policy does not authorize it",
-        )
-    if strict and descriptor.fallback_policy is not FallbackPolicy.NEVER:
-        raise OperatorResolutionError(
-            "FALLBACK_POLICY",
-            f"{ident} declares fallback policy "
-            f"{descriptor.fallback_policy.value!r}; strict execution "
-            "needs a backend that never falls back",
-        )
-    if target not in descriptor.target_tags:
-        raise OperatorResolutionError(
-            "UNSUPPORTED_TARGET",
-            f"{ident} does not serve the {target} side (targets: {list(descriptor.target_tags)})",
-        )
-    if device not in descriptor.devices:
-        raise OperatorResolutionError(
-            "UNSUPPORTED_DEVICE",
-            f"{ident} does not run on {device} (devices: {list(descriptor.devices)})",
-        )
-    if dtype is not None and dtype not in descriptor.dtypes:
-        raise OperatorResolutionError(
-            "UNSUPPORTED_DTYPE",
-            f"{ident} does not support {dtype} (dtypes: {list(descriptor.dtypes)})",
-        )
-    for key, minimum in descriptor.required_topology.get(target, {}).items():
-        name = key.removeprefix("min_")
-        have = topology.get(name, 1)
-        if have < minimum:
-            raise OperatorResolutionError(
-                "UNSUPPORTED_TOPOLOGY",
-                f"{ident} needs {target} {name} >= {minimum}, case has {have}",
-            )
 
 
 class OperatorSession:
