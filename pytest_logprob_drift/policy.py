@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pytest_logprob_drift.errors import DriftError, Remedy
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
-from pytest_logprob_drift.records import PlanIssue, RuntimeInfo
+from pytest_logprob_drift.records import PlanIssue, Record, RuntimeInfo
 from pytest_logprob_drift.registry.catalog import (
     OperatorDescriptor,
     SemanticOperatorCatalog,
@@ -32,15 +32,15 @@ SMOKE_GROUP = "pytest_logprob_drift.smoke"
 (entry ``operators``); absent when the smoke package is removed."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecutionPolicy:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class ExecutionPolicy(Record):
     """What the user authorized on the command line (never in a config)."""
 
     allow_test_operators: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Catalogs:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class Catalogs(Record):
     """The catalogs one frontend session plans and executes with."""
 
     operators: SemanticOperatorCatalog

@@ -4,8 +4,9 @@ Owns the shapes every other module exchanges: the experiment config, the frozen 
 identity, knobs and their lifecycles, planned cases, structured plan issues and knob
 application records. Every record is a frozen, slotted, keyword-only dataclass whose
 ``canonical()`` form is plain JSON data; ``canonical_json`` serializes it with sorted keys and no
-spaces, which is what gets hashed. Knows nothing about parsing files, planning rules, torch or
-any runtime.
+spaces, which is what gets hashed. Also owns ``Record``, the base that gives records their
+equality, hash and repr without a per-class ``exec`` at import (``plan`` start-up). Knows
+nothing about parsing files, planning rules, torch or any runtime.
 """
 
 from __future__ import annotations
@@ -95,6 +96,58 @@ def frozen_mapping(items: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(sorted(items.items())))
 
 
+class Record:
+    """Equality, hashing and ``repr`` of a frozen record, taken from its dataclass fields.
+
+    A record declared ``@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)``
+    inherits these three instead of having ``dataclass`` generate them. They behave as the
+    generated ones do: equal when of the same class with equal field tuples (``NotImplemented``
+    for any other class), hashed over the same fields, shown as ``Name(field=value, ...)``, and
+    a field with ``compare=False`` or ``repr=False`` is left out the same way. Python 3.11's
+    ``dataclass`` compiles each generated method with its own ``exec``; for the 28 records that
+    ``plan`` imports, these three cost 3 ms of its start-up (``benchmarks/bench_plan.py``).
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        names = _record_methods(self.__class__).compared
+        return tuple(getattr(self, n) for n in names) == tuple(getattr(other, n) for n in names)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, n) for n in _record_methods(self.__class__).hashed))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{n}={getattr(self, n)!r}" for n in _record_methods(self.__class__).shown
+        )
+        return f"{self.__class__.__qualname__}({shown})"
+
+
+class _RecordMethods:
+    """The field names a record class compares, hashes and shows (read once per class)."""
+
+    __slots__ = ("compared", "hashed", "shown")
+
+    def __init__(self, kind: type) -> None:
+        fields = dataclasses.fields(kind)
+        self.compared = tuple(f.name for f in fields if f.compare)
+        self.hashed = tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash))
+        self.shown = tuple(f.name for f in fields if f.repr)
+
+
+_RECORD_METHODS: dict[type, _RecordMethods] = {}
+
+
+def _record_methods(kind: type) -> _RecordMethods:
+    methods = _RECORD_METHODS.get(kind)
+    if methods is None:
+        methods = _RECORD_METHODS[kind] = _RecordMethods(kind)
+    return methods
+
+
 class Lifecycle(enum.Enum):
     """How deep a knob reaches: a request, an engine construction, or a process topology."""
 
@@ -146,8 +199,8 @@ class ApplicationStatus(enum.Enum):
 # ---------------------------------------------------------------------------- identity
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointIdentity:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class CheckpointIdentity(Record):
     """Immutable model weights: a local directory or a ``tiny://`` synthetic URI."""
 
     uri: str
@@ -155,8 +208,8 @@ class CheckpointIdentity:
     digest: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TokenizerIdentity:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class TokenizerIdentity(Record):
     """The tokenizer both sides must use, and how prompts are encoded with it."""
 
     tokenizer_id: str
@@ -164,8 +217,8 @@ class TokenizerIdentity:
     chat_template: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PromptSet:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class PromptSet(Record):
     """Prompts as token ids; ``source`` records the file they came from, if any."""
 
     token_ids: tuple[tuple[int, ...], ...]
@@ -176,8 +229,8 @@ class PromptSet:
         return {"token_ids": canonical(self.token_ids)}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SamplingSpec:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class SamplingSpec(Record):
     """How the rollout samples. ``top_p``, ``top_k`` and ``min_p`` are None when the sampler
     does not truncate by them (then they are left out of the canonical identity, so a config
     without them keeps its case ids); both sides must apply the same values."""
@@ -216,8 +269,8 @@ class PositionPolicy(enum.Enum):
     FROM_ATTENTION_MASK = "from_attention_mask"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScoringIdentity:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class ScoringIdentity(Record):
     """The frozen logical input both scorers must share (CONTRACT: identity before numerics)."""
 
     checkpoint: CheckpointIdentity
@@ -241,16 +294,16 @@ class ScoringIdentity:
 # ---------------------------------------------------------------------------- config
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Scenario:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class Scenario(Record):
     """Metadata: which milestone the experiment belongs to and which device it names."""
 
     level: ScenarioLevel
     device: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Intervention:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class Intervention(Record):
     """One declared path and the values it takes, each in its own case (raw, pre-normalization)."""
 
     path: str
@@ -258,16 +311,16 @@ class Intervention:
     json_path: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BackendSelection:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class BackendSelection(Record):
     """A named backend and its options (as written in the config)."""
 
     backend: str
     options: Mapping[str, Any] = field(default_factory=lambda: frozen_mapping({}))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OperatorSelection:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class OperatorSelection(Record):
     """An explicit per-side backend choice for one semantic operator."""
 
     operation: str
@@ -275,8 +328,8 @@ class OperatorSelection:
     training: BackendSelection
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FullVocabularySpec:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class FullVocabularySpec(Record):
     """Opt-in full-vocabulary diagnostics (``$.diagnostics.full_vocabulary``): per active
     position KL both ways and total variation over the whole vocabulary, and the ``top_k``
     tokens carrying most of it at the ``worst_positions`` positions. Never changes a verdict;
@@ -286,8 +339,8 @@ class FullVocabularySpec:
     worst_positions: int = 5
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExperimentConfig:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class ExperimentConfig(Record):
     """A strictly loaded ``cross_config.experiment_config.v1`` document (values still raw)."""
 
     schema_version: str
@@ -312,8 +365,8 @@ class ExperimentConfig:
 # ---------------------------------------------------------------------------- contract
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResolvedContract:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class ResolvedContract(Record):
     """A numerical contract entry with ``current`` already resolved to a concrete version."""
 
     source: str
@@ -328,8 +381,8 @@ class ResolvedContract:
 # ---------------------------------------------------------------------------- plan
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlanIssue:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class PlanIssue(Record):
     """A structured planning finding; errors stop execution, warnings do not."""
 
     severity: IssueSeverity
@@ -343,8 +396,8 @@ class PlanIssue:
         return f"{self.severity.value} {self.code} at {self.path}: {self.message}"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Knob:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class Knob(Record):
     """One allowlisted configuration path and how deep it reaches."""
 
     path: str
@@ -352,8 +405,8 @@ class Knob:
     meaning: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Case:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class Case(Record):
     """One planned configuration: the normalized requested knob values and what changed."""
 
     case_id: str
@@ -365,8 +418,8 @@ class Case:
     """Deepest lifecycle among the changed knobs (None for the baseline)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExperimentPlan:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class ExperimentPlan(Record):
     """The planned cases of one experiment, with the contract they are judged by."""
 
     schema_version: str
@@ -390,8 +443,8 @@ class ExperimentPlan:
 # ---------------------------------------------------------------------------- runtime records
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RuntimeInfo:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class RuntimeInfo(Record):
     """The static, torch-free description of one runtime: which scenario levels and devices it
     executes and the ``module:attr`` of its adapter factory (imported only when a case
     executes). A case whose scenario a runtime does not execute is PLAN_ONLY for it."""
@@ -416,8 +469,8 @@ class RuntimeInfo:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KnobApplication:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class KnobApplication(Record):
     """requested -> materialized -> actual for one knob, with evidence for the status."""
 
     knob: str

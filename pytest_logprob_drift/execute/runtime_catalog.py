@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pytest_logprob_drift.errors import ConfigError, UsageError
-from pytest_logprob_drift.records import RuntimeInfo, Scenario
+from pytest_logprob_drift.records import Record, RuntimeInfo, Scenario
 from pytest_logprob_drift.references import UnresolvedReference, resolve_reference
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
@@ -22,8 +22,8 @@ if TYPE_CHECKING:  # planning (``plan``, collection) never needs the execution p
     from pytest_logprob_drift.execute.protocol import RuntimeAdapter
 
 
-@dataclass(frozen=True, slots=True)
-class RuntimeCatalog:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class RuntimeCatalog(Record):
     """An immutable set of runtimes keyed by name."""
 
     runtimes: tuple[RuntimeInfo, ...] = ()

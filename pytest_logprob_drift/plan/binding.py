@@ -24,6 +24,7 @@ from pytest_logprob_drift.records import (
     KnobValue,
     OperatorSelection,
     PlanIssue,
+    Record,
     RuntimeInfo,
     canonical,
     frozen_mapping,
@@ -45,8 +46,8 @@ FSDP_WORLD_SIZE = 2
 """Training world size the runtimes use for ``training.sharding=fsdp`` (derived, recorded)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OperatorBinding:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class OperatorBinding(Record):
     """One side's backend for one semantic operation, fixed before a runtime exists."""
 
     operation: str
@@ -60,8 +61,8 @@ class OperatorBinding:
     """``explicit`` (operators mapping) or ``logp.backend``."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecutionCase:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class ExecutionCase(Record):
     """A planned case and the operator binding of each side."""
 
     case: Case
@@ -78,8 +79,8 @@ class ExecutionCase:
         return any(b.test_only for b in self.bindings)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecutionPlan:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class ExecutionPlan(Record):
     """The operator-bound plan that execution runs (and its planning issues)."""
 
     plan: ExperimentPlan

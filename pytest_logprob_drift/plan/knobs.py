@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pytest_logprob_drift.records import Knob, KnobValue, Lifecycle
+from pytest_logprob_drift.records import Knob, KnobValue, Lifecycle, Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -136,8 +136,8 @@ def _backend_id(raw: Any) -> KnobValue:
     return raw.strip()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KnobSpec:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class KnobSpec(Record):
     """A knob plus how to normalize its values."""
 
     knob: Knob

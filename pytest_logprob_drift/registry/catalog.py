@@ -21,6 +21,7 @@ from types import MappingProxyType
 from pytest_logprob_drift.errors import ConfigError
 from pytest_logprob_drift.records import (
     Lifecycle,
+    Record,
     canonical_json,
     frozen_mapping,
     sha256_hex,
@@ -55,8 +56,8 @@ class FactoryStyle(enum.Enum):
     """The object is called as ``builder(target=..., options=...)`` and returns the kernel."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OperatorDescriptor:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class OperatorDescriptor(Record):
     """Everything a backend declares; immutable, hashed into execution identity."""
 
     operation: str
@@ -135,8 +136,8 @@ NATIVE_DESCRIPTOR = OperatorDescriptor(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class SemanticOperatorCatalog:
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class SemanticOperatorCatalog(Record):
     """An immutable set of descriptors keyed by (operation, backend id)."""
 
     descriptors: tuple[OperatorDescriptor, ...] = ()
