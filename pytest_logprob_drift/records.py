@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -63,27 +64,35 @@ def canonical(value: Any) -> Any:
         return {
             name: v if type(v := getattr(value, name)) in scalar else canonical(v) for name in names
         }
+    if kind in _PLAIN_MAPPINGS or (not isinstance(value, enum.Enum) and isinstance(value, Mapping)):
+        return {
+            k: v if type(v) in scalar else canonical(v)
+            for k, v in sorted([(str(k), v) for k, v in value.items()], key=_key_text)
+        }
     if isinstance(value, enum.Enum):
         return canonical(value.value)
-    if isinstance(value, Mapping):
-        return {
-            str(k): v if type(v) in scalar else canonical(v)
-            for k, v in sorted(value.items(), key=_key_text)
-        }
     if isinstance(value, (list, tuple)):
         return [v if type(v) in scalar else canonical(v) for v in value]
     return value
 
 
-def _key_text(item: tuple[Any, Any]) -> str:
-    return str(item[0])
+_PLAIN_MAPPINGS = frozenset({dict, MappingProxyType})
+"""Mappings recognized by type before the (slower) ``Mapping`` ABC check."""
+
+_key_text = operator.itemgetter(0)
+"""Sort key of ``(str(key), value)``: the key text alone (never compares two values)."""
+
+
+_CANONICAL_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+"""One encoder for every id and digest (``json.dumps`` with these options builds a new one per
+call; a plan encodes a few per case)."""
 
 
 def canonical_json(value: Any) -> str:
     """Sorted keys, no spaces, UTF-8 safe: the form that ids and digests are taken over."""
-    return json.dumps(
-        canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _CANONICAL_ENCODER.encode(canonical(value))
 
 
 def sha256_hex(text: str | bytes) -> str:

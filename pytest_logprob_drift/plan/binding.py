@@ -113,6 +113,9 @@ def side_dtype(requested: Mapping[str, KnobValue], target: str) -> str | None:
     return None if value is None else str(value)
 
 
+_NO_OPTIONS: Mapping[str, Any] = frozen_mapping({})
+
+
 def _selection_for(
     case: Case, explicit: OperatorSelection | None, target: str
 ) -> tuple[str, Mapping[str, Any], str]:
@@ -121,7 +124,7 @@ def _selection_for(
         return side.backend, side.options, "explicit"
     return (
         str(case.requested.get("logp.backend", NATIVE_BACKEND)),
-        frozen_mapping({}),
+        _NO_OPTIONS,
         "logp.backend",
     )
 
@@ -186,7 +189,7 @@ class _Binder:
     """Binds one side of one case at a time; reports each problem once per backend/path.
     (A plain class: creating a dataclass costs ``plan`` more at import than it saves.)"""
 
-    __slots__ = ("catalog", "device", "fingerprints", "issues", "reported")
+    __slots__ = ("bindings", "catalog", "device", "issues", "reported")
 
     def __init__(
         self, *, catalog: SemanticOperatorCatalog, device: str, issues: list[PlanIssue]
@@ -195,8 +198,9 @@ class _Binder:
         self.device = device
         self.issues = issues
         self.reported: set[tuple[str, str, str]] = set()
-        self.fingerprints: dict[str, str] = {}
-        """Descriptor fingerprints by backend id, computed once per plan, not per case."""
+        self.bindings: dict[tuple[str, str, str], OperatorBinding] = {}
+        """Per (target, backend, source): the one binding every capable case shares (its
+        options and descriptor fingerprint are those of the plan, not of a case)."""
 
     def _once(self, key: tuple[str, str, str], issue: PlanIssue) -> None:
         if key not in self.reported:
@@ -235,17 +239,20 @@ class _Binder:
             )
         if not self._capable(case, target, descriptor, json_path):
             return None
-        return OperatorBinding(
-            operation=SELECTED_LOGPROB,
-            target=target,
-            backend=backend,
-            options=frozen_mapping(dict(options)),
-            descriptor_fingerprint=self.fingerprints.get(backend)
-            or self.fingerprints.setdefault(backend, descriptor.fingerprint),
-            version=descriptor.version,
-            test_only=descriptor.test_only,
-            source=source,
-        )
+        key = (target, backend, source)
+        binding = self.bindings.get(key)
+        if binding is None:
+            binding = self.bindings[key] = OperatorBinding(
+                operation=SELECTED_LOGPROB,
+                target=target,
+                backend=backend,
+                options=frozen_mapping(dict(options)),
+                descriptor_fingerprint=descriptor.fingerprint,
+                version=descriptor.version,
+                test_only=descriptor.test_only,
+                source=source,
+            )
+        return binding
 
     def _capable(
         self, case: Case, target: str, descriptor: OperatorDescriptor, json_path: str
