@@ -1,5 +1,5 @@
 """``python -m pytest_logprob_drift``: the CLI entry point."""
 
-from pytest_logprob_drift.cli import main
+from pytest_logprob_drift.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

@@ -1,6 +1,7 @@
 """What keeps ``plan`` fast (issue 14, performance): no torch, no ``importlib.metadata``, no
-``shutil``, no ``typing``, a package root that loads nothing until a name is used, and one scan
-of the installed entry points that finds what ``importlib.metadata`` finds.
+``shutil``, no ``typing``, a package root that loads nothing until a name is used, one scan of
+the installed entry points that finds what ``importlib.metadata`` finds, and a process entry
+point that leaves the heap to the OS at exit.
 
 ``benchmarks/bench_plan.py`` measures the time; this guards the causes it found.
 """
@@ -115,3 +116,41 @@ def test_the_package_root_loads_its_names_on_first_use() -> None:
         assert name in dir(facade)
     with pytest.raises(AttributeError, match="'pytest_logprob_drift' has no attribute 'nope'"):
         facade.nope  # noqa: B018
+
+
+def test_the_process_entry_point_runs_main_and_leaves_the_heap_to_the_os() -> None:
+    scripts = importlib.metadata.entry_points(group="console_scripts", name="logprob-drift")
+    assert [e.value for e in scripts] == ["pytest_logprob_drift.cli:entry"]
+    code = (
+        "import gc, sys\n"
+        "from pytest_logprob_drift.cli import entry\n"
+        f"sys.argv = ['logprob-drift', 'plan', {str(S3)!r}]\n"
+        "code = entry()\n"
+        "print('exit', code, 'frozen', gc.get_freeze_count() > 0)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "exit 0 frozen True"
+
+    # ``python -m``: the whole table reaches a pipe, and exit codes are main's
+    planned = subprocess.run(
+        [sys.executable, "-m", "pytest_logprob_drift", "plan", str(S3), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert planned.returncode == 0, planned.stderr
+    cases = json.loads(planned.stdout)["cases"]
+    assert cases and all(len(c["case_id"]) == 16 for c in cases)
+    missing = subprocess.run(
+        [sys.executable, "-m", "pytest_logprob_drift", "plan", "no-such-config.json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert missing.returncode == 2
+    assert missing.stderr.count("\n") == 1 and "no-such-config.json" in missing.stderr
