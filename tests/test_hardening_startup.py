@@ -9,6 +9,7 @@ point that leaves the heap to the OS at exit.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import subprocess
 import sys
@@ -118,21 +119,28 @@ def test_the_package_root_loads_its_names_on_first_use() -> None:
         facade.nope  # noqa: B018
 
 
-def test_the_process_entry_point_runs_main_and_leaves_the_heap_to_the_os() -> None:
+def test_the_process_entry_point_leaves_the_heap_to_the_os_only_without_engine_code() -> None:
     scripts = importlib.metadata.entry_points(group="console_scripts", name="logprob-drift")
     assert [e.value for e in scripts] == ["pytest_logprob_drift.cli:entry"]
-    code = (
-        "import gc, sys\n"
-        "from pytest_logprob_drift.cli import entry\n"
-        f"sys.argv = ['logprob-drift', 'plan', {str(S3)!r}]\n"
-        "code = entry()\n"
-        "print('exit', code, 'frozen', gc.get_freeze_count() > 0)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "exit 0 frozen True"
+    preloads = [("", True), ("import torch\n", False)]
+    if importlib.util.find_spec("triton") is not None:  # its nanobind reports leaks at exit
+        preloads.append(("import triton\n", False))
+    for preload, frozen in preloads:
+        code = (
+            "import gc, sys\n"
+            f"{preload}"
+            "from pytest_logprob_drift.cli import entry\n"
+            f"sys.argv = ['logprob-drift', 'plan', {str(S3)!r}]\n"
+            "code = entry()\n"
+            "print('exit', code, 'frozen', gc.get_freeze_count() > 0)\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert result.returncode == 0, result.stderr
+        # with a native extension loaded the heap is torn down as usual: no leak report
+        assert result.stdout.splitlines()[-1] == f"exit 0 frozen {frozen}", preload
+        assert result.stderr == "", preload
 
     # ``python -m``: the whole table reaches a pipe, and exit codes are main's
     planned = subprocess.run(

@@ -204,18 +204,34 @@ def main(
 
 def entry() -> int:
     """The process entry point (the ``logprob-drift`` script, ``python -m``): ``main()`` on
-    ``sys.argv``, then the heap is left to the operating system.
+    ``sys.argv``; then, unless a native extension outside the standard library was loaded, the
+    heap is left to the operating system.
 
     At exit CPython's last garbage collections walk and free, one by one, the objects of every
     module a command imported (about 120 for ``plan``): about 4 ms of its 50
     (``benchmarks/bench_plan.py``). ``gc.freeze()`` takes them out of those collections; the
-    operating system reclaims the memory. Nothing else changes: ``atexit`` handlers run, the
-    standard streams are flushed, and every command has closed what it opened (engines, files,
-    clusters) before ``main`` returns. In-process callers (tests, embedding) use ``main``.
+    operating system reclaims the memory, ``atexit`` handlers still run and the standard
+    streams are still flushed. Not after engine code: native extensions may check at exit that
+    their objects were freed (triton's nanobind prints a leak report for each one that was
+    not). ``plan`` loads none (it never imports torch: ``tests/test_hardening_startup.py``);
+    ``run``, ``verify`` and ``report`` load torch and take seconds, not milliseconds.
+    In-process callers (tests, embedding) use ``main``.
     """
     code = main()
-    gc.freeze()
+    if not _native_extensions_loaded():
+        gc.freeze()
     return code
+
+
+def _native_extensions_loaded() -> bool:
+    """Whether a compiled module from outside the standard library (torch, triton, ...) is
+    loaded in this process."""
+    stdlib = sys.stdlib_module_names
+    return any(
+        name.partition(".")[0] not in stdlib
+        and str(getattr(module, "__file__", None) or "").endswith((".so", ".pyd"))
+        for name, module in list(sys.modules.items())
+    )
 
 
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
