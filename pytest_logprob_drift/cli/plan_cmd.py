@@ -12,7 +12,7 @@ import argparse
 import json
 
 from pytest_logprob_drift.cli import FLAGS
-from pytest_logprob_drift.errors import ExitCode
+from pytest_logprob_drift.errors import ExitCode, one_line
 from pytest_logprob_drift.policy import assemble, render_issue
 from pytest_logprob_drift.records import IssueSeverity, canonical
 from pytest_logprob_drift.tables import render_table
@@ -47,7 +47,7 @@ def plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write("\n")
     else:
         print(
-            f"experiment {plan.experiment_id}  scenario {plan.scenario_id} "
+            f"experiment {one_line(plan.experiment_id)}  scenario {one_line(plan.scenario_id)} "
             f"({plan.scenario.level.value}, {plan.scenario.device})  contract "
             f"{plan.contract.source}/{plan.contract.version} threshold "
             f"{plan.contract.threshold:g} {plan.contract.unit}",
