@@ -9,7 +9,9 @@ guard, output).
 from __future__ import annotations
 
 import io
+import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -20,7 +22,7 @@ import torch
 
 from pytest_logprob_drift.cli import main as cli_main
 from pytest_logprob_drift.execute.protocol import RuntimeAdapter, RuntimeBinding, TensorBatch
-from pytest_logprob_drift.execute.runner import Runner
+from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.outcomes import Expectation
 from pytest_logprob_drift.plan.binding import ExecutionPlan
 from pytest_logprob_drift.policy import assemble
@@ -78,6 +80,12 @@ def make_runner(
         expectations=expectations,
         baseline_repeats=baseline_repeats,
     )
+
+
+def run_by_label(plan: ExecutionPlan, **wiring: Any) -> dict[str, CaseResult]:
+    """Execute every case of ``plan`` with ``make_runner(plan, **wiring)``; results by label."""
+    with make_runner(plan, **wiring) as runner:
+        return {r.label: r for r in runner.run()}
 
 
 FAULTS = (
@@ -199,3 +207,29 @@ def pytest_drift(
         timeout=timeout,
         check=False,
     )
+
+
+def plugin_run(workdir: Path, config: Path, *options: str | Path, runtime: str) -> dict[str, Any]:
+    """``config`` copied into ``workdir`` and executed by the plugin in a real pytest process
+    (``--drift-runtime RUNTIME``, artifacts under ``workdir/runs``, then ``options``): the
+    process, each case's sealed comparison and attempt directory by label, and the run
+    directory."""
+    copy = workdir / config.name
+    shutil.copy(config, copy)
+    artifacts = workdir / "runs"
+    proc = pytest_drift(
+        workdir,
+        "--drift-config",
+        copy,
+        "--drift-runtime",
+        runtime,
+        "--drift-artifacts",
+        artifacts,
+        *options,
+    )
+    run_dir = artifacts / json.loads(config.read_text())["experiment_id"]
+    cases: dict[str, dict[str, Any]] = {}
+    for path in (run_dir / "cases").glob("*/*/comparison.json"):
+        document = json.loads(path.read_text())
+        cases[document["label"]] = {"comparison": document, "attempt": path.parent}
+    return {"proc": proc, "cases": cases, "run_dir": run_dir}

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import S0, make_runner
+from drift_testing import S0, make_runner, run_by_label
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -290,13 +290,12 @@ def test_a_planted_training_shift_is_attributed_to_the_training_side_from_its_po
     for name, doc in (("base", reference), ("planted", planted)):
         path = work / f"{name}.json"
         path.write_text(json.dumps(doc))
-        with make_runner(
+        results[name] = run_by_label(
             plan_file(str(path), catalog=catalog),
             runtime="cpu-smoke",
             artifacts=work / name,
             catalog=catalog,
-        ) as runner:
-            results[name] = {r.label: r for r in runner.run()}
+        )
     base, shifted = results["base"]["baseline"], results["planted"]["baseline"]
     assert base.attempt_dir is not None and shifted.attempt_dir is not None
     sealed = attribute_and_seal(

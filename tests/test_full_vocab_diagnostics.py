@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0, make_runner
+from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0, run_by_label
 
 from pytest_logprob_drift import ConfigError, plan_file
 from pytest_logprob_drift.divergence import DIVERGENCE_FIELDS, SEALED_KEYS
@@ -43,15 +43,13 @@ def config(work: Path, diagnostics: Any | None, name: str = "config.json") -> st
 
 
 def run_all(work: Path, path: str, artifacts: Path) -> dict[str, CaseResult]:
-    runner = make_runner(
+    return run_by_label(
         plan_file(path),
         runtime="cpu-smoke",
         artifacts=artifacts,
         allow_smoke=True,
         adapter=CpuSmokeAdapter(),
     )
-    with runner:
-        return {r.label: r for r in runner.run()}
 
 
 def test_case_ids_do_not_depend_on_the_diagnostics(work: Path) -> None:
@@ -197,15 +195,13 @@ def test_unavailable_is_recorded_not_fatal(work: Path) -> None:
             scorer.full_vocabulary = False
             return scorer
 
-    runner = make_runner(
+    results = run_by_label(
         plan_file(config(work, {"full_vocabulary": True})),
         runtime="cpu-smoke",
         artifacts=work / "runs",
         allow_smoke=True,
         adapter=NoFull(),
     )
-    with runner:
-        results = {r.label: r for r in runner.run()}
     entry = results["baseline"].comparison["diagnostics"]["full_vocabulary"]
     assert "training side did not hand back" in entry["unavailable"]
     assert results["baseline"].outcome.value == "PASS"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import OFFSET_LABEL, S0, make_runner
+from drift_testing import OFFSET_LABEL, S0, run_by_label
 
 from pytest_logprob_drift import divergence_text, plan_file
 from pytest_logprob_drift.divergence import sealed_diagnostics, sealed_tensors
@@ -46,18 +46,20 @@ def s0_document() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def diag_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("report-full-vocab")
+    return _smoke_run(tmp_path_factory.mktemp("report-full-vocab"), s0_document())
+
+
+def _smoke_run(work: Path, document: dict[str, Any]) -> Path:
+    """The run directory of ``document`` executed on the smoke runtime under ``work``."""
     config = work / "config.json"
-    config.write_text(json.dumps(s0_document()))
-    runner = make_runner(
+    config.write_text(json.dumps(document))
+    run_by_label(
         plan_file(str(config)),
         runtime="cpu-smoke",
         artifacts=work / "runs",
         allow_smoke=True,
         adapter=CpuSmokeAdapter(),
     )
-    with runner:
-        runner.run()
     return work / "runs" / "s0-cpu-smoke"
 
 
@@ -138,18 +140,7 @@ def test_page_without_the_diagnostics_keeps_its_columns(tmp_path: Path) -> None:
     work.mkdir()
     document = s0_document()
     del document["diagnostics"]
-    config = work / "config.json"
-    config.write_text(json.dumps(document))
-    runner = make_runner(
-        plan_file(str(config)),
-        runtime="cpu-smoke",
-        artifacts=work / "runs",
-        allow_smoke=True,
-        adapter=CpuSmokeAdapter(),
-    )
-    with runner:
-        runner.run()
-    html = render_page(load_report(work / "runs" / "s0-cpu-smoke", page_dir=tmp_path))
+    html = render_page(load_report(_smoke_run(work, document), page_dir=tmp_path))
     headers, _ = case_table(html)
     assert not any(column in headers for column in COLUMNS)
     assert "Full-vocabulary divergence" not in html

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import EXPERIMENTS, ROOT, S0, make_runner
+from drift_testing import EXPERIMENTS, ROOT, S0, make_runner, run_by_label
 
 from pytest_logprob_drift import ConfigError, plan_file
 from pytest_logprob_drift.config.contract import resolve_contract
@@ -113,15 +113,13 @@ def test_smoke_runtime_refuses_what_it_cannot_apply(work: Path) -> None:
         d["baseline"]["rollout"]["logprobs_mode"] = "raw_logprobs"
         d["interventions"] = [{"path": "rollout.logprobs_mode", "values": ["processed_logprobs"]}]
 
-    runner = make_runner(
+    results = run_by_label(
         plan_file(s0(work, processed)),
         runtime="cpu-smoke",
         artifacts=work / "runs",
         allow_smoke=True,
         adapter=CpuSmokeAdapter(),
     )
-    with runner:
-        results = {r.label: r for r in runner.run()}
     assert results["baseline"].outcome is Outcome.PASS
     rejected = results["rollout.logprobs_mode=processed_logprobs"]
     assert rejected.outcome is Outcome.STRICT_REJECTED

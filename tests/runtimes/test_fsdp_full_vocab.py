@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from drift_testing import S0_HF, make_runner  # noqa: E402
+from drift_testing import S0_HF, run_by_label  # noqa: E402
 
 from pytest_logprob_drift import plan_file  # noqa: E402
 from pytest_logprob_drift.config.contract import resolve_contract  # noqa: E402
@@ -224,8 +224,7 @@ def fsdp_config(path: Path) -> str:
 def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("hf-fsdp-full-vocab")
     plan = plan_file(fsdp_config(work / "config.json"))
-    with make_runner(plan, runtime="hf", artifacts=work / "runs") as runner:
-        results = {r.label: r for r in runner.run()}
+    results = run_by_label(plan, runtime="hf", artifacts=work / "runs")
     yield {"results": results, "run_dir": work / "runs" / "hf-fsdp-full-vocab"}
 
 
@@ -294,8 +293,7 @@ def test_fsdp_float32_lm_head_knob_is_applied_and_read_back(tmp_path: Path) -> N
     document["interventions"] = [{"path": "training.lm_head_dtype", "values": ["float32"]}]
     config = tmp_path / "config.json"
     config.write_text(json.dumps(document))
-    with make_runner(plan_file(str(config)), runtime="hf", artifacts=tmp_path / "runs") as runner:
-        results = {r.label: r for r in runner.run()}
+    results = run_by_label(plan_file(str(config)), runtime="hf", artifacts=tmp_path / "runs")
     for label, head in (("baseline", "compute"), ("training.lm_head_dtype=float32", "float32")):
         result = results[label]
         assert result.outcome in (Outcome.PASS, Outcome.MISMATCH), (label, result.reason)

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from drift_testing import S0_HF, S1, make_runner
+from drift_testing import S0_HF, S1, make_runner, run_by_label
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.outcomes import Outcome
@@ -42,8 +42,7 @@ def _knobs(result: Any) -> dict[str, Any]:
 
 def test_transformers_rollout_runs_its_lm_head_in_float32(tmp_path: Path) -> None:
     plan = plan_file(_config(S0_HF, tmp_path / "hf.json", "hf-rollout-head", "bfloat16"))
-    with make_runner(plan, runtime="hf", artifacts=tmp_path / "runs") as runner:
-        results = {r.label: r for r in runner.run()}
+    results = run_by_label(plan, runtime="hf", artifacts=tmp_path / "runs")
     for label, head in (("baseline", "compute"), (CASE, "float32")):
         result = results[label]
         assert result.outcome in (Outcome.PASS, Outcome.MISMATCH), (label, result.reason)

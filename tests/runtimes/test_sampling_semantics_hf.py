@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from drift_testing import S0_HF, make_runner  # noqa: E402
+from drift_testing import S0_HF, run_by_label  # noqa: E402
 
 from pytest_logprob_drift import plan_file  # noqa: E402
 from pytest_logprob_drift.outcomes import Outcome  # noqa: E402
@@ -58,8 +58,7 @@ def semantics_config(path: Path) -> str:
 def semantics_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("hf-semantics")
     plan = plan_file(semantics_config(work / "config.json"))
-    with make_runner(plan, runtime="hf", artifacts=work / "runs") as runner:
-        results = {r.label: r for r in runner.run()}
+    results = run_by_label(plan, runtime="hf", artifacts=work / "runs")
     yield {"results": results, "run_dir": work / "runs" / "hf-sampling-semantics"}
 
 

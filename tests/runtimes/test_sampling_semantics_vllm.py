@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from drift_testing import pytest_drift
+from drift_testing import plugin_run
 
 from pytest_logprob_drift.store.verify import verify_run
 
@@ -43,26 +42,10 @@ checked) and the bf16 cases are whatever physics says."""
 
 @pytest.fixture(scope="module")
 def semantics_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    workdir = tmp_path_factory.mktemp("semantics")
-    config = workdir / CONFIG.name
-    shutil.copy(CONFIG, config)
-    artifacts = workdir / "runs"
     expects = [a for label, o in EXPECTED.items() for a in ("--drift-expect", f"{label}={o}")]
-    proc = pytest_drift(
-        workdir,
-        "--drift-config",
-        config,
-        "--drift-runtime",
-        "vllm-hf",
-        "--drift-artifacts",
-        artifacts,
-        *expects,
-    )
-    comparisons: dict[str, dict[str, Any]] = {}
-    for path in (artifacts / EXPERIMENT / "cases").glob("*/*/comparison.json"):
-        document = json.loads(path.read_text())
-        comparisons[document["label"]] = {"comparison": document, "attempt": path.parent}
-    return {"proc": proc, "cases": comparisons, "run_dir": artifacts / EXPERIMENT}
+    run = plugin_run(tmp_path_factory.mktemp("semantics"), CONFIG, *expects, runtime="vllm-hf")
+    assert run["run_dir"].name == EXPERIMENT
+    return run
 
 
 def test_verdicts_and_where_the_offset_diagnostic_fires(semantics_run: dict[str, Any]) -> None:

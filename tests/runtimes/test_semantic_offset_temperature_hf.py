@@ -18,9 +18,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from drift_testing import S0_HF, S1, make_runner
+from drift_testing import S0_HF, S1, run_by_label
 
 from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.execute.runner import CaseResult
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.report.html import render_page
 from pytest_logprob_drift.report.load import load_report
@@ -45,24 +46,32 @@ def _config(source: Path, tmp_path: Path, experiment_id: str) -> str:
     return str(config)
 
 
-def _run(config: str, runtime: str, artifacts: Path) -> dict[str, Any]:
-    with make_runner(plan_file(config), runtime=runtime, artifacts=artifacts) as runner:
-        return {r.label: r for r in runner.run()}
-
-
-def test_temperature_0_7_processed_rollout_is_explained(tmp_path: Path) -> None:
-    results = _run(_config(S0_HF, tmp_path, "hf-offset-t07"), "hf", tmp_path / "runs")
+def _explained_as_processed_rollout(
+    results: dict[str, CaseResult], run_dir: Path
+) -> dict[str, Any]:
+    """The baseline passes without the diagnostic firing; the processed-logprobs rollout case
+    mismatches, explained as ``processed_rollout``; the run verifies. Returns the diagnostic."""
     baseline, processed = results["baseline"], results[ROLLOUT]
     assert baseline.outcome is Outcome.PASS, baseline.reason
     assert baseline.comparison["diagnostics"]["semantic_offset"]["fires"] is False
     assert processed.outcome is Outcome.MISMATCH, processed.reason
-    offset = processed.comparison["diagnostics"]["semantic_offset"]
+    offset: dict[str, Any] = processed.comparison["diagnostics"]["semantic_offset"]
     assert offset["fires"] is True and offset["explanation"] == "processed_rollout", offset
+    assert {s.status for s in verify_run(run_dir)} == {"ok"}
+    return offset
+
+
+def test_temperature_0_7_processed_rollout_is_explained(tmp_path: Path) -> None:
+    results = run_by_label(
+        plan_file(_config(S0_HF, tmp_path, "hf-offset-t07")),
+        runtime="hf",
+        artifacts=tmp_path / "runs",
+    )
+    offset = _explained_as_processed_rollout(results, tmp_path / "runs" / "hf-offset-t07")
     assert offset["message"].startswith(
         "processed semantics: the rollout's logprobs match the processed distribution "
         "(temperature 0.7, top_p 0.9)"
     )
-    assert {s.status for s in verify_run(tmp_path / "runs" / "hf-offset-t07")} == {"ok"}
     # People see it: the report's case table and the case section.
     page = render_page(load_report(tmp_path / "runs" / "hf-offset-t07", page_dir=tmp_path))
     assert "<h3>Full-vocabulary divergence</h3>" in page
@@ -74,11 +83,9 @@ def test_temperature_0_7_processed_vllm_rollout_is_explained(tmp_path: Path) -> 
     """The same on vLLM: its ``processed_logprobs`` at temperature 0.7 and top_p 0.9 are the
     processed distribution recomputed from the transformers trainer's full logits."""
     pytest.importorskip("vllm")
-    results = _run(_config(S1, tmp_path, "vllm-offset-t07"), "vllm-hf", tmp_path / "runs")
-    baseline, processed = results["baseline"], results[ROLLOUT]
-    assert baseline.outcome is Outcome.PASS, baseline.reason
-    assert baseline.comparison["diagnostics"]["semantic_offset"]["fires"] is False
-    assert processed.outcome is Outcome.MISMATCH, processed.reason
-    offset = processed.comparison["diagnostics"]["semantic_offset"]
-    assert offset["fires"] is True and offset["explanation"] == "processed_rollout", offset
-    assert {s.status for s in verify_run(tmp_path / "runs" / "vllm-offset-t07")} == {"ok"}
+    results = run_by_label(
+        plan_file(_config(S1, tmp_path, "vllm-offset-t07")),
+        runtime="vllm-hf",
+        artifacts=tmp_path / "runs",
+    )
+    _explained_as_processed_rollout(results, tmp_path / "runs" / "vllm-offset-t07")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from drift_testing import pytest_drift
+from drift_testing import plugin_run
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.runner import Runner
@@ -36,27 +35,17 @@ CONFIG = ROOT / "experiments" / "cross_config_s1_vllm_cpu_tiny.json"
 def s1_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run the whole S1 experiment once through the plugin (real pytest, subprocess)."""
     workdir = tmp_path_factory.mktemp("s1")
-    config = workdir / CONFIG.name
-    shutil.copy(CONFIG, config)
-    artifacts = workdir / "runs"
-    proc = pytest_drift(
+    run = plugin_run(
         workdir,
-        "--drift-config",
-        config,
-        "--drift-runtime",
-        "vllm-hf",
-        "--drift-artifacts",
-        artifacts,
+        CONFIG,
         "--drift-expect",
         "rollout.dtype=bfloat16=MISMATCH",
         "--junitxml",
         workdir / "junit.xml",
+        runtime="vllm-hf",
     )
-    comparisons: dict[str, dict[str, Any]] = {}
-    for path in (artifacts / "s1-vllm-cpu-tiny" / "cases").glob("*/*/comparison.json"):
-        document = json.loads(path.read_text())
-        comparisons[document["label"]] = {"comparison": document, "attempt": path.parent}
-    return {"proc": proc, "cases": comparisons}
+    assert run["run_dir"].name == "s1-vllm-cpu-tiny"
+    return run
 
 
 def test_s1_through_the_plugin_gives_the_expected_verdicts(s1_run: dict[str, Any]) -> None:
