@@ -1,6 +1,6 @@
 """Benchmark of the full-vocabulary divergence reductions against one ``torch.logsumexp`` pass.
 
-Owns the targets of ``pytest_logprob_drift.divergence.full_vocab_divergence`` (see ``main``)
+Owns the targets of ``numerics.full_vocabulary.full_vocab_divergence`` (see ``main``)
 and how they are measured; knows nothing of the rest of the framework. Every (dtype, method)
 pair runs in a fresh subprocess that builds the same deterministic inputs (two [N, V] sides:
 rollout logits 3 * N(0,1), training = rollout + 0.05 * N(0,1), in the benchmarked dtype),
@@ -36,11 +36,9 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from pytest_logprob_drift.divergence import (  # noqa: E402
-    full_vocab_divergence,
-    processed_residual,
-)
-from pytest_logprob_drift.sampling import Truncation  # noqa: E402
+from pytest_logprob_drift.numerics.full_vocabulary import full_vocab_divergence  # noqa: E402
+from pytest_logprob_drift.numerics.sampling import Truncation  # noqa: E402
+from pytest_logprob_drift.numerics.semantic_offset import processed_residual  # noqa: E402
 
 METHODS = ("logsumexp", "logsumexp_both", "naive", "streamed", "offset_residual")
 OFFSET_TRUNCATION = Truncation(temperature=0.7, top_p=0.9)

@@ -35,10 +35,10 @@ from typing import Any
 import torch
 
 from pytest_logprob_drift.attribution.sealed import attribute_and_seal
+from pytest_logprob_drift.numerics.verdict import judge
 from pytest_logprob_drift.records import canonical_json
 from pytest_logprob_drift.store.artifacts import ArtifactStore, execution_key
 from pytest_logprob_drift.tensorio import tensor_bytes
-from pytest_logprob_drift.verdict import judge
 
 THRESHOLD = 1e-3
 PROMPT = 16

@@ -18,15 +18,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_logprob_drift import verdict as comparison_module
 from pytest_logprob_drift.config.contract import resolve_contract
-from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.verdict import (
+from pytest_logprob_drift.numerics import verdict as comparison_module
+from pytest_logprob_drift.numerics.verdict import (
     IDENTITY_TENSORS,
     identity_violations,
     judge,
     mismatch_mask,
 )
+from pytest_logprob_drift.outcomes import Outcome
 
 THRESHOLD = resolve_contract("ws1", "current").threshold
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,4 +1,4 @@
-"""Full-vocabulary reductions (``pytest_logprob_drift.divergence``) against float64 references.
+"""Full-vocabulary reductions (``numerics.full_vocabulary``) against float64 references.
 
 Property tests (hypothesis) over row counts, vocabulary sizes that do not divide the chunk,
 float32 / bfloat16 / float16 inputs, logits or logprobs on either side, and ``-inf`` entries
@@ -16,14 +16,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_logprob_drift.divergence import (
+from pytest_logprob_drift.numerics.divergence_file import summarize
+from pytest_logprob_drift.numerics.full_vocabulary import (
     DIVERGENCE_FIELDS,
     full_vocab_divergence,
-    semantic_offset,
-    summarize,
     top_contributors,
     worst_rows,
 )
+from pytest_logprob_drift.numerics.semantic_offset import semantic_offset
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

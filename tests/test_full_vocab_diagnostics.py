@@ -19,8 +19,9 @@ import torch
 from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0, run_by_label
 
 from pytest_logprob_drift import ConfigError, plan_file
-from pytest_logprob_drift.divergence import DIVERGENCE_FIELDS, SEALED_KEYS
 from pytest_logprob_drift.execute.runner import CaseResult
+from pytest_logprob_drift.numerics.divergence_file import SEALED_KEYS
+from pytest_logprob_drift.numerics.full_vocabulary import DIVERGENCE_FIELDS
 from pytest_logprob_drift.runtimes.smoke.runtime import (
     HIDDEN,
     CpuSmokeAdapter,

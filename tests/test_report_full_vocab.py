@@ -24,13 +24,14 @@ import pytest
 import torch
 from drift_testing import OFFSET_LABEL, S0, run_by_label
 
-from pytest_logprob_drift import divergence_text, plan_file
-from pytest_logprob_drift.divergence import sealed_diagnostics, sealed_tensors
+from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.numerics import text as divergence_text
+from pytest_logprob_drift.numerics.divergence_file import sealed_diagnostics, sealed_tensors
+from pytest_logprob_drift.numerics.sampling import Truncation, processed_logits
 from pytest_logprob_drift.report.html import render_page
 from pytest_logprob_drift.report.load import load_report
 from pytest_logprob_drift.report.summary import FULL_VOCAB_COLUMNS
 from pytest_logprob_drift.runtimes.smoke.runtime import CpuSmokeAdapter
-from pytest_logprob_drift.sampling import Truncation, processed_logits
 
 pytest_plugins = ["pytester"]
 

@@ -21,9 +21,9 @@ from drift_testing import EXPERIMENTS, ROOT, S0, make_runner, run_by_label
 from pytest_logprob_drift import ConfigError, plan_file
 from pytest_logprob_drift.config.contract import resolve_contract
 from pytest_logprob_drift.config.loader import parse_config
+from pytest_logprob_drift.numerics.sampling import Truncation, processed_logits
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import ApplicationStatus
-from pytest_logprob_drift.runtimes.sampling import Truncation, processed_logits
 from pytest_logprob_drift.runtimes.smoke.runtime import CpuSmokeAdapter
 
 PINNED = json.loads((ROOT / "tests" / "data" / "case_ids_before_issue13.json").read_text())

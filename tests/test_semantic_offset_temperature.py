@@ -20,14 +20,16 @@ torch = pytest.importorskip("torch")
 from hypothesis import assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pytest_logprob_drift.divergence import (  # noqa: E402
-    EXPLANATIONS,
+from pytest_logprob_drift.numerics.divergence_file import (  # noqa: E402
     SEALED_KEYS,
-    processed_residual,
     sealed_diagnostics,
     sealed_tensors,
 )
-from pytest_logprob_drift.sampling import Truncation, processed_logits  # noqa: E402
+from pytest_logprob_drift.numerics.sampling import Truncation, processed_logits  # noqa: E402
+from pytest_logprob_drift.numerics.semantic_offset import (  # noqa: E402
+    EXPLANATIONS,
+    processed_residual,
+)
 
 TEMPERATURES = (0.7, 1.0, 1.3)
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-from pytest_logprob_drift import divergence_text, plan_file
+from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.attribution.sealed import SealedAttribution, attribute_and_seal
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
@@ -24,6 +24,7 @@ from pytest_logprob_drift.cli import FLAGS
 from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.launch import Launch
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
+from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.outcomes import Expectation, parse_expectation
 from pytest_logprob_drift.plan.binding import ExecutionCase
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations

@@ -31,6 +31,7 @@ from pytest_logprob_drift.execute.protocol import (
     merge_read_back,
     strict_violations,
 )
+from pytest_logprob_drift.numerics.verdict import Verdict, identity_violations, judge
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_dtype, side_topology
 from pytest_logprob_drift.records import (
@@ -48,7 +49,6 @@ from pytest_logprob_drift.registry.catalog import (
 from pytest_logprob_drift.registry.session import OperatorSession
 from pytest_logprob_drift.store.artifacts import ArtifactStore, Seal
 from pytest_logprob_drift.tensorio import tensor_bytes
-from pytest_logprob_drift.verdict import Verdict, identity_violations, judge
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from pytest_logprob_drift.divergence import sealed_diagnostics, sealed_tensors
 from pytest_logprob_drift.execute.protocol import RolloutOutput, TrainingOutput
+from pytest_logprob_drift.numerics.divergence_file import sealed_diagnostics, sealed_tensors
+from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.records import FullVocabularySpec, SamplingSpec
-from pytest_logprob_drift.sampling import Truncation
 
 DIVERGENCE_FILE = "divergence.pt"
 

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_logprob_drift import divergence_text, plan_file
+from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.errors import DriftError, one_line
 from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
+from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.outcomes import Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plugin.options import FLAGS, keyword_token, marker_name

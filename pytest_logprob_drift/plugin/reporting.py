@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from pytest_logprob_drift import divergence_text
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.attribution.text import HEADERS, rows
+from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plugin.session import CONSTRUCTIONS_KEY, SEALED_KEY
 from pytest_logprob_drift.tables import render_table

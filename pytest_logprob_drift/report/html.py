@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pytest_logprob_drift.divergence_text import entries
+from pytest_logprob_drift.numerics.text import entries
 from pytest_logprob_drift.report import plots
 from pytest_logprob_drift.report.model import CaseView, ReportData, WorstToken
 from pytest_logprob_drift.report.summary import (

@@ -16,7 +16,7 @@ from typing import Any
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
-from pytest_logprob_drift.divergence_text import REDUCTIONS, entries
+from pytest_logprob_drift.numerics.text import REDUCTIONS, entries
 from pytest_logprob_drift.report.model import ReportData
 
 HEADERS = [

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pytest_logprob_drift.divergence import SEALED_KEYS, sealed_diagnostics
+from pytest_logprob_drift.numerics.divergence_file import SEALED_KEYS, sealed_diagnostics
 from pytest_logprob_drift.store.artifacts import SealError
 
 DIVERGENCE_FILE = "divergence.pt"

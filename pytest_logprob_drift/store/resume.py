@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from pytest_logprob_drift.numerics.verdict import judge
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store.artifacts import (
     Seal,
@@ -34,7 +35,6 @@ from pytest_logprob_drift.store.artifacts import (
 )
 from pytest_logprob_drift.store.divergence_check import DIVERGENCE_FILE, check_divergence
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
-from pytest_logprob_drift.verdict import judge
 
 TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
 TOKEN_DIFF_KEYS = {"training_logprobs", "rollout_logprobs", "active_mask", "threshold"}

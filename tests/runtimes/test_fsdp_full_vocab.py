@@ -28,10 +28,10 @@ from drift_testing import S0_HF, run_by_label  # noqa: E402
 
 from pytest_logprob_drift import plan_file  # noqa: E402
 from pytest_logprob_drift.config.contract import resolve_contract  # noqa: E402
-from pytest_logprob_drift.divergence import Divergence, full_vocab_divergence  # noqa: E402
+from pytest_logprob_drift.numerics.full_vocabulary import Divergence, full_vocab_divergence  # noqa: E402
+from pytest_logprob_drift.numerics.sampling import Truncation  # noqa: E402
 from pytest_logprob_drift.outcomes import Outcome  # noqa: E402
 from pytest_logprob_drift.runtimes.batch import active_rows  # noqa: E402
-from pytest_logprob_drift.runtimes.sampling import Truncation  # noqa: E402
 from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, resolve_checkpoint  # noqa: E402
 from pytest_logprob_drift.runtimes.transformers import engine as hf_engine  # noqa: E402
 from pytest_logprob_drift.runtimes.transformers import fsdp as fsdp_scoring  # noqa: E402

@@ -39,12 +39,12 @@ from pytest_logprob_drift.execute.protocol import (
     backend_of,
 )
 from pytest_logprob_drift.execute.readonly import ReadOnlyGuard, state_digest
+from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.plan.binding import FSDP_WORLD_SIZE
 from pytest_logprob_drift.records import ApplicationStatus, JSONScalar, KnobValue, ScoringIdentity
 from pytest_logprob_drift.runtimes import ray_cluster
 from pytest_logprob_drift.runtimes.batch import active_rows
 from pytest_logprob_drift.runtimes.ray_cluster import ClusterLease
-from pytest_logprob_drift.runtimes.sampling import Truncation
 from pytest_logprob_drift.runtimes.tiny_model import (
     CheckpointError,
     ResolvedCheckpoint,

@@ -24,13 +24,13 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
+from pytest_logprob_drift.numerics.sampling import Truncation, processed_logits
 from pytest_logprob_drift.records import MaskPolicy
 from pytest_logprob_drift.runtimes.batch import (
     CANONICAL_KEYS,
     canonical_batch,
     validate_rollout_request,
 )
-from pytest_logprob_drift.runtimes.sampling import Truncation, processed_logits
 from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_bars, tf
 
 __all__ = [
@@ -70,7 +70,7 @@ LOGPROBS_MODE: Final = "raw_logprobs"
 names it."""
 LOGPROBS_MODES: Final = ("raw_logprobs", "processed_logprobs")
 """What the rollout can report: the raw logits' logprobs, or those of the processed logits it
-samples from (temperature and truncation applied, ``runtimes.sampling``), as vLLM names them."""
+samples from (temperature and truncation applied, ``numerics.sampling``), as vLLM names them."""
 
 NATIVE_LOGP: Final = f"{__name__}:native_selected_logprob"
 REFERENCE_LOGP: Final = f"{__name__}:reference_selected_logprob"
@@ -397,7 +397,7 @@ def hf_rollout(
     seeded by ``sample_seed(seed, i)``; ``temperature == 0`` is greedy. A sample stops after its
     first EOS (which is kept, and scored unless ``mask_policy`` is ``response_before_eos``).
     Tokens are drawn from the processed logits (``truncation``: temperature, min_p, top_k,
-    top_p; ``runtimes.sampling``). The reported logprob of each sampled token is
+    top_p; ``numerics.sampling``). The reported logprob of each sampled token is
     ``logp_fn(raw step logits, token)`` in the model's native logits dtype under
     ``raw_logprobs`` (``LOGPROBS_MODE``), ``logp_fn(processed logits, token)`` under
     ``processed_logprobs``. ``steps``, when given (a list), receives per sample the rows of the
@@ -477,7 +477,7 @@ def hf_teacher_forced_score(
     row) with the batch's attention mask and position ids and ``use_cache=False``; the logits
     at ``t - 1`` score ``token_ids[:, t]``. Values at active positions, 0.0 elsewhere. With
     ``processed`` the scored logits are first processed like the sampler's (temperature and
-    truncation renormalization, ``runtimes.sampling``), otherwise they are the raw logits.
+    truncation renormalization, ``numerics.sampling``), otherwise they are the raw logits.
     ``full_vocab``, when given (a list), receives the scored ``[V]`` rows of the active
     positions, one ``[A_chunk, V]`` tensor per chunk in row-major order. Never generates, never
     touches an optimizer, never changes the model's train/eval mode.

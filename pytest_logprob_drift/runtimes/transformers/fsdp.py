@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from pytest_logprob_drift.errors import RuntimeFailure
-from pytest_logprob_drift.runtimes.sampling import Truncation
+from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.runtimes.transformers import engine
 from pytest_logprob_drift.runtimes.transformers import fsdp_messages as wire
 from pytest_logprob_drift.runtimes.transformers.engine import NATIVE_LOGP, REFERENCE_LOGP

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from pytest_logprob_drift.runtimes.sampling import Truncation
+from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
 __all__ = [
@@ -71,7 +71,7 @@ class Score:
     """Score ``batch`` (canonical tensors as wire bytes) with the named selected-logprob fn.
 
     ``processed``: score the sampler's processed logits (temperature and truncation, as
-    ``runtimes.sampling`` applies them) instead of the raw ones; ``lm_head_dtype``: ``float32``
+    ``numerics.sampling`` applies them) instead of the raw ones; ``lm_head_dtype``: ``float32``
     computes the LM head and logits in float32 from upcast hidden states, ``compute`` leaves
     them in the model's dtype; ``full_vocabulary``: rank 0 also returns the scored ``[A, V]``
     rows of the active positions (float32)."""

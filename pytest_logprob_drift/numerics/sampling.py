@@ -1,7 +1,7 @@
 """Sampling semantics: the one definition of "processed" next-token logits.
 
 Owns the definition both transformers sides apply and the semantic-offset diagnostic
-recomputes from a side's full logits (``divergence``, hence below the runtimes): the
+recomputes from a side's full logits (``numerics.semantic_offset``, hence below the runtimes): the
 float32 logits divided by the temperature, then ``min_p``, ``top_k`` and ``top_p`` truncation
 (tokens outside the kept set get ``-inf``), in the order and with the tie rules of vLLM 0.32's
 CPU sampler (``Sampler.sample``: temperature, the argmax-invariant ``min_p`` processor, then
@@ -12,7 +12,7 @@ most likely token always stays). A temperature below 1e-5 is greedy: nothing is 
 (vLLM reports the raw log-softmax then). ``log_softmax`` of the result is what vLLM calls
 ``processed_logprobs``.
 
-``runtimes.sampling`` re-exports it for the runtimes. Knows nothing about engines, knobs, cases
+Knows nothing about engines, knobs, cases
 or comparison; imports only torch and records.
 """
 
