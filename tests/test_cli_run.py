@@ -14,7 +14,8 @@ import pytest
 from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0
 
 from pytest_logprob_drift.cli import main
-from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
+from pytest_logprob_drift.store.artifacts import SealError, iter_attempt_dirs
+from pytest_logprob_drift.store.layout import COMPLETE
 from pytest_logprob_drift.store.resume import check_attempt
 
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"

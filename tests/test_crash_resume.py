@@ -34,7 +34,8 @@ from typing import Any
 import pytest
 from drift_testing import S0
 
-from pytest_logprob_drift.store.artifacts import COMPLETE, SealError, iter_attempt_dirs
+from pytest_logprob_drift.store.artifacts import SealError, iter_attempt_dirs
+from pytest_logprob_drift.store.layout import COMPLETE
 from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.verify import verify_run_files
 
@@ -60,7 +61,7 @@ import pytest_logprob_drift.store.artifacts as artifacts
 import pytest_logprob_drift.cli.run_cmd  # noqa: F401  (torch and the execution modules, once)
 import pytest_logprob_drift.runtimes.smoke.runtime  # noqa: F401
 import pytest_logprob_drift.runtimes.smoke.kernels  # noqa: F401
-from pytest_logprob_drift.store.artifacts import COMPLETE
+from pytest_logprob_drift.store.layout import COMPLETE
 from pytest_logprob_drift.cli import main
 
 work = Path(sys.argv[1])

@@ -22,8 +22,6 @@ from drift_testing import OFFSET_EXPECT, cli, run_s0
 
 from pytest_logprob_drift.errors import ExitCode, StorageError
 from pytest_logprob_drift.store.artifacts import (
-    COMPLETE,
-    PLAN_FILE,
     ArtifactStore,
     SealError,
     iter_attempt_dirs,
@@ -33,6 +31,8 @@ from pytest_logprob_drift.store.artifacts import (
     run_seals,
 )
 from pytest_logprob_drift.store.keys import SealKey, load_seal_key, sealing_with
+from pytest_logprob_drift.store.layout import COMPLETE
+from pytest_logprob_drift.store.layout import PLAN as PLAN_FILE
 from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.verify import verify_run, verify_run_files
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes

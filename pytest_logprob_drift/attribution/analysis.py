@@ -24,7 +24,8 @@ from pytest_logprob_drift.attribution.align import Alignment, Movement, align, m
 from pytest_logprob_drift.attribution.effect import abs_diff_rows, drift_effect, prepare
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.store.artifacts import COMPLETE, read_seal
+from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.artifacts import read_seal
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
 
 ATTRIBUTION_SCHEMA_VERSION = "cross_config.attribution.v1"
@@ -56,15 +57,17 @@ class SealedExecution:
     def __init__(self, attempt_dir: Path) -> None:
         self.attempt_dir = attempt_dir
         self.seal = read_seal(attempt_dir)
-        comparison = load_sealed_json(attempt_dir, "comparison.json", self.seal)
-        requested = load_sealed_json(attempt_dir, "requested.json", self.seal)
+        comparison = load_sealed_json(attempt_dir, layout.COMPARISON, self.seal)
+        requested = load_sealed_json(attempt_dir, layout.REQUESTED, self.seal)
         self.case_id = self.seal.case_id
         self.attempt_id = self.seal.attempt_id
         self.label = str(comparison.get("label", requested.get("label", "")))
         self.changed = tuple(str(c) for c in requested.get("changed", ()))
         self.requested: Mapping[str, Any] = dict(requested.get("knobs", {}))
         self.outcome = str(comparison["outcome"])
-        self.complete_sha256 = hashlib.sha256((attempt_dir / COMPLETE).read_bytes()).hexdigest()
+        self.complete_sha256 = hashlib.sha256(
+            (attempt_dir / layout.COMPLETE).read_bytes()
+        ).hexdigest()
         self._scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
 
     @property
@@ -73,14 +76,14 @@ class SealedExecution:
         files = self.seal.files
         return (
             self.outcome in ATTRIBUTED_OUTCOMES
-            and "score_rollout.pt" in files
-            and "score_training.pt" in files
+            and layout.SCORE_ROLLOUT in files
+            and layout.SCORE_TRAINING in files
         )
 
     def _load(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         if self._scores is None:
-            rollout = load_sealed_tensors(self.attempt_dir, "score_rollout.pt", self.seal)
-            training = load_sealed_tensors(self.attempt_dir, "score_training.pt", self.seal)
+            rollout = load_sealed_tensors(self.attempt_dir, layout.SCORE_ROLLOUT, self.seal)
+            training = load_sealed_tensors(self.attempt_dir, layout.SCORE_TRAINING, self.seal)
             self._scores = (rollout, training["logprobs"])
         return self._scores
 

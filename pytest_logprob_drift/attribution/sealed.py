@@ -29,8 +29,8 @@ from pytest_logprob_drift.attribution.analysis import (
     load_execution,
 )
 from pytest_logprob_drift.records import canonical_json, sha256_hex
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.artifacts import (
-    COMPLETE,
     MAX_SEAL_BYTES,
     SealError,
     check_mac,
@@ -42,9 +42,6 @@ from pytest_logprob_drift.store.artifacts import (
 )
 from pytest_logprob_drift.store.keys import active_key, sealing_with
 from pytest_logprob_drift.store.resume import check_attempt
-
-ATTRIBUTIONS = "attributions"
-DOCUMENT = "attribution.json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,35 +60,37 @@ def inputs_digest(document: dict[str, Any]) -> str:
 def read_attribution(directory: Path) -> dict[str, Any]:
     """The sealed document (SealError naming the file at fault otherwise)."""
     seal = _read_seal(directory)
-    check_mac(seal, COMPLETE)
-    present = {p.name for p in directory.iterdir()} - {COMPLETE}
-    if present != {DOCUMENT}:
-        raise SealError(sorted(present ^ {DOCUMENT})[0], "file is not covered by the seal")
-    path = directory / DOCUMENT
-    if path.is_symlink() or sha256_file(path) != seal["files"][DOCUMENT]:
-        raise SealError(DOCUMENT, "SHA-256 does not match the seal (tampered or corrupt)")
+    check_mac(seal, layout.COMPLETE)
+    present = {p.name for p in directory.iterdir()} - {layout.COMPLETE}
+    if present != {layout.ATTRIBUTION}:
+        raise SealError(
+            sorted(present ^ {layout.ATTRIBUTION})[0], "file is not covered by the seal"
+        )
+    path = directory / layout.ATTRIBUTION
+    if path.is_symlink() or sha256_file(path) != seal["files"][layout.ATTRIBUTION]:
+        raise SealError(layout.ATTRIBUTION, "SHA-256 does not match the seal (tampered or corrupt)")
     document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     if document.get("inputs") != seal["inputs"]:
-        raise SealError(COMPLETE, "the seal and the document name different attempts")
+        raise SealError(layout.COMPLETE, "the seal and the document name different attempts")
     return document
 
 
 def _read_seal(directory: Path) -> dict[str, Any]:
     """The attribution's parsed ``COMPLETE`` with its shape checked (its MAC is not)."""
-    complete = directory / COMPLETE
+    complete = directory / layout.COMPLETE
     if not os.path.lexists(complete):
-        raise SealError(COMPLETE, "missing: the attribution was never sealed")
+        raise SealError(layout.COMPLETE, "missing: the attribution was never sealed")
     try:
         seal = json.loads(read_regular(complete, limit=MAX_SEAL_BYTES))
     except (OSError, ValueError, RecursionError) as exc:
-        raise SealError(COMPLETE, f"unreadable seal: {exc}") from None
+        raise SealError(layout.COMPLETE, f"unreadable seal: {exc}") from None
     if (
         not isinstance(seal, dict)
         or set(seal) - {"mac"} != {"attribution_id", "inputs", "files"}
         or not isinstance(seal["files"], dict)
-        or seal["files"].keys() != {DOCUMENT}
+        or seal["files"].keys() != {layout.ATTRIBUTION}
     ):
-        raise SealError(COMPLETE, "malformed attribution seal")
+        raise SealError(layout.COMPLETE, "malformed attribution seal")
     return seal
 
 
@@ -100,7 +99,7 @@ def _seal_body(directory: Path, document: dict[str, Any], sha: str) -> dict[str,
     body: dict[str, Any] = {
         "attribution_id": directory.name,
         "inputs": document["inputs"],
-        "files": {DOCUMENT: sha},
+        "files": {layout.ATTRIBUTION: sha},
     }
     key = active_key()
     if key is not None:
@@ -111,7 +110,7 @@ def _seal_body(directory: Path, document: dict[str, Any], sha: str) -> dict[str,
 def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribution:
     """Seal ``document`` under the run, or reuse a valid sealed one of the same inputs."""
     digest = inputs_digest(document)
-    root = run_dir / ATTRIBUTIONS
+    root = run_dir / layout.ATTRIBUTIONS
     if root.is_dir():
         for existing in sorted(root.glob(f"{digest}-*"), reverse=True):
             try:
@@ -121,8 +120,8 @@ def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribut
                 continue
     directory = root / f"{digest}-{new_attempt_id()}"
     directory.mkdir(parents=True)
-    sha = publish_bytes(directory, DOCUMENT, json_bytes(document))
-    publish_bytes(directory, COMPLETE, json_bytes(_seal_body(directory, document, sha)))
+    sha = publish_bytes(directory, layout.ATTRIBUTION, json_bytes(document))
+    publish_bytes(directory, layout.COMPLETE, json_bytes(_seal_body(directory, document, sha)))
     return SealedAttribution(directory=directory, document=document, reused=False)
 
 
@@ -131,7 +130,7 @@ def _roundtrip(document: dict[str, Any]) -> Any:
 
 
 def attribution_dirs(run_dir: Path) -> list[Path]:
-    root = run_dir / ATTRIBUTIONS
+    root = run_dir / layout.ATTRIBUTIONS
     return (
         sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name)
         if root.is_dir()
@@ -140,21 +139,21 @@ def attribution_dirs(run_dir: Path) -> list[Path]:
 
 
 def _execution_for(run_dir: Path, reference: dict[str, Any]) -> SealedExecution:
-    attempt = run_dir / "cases" / str(reference["case_id"]) / str(reference["attempt_id"])
+    attempt = run_dir / layout.CASES / str(reference["case_id"]) / str(reference["attempt_id"])
     if not attempt.is_dir():
         raise SealError(
-            DOCUMENT,
+            layout.ATTRIBUTION,
             f"names attempt {reference['attempt_id']} of case "
             f"{reference['case_id']}, which does not exist",
         )
     complete = (
-        hashlib.sha256((attempt / COMPLETE).read_bytes()).hexdigest()
-        if (attempt / COMPLETE).is_file()
+        hashlib.sha256((attempt / layout.COMPLETE).read_bytes()).hexdigest()
+        if (attempt / layout.COMPLETE).is_file()
         else None
     )
     if complete != reference["complete_sha256"]:
         raise SealError(
-            DOCUMENT,
+            layout.ATTRIBUTION,
             f"attempt {reference['attempt_id']} is no longer the one it "
             "was computed from (its COMPLETE changed)",
         )
@@ -162,7 +161,8 @@ def _execution_for(run_dir: Path, reference: dict[str, Any]) -> SealedExecution:
         check_attempt(attempt, expected_key=None)
     except SealError as exc:
         raise SealError(
-            DOCUMENT, f"attempt {reference['attempt_id']} it was computed from is invalid: {exc}"
+            layout.ATTRIBUTION,
+            f"attempt {reference['attempt_id']} it was computed from is invalid: {exc}",
         ) from None
     return load_execution(attempt)
 
@@ -212,7 +212,7 @@ def verify_attribution(run_dir: Path, directory: Path) -> list[str]:
     except SealError as exc:
         return [f"{exc.file}: {exc.message}"]
     except (KeyError, TypeError, ValueError) as exc:
-        return [f"{DOCUMENT}: malformed: {type(exc).__name__}: {exc}"]
+        return [f"{layout.ATTRIBUTION}: malformed: {type(exc).__name__}: {exc}"]
     return differences(document, recomputed)
 
 

@@ -34,6 +34,7 @@ from pytest_logprob_drift.runtimes.vllm.logs import (
     restore_engine_logs,
     route_engine_logs,
 )
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.tables import render_table
 
 
@@ -84,7 +85,7 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     planned = execution_plan.plan.cases
     for unmatched in unmatched_expectations(expectations, planned):
         raise UsageError(describe_unmatched("--expect", unmatched, planned))
-    engine_logs = Path(args.artifacts) / execution_plan.plan.experiment_id / "engine-logs"
+    engine_logs = Path(args.artifacts) / execution_plan.plan.experiment_id / layout.ENGINE_LOGS
     previous_logs = route_engine_logs(None if args.engine_logs else engine_logs)
     with Runner(
         execution_plan,

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pytest_logprob_drift.execute.diagnostics import DIVERGENCE_FILE, full_vocabulary
+from pytest_logprob_drift.execute.diagnostics import full_vocabulary
 from pytest_logprob_drift.execute.engine_pool import EnginePool
 from pytest_logprob_drift.execute.protocol import (
     BoundKernel,
@@ -47,6 +47,7 @@ from pytest_logprob_drift.registry.catalog import (
     SemanticOperatorCatalog,
 )
 from pytest_logprob_drift.registry.session import OperatorSession
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.artifacts import ArtifactStore, Seal
 from pytest_logprob_drift.tensorio import tensor_bytes
 
@@ -256,7 +257,7 @@ def _write_attempt(
     case, rollout, training = run.ec.case, scored.rollout, scored.training
     writer = run.store.new_attempt(case.case_id, run.execution_key)
     writer.write_json(
-        "requested.json",
+        layout.REQUESTED,
         {
             "case_id": case.case_id,
             "label": case.label,
@@ -266,14 +267,14 @@ def _write_attempt(
         },
     )
     writer.write_json(
-        "materialized.json",
+        layout.MATERIALIZED,
         {
             "knobs": {k: canonical(v) for k, v in sorted(run.materialized.items())},
             "operators": [canonical(b) for b in run.ec.bindings],
         },
     )
     writer.write_json(
-        "actual.json",
+        layout.ACTUAL,
         {
             "knobs": _records_json(scored.records, "actual"),
             "read_back": scored.read_back,
@@ -282,7 +283,7 @@ def _write_attempt(
         },
     )
     writer.write_json(
-        "identity.json",
+        layout.IDENTITY,
         {
             "identity": run.identity.canonical_identity(),
             "rollout": dict(rollout.identity) if rollout else None,
@@ -291,9 +292,10 @@ def _write_attempt(
         },
     )
     if rollout is not None and training is not None:
-        writer.write_bytes("score_rollout.pt", tensor_bytes(rollout.tensors))
+        writer.write_bytes(layout.SCORE_ROLLOUT, tensor_bytes(rollout.tensors))
         writer.write_bytes(
-            "score_training.pt", tensor_bytes({"logprobs": training.logprobs, **training.consumed})
+            layout.SCORE_TRAINING,
+            tensor_bytes({"logprobs": training.logprobs, **training.consumed}),
         )
     comparison = {
         "case_id": case.case_id,
@@ -310,11 +312,11 @@ def _write_attempt(
         extra = full_vocabulary(spec, rollout, training, sampling=run.identity.sampling)
         comparison["diagnostics"] = {**comparison["diagnostics"], **extra.entries}
         if extra.tensors is not None:
-            writer.write_bytes(DIVERGENCE_FILE, tensor_bytes(extra.tensors))
-    writer.write_json("comparison.json", comparison)
+            writer.write_bytes(layout.DIVERGENCE, tensor_bytes(extra.tensors))
+    writer.write_json(layout.COMPARISON, comparison)
     if rollout is not None and training is not None:
         writer.write_bytes(
-            "token_diffs.pt",
+            layout.TOKEN_DIFFS,
             tensor_bytes(
                 {
                     "training_logprobs": training.logprobs,

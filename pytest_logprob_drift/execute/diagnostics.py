@@ -21,8 +21,6 @@ from pytest_logprob_drift.numerics.divergence_file import sealed_diagnostics, se
 from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.records import FullVocabularySpec, SamplingSpec
 
-DIVERGENCE_FILE = "divergence.pt"
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CaseDiagnostics:

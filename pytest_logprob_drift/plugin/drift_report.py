@@ -16,6 +16,7 @@ import pytest
 
 from pytest_logprob_drift.plugin.options import DriftOptions
 from pytest_logprob_drift.plugin.session import OPTIONS_KEY
+from pytest_logprob_drift.store import layout
 
 
 def report_targets(options: DriftOptions) -> list[tuple[Path, Path]]:
@@ -29,7 +30,7 @@ def report_targets(options: DriftOptions) -> list[tuple[Path, Path]]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     runs = [(options.artifacts / i, i) for i in sorted(ids)]
-    runs = [(d, i) for d, i in runs if (d / "cases").is_dir()]
+    runs = [(d, i) for d, i in runs if (d / layout.CASES).is_dir()]
     target = options.report
     if len(runs) == 1:
         return [(runs[0][0], target)]

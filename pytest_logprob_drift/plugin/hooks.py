@@ -50,6 +50,7 @@ from pytest_logprob_drift.runtimes.vllm.logs import (
     restore_engine_logs,
     route_engine_logs,
 )
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.keys import SealKey, activate, deactivate
 
 SEAL_KEY_TOKEN = pytest.StashKey[contextvars.Token[SealKey | None]]()
@@ -80,7 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SEAL_KEY_TOKEN] = activate(options.seal_key)
     if options.runtime is not None:  # vLLM's own logs: a file under the artifacts by default
         config.stash[ENGINE_LOGS_KEY] = route_engine_logs(
-            None if options.engine_logs else options.artifacts / "engine-logs"
+            None if options.engine_logs else options.artifacts / layout.ENGINE_LOGS
         )
     config.stash[RUNTIMES_KEY] = runtimes
     config.stash[RUNNERS_KEY] = {}

@@ -36,6 +36,7 @@ from pytest_logprob_drift.report.summary import (
     interval,
     reduction_rows,
 )
+from pytest_logprob_drift.store import layout
 
 _esc = html.escape
 RANKING_SHOWN = 30
@@ -273,7 +274,7 @@ def _case_table(data: ReportData) -> str:
                 _td(fmt_ratio(p99.get("value")), num=_num(p99.get("value")), cls="n"),
             ]
         attempt = view.attempt_id or "-"
-        comparison = dict(view.files).get("comparison.json")
+        comparison = dict(view.files).get(layout.COMPARISON)
         cells.append(
             f"<td data-v='{_esc(attempt)}'><a href='{_esc(comparison)}' title='{_esc(attempt)}'>"
             f"{_esc(_when(attempt))}</a></td>"

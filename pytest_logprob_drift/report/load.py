@@ -44,15 +44,8 @@ from pytest_logprob_drift.report.model import (
     TokenDecoder,
     WorstToken,
 )
-from pytest_logprob_drift.store.artifacts import (
-    COMPLETE,
-    EXPERIMENT_FILE,
-    PLAN_FILE,
-    Seal,
-    SealError,
-    plain_name,
-    read_regular,
-)
+from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.artifacts import Seal, SealError, plain_name, read_regular
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
 from pytest_logprob_drift.store.verify import AttemptStatus, require_run_dir, verify_run
 
@@ -63,6 +56,7 @@ CONTEXT_BEFORE, CONTEXT_AFTER = 4, 2
 PROFILE_MAX_BINS = 120
 PROFILE_MAX_LINES = 8
 SCATTER_MAX_POINTS = 4000
+
 SCATTER_GRID = 80
 SCATTER_OVERLAY = 300
 NO_VALID_ATTEMPT = "NO_VALID_ATTEMPT"
@@ -94,7 +88,7 @@ def _seal(attempt: Path) -> Seal:
     """The attempt's seal as recorded (``verify_run`` has just checked it against every file;
     each file read below is checked against its recorded digest again)."""
     try:
-        document = json.loads(read_regular(attempt / COMPLETE))
+        document = json.loads(read_regular(attempt / layout.COMPLETE))
         seal = Seal(
             case_id=str(document["case_id"]),
             attempt_id=str(document["attempt_id"]),
@@ -102,19 +96,19 @@ def _seal(attempt: Path) -> Seal:
             files={str(k): str(v) for k, v in dict(document["files"]).items()},
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SealError(COMPLETE, f"unreadable seal: {exc}") from None
+        raise SealError(layout.COMPLETE, f"unreadable seal: {exc}") from None
     for name in seal.files:
-        if not plain_name(name) or name == COMPLETE:
-            raise SealError(COMPLETE, f"seal entry {name!r} is not a plain file name")
+        if not plain_name(name) or name == layout.COMPLETE:
+            raise SealError(layout.COMPLETE, f"seal entry {name!r} is not a plain file name")
     if (seal.case_id, seal.attempt_id) != (attempt.parent.name, attempt.name):
-        raise SealError(COMPLETE, "the seal names another attempt")
+        raise SealError(layout.COMPLETE, "the seal names another attempt")
     return seal
 
 
 def _plan_rows(run_dir: Path) -> dict[str, dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     try:
-        lines = read_regular(run_dir / PLAN_FILE).decode("utf-8", "replace").splitlines()
+        lines = read_regular(run_dir / layout.PLAN).decode("utf-8", "replace").splitlines()
     except OSError:
         return rows
     for line in lines:
@@ -129,7 +123,7 @@ def _plan_rows(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 def _experiment(run_dir: Path) -> dict[str, Any]:
     try:
-        document = json.loads(read_regular(run_dir / EXPERIMENT_FILE))
+        document = json.loads(read_regular(run_dir / layout.EXPERIMENT))
     except (OSError, ValueError):
         return {}
     return document if isinstance(document, dict) else {}
@@ -141,9 +135,9 @@ class _Shown:
     def __init__(self, attempt: Path) -> None:
         self.directory = attempt
         self.seal = _seal(attempt)
-        self.comparison = load_sealed_json(attempt, "comparison.json", self.seal)
-        self.requested = load_sealed_json(attempt, "requested.json", self.seal)
-        self.identity = load_sealed_json(attempt, "identity.json", self.seal)
+        self.comparison = load_sealed_json(attempt, layout.COMPARISON, self.seal)
+        self.requested = load_sealed_json(attempt, layout.REQUESTED, self.seal)
+        self.identity = load_sealed_json(attempt, layout.IDENTITY, self.seal)
 
 
 # --------------------------------------------------------------------------- plot data
@@ -350,10 +344,10 @@ def case_detail(
 ) -> CaseDetail | None:
     """The plot data of a case whose scores are sealed (None otherwise)."""
     seal = shown.seal
-    if "token_diffs.pt" not in seal.files or "score_rollout.pt" not in seal.files:
+    if layout.TOKEN_DIFFS not in seal.files or layout.SCORE_ROLLOUT not in seal.files:
         return None
-    diffs = load_sealed_tensors(shown.directory, "token_diffs.pt", seal)
-    batch = load_sealed_tensors(shown.directory, "score_rollout.pt", seal)
+    diffs = load_sealed_tensors(shown.directory, layout.TOKEN_DIFFS, seal)
+    batch = load_sealed_tensors(shown.directory, layout.SCORE_ROLLOUT, seal)
     active = diffs["active_mask"]
     if active.dtype != torch.bool or not bool(active.any()):
         return None
@@ -367,8 +361,8 @@ def case_detail(
         starts = torch.argmax(active.to(torch.int8), dim=1)
     diff = diff_grid[active]
     actual: dict[str, Any] = {}
-    if "actual.json" in seal.files:
-        actual = load_sealed_json(shown.directory, "actual.json", seal)
+    if layout.ACTUAL in seal.files:
+        actual = load_sealed_json(shown.directory, layout.ACTUAL, seal)
     worst, decoded = worst_tokens(
         diff_grid,
         {**batch, "active_mask": active},
@@ -479,7 +473,7 @@ def load_report(
             if status.status != "ok":
                 continue
             try:
-                picked = _Shown(run_dir / "cases" / case_id / status.attempt_id)
+                picked = _Shown(run_dir / layout.CASES / case_id / status.attempt_id)
                 break
             except SealError as exc:  # changed since verify_run checked it
                 late_problems.append(
@@ -520,7 +514,7 @@ def load_report(
         comparison = picked.comparison
         files = tuple(
             (name, _relative(picked.directory / name, page_dir))
-            for name in [*sorted(picked.seal.files), COMPLETE]
+            for name in [*sorted(picked.seal.files), layout.COMPLETE]
         )
         views.append(
             CaseView(

@@ -15,6 +15,7 @@ from pathlib import Path
 from pytest_logprob_drift.report.html import render_page
 from pytest_logprob_drift.report.load import load_report
 from pytest_logprob_drift.report.model import DecoderFactory, ReportData
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.artifacts import publish_bytes
 
 
@@ -28,7 +29,7 @@ class PublishedReport:
 
 def default_name(data: ReportData) -> str:
     shown = [v.attempt_id for v in data.cases if v.attempt_id is not None]
-    return f"report-{max(shown, default='empty')}.html"
+    return layout.report_page_name(max(shown, default=None))
 
 
 def publish_report(

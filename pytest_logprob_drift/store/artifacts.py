@@ -46,17 +46,9 @@ from typing import Any
 
 from pytest_logprob_drift.errors import ExitCode, StorageError
 from pytest_logprob_drift.records import canonical_json, sha256_hex
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.keys import active_key
 
-COMPLETE = "COMPLETE"
-EXPERIMENT_FILE = "experiment.json"
-PLAN_FILE = "plan.jsonl"
-LOCK_FILE = ".lock"
-SEALS_DIR = "seals"
-RUN_SEAL = re.compile(r"run-([0-9]{12})(?:-[0-9a-f]{16})?\.json")
-"""Names of run seals: ``run-<bytes of plan.jsonl sealed, 12 digits>.json``, or
-``run-<bytes>-<key id>.json`` when a seal key re-seals bytes that an unkeyed (or otherwise
-keyed) seal already covers."""
 HASH_CHUNK = 1 << 20
 THREADED_HASH_BYTES = 1 << 20
 """From this size on, a payload is hashed in a second thread while it is written."""
@@ -293,24 +285,27 @@ def _seal_document(document: Any) -> dict[str, Any]:
         set(document) == required or set(document) == required | {"mac"}
     ):
         raise SealError(
-            COMPLETE, "malformed seal: expected keys case_id, attempt_id, execution_key, files"
+            layout.COMPLETE,
+            "malformed seal: expected keys case_id, attempt_id, execution_key, files",
         )
     if not all(isinstance(document[k], str) for k in ("case_id", "attempt_id", "execution_key")):
-        raise SealError(COMPLETE, "malformed seal: ids and the execution key must be strings")
+        raise SealError(
+            layout.COMPLETE, "malformed seal: ids and the execution key must be strings"
+        )
     files = document["files"]
     if not isinstance(files, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in files.items()
     ):
-        raise SealError(COMPLETE, "malformed seal: files must map names to digests")
+        raise SealError(layout.COMPLETE, "malformed seal: files must map names to digests")
     for name, digest in files.items():
-        if not plain_name(name) or name == COMPLETE:
+        if not plain_name(name) or name == layout.COMPLETE:
             raise SealError(
-                COMPLETE,
+                layout.COMPLETE,
                 f"seal entry {name!r} is not a plain file name inside the attempt "
                 "(no '/', '..', absolute or hidden names)",
             )
         if not _SHA256.fullmatch(digest):
-            raise SealError(COMPLETE, f"seal entry {name!r} has no SHA-256 digest")
+            raise SealError(layout.COMPLETE, f"seal entry {name!r} has no SHA-256 digest")
     return document
 
 
@@ -332,35 +327,37 @@ def read_seal(attempt_dir: Path, *, keep: Collection[str] = ()) -> Seal:
     returned in ``Seal.contents`` (so a caller loads exactly what was checked, without hashing
     again). Symbolic links and other non-regular files are refused anywhere in the attempt."""
     if not _real_directory(attempt_dir) or not _real_directory(attempt_dir.parent):
-        raise SealError(COMPLETE, "the attempt (or its case) is not a directory: refused")
-    complete = attempt_dir / COMPLETE
+        raise SealError(layout.COMPLETE, "the attempt (or its case) is not a directory: refused")
+    complete = attempt_dir / layout.COMPLETE
     if not os.path.lexists(complete):
-        raise SealError(COMPLETE, "missing: the attempt never completed")
-    document = _seal_document(_read_json_file(complete, COMPLETE))
+        raise SealError(layout.COMPLETE, "missing: the attempt never completed")
+    document = _seal_document(_read_json_file(complete, layout.COMPLETE))
     files: dict[str, str] = document["files"]
     if document["attempt_id"] != attempt_dir.name:
         raise SealError(
-            COMPLETE,
+            layout.COMPLETE,
             f"seal names attempt {document['attempt_id']!r}, directory is {attempt_dir.name!r}",
         )
     if document["case_id"] != attempt_dir.parent.name:
         raise SealError(
-            COMPLETE,
+            layout.COMPLETE,
             f"seal names case {document['case_id']!r}, directory is {attempt_dir.parent.name!r}",
         )
-    check_mac(document, COMPLETE)
+    check_mac(document, layout.COMPLETE)
     # A crash between linking a file into place and removing its temporary name leaves that
     # name behind (for COMPLETE, in an otherwise sealed attempt): it is never a payload.
     try:
         entries = sorted(os.scandir(attempt_dir), key=lambda e: e.name)
     except OSError as exc:
-        raise SealError(COMPLETE, f"cannot list the attempt: {exc.strerror or exc}") from None
+        raise SealError(
+            layout.COMPLETE, f"cannot list the attempt: {exc.strerror or exc}"
+        ) from None
     for entry in entries:
         if entry.is_symlink():
             raise SealError(entry.name, "is a symbolic link; an attempt holds regular files only")
         if not entry.is_file(follow_symlinks=False):
             raise SealError(entry.name, "is not a regular file; refused")
-        if entry.name == COMPLETE or PUBLISH_TEMPORARY.fullmatch(entry.name):
+        if entry.name == layout.COMPLETE or PUBLISH_TEMPORARY.fullmatch(entry.name):
             continue
         if entry.name not in files:
             raise SealError(entry.name, "file is not covered by the seal")
@@ -454,7 +451,7 @@ class AttemptWriter:
     def write_bytes(self, name: str, data: bytes) -> None:
         if self._sealed:
             raise RuntimeError("attempt already sealed")
-        if name == COMPLETE or name in self._digests:
+        if name == layout.COMPLETE or name in self._digests:
             raise FileExistsError(f"{name} already written in attempt {self.attempt_id}")
         self._digests[name] = publish_bytes(self.directory, name, data, sync=False)
         self._syncs.append(_BackgroundSync(self.directory / name))
@@ -486,7 +483,7 @@ class AttemptWriter:
         key = active_key()
         if key is not None:
             document["mac"] = key.mac(document)
-        publish_bytes(self.directory, COMPLETE, json_bytes(document))
+        publish_bytes(self.directory, layout.COMPLETE, json_bytes(document))
         self._sealed = True
         return Seal(
             case_id=self.case_id,
@@ -547,15 +544,15 @@ def parse_plan_log(data: bytes) -> PlanLog:
 def read_plan_log(run_dir: Path) -> PlanLog:
     """``plan.jsonl`` of a run (empty when it does not exist)."""
     try:
-        fd, size = _open_regular(run_dir / PLAN_FILE)
+        fd, size = _open_regular(run_dir / layout.PLAN)
     except FileNotFoundError:
         return PlanLog()
     except OSError as exc:
-        raise StorageError(run_dir / PLAN_FILE, "read it", exc) from None
+        raise StorageError(run_dir / layout.PLAN, "read it", exc) from None
     try:
         return parse_plan_log(_read_fd(fd, size))
     except OSError as exc:
-        raise StorageError(run_dir / PLAN_FILE, "read it", exc) from None
+        raise StorageError(run_dir / layout.PLAN, "read it", exc) from None
     finally:
         os.close(fd)
 
@@ -563,14 +560,14 @@ def read_plan_log(run_dir: Path) -> PlanLog:
 def run_seals(run_dir: Path) -> list[tuple[int, Path]]:
     """``(sealed bytes of plan.jsonl, path)`` of every run seal, oldest first (a re-seal of
     the same bytes under a key after the plain one)."""
-    seals_dir = run_dir / SEALS_DIR
+    seals_dir = run_dir / layout.SEALS
     try:
         names = os.listdir(seals_dir)
     except FileNotFoundError:
         return []
     except OSError as exc:
         raise StorageError(seals_dir, "list it", exc) from None
-    found = [(int(m.group(1)), seals_dir / n) for n in names if (m := RUN_SEAL.fullmatch(n))]
+    found = [(int(m.group(1)), seals_dir / n) for n in names if (m := layout.RUN_SEAL.fullmatch(n))]
     return sorted(found, key=lambda seal: (seal[0], len(seal[1].name), seal[1].name))
 
 
@@ -578,8 +575,8 @@ def run_seal_document(experiment: bytes, plan: bytes) -> dict[str, Any]:
     """What a run seal records for these bytes of experiment.json and plan.jsonl (``mac``
     added under a seal key)."""
     document: dict[str, Any] = {
-        "experiment.json": hashlib.sha256(experiment).hexdigest(),
-        "plan.jsonl": {"bytes": len(plan), "sha256": hashlib.sha256(plan).hexdigest()},
+        layout.EXPERIMENT: hashlib.sha256(experiment).hexdigest(),
+        layout.PLAN: {"bytes": len(plan), "sha256": hashlib.sha256(plan).hexdigest()},
     }
     key = active_key()
     if key is not None:
@@ -596,7 +593,7 @@ class ArtifactStore:
     def __init__(self, root: Path, experiment_id: str) -> None:
         self.root = root
         self.directory = root / experiment_id
-        self.cases_dir = self.directory / "cases"
+        self.cases_dir = self.directory / layout.CASES
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -608,7 +605,7 @@ class ArtifactStore:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StorageError(self.directory, "create the run directory", exc) from None
-        lock = self.directory / LOCK_FILE
+        lock = self.directory / layout.LOCK
         try:
             handle = lock.open("a")
         except OSError as exc:
@@ -622,11 +619,11 @@ class ArtifactStore:
 
     def _experiment_bytes(self) -> bytes | None:
         try:
-            fd, size = _open_regular(self.directory / EXPERIMENT_FILE)
+            fd, size = _open_regular(self.directory / layout.EXPERIMENT)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise StorageError(self.directory / EXPERIMENT_FILE, "read it", exc) from None
+            raise StorageError(self.directory / layout.EXPERIMENT, "read it", exc) from None
         try:
             return _read_fd(fd, size)
         finally:
@@ -640,7 +637,7 @@ class ArtifactStore:
         if same:
             return []
         return [
-            f"{self.directory / EXPERIMENT_FILE} describes a different definition of this "
+            f"{self.directory / layout.EXPERIMENT} describes a different definition of this "
             "experiment; left unchanged (cases are keyed by case id)"
         ]
 
@@ -684,7 +681,7 @@ class ArtifactStore:
             log = read_plan_log(self.directory)
             if existing is not None and set(wanted) <= set(log.rows):
                 notes = self._experiment_note(existing, experiment)
-                notes += log.notes(self.directory / PLAN_FILE)
+                notes += log.notes(self.directory / layout.PLAN)
                 if self._sealed_through() != len(log.data):
                     try:
                         with self._locked():
@@ -704,12 +701,12 @@ class ArtifactStore:
             raise StorageError(self.cases_dir, "create it", exc) from None
         existing = self._experiment_bytes()
         if existing is None:
-            publish_bytes(self.directory, EXPERIMENT_FILE, json_bytes(experiment))
+            publish_bytes(self.directory, layout.EXPERIMENT, json_bytes(experiment))
             notes = []
         else:
             notes = self._experiment_note(existing, experiment)
         log = read_plan_log(self.directory)
-        notes += log.notes(self.directory / PLAN_FILE)
+        notes += log.notes(self.directory / layout.PLAN)
         known = set(log.rows)
         new = [row for row in dict.fromkeys(wanted) if row not in known]
         if new:
@@ -720,7 +717,7 @@ class ArtifactStore:
     def _append(self, log: PlanLog, payload: bytes) -> None:
         """Append whole rows: after a newline if the file ends in a torn line (so a row is
         never glued onto it); on any failure the partial append is rolled back."""
-        path = self.directory / PLAN_FILE
+        path = self.directory / layout.PLAN
         try:
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
@@ -746,7 +743,7 @@ class ArtifactStore:
         log = read_plan_log(self.directory)
         if experiment is None or self._sealed_through() == len(log.data):
             return
-        seals_dir = self.directory / SEALS_DIR
+        seals_dir = self.directory / layout.SEALS
         try:
             seals_dir.mkdir(exist_ok=True)
         except OSError as exc:
@@ -777,7 +774,7 @@ class ArtifactStore:
 
 
 def iter_attempt_dirs(run_dir: Path) -> Iterator[Path]:
-    cases = run_dir / "cases"
+    cases = run_dir / layout.CASES
     if not cases.is_dir():
         return
     for case in sorted(p for p in cases.iterdir() if p.is_dir()):

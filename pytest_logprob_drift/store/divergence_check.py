@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from pytest_logprob_drift.numerics.divergence_file import SEALED_KEYS, sealed_diagnostics
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.artifacts import SealError
 
-DIVERGENCE_FILE = "divergence.pt"
 ENTRIES = ("full_vocabulary", "semantic_offset")
 
 
@@ -35,20 +35,20 @@ def check_divergence(
     """Raise SealError naming the file at fault unless the diagnostics are consistent."""
     recorded = comparison.get("diagnostics") or {}
     if not isinstance(recorded, Mapping):
-        raise SealError("comparison.json", "diagnostics must be an object")
+        raise SealError(layout.COMPARISON, "diagnostics must be an object")
     if divergence is None:
         claimed = recorded.get("full_vocabulary")
         if "semantic_offset" in recorded or (
             isinstance(claimed, Mapping) and "unavailable" not in claimed
         ):
             raise SealError(
-                DIVERGENCE_FILE,
+                layout.DIVERGENCE,
                 "comparison.json records full-vocabulary diagnostics but they are not sealed",
             )
         return
     if set(divergence) != SEALED_KEYS:
         raise SealError(
-            DIVERGENCE_FILE, f"expected tensors {sorted(SEALED_KEYS)}, found {sorted(divergence)}"
+            layout.DIVERGENCE, f"expected tensors {sorted(SEALED_KEYS)}, found {sorted(divergence)}"
         )
     try:
         recomputed = sealed_diagnostics(
@@ -58,10 +58,10 @@ def check_divergence(
             diffs["active_mask"],
         )
     except ValueError as exc:
-        raise SealError(DIVERGENCE_FILE, str(exc)) from None
+        raise SealError(layout.DIVERGENCE, str(exc)) from None
     for key in ENTRIES:
         if _plain(recomputed[key]) != _plain(recorded.get(key)):
             raise SealError(
-                DIVERGENCE_FILE,
+                layout.DIVERGENCE,
                 f"the {key} summary recomputed offline differs from comparison.json's",
             )

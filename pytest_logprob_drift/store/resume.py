@@ -25,6 +25,7 @@ import torch
 
 from pytest_logprob_drift.numerics.verdict import judge
 from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.artifacts import (
     Seal,
     SealError,
@@ -33,17 +34,17 @@ from pytest_logprob_drift.store.artifacts import (
     read_seal,
     sealed_file_errors,
 )
-from pytest_logprob_drift.store.divergence_check import DIVERGENCE_FILE, check_divergence
+from pytest_logprob_drift.store.divergence_check import check_divergence
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 
 TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
 TOKEN_DIFF_KEYS = {"training_logprobs", "rollout_logprobs", "active_mask", "threshold"}
-JSON_FILES = ("requested.json", "materialized.json", "actual.json", "identity.json")
-TENSOR_FILES = ("score_rollout.pt", "score_training.pt", "token_diffs.pt")
+JSON_FILES = (layout.REQUESTED, layout.MATERIALIZED, layout.ACTUAL, layout.IDENTITY)
+TENSOR_FILES = (layout.SCORE_ROLLOUT, layout.SCORE_TRAINING, layout.TOKEN_DIFFS)
 CROSS_CHECKS = (
-    ("rollout_logprobs", "score_rollout.pt", "logprobs"),
-    ("active_mask", "score_rollout.pt", "active_mask"),
-    ("training_logprobs", "score_training.pt", "logprobs"),
+    ("rollout_logprobs", layout.SCORE_ROLLOUT, "logprobs"),
+    ("active_mask", layout.SCORE_ROLLOUT, "active_mask"),
+    ("training_logprobs", layout.SCORE_TRAINING, "logprobs"),
 )
 """``token_diffs.pt`` tensors and the scored tensor each must equal bit for bit."""
 
@@ -114,7 +115,7 @@ def cross_check(diffs: dict[str, torch.Tensor], scored: dict[str, dict[str, torc
             raise SealError(name, f"has no {source!r} tensor to cross-check token_diffs.pt with")
         if not _same_bits(diffs[key], tensors[source]):
             raise SealError(
-                "token_diffs.pt",
+                layout.TOKEN_DIFFS,
                 f"{key} differs from {name}'s {source} (the verdict's input is not what was "
                 "scored)",
             )
@@ -122,13 +123,13 @@ def cross_check(diffs: dict[str, torch.Tensor], scored: dict[str, dict[str, torc
 
 def recompute(directory: Path, seal: Seal) -> dict[str, Any]:
     """The numerical verdict from token_diffs.pt alone."""
-    diffs = load_sealed_tensors(directory, "token_diffs.pt", seal)
+    diffs = load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal)
     if set(diffs) != TOKEN_DIFF_KEYS:
         raise SealError(
-            "token_diffs.pt", f"expected tensors {sorted(TOKEN_DIFF_KEYS)}, found {sorted(diffs)}"
+            layout.TOKEN_DIFFS, f"expected tensors {sorted(TOKEN_DIFF_KEYS)}, found {sorted(diffs)}"
         )
     if diffs["threshold"].numel() != 1:
-        raise SealError("token_diffs.pt", "threshold must be a single number")
+        raise SealError(layout.TOKEN_DIFFS, "threshold must be a single number")
     threshold = float(diffs["threshold"].item())
     verdict = judge(
         diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"], threshold
@@ -143,62 +144,62 @@ def recompute(directory: Path, seal: Seal) -> dict[str, Any]:
 
 def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttempt:
     """Raise SealError naming the file at fault unless the attempt is complete and consistent."""
-    seal = read_seal(directory, keep=("comparison.json", *JSON_FILES, *TENSOR_FILES))
+    seal = read_seal(directory, keep=(layout.COMPARISON, *JSON_FILES, *TENSOR_FILES))
     if expected_key is not None and seal.execution_key != expected_key:
         raise SealError(
-            "COMPLETE",
+            layout.COMPLETE,
             "execution key differs from the current execution "
             "(identity, materialization, scorer, operators or environment changed)",
         )
-    comparison = load_sealed_json(directory, "comparison.json", seal)
+    comparison = load_sealed_json(directory, layout.COMPARISON, seal)
     try:
         outcome = Outcome(comparison["outcome"])
     except (KeyError, ValueError):
-        raise SealError("comparison.json", "missing or unknown outcome") from None
+        raise SealError(layout.COMPARISON, "missing or unknown outcome") from None
     if comparison.get("case_id") != seal.case_id:
-        raise SealError("comparison.json", "case id differs from the seal")
+        raise SealError(layout.COMPARISON, "case id differs from the seal")
     for name in JSON_FILES:
         if name not in seal.files:
             raise SealError(name, "required file is not sealed")
         document = load_sealed_json(directory, name, seal)
         if (
-            name == "identity.json"
+            name == layout.IDENTITY
             and execution_key(document.get("execution_key_payload", {})) != seal.execution_key
         ):
             raise SealError(
-                "COMPLETE",
+                layout.COMPLETE,
                 "execution key does not match the execution-key payload sealed in identity.json",
             )
-    has_tensors = "token_diffs.pt" in seal.files
+    has_tensors = layout.TOKEN_DIFFS in seal.files
     if outcome in TENSOR_OUTCOMES and not has_tensors:
-        raise SealError("token_diffs.pt", f"required for outcome {outcome.value} but not sealed")
+        raise SealError(layout.TOKEN_DIFFS, f"required for outcome {outcome.value} but not sealed")
     if has_tensors:
         scored = {}
-        for name in ("score_rollout.pt", "score_training.pt"):
+        for name in (layout.SCORE_ROLLOUT, layout.SCORE_TRAINING):
             if name not in seal.files:
                 raise SealError(name, "required file is not sealed")
             scored[name] = load_sealed_tensors(directory, name, seal)
         numeric = recompute(directory, seal)
-        diffs = load_sealed_tensors(directory, "token_diffs.pt", seal)
+        diffs = load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal)
         cross_check(diffs, scored)
-        full = DIVERGENCE_FILE in seal.files
+        full = layout.DIVERGENCE in seal.files
         check_divergence(
             comparison,
-            load_sealed_tensors(directory, DIVERGENCE_FILE, seal) if full else None,
+            load_sealed_tensors(directory, layout.DIVERGENCE, seal) if full else None,
             diffs,
         )
         recorded = comparison.get("numerical", {})
         for key in ("outcome", "mismatches", "active_tokens", "threshold"):
             if recorded.get(key) != numeric[key]:
                 raise SealError(
-                    "token_diffs.pt",
+                    layout.TOKEN_DIFFS,
                     f"offline recomputation gives {key}="
                     f"{numeric[key]!r}, comparison.json records "
                     f"{recorded.get(key)!r}",
                 )
         if outcome in TENSOR_OUTCOMES and outcome.value != numeric["outcome"]:
             raise SealError(
-                "comparison.json",
+                layout.COMPARISON,
                 f"outcome {outcome.value} disagrees with the "
                 f"recomputed verdict {numeric['outcome']}",
             )

@@ -19,12 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_logprob_drift.errors import StorageError, UsageError
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.artifacts import (
-    COMPLETE,
-    EXPERIMENT_FILE,
     MAX_SEAL_BYTES,
-    PLAN_FILE,
-    SEALS_DIR,
     SealError,
     check_mac,
     iter_attempt_dirs,
@@ -59,7 +56,7 @@ class AttemptStatus:
 
 def require_run_dir(run_dir: Path) -> None:
     try:
-        is_run = (run_dir / "cases").is_dir()
+        is_run = (run_dir / layout.CASES).is_dir()
     except OSError as exc:  # e.g. permission denied on a parent
         raise StorageError(run_dir, "read it", exc) from None
     if not is_run:
@@ -95,19 +92,19 @@ def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
     rewrite of anything already sealed is invalid); what follows the last seal is incomplete."""
     require_run_dir(run_dir)
     try:
-        experiment = _regular(run_dir / EXPERIMENT_FILE)
-        plan = _regular(run_dir / PLAN_FILE) or b""
+        experiment = _regular(run_dir / layout.EXPERIMENT)
+        plan = _regular(run_dir / layout.PLAN) or b""
         seals = run_seals(run_dir)
     except OSError as exc:  # NotRegularFileError included
-        name = Path(str(exc.filename or EXPERIMENT_FILE)).name
+        name = Path(str(exc.filename or layout.EXPERIMENT)).name
         return [RunFileStatus(file=name, status="invalid", detail=f"unreadable: {exc}")]
     statuses: list[RunFileStatus] = []
     if experiment is None:
-        statuses.append(RunFileStatus(file=EXPERIMENT_FILE, status="invalid", detail="missing"))
+        statuses.append(RunFileStatus(file=layout.EXPERIMENT, status="invalid", detail="missing"))
     if not seals:
         statuses.append(
             RunFileStatus(
-                file=SEALS_DIR,
+                file=layout.SEALS,
                 status="incomplete",
                 detail="experiment.json and plan.jsonl are not sealed (no run seal yet)",
             )
@@ -124,23 +121,23 @@ def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
             else:
                 digest.update(plan[hashed:length])
                 hashed = length
-                if checked["plan.jsonl"] != {"bytes": length, "sha256": digest.hexdigest()}:
+                if checked[layout.PLAN] != {"bytes": length, "sha256": digest.hexdigest()}:
                     problem = (
                         f"plan.jsonl's first {length} bytes do not match the seal "
                         "(rewritten after it was sealed)"
                     )
-        name = f"{SEALS_DIR}/{path.name}"
+        name = f"{layout.SEALS}/{path.name}"
         seal_status = RunFileStatus(
             file=name, status="ok" if problem is None else "invalid", detail=problem or ""
         )
         seal_statuses.append((length, seal_status, _unkeyed(path)))
     statuses.extend(_superseded(seal_statuses))
-    notes = parse_plan_log(plan).notes(Path(PLAN_FILE))
+    notes = parse_plan_log(plan).notes(Path(layout.PLAN))
     sealed = seals[-1][0] if seals else len(plan)
     if len(plan) > sealed:
         notes.insert(0, f"{len(plan) - sealed} byte(s) after the last run seal are not sealed")
     status = "incomplete" if notes else "ok"
-    statuses.append(RunFileStatus(file=PLAN_FILE, status=status, detail="; ".join(notes)))
+    statuses.append(RunFileStatus(file=layout.PLAN, status=status, detail="; ".join(notes)))
     return statuses
 
 
@@ -191,15 +188,15 @@ def _seal_problem(path: Path, experiment: bytes | None) -> str | dict[str, Any]:
     keys = set(document) if isinstance(document, dict) else set()
     if not (
         isinstance(document, dict)
-        and keys in ({"experiment.json", "plan.jsonl"}, {"experiment.json", "plan.jsonl", "mac"})
-        and isinstance(document["plan.jsonl"], dict)
+        and keys in ({layout.EXPERIMENT, layout.PLAN}, {layout.EXPERIMENT, layout.PLAN, "mac"})
+        and isinstance(document[layout.PLAN], dict)
     ):
         return "malformed run seal"
     try:
         check_mac(document, path.name)
     except SealError as exc:
         return exc.message
-    if experiment is None or document["experiment.json"] != hashlib.sha256(experiment).hexdigest():
+    if experiment is None or document[layout.EXPERIMENT] != hashlib.sha256(experiment).hexdigest():
         return "experiment.json does not match the seal (rewritten after it was sealed)"
     return document
 
@@ -213,7 +210,7 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
     unkeyed: set[int] = set()
     for attempt in iter_attempt_dirs(run_dir):
         ids = {"case_id": attempt.parent.name, "attempt_id": attempt.name}
-        if not (attempt / COMPLETE).exists():
+        if not (attempt / layout.COMPLETE).exists():
             statuses.append(
                 AttemptStatus(
                     **ids,
@@ -225,7 +222,7 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
         try:
             checked = check_attempt(attempt, expected_key=None)
         except SealError as exc:
-            if exc.file == COMPLETE and _unkeyed(attempt / COMPLETE):
+            if exc.file == layout.COMPLETE and _unkeyed(attempt / layout.COMPLETE):
                 manifest_problem = _unkeyed_problem(attempt)
                 if manifest_problem is None:
                     unkeyed.add(len(statuses))  # intact, only made without the key
@@ -244,7 +241,7 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
             case_id=s.case_id,
             attempt_id=s.attempt_id,
             status="superseded",
-            file=COMPLETE,
+            file=layout.COMPLETE,
             detail="sealed without a key; the case has an attempt sealed with the key",
         )
         if i in unkeyed and s.case_id in keyed_cases
