@@ -56,6 +56,9 @@ class PageCheck:
     rows: list[dict[str, Any]] = field(default_factory=list)
     sorted_labels: list[str] = field(default_factory=list)
     screenshot: Path | None = None
+    probe: Any = None
+    """What the caller's ``probe`` expression returned, evaluated after the load (None
+    without one)."""
 
     def external_requests(self, page: Path) -> list[str]:
         """Requests other than the page itself and inline ``data:`` URLs."""
@@ -200,8 +203,12 @@ _SORT = """
 """
 
 
-def open_page(page: Path, screenshot_name: str, *, width: int = 1400) -> PageCheck:
-    """Load ``page`` from disk in headless Chromium and collect what the tests assert."""
+def open_page(
+    page: Path, screenshot_name: str, *, width: int = 1400, probe: str | None = None
+) -> PageCheck:
+    """Load ``page`` from disk in headless Chromium and collect what the tests assert
+    (``probe``: a JavaScript expression evaluated once the page has loaded, before anything
+    is clicked; its JSON value is ``PageCheck.probe``)."""
     executable = require_chromium()
     browser = _Browser(executable, width)
     check = PageCheck()
@@ -215,6 +222,8 @@ def open_page(page: Path, screenshot_name: str, *, width: int = 1400) -> PageChe
         browser.call("Page.navigate", {"url": page.resolve().as_uri()})
         browser.wait_for("Page.loadEventFired")
         time.sleep(0.3)  # late console messages
+        if probe is not None:
+            check.probe = browser.evaluate(probe)
         layout = browser.evaluate(_INSPECT)
         for plot in layout["plots"]:
             region = {k: plot[k] for k in ("x", "y", "width", "height")}

@@ -1,8 +1,9 @@
 """The ``report`` command: a run's report in the terminal and as one self-contained HTML file.
 
 Owns printing the summary table, the attribution ranking in text and the invalid attempts (or
-``--json``), and publishing the HTML page next to the run (or at ``--html``; created
-exclusively, never overwritten) through ``report.page``, with the token decoder of
+``--json``), saying when the shown attribution does not verify, and publishing the HTML page
+next to the run (or at ``--html``; created exclusively, never overwritten, refused inside the
+run's sealed tree or on a directory) through ``report.page``, with the token decoder of
 ``runtimes.token_text`` so the page shows token text. Knows nothing about execution.
 """
 
@@ -13,7 +14,7 @@ import json
 from pathlib import Path
 from typing import TextIO
 
-from pytest_logprob_drift.errors import ExitCode
+from pytest_logprob_drift.errors import ExitCode, one_line
 from pytest_logprob_drift.report.page import publish_report
 from pytest_logprob_drift.report.summary import HEADERS, ranking_table, report_json, summary_rows
 from pytest_logprob_drift.runtimes.token_text import token_decoder
@@ -40,6 +41,17 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
         print(render_table(headers, rows), file=out)
         for line in lines:
             print(line, file=out)
+        if data.attribution_problems:
+            print(
+                "the sealed attribution above does not verify (shown as sealed, not vouched "
+                f"for): {one_line(data.attribution_problems[0])}"
+                + (
+                    f" (and {len(data.attribution_problems) - 1} more)"
+                    if len(data.attribution_problems) > 1
+                    else ""
+                ),
+                file=out,
+            )
     for s in data.invalid:
         print(
             f"invalid attempt (not shown): {s.case_id}/{s.attempt_id}: {s.file}: {s.detail}",

@@ -3,8 +3,9 @@
 Owns finding the run directory of each configured experiment under the artifact root, naming
 the page (``PATH``; with several experiments ``PATH``'s stem plus ``-<experiment id>``),
 publishing it through ``report.page`` with the token decoder of ``runtimes.token_text``, and
-one terminal line per page. Runs on the xdist controller (or a run without xdist), after the
-workers sealed their attempts and attributions. Knows nothing about execution.
+one terminal line per page (or why it was not written). Runs on the xdist controller (or a run
+without xdist), after the workers sealed their attempts and attributions. Knows nothing about
+execution.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.plugin.options import DriftOptions
 from pytest_logprob_drift.plugin.session import OPTIONS_KEY
 from pytest_logprob_drift.store import layout
@@ -47,11 +49,15 @@ def write_drift_reports(config: pytest.Config) -> None:
 
     terminal = config.pluginmanager.get_plugin("terminalreporter")
     for run_dir, target in report_targets(options):
-        published = publish_report(run_dir, target, decoder_factory=token_decoder)
-        line = (
-            f"drift report: {published.path}"
-            if published.written
-            else f"drift report {published.path} already exists; not overwritten"
-        )
+        try:
+            published = publish_report(run_dir, target, decoder_factory=token_decoder)
+        except UsageError as exc:  # a page path inside the sealed tree, or a directory
+            line = f"drift report not written: {exc.render()}"
+        else:
+            line = (
+                f"drift report: {published.path}"
+                if published.written
+                else f"drift report {published.path} already exists; not overwritten"
+            )
         if terminal is not None:
             terminal.write_line(line)

@@ -6,24 +6,34 @@ attempt), the overview plot, the case table (outcome coloured, changed knobs, ac
 mismatches, max/p99/mean |diff|, the peer metrics other RL frameworks log, KL both ways, TV
 and the semantic offset when some case has full-vocabulary diagnostics, and the attribution
 columns when a sealed attribution exists; sortable by a few lines of plain
-JavaScript), the attribution chart and ranking, the invalid attempts (listed, never plotted),
+JavaScript), the attribution chart and ranking (marked as rejected, with the reasons, when
+``verify`` rejects it), the invalid attempts (listed, never plotted),
 then one section per detailed case (histogram, |diff| by position, logprob scatter, the worst
 tokens with their text in context, the full-vocabulary divergence and the semantic offset when
 the case has them, requested -> materialized -> actual knob records, identity checks, relative
 links to the sealed files), and how the plots aggregate. Nothing is fetched:
-no external script, style sheet, font or image; plots are inline SVG from ``plots``. Knows
-nothing about files, seals, torch or engines.
+no external script, style sheet, font or image; plots are inline SVG from ``plots``. Every
+element is built with ``markup.el``, so every text from the run is escaped; the page's fixed
+style and script and the plots' SVG are the only trusted markup. Knows nothing about files,
+seals, torch or engines.
 """
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_logprob_drift.numerics.text import entries
 from pytest_logprob_drift.report import plots
+from pytest_logprob_drift.report.markup import (
+    Child,
+    Markup,
+    el,
+    fragment_link,
+    join,
+    page_link,
+)
 from pytest_logprob_drift.report.model import CaseView, ReportData, WorstToken
 from pytest_logprob_drift.report.summary import (
     FULL_VOCAB_COLUMNS,
@@ -38,11 +48,18 @@ from pytest_logprob_drift.report.summary import (
 )
 from pytest_logprob_drift.store import layout
 
-_esc = html.escape
 RANKING_SHOWN = 30
 """Interventions named in the ranking line (all of them are in the table)."""
+PROBLEMS_SHOWN = 10
+"""Reasons named when ``verify`` rejects the attribution."""
+WORST_HEADERS = ("sample", "position", "id", "token in context", "rollout", "training", "|diff|")
+WORST_POSITION_HEADERS = (
+    *("sample", "position", "TV", "KL(r||t)", "KL(t||r)"),
+    "top tokens (logprobs; share of the position's TV)",
+)
+RECORD_HEADERS = ("knob", "lifecycle", "requested", "materialized", "actual", "status", "evidence")
 
-STYLE = """
+STYLE = Markup("""
 body{font:13px/1.4 system-ui,sans-serif;margin:1.2em 2em;color:#222;max-width:1500px}
 h1{font-size:1.5em;margin:.2em 0}
 h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ccc}
@@ -65,6 +82,7 @@ tr.o-MISMATCH td.outcome{color:#b00000;font-weight:700}
 tr.o-INVALID_IDENTITY,tr.o-INVALID_ARTIFACT,tr.o-NO_VALID_ATTEMPT{background:#fff0d9}
 tr.o-STRICT_REJECTED{background:#efe6f6}
 tr.o-ZERO_ACTIVE_TOKENS,tr.o-PLAN_ONLY{background:#eeeeee}
+tr.changed{font-weight:600}
 .badge{display:inline-block;padding:0 6px;border-radius:3px;font-weight:700}
 .b-PASS{background:#d7f0d7;color:#1a6e1a}
 .b-MISMATCH{background:#f6c6c6;color:#900}
@@ -84,9 +102,10 @@ details{margin:.3em 0}
 summary{cursor:pointer}
 table.top{margin:0}
 table.top td,table.top th{border-bottom:none;padding:0 5px;font-size:12px}
-"""
+""")
+"""The page's fixed style sheet (trusted markup: it holds no text from a run)."""
 
-SORT_SCRIPT = """
+SORT_SCRIPT = Markup("""
 document.querySelectorAll("table.sortable").forEach(function (table) {
   table.querySelectorAll("th").forEach(function (th, col) {
     th.addEventListener("click", function () {
@@ -108,40 +127,46 @@ document.querySelectorAll("table.sortable").forEach(function (table) {
     });
   });
 });
-"""
+""")
+"""The page's fixed sort script (trusted markup: it holds no text from a run)."""
+_STYLE_ELEMENT = Markup(f"<style>{STYLE}</style>")
+_SCRIPT_ELEMENT = Markup(f"<script>{SORT_SCRIPT}</script>")
+
+DECODED = Markup("decoded with the checkpoint's tokenizer")
+"""Fixed prose, kept as the page has always written it (an apostrophe needs no escaping in
+text; the builder escapes quotes in every text from a run)."""
 
 
-def _td(value: Any, *, num: float | None = None, cls: str = "") -> str:
-    attrs = f" class='{cls}'" if cls else ""
-    if num is not None:
-        attrs += f" data-v='{num!r}'"
-    return f"<td{attrs}>{_esc(str(value))}</td>"
+def _td(value: Any, *, num: float | None = None, cls: str = "") -> Markup:
+    return el("td", str(value), class_=cls or None, data_v=None if num is None else repr(num))
 
 
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _badge(outcome: str) -> str:
+def _badge(outcome: str) -> Markup:
     kind = outcome if outcome in ("PASS", "MISMATCH") else "other"
-    return f"<span class='badge b-{kind}'>{_esc(outcome)}</span>"
+    return el("span", outcome, class_=f"badge b-{kind}")
 
 
 def _anchor(view: CaseView) -> str:
     return f"case-{view.case_id}"
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], cls: str = "") -> str:
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(_td(c) for c in row) + "</tr>" for row in rows)
-    attr = f" class='{cls}'" if cls else ""
-    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def _head(headers: Iterable[Child]) -> Markup:
+    return el("thead", el("tr", (el("th", h) for h in headers)))
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], cls: str = "") -> Markup:
+    body = el("tbody", (el("tr", (_td(c) for c in row)) for row in rows))
+    return el("table", _head(headers), body, class_=cls or None)
 
 
 # --------------------------------------------------------------------------- header
 
 
-def _header(data: ReportData) -> str:
+def _header(data: ReportData) -> Markup:
     h = data.header
     contract = h.contract
     threshold = contract.get("threshold")
@@ -150,46 +175,50 @@ def _header(data: ReportData) -> str:
     ok = sum(1 for s in statuses if s.status == "ok")
     bad = sum(1 for s in statuses if s.status == "invalid")
     incomplete = sum(1 for s in statuses if s.status == "incomplete")
-    verify = (
-        f"<span class='good'>{ok} ok</span>, "
-        f"<span class='{'bad' if bad else 'good'}'>{bad} invalid</span>, "
-        f"{incomplete} incomplete (of {len(statuses)} attempts)"
+    verify = join(
+        [
+            el("span", f"{ok} ok", class_="good"),
+            ", ",
+            el("span", f"{bad} invalid", class_="bad" if bad else "good"),
+            f", {incomplete} incomplete (of {len(statuses)} attempts)",
+        ]
     )
-    meta = [
-        ("scenario", f"{_esc(h.scenario_id)} <span class='muted'>({_esc(scenario)})</span>"),
-        ("strategy", _esc(h.strategy)),
+    meta: list[tuple[str, Child]] = [
+        ("scenario", [h.scenario_id, " ", el("span", f"({scenario})", class_="muted")]),
+        ("strategy", h.strategy),
         (
             "contract",
-            f"source {_esc(str(contract.get('source', '-')))}, version "
-            f"{_esc(str(contract.get('version', '-')))}, threshold <b>{_esc(str(threshold))}</b> "
-            f"{_esc(str(contract.get('unit', 'nats')))}: a token mismatches when "
-            "|training - rollout| &gt; threshold",
+            [
+                f"source {contract.get('source', '-')}, version "
+                f"{contract.get('version', '-')}, threshold ",
+                el("b", str(threshold)),
+                f" {contract.get('unit', 'nats')}: a token mismatches when "
+                "|training - rollout| > threshold",
+            ],
         ),
-        (
-            "run time",
-            _esc(f"{_when(h.first_attempt)} to {_when(h.last_attempt)} (UTC, attempts shown)"),
-        ),
-        ("runtime", _esc(", ".join(h.runtimes) or "-")),
-        ("run directory", f"<code>{_esc(h.run_dir)}</code>"),
+        ("run time", f"{_when(h.first_attempt)} to {_when(h.last_attempt)} (UTC, attempts shown)"),
+        ("runtime", ", ".join(h.runtimes) or "-"),
+        ("run directory", el("code", h.run_dir)),
         ("verify", verify),
     ]
-    parts = [
-        f"<header><h1>logprob drift: {_esc(h.experiment_id)}</h1><dl class='meta'>",
-        "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in meta),
-        "</dl>",
+    return el(
+        "header",
+        el("h1", f"logprob drift: {h.experiment_id}"),
+        el("dl", ((el("dt", k), el("dd", v)) for k, v in meta), class_="meta"),
         _versions(h.environments),
-        "<details><summary>verify status of every attempt</summary>",
-        _table(
-            ["case", "attempt", "status", "outcome / file", "detail"],
-            (
-                [s.case_id, s.attempt_id, s.status, s.outcome or s.file or "", s.detail]
-                for s in statuses
+        el(
+            "details",
+            el("summary", "verify status of every attempt"),
+            _table(
+                ["case", "attempt", "status", "outcome / file", "detail"],
+                (
+                    [s.case_id, s.attempt_id, s.status, s.outcome or s.file or "", s.detail]
+                    for s in statuses
+                ),
+                "sortable",
             ),
-            "sortable",
         ),
-        "</details></header>",
-    ]
-    return "".join(parts)
+    )
 
 
 def _when(attempt_id: str | None) -> str:
@@ -199,25 +228,26 @@ def _when(attempt_id: str | None) -> str:
     return f"{t[0:4]}-{t[4:6]}-{t[6:8]} {t[9:11]}:{t[11:13]}:{t[13:15]}"
 
 
-def _versions(environments: Sequence[Mapping[str, Any]]) -> str:
+def _versions(environments: Sequence[Mapping[str, Any]]) -> Markup | None:
     if not environments:
-        return ""
+        return None
     keys = sorted({k for e in environments for k in e})
     headers = ["package / environment"] + (
         ["value"] if len(environments) == 1 else [f"set {i + 1}" for i in range(len(environments))]
     )
     rows = [[k, *(str(e.get(k, "-")) for e in environments)] for k in keys]
-    return (
-        "<details open><summary>versions and environment (sealed)</summary>"
-        + _table(headers, rows)
-        + "</details>"
+    return el(
+        "details",
+        el("summary", "versions and environment (sealed)"),
+        _table(headers, rows),
+        open=True,
     )
 
 
 # --------------------------------------------------------------------------- case table
 
 
-def _case_table(data: ReportData) -> str:
+def _case_table(data: ReportData) -> Markup:
     with_attr = data.attribution is not None
     headers = [
         "case",
@@ -240,13 +270,13 @@ def _case_table(data: ReportData) -> str:
     for view in data.cases:
         d = view.diagnostics
         label = (
-            f"<a href='#{_anchor(view)}'>{_esc(view.label)}</a>"
+            el("a", view.label, href=fragment_link(_anchor(view)))
             if view.detail is not None
-            else _esc(view.label)
+            else view.label
         )
         cells = [
-            f"<td data-v='{_esc(view.label)}'>{label}</td>",
-            f"<td class='outcome'>{_esc(view.outcome)}</td>",
+            el("td", label, data_v=view.label),
+            el("td", view.outcome, class_="outcome"),
             _td(", ".join(view.changed) or "(baseline)"),
             _td(_show(view.active_tokens), num=_num(view.active_tokens), cls="n"),
             _td(_show(view.mismatches), num=_num(view.mismatches), cls="n"),
@@ -276,23 +306,44 @@ def _case_table(data: ReportData) -> str:
         attempt = view.attempt_id or "-"
         comparison = dict(view.files).get(layout.COMPARISON)
         cells.append(
-            f"<td data-v='{_esc(attempt)}'><a href='{_esc(comparison)}' title='{_esc(attempt)}'>"
-            f"{_esc(_when(attempt))}</a></td>"
+            el(
+                "td",
+                el("a", _when(attempt), href=page_link(comparison), title=attempt),
+                data_v=attempt,
+            )
             if comparison
             else _td(attempt)
         )
         rows.append(
-            f"<tr class='o-{_esc(view.outcome)}' data-outcome='{_esc(view.outcome)}' "
-            f"data-case='{_esc(view.case_id)}'>" + "".join(cells) + "</tr>"
+            el(
+                "tr",
+                cells,
+                class_=f"o-{view.outcome}",
+                data_outcome=view.outcome,
+                data_case=view.case_id,
+            )
         )
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
     detailed = sum(1 for v in data.cases if v.detail is not None)
-    return (
-        f"<section id='cases'><h2>Cases ({len(data.cases)})</h2>"
-        f"<p class='muted'>Click a column to sort. {detailed} case(s) have a detailed section "
-        "below (linked); the others are summarized by their row.</p>"
-        "<div class='scroll'><table id='case-table' class='sortable'><thead>"
-        f"<tr>{head}</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div></section>"
+    rejected = (
+        " The attribution columns come from an attribution that verify rejects (see below)."
+        if data.attribution_problems and with_attr
+        else ""
+    )
+    return el(
+        "section",
+        el("h2", f"Cases ({len(data.cases)})"),
+        el(
+            "p",
+            f"Click a column to sort. {detailed} case(s) have a detailed section "
+            f"below (linked); the others are summarized by their row.{rejected}",
+            class_="muted",
+        ),
+        el(
+            "div",
+            el("table", _head(headers), el("tbody", rows), id="case-table", class_="sortable"),
+            class_="scroll",
+        ),
+        id="cases",
     )
 
 
@@ -303,71 +354,108 @@ def _show(value: Any) -> str:
 # --------------------------------------------------------------------------- attribution
 
 
-def _attribution(data: ReportData, draw: bool) -> str:
+def _rejected(problems: Sequence[str]) -> Markup | None:
+    """What ``verify`` finds wrong with the shown attribution (nothing when it holds)."""
+    if not problems:
+        return None
+    more = len(problems) - PROBLEMS_SHOWN
+    return el(
+        "div",
+        el(
+            "p",
+            el("b", "Rejected by verify:"),
+            " this attribution does not hold (its seal or the attempts it names changed, or "
+            "recomputing it from them gives another document); what it says is shown as "
+            "sealed, not vouched for.",
+            class_="bad",
+        ),
+        el(
+            "ul",
+            (el("li", p) for p in problems[:PROBLEMS_SHOWN]),
+            el("li", f"... {more} more (run verify)") if more > 0 else None,
+        ),
+        class_="rejected",
+    )
+
+
+def _attribution(data: ReportData, draw: bool) -> Markup | None:
     document = data.attribution
     if document is None:
-        return ""
-    parts = ["<section id='attribution'><h2>Attribution: which change moves the drift</h2>"]
+        return None
     floor = document.get("noise_floor") or {}
     baseline = document.get("baseline") or {}
-    parts.append(
-        "<p>Each intervention against the baseline (attempt "
-        f"<code>{_esc(str(baseline.get('attempt_id', '-')))}</code>) on the tokens both share. "
-        + (
+    parts: list[Child] = [
+        el("h2", "Attribution: which change moves the drift"),
+        _rejected(data.attribution_problems),
+        el(
+            "p",
+            "Each intervention against the baseline (attempt ",
+            el("code", str(baseline.get("attempt_id", "-"))),
+            ") on the tokens both share. ",
             f"Noise floor from {floor.get('repeats')} baseline repeat(s): rollout "
             f"{fmt_diff(floor.get('rollout_max_abs_delta'))}, training "
             f"{fmt_diff(floor.get('training_max_abs_delta'))}."
             if floor.get("measured")
-            else "Noise floor not measured (one baseline execution; any movement counts)."
-        )
-        + "</p>"
-    )
+            else "Noise floor not measured (one baseline execution; any movement counts).",
+        ),
+    ]
     if draw:
         svg = plots.attribution_svg(document)
         if svg is not None:
             rows = len(document.get("ranking", []))
             note = (
-                f"<figcaption class='muted'>first {plots.ATTRIBUTION_MAX_ROWS} of {rows} "
-                "interventions by rank; every one is in the table</figcaption>"
+                el(
+                    "figcaption",
+                    f"first {plots.ATTRIBUTION_MAX_ROWS} of {rows} "
+                    "interventions by rank; every one is in the table",
+                    class_="muted",
+                )
                 if rows > plots.ATTRIBUTION_MAX_ROWS
-                else ""
+                else None
             )
-            parts.append(f"<figure class='plot wide' data-plot='attribution'>{svg}{note}</figure>")
+            parts.append(el("figure", svg, note, class_="plot wide", data_plot="attribution"))
     ranking = document.get("ranking") or []
     if ranking:
         more = len(ranking) - RANKING_SHOWN
         parts.append(
-            "<p><b>Ranked by effect on the drift:</b> "
-            + " &gt; ".join(_esc(str(label)) for label in ranking[:RANKING_SHOWN])
-            + (
-                f" &gt; &hellip; ({more} more: sort the table by mean |diff| ratio)"
+            el(
+                "p",
+                el("b", "Ranked by effect on the drift:"),
+                " ",
+                join((str(label) for label in ranking[:RANKING_SHOWN]), " > "),
+                f" > \u2026 ({more} more: sort the table by mean |diff| ratio)"
                 if more > 0
-                else ""
+                else None,
             )
-            + "</p>"
         )
     for skipped in document.get("skipped") or []:
         parts.append(
-            f"<p class='muted'>not attributed: {_esc(str(skipped.get('label')))}: "
-            f"{_esc(str(skipped.get('reason')))}</p>"
+            el(
+                "p",
+                f"not attributed: {skipped.get('label')}: {skipped.get('reason')}",
+                class_="muted",
+            )
         )
-    parts.append("</section>")
-    return "".join(parts)
+    return el("section", parts, id="attribution")
 
 
-def _invalid(data: ReportData) -> str:
+def _invalid(data: ReportData) -> Markup | None:
     invalid = data.invalid
     if not invalid:
-        return ""
-    return (
-        f"<section id='invalid'><h2 class='bad'>Invalid attempts ({len(invalid)})</h2>"
-        "<p>These attempts failed verification (tampered, corrupt or inconsistent); nothing "
-        "of them is plotted or counted.</p>"
-        + _table(
+        return None
+    return el(
+        "section",
+        el("h2", f"Invalid attempts ({len(invalid)})", class_="bad"),
+        el(
+            "p",
+            "These attempts failed verification (tampered, corrupt or inconsistent); nothing "
+            "of them is plotted or counted.",
+        ),
+        _table(
             ["case", "attempt", "file", "detail"],
             ([s.case_id, s.attempt_id, s.file or "-", s.detail] for s in invalid),
-        )
-        + "</section>"
+        ),
+        id="invalid",
     )
 
 
@@ -375,38 +463,43 @@ def _invalid(data: ReportData) -> str:
 
 
 def _token(text: str | None, token_id: int) -> str:
-    shown = (text if text is not None else str(token_id)).replace("\n", "\u23ce")
-    return _esc(shown)
+    """A token's text as shown: a line break as a visible symbol; every other non-printable
+    character is escaped by the builder as the terminal shows it."""
+    return (text if text is not None else str(token_id)).replace("\n", "\u23ce")
 
 
-def _worst(worst: Sequence[WorstToken], decoded: bool) -> str:
+def _worst(worst: Sequence[WorstToken], decoded: bool) -> Markup:
     rows = []
     for w in worst:
-        context = (
-            "<span class='ctx'>"
-            + "".join(f"<code class='tok'>{_token(t, -1)}</code>" for t in w.before)
-            + f"<mark>{_token(w.text, w.token_id)}</mark>"
-            + "".join(f"<code class='tok'>{_token(t, -1)}</code>" for t in w.after)
-            + "</span>"
+        context = el(
+            "span",
+            (el("code", _token(t, -1), class_="tok") for t in w.before),
+            el("mark", _token(w.text, w.token_id)),
+            (el("code", _token(t, -1), class_="tok") for t in w.after),
+            class_="ctx",
         )
         rows.append(
-            "<tr>"
-            + _td(w.sample, cls="n")
-            + _td(w.position, cls="n")
-            + _td(w.token_id, cls="n")
-            + f"<td>{context}</td>"
-            + _td(f"{w.rollout:.6f}", cls="n")
-            + _td(f"{w.training:.6f}", cls="n")
-            + _td(fmt_diff(w.abs_diff), cls="n bad" if w.mismatch else "n")
-            + "</tr>"
+            el(
+                "tr",
+                _td(w.sample, cls="n"),
+                _td(w.position, cls="n"),
+                _td(w.token_id, cls="n"),
+                el("td", context),
+                _td(f"{w.rollout:.6f}", cls="n"),
+                _td(f"{w.training:.6f}", cls="n"),
+                _td(fmt_diff(w.abs_diff), cls="n bad" if w.mismatch else "n"),
+            )
         )
-    source = "decoded with the checkpoint's tokenizer" if decoded else "token ids (no tokenizer)"
-    return (
-        f"<h3>Worst tokens <span class='muted'>({source})</span></h3><table><thead><tr>"
-        "<th>sample</th><th>position</th><th>id</th><th>token in context</th>"
-        "<th>rollout</th><th>training</th><th>|diff|</th></tr></thead><tbody>"
-        + "".join(rows)
-        + "</tbody></table>"
+    source = DECODED if decoded else "token ids (no tokenizer)"
+    return join(
+        [
+            el("h3", "Worst tokens ", el("span", "(", source, ")", class_="muted")),
+            el(
+                "table",
+                _head(WORST_HEADERS),
+                el("tbody", rows),
+            ),
+        ]
     )
 
 
@@ -414,21 +507,23 @@ def _number(value: Any) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{value:.4g}"
 
 
-def _stat_td(cell: tuple[str, float | None]) -> str:
+def _stat_td(cell: tuple[str, float | None]) -> Markup:
     text, value = cell
     return _td(text, num=value if value is not None and value != float("inf") else None, cls="n")
 
 
-def _offset(offset: Mapping[str, Any]) -> str:
+def _offset(offset: Mapping[str, Any]) -> Markup | None:
     if not offset:
-        return ""
+        return None
     fires = bool(offset.get("fires"))
     explanation = offset.get("explanation")
-    how = f" <span class='muted'>({_esc(str(explanation))})</span>" if explanation else ""
-    return (
-        f"<p class='offset'><b>Semantic offset:</b> "
-        f"<span class='{'bad' if fires else 'muted'}'>{_esc(str(offset.get('message', '')))}"
-        f"</span>{how}</p>"
+    return el(
+        "p",
+        el("b", "Semantic offset:"),
+        " ",
+        el("span", str(offset.get("message", "")), class_="bad" if fires else "muted"),
+        [" ", el("span", f"({explanation})", class_="muted")] if explanation else None,
+        class_="offset",
     )
 
 
@@ -437,180 +532,214 @@ def _top_token(token: Mapping[str, Any], texts: Mapping[int, str]) -> str:
     return _token(texts.get(token_id), token_id)
 
 
-def _full_vocabulary(view: CaseView) -> str:
+def _full_vocabulary(view: CaseView) -> Markup | None:
     """The full-vocabulary divergence of a detailed case: KL both ways and TV (mean / p99 /
     max), truncated supports, the worst positions with their top tokens, the semantic
     offset; or why they are unavailable; nothing when the case has none."""
     full, offset = entries({"diagnostics": view.diagnostics})
     if not full and not offset:
-        return ""
-    parts = ["<h3>Full-vocabulary divergence</h3>"]
+        return None
+    parts: list[Child] = [el("h3", "Full-vocabulary divergence")]
     if "unavailable" in full:
-        parts.append(f"<p class='muted'>unavailable: {_esc(str(full['unavailable']))}</p>")
-        return "".join(parts) + _offset(offset)
+        parts.append(el("p", f"unavailable: {full['unavailable']}", class_="muted"))
+        return join([*parts, _offset(offset)])
     if full:
-        head = "".join(f"<th>{_esc(s)}</th>" for s in STATISTICS)
-        rows = "".join(
-            f"<tr>{_td(name)}" + "".join(_stat_td(c) for c in cells) + "</tr>"
+        rows = (
+            el("tr", _td(name), (_stat_td(c) for c in cells))
             for name, cells in reduction_rows(full)
         )
-        parts.append(
-            f"<p>Over {_esc(str(full.get('positions')))} active positions; supports differ "
-            f"(truncation) at {_esc(str(full.get('truncated_positions')))}.</p>"
-            f"<table class='divergence'><thead><tr><th></th>{head}</tr></thead>"
-            f"<tbody>{rows}</tbody></table>"
-        )
+        parts += [
+            el(
+                "p",
+                f"Over {full.get('positions')} active positions; supports differ "
+                f"(truncation) at {full.get('truncated_positions')}.",
+            ),
+            el("table", _head(["", *STATISTICS]), el("tbody", rows), class_="divergence"),
+        ]
     parts.append(_offset(offset))
     worst = full.get("worst_positions") or []
     texts = view.detail.top_token_texts if view.detail is not None else {}
     if worst:
         body = []
         for w in worst:
-            tokens = "".join(
-                "<tr>"
-                + _td(t.get("token_id"), cls="n")
-                + f"<td><code class='tok'>{_top_token(t, texts)}</code></td>"
-                + _td(_number(t.get("rollout_logprob")), cls="n")
-                + _td(_number(t.get("training_logprob")), cls="n")
-                + _td(_number(t.get("tv_share")), cls="n")
-                + "</tr>"
+            tokens = (
+                el(
+                    "tr",
+                    _td(t.get("token_id"), cls="n"),
+                    el("td", el("code", _top_token(t, texts), class_="tok")),
+                    _td(_number(t.get("rollout_logprob")), cls="n"),
+                    _td(_number(t.get("training_logprob")), cls="n"),
+                    _td(_number(t.get("tv_share")), cls="n"),
+                )
                 for t in w.get("top_tokens", [])
             )
             body.append(
-                "<tr>"
-                + _td(w.get("sample"), cls="n")
-                + _td(w.get("position"), cls="n")
-                + _td(_number(w.get("total_variation")), cls="n")
-                + _td(_number(w.get("kl_rollout_training")), cls="n")
-                + _td(_number(w.get("kl_training_rollout")), cls="n")
-                + "<td><table class='top'><thead><tr><th>id</th><th>token</th>"
-                "<th>rollout</th><th>training</th><th>TV share</th></tr></thead>"
-                f"<tbody>{tokens}</tbody></table></td></tr>"
+                el(
+                    "tr",
+                    _td(w.get("sample"), cls="n"),
+                    _td(w.get("position"), cls="n"),
+                    _td(_number(w.get("total_variation")), cls="n"),
+                    _td(_number(w.get("kl_rollout_training")), cls="n"),
+                    _td(_number(w.get("kl_training_rollout")), cls="n"),
+                    el(
+                        "td",
+                        el(
+                            "table",
+                            _head(["id", "token", "rollout", "training", "TV share"]),
+                            el("tbody", tokens),
+                            class_="top",
+                        ),
+                    ),
+                )
             )
         parts.append(
-            "<table class='worst-positions'><thead><tr><th>sample</th><th>position</th>"
-            "<th>TV</th><th>KL(r||t)</th><th>KL(t||r)</th>"
-            "<th>top tokens (logprobs; share of the position's TV)</th></tr></thead><tbody>"
-            + "".join(body)
-            + "</tbody></table>"
+            el(
+                "table",
+                _head(WORST_POSITION_HEADERS),
+                el("tbody", body),
+                class_="worst-positions",
+            )
         )
-    return "".join(parts)
+    return join(parts)
 
 
 def _value(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-def _records(view: CaseView) -> str:
+def _records(view: CaseView) -> Markup:
     rows = []
     for r in view.records:
         knob = str(r.get("knob"))
         changed = knob in view.changed
         status = str(r.get("status", "-"))
         rows.append(
-            f"<tr{' style=font-weight:600' if changed else ''}>"
-            + _td(knob + (" (changed)" if changed else ""))
-            + _td(r.get("lifecycle", "-"))
-            + _td(_value(r.get("requested")))
-            + _td(_value(r.get("materialized")))
-            + _td(_value(r.get("actual")))
-            + _td(status, cls="" if status == "applied" else "bad")
-            + _td(r.get("evidence", ""))
-            + "</tr>"
+            el(
+                "tr",
+                _td(knob + (" (changed)" if changed else "")),
+                _td(r.get("lifecycle", "-")),
+                _td(_value(r.get("requested"))),
+                _td(_value(r.get("materialized"))),
+                _td(_value(r.get("actual"))),
+                _td(status, cls="" if status == "applied" else "bad"),
+                _td(r.get("evidence", "")),
+                class_="changed" if changed else None,
+            )
         )
-    return (
-        "<h3>Knobs: requested &rarr; materialized &rarr; actual</h3><table><thead><tr>"
-        "<th>knob</th><th>lifecycle</th><th>requested</th><th>materialized</th><th>actual</th>"
-        "<th>status</th><th>evidence</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+    return join(
+        [
+            el("h3", "Knobs: requested \u2192 materialized \u2192 actual"),
+            el(
+                "table",
+                _head(RECORD_HEADERS),
+                el("tbody", rows),
+            ),
+        ]
     )
 
 
-def _identity(view: CaseView) -> str:
+def _identity(view: CaseView) -> Markup:
     detail = view.detail
     assert detail is not None
-    rows = "".join(
-        "<tr>"
-        + _td(name)
-        + _td(r)
-        + _td(t)
-        + _td("same" if same else "DIFFERS", cls="good" if same else "bad")
-        + "</tr>"
+    rows = (
+        el(
+            "tr",
+            _td(name),
+            _td(r),
+            _td(t),
+            _td("same" if same else "DIFFERS", cls="good" if same else "bad"),
+        )
         for name, r, t, same in detail.identity_checks
     )
     if view.identity_violations:
-        verdict = (
-            "<ul>"
-            + "".join(f"<li class='bad'>{_esc(v)}</li>" for v in view.identity_violations)
-            + "</ul>"
-        )
+        verdict = el("ul", (el("li", v, class_="bad") for v in view.identity_violations))
     else:
-        verdict = (
-            "<p class='good'>No identity violation: checkpoint, tokenizer, token ids, "
+        verdict = el(
+            "p",
+            "No identity violation: checkpoint, tokenizer, token ids, "
             "attention and active masks, positions, packing and the read-only scorer state "
-            "all matched.</p>"
+            "all matched.",
+            class_="good",
         )
     evidence = detail.training_evidence
     before, after = evidence.get("state_digest_before"), evidence.get("state_digest_after")
     readonly = (
-        f"<p>Training scorer state digest before/after scoring: "
-        f"<span class='{'good' if before == after else 'bad'}'>"
-        f"{'unchanged' if before == after else 'CHANGED'}</span> "
-        f"<code>{_esc(str(before)[:16])}</code></p>"
+        el(
+            "p",
+            "Training scorer state digest before/after scoring: ",
+            el(
+                "span",
+                "unchanged" if before == after else "CHANGED",
+                class_="good" if before == after else "bad",
+            ),
+            " ",
+            el("code", str(before)[:16]),
+        )
         if before is not None
-        else ""
+        else None
     )
-    return (
-        "<h3>Identity checks</h3>"
-        + verdict
-        + readonly
-        + "<table><thead><tr><th>field</th><th>rollout</th><th>training</th><th></th></tr>"
-        f"</thead><tbody>{rows}</tbody></table>"
-    )
-
-
-def _files(view: CaseView) -> str:
-    links = " &middot; ".join(
-        f"<a href='{_esc(href)}'>{_esc(name)}</a>" for name, href in view.files
-    )
-    return (
-        f"<p><b>Sealed files</b> (attempt <code>{_esc(str(view.attempt_id))}</code>): {links}</p>"
+    return join(
+        [
+            el("h3", "Identity checks"),
+            verdict,
+            readonly,
+            el("table", _head(["field", "rollout", "training", ""]), el("tbody", rows)),
+        ]
     )
 
 
-def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> str:
+def _files(view: CaseView) -> Markup:
+    links = join((el("a", name, href=page_link(href)) for name, href in view.files), " \u00b7 ")
+    return el(
+        "p",
+        el("b", "Sealed files"),
+        " (attempt ",
+        el("code", str(view.attempt_id)),
+        "): ",
+        links,
+    )
+
+
+def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Markup:
     detail = view.detail
     assert detail is not None
     threshold = float(view.threshold or 0.0)
-    parts = [
-        f"<article class='case' id='{_anchor(view)}' data-case='{_esc(view.case_id)}'>",
-        f"<h2>{_esc(view.label)} {_badge(view.outcome)} "
-        f"<small class='muted'>{_esc(view.case_id)}</small></h2>",
-        f"<p>{_esc(view.reason)}</p>",
-    ]
+    figures = None
     if draw:
-        figures = (
+        drawn = (
             ("histogram", plots.histogram_svg(detail.histogram, threshold, decades)),
             ("position", plots.profile_svg(detail.profile, threshold)),
             ("scatter", plots.scatter_svg(detail.scatter, threshold)),
         )
-        parts.append(
-            "<div class='plots'>"
-            + "".join(
-                f"<figure class='plot' data-plot='{name}' data-case='{_esc(view.case_id)}'>"
-                f"{svg}</figure>"
-                for name, svg in figures
-            )
-            + "</div>"
+        figures = el(
+            "div",
+            (
+                el("figure", svg, class_="plot", data_plot=name, data_case=view.case_id)
+                for name, svg in drawn
+            ),
+            class_="plots",
         )
-    parts += [
+    return el(
+        "article",
+        el(
+            "h2",
+            view.label,
+            " ",
+            _badge(view.outcome),
+            " ",
+            el("small", view.case_id, class_="muted"),
+        ),
+        el("p", view.reason),
+        figures,
         _worst(detail.worst, detail.decoded),
         _full_vocabulary(view),
         _records(view),
         _identity(view),
         _files(view),
-        "</article>",
-    ]
-    return "".join(parts)
+        class_="case",
+        id=_anchor(view),
+        data_case=view.case_id,
+    )
 
 
 # --------------------------------------------------------------------------- the page
@@ -625,41 +754,58 @@ def render_page(data: ReportData) -> str:
         [float(v.threshold) for v in detailed if v.threshold],
     )
     threshold = _num(data.header.contract.get("threshold"))
-    parts = [
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>logprob drift: {_esc(data.header.experiment_id)}</title>"
-        f"<style>{STYLE}</style></head><body>",
-        _header(data),
-    ]
+    body: list[Child] = [_header(data)]
     if not draw:
-        parts.append(
-            "<p class='bad'>matplotlib is not installed: no plots (install the "
-            "<code>report</code> extra: <code>pip install 'pytest-logprob-drift[report]'</code>)."
-            "</p>"
+        body.append(
+            el(
+                "p",
+                "matplotlib is not installed: no plots (install the ",
+                el("code", "report"),
+                " extra: ",
+                el("code", "pip install 'pytest-logprob-drift[report]'"),
+                ").",
+                class_="bad",
+            )
         )
     else:
         overview = plots.overview_svg(data.cases, threshold)
         if overview is not None:
-            parts.append(
-                f"<section id='overview'><figure class='plot wide' data-plot='overview'>"
-                f"{overview}</figure></section>"
+            body.append(
+                el(
+                    "section",
+                    el("figure", overview, class_="plot wide", data_plot="overview"),
+                    id="overview",
+                )
             )
-    parts += [_case_table(data), _attribution(data, draw), _invalid(data)]
+    body += [_case_table(data), _attribution(data, draw), _invalid(data)]
     if detailed:
-        parts.append("<section id='details'>")
-        parts += [_case_section(v, decades, draw) for v in detailed]
-        parts.append("</section>")
+        body.append(
+            el("section", (_case_section(v, decades, draw) for v in detailed), id="details")
+        )
     summarized = [v for v in data.cases if v.detail is None and v.attempt_id is not None]
     if summarized:
-        parts.append(
-            f"<p class='muted'>{len(summarized)} case(s) without a detailed section (limit "
-            f"{data.detailed_limit}): see their rows in the table; their sealed files are "
-            "linked from the attempt column.</p>"
+        body.append(
+            el(
+                "p",
+                f"{len(summarized)} case(s) without a detailed section (limit "
+                f"{data.detailed_limit}): see their rows in the table; their sealed files are "
+                "linked from the attempt column.",
+                class_="muted",
+            )
         )
-    parts.append(
-        "<section id='notes'><h2>How the plots aggregate</h2><ul>"
-        + "".join(f"<li>{_esc(n)}</li>" for n in data.notes)
-        + "</ul></section>"
+    body.append(
+        el(
+            "section",
+            el("h2", "How the plots aggregate"),
+            el("ul", (el("li", n) for n in data.notes)),
+            id="notes",
+        )
     )
-    parts.append(f"<script>{SORT_SCRIPT}</script></body></html>\n")
-    return "".join(parts)
+    head = el(
+        "head",
+        el("meta", charset="utf-8"),
+        el("title", f"logprob drift: {data.header.experiment_id}"),
+        _STYLE_ELEMENT,
+    )
+    page = el("html", head, el("body", body, _SCRIPT_ELEMENT), lang="en")
+    return f"<!doctype html>{page}\n"

@@ -3,7 +3,8 @@
 Owns turning ``RUN_DIR`` into ``model.ReportData``: the verify status of every attempt (from
 ``store.verify.verify_run``, the same check ``verify`` runs), the newest ``ok`` attempt of each
 case (its sealed JSON and tensors read back through the store's digest-checked loaders, so a
-file changed since the check is refused too), the sealed attribution when there is one, which
+file changed since the check is refused too), the sealed attribution when there is one (with
+what ``verify`` finds wrong with it), which
 cases get a detailed section (at most ``MAX_DETAILED``: the cases that did not pass, then by
 attribution rank and max |diff|), and for those the aggregated plot data: |diff| on a fixed
 log grid, |diff| by response position binned to at most ``PROFILE_MAX_BINS`` bins with at most
@@ -28,7 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_logprob_drift.attribution.sealed import latest_attribution
+from pytest_logprob_drift.attribution.sealed import (
+    attribution_dirs,
+    latest_attribution,
+    read_attribution,
+    verify_attribution,
+)
 from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
     HIST_LOG10_HIGH,
@@ -459,7 +465,8 @@ def load_report(
     statuses = tuple(verify_run(run_dir))
     plan = _plan_rows(run_dir)
     experiment = _experiment(run_dir)
-    attribution, left_out = usable_attribution(latest_attribution(run_dir), statuses)
+    sealed, rejected = _checked_attribution(run_dir)
+    attribution, left_out = usable_attribution(sealed, statuses)
     entries = {str(e.get("case_id")): e for e in (attribution or {}).get("cases", [])}
     by_case: dict[str, list[AttemptStatus]] = {}
     for status in statuses:
@@ -569,7 +576,24 @@ def load_report(
         attribution=attribution,
         detailed_limit=detailed_limit,
         notes=aggregation_notes(detailed_limit) + left_out,
+        attribution_problems=rejected if attribution is not None else (),
     )
+
+
+def _checked_attribution(run_dir: Path) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """The newest sealed attribution whose seal holds, and what ``verify`` finds wrong with it
+    (a re-sealed document, attempts that changed): the page shows it marked as rejected."""
+    document = latest_attribution(run_dir)
+    if document is None:
+        return None, ()
+    for directory in attribution_dirs(run_dir):
+        try:
+            same = read_attribution(directory) == document
+        except (SealError, OSError, ValueError):
+            continue
+        if same:
+            return document, tuple(verify_attribution(run_dir, directory))
+    return document, ()
 
 
 def _natural(text: str) -> tuple[tuple[int, int | str], ...]:

@@ -158,6 +158,8 @@ class ReportData:
     attribution: Mapping[str, Any] | None
     detailed_limit: int
     notes: tuple[str, ...] = field(default=())
+    attribution_problems: tuple[str, ...] = field(default=())
+    """Why ``verify`` rejects the shown attribution (empty when it holds)."""
 
     @property
     def invalid(self) -> tuple[AttemptStatus, ...]:

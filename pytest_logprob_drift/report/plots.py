@@ -6,9 +6,11 @@ case's max/p99/mean |diff|, the attribution chart (one row per intervention: eff
 side moved against the noise floor), and per case the |diff| histogram on a log axis, |diff| by
 response position, and the rollout vs training logprob scatter, each with the contract
 threshold where it applies. Every figure is small, uses the browser's own sans-serif font
-(``svg.fonttype`` ``none``: text stays text, no font is embedded or fetched), a distinct
+(``svg.fonttype`` ``none``: text stays text, no font is embedded or fetched; a label from a
+run is plain text, never mathtext or TeX), a distinct
 ``svg.hashsalt`` so that ids never collide between the figures of one page, and no date
-metadata. Dense point layers are rasterized into the SVG as an inline PNG. Uses pyplot
+metadata; the SVG is returned as trusted ``markup.Markup`` (matplotlib escapes the text it
+writes). Dense point layers are rasterized into the SVG as an inline PNG. Uses pyplot
 nowhere (no global figure state). Knows nothing about files, seals, torch or the page around
 the figures.
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pytest_logprob_drift.report.markup import Markup
 from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
     HIST_LOG10_LOW,
@@ -52,6 +55,10 @@ LINE_COLOURS = (
     "#637939",
 )
 _salts = itertools.count()
+PLAIN_TEXT: dict[str, Any] = {"parse_math": False}
+"""Text properties of every label that comes from a run (case labels): drawn as the plain
+text it is, never parsed as mathtext (``$...$``) or TeX. The axes' own tick numbers stay
+mathtext."""
 
 
 def available() -> bool:
@@ -88,6 +95,7 @@ def _figure(
             "xtick.major.width": 0.6,
             "ytick.major.width": 0.6,
             "path.simplify": True,
+            "text.usetex": False,
         }
     ):
         figure = Figure(figsize=(width, height))
@@ -113,11 +121,13 @@ def _log_ticks(axis: Any) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _svg(figure: Any) -> str:
+def _svg(figure: Any) -> Markup:
+    """The figure as inline SVG: trusted markup (matplotlib's SVG writer escapes every text it
+    draws, and the labels are plain text, never mathtext)."""
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", metadata={"Date": None}, dpi=110)
     text = buffer.getvalue()
-    return text[text.index("<svg") :]
+    return Markup(text[text.index("<svg") :])
 
 
 def _empty_note(axes: Any, text: str) -> None:
@@ -147,7 +157,7 @@ def histogram_decades(
     return math.floor(low), math.ceil(high)
 
 
-def histogram_svg(hist: Histogram, threshold: float, decades: tuple[int, int]) -> str:
+def histogram_svg(hist: Histogram, threshold: float, decades: tuple[int, int]) -> Markup:
     low, high = decades
     first = round((low - HIST_LOG10_LOW) * HIST_BINS_PER_DECADE)
     last = round((high - HIST_LOG10_LOW) * HIST_BINS_PER_DECADE)
@@ -189,7 +199,7 @@ def histogram_svg(hist: Histogram, threshold: float, decades: tuple[int, int]) -
         return _svg(figure)
 
 
-def profile_svg(profile: PositionProfile, threshold: float) -> str:
+def profile_svg(profile: PositionProfile, threshold: float) -> Markup:
     x = profile.starts.astype(np.float64) + (profile.bin_width - 1) / 2
     floor = 1e-12
     with _figure(3.3, 2.3) as (figure, axes):
@@ -245,7 +255,7 @@ def profile_svg(profile: PositionProfile, threshold: float) -> str:
         return _svg(figure)
 
 
-def scatter_svg(data: Scatter, threshold: float) -> str:
+def scatter_svg(data: Scatter, threshold: float) -> Markup:
     with _figure(3.0, 2.3) as (figure, axes):
         low = high = 0.0
         if data.grid is not None and data.extent is not None:
@@ -308,7 +318,7 @@ def scatter_svg(data: Scatter, threshold: float) -> str:
 # --------------------------------------------------------------------------- the run
 
 
-def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> str | None:
+def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> Markup | None:
     """Every case's max / p99 / mean |diff|, cases sorted by max |diff|."""
     rows = [c for c in cases if isinstance(c.diagnostics.get("max_abs_diff"), (int, float))]
     if not rows:
@@ -343,7 +353,9 @@ def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> str | No
         axes.set_yscale("log")
         _log_ticks(axes.yaxis)
         if labelled:
-            axes.set_xticks(x, [_short(c.label, 28) for c in rows], rotation=35, ha="right")
+            axes.set_xticks(
+                x, [_short(c.label, 28) for c in rows], rotation=35, ha="right", **PLAIN_TEXT
+            )
         else:
             axes.set_xlabel(f"{len(rows)} cases, sorted by max |diff|")
         axes.set_ylabel("|diff| (nats)")
@@ -356,7 +368,7 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def attribution_svg(document: Mapping[str, Any]) -> str | None:
+def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
     """One row per intervention in ranking order: the effect on mean |diff| relative to the
     baseline with its bootstrap interval (log axis), and each side's movement."""
     by_label = {c["label"]: c for c in document.get("cases", [])}
@@ -406,7 +418,7 @@ def attribution_svg(document: Mapping[str, Any]) -> str | None:
         effect.set_xscale("log")
         _log_ticks(effect.xaxis)
         effect.set_xlim(lo, hi)
-        effect.set_yticks(y, [_short(label, 34) for label in labels])
+        effect.set_yticks(y, [_short(label, 34) for label in labels], **PLAIN_TEXT)
         effect.set_xlabel("mean |diff| relative to the baseline (95% bootstrap interval)")
         effect.set_title("effect on mean |diff| (\u25ca: p99); red: interval above 1")
         sides = (("rollout", COLOURS["ok"], 0.18), ("training", "#f57900", -0.18))
