@@ -398,8 +398,8 @@ def test_verify_catches_a_changed_baseline_attempt(work: Path) -> None:
 def test_outcomes_are_identical_with_and_without_attribution(work: Path) -> None:
     plain = run(work / "plain", s0_document())
     repeated = run(work / "repeated", s0_document(), repeats=3)
-    assert [(r.label, r.outcome, r.comparison["mismatches"]) for r in plain] == [
-        (r.label, r.outcome, r.comparison["mismatches"]) for r in repeated
+    assert [(r.label, r.outcome, r.comparison.mismatches) for r in plain] == [
+        (r.label, r.outcome, r.comparison.mismatches) for r in repeated
     ]
     baseline = next(r for r in repeated if r.label == "baseline")
     assert len(baseline.repeat_dirs) == 2

@@ -20,6 +20,7 @@ from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0, run_by_label
 
 from pytest_logprob_drift import ConfigError, plan_file
 from pytest_logprob_drift.execute.runner import CaseResult
+from pytest_logprob_drift.numerics.comparison import read_diagnostics
 from pytest_logprob_drift.numerics.divergence_file import SEALED_KEYS
 from pytest_logprob_drift.numerics.full_vocabulary import DIVERGENCE_FIELDS
 from pytest_logprob_drift.runtimes.smoke.runtime import (
@@ -92,8 +93,8 @@ def test_sealed_reductions_summary_and_verify(work: Path) -> None:
     )
     for label, result in diag.items():
         # Never changes a verdict.
-        before = plain[label].comparison
-        after = result.comparison
+        before = plain[label].comparison.to_json()
+        after = result.comparison.to_json()
         for key in ("outcome", "mismatches", "active_tokens", "reason", "numerical"):
             assert after[key] == before[key], (label, key)
         assert result.attempt_dir is not None
@@ -109,13 +110,10 @@ def test_sealed_reductions_summary_and_verify(work: Path) -> None:
         # Only reductions: nothing of vocabulary width is sealed.
         assert all(t.shape[-1] != 64 for t in sealed.values())
     # Same model and dtype on both sides: the distributions agree; bf16 rollout: they do not.
-    assert (
-        diag["baseline"].comparison["diagnostics"]["full_vocabulary"]["total_variation"]["max"]
-        < 1e-5
-    )
-    bf16 = diag["rollout.dtype=bfloat16"].comparison["diagnostics"]["full_vocabulary"]
-    assert bf16["total_variation"]["max"] > 1e-4
-    assert bf16["kl_rollout_training"]["infinite"] == 0
+    assert diag["baseline"].comparison.diagnostics.full_summary.total_variation.max < 1e-5
+    bf16 = diag["rollout.dtype=bfloat16"].comparison.diagnostics.full_summary
+    assert bf16.total_variation.max > 1e-4
+    assert bf16.kl_rollout_training.infinite == 0
     statuses = verify_run(work / "diag" / "s0-cpu-smoke")
     assert {s.status for s in statuses} == {"ok"}
 
@@ -170,21 +168,22 @@ def test_verify_refuses_a_summary_that_disagrees(work: Path) -> None:
     checked = check_attempt(attempt, expected_key=None)
     sealed = load_sealed_tensors(attempt, "divergence.pt", checked.seal)
     diffs = load_sealed_tensors(attempt, "token_diffs.pt", checked.seal)
-    check_divergence(checked.comparison, sealed, diffs)
-    forged = copy.deepcopy(dict(checked.comparison))
-    forged["diagnostics"]["full_vocabulary"]["total_variation"]["max"] = 0.0
+    recorded = checked.comparison.diagnostics
+    check_divergence(recorded, sealed, diffs)
+    forged = copy.deepcopy(recorded.to_json())
+    forged["full_vocabulary"]["total_variation"]["max"] = 0.0
     with pytest.raises(SealError, match="full_vocabulary summary"):
-        check_divergence(forged, sealed, diffs)
+        check_divergence(read_diagnostics(forged), sealed, diffs)
     moved = dict(sealed)
     moved["total_variation"] = sealed["total_variation"] * 0.5
     with pytest.raises(SealError, match=r"divergence\.pt"):
-        check_divergence(checked.comparison, moved, diffs)
+        check_divergence(recorded, moved, diffs)
     with pytest.raises(SealError, match="not sealed"):
-        check_divergence(checked.comparison, None, diffs)
+        check_divergence(recorded, None, diffs)
     bad = dict(sealed)
     bad["top_rows"] = torch.tensor([10_000])
     with pytest.raises(SealError, match="not active"):
-        check_divergence(checked.comparison, bad, diffs)
+        check_divergence(recorded, bad, diffs)
 
 
 def test_unavailable_is_recorded_not_fatal(work: Path) -> None:
@@ -203,11 +202,11 @@ def test_unavailable_is_recorded_not_fatal(work: Path) -> None:
         allow_smoke=True,
         adapter=NoFull(),
     )
-    entry = results["baseline"].comparison["diagnostics"]["full_vocabulary"]
-    assert "training side did not hand back" in entry["unavailable"]
+    entry = results["baseline"].comparison.diagnostics.unavailable
+    assert "training side did not hand back" in entry
     assert results["baseline"].outcome.value == "PASS"
     assert {s.status for s in verify_run(work / "runs" / "s0-cpu-smoke")} == {"ok"}
-    assert math.isfinite(results["baseline"].comparison["diagnostics"]["max_abs_diff"])
+    assert math.isfinite(results["baseline"].comparison.diagnostics.max_abs_diff)
     assert DIVERGENCE_FIELDS
 
 

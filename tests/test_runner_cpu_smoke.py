@@ -103,16 +103,16 @@ def test_s0_reference_passes_and_offset_mismatches(work: Path) -> None:
     assert offset.outcome is Outcome.MISMATCH
     assert all(r.as_expected and not r.reused for r in results.values())
     # every active token is moved by 8x the threshold on the training side
-    assert offset.comparison["mismatches"] == offset.comparison["active_tokens"] > 0
-    assert offset.comparison["diagnostics"]["max_abs_diff"] == pytest.approx(8e-3, rel=1e-3)
+    assert offset.comparison.mismatches == offset.comparison.active_tokens > 0
+    assert offset.comparison.diagnostics.max_abs_diff == pytest.approx(8e-3, rel=1e-3)
     baseline = results["baseline"].comparison
-    assert baseline["diagnostics"]["max_abs_diff"] < 1e-4
+    assert baseline.diagnostics.max_abs_diff < 1e-4
     for result in results.values():
         assert result.attempt_dir is not None
         assert {p.name for p in result.attempt_dir.iterdir()} == ATTEMPT_FILES
         checked = check_attempt(result.attempt_dir, expected_key=None)
         assert checked.outcome is result.outcome
-        assert checked.comparison["case_id"] == result.case_id
+        assert checked.comparison.case_id == result.case_id
         actual = json.loads((result.attempt_dir / "actual.json").read_text())
         assert {k["status"] for k in actual["knobs"].values()} == {"applied"}
         evidence = actual["training_evidence"]
@@ -245,12 +245,12 @@ def test_scorer_fault_outcome(work: Path, fault: str) -> None:
     assert words in result.reason
     assert result.attempt_dir is not None
     comparison = check_attempt(result.attempt_dir, expected_key=None).comparison
-    assert comparison["outcome"] == outcome.value
+    assert comparison.outcome.value == outcome.value
     if outcome is Outcome.INVALID_IDENTITY:
-        assert any(words in v for v in comparison["identity_violations"])
+        assert any(words in v for v in comparison.identity_violations)
         # the numbers alone would have passed: identity is decided first, not numerics
         if fault not in ("alter_tokens", "drop_active"):
-            assert comparison["numerical"]["outcome"] == "PASS"
+            assert comparison.numerical.outcome.value == "PASS"
 
 
 def test_faulty_scorer_attempt_is_not_reused_by_a_clean_scorer(work: Path) -> None:
@@ -413,16 +413,16 @@ def test_silent_fallback_is_always_strict_rejected(work: Path, edit: Any) -> Non
     assert case.outcome is Outcome.STRICT_REJECTED
     assert "rollout.dtype='bfloat16': error" in case.reason
     assert "silent fallback: engine reports 'float32'" in case.reason
-    record = next(r for r in case.comparison["records"] if r["knob"] == "rollout.dtype")
-    assert (record["status"], record["actual"]) == ("error", "float32")
+    record = next(r for r in case.comparison.records if r.knob == "rollout.dtype")
+    assert (record.status.value, record.actual) == ("error", "float32")
 
 
 def test_declared_fallback_is_measurable_only_as_the_declared_intervention(work: Path) -> None:
     results, _ = run(plan_for(work, _declared), work / "a", adapter=DeclaredFallbackAdapter())
     case = results["rollout.dtype=bfloat16"]
     assert case.outcome is Outcome.PASS  # measured: both sides really ran float32
-    record = next(r for r in case.comparison["records"] if r["knob"] == "rollout.dtype")
-    assert (record["status"], record["materialized"], record["actual"]) == (
+    record = next(r for r in case.comparison.records if r.knob == "rollout.dtype")
+    assert (record.status.value, record.materialized, record.actual) == (
         "fallback",
         "float32",
         "float32",

@@ -26,6 +26,7 @@ from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.artifacts import read_seal
+from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
 
 ATTRIBUTION_SCHEMA_VERSION = "cross_config.attribution.v1"
@@ -57,14 +58,14 @@ class SealedExecution:
     def __init__(self, attempt_dir: Path) -> None:
         self.attempt_dir = attempt_dir
         self.seal = read_seal(attempt_dir)
-        comparison = load_sealed_json(attempt_dir, layout.COMPARISON, self.seal)
+        comparison = parse_comparison(load_sealed_json(attempt_dir, layout.COMPARISON, self.seal))
         requested = load_sealed_json(attempt_dir, layout.REQUESTED, self.seal)
         self.case_id = self.seal.case_id
         self.attempt_id = self.seal.attempt_id
-        self.label = str(comparison.get("label", requested.get("label", "")))
+        self.label = comparison.label
         self.changed = tuple(str(c) for c in requested.get("changed", ()))
         self.requested: Mapping[str, Any] = dict(requested.get("knobs", {}))
-        self.outcome = str(comparison["outcome"])
+        self.outcome = comparison.outcome.value
         self.complete_sha256 = hashlib.sha256(
             (attempt_dir / layout.COMPLETE).read_bytes()
         ).hexdigest()

@@ -51,8 +51,13 @@ def parse_expectations(texts: list[str]) -> list[Expectation]:
         raise UsageError(f"--expect {exc}") from None
 
 
+def _max_abs_diff(result: CaseResult) -> float | None:
+    c = result.comparison
+    return None if c is None else c.diagnostics.max_abs_diff
+
+
 def _max_diff(result: CaseResult) -> str:
-    value = result.comparison.get("diagnostics", {}).get("max_abs_diff")
+    value = _max_abs_diff(result)
     return "-" if value is None else f"{value:.3e}"
 
 
@@ -130,20 +135,21 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if (log := engine_log_file()) is not None and log.parent == engine_logs.resolve():
         print(f"vLLM logs: {log} (-v shows them here)", file=err)
     attribution = attribute_run(run_dir, execution_plan.plan.experiment_id, results, err)
-    full_vocabulary = divergence_text.has_full_vocabulary([r.comparison for r in results])
+    diagnostics = [None if r.comparison is None else r.comparison.diagnostics for r in results]
+    full_vocabulary = divergence_text.has_full_vocabulary(diagnostics)
     rows = [
         [
             r.case_id,
             r.label,
             r.outcome.value,
-            r.comparison.get("active_tokens", "-"),
-            r.comparison.get("mismatches", "-"),
+            "-" if r.comparison is None else r.comparison.active_tokens,
+            "-" if r.comparison is None else r.comparison.mismatches,
             _max_diff(r),
             "reused" if r.reused else ("new" if r.attempt_dir else "-"),
             "" if r.as_expected else f"expected {r.expected.value}",
-            *(divergence_text.cells(r.comparison) if full_vocabulary else []),
+            *(divergence_text.cells(d) if full_vocabulary else []),
         ]
-        for r in results
+        for r, d in zip(results, diagnostics, strict=True)
     ]
     if args.json:
         json.dump(
@@ -177,8 +183,8 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             ),
             file=out,
         )
-        for r in results:
-            for line in divergence_text.lines(r.comparison):
+        for r, d in zip(results, diagnostics, strict=True):
+            for line in divergence_text.lines(d):
                 print(f"{r.label}: {line}", file=out)
         print(
             f"engine constructions: rollout {constructions[0]}, training {constructions[1]}",
@@ -218,6 +224,8 @@ def print_attribution(attribution: SealedAttribution, out: TextIO) -> None:
 
 
 def _result_json(r: CaseResult) -> dict[str, Any]:
+    c = r.comparison
+    diagnostics = {} if c is None else c.diagnostics.to_json()
     return {
         "case_id": r.case_id,
         "label": r.label,
@@ -226,12 +234,12 @@ def _result_json(r: CaseResult) -> dict[str, Any]:
         "reused": r.reused,
         "reason": r.reason,
         "attempt_dir": None if r.attempt_dir is None else str(r.attempt_dir),
-        "active_tokens": r.comparison.get("active_tokens"),
-        "mismatches": r.comparison.get("mismatches"),
-        "max_abs_diff": r.comparison.get("diagnostics", {}).get("max_abs_diff"),
+        "active_tokens": None if c is None else c.active_tokens,
+        "mismatches": None if c is None else c.mismatches,
+        "max_abs_diff": _max_abs_diff(r),
         **{
-            key: r.comparison["diagnostics"][key]
+            key: diagnostics[key]
             for key in ("full_vocabulary", "semantic_offset")
-            if key in r.comparison.get("diagnostics", {})
+            if key in diagnostics
         },
     }

@@ -31,6 +31,12 @@ from pytest_logprob_drift.execute.protocol import (
     merge_read_back,
     strict_violations,
 )
+from pytest_logprob_drift.numerics.comparison import (
+    Comparison,
+    NumericCheck,
+    WorstToken,
+    read_diagnostics,
+)
 from pytest_logprob_drift.numerics.verdict import Verdict, identity_violations, judge
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_dtype, side_topology
@@ -215,7 +221,7 @@ def _score(
 
 def _judge(
     run: CaseExecution, scored: _Scored, reasons: list[str]
-) -> tuple[Verdict, dict[str, Any] | None]:
+) -> tuple[Verdict, NumericCheck | None]:
     """The verdict (identity first), and the numerical verdict alone for offline checks."""
     threshold = run.contract.threshold
     rollout, training = scored.rollout, scored.training
@@ -231,13 +237,9 @@ def _judge(
         training.readonly_violations,
     )
     active = rollout.tensors["active_mask"]
-    numeric_verdict = judge(training.logprobs, rollout.tensors["logprobs"], active, threshold)
-    numeric = {
-        "outcome": numeric_verdict.outcome.value,
-        "mismatches": numeric_verdict.mismatches,
-        "active_tokens": numeric_verdict.active_tokens,
-        "threshold": threshold,
-    }
+    numeric = judge(
+        training.logprobs, rollout.tensors["logprobs"], active, threshold
+    ).numeric_check()
     verdict = judge(
         training.logprobs,
         rollout.tensors["logprobs"],
@@ -251,7 +253,7 @@ def _judge(
 
 
 def _write_attempt(
-    run: CaseExecution, scored: _Scored, verdict: Verdict, numeric: dict[str, Any] | None
+    run: CaseExecution, scored: _Scored, verdict: Verdict, numeric: NumericCheck | None
 ) -> Seal:
     """Every payload, then COMPLETE last."""
     case, rollout, training = run.ec.case, scored.rollout, scored.training
@@ -297,23 +299,16 @@ def _write_attempt(
             layout.SCORE_TRAINING,
             tensor_bytes({"logprobs": training.logprobs, **training.consumed}),
         )
-    comparison = {
-        "case_id": case.case_id,
-        "label": case.label,
-        "contract": canonical(run.contract),
-        **verdict.to_json(),
-        "records": [canonical(r) for r in scored.records],
-    }
-    if numeric is not None:
-        comparison["numerical"] = numeric
+    entries: dict[str, Any] = {}
     spec = run.binding.full_vocabulary
     if spec is not None and rollout is not None and training is not None:
         # never changes the verdict
         extra = full_vocabulary(spec, rollout, training, sampling=run.identity.sampling)
-        comparison["diagnostics"] = {**comparison["diagnostics"], **extra.entries}
+        entries = extra.entries
         if extra.tensors is not None:
             writer.write_bytes(layout.DIVERGENCE, tensor_bytes(extra.tensors))
-    writer.write_json(layout.COMPARISON, comparison)
+    comparison = _comparison(run, scored, verdict, numeric, entries)
+    writer.write_json(layout.COMPARISON, comparison.to_json())
     if rollout is not None and training is not None:
         writer.write_bytes(
             layout.TOKEN_DIFFS,
@@ -327,3 +322,30 @@ def _write_attempt(
             ),
         )
     return writer.seal()
+
+
+def _comparison(
+    run: CaseExecution,
+    scored: _Scored,
+    verdict: Verdict,
+    numeric: NumericCheck | None,
+    entries: Mapping[str, Any],
+) -> Comparison:
+    """The case's comparison record: the verdict, its statistics and the full-vocabulary
+    ``entries`` (``execute.diagnostics``) as typed diagnostics, and the numeric re-check."""
+    case = run.ec.case
+    return Comparison(
+        case_id=case.case_id,
+        label=case.label,
+        contract=run.contract,
+        outcome=verdict.outcome,
+        reason=verdict.reason,
+        threshold=verdict.threshold,
+        active_tokens=verdict.active_tokens,
+        mismatches=verdict.mismatches,
+        diagnostics=read_diagnostics({**verdict.diagnostics, **entries}),
+        worst_tokens=tuple(WorstToken(**w) for w in verdict.worst_tokens),
+        identity_violations=verdict.identity_violations,
+        records=scored.records,
+        numerical=numeric,
+    )

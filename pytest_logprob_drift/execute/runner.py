@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from pytest_logprob_drift.execute.protocol import (
 )
 from pytest_logprob_drift.execute.provenance import base_environment, execution_key_payload
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog, load_adapter
+from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.records import CaseKind, canonical
@@ -50,7 +51,8 @@ class CaseResult:
     reason: str
     reused: bool
     attempt_dir: Path | None
-    comparison: dict[str, Any] = field(default_factory=dict)
+    comparison: Comparison | None = None
+    """The sealed comparison of the attempt (None when no attempt was sealed: PLAN_ONLY)."""
     skipped_attempts: tuple[str, ...] = ()
     repeat_dirs: tuple[Path, ...] = ()
     """The baseline's repeated executions (noise floor); empty for other cases."""
@@ -213,9 +215,9 @@ class Runner:
         return CaseResult(
             case_id=case.case_id,
             label=case.label,
-            outcome=Outcome(comparison["outcome"]),
+            outcome=comparison.outcome,
             expected=expected,
-            reason=str(comparison.get("reason", "")),
+            reason=comparison.reason,
             reused=reused,
             attempt_dir=attempt_dir,
             comparison=comparison,
@@ -225,10 +227,10 @@ class Runner:
 
     def _valid_attempts(
         self, case_id: str, key: str
-    ) -> tuple[list[tuple[Path, dict[str, Any]]], list[str]]:
+    ) -> tuple[list[tuple[Path, Comparison]], list[str]]:
         """Sealed attempts that may stand in for this execution (newest first), and why the
         others may not."""
-        valid: list[tuple[Path, dict[str, Any]]] = []
+        valid: list[tuple[Path, Comparison]] = []
         skipped: list[str] = []
         for attempt in self.store.attempts(case_id):
             try:
@@ -236,7 +238,7 @@ class Runner:
             except SealError as exc:
                 skipped.append(f"{attempt.name}: {exc}")
                 continue
-            valid.append((attempt, dict(checked.comparison)))
+            valid.append((attempt, checked.comparison))
         return valid, skipped
 
     def _execute(
@@ -245,7 +247,7 @@ class Runner:
         materialized: Mapping[str, Materialized],
         payload: Mapping[str, Any],
         key: str,
-    ) -> tuple[Path, dict[str, Any]]:
+    ) -> tuple[Path, Comparison]:
         plan = self.plan.plan
         executed = execute_case(
             CaseExecution(
@@ -265,7 +267,7 @@ class Runner:
             )
         )
         attempt_dir = self.store.case_dir(ec.case.case_id) / executed.seal.attempt_id
-        return attempt_dir, dict(check_attempt(attempt_dir, expected_key=key).comparison)
+        return attempt_dir, check_attempt(attempt_dir, expected_key=key).comparison
 
     def _repeats(
         self,

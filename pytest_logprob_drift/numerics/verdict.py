@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from pytest_logprob_drift.numerics.comparison import NumericCheck
 from pytest_logprob_drift.outcomes import Outcome
 
 IDENTITY_TENSORS = ("token_ids", "attention_mask", "active_mask", "position_ids")
@@ -50,6 +51,16 @@ class Verdict:
             "worst_tokens": [dict(w) for w in self.worst_tokens],
             "identity_violations": list(self.identity_violations),
         }
+
+    def numeric_check(self) -> NumericCheck:
+        """The numerical verdict alone, as comparison.json records it beside the verdict and
+        as resume and ``verify`` recompute it from ``token_diffs.pt``."""
+        return NumericCheck(
+            outcome=self.outcome,
+            mismatches=self.mismatches,
+            active_tokens=self.active_tokens,
+            threshold=self.threshold,
+        )
 
 
 def identity_violations(

@@ -265,12 +265,12 @@ class DriftCaseItem(pytest.Item):
             [
                 ("drift_expected", result.expected.value),
                 ("drift_reused", str(result.reused)),
-                ("drift_active_tokens", str(c.get("active_tokens"))),
-                ("drift_mismatches", str(c.get("mismatches"))),
-                ("drift_max_abs_diff", str(c.get("diagnostics", {}).get("max_abs_diff"))),
-                ("drift_threshold", str(c.get("threshold"))),
+                ("drift_active_tokens", str(None if c is None else c.active_tokens)),
+                ("drift_mismatches", str(None if c is None else c.mismatches)),
+                ("drift_max_abs_diff", str(None if c is None else c.diagnostics.max_abs_diff)),
+                ("drift_threshold", str(None if c is None else c.threshold)),
                 ("drift_attempt", str(result.attempt_dir)),
-                *diagnostic_properties(c),
+                *diagnostic_properties(None if c is None else c.diagnostics),
             ]
         )
 
@@ -308,31 +308,35 @@ def render_evidence(result: CaseResult) -> str:
     lines = [
         f"{result.outcome.value} (expected {result.expected.value}): {result.reason}",
         f"case {result.case_id} {result.label}",
-        f"threshold {c.get('threshold')} (contract "
-        f"{c.get('contract', {}).get('version')}); active tokens {c.get('active_tokens')},"
-        f" mismatches {c.get('mismatches')}",
     ]
-    worst = c.get("worst_tokens", [])
-    if worst:
-        lines.append("worst tokens:  sample  position  rollout_logprob  training_logprob  |diff|")
-        for w in worst:
-            lines.append(
-                f"               {w['sample']:>6}  {w['position']:>8}  "
-                f"{w['rollout_logprob']:>15.6f}  {w['training_logprob']:>16.6f}  "
-                f"{w['abs_diff']:.3e}"
-            )
-    lines.extend(divergence_text.lines(c))
-    for violation in c.get("identity_violations", []):
-        lines.append(f"identity: {violation}")
-    records = c.get("records", [])
-    if records:
+    if c is None:
+        lines.append("threshold None (contract None); active tokens None, mismatches None")
+    else:
         lines.append(
-            "knobs: "
-            + "; ".join(
-                f"{r['knob']} requested={r['requested']!r} actual={r['actual']!r} {r['status']}"
-                for r in records
-            )
+            f"threshold {c.threshold} (contract {c.contract.version}); active tokens "
+            f"{c.active_tokens}, mismatches {c.mismatches}"
         )
+        if c.worst_tokens:
+            lines.append(
+                "worst tokens:  sample  position  rollout_logprob  training_logprob  |diff|"
+            )
+            for w in c.worst_tokens:
+                lines.append(
+                    f"               {w.sample:>6}  {w.position:>8}  "
+                    f"{w.rollout_logprob:>15.6f}  {w.training_logprob:>16.6f}  "
+                    f"{w.abs_diff:.3e}"
+                )
+        lines.extend(divergence_text.lines(c.diagnostics))
+        for violation in c.identity_violations:
+            lines.append(f"identity: {violation}")
+        if c.records:
+            lines.append(
+                "knobs: "
+                + "; ".join(
+                    f"{r.knob} requested={r.requested!r} actual={r.actual!r} {r.status.value}"
+                    for r in c.records
+                )
+            )
     how = "reused sealed attempt" if result.reused else "new attempt"
     lines.append(f"artifacts ({how}): {result.attempt_dir}")
     return "\n".join(lines)

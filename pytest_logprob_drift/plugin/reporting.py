@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -20,15 +19,16 @@ import pytest
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.attribution.text import HEADERS, rows
 from pytest_logprob_drift.numerics import text as divergence_text
+from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plugin.session import CONSTRUCTIONS_KEY, SEALED_KEY
 from pytest_logprob_drift.tables import render_table
 
 
-def diagnostic_properties(comparison: Mapping[str, Any]) -> list[tuple[str, str]]:
+def diagnostic_properties(diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
     """The junit properties of a case's full-vocabulary and semantic-offset diagnostics
     (``divergence_text.properties``): what ``--junitxml`` records beside the verdict."""
-    return divergence_text.properties(comparison)
+    return divergence_text.properties(diagnostics)
 
 
 def tag_report(

@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pytest_logprob_drift.numerics.text import entries
+from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary, TopToken
 from pytest_logprob_drift.report import plots
 from pytest_logprob_drift.report.markup import (
     Child,
@@ -282,9 +282,9 @@ def _case_table(data: ReportData) -> Markup:
             _td(_show(view.mismatches), num=_num(view.mismatches), cls="n"),
         ]
         for key in ("max_abs_diff", "p99_abs_diff", "mean_abs_diff"):
-            cells.append(_td(fmt_diff(d.get(key)), num=_num(d.get(key)), cls="n"))
+            cells.append(_td(fmt_diff(d.statistic(key)), num=_num(d.statistic(key)), cls="n"))
         for _, key in PEER_METRICS:
-            cells.append(_td(fmt_diff(d.get(key)), num=_num(d.get(key)), cls="n"))
+            cells.append(_td(fmt_diff(d.statistic(key)), num=_num(d.statistic(key)), cls="n"))
         if with_full:
             *stats, (offset, _) = full_vocabulary_cells(d)
             cells += [_td(text, num=value, cls="n") for text, value in stats]
@@ -512,38 +512,38 @@ def _stat_td(cell: tuple[str, float | None]) -> Markup:
     return _td(text, num=value if value is not None and value != float("inf") else None, cls="n")
 
 
-def _offset(offset: Mapping[str, Any]) -> Markup | None:
-    if not offset:
+def _offset(offset: SemanticOffsetSummary | None) -> Markup | None:
+    if offset is None:
         return None
-    fires = bool(offset.get("fires"))
-    explanation = offset.get("explanation")
+    fires = offset.fires
+    explanation = offset.explanation
     return el(
         "p",
         el("b", "Semantic offset:"),
         " ",
-        el("span", str(offset.get("message", "")), class_="bad" if fires else "muted"),
+        el("span", offset.message, class_="bad" if fires else "muted"),
         [" ", el("span", f"({explanation})", class_="muted")] if explanation else None,
         class_="offset",
     )
 
 
-def _top_token(token: Mapping[str, Any], texts: Mapping[int, str]) -> str:
-    token_id = int(token["token_id"])
-    return _token(texts.get(token_id), token_id)
+def _top_token(token: TopToken, texts: Mapping[int, str]) -> str:
+    return _token(texts.get(token.token_id), token.token_id)
 
 
 def _full_vocabulary(view: CaseView) -> Markup | None:
     """The full-vocabulary divergence of a detailed case: KL both ways and TV (mean / p99 /
     max), truncated supports, the worst positions with their top tokens, the semantic
     offset; or why they are unavailable; nothing when the case has none."""
-    full, offset = entries({"diagnostics": view.diagnostics})
-    if not full and not offset:
+    diagnostics = view.diagnostics
+    full, offset = diagnostics.full_summary, diagnostics.semantic_offset
+    if diagnostics.full_vocabulary is None and offset is None:
         return None
     parts: list[Child] = [el("h3", "Full-vocabulary divergence")]
-    if "unavailable" in full:
-        parts.append(el("p", f"unavailable: {full['unavailable']}", class_="muted"))
+    if diagnostics.unavailable is not None:
+        parts.append(el("p", f"unavailable: {diagnostics.unavailable}", class_="muted"))
         return join([*parts, _offset(offset)])
-    if full:
+    if full is not None:
         rows = (
             el("tr", _td(name), (_stat_td(c) for c in cells))
             for name, cells in reduction_rows(full)
@@ -551,13 +551,13 @@ def _full_vocabulary(view: CaseView) -> Markup | None:
         parts += [
             el(
                 "p",
-                f"Over {full.get('positions')} active positions; supports differ "
-                f"(truncation) at {full.get('truncated_positions')}.",
+                f"Over {full.positions} active positions; supports differ "
+                f"(truncation) at {full.truncated_positions}.",
             ),
             el("table", _head(["", *STATISTICS]), el("tbody", rows), class_="divergence"),
         ]
     parts.append(_offset(offset))
-    worst = full.get("worst_positions") or []
+    worst = () if full is None else full.worst_positions
     texts = view.detail.top_token_texts if view.detail is not None else {}
     if worst:
         body = []
@@ -565,22 +565,22 @@ def _full_vocabulary(view: CaseView) -> Markup | None:
             tokens = (
                 el(
                     "tr",
-                    _td(t.get("token_id"), cls="n"),
+                    _td(t.token_id, cls="n"),
                     el("td", el("code", _top_token(t, texts), class_="tok")),
-                    _td(_number(t.get("rollout_logprob")), cls="n"),
-                    _td(_number(t.get("training_logprob")), cls="n"),
-                    _td(_number(t.get("tv_share")), cls="n"),
+                    _td(_number(t.rollout_logprob), cls="n"),
+                    _td(_number(t.training_logprob), cls="n"),
+                    _td(_number(t.tv_share), cls="n"),
                 )
-                for t in w.get("top_tokens", [])
+                for t in w.top_tokens
             )
             body.append(
                 el(
                     "tr",
-                    _td(w.get("sample"), cls="n"),
-                    _td(w.get("position"), cls="n"),
-                    _td(_number(w.get("total_variation")), cls="n"),
-                    _td(_number(w.get("kl_rollout_training")), cls="n"),
-                    _td(_number(w.get("kl_training_rollout")), cls="n"),
+                    _td(w.sample, cls="n"),
+                    _td(w.position, cls="n"),
+                    _td(_number(w.total_variation), cls="n"),
+                    _td(_number(w.kl_rollout_training), cls="n"),
+                    _td(_number(w.kl_training_rollout), cls="n"),
                     el(
                         "td",
                         el(
@@ -610,19 +610,19 @@ def _value(value: Any) -> str:
 def _records(view: CaseView) -> Markup:
     rows = []
     for r in view.records:
-        knob = str(r.get("knob"))
+        knob = r.knob
         changed = knob in view.changed
-        status = str(r.get("status", "-"))
+        status = r.status.value
         rows.append(
             el(
                 "tr",
                 _td(knob + (" (changed)" if changed else "")),
-                _td(r.get("lifecycle", "-")),
-                _td(_value(r.get("requested"))),
-                _td(_value(r.get("materialized"))),
-                _td(_value(r.get("actual"))),
+                _td(r.lifecycle.value),
+                _td(_value(r.requested)),
+                _td(_value(r.materialized)),
+                _td(_value(r.actual)),
                 _td(status, cls="" if status == "applied" else "bad"),
-                _td(r.get("evidence", "")),
+                _td(r.evidence),
                 class_="changed" if changed else None,
             )
         )

@@ -35,6 +35,7 @@ from pytest_logprob_drift.attribution.sealed import (
     read_attribution,
     verify_attribution,
 )
+from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
 from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
     HIST_LOG10_HIGH,
@@ -52,6 +53,7 @@ from pytest_logprob_drift.report.model import (
 )
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.artifacts import Seal, SealError, plain_name, read_regular
+from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
 from pytest_logprob_drift.store.verify import AttemptStatus, require_run_dir, verify_run
 
@@ -141,7 +143,7 @@ class _Shown:
     def __init__(self, attempt: Path) -> None:
         self.directory = attempt
         self.seal = _seal(attempt)
-        self.comparison = load_sealed_json(attempt, layout.COMPARISON, self.seal)
+        self.comparison = parse_comparison(load_sealed_json(attempt, layout.COMPARISON, self.seal))
         self.requested = load_sealed_json(attempt, layout.REQUESTED, self.seal)
         self.identity = load_sealed_json(attempt, layout.IDENTITY, self.seal)
 
@@ -333,16 +335,12 @@ def _decoder_for(
     return cache[key]
 
 
-def _full_vocabulary_token_ids(comparison: Mapping[str, Any]) -> list[int]:
+def _full_vocabulary_token_ids(comparison: Comparison) -> list[int]:
     """The token ids named at the full-vocabulary worst positions, sorted, distinct."""
-    full = (comparison.get("diagnostics") or {}).get("full_vocabulary") or {}
-    ids = {
-        int(t["token_id"])
-        for w in (full.get("worst_positions") or [] if isinstance(full, Mapping) else [])
-        for t in w.get("top_tokens", [])
-        if isinstance(t.get("token_id"), int)
-    }
-    return sorted(ids)
+    full = comparison.diagnostics.full_summary
+    if full is None:
+        return []
+    return sorted({t.token_id for w in full.worst_positions for t in w.top_tokens})
 
 
 def case_detail(
@@ -436,11 +434,11 @@ def _detail_order(
     def key(view: CaseView) -> tuple[int, int, float, str]:
         failing = view.outcome != "PASS"
         baseline = not view.changed
-        max_diff = view.diagnostics.get("max_abs_diff")
+        max_diff = view.diagnostics.max_abs_diff
         return (
             0 if failing else (1 if baseline else 2),
             rank.get(view.label, len(rank)),
-            -(max_diff if isinstance(max_diff, (int, float)) else -1.0),
+            -(max_diff if max_diff is not None else -1.0),
             view.label,
         )
 
@@ -507,7 +505,7 @@ def load_report(
                     active_tokens=None,
                     mismatches=None,
                     threshold=None,
-                    diagnostics={},
+                    diagnostics=Diagnostics(),
                     records=(),
                     identity_violations=(),
                     files=(),
@@ -526,17 +524,17 @@ def load_report(
         views.append(
             CaseView(
                 case_id=case_id,
-                label=str(comparison.get("label", row.get("label", case_id))),
+                label=comparison.label,
                 changed=tuple(picked.requested.get("changed", row.get("changed", ()))),
-                outcome=str(comparison.get("outcome")),
-                reason=str(comparison.get("reason", "")),
+                outcome=comparison.outcome.value,
+                reason=comparison.reason,
                 attempt_id=picked.seal.attempt_id,
-                active_tokens=comparison.get("active_tokens"),
-                mismatches=comparison.get("mismatches"),
-                threshold=comparison.get("threshold"),
-                diagnostics=dict(comparison.get("diagnostics") or {}),
-                records=tuple(comparison.get("records") or ()),
-                identity_violations=tuple(comparison.get("identity_violations") or ()),
+                active_tokens=comparison.active_tokens,
+                mismatches=comparison.mismatches,
+                threshold=comparison.threshold,
+                diagnostics=comparison.diagnostics,
+                records=comparison.records,
+                identity_violations=comparison.identity_violations,
                 files=files,
                 attribution=entries.get(case_id),
                 detail=None,

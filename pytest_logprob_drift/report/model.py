@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from pytest_logprob_drift.numerics.comparison import Diagnostics
+from pytest_logprob_drift.records import KnobApplication
+
 if TYPE_CHECKING:  # the record only; importing the store would import torch
     from pytest_logprob_drift.store.verify import AttemptStatus
 
@@ -125,8 +128,8 @@ class CaseView:
     active_tokens: int | None
     mismatches: int | None
     threshold: float | None
-    diagnostics: Mapping[str, Any]
-    records: tuple[Mapping[str, Any], ...]
+    diagnostics: Diagnostics
+    records: tuple[KnobApplication, ...]
     identity_violations: tuple[str, ...]
     files: tuple[tuple[str, str], ...]
     """``(name, path relative to the page)`` of every sealed file of the shown attempt."""

@@ -320,14 +320,14 @@ def scatter_svg(data: Scatter, threshold: float) -> Markup:
 
 def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> Markup | None:
     """Every case's max / p99 / mean |diff|, cases sorted by max |diff|."""
-    rows = [c for c in cases if isinstance(c.diagnostics.get("max_abs_diff"), (int, float))]
+    rows = [c for c in cases if c.diagnostics.statistics is not None]
     if not rows:
         return None
-    rows.sort(key=lambda c: float(c.diagnostics["max_abs_diff"]))
+    rows.sort(key=lambda c: float(c.diagnostics.statistic("max_abs_diff") or 0.0))
     x = np.arange(len(rows))
     floor = 1e-12
     values = {
-        key: np.maximum(np.array([float(c.diagnostics.get(key) or 0.0) for c in rows]), floor)
+        key: np.maximum(np.array([float(c.diagnostics.statistic(key) or 0.0) for c in rows]), floor)
         for key in ("max_abs_diff", "p99_abs_diff", "mean_abs_diff")
     }
     bad = np.array([c.outcome != "PASS" for c in rows])

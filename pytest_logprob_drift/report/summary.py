@@ -16,7 +16,8 @@ from typing import Any
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
-from pytest_logprob_drift.numerics.text import REDUCTIONS, entries
+from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, ReductionStats
+from pytest_logprob_drift.numerics.text import REDUCTIONS
 from pytest_logprob_drift.report.model import ReportData
 
 HEADERS = [
@@ -70,48 +71,50 @@ STATISTICS = ("mean", "p99", "max")
 
 def has_full_vocabulary(data: ReportData) -> bool:
     """Whether some case carries full-vocabulary or semantic-offset diagnostics."""
-    return any(any(entries({"diagnostics": v.diagnostics})) for v in data.cases)
+    return any(
+        v.diagnostics.full_vocabulary is not None or v.diagnostics.semantic_offset is not None
+        for v in data.cases
+    )
 
 
-def _infinite(stats: Mapping[str, Any]) -> int:
-    value = stats.get("infinite")
-    return value if isinstance(value, int) else 0
-
-
-def stat_cell(stats: Any, statistic: str) -> tuple[str, float | None]:
+def stat_cell(stats: ReductionStats | None, statistic: str) -> tuple[str, float | None]:
     """A statistic of one reduction: its text (``inf`` when infinite somewhere and the
     statistic is the max, ``+ inf at n`` noted otherwise) and its sort value."""
-    if not isinstance(stats, Mapping):
+    if stats is None:
         return "-", None
-    value = stats.get(statistic)
-    infinite = _infinite(stats)
+    value = stats.statistic(statistic)
+    infinite = stats.infinite
     if statistic == "max" and infinite:
         return f"inf ({infinite} pos.)", float("inf")
-    if not isinstance(value, (int, float)):
+    if value is None:
         return ("inf" if infinite else "-"), (float("inf") if infinite else None)
     text = fmt_diff(value)
     return (f"{text} (+inf at {infinite})" if infinite else text), float(value)
 
 
-def full_vocabulary_cells(diagnostics: Mapping[str, Any]) -> list[tuple[str, float | None]]:
+def full_vocabulary_cells(diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
     """``(text, sort value)`` of the full-vocabulary columns, then the semantic-offset cell
     (its explanation when it fires)."""
-    full, offset = entries({"diagnostics": diagnostics})
-    if "unavailable" in full:
+    full, offset = diagnostics.full_summary, diagnostics.semantic_offset
+    if diagnostics.unavailable is not None:
         cells: list[tuple[str, float | None]] = [("n/a", None) for _ in FULL_VOCAB_COLUMNS]
     else:
-        cells = [stat_cell(full.get(key), stat) for _, key, stat in FULL_VOCAB_COLUMNS]
-    if offset.get("fires"):
-        cells.append((str(offset.get("explanation") or "fires"), None))
+        cells = [
+            stat_cell(None if full is None else full.reduction(key), stat)
+            for _, key, stat in FULL_VOCAB_COLUMNS
+        ]
+    if offset is not None and offset.fires:
+        cells.append((offset.explanation or "fires", None))
     else:
-        cells.append(("-" if not offset else "no", None))
+        cells.append(("-" if offset is None else "no", None))
     return cells
 
 
-def reduction_rows(full: Mapping[str, Any]) -> list[tuple[str, list[tuple[str, float | None]]]]:
+def reduction_rows(full: FullVocabulary) -> list[tuple[str, list[tuple[str, float | None]]]]:
     """Per reduction: its display name and ``STATISTICS`` cells (what a case section shows)."""
     return [
-        (name, [stat_cell(full.get(key), stat) for stat in STATISTICS]) for key, name in REDUCTIONS
+        (name, [stat_cell(full.reduction(key), stat) for stat in STATISTICS])
+        for key, name in REDUCTIONS
     ]
 
 
@@ -126,10 +129,10 @@ def summary_rows(data: ReportData) -> list[list[Any]]:
                 view.outcome,
                 "-" if view.active_tokens is None else view.active_tokens,
                 "-" if view.mismatches is None else view.mismatches,
-                fmt_diff(d.get("max_abs_diff")),
-                fmt_diff(d.get("p99_abs_diff")),
-                fmt_diff(d.get("mean_abs_diff")),
-                fmt_diff(d.get("approx_kl_k3")),
+                fmt_diff(d.statistic("max_abs_diff")),
+                fmt_diff(d.statistic("p99_abs_diff")),
+                fmt_diff(d.statistic("mean_abs_diff")),
+                fmt_diff(d.statistic("approx_kl_k3")),
             ]
         )
     return rows
@@ -161,7 +164,7 @@ def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
                 "attempt_id": v.attempt_id,
                 "active_tokens": v.active_tokens,
                 "mismatches": v.mismatches,
-                "diagnostics": dict(v.diagnostics),
+                "diagnostics": v.diagnostics.to_json(),
                 "detailed": v.detail is not None,
             }
             for v in data.cases

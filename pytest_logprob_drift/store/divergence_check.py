@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.numerics.divergence_file import SEALED_KEYS, sealed_diagnostics
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.artifacts import SealError
@@ -28,19 +29,14 @@ def _plain(value: Any) -> Any:
 
 
 def check_divergence(
-    comparison: Mapping[str, Any],
+    recorded: Diagnostics,
     divergence: Mapping[str, torch.Tensor] | None,
     diffs: Mapping[str, torch.Tensor],
 ) -> None:
-    """Raise SealError naming the file at fault unless the diagnostics are consistent."""
-    recorded = comparison.get("diagnostics") or {}
-    if not isinstance(recorded, Mapping):
-        raise SealError(layout.COMPARISON, "diagnostics must be an object")
+    """Raise SealError naming the file at fault unless comparison.json's ``recorded``
+    diagnostics and the sealed ``divergence`` tensors are consistent."""
     if divergence is None:
-        claimed = recorded.get("full_vocabulary")
-        if "semantic_offset" in recorded or (
-            isinstance(claimed, Mapping) and "unavailable" not in claimed
-        ):
+        if recorded.semantic_offset is not None or recorded.full_summary is not None:
             raise SealError(
                 layout.DIVERGENCE,
                 "comparison.json records full-vocabulary diagnostics but they are not sealed",
@@ -59,8 +55,9 @@ def check_divergence(
         )
     except ValueError as exc:
         raise SealError(layout.DIVERGENCE, str(exc)) from None
+    entries = recorded.to_json()
     for key in ENTRIES:
-        if _plain(recomputed[key]) != _plain(recorded.get(key)):
+        if _plain(recomputed[key]) != _plain(entries.get(key)):
             raise SealError(
                 layout.DIVERGENCE,
                 f"the {key} summary recomputed offline differs from comparison.json's",

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pytest_logprob_drift.numerics.comparison import NUMERIC_CHECK_KEYS, Comparison, NumericCheck
 from pytest_logprob_drift.numerics.verdict import judge
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
@@ -34,6 +34,7 @@ from pytest_logprob_drift.store.artifacts import (
     read_seal,
     sealed_file_errors,
 )
+from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.divergence_check import check_divergence
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 
@@ -53,11 +54,11 @@ CROSS_CHECKS = (
 class CheckedAttempt:
     directory: Path
     seal: Seal
-    comparison: Mapping[str, Any]
+    comparison: Comparison
 
     @property
     def outcome(self) -> Outcome:
-        return Outcome(self.comparison["outcome"])
+        return self.comparison.outcome
 
 
 def _sealed_bytes(directory: Path, name: str, seal: Seal) -> bytes:
@@ -121,7 +122,7 @@ def cross_check(diffs: dict[str, torch.Tensor], scored: dict[str, dict[str, torc
             )
 
 
-def recompute(directory: Path, seal: Seal) -> dict[str, Any]:
+def recompute(directory: Path, seal: Seal) -> NumericCheck:
     """The numerical verdict from token_diffs.pt alone."""
     diffs = load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal)
     if set(diffs) != TOKEN_DIFF_KEYS:
@@ -131,15 +132,23 @@ def recompute(directory: Path, seal: Seal) -> dict[str, Any]:
     if diffs["threshold"].numel() != 1:
         raise SealError(layout.TOKEN_DIFFS, "threshold must be a single number")
     threshold = float(diffs["threshold"].item())
-    verdict = judge(
+    return judge(
         diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"], threshold
-    )
-    return {
-        "outcome": verdict.outcome.value,
-        "mismatches": verdict.mismatches,
-        "active_tokens": verdict.active_tokens,
-        "threshold": threshold,
-    }
+    ).numeric_check()
+
+
+def _same_numeric_check(recorded: NumericCheck | None, numeric: NumericCheck) -> None:
+    """The recorded re-check must equal the one recomputed from ``token_diffs.pt``: a
+    SealError naming the first value that differs."""
+    want = numeric.to_json()
+    got = {} if recorded is None else recorded.to_json()
+    for key in NUMERIC_CHECK_KEYS:
+        if got.get(key) != want[key]:
+            raise SealError(
+                layout.TOKEN_DIFFS,
+                f"offline recomputation gives {key}={want[key]!r}, comparison.json records "
+                f"{got.get(key)!r}",
+            )
 
 
 def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttempt:
@@ -151,12 +160,9 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             "execution key differs from the current execution "
             "(identity, materialization, scorer, operators or environment changed)",
         )
-    comparison = load_sealed_json(directory, layout.COMPARISON, seal)
-    try:
-        outcome = Outcome(comparison["outcome"])
-    except (KeyError, ValueError):
-        raise SealError(layout.COMPARISON, "missing or unknown outcome") from None
-    if comparison.get("case_id") != seal.case_id:
+    comparison = parse_comparison(load_sealed_json(directory, layout.COMPARISON, seal))
+    outcome = comparison.outcome
+    if comparison.case_id != seal.case_id:
         raise SealError(layout.COMPARISON, "case id differs from the seal")
     for name in JSON_FILES:
         if name not in seal.files:
@@ -184,23 +190,15 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         cross_check(diffs, scored)
         full = layout.DIVERGENCE in seal.files
         check_divergence(
-            comparison,
+            comparison.diagnostics,
             load_sealed_tensors(directory, layout.DIVERGENCE, seal) if full else None,
             diffs,
         )
-        recorded = comparison.get("numerical", {})
-        for key in ("outcome", "mismatches", "active_tokens", "threshold"):
-            if recorded.get(key) != numeric[key]:
-                raise SealError(
-                    layout.TOKEN_DIFFS,
-                    f"offline recomputation gives {key}="
-                    f"{numeric[key]!r}, comparison.json records "
-                    f"{recorded.get(key)!r}",
-                )
-        if outcome in TENSOR_OUTCOMES and outcome.value != numeric["outcome"]:
+        _same_numeric_check(comparison.numerical, numeric)
+        if outcome in TENSOR_OUTCOMES and outcome is not numeric.outcome:
             raise SealError(
                 layout.COMPARISON,
                 f"outcome {outcome.value} disagrees with the "
-                f"recomputed verdict {numeric['outcome']}",
+                f"recomputed verdict {numeric.outcome.value}",
             )
     return CheckedAttempt(directory=directory, seal=seal, comparison=comparison)

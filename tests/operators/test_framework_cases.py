@@ -15,6 +15,7 @@ from drift_testing import ROOT, make_runner
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.records import canonical
 
 PRODUCTION = ("rlkernel.reference_logp", "rlkernel.chunked_logp")
 
@@ -58,7 +59,7 @@ def test_backend_passes_the_hf_baseline(tmp_path: Path, backend: str) -> None:
     with make_runner(execution_plan, runtime="hf", artifacts=tmp_path / "runs") as runner:
         (result,) = runner.run()
     assert result.outcome is Outcome.PASS, result.reason
-    records = {r["knob"]: r for r in result.comparison["records"]}
+    records = {r.knob: canonical(r) for r in result.comparison.records}
     assert records["logp.backend"]["actual"] == backend
 
 
@@ -84,7 +85,7 @@ def test_vocab_parallel_backend_passes_inside_fsdp_ranks(tmp_path: Path) -> None
     with make_runner(execution_plan, runtime="hf", artifacts=tmp_path / "runs") as runner:
         (result,) = runner.run()
     assert result.outcome is Outcome.PASS, result.reason
-    assert result.comparison["diagnostics"]["max_abs_diff"] < 1e-4
+    assert result.comparison.diagnostics.max_abs_diff < 1e-4
     actual = json.loads((result.attempt_dir / "actual.json").read_text())  # type: ignore[operator]
     evidence = actual["training_evidence"]
     assert evidence["world_size"] == 2

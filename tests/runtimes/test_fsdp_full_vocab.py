@@ -240,10 +240,10 @@ def test_fsdp_case_seals_full_vocab_divergence_that_agrees_with_the_unsharded_tr
     base, fsdp = results["baseline"], results["training.sharding=fsdp"]
     for result in (base, fsdp):
         assert result.outcome is Outcome.PASS, result.reason
-        full = result.comparison["diagnostics"]["full_vocabulary"]
+        full = result.comparison.to_json()["diagnostics"]["full_vocabulary"]
         assert "unavailable" not in full, full
-        assert result.comparison["diagnostics"]["semantic_offset"]["fires"] is False
-    records = {r["knob"]: r for r in fsdp.comparison["records"]}
+        assert result.comparison.to_json()["diagnostics"]["semantic_offset"]["fires"] is False
+    records = {r["knob"]: r for r in fsdp.comparison.to_json()["records"]}
     assert {r["status"] for r in records.values()} == {"applied"}, records
     actual = json.loads((fsdp.attempt_dir / "actual.json").read_text())["knobs"]
     assert actual["training.sharding"]["actual"] == "fsdp"
@@ -310,4 +310,4 @@ def test_fsdp_float32_lm_head_knob_is_applied_and_read_back(tmp_path: Path) -> N
         assert actual["training_evidence"]["lm_head_dtype"] == (
             "float32" if head == "float32" else "bfloat16"
         )
-        assert "unavailable" not in result.comparison["diagnostics"]["full_vocabulary"]
+        assert "unavailable" not in result.comparison.to_json()["diagnostics"]["full_vocabulary"]

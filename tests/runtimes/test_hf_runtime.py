@@ -99,10 +99,11 @@ def test_fp32_cases_pass_and_bf16_cases_mismatch(hf_run: dict[str, Any]) -> None
         "batch.size=1": Outcome.PASS,
         "training.sharding=fsdp": Outcome.PASS,
     }
-    baseline = results["baseline"].comparison
+    baseline = results["baseline"].comparison.to_json()
     assert baseline["active_tokens"] > 0
     assert baseline["diagnostics"]["max_abs_diff"] < 1e-4
-    assert results["rollout.dtype=bfloat16"].comparison["diagnostics"]["max_abs_diff"] > 1e-2
+    bf16 = results["rollout.dtype=bfloat16"].comparison.to_json()
+    assert bf16["diagnostics"]["max_abs_diff"] > 1e-2
 
 
 def test_actual_values_are_read_back_from_live_models(hf_run: dict[str, Any]) -> None:
@@ -213,7 +214,7 @@ def test_scorer_that_breaks_read_only_is_invalid_identity(
         (result,) = runner.run(baseline)
     assert result.outcome is Outcome.INVALID_IDENTITY
     assert words in result.reason
-    assert any(words in v for v in result.comparison["identity_violations"])
+    assert any(words in v for v in result.comparison.to_json()["identity_violations"])
 
 
 def test_response_before_eos_keeps_final_eos_in_tokens_but_does_not_score_it(
@@ -242,7 +243,7 @@ def test_response_before_eos_keeps_final_eos_in_tokens_but_does_not_score_it(
     expected = sealed_through["active_mask"].clone()
     expected[eos_rows, eos_cols] = False
     assert torch.equal(sealed_before["active_mask"], expected)  # nothing else changed
-    assert before.comparison["active_tokens"] == (
-        through.comparison["active_tokens"] - int(ends_in_eos.sum())
+    assert before.comparison.to_json()["active_tokens"] == (
+        through.comparison.to_json()["active_tokens"] - int(ends_in_eos.sum())
     )
-    assert before.comparison["diagnostics"]["max_abs_diff"] < 1e-4
+    assert before.comparison.to_json()["diagnostics"]["max_abs_diff"] < 1e-4

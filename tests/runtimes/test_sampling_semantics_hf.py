@@ -74,15 +74,15 @@ def test_verdicts_and_the_offset_diagnostic(semantics_run: dict[str, Any]) -> No
     for label, outcome in expected.items():
         result = results[label]
         assert result.outcome is outcome, (label, result.reason)
-        offset = result.comparison["diagnostics"]["semantic_offset"]
+        offset = result.comparison.to_json()["diagnostics"]["semantic_offset"]
         # Fires exactly where the two sides apply different semantics.
         assert offset["fires"] is (outcome is Outcome.MISMATCH), (label, offset)
-        records = {r["knob"]: r for r in result.comparison["records"]}
+        records = {r["knob"]: r for r in result.comparison.to_json()["records"]}
         assert {r["status"] for r in records.values()} == {"applied"}, records
-    message = results[ROLLOUT].comparison["diagnostics"]["semantic_offset"]["message"]
+    message = results[ROLLOUT].comparison.to_json()["diagnostics"]["semantic_offset"]["message"]
     assert message.startswith("truncation renormalization: |diff| matches log S within 1e-05")
     # The contract's minor version is recorded in every comparison.
-    assert all(r.comparison["contract"]["minor_version"] == 1 for r in results.values())
+    assert all(r.comparison.to_json()["contract"]["minor_version"] == 1 for r in results.values())
     assert {s.status for s in verify_run(semantics_run["run_dir"])} == {"ok"}
 
 

@@ -53,9 +53,9 @@ def _explained_as_processed_rollout(
     mismatches, explained as ``processed_rollout``; the run verifies. Returns the diagnostic."""
     baseline, processed = results["baseline"], results[ROLLOUT]
     assert baseline.outcome is Outcome.PASS, baseline.reason
-    assert baseline.comparison["diagnostics"]["semantic_offset"]["fires"] is False
+    assert baseline.comparison.to_json()["diagnostics"]["semantic_offset"]["fires"] is False
     assert processed.outcome is Outcome.MISMATCH, processed.reason
-    offset: dict[str, Any] = processed.comparison["diagnostics"]["semantic_offset"]
+    offset: dict[str, Any] = processed.comparison.to_json()["diagnostics"]["semantic_offset"]
     assert offset["fires"] is True and offset["explanation"] == "processed_rollout", offset
     assert {s.status for s in verify_run(run_dir)} == {"ok"}
     return offset

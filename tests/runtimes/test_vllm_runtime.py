@@ -129,6 +129,6 @@ def test_actual_that_disagrees_with_requested_is_strict_rejected(tmp_path: Path)
         (result,) = runner.run(bf16)
     assert result.outcome is Outcome.STRICT_REJECTED
     assert "rollout.dtype" in result.reason and "fallback" in result.reason
-    records = {r["knob"]: r for r in result.comparison["records"]}
+    records = {r["knob"]: r for r in result.comparison.to_json()["records"]}
     assert records["rollout.dtype"]["actual"] == "float32"
     assert records["rollout.dtype"]["requested"] == "bfloat16"

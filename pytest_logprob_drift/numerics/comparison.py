@@ -1,0 +1,631 @@
+"""The typed read model of ``comparison.json``: the verdict, its diagnostics and the re-check.
+
+Owns the frozen records a comparison is read into (the verdict's statistics and worst tokens,
+the optional full-vocabulary summary or why it is unavailable, the optional semantic-offset
+diagnosis, the knob records, the contract, and the numeric re-check that execution and resume
+both build), the strict reader from the JSON document (every wrong type, missing key or unknown
+key is a ``ComparisonShapeError`` naming its JSON path) and ``to_json``, which gives back the
+document it was read from, value for value. Knows nothing about torch, files, seals or how any
+number was computed; ``store.comparison`` turns a shape error into the attempt's seal error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.records import (
+    ApplicationStatus,
+    JSONScalar,
+    KnobApplication,
+    KnobValue,
+    Lifecycle,
+    ResolvedContract,
+    canonical,
+)
+
+
+class ComparisonShapeError(ValueError):
+    """A comparison document that is not what the writer writes: ``path`` (``$`` is the
+    document, ``diagnostics.full_vocabulary.positions``, ``records[2].knob``) and what is
+    wrong there."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+# --------------------------------------------------------------------------- the records
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Statistics:
+    """The verdict's statistics of ``|training - rollout|`` over the active tokens, and the
+    metrics RL frameworks log (never a verdict)."""
+
+    mean_abs_diff: float
+    p50_abs_diff: float
+    p90_abs_diff: float
+    p99_abs_diff: float
+    max_abs_diff: float
+    mismatch_ratio: float
+    approx_kl_k1: float
+    approx_kl_k3: float
+    slime_mean_abs_logprob_diff: float
+    nemo_rl_token_mult_prob_error: float
+    verl_rollout_probs_diff_max: float
+
+    def to_json(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in STATISTICS_KEYS}
+
+
+STATISTICS_KEYS = tuple(Statistics.__dataclass_fields__)
+"""The keys the verdict writes into comparison.json's diagnostics, all of them or none."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorstToken:
+    """One of the active tokens with the largest ``|diff|``."""
+
+    sample: int
+    position: int
+    rollout_logprob: float
+    training_logprob: float
+    abs_diff: float
+
+    def to_json(self) -> dict[str, JSONScalar]:
+        return {
+            "sample": self.sample,
+            "position": self.position,
+            "rollout_logprob": self.rollout_logprob,
+            "training_logprob": self.training_logprob,
+            "abs_diff": self.abs_diff,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReductionStats:
+    """One full-vocabulary reduction over the active positions: mean / p99 / max over the
+    finite values (None when none is), and how many are infinite or NaN."""
+
+    mean: float | None
+    p99: float | None
+    max: float | None
+    infinite: int
+    nan: int
+
+    def statistic(self, name: str) -> float | None:
+        """``mean``, ``p99`` or ``max`` by name (``STATISTIC_NAMES``)."""
+        if name == "mean":
+            return self.mean
+        if name == "p99":
+            return self.p99
+        if name == "max":
+            return self.max
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, JSONScalar]:
+        return {
+            "mean": self.mean,
+            "p99": self.p99,
+            "max": self.max,
+            "infinite": self.infinite,
+            "nan": self.nan,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopToken:
+    """A token at a worst position: both sides' logprobs (None: not finite) and its share of
+    the position's total variation."""
+
+    token_id: int
+    rollout_logprob: float | None
+    training_logprob: float | None
+    tv_share: float
+
+    def to_json(self) -> dict[str, JSONScalar]:
+        return {
+            "token_id": self.token_id,
+            "rollout_logprob": self.rollout_logprob,
+            "training_logprob": self.training_logprob,
+            "tv_share": self.tv_share,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorstPosition:
+    """A position with the largest total variation, its reductions and top tokens."""
+
+    sample: int
+    position: int
+    kl_rollout_training: float | None
+    kl_training_rollout: float | None
+    total_variation: float | None
+    top_tokens: tuple[TopToken, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sample": self.sample,
+            "position": self.position,
+            "kl_rollout_training": self.kl_rollout_training,
+            "kl_training_rollout": self.kl_training_rollout,
+            "total_variation": self.total_variation,
+            "top_tokens": [t.to_json() for t in self.top_tokens],
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FullVocabulary:
+    """The full-vocabulary summary (``numerics.divergence_file.summarize``)."""
+
+    positions: int
+    kl_rollout_training: ReductionStats
+    kl_training_rollout: ReductionStats
+    total_variation: ReductionStats
+    truncated_positions: int
+    worst_positions: tuple[WorstPosition, ...]
+
+    def reduction(self, key: str) -> ReductionStats:
+        """The reduction named ``key`` (one of ``REDUCTION_KEYS``)."""
+        if key == "kl_rollout_training":
+            return self.kl_rollout_training
+        if key == "kl_training_rollout":
+            return self.kl_training_rollout
+        if key == "total_variation":
+            return self.total_variation
+        raise KeyError(key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "positions": self.positions,
+            **{key: self.reduction(key).to_json() for key in REDUCTION_KEYS},
+            "truncated_positions": self.truncated_positions,
+            "worst_positions": [w.to_json() for w in self.worst_positions],
+        }
+
+
+REDUCTION_KEYS = ("kl_rollout_training", "kl_training_rollout", "total_variation")
+"""The reductions a full-vocabulary summary holds statistics of."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FullVocabularyUnavailable:
+    """Full-vocabulary diagnostics were asked for but could not be computed, and why."""
+
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"unavailable": self.reason}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SemanticOffsetSummary:
+    """The semantic-offset diagnosis (``numerics.semantic_offset.SemanticOffset.to_json``)."""
+
+    fires: bool
+    explanation: str | None
+    explained_fraction: float
+    truncated_positions: int
+    tolerance: float
+    message: str
+
+    def to_json(self) -> dict[str, JSONScalar]:
+        return {
+            "fires": self.fires,
+            "explanation": self.explanation,
+            "explained_fraction": self.explained_fraction,
+            "truncated_positions": self.truncated_positions,
+            "tolerance": self.tolerance,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnostics:
+    """comparison.json's ``diagnostics``: each part present or not (a verdict without
+    numerics has no statistics; full-vocabulary parts only when they were asked for)."""
+
+    statistics: Statistics | None = None
+    full_vocabulary: FullVocabulary | FullVocabularyUnavailable | None = None
+    semantic_offset: SemanticOffsetSummary | None = None
+
+    @property
+    def full_summary(self) -> FullVocabulary | None:
+        """The full-vocabulary summary when it was computed."""
+        full = self.full_vocabulary
+        return full if isinstance(full, FullVocabulary) else None
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why full-vocabulary diagnostics are unavailable (None: computed or not asked)."""
+        full = self.full_vocabulary
+        return full.reason if isinstance(full, FullVocabularyUnavailable) else None
+
+    @property
+    def max_abs_diff(self) -> float | None:
+        return None if self.statistics is None else self.statistics.max_abs_diff
+
+    def statistic(self, key: str) -> float | None:
+        """The verdict's statistic ``key`` (one of ``STATISTICS_KEYS``; a report's columns
+        name them), None when the verdict has no statistics."""
+        if key not in STATISTICS_KEYS:
+            raise KeyError(key)
+        value: float | None = None if self.statistics is None else getattr(self.statistics, key)
+        return value
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {} if self.statistics is None else dict(self.statistics.to_json())
+        if self.full_vocabulary is not None:
+            out["full_vocabulary"] = self.full_vocabulary.to_json()
+        if self.semantic_offset is not None:
+            out["semantic_offset"] = self.semantic_offset.to_json()
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NumericCheck:
+    """The numerical verdict alone (identity aside), which ``verify`` and resume recompute
+    from ``token_diffs.pt`` and compare with the recorded one."""
+
+    outcome: Outcome
+    mismatches: int
+    active_tokens: int
+    threshold: float
+
+    def to_json(self) -> dict[str, JSONScalar]:
+        return {
+            "outcome": self.outcome.value,
+            "mismatches": self.mismatches,
+            "active_tokens": self.active_tokens,
+            "threshold": self.threshold,
+        }
+
+
+NUMERIC_CHECK_KEYS = ("outcome", "mismatches", "active_tokens", "threshold")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Comparison:
+    """One attempt's ``comparison.json``."""
+
+    case_id: str
+    label: str
+    contract: ResolvedContract
+    outcome: Outcome
+    reason: str
+    threshold: float
+    active_tokens: int
+    mismatches: int
+    diagnostics: Diagnostics
+    worst_tokens: tuple[WorstToken, ...]
+    identity_violations: tuple[str, ...]
+    records: tuple[KnobApplication, ...]
+    numerical: NumericCheck | None = None
+    """Absent when neither side scored (a refusal came first)."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "case_id": self.case_id,
+            "label": self.label,
+            "contract": canonical(self.contract),
+            "outcome": self.outcome.value,
+            "reason": self.reason,
+            "threshold": self.threshold,
+            "active_tokens": self.active_tokens,
+            "mismatches": self.mismatches,
+            "diagnostics": self.diagnostics.to_json(),
+            "worst_tokens": [w.to_json() for w in self.worst_tokens],
+            "identity_violations": list(self.identity_violations),
+            "records": [canonical(r) for r in self.records],
+        }
+        if self.numerical is not None:
+            out["numerical"] = self.numerical.to_json()
+        return out
+
+
+# --------------------------------------------------------------------------- the reader
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _object(value: object, path: str, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> Any:
+    """``value`` as a JSON object with exactly ``keys`` (and any of ``optional``)."""
+    if not isinstance(value, dict):
+        raise ComparisonShapeError(path, f"expected an object, got {_type_name(value)}")
+    for key in keys:
+        if key not in value:
+            raise ComparisonShapeError(_at(path, key), "missing required key")
+    unknown = sorted(str(k) for k in value if k not in keys and k not in optional)
+    if unknown:
+        raise ComparisonShapeError(_at(path, unknown[0]), "unknown key")
+    return value
+
+
+def _at(path: str, key: str) -> str:
+    return key if path == "$" else f"{path}.{key}"
+
+
+def _array(value: object, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ComparisonShapeError(path, f"expected an array, got {_type_name(value)}")
+    return value
+
+
+def _string(value: object, path: str) -> str:
+    if not isinstance(value, str):
+        raise ComparisonShapeError(path, f"expected a string, got {_type_name(value)}")
+    return value
+
+
+def _boolean(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ComparisonShapeError(path, f"expected a boolean, got {_type_name(value)}")
+    return value
+
+
+def _count(value: object, path: str) -> int:
+    """A non-negative integer (counts, indices, token ids)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ComparisonShapeError(
+            path, f"expected a non-negative integer, got {_type_name(value)} {value!r:.40}"
+        )
+    return value
+
+
+def _number(value: object, path: str) -> float:
+    """A finite number, kept as written (an integer stays one, so ``to_json`` gives it back)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ComparisonShapeError(path, f"expected a number, got {_type_name(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ComparisonShapeError(path, f"expected a finite number, got {value!r}")
+    return value
+
+
+def _optional_number(value: object, path: str) -> float | None:
+    return None if value is None else _number(value, path)
+
+
+def _scalar(value: object, path: str) -> JSONScalar:
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    return _number(value, path)
+
+
+def _enum_value(value: object, path: str, kind: type[Any]) -> Any:
+    text = _string(value, path)
+    try:
+        return kind(text)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in kind)
+        raise ComparisonShapeError(path, f"expected one of {choices}, got {text!r:.60}") from None
+
+
+def _statistics(document: dict[str, Any], path: str) -> Statistics | None:
+    present = [key for key in STATISTICS_KEYS if key in document]
+    if not present:
+        return None
+    missing = [key for key in STATISTICS_KEYS if key not in document]
+    if missing:
+        raise ComparisonShapeError(_at(path, missing[0]), "missing required key")
+    return Statistics(**{key: _number(document[key], _at(path, key)) for key in STATISTICS_KEYS})
+
+
+def _worst_token(value: object, path: str) -> WorstToken:
+    keys = ("sample", "position", "rollout_logprob", "training_logprob", "abs_diff")
+    document = _object(value, path, keys)
+    return WorstToken(
+        sample=_count(document["sample"], f"{path}.sample"),
+        position=_count(document["position"], f"{path}.position"),
+        rollout_logprob=_number(document["rollout_logprob"], f"{path}.rollout_logprob"),
+        training_logprob=_number(document["training_logprob"], f"{path}.training_logprob"),
+        abs_diff=_number(document["abs_diff"], f"{path}.abs_diff"),
+    )
+
+
+def _reduction(value: object, path: str) -> ReductionStats:
+    document = _object(value, path, ("mean", "p99", "max", "infinite", "nan"))
+    return ReductionStats(
+        mean=_optional_number(document["mean"], f"{path}.mean"),
+        p99=_optional_number(document["p99"], f"{path}.p99"),
+        max=_optional_number(document["max"], f"{path}.max"),
+        infinite=_count(document["infinite"], f"{path}.infinite"),
+        nan=_count(document["nan"], f"{path}.nan"),
+    )
+
+
+def _top_token(value: object, path: str) -> TopToken:
+    keys = ("token_id", "rollout_logprob", "training_logprob", "tv_share")
+    document = _object(value, path, keys)
+    return TopToken(
+        token_id=_count(document["token_id"], f"{path}.token_id"),
+        rollout_logprob=_optional_number(document["rollout_logprob"], f"{path}.rollout_logprob"),
+        training_logprob=_optional_number(document["training_logprob"], f"{path}.training_logprob"),
+        tv_share=_number(document["tv_share"], f"{path}.tv_share"),
+    )
+
+
+def _worst_position(value: object, path: str) -> WorstPosition:
+    keys = ("sample", "position", *REDUCTION_KEYS, "top_tokens")
+    document = _object(value, path, keys)
+    tokens = _array(document["top_tokens"], f"{path}.top_tokens")
+    return WorstPosition(
+        sample=_count(document["sample"], f"{path}.sample"),
+        position=_count(document["position"], f"{path}.position"),
+        kl_rollout_training=_optional_number(
+            document["kl_rollout_training"], f"{path}.kl_rollout_training"
+        ),
+        kl_training_rollout=_optional_number(
+            document["kl_training_rollout"], f"{path}.kl_training_rollout"
+        ),
+        total_variation=_optional_number(document["total_variation"], f"{path}.total_variation"),
+        top_tokens=tuple(_top_token(t, f"{path}.top_tokens[{i}]") for i, t in enumerate(tokens)),
+    )
+
+
+def _full_vocabulary(value: object, path: str) -> FullVocabulary | FullVocabularyUnavailable:
+    if isinstance(value, dict) and "unavailable" in value:
+        document = _object(value, path, ("unavailable",))
+        return FullVocabularyUnavailable(
+            reason=_string(document["unavailable"], f"{path}.unavailable")
+        )
+    keys = ("positions", *REDUCTION_KEYS, "truncated_positions", "worst_positions")
+    document = _object(value, path, keys)
+    worst = _array(document["worst_positions"], f"{path}.worst_positions")
+    return FullVocabulary(
+        positions=_count(document["positions"], f"{path}.positions"),
+        kl_rollout_training=_reduction(
+            document["kl_rollout_training"], f"{path}.kl_rollout_training"
+        ),
+        kl_training_rollout=_reduction(
+            document["kl_training_rollout"], f"{path}.kl_training_rollout"
+        ),
+        total_variation=_reduction(document["total_variation"], f"{path}.total_variation"),
+        truncated_positions=_count(document["truncated_positions"], f"{path}.truncated_positions"),
+        worst_positions=tuple(
+            _worst_position(w, f"{path}.worst_positions[{i}]") for i, w in enumerate(worst)
+        ),
+    )
+
+
+def _semantic_offset(value: object, path: str) -> SemanticOffsetSummary:
+    keys = (
+        "fires",
+        "explanation",
+        "explained_fraction",
+        "truncated_positions",
+        "tolerance",
+        "message",
+    )
+    document = _object(value, path, keys)
+    explanation = document["explanation"]
+    return SemanticOffsetSummary(
+        fires=_boolean(document["fires"], f"{path}.fires"),
+        explanation=None if explanation is None else _string(explanation, f"{path}.explanation"),
+        explained_fraction=_number(document["explained_fraction"], f"{path}.explained_fraction"),
+        truncated_positions=_count(document["truncated_positions"], f"{path}.truncated_positions"),
+        tolerance=_number(document["tolerance"], f"{path}.tolerance"),
+        message=_string(document["message"], f"{path}.message"),
+    )
+
+
+def read_diagnostics(value: object, path: str = "diagnostics") -> Diagnostics:
+    """comparison.json's ``diagnostics`` object as its typed parts."""
+    document = _object(
+        value, path, (), optional=(*STATISTICS_KEYS, "full_vocabulary", "semantic_offset")
+    )
+    full, offset = "full_vocabulary", "semantic_offset"
+    return Diagnostics(
+        statistics=_statistics(document, path),
+        full_vocabulary=(
+            _full_vocabulary(document[full], _at(path, full)) if full in document else None
+        ),
+        semantic_offset=(
+            _semantic_offset(document[offset], _at(path, offset)) if offset in document else None
+        ),
+    )
+
+
+def _contract(value: object, path: str) -> ResolvedContract:
+    keys = ("source", "version", "threshold", "unit", "digest", "minor_version")
+    document = _object(value, path, keys)
+    return ResolvedContract(
+        source=_string(document["source"], f"{path}.source"),
+        version=_string(document["version"], f"{path}.version"),
+        threshold=_number(document["threshold"], f"{path}.threshold"),
+        unit=_string(document["unit"], f"{path}.unit"),
+        digest=_string(document["digest"], f"{path}.digest"),
+        minor_version=_count(document["minor_version"], f"{path}.minor_version"),
+    )
+
+
+def _knob_value(value: object, path: str) -> KnobValue:
+    if isinstance(value, (str, bool)) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ComparisonShapeError(
+        path, f"expected a string, integer or boolean, got {_type_name(value)}"
+    )
+
+
+def _record(value: object, path: str) -> KnobApplication:
+    keys = ("knob", "lifecycle", "requested", "materialized", "actual", "status", "evidence")
+    document = _object(value, path, keys)
+    return KnobApplication(
+        knob=_string(document["knob"], f"{path}.knob"),
+        lifecycle=_enum_value(document["lifecycle"], f"{path}.lifecycle", Lifecycle),
+        requested=_knob_value(document["requested"], f"{path}.requested"),
+        materialized=_scalar(document["materialized"], f"{path}.materialized"),
+        actual=_scalar(document["actual"], f"{path}.actual"),
+        status=_enum_value(document["status"], f"{path}.status", ApplicationStatus),
+        evidence=_string(document["evidence"], f"{path}.evidence"),
+    )
+
+
+def read_numeric_check(value: object, path: str = "numerical") -> NumericCheck:
+    document = _object(value, path, NUMERIC_CHECK_KEYS)
+    return NumericCheck(
+        outcome=_enum_value(document["outcome"], f"{path}.outcome", Outcome),
+        mismatches=_count(document["mismatches"], f"{path}.mismatches"),
+        active_tokens=_count(document["active_tokens"], f"{path}.active_tokens"),
+        threshold=_number(document["threshold"], f"{path}.threshold"),
+    )
+
+
+COMPARISON_KEYS = (
+    "case_id",
+    "label",
+    "contract",
+    "outcome",
+    "reason",
+    "threshold",
+    "active_tokens",
+    "mismatches",
+    "diagnostics",
+    "worst_tokens",
+    "identity_violations",
+    "records",
+)
+"""The keys every comparison.json has; ``numerical`` is the one optional key."""
+
+
+def read_comparison(value: object) -> Comparison:
+    """A comparison.json document as its record, strictly: every wrong type, missing required
+    key or unknown key raises ``ComparisonShapeError`` naming its JSON path."""
+    document = _object(value, "$", COMPARISON_KEYS, optional=("numerical",))
+    worst = _array(document["worst_tokens"], "worst_tokens")
+    violations = _array(document["identity_violations"], "identity_violations")
+    records = _array(document["records"], "records")
+    return Comparison(
+        case_id=_string(document["case_id"], "case_id"),
+        label=_string(document["label"], "label"),
+        contract=_contract(document["contract"], "contract"),
+        outcome=_enum_value(document["outcome"], "outcome", Outcome),
+        reason=_string(document["reason"], "reason"),
+        threshold=_number(document["threshold"], "threshold"),
+        active_tokens=_count(document["active_tokens"], "active_tokens"),
+        mismatches=_count(document["mismatches"], "mismatches"),
+        diagnostics=read_diagnostics(document["diagnostics"]),
+        worst_tokens=tuple(_worst_token(w, f"worst_tokens[{i}]") for i, w in enumerate(worst)),
+        identity_violations=tuple(
+            _string(v, f"identity_violations[{i}]") for i, v in enumerate(violations)
+        ),
+        records=tuple(_record(r, f"records[{i}]") for i, r in enumerate(records)),
+        numerical=(read_numeric_check(document["numerical"]) if "numerical" in document else None),
+    )
