@@ -225,7 +225,7 @@ def print_attribution(attribution: SealedAttribution, out: TextIO) -> None:
 
 def _result_json(r: CaseResult) -> dict[str, Any]:
     c = r.comparison
-    diagnostics = {} if c is None else c.diagnostics.to_json()
+    diagnostics = None if c is None else c.diagnostics
     return {
         "case_id": r.case_id,
         "label": r.label,
@@ -237,9 +237,14 @@ def _result_json(r: CaseResult) -> dict[str, Any]:
         "active_tokens": None if c is None else c.active_tokens,
         "mismatches": None if c is None else c.mismatches,
         "max_abs_diff": _max_abs_diff(r),
-        **{
-            key: diagnostics[key]
-            for key in ("full_vocabulary", "semantic_offset")
-            if key in diagnostics
-        },
+        **(
+            {}
+            if diagnostics is None or diagnostics.full_vocabulary is None
+            else {"full_vocabulary": diagnostics.full_vocabulary.to_json()}
+        ),
+        **(
+            {}
+            if diagnostics is None or diagnostics.semantic_offset is None
+            else {"semantic_offset": diagnostics.semantic_offset.to_json()}
+        ),
     }

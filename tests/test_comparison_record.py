@@ -1,0 +1,342 @@
+"""comparison.json is read once, strictly, into its typed record (issue 20).
+
+``read_comparison`` / ``store.comparison.parse_comparison`` accept exactly what the writer
+writes: every wrong type, missing required key, unknown key or wrong nested type is refused
+naming its JSON path, optional parts are optional, and ``to_json`` gives back the very bytes it
+was read from, for the runs sealed before the read model (``tests/data/pre_issue20``) and for
+freshly written attempts of every kind. ``verify`` and ``run`` judge an attempt whose
+re-sealed comparison.json has a wrong type invalid (one line naming the field), never crash.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drift_testing import S0, FaultyCpuSmokeAdapter, cli, run_by_label, run_s0
+
+from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.numerics.comparison import (
+    Comparison,
+    ComparisonShapeError,
+    read_comparison,
+)
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.store.artifacts import SealError, iter_attempt_dirs, json_bytes
+from pytest_logprob_drift.store.comparison import parse_comparison
+from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE
+from pytest_logprob_drift.store.resume import check_attempt
+
+PRE_ISSUE20 = Path(__file__).parent / "data" / "pre_issue20" / "runs"
+EXPERIMENT = "s0-cpu-smoke"
+
+
+def _fixture_comparisons() -> list[Path]:
+    return sorted(PRE_ISSUE20.rglob(COMPARISON))
+
+
+def _full_vocabulary_fixture() -> dict[str, Any]:
+    """A pre-issue-20 comparison with every part: statistics, full vocabulary, offset."""
+    for path in _fixture_comparisons():
+        document: dict[str, Any] = json.loads(path.read_bytes())
+        full = document["diagnostics"].get("full_vocabulary", {})
+        if full.get("worst_positions") and len(full["worst_positions"][0]["top_tokens"]) > 1:
+            return document
+    raise AssertionError("no fixture comparison with full-vocabulary worst positions")
+
+
+# ----------------------------------------------------------------------------- round trip
+
+
+def test_the_fixture_runs_hold_comparisons_of_both_kinds() -> None:
+    documents = [json.loads(p.read_bytes()) for p in _fixture_comparisons()]
+    assert len(documents) == 6
+    assert sum("full_vocabulary" in d["diagnostics"] for d in documents) == 3
+    assert {d["outcome"] for d in documents} == {"PASS", "MISMATCH"}
+
+
+@pytest.mark.parametrize("path", _fixture_comparisons(), ids=lambda p: p.parent.parent.name)
+def test_pre_issue20_comparisons_round_trip_byte_for_byte(path: Path) -> None:
+    data = path.read_bytes()
+    record = parse_comparison(json.loads(data))
+    assert isinstance(record, Comparison)
+    assert json_bytes(record.to_json()) == data
+
+
+def _full_config(work: Path) -> Path:
+    document = json.loads(S0.read_text())
+    document["diagnostics"] = {"full_vocabulary": {"top_k": 3, "worst_positions": 2}}
+    path = work / "full.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("adapter", "outcomes"),
+    [
+        (None, {Outcome.PASS, Outcome.MISMATCH}),
+        ("alter_tokens", {Outcome.INVALID_IDENTITY}),
+        ("nan_scores", {Outcome.INVALID_ARTIFACT}),
+    ],
+)
+def test_fresh_comparisons_are_the_record_written_once(
+    tmp_path: Path, adapter: str | None, outcomes: set[Outcome]
+) -> None:
+    """Every freshly sealed comparison.json is its record's ``to_json``: parsing it back gives
+    an equal record and the same bytes; the runner carries that record."""
+    results = run_by_label(
+        plan_file(str(_full_config(tmp_path))),
+        runtime="cpu-smoke",
+        artifacts=tmp_path / "runs",
+        allow_smoke=True,
+        adapter=None if adapter is None else FaultyCpuSmokeAdapter(adapter),
+    )
+    assert {r.outcome for r in results.values()} == outcomes
+    for result in results.values():
+        assert result.attempt_dir is not None and result.comparison is not None
+        data = (result.attempt_dir / COMPARISON).read_bytes()
+        record = parse_comparison(json.loads(data))
+        assert record == result.comparison
+        assert json_bytes(record.to_json()) == data
+        assert record.outcome is result.outcome and record.reason == result.reason
+        assert check_attempt(result.attempt_dir, expected_key=None).comparison == record
+        if adapter is None:
+            assert record.numerical is not None
+            assert record.numerical.outcome is record.outcome
+            assert record.diagnostics.statistics is not None
+        assert record.diagnostics.full_summary is not None
+        assert record.diagnostics.semantic_offset is not None
+
+
+def test_optional_parts_are_optional() -> None:
+    document = _full_vocabulary_fixture()
+    for key in ("full_vocabulary", "semantic_offset"):
+        del document["diagnostics"][key]
+    del document["numerical"]
+    record = read_comparison(document)
+    assert record.numerical is None
+    assert record.diagnostics.full_vocabulary is None
+    assert record.diagnostics.semantic_offset is None
+    assert record.diagnostics.statistics is not None
+    assert record.to_json() == document
+    document["diagnostics"] = {"full_vocabulary": {"unavailable": "no distributions"}}
+    record = read_comparison(document)
+    assert record.diagnostics.statistics is None
+    assert record.diagnostics.max_abs_diff is None
+    assert record.diagnostics.unavailable == "no distributions"
+    assert record.to_json() == document
+
+
+# ----------------------------------------------------------------------------- error paths
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def _set(path: tuple[str | int, ...], value: Any) -> Mutation:
+    def mutate(document: dict[str, Any]) -> None:
+        node: Any = document
+        for step in path[:-1]:
+            node = node[step]
+        node[path[-1]] = value
+
+    return mutate
+
+
+def _delete(path: tuple[str | int, ...]) -> Mutation:
+    def mutate(document: dict[str, Any]) -> None:
+        node: Any = document
+        for step in path[:-1]:
+            node = node[step]
+        del node[path[-1]]
+
+    return mutate
+
+
+DIAG = "diagnostics"
+FULL = (DIAG, "full_vocabulary")
+OFFSET = (DIAG, "semantic_offset")
+ERRORS: list[tuple[Mutation, str, str]] = [
+    (_delete(("case_id",)), "case_id", "missing required key"),
+    (_delete(("records",)), "records", "missing required key"),
+    (_set(("surprise",), 1), "surprise", "unknown key"),
+    (_set(("case_id",), 7), "case_id", "expected a string, got a number"),
+    (_set(("outcome",), "MAYBE"), "outcome", "expected one of 'PASS'"),
+    (_set(("outcome",), None), "outcome", "expected a string, got null"),
+    (_set(("active_tokens",), "38"), "active_tokens", "expected a non-negative integer"),
+    (_set(("mismatches",), True), "mismatches", "expected a non-negative integer"),
+    (_set(("mismatches",), -1), "mismatches", "expected a non-negative integer"),
+    (_set(("threshold",), "0.001"), "threshold", "expected a number, got a string"),
+    (_set(("threshold",), float("nan")), "threshold", "expected a finite number"),
+    (_set(("reason",), ["x"]), "reason", "expected a string, got an array"),
+    (_set(("contract",), "ws1"), "contract", "expected an object, got a string"),
+    (_delete(("contract", "minor_version")), "contract.minor_version", "missing required key"),
+    (_set(("contract", "threshold"), {}), "contract.threshold", "expected a number"),
+    (_set((DIAG,), []), DIAG, "expected an object, got an array"),
+    (_delete((DIAG, "max_abs_diff")), "diagnostics.max_abs_diff", "missing required key"),
+    (_set((DIAG, "mean_abs_diff"), None), "diagnostics.mean_abs_diff", "expected a number"),
+    (_set((DIAG, "kl"), 1.0), "diagnostics.kl", "unknown key"),
+    (_set(FULL, 3), "diagnostics.full_vocabulary", "expected an object, got a number"),
+    (
+        _set(FULL, {"unavailable": 3}),
+        "diagnostics.full_vocabulary.unavailable",
+        "expected a string",
+    ),
+    (
+        _set((*FULL, "positions"), 1.5),
+        "diagnostics.full_vocabulary.positions",
+        "expected a non-negative integer",
+    ),
+    (
+        _set((*FULL, "total_variation", "infinite"), "0"),
+        "diagnostics.full_vocabulary.total_variation.infinite",
+        "expected a non-negative integer",
+    ),
+    (
+        _delete((*FULL, "kl_training_rollout", "p99")),
+        "diagnostics.full_vocabulary.kl_training_rollout.p99",
+        "missing required key",
+    ),
+    (
+        _set((*FULL, "worst_positions"), {}),
+        "diagnostics.full_vocabulary.worst_positions",
+        "expected an array, got an object",
+    ),
+    (
+        _set((*FULL, "worst_positions", 0, "top_tokens", 1, "token_id"), -1),
+        "diagnostics.full_vocabulary.worst_positions[0].top_tokens[1].token_id",
+        "expected a non-negative integer",
+    ),
+    (
+        _set((*FULL, "worst_positions", 0, "top_tokens", 1, "tv_share"), None),
+        "diagnostics.full_vocabulary.worst_positions[0].top_tokens[1].tv_share",
+        "expected a number, got null",
+    ),
+    (
+        _set((*FULL, "worst_positions", 0, "total_variation"), "big"),
+        "diagnostics.full_vocabulary.worst_positions[0].total_variation",
+        "expected a number, got a string",
+    ),
+    (
+        _set((*OFFSET, "fires"), "no"),
+        "diagnostics.semantic_offset.fires",
+        "expected a boolean",
+    ),
+    (
+        _set((*OFFSET, "explanation"), 1),
+        "diagnostics.semantic_offset.explanation",
+        "expected a string",
+    ),
+    (_set(("worst_tokens",), {}), "worst_tokens", "expected an array"),
+    (_set(("worst_tokens", 0, "abs_diff"), "x"), "worst_tokens[0].abs_diff", "expected a number"),
+    (_delete(("worst_tokens", 1, "sample")), "worst_tokens[1].sample", "missing required key"),
+    (_set(("identity_violations",), "x"), "identity_violations", "expected an array"),
+    (_set(("identity_violations",), [3]), "identity_violations[0]", "expected a string"),
+    (_set(("records", 0, "status"), "maybe"), "records[0].status", "expected one of 'applied'"),
+    (_set(("records", 1, "requested"), [1]), "records[1].requested", "expected a string, integer"),
+    (_set(("records", 0, "actual"), {}), "records[0].actual", "expected a number, got an object"),
+    (_set(("records", 0, "lifecycle"), 0), "records[0].lifecycle", "expected a string"),
+    (_set(("numerical",), None), "numerical", "expected an object, got null"),
+    (_set(("numerical", "mismatches"), 0.0), "numerical.mismatches", "non-negative integer"),
+    (_set(("numerical", "outcome"), "pass"), "numerical.outcome", "expected one of"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "path", "words"), ERRORS, ids=[e[1] for e in ERRORS])
+def test_a_wrong_shape_is_a_seal_error_naming_its_json_path(
+    mutate: Mutation, path: str, words: str
+) -> None:
+    document = _full_vocabulary_fixture()
+    read_comparison(document)  # the unmutated document is fine
+    mutate(document)
+    with pytest.raises(ComparisonShapeError) as shape:
+        read_comparison(document)
+    assert shape.value.path == path
+    assert words in shape.value.message
+    with pytest.raises(SealError) as info:
+        parse_comparison(document)
+    assert info.value.file == COMPARISON
+    assert info.value.message.startswith(f"{path}: ")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("document", [[], "comparison", None, 3])
+def test_a_document_that_is_no_object_is_refused(document: Any) -> None:
+    with pytest.raises(SealError, match=r"^comparison\.json: \$: expected an object"):
+        parse_comparison(document)
+
+
+# ----------------------------------------------------------------------------- verify, run
+
+
+@pytest.fixture(scope="module")
+def sealed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("comparison-record")
+    assert run_s0(root)[0] == 0
+    return root
+
+
+def _reseal_comparison(attempt: Path, document: dict[str, Any]) -> None:
+    """Rewrite comparison.json and put its plain SHA-256 in COMPLETE (an unkeyed run)."""
+    path = attempt / COMPARISON
+    os.chmod(path, 0o644)
+    path.write_bytes(json_bytes(document))
+    seal = json.loads((attempt / COMPLETE).read_text())
+    seal["files"][COMPARISON] = hashlib.sha256(path.read_bytes()).hexdigest()
+    os.chmod(attempt / COMPLETE, 0o644)
+    (attempt / COMPLETE).write_bytes(json_bytes(seal))
+
+
+RESEALED = [
+    (_set(("numerical",), []), "numerical: expected an object, got an array"),
+    (_set((DIAG, "max_abs_diff"), "small"), "diagnostics.max_abs_diff: expected a number"),
+    (
+        _set((DIAG, "semantic_offset"), {"fires": True}),
+        "diagnostics.semantic_offset.explanation: missing required key",
+    ),
+    (_set(("records", 0), "batch.size"), "records[0]: expected an object, got a string"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "detail"), RESEALED, ids=[r[1].split(":")[0] for r in RESEALED])
+def test_verify_and_run_judge_a_resealed_wrong_type_invalid(
+    sealed_run: Path, tmp_path: Path, mutate: Mutation, detail: str
+) -> None:
+    runs = tmp_path / "runs"
+    shutil.copytree(sealed_run, runs)
+    run_dir = runs / EXPERIMENT
+    attempt = next(
+        a
+        for a in iter_attempt_dirs(run_dir)
+        if json.loads((a / COMPARISON).read_bytes())["label"] == "baseline"
+    )
+    document = json.loads((attempt / COMPARISON).read_bytes())
+    mutate(document)
+    _reseal_comparison(attempt, copy.deepcopy(document))
+
+    code, out, err = cli("verify", run_dir)
+    assert (code, err) == (1, ""), out
+    lines = [line for line in out.splitlines() if line.startswith(attempt.parent.name)]
+    assert len(lines) == 1 and attempt.name in lines[0] and "invalid" in lines[0], out
+    assert COMPARISON in lines[0] and detail in lines[0], lines[0]
+    assert "Traceback" not in out
+
+    code, out, err = cli("verify", run_dir, "--json")
+    report = {a["attempt_id"]: a for a in json.loads(out)["attempts"]}
+    assert code == 1
+    assert report[attempt.name]["status"] == "invalid"
+    assert report[attempt.name]["file"] == COMPARISON
+    assert report[attempt.name]["detail"].startswith(detail)
+
+    # a following run skips it with one line and executes the case again
+    code, out, err = run_s0(runs)
+    assert code == 0, err
+    assert f"skipped attempt {attempt.name}: {COMPARISON}: {detail}" in err
+    baseline = next(r for r in json.loads(out)["results"] if r["label"] == "baseline")
+    assert not baseline["reused"] and Path(baseline["attempt_dir"]) != attempt
