@@ -2,11 +2,12 @@
 
 Owns deciding whether an existing attempt may stand in for executing a case again: the seal is
 intact (every file's SHA-256, nothing unsealed, plain names only, no symbolic links; under a
-seal key its MAC verifies), the execution key equals the current one, the tensor payloads load
-with ``weights_only=True`` from the exact bytes that were hashed (each byte read and hashed
-once), ``token_diffs.pt`` holds exactly the logprobs and mask of ``score_rollout.pt`` and
-``score_training.pt``, and the verdict recomputed offline from it agrees with
-``comparison.json``.
+seal key its MAC verifies), ``comparison.json`` parses strictly into its record
+(``CheckedAttempt.comparison``, which the runner carries in its results), the execution key
+equals the current one, the tensor payloads load with ``weights_only=True`` from the exact
+bytes that were hashed (each byte read and hashed once), ``token_diffs.pt`` holds exactly the
+logprobs and mask of ``score_rollout.pt`` and ``score_training.pt``, and the verdict
+recomputed offline from it agrees with ``comparison.json``.
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
 still be reused. Used by the runner, ``store.verify`` and the report. Never writes anything;
 knows nothing about engines or runtimes.
