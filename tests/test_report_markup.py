@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 
 import pytest
 
+from pytest_logprob_drift.numerics.comparison import STATISTICS_KEYS, Diagnostics, Statistics
 from pytest_logprob_drift.report import plots
 from pytest_logprob_drift.report.markup import Markup, el, escape, join, page_link
 from pytest_logprob_drift.report.model import CaseView
@@ -144,7 +145,15 @@ def _view(label: str, i: int) -> CaseView:
         active_tokens=1,
         mismatches=0,
         threshold=1e-3,
-        diagnostics={"max_abs_diff": 1e-4 * (i + 1), "p99_abs_diff": 1e-5, "mean_abs_diff": 1e-6},
+        diagnostics=Diagnostics(
+            statistics=Statistics(
+                **{
+                    **dict.fromkeys(STATISTICS_KEYS, 1e-6),
+                    "max_abs_diff": 1e-4 * (i + 1),
+                    "p99_abs_diff": 1e-5,
+                }
+            )
+        ),
         records=(),
         identity_violations=(),
         files=(),
