@@ -15,7 +15,10 @@ import importlib
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
-    from pytest_logprob_drift.config.loader import load_config, parse_config
+    from collections.abc import Mapping
+    from pathlib import Path
+    from typing import Any
+
     from pytest_logprob_drift.errors import (
         ArtifactError,
         ConfigError,
@@ -26,12 +29,10 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.plan.binding import ExecutionPlan, build_execution_plan
     from pytest_logprob_drift.plan.planner import plan_experiment
-    from pytest_logprob_drift.records import ExperimentConfig, ExperimentPlan
+    from pytest_logprob_drift.records import BuiltinCheckpoint, ExperimentConfig, ExperimentPlan
     from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog, default_catalog
 
 _FACADE = {
-    "load_config": "pytest_logprob_drift.config.loader",
-    "parse_config": "pytest_logprob_drift.config.loader",
     "ArtifactError": "pytest_logprob_drift.errors",
     "ConfigError": "pytest_logprob_drift.errors",
     "ConfigErrors": "pytest_logprob_drift.errors",
@@ -83,20 +84,61 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_FACADE})
 
 
+def _registered_checkpoints() -> Mapping[str, BuiltinCheckpoint]:
+    """The built-in checkpoints the frontends plan against: ``policy``'s runtimes'."""
+    from pytest_logprob_drift.policy import runtime_catalog
+
+    return runtime_catalog().checkpoints
+
+
+def load_config(
+    path: str | Path, *, checkpoints: Mapping[str, BuiltinCheckpoint] | None = None
+) -> ExperimentConfig:
+    """Read and strictly validate a config file, its checkpoint against ``checkpoints``
+    (default: the built-in checkpoints of the runtimes the frontends register)."""
+    from pytest_logprob_drift.config import loader
+
+    if checkpoints is None:
+        checkpoints = _registered_checkpoints()
+    return loader.load_config(path, checkpoints=checkpoints)
+
+
+def parse_config(
+    document: Any,
+    *,
+    source: str | None = None,
+    base_dir: Path | None = None,
+    checkpoints: Mapping[str, BuiltinCheckpoint] | None = None,
+) -> ExperimentConfig:
+    """Validate an already-parsed config document (``checkpoints`` as for ``load_config``)."""
+    from pytest_logprob_drift.config import loader
+
+    if checkpoints is None:
+        checkpoints = _registered_checkpoints()
+    return loader.parse_config(document, source=source, base_dir=base_dir, checkpoints=checkpoints)
+
+
 def plan_file(
-    path: str, *, pairwise: bool = False, catalog: SemanticOperatorCatalog | None = None
+    path: str,
+    *,
+    pairwise: bool = False,
+    catalog: SemanticOperatorCatalog | None = None,
+    checkpoints: Mapping[str, BuiltinCheckpoint] | None = None,
 ) -> ExecutionPlan:
     """Load, plan and operator-bind a config file (no engine, no torch), against ``catalog``
-    (default: what the frontends plan against, ``policy.assemble().operators``)."""
-    from pytest_logprob_drift.config.loader import load_config
+    and ``checkpoints`` (default: what the frontends plan against, ``policy.assemble()``'s
+    operators and its runtimes' built-in checkpoints)."""
+    from pytest_logprob_drift.config import loader
     from pytest_logprob_drift.plan.binding import build_execution_plan, intervention_json_paths
     from pytest_logprob_drift.plan.planner import plan_experiment
 
-    if catalog is None:
+    if catalog is None or checkpoints is None:
         from pytest_logprob_drift.policy import assemble
 
-        catalog = assemble().operators
-    config = load_config(path)
+        catalogs = assemble()
+        catalog = catalogs.operators if catalog is None else catalog
+        checkpoints = catalogs.runtimes.checkpoints if checkpoints is None else checkpoints
+    config = loader.load_config(path, checkpoints=checkpoints)
     plan = plan_experiment(config, pairwise=pairwise)
     return build_execution_plan(
         plan, catalog, intervention_paths=intervention_json_paths(config.interventions)

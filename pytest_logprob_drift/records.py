@@ -453,10 +453,33 @@ class ExperimentPlan(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class BuiltinCheckpoint(Record):
+    """A checkpoint a runtime builds from code instead of reading a directory, named by a URI
+    with a scheme (``tiny://qwen3-h64-v1``), and what execution accepts of it: token ids below
+    ``vocab_size``, prompt plus new tokens within ``max_positions`` (None: no fixed context),
+    and, where the runtime seeds sample ``index``'s torch generator with
+    ``seed * seed_multiplier + index``, seeds that keep that within torch's range. Declared in
+    the description of every runtime that serves it; planning checks a config against the
+    union of the registered runtimes' declarations."""
+
+    uri: str
+    vocab_size: int
+    max_positions: int | None = None
+    seed_multiplier: int | None = None
+
+    @property
+    def scheme(self) -> str:
+        """The URI up to and including ``://`` (``tiny://``); empty when it has none."""
+        end = self.uri.find("://")
+        return self.uri[: end + 3] if end > 0 else ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class RuntimeInfo(Record):
     """The static, torch-free description of one runtime: which scenario levels and devices it
-    executes and the ``module:attr`` of its adapter factory (imported only when a case
-    executes). A case whose scenario a runtime does not execute is PLAN_ONLY for it."""
+    executes, the ``module:attr`` of its adapter factory (imported only when a case executes) and
+    the built-in checkpoints it serves. A case whose scenario a runtime does not execute is
+    PLAN_ONLY for it."""
 
     name: str
     levels: tuple[ScenarioLevel, ...]
@@ -466,6 +489,8 @@ class RuntimeInfo(Record):
     extra: str | None
     """The install extra that provides the runtime's engines, named when it is missing."""
     summary: str
+    checkpoints: tuple[BuiltinCheckpoint, ...] = ()
+    """The built-in checkpoints it serves (a local checkpoint directory needs no declaration)."""
 
     def executes(self, scenario: Scenario) -> bool:
         return scenario.level in self.levels and scenario.device in self.devices

@@ -429,7 +429,8 @@ def test_a_table_cell_is_one_printable_line() -> None:
 
 
 def test_limits_mirror_the_runtimes() -> None:
-    """The vocabularies planning knows equal the runtimes' own constants."""
+    """The built-in checkpoints the runtimes declare (what planning knows) equal the runtimes'
+    own constants."""
     from pytest_logprob_drift.runtimes.smoke.runtime import SYNTHETIC_URI, VOCAB
     from pytest_logprob_drift.runtimes.tiny_model import (
         MAX_POSITIONS,
@@ -438,10 +439,12 @@ def test_limits_mirror_the_runtimes() -> None:
         VOCAB_SIZE,
     )
 
-    assert limits.FIXED_CHECKPOINTS[SYNTHETIC_URI].vocab_size == VOCAB
-    tiny = limits.FIXED_CHECKPOINTS[TINY_SCHEME + TINY_QWEN3_NAME]
+    checkpoints = CATALOGS.runtimes.checkpoints
+    assert checkpoints[SYNTHETIC_URI].vocab_size == VOCAB
+    assert checkpoints[SYNTHETIC_URI].seed_multiplier == 1_000_003  # runtime.py's generators
+    tiny = checkpoints[TINY_SCHEME + TINY_QWEN3_NAME]
     assert (tiny.vocab_size, tiny.max_positions) == (VOCAB_SIZE, MAX_POSITIONS)
-    assert len(limits.FIXED_CHECKPOINTS) == 2  # a new fixed checkpoint needs its limits here
+    assert len(checkpoints) == 2  # a new built-in checkpoint needs its limits here
 
 
 def test_seed_limits_match_the_runtimes_derivations() -> None:

@@ -18,9 +18,8 @@ import pytest
 import torch
 from drift_testing import EXPERIMENTS, ROOT, S0, make_runner, run_by_label
 
-from pytest_logprob_drift import ConfigError, plan_file
+from pytest_logprob_drift import ConfigError, parse_config, plan_file
 from pytest_logprob_drift.config.contract import resolve_contract
-from pytest_logprob_drift.config.loader import parse_config
 from pytest_logprob_drift.numerics.sampling import Truncation, processed_logits
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import ApplicationStatus

@@ -26,7 +26,12 @@ def plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from pytest_logprob_drift import plan_file
 
     catalogs = assemble()
-    execution_plan = plan_file(args.config, pairwise=args.pairwise, catalog=catalogs.operators)
+    execution_plan = plan_file(
+        args.config,
+        pairwise=args.pairwise,
+        catalog=catalogs.operators,
+        checkpoints=catalogs.runtimes.checkpoints,
+    )
     plan = execution_plan.plan
     rows = execution_plan.rows(catalogs.runtimes.runtimes)
     if args.json:

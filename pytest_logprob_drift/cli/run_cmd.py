@@ -81,7 +81,12 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     expectations = parse_expectations(args.expect)
     launch = launch_policy(args)
     catalogs = assemble()
-    execution_plan = plan_file(args.config, pairwise=args.pairwise, catalog=catalogs.operators)
+    execution_plan = plan_file(
+        args.config,
+        pairwise=args.pairwise,
+        catalog=catalogs.operators,
+        checkpoints=catalogs.runtimes.checkpoints,
+    )
     for issue in execution_plan.issues:
         if not (issue.remedy is Remedy.AUTHORIZE_TEST_OPERATORS and args.allow_smoke_operators):
             print(render_issue(issue, FLAGS), file=err)

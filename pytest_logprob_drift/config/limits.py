@@ -1,33 +1,29 @@
 """What execution can accept, known before anything executes.
 
-Owns the limits that execution (the artifact store, torch and numpy generators, the runtimes'
-embeddings) would otherwise hit only after planning succeeded, so that planning refuses a
-config for the same reason and names the JSON path instead:
+Owns the generic limits that execution (the artifact store, torch and numpy generators, the
+runtimes' embeddings) would otherwise hit only after planning succeeded, so that planning
+refuses a config for the same reason and names the JSON path instead: an experiment id is a
+directory name, seeds fit numpy and torch, token ids fit ``torch.long``, a sample fits a
+context, a path fits a file system. Each limit is stated beside its constant below.
 
-- ``experiment_id`` is a directory name: at most ``MAX_EXPERIMENT_ID_BYTES`` bytes of UTF-8
-  (file systems count bytes, 255 per name; the rest is room for suffixes);
-- ``sampling.seed`` seeds numpy (vLLM's engine seed: ``0 .. 2**32 - 1``) and every per-sample
-  generator seed a runtime derives from it must fit torch's generators (``< 2**64``): the smoke
-  runtime's ``seed * 1_000_003 + index``, vLLM's ``seed + index`` (the transformers runtime
-  hashes it to 63 bits, which always fits);
-- prompt plus ``sampling.max_new_tokens`` fits the checkpoint's context where it is known,
-  and ``MAX_SEQUENCE_TOKENS`` everywhere;
-- token ids fit ``torch.long`` and, where the checkpoint's vocabulary
-  and context length are known at planning (the fixed ``synthetic://`` and ``tiny://``
-  checkpoints, a local checkpoint directory's ``config.json``), lie inside them;
-- a path the runtimes open (a checkpoint directory) holds no NUL character and no name or
-  length that a file system refuses (``ENAMETOOLONG``).
-
-Reads a local checkpoint's ``config.json`` as JSON; never imports torch or a runtime. The
-fixed vocabularies mirror the runtimes' constants (a test keeps them equal).
+Checks a config's checkpoint against what it is handed: the built-in checkpoints (a URI with
+a scheme, ``name://``) that the registered runtimes declare, by URI, whose vocabulary, context
+and seed rule then apply; or a local checkpoint directory, whose ``config.json`` (a regular
+file of at most ``CONFIG_JSON_LIMIT`` bytes) is read as JSON for its vocabulary and context,
+and refused when it cannot be. Knows no runtime or checkpoint by name; never imports torch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from pytest_logprob_drift.records import BuiltinCheckpoint
 
 MAX_EXPERIMENT_ID_BYTES = 200
 """UTF-8 bytes of an experiment id: a directory name (255 bytes on common file systems)
@@ -41,10 +37,16 @@ MAX_TOKEN_ID = 2**63 - 1
 MAX_SEQUENCE_TOKENS = 1 << 20
 """Prompt plus new tokens of one sample when the checkpoint's context length is not known at
 planning: the longest context windows of released models (about a million tokens). Beyond it
-every runtime would allocate ``[samples, tokens]`` scores (and the smoke runtime generate) for
+every runtime would allocate ``[samples, tokens]`` scores (and a synthetic model generate) for
 nothing any checkpoint can attend to."""
+MAX_VOCAB_SIZE = 2**31
+"""The largest vocabulary a local checkpoint's config.json may declare: vLLM holds input ids
+as int32 and the tokenizers library as 32-bit integers, so no runtime serves more ids."""
+MAX_POSITIONS = MAX_TOKEN_ID
+"""The largest ``max_position_embeddings`` a local checkpoint may declare: position ids are
+``torch.long``."""
 CONFIG_JSON_LIMIT = 16 << 20
-"""A local checkpoint's config.json larger than this is not read at planning."""
+"""The largest local checkpoint config.json planning reads (16 MiB; a real one is a few KB)."""
 
 
 class CheckpointLimits:
@@ -56,24 +58,6 @@ class CheckpointLimits:
     def __init__(self, vocab_size: int | None = None, max_positions: int | None = None) -> None:
         self.vocab_size = vocab_size
         self.max_positions = max_positions
-
-
-FIXED_CHECKPOINTS: Mapping[str, CheckpointLimits] = {
-    "synthetic://cpu-smoke/v1": CheckpointLimits(vocab_size=64),
-    "tiny://qwen3-h64-v1": CheckpointLimits(vocab_size=1024, max_positions=512),
-}
-"""The checkpoints with a fixed definition: the smoke runtime's synthetic model and the tiny
-checkpoints built from code."""
-FIXED_SCHEMES = ("synthetic://", "tiny://")
-
-
-def derived_seeds(seed: int, samples: int) -> Mapping[str, int]:
-    """The largest per-sample torch generator seed each runtime derives from ``seed``."""
-    last = max(samples - 1, 0)
-    return {
-        "the cpu-smoke runtime's seed * 1_000_003 + index": seed * 1_000_003 + last,
-        "the vllm-hf runtime's seed + index": seed + last,
-    }
 
 
 def experiment_id_fault(experiment_id: str) -> str | None:
@@ -89,30 +73,44 @@ def experiment_id_fault(experiment_id: str) -> str | None:
     return None
 
 
-def seed_fault(seed: int, samples: int) -> str | None:
+def seed_fault(seed: int, samples: int, checkpoint: BuiltinCheckpoint | None) -> str | None:
+    """Why ``seed`` cannot seed ``samples`` samples: numpy's range, and torch's for every
+    per-sample seed derived from it (``seed + index`` as vLLM derives them, and the built-in
+    ``checkpoint``'s own rule, if it declares one)."""
     if seed > MAX_SEED:
         return f"{seed} is out of range: seeds must be 0 .. {MAX_SEED} (vLLM seeds numpy with it)"
-    for what, derived in derived_seeds(seed, samples).items():
-        if derived > MAX_GENERATOR_SEED:  # pragma: no cover - implied by MAX_SEED today
+    last = max(samples - 1, 0)
+    derived = {"seed + index": seed + last}
+    if checkpoint is not None and checkpoint.seed_multiplier is not None:
+        rule = f"seed * {checkpoint.seed_multiplier} + index (how {checkpoint.uri} is sampled)"
+        derived[rule] = seed * checkpoint.seed_multiplier + last
+    for what, value in derived.items():
+        if value > MAX_GENERATOR_SEED:  # pragma: no cover - implied by MAX_SEED today
             return f"{seed} is out of range: {what} exceeds torch's generator range"
     return None
 
 
-def checkpoint_limits(uri: str) -> tuple[CheckpointLimits, str | None]:
+def checkpoint_limits(
+    uri: str, builtin: Mapping[str, BuiltinCheckpoint]
+) -> tuple[CheckpointLimits, str | None]:
     """What is known about checkpoint ``uri`` before execution, and why no runtime could
-    serve it (None when one might)."""
+    serve it (None when one might). ``builtin``: the built-in checkpoints of the registered
+    runtimes, by URI; a URI with one of their schemes must be one of them."""
     if "\0" in uri:
         return CheckpointLimits(), "contains a NUL character; no file system accepts it"
+    known = builtin.get(uri)
+    if known is not None:
+        return CheckpointLimits(known.vocab_size, known.max_positions), None
+    scheme = next(
+        (c.scheme for c in builtin.values() if c.scheme and uri.startswith(c.scheme)), None
+    )
+    if scheme is not None:
+        names = ", ".join(sorted(u for u in builtin if u.startswith(scheme)))
+        return CheckpointLimits(), f"unknown checkpoint {uri!r} (known: {names})"
     fault = path_fault(uri)
-    if fault is not None and not uri.startswith(FIXED_SCHEMES):
+    if fault is not None:
         return CheckpointLimits(), fault
-    if uri.startswith(FIXED_SCHEMES):
-        known = FIXED_CHECKPOINTS.get(uri)
-        if known is None:
-            names = ", ".join(u for u in FIXED_CHECKPOINTS if u.startswith(uri.split("//")[0]))
-            return CheckpointLimits(), f"unknown checkpoint {uri!r} (known: {names})"
-        return known, None
-    return _local_limits(Path(uri)), None
+    return _local_limits(Path(uri))
 
 
 MAX_NAME_BYTES = 255
@@ -130,27 +128,71 @@ def path_fault(path: str) -> str | None:
     return None
 
 
-def _positive(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _local_limits(directory: Path) -> CheckpointLimits:
+def _local_limits(directory: Path) -> tuple[CheckpointLimits, str | None]:
+    """The vocabulary and context a local checkpoint's config.json declares (unknown when the
+    directory or the file does not exist yet: execution says so), or why it cannot be read:
+    not a regular file, over ``CONFIG_JSON_LIMIT``, not a JSON object, a size out of range."""
     config = directory / "config.json"
     try:
-        if not config.is_file() or config.stat().st_size > CONFIG_JSON_LIMIT:
-            return CheckpointLimits()
-        document = json.loads(config.read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return CheckpointLimits()  # not a readable checkpoint (yet): execution will say
+        fd = os.open(config, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO never blocks
+    except (FileNotFoundError, NotADirectoryError):
+        return CheckpointLimits(), None
+    except OSError as exc:
+        return CheckpointLimits(), f"{config}: cannot be read ({exc.strerror})"
+    with open(fd, "rb") as file:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return CheckpointLimits(), f"{config}: not a regular file"
+        if status.st_size > CONFIG_JSON_LIMIT:
+            return CheckpointLimits(), _too_large(config, status.st_size)
+        try:
+            data = file.read(CONFIG_JSON_LIMIT + 1)
+        except OSError as exc:
+            return CheckpointLimits(), f"{config}: cannot be read ({exc.strerror})"
+    if len(data) > CONFIG_JSON_LIMIT:  # it grew after fstat
+        return CheckpointLimits(), _too_large(config, len(data))
+    try:
+        document = json.loads(data)
+    except json.JSONDecodeError as exc:
+        return (
+            CheckpointLimits(),
+            f"{config}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
+        )
+    except (ValueError, RecursionError) as exc:  # not UTF-8, a huge integer, deep nesting
+        return CheckpointLimits(), f"{config}: not JSON ({exc.__class__.__name__})"
     if not isinstance(document, dict):
-        return CheckpointLimits()
-    text = document.get("text_config")
-    nested = text if isinstance(text, dict) else {}
-    return CheckpointLimits(
-        vocab_size=_positive(document.get("vocab_size")) or _positive(nested.get("vocab_size")),
-        max_positions=_positive(document.get("max_position_embeddings"))
-        or _positive(nested.get("max_position_embeddings")),
-    )
+        return CheckpointLimits(), f"{config}: not a JSON object"
+    nested = document.get("text_config")
+    found: dict[str, int] = {}
+    for prefix, section in (("", document), ("text_config.", nested)):
+        if not isinstance(section, dict):
+            continue
+        for name, largest, what in _CONFIG_SIZES:
+            value = section.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= largest:
+                shown = (
+                    json.dumps(value)[:40]
+                    if isinstance(value, (int, float, str))
+                    else type(value).__name__
+                )
+                return CheckpointLimits(), (
+                    f"{config}: {prefix}{name} is {shown}; {what} is an integer 1 .. {largest}"
+                )
+            found.setdefault(name, value)
+    return CheckpointLimits(found.get("vocab_size"), found.get("max_position_embeddings")), None
+
+
+_CONFIG_SIZES = (
+    ("vocab_size", MAX_VOCAB_SIZE, "a vocabulary size"),
+    ("max_position_embeddings", MAX_POSITIONS, "a context length"),
+)
+"""The config.json fields planning checks a config against: name, largest value, meaning."""
+
+
+def _too_large(config: Path, size: int) -> str:
+    return f"{config}: {size} bytes; planning reads a config.json of at most {CONFIG_JSON_LIMIT}"
 
 
 def token_fault(

@@ -9,8 +9,9 @@ A config cannot carry execution mode, plan-only, expected outcomes, any authoriz
 policy) or the numerical contract. Hostile text never escapes as a traceback: integers beyond 64
 bits, lone surrogates and nesting deeper than ``MAX_NESTING`` are JSON faults with their path;
 odd keys appear in paths as ``["..."]`` and every message renders as one line; and whatever
-execution would refuse (``config.limits``) is refused here, at its path. Knows nothing about
-torch.
+execution would refuse (``config.limits``) is refused here, at its path, the checkpoint against
+the built-in checkpoints the caller hands in (the registered runtimes' declarations). Knows
+nothing about torch or any runtime.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from pytest_logprob_drift.records import (
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
     from typing import Any, TypeVar
+
+    from pytest_logprob_drift.records import BuiltinCheckpoint
 
     E = TypeVar("E", bound=enum.Enum)
 
@@ -362,8 +365,11 @@ def parse_json_text(text: str, source: str) -> Any:
     return document
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and strictly validate a config file."""
+def load_config(
+    path: str | Path, *, checkpoints: Mapping[str, BuiltinCheckpoint]
+) -> ExperimentConfig:
+    """Read and strictly validate a config file; ``checkpoints``: the built-in checkpoints a
+    ``name://`` URI may name, by URI (``RuntimeCatalog.checkpoints``)."""
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
@@ -371,13 +377,23 @@ def load_config(path: str | Path) -> ExperimentConfig:
         raise ConfigError("$", "config file not found", source=str(file)) from None
     except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
         raise ConfigError("$", f"cannot read config file: {exc}", source=str(file)) from None
-    return parse_config(parse_json_text(text, str(file)), source=str(file), base_dir=file.parent)
+    return parse_config(
+        parse_json_text(text, str(file)),
+        source=str(file),
+        base_dir=file.parent,
+        checkpoints=checkpoints,
+    )
 
 
 def parse_config(
-    document: Any, *, source: str | None = None, base_dir: Path | None = None
+    document: Any,
+    *,
+    source: str | None = None,
+    base_dir: Path | None = None,
+    checkpoints: Mapping[str, BuiltinCheckpoint],
 ) -> ExperimentConfig:
-    """Validate an already-parsed JSON document; report every fault at once."""
+    """Validate an already-parsed JSON document; report every fault at once (``checkpoints``
+    as for ``load_config``)."""
     c = _Collector(source)
     top = _object(c, document, "$", TOP_LEVEL_KEYS, REQUIRED_TOP_LEVEL)
     if top is None:
@@ -426,7 +442,7 @@ def parse_config(
         if fault is not None:
             c.fail("$.experiment_id", fault)
     if identity is not None:
-        _execution_limits(c, identity)
+        _execution_limits(c, identity, checkpoints)
 
     c.raise_if_any()
     assert identity is not None and scenario is not None and strategy is not None
@@ -450,16 +466,18 @@ def parse_config(
     )
 
 
-def _execution_limits(c: _Collector, identity: ScoringIdentity) -> None:
+def _execution_limits(
+    c: _Collector, identity: ScoringIdentity, checkpoints: Mapping[str, BuiltinCheckpoint]
+) -> None:
     """Refuse what execution would refuse (config.limits), at the JSON path that causes it."""
     path = "$.identity"
     prompts = identity.prompts
     rows = prompts.token_ids
-    fault = limits.seed_fault(identity.sampling.seed, len(rows))
+    uri = identity.checkpoint.uri
+    fault = limits.seed_fault(identity.sampling.seed, len(rows), checkpoints.get(uri))
     if fault is not None:
         c.fail(f"{path}.sampling.seed", fault)
-    uri = identity.checkpoint.uri
-    known, fault = limits.checkpoint_limits(uri)
+    known, fault = limits.checkpoint_limits(uri, checkpoints)
     if fault is not None:
         c.fail(f"{path}.checkpoint.uri", fault)
     found = limits.token_fault(rows, uri, known.vocab_size)

@@ -58,7 +58,10 @@ class DriftConfigFile(pytest.File):
     def collect(self) -> Iterator[pytest.Collector]:
         options = self.config.stash[OPTIONS_KEY]
         execution_plan = plan_file(
-            str(self.path), pairwise=options.pairwise, catalog=session_catalog(self.config)
+            str(self.path),
+            pairwise=options.pairwise,
+            catalog=session_catalog(self.config),
+            checkpoints=self.config.stash[RUNTIMES_KEY].checkpoints,
         )
         errors = [i for i in execution_plan.issues if i.severity.value == "error"]
         if errors:
@@ -123,7 +126,10 @@ def check_configs(config: pytest.Config) -> None:
     complete = True
     for path in options.configs:
         try:
-            plan = plan_experiment(load_config(path), pairwise=options.pairwise)
+            plan = plan_experiment(
+                load_config(path, checkpoints=config.stash[RUNTIMES_KEY].checkpoints),
+                pairwise=options.pairwise,
+            )
         except DriftError:
             complete = False
             continue

@@ -5,15 +5,21 @@ exchange (``batch``), building and resolving checkpoints (``tiny_model``), the t
 rollout and teacher-forced scorer with its FSDP rank group (``transformers/``), the vLLM
 rollout engine (``vllm/``) and, in its own subpackage published to the frontends through its
 own entry-point group, a synthetic CPU runtime with temporary test-only operators. This file
-holds the torch-free descriptions of the production runtimes; every submodule is imported
-lazily, only when a case executes.
+holds the torch-free descriptions of the production runtimes, with the built-in checkpoints
+each serves; every submodule is imported lazily, only when a case executes.
 
 Must not know about planning, cases, artifacts, verdicts or pytest.
 """
 
 from __future__ import annotations
 
-from pytest_logprob_drift.records import RuntimeInfo, ScenarioLevel
+from pytest_logprob_drift.records import BuiltinCheckpoint, RuntimeInfo, ScenarioLevel
+
+TINY_QWEN3 = BuiltinCheckpoint(uri="tiny://qwen3-h64-v1", vocab_size=1024, max_positions=512)
+"""The tiny Qwen3 checkpoint ``tiny_model`` builds from code (its ``TINY_SCHEME`` +
+``TINY_QWEN3_NAME``, ``VOCAB_SIZE`` and ``MAX_POSITIONS``; a test keeps them equal). Both
+runtimes load it through transformers; vLLM's ``seed + index`` request seeds need no rule of
+their own (any accepted seed plus a sample index fits torch's generators)."""
 
 HF = RuntimeInfo(
     name="hf",
@@ -22,6 +28,7 @@ HF = RuntimeInfo(
     adapter="pytest_logprob_drift.runtimes.transformers.adapter:HfAdapter",
     extra="hf",
     summary="transformers KV-cache generation vs transformers teacher-forced (FSDP opt.)",
+    checkpoints=(TINY_QWEN3,),
 )
 VLLM_HF = RuntimeInfo(
     name="vllm-hf",
@@ -30,6 +37,7 @@ VLLM_HF = RuntimeInfo(
     adapter="pytest_logprob_drift.runtimes.vllm.adapter:VllmHfAdapter",
     extra="vllm",
     summary="vLLM rollout engine vs transformers teacher-forced (FSDP opt.)",
+    checkpoints=(TINY_QWEN3,),
 )
 
 PRODUCTION_RUNTIMES: tuple[RuntimeInfo, ...] = (HF, VLLM_HF)
