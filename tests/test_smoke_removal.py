@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from drift_testing import EXPERIMENTS, S0, S0_HF
 
-WITHOUT_SMOKE = """
+SMOKE_REMOVED = """
 import sys
 import pytest_logprob_drift.registry.entry_points as installed
 sys.modules["pytest_logprob_drift.runtimes.smoke"] = None  # the package is deleted
@@ -24,9 +24,11 @@ _select = installed.select
 def select(group):  # the pyproject entries are deleted
     return [] if group == "pytest_logprob_drift.smoke" else _select(group)
 installed.select = select
-from pytest_logprob_drift.cli import main
-raise SystemExit(main(sys.argv[1:]))
 """
+WITHOUT_SMOKE = (
+    SMOKE_REMOVED
+    + "from pytest_logprob_drift.cli import main\nraise SystemExit(main(sys.argv[1:]))\n"
+)
 
 
 def cli_without_smoke(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -88,3 +90,40 @@ def test_s0_hf_runs_without_the_smoke_group(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout and "MISMATCH" in result.stdout
+
+
+def test_the_synthetic_checkpoint_is_unknown_to_planning_without_the_smoke_group(
+    tmp_path: Path,
+) -> None:
+    """The synthetic checkpoint's limits are declared by the smoke runtime's record, so they
+    leave with it: S0_HF pointed at ``synthetic://cpu-smoke/v1`` (prompt ids up to 960) is
+    refused for the synthetic model's 64 ids while the smoke group is registered, and without
+    it planning knows nothing of that checkpoint (nor its ``synthetic://`` scheme)."""
+    document = json.loads(S0_HF.read_text(encoding="utf-8"))
+    document["identity"]["checkpoint"]["uri"] = "synthetic://cpu-smoke/v1"
+    config = tmp_path / "synthetic.json"
+    config.write_text(json.dumps(document), encoding="utf-8")
+    registered = subprocess.run(
+        [sys.executable, "-m", "pytest_logprob_drift", "plan", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert registered.returncode == 2, registered.stderr
+    assert "$.identity.prompts.token_ids[0][0]" in registered.stderr
+    assert "vocabulary of synthetic://cpu-smoke/v1 (64 ids" in registered.stderr
+    removed = cli_without_smoke("plan", str(config), "--json", cwd=tmp_path)
+    assert removed.returncode == 0, removed.stderr
+    assert "synthetic" not in removed.stderr
+    listed = "from pytest_logprob_drift.policy import runtime_catalog\n"
+    listed += "print(sorted(runtime_catalog().checkpoints))\n"
+    known = subprocess.run(
+        [sys.executable, "-c", SMOKE_REMOVED + listed],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert known.stdout.strip() == "['tiny://qwen3-h64-v1']", known.stderr

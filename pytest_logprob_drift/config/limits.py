@@ -139,16 +139,18 @@ def _local_limits(directory: Path) -> tuple[CheckpointLimits, str | None]:
         return CheckpointLimits(), None
     except OSError as exc:
         return CheckpointLimits(), f"{config}: cannot be read ({exc.strerror})"
-    with open(fd, "rb") as file:
+    try:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             return CheckpointLimits(), f"{config}: not a regular file"
         if status.st_size > CONFIG_JSON_LIMIT:
             return CheckpointLimits(), _too_large(config, status.st_size)
-        try:
+        with open(fd, "rb", closefd=False) as file:
             data = file.read(CONFIG_JSON_LIMIT + 1)
-        except OSError as exc:
-            return CheckpointLimits(), f"{config}: cannot be read ({exc.strerror})"
+    except OSError as exc:
+        return CheckpointLimits(), f"{config}: cannot be read ({exc.strerror})"
+    finally:
+        os.close(fd)
     if len(data) > CONFIG_JSON_LIMIT:  # it grew after fstat
         return CheckpointLimits(), _too_large(config, len(data))
     try:
