@@ -1,11 +1,11 @@
 """What a frontend hands the core: catalogs assembled under one execution policy.
 
 Owns, for the two frontends (the CLI and the pytest plugin), assembling the operator catalog
-and the runtime catalog that planning and the runner receive: the built-in and production
-entry-point backends, backends a conftest adds, the production runtimes, and the
-``pytest_logprob_drift.smoke`` entry-point group (the CPU smoke runtime and the smoke-only
-operators: visible to planning as test-only, registered for execution only when the policy
-authorizes them). Also owns turning a core error's ``Remedy`` into the frontend's own flag.
+and the runtime catalog that planning and the runner receive (planning also receives the
+built-in checkpoints the runtimes declare): the built-in and production entry-point backends,
+backends a conftest adds, the production runtimes, and the ``pytest_logprob_drift.smoke``
+entry-point group (the CPU smoke runtime and the smoke-only operators: visible to planning as
+test-only, registered for execution only when the policy authorizes them). Also owns turning a core error's ``Remedy`` into the frontend's own flag.
 The core (plan, execute, store) never imports this module. Knows nothing about argparse or
 pytest.
 """
@@ -47,6 +47,8 @@ class Catalogs(Record):
     """Everything planning may bind, test-only backends included (the runner registers those
     for execution only under an authorizing policy)."""
     runtimes: RuntimeCatalog
+    """The runtimes a run may name; their ``checkpoints`` are what planning checks a config's
+    checkpoint against (``plan`` names no runtime, so all of them)."""
 
 
 def _smoke_group(entry: str) -> list[object]:
@@ -54,7 +56,8 @@ def _smoke_group(entry: str) -> list[object]:
 
 
 def runtime_catalog() -> RuntimeCatalog:
-    """The production runtimes and the smoke group's runtime."""
+    """The production runtimes and the smoke group's runtime, with the built-in checkpoints
+    each declares."""
     smoke = [r for r in _smoke_group("runtimes") if isinstance(r, RuntimeInfo)]
     return RuntimeCatalog(PRODUCTION_RUNTIMES).with_runtimes(smoke)
 
