@@ -5,9 +5,9 @@ and the runtime catalog that planning and the runner receive (planning also rece
 built-in checkpoints the runtimes declare): the built-in and production entry-point backends,
 backends a conftest adds, the production runtimes, and the ``pytest_logprob_drift.smoke``
 entry-point group (the CPU smoke runtime and the smoke-only operators: visible to planning as
-test-only, registered for execution only when the policy authorizes them). Also owns turning a core error's ``Remedy`` into the frontend's own flag.
-The core (plan, execute, store) never imports this module. Knows nothing about argparse or
-pytest.
+test-only, registered for execution only when the policy authorizes them). Also owns turning
+a core error's ``Remedy`` into the frontend's own flag. The core (plan, execute, store) never
+imports this module. Knows nothing about argparse or pytest.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Checks a config's checkpoint against what it is handed: the built-in checkpoints
 a scheme, ``name://``) that the registered runtimes declare, by URI, whose vocabulary, context
 and seed rule then apply; or a local checkpoint directory, whose ``config.json`` (a regular
 file of at most ``CONFIG_JSON_LIMIT`` bytes) is read as JSON for its vocabulary and context,
-and refused when it cannot be. Knows no runtime or checkpoint by name; never imports torch.
+and refused when it cannot be. Holds no checkpoint's limits and names no runtime record;
+never imports torch or a runtime.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ with room for suffixes."""
 MAX_SEED = 2**32 - 1
 """numpy's seed range, which vLLM seeds with ``sampling.seed``."""
 MAX_GENERATOR_SEED = 2**64 - 1
-"""torch's ``Generator.manual_seed`` range (non-negative part)."""
+"""torch's ``Generator.manual_seed`` range (non-negative part), which every per-sample seed a
+runtime derives from ``sampling.seed`` must fit: ``seed + index`` (vLLM's request seeds) and a
+built-in checkpoint's declared ``seed * seed_multiplier + index``; a runtime that hashes the
+seed to 63 bits (transformers) always fits."""
 MAX_TOKEN_ID = 2**63 - 1
 """int64 (``torch.long``): the dtype of every runtime's token-id tensors."""
 MAX_SEQUENCE_TOKENS = 1 << 20
@@ -114,7 +118,9 @@ def checkpoint_limits(
 
 
 MAX_NAME_BYTES = 255
+"""The longest file name (bytes) common file systems accept (``ENAMETOOLONG`` beyond)."""
 MAX_PATH_BYTES = 4095
+"""The longest path (bytes) Linux accepts (``PATH_MAX`` less its NUL)."""
 
 
 def path_fault(path: str) -> str | None:
