@@ -212,3 +212,23 @@ def test_the_production_runtimes_share_the_tiny_checkpoint() -> None:
 
     assert HF.checkpoints == VLLM_HF.checkpoints
     assert sorted(RuntimeCatalog(PRODUCTION_RUNTIMES).checkpoints) == ["tiny://qwen3-h64-v1"]
+
+
+def test_a_declared_seed_rule_bounds_the_seed() -> None:
+    """A runtime that seeds sample ``index`` with ``seed * m + index`` gets seeds refused whose
+    derived seeds leave torch's generator range (the shipped rules never do: MAX_SEED bounds
+    them)."""
+    wide = BuiltinCheckpoint(uri="fake://wide-v1", vocab_size=1024, seed_multiplier=2**33)
+    checkpoints = RuntimeCatalog((runtime("wide", wide),)).checkpoints
+    document = copy.deepcopy(DOCUMENT)
+    document["identity"]["checkpoint"]["uri"] = "fake://wide-v1"
+    document["identity"]["sampling"]["seed"] = 2**31 - 1  # (2**31 - 1) * 2**33 + 3 < 2**64
+    parse_config(document, checkpoints=checkpoints)
+    document["identity"]["sampling"]["seed"] = 2**31
+    with pytest.raises(ConfigError) as info:
+        parse_config(document, checkpoints=checkpoints)
+    assert info.value.path == "$.identity.sampling.seed"
+    assert info.value.message == (
+        "2147483648 is out of range: seed * 8589934592 + index (how fake://wide-v1 is "
+        "sampled) exceeds torch's generator range"
+    )
