@@ -25,6 +25,8 @@ from pytest_logprob_drift.errors import ConfigError
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.records import BuiltinCheckpoint, RuntimeInfo, ScenarioLevel
 
+pytest_plugins = ["pytester"]
+
 DOCUMENT = json.loads(S0_HF.read_text(encoding="utf-8"))
 """S0_HF: prompt token ids up to 960, 16 new tokens after the longest (6-token) prompt."""
 
@@ -78,6 +80,17 @@ def test_a_local_config_json_execution_cannot_use_is_refused_at_planning(
     assert err.count("\n") == 1 and err.rstrip("\n").isprintable(), err
     assert f"$.identity.checkpoint.uri: {directory / 'config.json'}: " in err, err
     assert needle in err, err
+
+
+def test_the_plugin_refuses_it_at_collection_in_one_line(pytester: pytest.Pytester) -> None:
+    directory = checkpoint_with(pytester.path, b'{"max_position_embeddings": -1}')
+    config = config_for(pytester.path, str(directory))
+    result = pytester.runpytest("--drift-config", config.name, "--drift-plan-only")
+    assert result.ret == 2
+    result.stdout.fnmatch_lines(
+        [f"*: $.identity.checkpoint.uri: {directory}/config.json: max_position_embeddings is -1;*"]
+    )
+    assert "Traceback" not in result.stdout.str()
 
 
 def test_the_largest_sizes_execution_accepts_are_accepted(tmp_path: Path) -> None:
