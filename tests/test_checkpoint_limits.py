@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from drift_testing import S0_HF
 
+import pytest_logprob_drift
 from pytest_logprob_drift import parse_config
 from pytest_logprob_drift.cli import main
 from pytest_logprob_drift.config.limits import CONFIG_JSON_LIMIT
@@ -124,8 +125,10 @@ def test_a_checkpoint_not_there_yet_is_left_to_execution(tmp_path: Path) -> None
 def plan_in_subprocess(config: Path) -> subprocess.CompletedProcess[str]:
     """``plan`` in its own interpreter, so that a read that blocks fails the test by timing
     out instead of hanging the suite."""
+    path = [str(Path(pytest_logprob_drift.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
     return subprocess.run(
         [sys.executable, "-m", "pytest_logprob_drift", "plan", str(config)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},  # this package, not another
         capture_output=True,
         text=True,
         timeout=60,

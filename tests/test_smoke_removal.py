@@ -9,12 +9,24 @@ the state after deleting the package and its pyproject entries.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from drift_testing import EXPERIMENTS, S0, S0_HF
+
+import pytest_logprob_drift
+
+SAME_PACKAGE = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        [str(Path(pytest_logprob_drift.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    ),
+}
+"""The environment of an interpreter that imports the package these tests imported (a
+relative ``PYTHONPATH`` would not, from another working directory)."""
 
 SMOKE_REMOVED = """
 import sys
@@ -35,6 +47,7 @@ def cli_without_smoke(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]
     return subprocess.run(
         [sys.executable, "-c", WITHOUT_SMOKE, *args],
         cwd=cwd,
+        env=SAME_PACKAGE,
         capture_output=True,
         text=True,
         timeout=600,
@@ -106,6 +119,7 @@ def test_the_synthetic_checkpoint_is_unknown_to_planning_without_the_smoke_group
     registered = subprocess.run(
         [sys.executable, "-m", "pytest_logprob_drift", "plan", str(config)],
         cwd=tmp_path,
+        env=SAME_PACKAGE,
         capture_output=True,
         text=True,
         timeout=600,
@@ -121,6 +135,7 @@ def test_the_synthetic_checkpoint_is_unknown_to_planning_without_the_smoke_group
     listed += "print(sorted(runtime_catalog().checkpoints))\n"
     known = subprocess.run(
         [sys.executable, "-c", SMOKE_REMOVED + listed],
+        env=SAME_PACKAGE,
         capture_output=True,
         text=True,
         timeout=600,
