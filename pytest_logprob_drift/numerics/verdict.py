@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from pytest_logprob_drift.numerics.comparison import NumericCheck
+from pytest_logprob_drift.numerics.importance_sampling import approx_kl_k1, approx_kl_k3
 from pytest_logprob_drift.outcomes import Outcome
 
 IDENTITY_TENSORS = ("token_ids", "attention_mask", "active_mask", "position_ids")
@@ -210,8 +211,8 @@ def _diagnostics(
         "p99_abs_diff": float(quantiles[2]),
         "max_abs_diff": float(diff.max()),
         "mismatch_ratio": None,
-        "approx_kl_k1": float((-log_ratio).mean()),
-        "approx_kl_k3": float((torch.exp(log_ratio) - log_ratio - 1).mean()),
+        "approx_kl_k1": approx_kl_k1(log_ratio),
+        "approx_kl_k3": approx_kl_k3(log_ratio),
         "slime_mean_abs_logprob_diff": float(diff.mean()),
         "nemo_rl_token_mult_prob_error": float(torch.exp(diff).mean()),
         "verl_rollout_probs_diff_max": float((torch.exp(t) - torch.exp(r)).abs().max()),

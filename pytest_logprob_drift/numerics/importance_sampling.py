@@ -1,0 +1,451 @@
+"""The importance-sampling view of one case: what the drift would cost an RL run.
+
+Owns the figures an off-policy correction computes from the two sides' selected-token
+logprobs, as a pure function of ``(training_logprobs [B, L], rollout_logprobs [B, L],
+active_mask [B, L] bool)`` (what ``token_diffs.pt`` holds), and the one definition of the k1
+and k3 KL estimates that the verdict's diagnostics also report. With the log-ratio
+``r = training - rollout`` on each active token (training is the proximal "old" policy, rollout
+the behaviour policy that sampled the tokens), the token weight is ``w = exp(r)``; a sample is a
+row and its figures use only its active tokens (rows without any are not sequences).
+
+Conventions, so that no figure is inf or nan for finite inputs:
+
+- everything is float64 on float32 (or narrower) inputs, as the verdict is;
+- every ratio is computed from its log (logsumexp), and every band test compares logs
+  (``w > cap`` is ``r > log(cap)``);
+- weights are not clamped: the ESS and chi2 are those of the raw weights; verl's clamped ESS
+  is reported beside it under its own name (``ess_verl_clamped``, weights clamped to
+  ``[VERL_ESS_LOWER, VERL_ESS_UPPER]`` first);
+- a figure that is a plain number (not a log) and exceeds float64 (a weight ``exp(r)`` for
+  r above about 709) is ``None`` in ``to_json()``; its log is always there.
+
+Never a verdict: nothing here compares against the contract threshold. Knows nothing about
+files, engines, the contract or how the figures are shown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import torch
+
+# verl computes rollout_corr/rollout_is_eff_sample_size on weights clamped to
+# [rollout_is_threshold_lower, rollout_is_threshold] (volcengine/verl
+# verl/trainer/ppo/rollout_corr_helper.py, compute_is_metrics: weights_for_ess = ...clamp(...));
+# its default rollout_is_threshold is 2.0 and the lower bound defaults to its reciprocal.
+VERL_ESS_UPPER = 2.0
+VERL_ESS_LOWER = 1.0 / VERL_ESS_UPPER
+
+
+class Statistic(Enum):
+    """What a peer's correction compares against its band."""
+
+    TOKEN_RATIO = "token_ratio"  # w = exp(r), per active token
+    GEOMETRIC_RATIO = "geometric_ratio"  # exp(mean r), per sequence
+    SEQUENCE_RATIO = "sequence_ratio"  # exp(sum r), per sequence
+    MULT_PROB_ERROR = "mult_prob_error"  # mean over the sequence's tokens of exp(|r|)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerCorrection:
+    """One framework's default correction: the units outside ``[low, high]`` (a strict
+    comparison: a value equal to an edge is inside; ``None`` is an open side) are the ones it
+    clips, drops or masks. ``key`` names its fraction in the figures' JSON."""
+
+    key: str
+    framework: str
+    flag: str
+    default: str
+    measures: str
+    statistic: Statistic
+    low: float | None
+    high: float | None
+    source: str
+
+
+# The table a reader maps to their config. Each row cites the file its semantics were read from.
+PEER_CORRECTIONS: tuple[PeerCorrection, ...] = (
+    PeerCorrection(
+        key="tis_clipped_token_fraction_cap_2",
+        framework="verl",
+        flag="algorithm.rollout_correction.rollout_is=token, rollout_is_threshold",
+        default="2.0",
+        measures="fraction of active tokens whose weight exp(r) is above the cap (truncated)",
+        statistic=Statistic.TOKEN_RATIO,
+        low=None,
+        high=2.0,
+        # volcengine/verl verl/trainer/ppo/rollout_corr_helper.py (token IS weights truncated at
+        # rollout_is_threshold; rollout_is_ratio_fraction_high counts weights > threshold)
+        source="volcengine/verl verl/trainer/ppo/rollout_corr_helper.py",
+    ),
+    PeerCorrection(
+        key="tis_clipped_token_fraction_cap_3",
+        framework="TRL",
+        flag="vllm_importance_sampling_mode=token_truncate, vllm_importance_sampling_cap",
+        default="3.0",
+        measures="fraction of active tokens whose weight exp(r) is above the cap (clamped)",
+        statistic=Statistic.TOKEN_RATIO,
+        low=None,
+        high=3.0,
+        # huggingface/trl trl/trainer/grpo_trainer.py: token_truncate clamps
+        # exp(old_per_token_logps - sampling_per_token_logps) at max=vllm_importance_sampling_cap
+        source="huggingface/trl trl/trainer/grpo_trainer.py",
+    ),
+    PeerCorrection(
+        key="tis_clipped_token_fraction_cap_5",
+        framework="OpenRLHF",
+        flag="--vllm_is_correction_type tis --vllm_is_truncated_threshold LOW HIGH",
+        default="HIGH 5.0 (of [0.5, 5.0])",
+        measures="fraction of active tokens whose weight exp(r) is above the upper cap",
+        statistic=Statistic.TOKEN_RATIO,
+        low=None,
+        high=5.0,
+        # OpenRLHF/OpenRLHF openrlhf/models/loss.py PolicyLoss.forward, "tis" branch:
+        # exp(old_log_probs - rollout_log_probs).clamp(...); --vllm_is_truncated_threshold
+        # defaults to [0.5, 5.0] (openrlhf/cli/train_ppo_ray.py)
+        source="OpenRLHF/OpenRLHF openrlhf/models/loss.py",
+    ),
+    PeerCorrection(
+        key="icepop_dropped_token_fraction",
+        framework="OpenRLHF",
+        flag="--vllm_is_correction_type icepop --vllm_is_truncated_threshold LOW HIGH",
+        default="[0.5, 5.0]",
+        measures="fraction of active tokens whose weight exp(r) is outside the band (zeroed)",
+        statistic=Statistic.TOKEN_RATIO,
+        low=0.5,
+        high=5.0,
+        # OpenRLHF/OpenRLHF openrlhf/models/loss.py, "icepop" branch: keeps
+        # (vllm_is >= low) & (vllm_is <= high), zeroes the rest; NeMo-RL docs/guides/grpo.md
+        # gives the same reference bounds min=0.5, max=5 for ICE-POP
+        source="OpenRLHF/OpenRLHF openrlhf/models/loss.py",
+    ),
+    PeerCorrection(
+        key="seq_mask_tis_masked_sequence_fraction_0999_1001",
+        framework="seq-mask-tis (symmetric tight band)",
+        flag=(
+            "NeMo-RL loss_fn.truncated_importance_sampling_type=seq-mask-tis, "
+            "truncated_importance_sampling_ratio_min / truncated_importance_sampling_ratio"
+        ),
+        default="[0.999, 1.001] (issue 24's symmetric variant of NeMo-RL's band)",
+        measures="fraction of sequences whose geometric ratio exp(mean r) is outside the band",
+        statistic=Statistic.GEOMETRIC_RATIO,
+        low=0.999,
+        high=1.001,
+        # same rule as the NeMo-RL row below, with the upper edge at 1.001
+        source="NVIDIA-NeMo/RL docs/guides/grpo.md (seq-mask-tis)",
+    ),
+    PeerCorrection(
+        key="seq_mask_tis_masked_sequence_fraction_0999_1002",
+        framework="NeMo-RL",
+        flag=(
+            "loss_fn.truncated_importance_sampling_type=seq-mask-tis, "
+            "truncated_importance_sampling_ratio_min / truncated_importance_sampling_ratio"
+        ),
+        default="[0.999, 1.002]",
+        measures="fraction of sequences whose geometric ratio exp(mean r) is outside the band",
+        statistic=Statistic.GEOMETRIC_RATIO,
+        low=0.999,
+        high=1.002,
+        # NVIDIA-NeMo/RL docs/guides/grpo.md: seq-mask-tis discards a sequence whose geometric
+        # mean of per-token IS ratios falls outside [ratio_min, ratio], reference bounds
+        # min=0.999, max=1.002
+        source="NVIDIA-NeMo/RL docs/guides/grpo.md",
+    ),
+    PeerCorrection(
+        key="seq_mask_tis_masked_sequence_fraction_05_2",
+        framework="OpenRLHF",
+        flag="--vllm_is_correction_type seq-mask-tis --vllm_is_truncated_threshold 0.5 2.0",
+        default="[0.5, 2.0]",
+        measures="fraction of sequences whose geometric ratio exp(mean r) is outside the band",
+        statistic=Statistic.GEOMETRIC_RATIO,
+        low=0.5,
+        high=2.0,
+        # OpenRLHF/OpenRLHF openrlhf/models/loss.py, "seq-mask-tis" branch:
+        # seq_is = exp(masked_mean(log_ratio)); seq_mask = (seq_is >= low) & (seq_is <= high)
+        source="OpenRLHF/OpenRLHF openrlhf/models/loss.py",
+    ),
+    PeerCorrection(
+        key="trl_sequence_mask_masked_sequence_fraction",
+        framework="TRL",
+        flag="vllm_importance_sampling_mode=sequence_mask, vllm_importance_sampling_cap",
+        default="3.0",
+        measures="fraction of sequences whose sequence ratio exp(sum r) is above the cap (masked)",
+        statistic=Statistic.SEQUENCE_RATIO,
+        low=None,
+        high=3.0,
+        # huggingface/trl trl/trainer/grpo_trainer.py: sequence_mask sums the per-token log
+        # differences over the completion, exponentiates, and sets ratios >
+        # vllm_importance_sampling_cap to 0
+        source="huggingface/trl trl/trainer/grpo_trainer.py",
+    ),
+    PeerCorrection(
+        key="nemo_rl_seq_error_masked_sequence_fraction",
+        framework="NeMo-RL",
+        flag="grpo.seq_logprob_error_threshold",
+        default="2.0 (commonly set; the config default is null, off)",
+        measures=(
+            "fraction of sequences whose mult-prob error mean(exp(|r|)) over their tokens "
+            "is above the threshold (masked)"
+        ),
+        statistic=Statistic.MULT_PROB_ERROR,
+        low=None,
+        high=2.0,
+        # NVIDIA-NeMo/RL nemo_rl/algorithms/grpo.py compute_and_apply_seq_logprob_error_masking:
+        # seq_mult_prob_error = sum(exp(|generation - prev| * mask) * mask) / sum(mask), and a
+        # sequence is masked when it exceeds seq_logprob_error_threshold
+        source="NVIDIA-NeMo/RL nemo_rl/algorithms/grpo.py",
+    ),
+)
+
+# Every weight edge the correction table uses: the token-weight fractions are reported at each.
+BAND_EDGES: tuple[float, ...] = tuple(
+    sorted(
+        {e for p in PEER_CORRECTIONS for e in (p.low, p.high) if e is not None}
+        | {VERL_ESS_LOWER, VERL_ESS_UPPER}
+    )
+)
+
+
+def approx_kl_k1(log_ratio: torch.Tensor) -> float:
+    """k1 = mean(-r): KL(rollout || training) estimated from tokens the rollout sampled."""
+    return float((-log_ratio).mean())
+
+
+def approx_kl_k3(log_ratio: torch.Tensor) -> float:
+    """k3 = mean(exp(r) - r - 1): the same KL, never negative per token (Schulman's k3)."""
+    return float((torch.exp(log_ratio) - log_ratio - 1).mean())
+
+
+def approx_kl_k2(log_ratio: torch.Tensor) -> float:
+    """k2 = 0.5 * mean(r^2)."""
+    return float(0.5 * (log_ratio * log_ratio).mean())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BandFraction:
+    """Fractions of active tokens whose weight is strictly above / below ``edge``."""
+
+    edge: float
+    above: float
+    below: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Summary:
+    """min / mean / max over sequences of one per-sequence figure."""
+
+    min: float
+    mean: float
+    max: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImportanceSampling:
+    """Every figure of one case. Token figures are over active tokens, sequence figures over
+    rows with at least one active token."""
+
+    active_tokens: int
+    sequences: int
+    weight_min: float
+    weight_mean: float
+    weight_max: float
+    log_weight_min: float
+    log_weight_mean: float
+    log_weight_max: float
+    band_fractions: tuple[BandFraction, ...]
+    ess: float
+    ess_verl_clamped: float
+    chi2_token: float
+    chi2_sequence: float
+    ess_sequence: float
+    log_sequence_ratio: Summary
+    log_geometric_ratio: Summary
+    max_geometric_deviation: float
+    log_perplexity_ratio: Summary
+    log_max_seq_mult_prob_error: float
+    approx_kl_k1: float
+    approx_kl_k2: float
+    approx_kl_k3: float
+    corrections: Mapping[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe: every float is finite or ``None`` (a plain number that overflows
+        float64; its log is always present)."""
+
+        def summary(s: Summary) -> dict[str, float | None]:
+            return {"min": _finite(s.min), "mean": _finite(s.mean), "max": _finite(s.max)}
+
+        return {
+            "active_tokens": self.active_tokens,
+            "sequences": self.sequences,
+            "weights_clamped": False,
+            "weight": {
+                "min": _finite(self.weight_min),
+                "mean": _finite(self.weight_mean),
+                "max": _finite(self.weight_max),
+            },
+            "log_weight": {
+                "min": self.log_weight_min,
+                "mean": self.log_weight_mean,
+                "max": self.log_weight_max,
+            },
+            "band_fractions": [
+                {"edge": b.edge, "above": b.above, "below": b.below} for b in self.band_fractions
+            ],
+            "ess": self.ess,
+            "ess_verl_clamped": self.ess_verl_clamped,
+            "verl_clamp": [VERL_ESS_LOWER, VERL_ESS_UPPER],
+            "chi2_token": self.chi2_token,
+            "chi2_sequence": self.chi2_sequence,
+            "ess_sequence": self.ess_sequence,
+            "log_sequence_ratio": summary(self.log_sequence_ratio),
+            "log_geometric_ratio": summary(self.log_geometric_ratio),
+            "max_geometric_deviation": _finite(self.max_geometric_deviation),
+            "log_perplexity_ratio": summary(self.log_perplexity_ratio),
+            "perplexity_ratio": {
+                "min": _finite(_exp(self.log_perplexity_ratio.min)),
+                "max": _finite(_exp(self.log_perplexity_ratio.max)),
+            },
+            "log_max_seq_mult_prob_error": self.log_max_seq_mult_prob_error,
+            "approx_kl_k1": _finite(self.approx_kl_k1),
+            "approx_kl_k2": _finite(self.approx_kl_k2),
+            "approx_kl_k3": _finite(self.approx_kl_k3),
+            "corrections": {k: self.corrections[k] for k in sorted(self.corrections)},
+        }
+
+
+_LOG_MAX = math.log(torch.finfo(torch.float64).max)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _exp(log_value: float) -> float:
+    """exp without an OverflowError: inf past float64 (``to_json`` writes it as None)."""
+    return math.exp(log_value) if log_value <= _LOG_MAX else math.inf
+
+
+def _expm1_abs(log_value: float) -> float:
+    return abs(math.expm1(log_value)) if log_value <= _LOG_MAX else math.inf
+
+
+def _logsumexp_rows(x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """Per-row logsumexp over active entries (rows of all-inactive give -inf)."""
+    return torch.logsumexp(x.masked_fill(~active, -math.inf), dim=1)
+
+
+def _fraction_outside(
+    values: torch.Tensor, count: int, *, low: float | None, high: float | None
+) -> float:
+    """Fraction of ``values`` (logs) strictly outside ``[log low, log high]``."""
+    outside = torch.zeros_like(values, dtype=torch.bool)
+    if high is not None:
+        outside |= values > math.log(high)
+    if low is not None:
+        outside |= values < math.log(low)
+    return int(outside.sum()) / count
+
+
+def _ess_from_logs(log_w: torch.Tensor) -> float:
+    """1 / mean((w / mean w)^2) = exp(2 lse(r) - log N - lse(2r)), in (0, 1]."""
+    n = log_w.numel()
+    value = 2 * torch.logsumexp(log_w, 0) - math.log(n) - torch.logsumexp(2 * log_w, 0)
+    return min(1.0, float(torch.exp(value)))
+
+
+def _chi2_from_logs(log_w: torch.Tensor) -> float:
+    """mean(w^2) / mean(w)^2 - 1 = expm1(log N + lse(2r) - 2 lse(r)), in [0, N - 1]."""
+    n = log_w.numel()
+    value = math.log(n) + torch.logsumexp(2 * log_w, 0) - 2 * torch.logsumexp(log_w, 0)
+    return max(0.0, math.expm1(float(value)))
+
+
+def importance_sampling(
+    training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor
+) -> ImportanceSampling:
+    """The figures of one case. Raises ``ValueError`` for inputs a verdict would not judge
+    (shapes differ, a non-bool mask, no active token, a non-finite active score)."""
+    if training.shape != rollout.shape or training.shape != active.shape or training.dim() != 2:
+        raise ValueError(
+            f"expected three [B, L] tensors of one shape, got {tuple(training.shape)}, "
+            f"{tuple(rollout.shape)}, {tuple(active.shape)}"
+        )
+    if active.dtype != torch.bool:
+        raise ValueError(f"active_mask has dtype {active.dtype}, expected torch.bool")
+    count = int(active.sum())
+    if count == 0:
+        raise ValueError("no active tokens")
+    t64 = training.to(torch.float64)
+    ratio = (t64 - rollout.to(torch.float64)).masked_fill(~active, 0.0)  # r, 0 where inactive
+    r = ratio[active]
+    if not bool(torch.isfinite(r).all()):
+        raise ValueError("a log-ratio is non-finite at an active position")
+
+    # token level
+    log_mean = float(torch.logsumexp(r, 0)) - math.log(count)
+    r_min, r_max = float(r.min()), float(r.max())
+    bands = tuple(
+        BandFraction(
+            edge=edge,
+            above=int((r > math.log(edge)).sum()) / count,
+            below=int((r < math.log(edge)).sum()) / count,
+        )
+        for edge in BAND_EDGES
+    )
+    clamped = torch.exp(r.clamp(min=math.log(VERL_ESS_LOWER), max=math.log(VERL_ESS_UPPER)))
+    ess_verl = float(1.0 / ((clamped / clamped.mean()) ** 2).mean())
+
+    # sequence level: rows with at least one active token
+    lengths = active.sum(dim=1)
+    rows = lengths > 0
+    n_rows = int(rows.sum())
+    seq_sum = ratio.sum(dim=1)[rows]  # log sequence ratio
+    seq_mean = seq_sum / lengths[rows].to(torch.float64)  # log geometric ratio
+    log_mult_error = _logsumexp_rows(ratio.abs(), active)[rows] - torch.log(
+        lengths[rows].to(torch.float64)
+    )
+
+    def summary(x: torch.Tensor) -> Summary:
+        return Summary(min=float(x.min()), mean=float(x.mean()), max=float(x.max()))
+
+    statistic_values = {
+        Statistic.TOKEN_RATIO: (r, count),
+        Statistic.GEOMETRIC_RATIO: (seq_mean, n_rows),
+        Statistic.SEQUENCE_RATIO: (seq_sum, n_rows),
+        Statistic.MULT_PROB_ERROR: (log_mult_error, n_rows),
+    }
+    corrections = {
+        p.key: _fraction_outside(*statistic_values[p.statistic], low=p.low, high=p.high)
+        for p in PEER_CORRECTIONS
+    }
+    geo_min, geo_max = float(seq_mean.min()), float(seq_mean.max())
+    return ImportanceSampling(
+        active_tokens=count,
+        sequences=n_rows,
+        weight_min=_exp(r_min),
+        weight_mean=_exp(log_mean),
+        weight_max=_exp(r_max),
+        log_weight_min=r_min,
+        log_weight_mean=log_mean,
+        log_weight_max=r_max,
+        band_fractions=bands,
+        ess=_ess_from_logs(r),
+        ess_verl_clamped=min(1.0, ess_verl),
+        chi2_token=_chi2_from_logs(r),
+        chi2_sequence=_chi2_from_logs(seq_sum),
+        ess_sequence=_ess_from_logs(seq_sum),
+        log_sequence_ratio=summary(seq_sum),
+        log_geometric_ratio=summary(seq_mean),
+        max_geometric_deviation=max(_expm1_abs(geo_min), _expm1_abs(geo_max)),
+        log_perplexity_ratio=summary(0.0 - seq_mean),  # 0.0 - : no -0.0 in the JSON
+        log_max_seq_mult_prob_error=float(log_mult_error.max()),
+        approx_kl_k1=approx_kl_k1(r),
+        approx_kl_k2=approx_kl_k2(r),
+        approx_kl_k3=approx_kl_k3(r),
+        corrections=corrections,
+    )
