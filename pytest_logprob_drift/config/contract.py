@@ -2,7 +2,9 @@
 
 Owns loading the versioned contract file shipped as package data and resolving
 ``(contract_source, contract_version)`` to a concrete version and threshold; ``"current"``
-resolves to the concrete version that is then recorded and hashed. A version's
+resolves to the concrete version that is then recorded and hashed (the digest covers the
+source, the version and its whole entry). A threshold of 0 is allowed (the ``bitwise``
+source: any difference is a mismatch); a negative, NaN or infinite one is refused. A version's
 ``minor_version`` (0 when absent) counts compatible clarifications of what is compared (1: the
 sampling semantics of issue 13); it is recorded in every comparison and in the execution key
 (through the digest), never in case ids, since the rule and the threshold do not change. The
@@ -69,10 +71,11 @@ def resolve_contract(source: str, version: str) -> ResolvedContract:
         )
     body = versions[concrete]
     threshold = body["threshold"]
-    if not isinstance(threshold, float) or not math.isfinite(threshold) or threshold <= 0:
+    # 0.0 is a threshold (``bitwise``: any difference is a mismatch, equality passes)
+    if not isinstance(threshold, float) or not math.isfinite(threshold) or threshold < 0:
         raise ConfigError(
             f"$.sources.{source}.versions.{concrete}.threshold",
-            "threshold must be a positive finite float",
+            "threshold must be a non-negative finite float",
             source=CONTRACT_FILE,
         )
     minor = body.get("minor_version", 0)
