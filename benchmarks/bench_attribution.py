@@ -7,9 +7,13 @@ interpreter so peak memory is the step's own, best of R rounds:
                recomputed), what ``logprob-drift verify`` does for the attempts;
 - attribution: loading every attempt's sealed scores and computing the attribution document
                (alignment, per-side movement, paired bootstrap of mean and p99 with 1,000
-               resamples, ranking), what the end of ``run`` does before sealing it.
+               resamples, ranking), what the end of ``run`` does before sealing it;
+- importance:  loading every attempt's ``token_diffs.pt`` and computing its importance-sampling
+               figures (``numerics.importance_sampling``, issue 24), what ``verify`` and the
+               report will add per case; ``compute_seconds`` is the figures alone.
 
-Reports wall times, peak RSS (ru_maxrss of the child) and attribution/verify. Goal: <= 1x.
+Reports wall times, peak RSS (ru_maxrss of the child), attribution/verify (goal: <= 1x) and
+importance/verify (goal: <= 0.25x).
 
     .venv/bin/python benchmarks/bench_attribution.py [--cases 256] [--samples 64]
         [--response 1600] [--rounds 2] [--dir D]
@@ -35,8 +39,22 @@ import torch  # imported before timing: both steps need it, neither should pay f
 from pytest_logprob_drift.store.verify import verify_run
 from pytest_logprob_drift.attribution.sealed import attribute_attempts
 from pytest_logprob_drift.store.artifacts import iter_attempt_dirs
+from pytest_logprob_drift.numerics.importance_sampling import importance_sampling
+from pytest_logprob_drift.store.layout import TOKEN_DIFFS
+from pytest_logprob_drift.tensorio import tensors_from_bytes
+compute = 0.0
 start = time.perf_counter()
-if step == "verify":
+if step == "importance":
+    detail = 0
+    for attempt in iter_attempt_dirs(run_dir):
+        diffs = tensors_from_bytes((attempt / TOKEN_DIFFS).read_bytes())
+        began = time.perf_counter()
+        importance_sampling(
+            diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"]
+        ).to_json()
+        compute += time.perf_counter() - began
+        detail += 1
+elif step == "verify":
     statuses = verify_run(run_dir)
     assert all(s.status == "ok" for s in statuses), statuses[:3]
     detail = len(statuses)
@@ -48,7 +66,9 @@ else:
     detail = len(document["cases"])
 elapsed = time.perf_counter() - start
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"seconds": elapsed, "peak_mib": peak, "items": detail}))
+print(json.dumps(
+    {"seconds": elapsed, "peak_mib": peak, "items": detail, "compute_seconds": compute}
+))
 """
 
 
@@ -86,7 +106,7 @@ def main() -> int:
         print(f"run: {args.cases} cases x {args.samples * args.response} active tokens ({run_dir})")
         best: dict[str, dict[str, float]] = {}
         for _ in range(args.rounds):
-            for step in ("verify", "attribution"):
+            for step in ("verify", "attribution", "importance"):
                 result = measure(run_dir, step)
                 if step not in best or result["seconds"] < best[step]["seconds"]:
                     best[step] = result
@@ -97,7 +117,13 @@ def main() -> int:
             )
         ratio = best["attribution"]["seconds"] / best["verify"]["seconds"]
         print(f"attribution / verify: {ratio:.2f}x (goal <= 1x)")
-        return 0 if ratio <= 1.0 else 1
+        importance = best["importance"]["seconds"] / best["verify"]["seconds"]
+        figures_only = best["importance"]["compute_seconds"] / best["verify"]["seconds"]
+        print(
+            f"importance / verify: {importance:.2f}x with loading, {figures_only:.2f}x the "
+            "figures alone (goal <= 0.25x)"
+        )
+        return 0 if ratio <= 1.0 and importance <= 0.25 else 1
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)

@@ -1,27 +1,36 @@
 """Contract sources: ``bitwise`` (threshold 0) beside ``ws1``, resolved, hashed and planned; the
 verdict at threshold 0 (equality passes, one ulp is a mismatch of exactly that token); the
-loader's refusals; and a real smoke run judged bitwise."""
+loader's refusals; a real smoke run judged bitwise, and one whose trainer computes exactly as the
+rollout does, which passes."""
 
 from __future__ import annotations
 
 import copy
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from drift_testing import S0, cli
+from drift_testing import S0, cli, run_by_label
 
-from pytest_logprob_drift import load_config, plan_experiment
+from pytest_logprob_drift import load_config, plan_experiment, plan_file
 from pytest_logprob_drift.config import contract as contract_module
 from pytest_logprob_drift.config.contract import resolve_contract
 from pytest_logprob_drift.errors import ConfigError
+from pytest_logprob_drift.execute.protocol import RuntimeBinding
 from pytest_logprob_drift.numerics.importance_sampling import importance_sampling
 from pytest_logprob_drift.numerics.verdict import judge
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.records import canonical_json, sha256_hex
+from pytest_logprob_drift.records import ScoringIdentity, canonical_json, sha256_hex
+from pytest_logprob_drift.runtimes.smoke.runtime import (
+    HIDDEN,
+    VOCAB,
+    CpuSmokeAdapter,
+    StatelessScorer,
+)
 from pytest_logprob_drift.store.layout import TOKEN_DIFFS
 
 CONTRACT_FILE = Path(contract_module.__file__).with_name(contract_module.CONTRACT_FILE)
@@ -203,3 +212,51 @@ def test_bitwise_and_ws1_share_the_comparison_rule() -> None:
     }
     assert rules == {"ws1": "strict greater-than", "bitwise": "strict greater-than"}
     assert copy.deepcopy(documents) == documents
+
+
+class DecodingScorer(StatelessScorer):
+    """The smoke scorer computing every position's logits the way the smoke rollout does (its
+    incremental ``step``, one position at a time), so both sides compute identically."""
+
+    def forward(
+        self, params: Mapping[str, torch.Tensor], token_ids: torch.Tensor, attention: torch.Tensor
+    ) -> torch.Tensor:
+        rows = []
+        for ids, mask in zip(token_ids, attention, strict=True):
+            running = torch.zeros(HIDDEN, dtype=self.model.embed.dtype)
+            positions = []
+            for position, (token, kept) in enumerate(zip(ids, mask, strict=True)):
+                logits = torch.zeros(VOCAB, dtype=self.model.embed.dtype)
+                if kept:
+                    logits, running = self.model.step(
+                        token, running, torch.tensor(float(position + 1))
+                    )
+                positions.append(logits)
+            rows.append(torch.stack(positions))
+        return torch.stack(rows)
+
+
+class DecodingAdapter(CpuSmokeAdapter):
+    def build_training(self, binding: RuntimeBinding, identity: ScoringIdentity) -> StatelessScorer:
+        self._check_identity(identity)
+        return DecodingScorer(binding)
+
+    def environment(self, identity: ScoringIdentity) -> Mapping[str, Any]:
+        return {**super().environment(identity), "scorer": "incremental decode"}
+
+
+def test_sides_that_compute_identically_pass_bitwise(tmp_path: Path) -> None:
+    config = tmp_path / "s0_bitwise.json"
+    config.write_text(json.dumps(s0_document("bitwise")))
+    results = run_by_label(
+        plan_file(str(config)),
+        runtime="cpu-smoke",
+        artifacts=tmp_path / "runs",
+        allow_smoke=True,
+        adapter=DecodingAdapter(),
+    )
+    for label in ("baseline", "batch.size=1"):
+        assert results[label].outcome is Outcome.PASS, results[label].reason
+    assert "within 0" in results["baseline"].reason
+    # the offset backend still differs on every token
+    assert results["logp.backend=smoke_only.logp_offset"].outcome is Outcome.MISMATCH

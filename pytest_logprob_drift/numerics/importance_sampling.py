@@ -339,30 +339,59 @@ def _logsumexp_rows(x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(x.masked_fill(~active, -math.inf), dim=1)
 
 
-def _fraction_outside(
-    values: torch.Tensor, count: int, *, low: float | None, high: float | None
-) -> float:
-    """Fraction of ``values`` (logs) strictly outside ``[log low, log high]``."""
-    outside = torch.zeros_like(values, dtype=torch.bool)
-    if high is not None:
-        outside |= values > math.log(high)
-    if low is not None:
-        outside |= values < math.log(low)
-    return int(outside.sum()) / count
+class _Counts:
+    """How many of some logs lie strictly above and strictly below each of a fixed set of log
+    edges, from two bucketizes and two bincounts (no pass per edge, no sort)."""
+
+    __slots__ = ("above_counts", "below_counts", "count", "edges")
+
+    def __init__(self, values: torch.Tensor, edges: tuple[float, ...]) -> None:
+        self.edges = edges
+        self.count = values.numel()
+        bounds = torch.tensor([math.log(e) for e in edges], dtype=values.dtype)
+        k = len(edges)
+        # right=False: i = #edges strictly below the value, so value > edge[j] iff i > j
+        over = torch.bincount(torch.bucketize(values, bounds, right=False), minlength=k + 1)
+        # right=True: i = #edges at or below the value, so value < edge[j] iff i <= j
+        under = torch.bincount(torch.bucketize(values, bounds, right=True), minlength=k + 1)
+        self.above_counts = (self.count - over.cumsum(0)[:k]).tolist()
+        self.below_counts = under.cumsum(0)[:k].tolist()
+
+    def above(self, edge: float) -> int:
+        return int(self.above_counts[self.edges.index(edge)])
+
+    def below(self, edge: float) -> int:
+        return int(self.below_counts[self.edges.index(edge)])
+
+    def fraction_outside(self, low: float | None, high: float | None) -> float:
+        """Fraction strictly outside ``[low, high]`` (an open side when None)."""
+        outside = (self.above(high) if high is not None else 0) + (
+            self.below(low) if low is not None else 0
+        )
+        return outside / self.count
 
 
-def _ess_from_logs(log_w: torch.Tensor) -> float:
-    """1 / mean((w / mean w)^2) = exp(2 lse(r) - log N - lse(2r)), in (0, 1]."""
-    n = log_w.numel()
-    value = 2 * torch.logsumexp(log_w, 0) - math.log(n) - torch.logsumexp(2 * log_w, 0)
-    return min(1.0, float(torch.exp(value)))
+def _edges(statistic: Statistic) -> tuple[float, ...]:
+    return tuple(
+        sorted(
+            {
+                e
+                for p in PEER_CORRECTIONS
+                if p.statistic is statistic
+                for e in (p.low, p.high)
+                if e is not None
+            }
+        )
+    )
 
 
-def _chi2_from_logs(log_w: torch.Tensor) -> float:
-    """mean(w^2) / mean(w)^2 - 1 = expm1(log N + lse(2r) - 2 lse(r)), in [0, N - 1]."""
-    n = log_w.numel()
-    value = math.log(n) + torch.logsumexp(2 * log_w, 0) - 2 * torch.logsumexp(log_w, 0)
-    return max(0.0, math.expm1(float(value)))
+def _spread(log_w: torch.Tensor) -> tuple[float, float]:
+    """(normalized ESS, chi2) of the weights exp(log_w), from two logsumexps:
+    ESS = 1 / mean((w / mean w)^2) = exp(2 lse(r) - log N - lse(2r)), in (0, 1];
+    chi2 = mean(w^2) / mean(w)^2 - 1 = 1 / ESS - 1 = expm1(log N + lse(2r) - 2 lse(r))."""
+    n = math.log(log_w.numel())
+    lse1, lse2 = float(torch.logsumexp(log_w, 0)), float(torch.logsumexp(2 * log_w, 0))
+    return min(1.0, math.exp(2 * lse1 - n - lse2)), max(0.0, math.expm1(n + lse2 - 2 * lse1))
 
 
 def importance_sampling(
@@ -377,50 +406,51 @@ def importance_sampling(
         )
     if active.dtype != torch.bool:
         raise ValueError(f"active_mask has dtype {active.dtype}, expected torch.bool")
-    count = int(active.sum())
+    lengths = active.sum(dim=1)
+    count = int(lengths.sum())
     if count == 0:
         raise ValueError("no active tokens")
-    t64 = training.to(torch.float64)
-    ratio = (t64 - rollout.to(torch.float64)).masked_fill(~active, 0.0)  # r, 0 where inactive
-    r = ratio[active]
-    if not bool(torch.isfinite(r).all()):
+    ratio = (training.to(torch.float64) - rollout.to(torch.float64)).masked_fill(~active, 0.0)
+    r = ratio[active]  # r on each active token; ratio is r, 0 where inactive
+    r_min, r_max = float(r.min()), float(r.max())  # NaN propagates through min and max
+    if not (math.isfinite(r_min) and math.isfinite(r_max)):
         raise ValueError("a log-ratio is non-finite at an active position")
+    tokens = _Counts(r, BAND_EDGES)
 
     # token level
     log_mean = float(torch.logsumexp(r, 0)) - math.log(count)
-    r_min, r_max = float(r.min()), float(r.max())
     bands = tuple(
         BandFraction(
             edge=edge,
-            above=int((r > math.log(edge)).sum()) / count,
-            below=int((r < math.log(edge)).sum()) / count,
+            above=tokens.above(edge) / count,
+            below=tokens.below(edge) / count,
         )
         for edge in BAND_EDGES
     )
     clamped = torch.exp(r.clamp(min=math.log(VERL_ESS_LOWER), max=math.log(VERL_ESS_UPPER)))
     ess_verl = float(1.0 / ((clamped / clamped.mean()) ** 2).mean())
+    ess, chi2_token = _spread(r)
 
     # sequence level: rows with at least one active token
-    lengths = active.sum(dim=1)
     rows = lengths > 0
     n_rows = int(rows.sum())
+    row_lengths = lengths[rows].to(torch.float64)
     seq_sum = ratio.sum(dim=1)[rows]  # log sequence ratio
-    seq_mean = seq_sum / lengths[rows].to(torch.float64)  # log geometric ratio
-    log_mult_error = _logsumexp_rows(ratio.abs(), active)[rows] - torch.log(
-        lengths[rows].to(torch.float64)
-    )
+    seq_mean = seq_sum / row_lengths  # log geometric ratio
+    log_mult_error = _logsumexp_rows(ratio.abs(), active)[rows] - torch.log(row_lengths)
+    ess_sequence, chi2_sequence = _spread(seq_sum)
 
     def summary(x: torch.Tensor) -> Summary:
         return Summary(min=float(x.min()), mean=float(x.mean()), max=float(x.max()))
 
     statistic_values = {
-        Statistic.TOKEN_RATIO: (r, count),
-        Statistic.GEOMETRIC_RATIO: (seq_mean, n_rows),
-        Statistic.SEQUENCE_RATIO: (seq_sum, n_rows),
-        Statistic.MULT_PROB_ERROR: (log_mult_error, n_rows),
+        Statistic.TOKEN_RATIO: tokens,
+        Statistic.GEOMETRIC_RATIO: _Counts(seq_mean, _edges(Statistic.GEOMETRIC_RATIO)),
+        Statistic.SEQUENCE_RATIO: _Counts(seq_sum, _edges(Statistic.SEQUENCE_RATIO)),
+        Statistic.MULT_PROB_ERROR: _Counts(log_mult_error, _edges(Statistic.MULT_PROB_ERROR)),
     }
     corrections = {
-        p.key: _fraction_outside(*statistic_values[p.statistic], low=p.low, high=p.high)
+        p.key: statistic_values[p.statistic].fraction_outside(p.low, p.high)
         for p in PEER_CORRECTIONS
     }
     geo_min, geo_max = float(seq_mean.min()), float(seq_mean.max())
@@ -434,11 +464,11 @@ def importance_sampling(
         log_weight_mean=log_mean,
         log_weight_max=r_max,
         band_fractions=bands,
-        ess=_ess_from_logs(r),
+        ess=ess,
         ess_verl_clamped=min(1.0, ess_verl),
-        chi2_token=_chi2_from_logs(r),
-        chi2_sequence=_chi2_from_logs(seq_sum),
-        ess_sequence=_ess_from_logs(seq_sum),
+        chi2_token=chi2_token,
+        chi2_sequence=chi2_sequence,
+        ess_sequence=ess_sequence,
         log_sequence_ratio=summary(seq_sum),
         log_geometric_ratio=summary(seq_mean),
         max_geometric_deviation=max(_expm1_abs(geo_min), _expm1_abs(geo_max)),
