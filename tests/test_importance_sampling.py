@@ -160,7 +160,9 @@ def cases(draw: Any, *, max_rows: int = 4, max_len: int = 12) -> tuple[np.ndarra
 @given(cases())
 def test_every_figure_matches_the_reference(case: tuple[np.ndarray, ...]) -> None:
     t, o, m = case
-    assert_matches(figures(t, o, m), reference(t, o, m))
+    fig = figures(t, o, m)
+    assert_matches(fig, reference(t, o, m))
+    json.dumps(fig.to_json(), allow_nan=False)
 
 
 @SETTINGS
