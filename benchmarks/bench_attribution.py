@@ -38,7 +38,7 @@ run_dir, step = Path(sys.argv[1]), sys.argv[2]
 import torch  # imported before timing: both steps need it, neither should pay for it
 from pytest_logprob_drift.store.verify import verify_run
 from pytest_logprob_drift.attribution.sealed import attribute_attempts
-from pytest_logprob_drift.store.artifacts import iter_attempt_dirs
+from pytest_logprob_drift.store.run import iter_attempt_dirs
 from pytest_logprob_drift.numerics.importance_sampling import importance_sampling
 from pytest_logprob_drift.store.layout import TOKEN_DIFFS
 from pytest_logprob_drift.tensorio import tensors_from_bytes

@@ -37,7 +37,8 @@ import torch
 from pytest_logprob_drift.attribution.sealed import attribute_and_seal
 from pytest_logprob_drift.numerics.verdict import judge
 from pytest_logprob_drift.records import canonical_json
-from pytest_logprob_drift.store.artifacts import ArtifactStore, execution_key
+from pytest_logprob_drift.store.attempt import execution_key
+from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes
 
 THRESHOLD = 1e-3

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_logprob_drift.store.artifacts import AttemptWriter, read_seal
+from pytest_logprob_drift.store.attempt import AttemptWriter, read_seal
 
 
 def serialized_tensors(count: int, mib: int) -> dict[str, bytes]:

@@ -18,7 +18,7 @@ import torch
 from bench_report import write_case
 
 from pytest_logprob_drift.records import canonical_json, sha256_hex
-from pytest_logprob_drift.store.artifacts import ArtifactStore
+from pytest_logprob_drift.store.run import ArtifactStore
 
 EXPERIMENT = "synthetic-attribution"
 PROMPT = 16

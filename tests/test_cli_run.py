@@ -14,9 +14,10 @@ import pytest
 from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0
 
 from pytest_logprob_drift.cli import main
-from pytest_logprob_drift.store.artifacts import SealError, iter_attempt_dirs
 from pytest_logprob_drift.store.layout import COMPLETE
 from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.store.run import iter_attempt_dirs
+from pytest_logprob_drift.store.seal import SealError
 
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
 SEALED_FILES = tuple(sorted(ATTEMPT_FILES))

@@ -29,10 +29,12 @@ from pytest_logprob_drift.numerics.comparison import (
     read_comparison,
 )
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.store.artifacts import SealError, iter_attempt_dirs, json_bytes
 from pytest_logprob_drift.store.comparison import parse_comparison
+from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE
 from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.store.run import iter_attempt_dirs
+from pytest_logprob_drift.store.seal import SealError
 
 PRE_ISSUE20 = Path(__file__).parent / "data" / "pre_issue20" / "runs"
 EXPERIMENT = "s0-cpu-smoke"

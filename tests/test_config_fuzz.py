@@ -45,7 +45,7 @@ from pytest_logprob_drift.execute.protocol import bind_case
 from pytest_logprob_drift.plan.binding import ExecutionPlan
 from pytest_logprob_drift.policy import assemble
 from pytest_logprob_drift.records import canonical_json
-from pytest_logprob_drift.store.artifacts import ArtifactStore
+from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tables import render_table
 
 EXAMPLES = int(os.environ.get("LOGPROB_DRIFT_FUZZ_EXAMPLES", "300"))

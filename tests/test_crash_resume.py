@@ -34,9 +34,10 @@ from typing import Any
 import pytest
 from drift_testing import S0
 
-from pytest_logprob_drift.store.artifacts import SealError, iter_attempt_dirs
 from pytest_logprob_drift.store.layout import COMPLETE
 from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.store.run import iter_attempt_dirs
+from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.verify import verify_run_files
 
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
@@ -57,7 +58,7 @@ DRIVER = r"""
 import hashlib, json, os, re, signal, sys, threading
 from pathlib import Path
 
-import pytest_logprob_drift.store.artifacts as artifacts
+import pytest_logprob_drift.store.files as files
 import pytest_logprob_drift.cli.run_cmd  # noqa: F401  (torch and the execution modules, once)
 import pytest_logprob_drift.runtimes.smoke.runtime  # noqa: F401
 import pytest_logprob_drift.runtimes.smoke.kernels  # noqa: F401
@@ -97,7 +98,7 @@ def child(artifacts_dir, kill_at, out_name, barrier=None):
                 handle.write(what)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    real_publish, real_link = artifacts.publish_bytes, os.link
+    real_publish, real_link = files.publish_bytes, os.link
     real_mkdir, real_fsync = os.mkdir, os.fsync
     main_thread = threading.main_thread()
 
@@ -120,7 +121,9 @@ def child(artifacts_dir, kill_at, out_name, barrier=None):
         if threading.current_thread() is main_thread:  # background syncs have no fixed order
             event(f"fsynced {where(os.readlink(f'/proc/self/fd/{fd}'))}")
 
-    artifacts.publish_bytes = publish
+    for module in list(sys.modules.values()):  # every binding, and files' own for later imports
+        if getattr(module, "publish_bytes", None) is real_publish:
+            module.publish_bytes = publish
     os.link = link
     os.mkdir = mkdir
     os.fsync = fsync

@@ -28,9 +28,9 @@ from pytest_logprob_drift.runtimes.smoke.runtime import (
     CpuSmokeAdapter,
     SyntheticCausalModel,
 )
-from pytest_logprob_drift.store.artifacts import SealError
 from pytest_logprob_drift.store.divergence_check import check_divergence
 from pytest_logprob_drift.store.resume import check_attempt, load_sealed_tensors
+from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.verify import verify_run
 
 

@@ -21,19 +21,19 @@ import torch
 from drift_testing import OFFSET_EXPECT, cli, run_s0
 
 from pytest_logprob_drift.errors import ExitCode, StorageError
-from pytest_logprob_drift.store.artifacts import (
-    ArtifactStore,
-    SealError,
-    iter_attempt_dirs,
-    json_bytes,
-    read_plan_log,
-    read_seal,
-    run_seals,
-)
+from pytest_logprob_drift.store.attempt import read_seal
+from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.keys import SealKey, load_seal_key, sealing_with
 from pytest_logprob_drift.store.layout import COMPLETE
 from pytest_logprob_drift.store.layout import PLAN as PLAN_FILE
 from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.store.run import (
+    ArtifactStore,
+    iter_attempt_dirs,
+    read_plan_log,
+    run_seals,
+)
+from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.verify import verify_run, verify_run_files
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
@@ -430,7 +430,7 @@ def test_a_short_plan_append_on_a_full_disk_is_rolled_back(tiny_tmpfs: Path) -> 
 
 
 def test_a_publish_that_fails_leaves_no_temporary(tiny_tmpfs: Path) -> None:
-    from pytest_logprob_drift.store.artifacts import publish_bytes
+    from pytest_logprob_drift.store.files import publish_bytes
 
     fill(tiny_tmpfs, 4096)
     with pytest.raises(StorageError) as caught:

@@ -33,7 +33,7 @@ from pytest_logprob_drift.report.load import (
     position_profile,
     scatter,
 )
-from pytest_logprob_drift.store.artifacts import iter_attempt_dirs
+from pytest_logprob_drift.store.run import iter_attempt_dirs
 
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
 OFFSET = "logp.backend=smoke_only.logp_offset"

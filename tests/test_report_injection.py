@@ -27,7 +27,8 @@ from report_browser import open_page
 
 from pytest_logprob_drift.attribution.sealed import attribution_dirs
 from pytest_logprob_drift.report.page import publish_report
-from pytest_logprob_drift.store.artifacts import execution_key, iter_attempt_dirs
+from pytest_logprob_drift.store.attempt import execution_key
+from pytest_logprob_drift.store.run import iter_attempt_dirs
 
 PAYLOAD = (
     "<img src=x onerror=\"window.pwned=1;document.title='pwned';console.error('pwned')\">"

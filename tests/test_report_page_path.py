@@ -13,7 +13,7 @@ import pytest
 from drift_testing import OFFSET_EXPECT, S0, cli, pytest_drift, run_s0
 
 from pytest_logprob_drift.attribution.sealed import attribution_dirs
-from pytest_logprob_drift.store.artifacts import iter_attempt_dirs
+from pytest_logprob_drift.store.run import iter_attempt_dirs
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ from pytest_logprob_drift.runtimes.smoke.runtime import (
     StatelessScorer,
     SyntheticRollout,
 )
-from pytest_logprob_drift.store.artifacts import AttemptWriter
+from pytest_logprob_drift.store.attempt import AttemptWriter
 from pytest_logprob_drift.store.resume import check_attempt
 
 

@@ -12,7 +12,6 @@ frontends or how the document is sealed.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from pytest_logprob_drift.attribution.effect import abs_diff_rows, drift_effect,
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.artifacts import read_seal
+from pytest_logprob_drift.store.attempt import read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
 
@@ -66,9 +65,7 @@ class SealedExecution:
         self.changed = tuple(str(c) for c in requested.get("changed", ()))
         self.requested: Mapping[str, Any] = dict(requested.get("knobs", {}))
         self.outcome = comparison.outcome.value
-        self.complete_sha256 = hashlib.sha256(
-            (attempt_dir / layout.COMPLETE).read_bytes()
-        ).hexdigest()
+        self.complete_sha256 = str(self.seal.manifest.sha256)  # of the COMPLETE just parsed
         self._scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
 
     @property

@@ -2,8 +2,9 @@
 
 Owns ``runs/<experiment>/attributions/<inputs digest>-<id>/{attribution.json, COMPLETE}``:
 the document names the exact attempts it was computed from (case id, attempt id and the
-SHA-256 of each attempt's ``COMPLETE``), and ``COMPLETE`` seals it like an attempt (with the
-attempt's keyed MAC under an active seal key, ``store.keys``). Writing the
+SHA-256 of each attempt's ``COMPLETE``), and ``COMPLETE`` seals it with the store's one seal
+mechanism (``store.seal``: the attribution id and those inputs as header, the digest of
+``attribution.json``, a MAC under an active seal key). Writing the
 attribution of the same inputs again reuses a valid sealed one (a rerun that reuses every
 attempt reuses its attribution too); otherwise a new directory is created; nothing is
 overwritten. ``verify_attribution`` re-checks the seal, checks that every named attempt is
@@ -13,10 +14,8 @@ sealed tensors, and reports any difference. Knows nothing about engines or front
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,18 +29,27 @@ from pytest_logprob_drift.attribution.analysis import (
 )
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.artifacts import (
-    MAX_SEAL_BYTES,
-    SealError,
-    check_mac,
-    json_bytes,
-    new_attempt_id,
-    publish_bytes,
-    read_regular,
-    sha256_file,
-)
+from pytest_logprob_drift.store.attempt import new_attempt_id
+from pytest_logprob_drift.store.files import json_bytes, publish_bytes, sha256_file
 from pytest_logprob_drift.store.keys import active_key, sealing_with
 from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.store.seal import (
+    Manifest,
+    Sealed,
+    SealError,
+    SealForm,
+    new_manifest,
+    read_manifest,
+    verify_directory,
+    write_manifest,
+)
+
+ATTRIBUTION_SEAL = SealForm(
+    what="attribution seal",
+    header={"attribution_id": str, "inputs": list},
+    covers=frozenset({layout.ATTRIBUTION}),
+)
+"""An attribution's COMPLETE: its id, the attempts it was computed from, its one document."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,52 +67,37 @@ def inputs_digest(document: dict[str, Any]) -> str:
 
 def read_attribution(directory: Path) -> dict[str, Any]:
     """The sealed document (SealError naming the file at fault otherwise)."""
-    seal = _read_seal(directory)
-    check_mac(seal, layout.COMPLETE)
-    present = {p.name for p in directory.iterdir()} - {layout.COMPLETE}
-    if present != {layout.ATTRIBUTION}:
-        raise SealError(
-            sorted(present ^ {layout.ATTRIBUTION})[0], "file is not covered by the seal"
-        )
-    path = directory / layout.ATTRIBUTION
-    if path.is_symlink() or sha256_file(path) != seal["files"][layout.ATTRIBUTION]:
-        raise SealError(layout.ATTRIBUTION, "SHA-256 does not match the seal (tampered or corrupt)")
-    document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    if document.get("inputs") != seal["inputs"]:
+    return attribution_document(open_attribution(directory))
+
+
+def open_attribution(directory: Path) -> Sealed:
+    """The attribution's verified seal, with the bytes of ``attribution.json`` it hashed."""
+    manifest = _read_seal(directory)
+    contents = verify_directory(directory, manifest, keep=(layout.ATTRIBUTION,))
+    return Sealed(directory=directory, manifest=manifest, contents=contents)
+
+
+def attribution_document(sealed: Sealed) -> dict[str, Any]:
+    """The document in the verified bytes of ``attribution.json`` (never read again)."""
+    try:
+        document = json.loads(sealed.contents[layout.ATTRIBUTION])
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise SealError(layout.ATTRIBUTION, f"invalid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise SealError(layout.ATTRIBUTION, "expected a JSON object")
+    if document.get("inputs") != sealed.manifest.header["inputs"]:
         raise SealError(layout.COMPLETE, "the seal and the document name different attempts")
     return document
 
 
-def _read_seal(directory: Path) -> dict[str, Any]:
+def _read_seal(directory: Path) -> Manifest:
     """The attribution's parsed ``COMPLETE`` with its shape checked (its MAC is not)."""
-    complete = directory / layout.COMPLETE
-    if not os.path.lexists(complete):
-        raise SealError(layout.COMPLETE, "missing: the attribution was never sealed")
-    try:
-        seal = json.loads(read_regular(complete, limit=MAX_SEAL_BYTES))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise SealError(layout.COMPLETE, f"unreadable seal: {exc}") from None
-    if (
-        not isinstance(seal, dict)
-        or set(seal) - {"mac"} != {"attribution_id", "inputs", "files"}
-        or not isinstance(seal["files"], dict)
-        or seal["files"].keys() != {layout.ATTRIBUTION}
-    ):
-        raise SealError(layout.COMPLETE, "malformed attribution seal")
-    return seal
-
-
-def _seal_body(directory: Path, document: dict[str, Any], sha: str) -> dict[str, Any]:
-    """What ``COMPLETE`` of a new attribution holds (``mac`` added under a seal key)."""
-    body: dict[str, Any] = {
-        "attribution_id": directory.name,
-        "inputs": document["inputs"],
-        "files": {layout.ATTRIBUTION: sha},
-    }
-    key = active_key()
-    if key is not None:
-        body["mac"] = key.mac(body)
-    return body
+    return read_manifest(
+        directory / layout.COMPLETE,
+        ATTRIBUTION_SEAL,
+        name=layout.COMPLETE,
+        missing="missing: the attribution was never sealed",
+    )
 
 
 def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribution:
@@ -121,7 +114,9 @@ def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribut
     directory = root / f"{digest}-{new_attempt_id()}"
     directory.mkdir(parents=True)
     sha = publish_bytes(directory, layout.ATTRIBUTION, json_bytes(document))
-    publish_bytes(directory, layout.COMPLETE, json_bytes(_seal_body(directory, document, sha)))
+    header = {"attribution_id": directory.name, "inputs": document["inputs"]}
+    manifest = new_manifest(ATTRIBUTION_SEAL, header, {layout.ATTRIBUTION: sha})
+    write_manifest(directory, layout.COMPLETE, manifest)
     return SealedAttribution(directory=directory, document=document, reused=False)
 
 
@@ -146,11 +141,10 @@ def _execution_for(run_dir: Path, reference: dict[str, Any]) -> SealedExecution:
             f"names attempt {reference['attempt_id']} of case "
             f"{reference['case_id']}, which does not exist",
         )
-    complete = (
-        hashlib.sha256((attempt / layout.COMPLETE).read_bytes()).hexdigest()
-        if (attempt / layout.COMPLETE).is_file()
-        else None
-    )
+    try:
+        complete: str | None = sha256_file(attempt / layout.COMPLETE)
+    except OSError:  # missing, a link or not a regular file
+        complete = None
     if complete != reference["complete_sha256"]:
         raise SealError(
             layout.ATTRIBUTION,
@@ -235,7 +229,7 @@ def verify_attributions(run_dir: Path) -> list[dict[str, Any]]:
 def _intact_unkeyed(run_dir: Path, directory: Path) -> bool:
     """Whether an attribution without a MAC verifies as a plain SHA-256 manifest."""
     try:
-        if "mac" in _read_seal(directory):
+        if _read_seal(directory).mac is not None:
             return False
     except SealError:
         return False

@@ -54,7 +54,8 @@ from pytest_logprob_drift.registry.catalog import (
 )
 from pytest_logprob_drift.registry.session import OperatorSession
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.artifacts import ArtifactStore, Seal
+from pytest_logprob_drift.store.attempt import Seal
+from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes
 
 

@@ -4,7 +4,7 @@ Owns what identifies an execution for resume: the case, the frozen identity, the
 materialization (requested and materialized, before any engine exists), the scorer spec, the
 operator bindings with descriptor fingerprints, the runtime kind, the contract version and
 threshold, and the environment (python, torch, transformers, vLLM versions, device). The store
-hashes the payload into the key (``store.artifacts.execution_key``). Used by the runner. Knows
+hashes the payload into the key (``store.attempt.execution_key``). Used by the runner. Knows
 nothing about files or engines.
 """
 

@@ -38,8 +38,10 @@ from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.records import CaseKind, canonical
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
-from pytest_logprob_drift.store.artifacts import ArtifactStore, SealError, execution_key
+from pytest_logprob_drift.store.attempt import execution_key
 from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.store.run import ArtifactStore
+from pytest_logprob_drift.store.seal import SealError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -52,9 +52,11 @@ from pytest_logprob_drift.report.model import (
     WorstToken,
 )
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.artifacts import Seal, SealError, plain_name, read_regular
+from pytest_logprob_drift.store.attempt import read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
+from pytest_logprob_drift.store.files import read_regular
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
+from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.verify import AttemptStatus, require_run_dir, verify_run
 
 MAX_DETAILED = 24
@@ -92,27 +94,6 @@ def aggregation_notes(detailed_limit: int) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- sealed reads
 
 
-def _seal(attempt: Path) -> Seal:
-    """The attempt's seal as recorded (``verify_run`` has just checked it against every file;
-    each file read below is checked against its recorded digest again)."""
-    try:
-        document = json.loads(read_regular(attempt / layout.COMPLETE))
-        seal = Seal(
-            case_id=str(document["case_id"]),
-            attempt_id=str(document["attempt_id"]),
-            execution_key=str(document["execution_key"]),
-            files={str(k): str(v) for k, v in dict(document["files"]).items()},
-        )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SealError(layout.COMPLETE, f"unreadable seal: {exc}") from None
-    for name in seal.files:
-        if not plain_name(name) or name == layout.COMPLETE:
-            raise SealError(layout.COMPLETE, f"seal entry {name!r} is not a plain file name")
-    if (seal.case_id, seal.attempt_id) != (attempt.parent.name, attempt.name):
-        raise SealError(layout.COMPLETE, "the seal names another attempt")
-    return seal
-
-
 def _plan_rows(run_dir: Path) -> dict[str, dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     try:
@@ -137,12 +118,18 @@ def _experiment(run_dir: Path) -> dict[str, Any]:
     return document if isinstance(document, dict) else {}
 
 
+SHOWN_DOCUMENTS = (layout.COMPARISON, layout.REQUESTED, layout.IDENTITY)
+"""The sealed documents every shown case reads."""
+
+
 class _Shown:
     """The sealed documents of a case's shown attempt."""
 
     def __init__(self, attempt: Path) -> None:
         self.directory = attempt
-        self.seal = _seal(attempt)
+        # verify_run has just checked every file; what is read here is checked again, from
+        # the bytes read: the documents now, each tensor when case_detail loads it.
+        self.seal = read_seal(attempt, keep=SHOWN_DOCUMENTS, every=False)
         self.comparison = parse_comparison(load_sealed_json(attempt, layout.COMPARISON, self.seal))
         self.requested = load_sealed_json(attempt, layout.REQUESTED, self.seal)
         self.identity = load_sealed_json(attempt, layout.IDENTITY, self.seal)

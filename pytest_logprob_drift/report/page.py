@@ -4,7 +4,7 @@ Owns choosing where the page goes (``RUN_DIR/report-<newest shown attempt>.html`
 path is given; a given path inside the run's sealed tree, where an unsealed file would make
 ``verify`` reject the attempt or attribution it lands in, or one that is a directory, is
 refused), loading the run with links relative to that place, rendering, and publishing
-the page with ``store.artifacts.publish_bytes`` (created exclusively: an existing page is never
+the page with ``store.files.publish_bytes`` (created exclusively: an existing page is never
 overwritten, and says so). Knows nothing about how the frontends print or which tokenizer a
 checkpoint has (the frontend hands in a decoder factory).
 """
@@ -19,7 +19,7 @@ from pytest_logprob_drift.report.html import render_page
 from pytest_logprob_drift.report.load import load_report
 from pytest_logprob_drift.report.model import DecoderFactory, ReportData
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.artifacts import publish_bytes
+from pytest_logprob_drift.store.files import publish_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,7 +17,7 @@ from pytest_logprob_drift.numerics.comparison import (
     read_comparison,
 )
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.artifacts import SealError
+from pytest_logprob_drift.store.seal import SealError
 
 
 def parse_comparison(document: Any) -> Comparison:

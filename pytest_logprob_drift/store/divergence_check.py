@@ -17,7 +17,7 @@ import torch
 from pytest_logprob_drift.numerics.comparison import Diagnostics, read_diagnostics
 from pytest_logprob_drift.numerics.divergence_file import SEALED_KEYS, sealed_diagnostics
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.artifacts import SealError
+from pytest_logprob_drift.store.seal import SealError
 
 
 def check_divergence(

@@ -15,7 +15,6 @@ knows nothing about engines or runtimes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,16 +26,10 @@ from pytest_logprob_drift.numerics.comparison import NUMERIC_CHECK_KEYS, Compari
 from pytest_logprob_drift.numerics.verdict import judge
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.artifacts import (
-    Seal,
-    SealError,
-    execution_key,
-    read_regular,
-    read_seal,
-    sealed_file_errors,
-)
+from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.divergence_check import check_divergence
+from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 
 TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
@@ -64,16 +57,9 @@ class CheckedAttempt:
 
 def _sealed_bytes(directory: Path, name: str, seal: Seal) -> bytes:
     """The bytes of sealed file ``name``: those ``read_seal`` kept (already hashed), else read
-    now (a regular file only) and checked against the seal."""
-    if name in seal.contents:
-        return seal.contents[name]
-    if name not in seal.files:
-        raise SealError(name, "required file is not sealed")
-    with sealed_file_errors(name):
-        data = read_regular(directory / name)
-    if hashlib.sha256(data).hexdigest() != seal.files.get(name):
-        raise SealError(name, "SHA-256 does not match the seal (tampered or corrupt)")
-    return data
+    now, once, and checked against the seal (``Sealed.read``; the seal was read from
+    ``directory``)."""
+    return seal.read(name)
 
 
 def load_sealed_tensors(directory: Path, name: str, seal: Seal) -> dict[str, torch.Tensor]:

@@ -12,25 +12,23 @@ nothing about engines, runtimes or how results are printed.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pytest_logprob_drift.errors import StorageError, UsageError
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.artifacts import (
-    MAX_SEAL_BYTES,
-    SealError,
-    check_mac,
-    iter_attempt_dirs,
-    parse_plan_log,
-    read_regular,
-    run_seals,
-)
+from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL
+from pytest_logprob_drift.store.files import read_regular
 from pytest_logprob_drift.store.keys import active_key, sealing_with
 from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.store.run import RUN_SEAL, iter_attempt_dirs, parse_plan_log, run_seals
+from pytest_logprob_drift.store.seal import (
+    Manifest,
+    SealError,
+    SealForm,
+    check_mac,
+    read_manifest,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,28 +107,24 @@ def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
                 detail="experiment.json and plan.jsonl are not sealed (no run seal yet)",
             )
         )
-    digest = hashlib.sha256()
-    hashed = 0
     seal_statuses: list[tuple[int, RunFileStatus, bool]] = []
     for length, path in seals:
         checked = _seal_problem(path, experiment)
         problem = checked if isinstance(checked, str) else None
-        if isinstance(checked, dict):  # the seal document: check the plan prefix it seals
+        if isinstance(checked, Manifest):  # the seal: check the plan prefix it seals
+            prefix = checked.files[layout.PLAN]
             if length > len(plan):
                 problem = f"plan.jsonl has {len(plan)} bytes, the seal covers {length}: truncated"
-            else:
-                digest.update(plan[hashed:length])
-                hashed = length
-                if checked[layout.PLAN] != {"bytes": length, "sha256": digest.hexdigest()}:
-                    problem = (
-                        f"plan.jsonl's first {length} bytes do not match the seal "
-                        "(rewritten after it was sealed)"
-                    )
+            elif prefix.length != length or not prefix.matches(plan):
+                problem = (
+                    f"plan.jsonl's first {length} bytes do not match the seal "
+                    "(rewritten after it was sealed)"
+                )
         name = f"{layout.SEALS}/{path.name}"
         seal_status = RunFileStatus(
             file=name, status="ok" if problem is None else "invalid", detail=problem or ""
         )
-        seal_statuses.append((length, seal_status, _unkeyed(path)))
+        seal_statuses.append((length, seal_status, _unkeyed(path, RUN_SEAL)))
     statuses.extend(_superseded(seal_statuses))
     notes = parse_plan_log(plan).notes(Path(layout.PLAN))
     sealed = seals[-1][0] if seals else len(plan)
@@ -141,13 +135,12 @@ def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
     return statuses
 
 
-def _unkeyed(path: Path) -> bool:
-    """Whether a run seal carries no MAC at all (made without a seal key)."""
+def _unkeyed(path: Path, form: SealForm) -> bool:
+    """Whether a seal (of ``form``) is well formed and carries no MAC (made without a key)."""
     try:
-        document = json.loads(read_regular(path, limit=MAX_SEAL_BYTES))
-    except (OSError, ValueError, RecursionError):
+        return read_manifest(path, form, name=path.name).mac is None
+    except SealError:
         return False
-    return isinstance(document, dict) and "mac" not in document
 
 
 def _unkeyed_problem(attempt: Path) -> SealError | None:
@@ -179,26 +172,16 @@ def _superseded(seals: list[tuple[int, RunFileStatus, bool]]) -> list[RunFileSta
     ]
 
 
-def _seal_problem(path: Path, experiment: bytes | None) -> str | dict[str, Any]:
-    """Why a run seal is not valid for ``experiment``, or its document when it is."""
+def _seal_problem(path: Path, experiment: bytes | None) -> str | Manifest:
+    """Why a run seal is not valid for ``experiment``, or the seal when it is."""
     try:
-        document = json.loads(read_regular(path, limit=MAX_SEAL_BYTES))
-    except (OSError, ValueError, RecursionError) as exc:
-        return f"unreadable: {exc}"
-    keys = set(document) if isinstance(document, dict) else set()
-    if not (
-        isinstance(document, dict)
-        and keys in ({layout.EXPERIMENT, layout.PLAN}, {layout.EXPERIMENT, layout.PLAN, "mac"})
-        and isinstance(document[layout.PLAN], dict)
-    ):
-        return "malformed run seal"
-    try:
-        check_mac(document, path.name)
+        manifest = read_manifest(path, RUN_SEAL, name=path.name)
+        check_mac(manifest, path.name)
     except SealError as exc:
         return exc.message
-    if experiment is None or document[layout.EXPERIMENT] != hashlib.sha256(experiment).hexdigest():
+    if experiment is None or not manifest.files[layout.EXPERIMENT].matches(experiment):
         return "experiment.json does not match the seal (rewritten after it was sealed)"
-    return document
+    return manifest
 
 
 def verify_run(run_dir: Path) -> list[AttemptStatus]:
@@ -222,7 +205,7 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
         try:
             checked = check_attempt(attempt, expected_key=None)
         except SealError as exc:
-            if exc.file == layout.COMPLETE and _unkeyed(attempt / layout.COMPLETE):
+            if exc.file == layout.COMPLETE and _unkeyed(attempt / layout.COMPLETE, ATTEMPT_SEAL):
                 manifest_problem = _unkeyed_problem(attempt)
                 if manifest_problem is None:
                     unkeyed.add(len(statuses))  # intact, only made without the key
