@@ -27,10 +27,18 @@ from pytest_logprob_drift.attribution.analysis import (
     attribute,
     load_execution,
 )
+from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import new_attempt_id
-from pytest_logprob_drift.store.files import json_bytes, publish_bytes, sha256_file
+from pytest_logprob_drift.store.files import (
+    check_directory,
+    json_bytes,
+    make_directory,
+    publish_bytes,
+    real_directory,
+    sha256_file,
+)
 from pytest_logprob_drift.store.keys import active_key, sealing_with
 from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.seal import (
@@ -72,6 +80,8 @@ def read_attribution(directory: Path) -> dict[str, Any]:
 
 def open_attribution(directory: Path) -> Sealed:
     """The attribution's verified seal, with the bytes of ``attribution.json`` it hashed."""
+    if not real_directory(directory) or not real_directory(directory.parent):
+        raise SealError(layout.COMPLETE, "the attribution is not a directory: refused")
     manifest = _read_seal(directory)
     contents = verify_directory(directory, manifest, keep=(layout.ATTRIBUTION,))
     return Sealed(directory=directory, manifest=manifest, contents=contents)
@@ -104,6 +114,10 @@ def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribut
     """Seal ``document`` under the run, or reuse a valid sealed one of the same inputs."""
     digest = inputs_digest(document)
     root = run_dir / layout.ATTRIBUTIONS
+    try:
+        check_directory(root)  # never read or written through a symbolic link
+    except OSError as exc:
+        raise StorageError(root, "use it", exc) from None
     if root.is_dir():
         for existing in sorted(root.glob(f"{digest}-*"), reverse=True):
             try:
@@ -112,7 +126,11 @@ def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribut
             except (SealError, OSError, ValueError):
                 continue
     directory = root / f"{digest}-{new_attempt_id()}"
-    directory.mkdir(parents=True)
+    try:
+        make_directory(root)  # never through a symbolic link
+        directory.mkdir()
+    except OSError as exc:
+        raise StorageError(directory, "create the attribution directory", exc) from None
     sha = publish_bytes(directory, layout.ATTRIBUTION, json_bytes(document))
     header = {"attribution_id": directory.name, "inputs": document["inputs"]}
     manifest = new_manifest(ATTRIBUTION_SEAL, header, {layout.ATTRIBUTION: sha})
@@ -125,7 +143,13 @@ def _roundtrip(document: dict[str, Any]) -> Any:
 
 
 def attribution_dirs(run_dir: Path) -> list[Path]:
+    """The run's attribution directories, oldest first (a StorageError when ``attributions/``
+    is a symbolic link: what it points to is not this run's)."""
     root = run_dir / layout.ATTRIBUTIONS
+    try:
+        check_directory(root)
+    except OSError as exc:
+        raise StorageError(root, "read it", exc) from None
     return (
         sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name)
         if root.is_dir()

@@ -23,7 +23,14 @@ from typing import Any
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.files import fsync_dir, json_bytes, publish_bytes, real_directory
+from pytest_logprob_drift.store.files import (
+    check_directory,
+    fsync_dir,
+    json_bytes,
+    make_directory,
+    publish_bytes,
+    real_directory,
+)
 from pytest_logprob_drift.store.seal import (
     Sealed,
     SealError,
@@ -125,7 +132,9 @@ class AttemptWriter:
 
     def __init__(self, case_dir: Path, case_id: str, execution_key: str) -> None:
         try:
-            case_dir.mkdir(parents=True, exist_ok=True)
+            case_dir.parent.mkdir(parents=True, exist_ok=True)
+            check_directory(case_dir.parent)  # cases/: never a symbolic link
+            make_directory(case_dir)
             while True:
                 attempt_id = new_attempt_id()
                 try:

@@ -4,7 +4,9 @@ Owns how a file is created (written to a temporary name in its directory, hashed
 written: each byte once, then hard-linked into place, which fails rather than overwrite, and
 the temporary name removed; fsynced with its directory unless the caller syncs later), how a
 file that should be regular is opened (never through a symbolic link, never blocking on a
-FIFO) and read (whole, or refused above a size), and what a plain name inside a directory is.
+FIFO) and read (whole, or refused above a size), how a directory below the store's root is
+made or checked (never a symbolic link: the root itself may be or pass through one), and what
+a plain name inside a directory is.
 Knows nothing about seals, attempts, runs or what any file contains.
 """
 
@@ -117,6 +119,40 @@ def real_directory(path: Path) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+LINK_REFUSED = "it is a symbolic link (the store follows none below its root)"
+
+
+def link_refused(error: OSError) -> OSError:
+    """``error`` as the store says it: ELOOP (an ``O_NOFOLLOW`` open of a link) named as such."""
+    if error.errno == errno.ELOOP:
+        return OSError(errno.ELOOP, LINK_REFUSED, error.filename)
+    return error
+
+
+def check_directory(path: Path, *, missing_ok: bool = True) -> None:
+    """Raise OSError unless ``path`` is a directory itself: ELOOP for a symbolic link (below the
+    store's root none is followed), ENOTDIR for anything else; nothing when it is absent and
+    ``missing_ok``."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        if missing_ok:
+            return
+        raise
+    if stat.S_ISLNK(info.st_mode):
+        raise OSError(errno.ELOOP, LINK_REFUSED, str(path))
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(errno.ENOTDIR, "it is not a directory", str(path))
+
+
+def make_directory(path: Path) -> None:
+    """Create directory ``path`` unless it exists; either way it must be a directory itself,
+    not a symbolic link to one (OSError, see ``check_directory``)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path)
+    check_directory(path, missing_ok=False)
 
 
 def fsync_dir(path: Path) -> None:

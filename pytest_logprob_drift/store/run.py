@@ -6,7 +6,9 @@ left by a crash is reported, never appended to); each append is sealed by a new
 ``seals/run-<bytes>.json``, a manifest (``store.seal``) holding the digest of
 ``experiment.json`` and of the first ``<bytes>`` bytes of ``plan.jsonl``, so the whole history
 stays checkable and nothing is rewritten. A run whose rows are all recorded needs no write (nor
-the lock) at all, so it can be resumed from a read-only store. File-system failures are
+the lock) at all, so it can be resumed from a read-only store. Below the store's root nothing
+is followed through a symbolic link (the root itself may be, or pass through, one): a run that
+holds one is refused. File-system failures are
 ``StorageError`` s (one line; exit 2 for a location that cannot hold a run, 3 for an I/O
 failure such as a full disk). Nothing is ever overwritten or deleted. Knows nothing about what
 an attempt holds (``store.attempt``), runtimes or verdicts.
@@ -30,7 +32,11 @@ from pytest_logprob_drift.records import canonical_json
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import AttemptWriter
 from pytest_logprob_drift.store.files import (
+    LINK_REFUSED,
+    check_directory,
     json_bytes,
+    link_refused,
+    make_directory,
     open_regular,
     publish_bytes,
     read_fd,
@@ -125,6 +131,7 @@ def run_seals(run_dir: Path) -> list[tuple[int, Path]]:
     the same bytes under a key after the plain one)."""
     seals_dir = run_dir / layout.SEALS
     try:
+        check_directory(seals_dir)
         names = os.listdir(seals_dir)
     except FileNotFoundError:
         return []
@@ -164,27 +171,48 @@ class ArtifactStore:
         self.directory = root / experiment_id
         self.cases_dir = self.directory / layout.CASES
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _refuse_links(self) -> None:
+        """Below the store's root nothing may be a symbolic link: the run directory, its
+        ``.lock``, ``cases/``, ``seals/``, ``attributions/`` (a StorageError, exit 2)."""
+        self._require_root()
+        paths = layout.RunLayout(self.directory)
+        for path in (self.directory, paths.cases, paths.seals, paths.attributions):
+            try:
+                check_directory(path)
+            except OSError as exc:
+                raise StorageError(path, "use it", exc) from None
+        if os.path.islink(paths.lock):
+            raise StorageError(paths.lock, "use it", OSError(errno.ELOOP, LINK_REFUSED))
+
+    def _require_root(self) -> None:
         if self.root.exists() and not self.root.is_dir():
             raise StorageError(
                 self.root, "hold runs", OSError(errno.ENOTDIR, "it is not a directory")
             )
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._require_root()
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True)  # the root may be, or pass through, a link
+            make_directory(self.directory)
         except OSError as exc:
             raise StorageError(self.directory, "create the run directory", exc) from None
         lock = self.directory / layout.LOCK
         try:
-            handle = lock.open("a")
+            fd = os.open(
+                lock, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+            )
         except OSError as exc:
-            raise StorageError(lock, "create the run's lock file", exc) from None
-        with handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            raise StorageError(lock, "create the run's lock file", link_refused(exc)) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def _experiment_bytes(self) -> bytes | None:
         try:
@@ -239,6 +267,7 @@ class ArtifactStore:
         absence noted when the store cannot be written.
         """
         wanted = [canonical_json(row) for row in rows]
+        self._refuse_links()
         if self.directory.is_dir() and self.cases_dir.is_dir():
             existing = self._experiment_bytes()
             log = read_plan_log(self.directory)
@@ -259,7 +288,7 @@ class ArtifactStore:
 
     def _initialize_locked(self, experiment: Mapping[str, Any], wanted: list[str]) -> list[str]:
         try:
-            self.cases_dir.mkdir(exist_ok=True)
+            make_directory(self.cases_dir)
         except OSError as exc:
             raise StorageError(self.cases_dir, "create it", exc) from None
         existing = self._experiment_bytes()
@@ -282,9 +311,11 @@ class ArtifactStore:
         never glued onto it); on any failure the partial append is rolled back."""
         path = self.directory / layout.PLAN
         try:
-            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(
+                path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+            )
         except OSError as exc:
-            raise StorageError(path, "open it for appending", exc) from None
+            raise StorageError(path, "open it for appending", link_refused(exc)) from None
         size = 0
         try:
             size = os.fstat(fd).st_size
@@ -308,7 +339,7 @@ class ArtifactStore:
             return
         seals_dir = self.directory / layout.SEALS
         try:
-            seals_dir.mkdir(exist_ok=True)
+            make_directory(seals_dir)
         except OSError as exc:
             raise StorageError(seals_dir, "create it", exc) from None
         name = layout.run_seal_name(len(log.data))

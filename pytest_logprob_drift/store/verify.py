@@ -18,7 +18,7 @@ from pathlib import Path
 from pytest_logprob_drift.errors import StorageError, UsageError
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL
-from pytest_logprob_drift.store.files import read_regular
+from pytest_logprob_drift.store.files import check_directory, read_regular
 from pytest_logprob_drift.store.keys import active_key, sealing_with
 from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.run import RUN_SEAL, iter_attempt_dirs, parse_plan_log, run_seals
@@ -53,12 +53,20 @@ class AttemptStatus:
 
 
 def require_run_dir(run_dir: Path) -> None:
+    """``run_dir`` holds ``cases/`` (a UsageError otherwise) and none of its directories is a
+    symbolic link (a StorageError: whatever a link points to is not this run's)."""
     try:
         is_run = (run_dir / layout.CASES).is_dir()
     except OSError as exc:  # e.g. permission denied on a parent
         raise StorageError(run_dir, "read it", exc) from None
     if not is_run:
         raise UsageError(f"{run_dir}: not a run directory (no cases/ inside)")
+    paths = layout.RunLayout(run_dir)
+    for path in (paths.cases, paths.seals, paths.attributions):
+        try:
+            check_directory(path)
+        except OSError as exc:
+            raise StorageError(path, "read it", exc) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
