@@ -182,7 +182,14 @@ def _execution_for(run_dir: Path, reference: dict[str, Any]) -> SealedExecution:
             layout.ATTRIBUTION,
             f"attempt {reference['attempt_id']} it was computed from is invalid: {exc}",
         ) from None
-    return load_execution(attempt)
+    execution = load_execution(attempt)
+    if execution.complete_sha256 != reference["complete_sha256"]:  # changed meanwhile
+        raise SealError(
+            layout.ATTRIBUTION,
+            f"attempt {reference['attempt_id']} is no longer the one it "
+            "was computed from (its COMPLETE changed)",
+        )
+    return execution
 
 
 def recompute(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
