@@ -21,7 +21,13 @@ from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL
 from pytest_logprob_drift.store.files import check_directory, read_regular
 from pytest_logprob_drift.store.keys import active_key, sealing_with
 from pytest_logprob_drift.store.resume import check_attempt
-from pytest_logprob_drift.store.run import RUN_SEAL, iter_attempt_dirs, parse_plan_log, run_seals
+from pytest_logprob_drift.store.run import (
+    RUN_SEAL,
+    iter_attempt_dirs,
+    parse_plan_log,
+    read_run_seal,
+    run_seals,
+)
 from pytest_logprob_drift.store.seal import (
     Manifest,
     SealError,
@@ -183,7 +189,7 @@ def _superseded(seals: list[tuple[int, RunFileStatus, bool]]) -> list[RunFileSta
 def _seal_problem(path: Path, experiment: bytes | None) -> str | Manifest:
     """Why a run seal is not valid for ``experiment``, or the seal when it is."""
     try:
-        manifest = read_manifest(path, RUN_SEAL, name=path.name)
+        manifest = read_run_seal(path)
         check_mac(manifest, path.name)
     except SealError as exc:
         return exc.message
