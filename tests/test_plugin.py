@@ -375,13 +375,13 @@ LIFECYCLE_CONFTEST = """
     import pytest
 
     from pytest_logprob_drift.plugin.items import DriftCaseItem
-    from pytest_logprob_drift.plugin.hooks import RUNNERS_KEY
+    from pytest_logprob_drift.plugin.session import drift_session
 
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_teardown(item, nextitem):
         if isinstance(item, DriftCaseItem):
-            pools = [r.pool for r in item.config.stash[RUNNERS_KEY].values()]
+            pools = [r.pool for r in drift_session(item.config).runners.values()]
             with open("live_engines.jsonl", "a") as out:
                 out.write(json.dumps({
                     "label": item.name,

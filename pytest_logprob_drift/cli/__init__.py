@@ -242,8 +242,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.command == "run":
         from pytest_logprob_drift.cli.run_cmd import run_command
 
-        with _seal_key(args):
-            return run_command(args, out, err)
+        return run_command(args, out, err)  # the seal key is one of its run settings
     if args.command == "verify":
         from pytest_logprob_drift.cli.verify_cmd import verify_command
 

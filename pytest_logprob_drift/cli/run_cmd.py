@@ -1,11 +1,13 @@
 """The ``run`` command: plan, execute every case, print progress, the table and exit code.
 
-Owns wiring a config file and the CLI's execution policy (``--runtime``,
-``--allow-smoke-operators``, ``--expect``, ``--launcher`` and its Ray flags, as a frozen
-``Launch``) to the runner, where vLLM's own logs go (a file under the run's ``engine-logs/``,
-or the terminal with ``-v``), live progress lines, the final table (or ``--json``) and the
-exit code. Rendering only; the runner does the work. Imports torch through it, so this module
-is loaded only for ``run``.
+Owns reading the CLI's execution policy (``--runtime``, ``--allow-smoke-operators``,
+``--expect``, ``--baseline-repeats``, ``--launcher`` and its Ray flags, the seal key, ``-v``)
+into the run settings (``execute.settings``, validated with the CLI's spelling of each
+setting, ``SETTINGS``), wiring a config file and those settings to the runner, where vLLM's own
+logs go (a file under the run's ``engine-logs/``, or the terminal with ``-v``), live progress
+lines, the final table (or ``--json``) and the exit code. Rendering only; the runner does the
+work and ``run_attribution`` attributes the finished run. Imports torch through them, so this
+module is loaded only for ``run``.
 """
 
 from __future__ import annotations
@@ -16,25 +18,28 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_logprob_drift import plan_file
-from pytest_logprob_drift.attribution.sealed import SealedAttribution, attribute_and_seal
+from pytest_logprob_drift.attribution.sealed import SealedAttribution
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
-from pytest_logprob_drift.cli import FLAGS
-from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
-from pytest_logprob_drift.execute.launch import Launch
+from pytest_logprob_drift.cli import FLAGS, SEAL_KEY_FLAGS
+from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError, one_line
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
+from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
+from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
 from pytest_logprob_drift.numerics import text as divergence_text
-from pytest_logprob_drift.outcomes import Expectation, parse_expectation
 from pytest_logprob_drift.plan.binding import ExecutionCase
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
 from pytest_logprob_drift.policy import assemble, render_error, render_issue
+from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
+from pytest_logprob_drift.run_attribution import seal_run_attribution
 from pytest_logprob_drift.runtimes.vllm.logs import (
     engine_log_file,
     restore_engine_logs,
     route_engine_logs,
 )
 from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.keys import sealing_with
 from pytest_logprob_drift.tables import render_table
 
 
@@ -42,13 +47,6 @@ def _failure_text(exc: Exception) -> str:
     return (
         render_error(exc, FLAGS) if isinstance(exc, DriftError) else f"{type(exc).__name__}: {exc}"
     )
-
-
-def parse_expectations(texts: list[str]) -> list[Expectation]:
-    try:
-        return [parse_expectation(text) for text in texts]
-    except UsageError as exc:
-        raise UsageError(f"--expect {exc}") from None
 
 
 def _max_abs_diff(result: CaseResult) -> float | None:
@@ -61,52 +59,76 @@ def _max_diff(result: CaseResult) -> str:
     return "-" if value is None else f"{value:.3e}"
 
 
-def launch_policy(args: argparse.Namespace) -> Launch:
-    """The ``--launcher`` flags as the runner's frozen launch record."""
-    ray_only = args.ray_address or args.ray_num_cpus or args.serial or args.ray_rank_cpus != 1.0
-    if args.launcher != "ray" and ray_only:
-        raise UsageError(
-            "--ray-address, --ray-num-cpus, --ray-rank-cpus and --serial need --launcher ray"
-        )
-    return Launch(
+SETTINGS: Spelling = {
+    Setting.RUNTIME: "--runtime",
+    Setting.EXPECT: "--expect",
+    Setting.BASELINE_REPEATS: "--baseline-repeats",
+    Setting.LAUNCHER: "--launcher",
+    Setting.RAY_ADDRESS: "--ray-address",
+    Setting.RAY_NUM_CPUS: "--ray-num-cpus",
+    Setting.RAY_RANK_CPUS: "--ray-rank-cpus",
+    Setting.SERIAL: "--serial",
+    Setting.SEAL_KEY_FILE: SEAL_KEY_FLAGS[0],
+    Setting.SEAL_KEY_ENV: SEAL_KEY_FLAGS[1],
+}
+"""How ``run`` spells each run setting."""
+
+
+def run_settings_of(args: argparse.Namespace, runtimes: list[str]) -> RunSettings:
+    """``run``'s flags as the validated run settings (UsageError naming the flag)."""
+    return run_settings(
+        SETTINGS,
+        runtime=args.runtime,
+        runtimes=runtimes,
+        artifacts=Path(args.artifacts),
+        allow_test_only=args.allow_smoke_operators,
+        expect=args.expect,
+        baseline_repeats=args.baseline_repeats,
         launcher=args.launcher,
         ray_address=args.ray_address,
         ray_num_cpus=args.ray_num_cpus,
-        concurrent=not args.serial,
-        rank_cpus=args.ray_rank_cpus,
+        ray_rank_cpus=args.ray_rank_cpus,
+        serial=args.serial,
+        show_engine_logs=args.engine_logs,
+        seal_key_file=args.seal_key_file,
+        seal_key_env=args.seal_key_env,
     )
 
 
 def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    expectations = parse_expectations(args.expect)
-    launch = launch_policy(args)
     catalogs = assemble()
+    settings = run_settings_of(args, list(catalogs.runtimes.names))
+    with sealing_with(settings.seal_key):
+        return _run(args, settings, catalogs.runtimes, catalogs.operators, out, err)
+
+
+def _run(
+    args: argparse.Namespace,
+    settings: RunSettings,
+    runtimes: RuntimeCatalog,
+    operators: SemanticOperatorCatalog,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    expectations = settings.expectations
     execution_plan = plan_file(
         args.config,
         pairwise=args.pairwise,
-        catalog=catalogs.operators,
-        checkpoints=catalogs.runtimes.checkpoints,
+        catalog=operators,
+        checkpoints=runtimes.checkpoints,
     )
     for issue in execution_plan.issues:
-        if not (issue.remedy is Remedy.AUTHORIZE_TEST_OPERATORS and args.allow_smoke_operators):
+        if not (issue.remedy is Remedy.AUTHORIZE_TEST_OPERATORS and settings.allow_test_only):
             print(render_issue(issue, FLAGS), file=err)
     if execution_plan.has_errors:
         return ExitCode.USAGE_ERROR
     planned = execution_plan.plan.cases
     for unmatched in unmatched_expectations(expectations, planned):
         raise UsageError(describe_unmatched("--expect", unmatched, planned))
-    engine_logs = Path(args.artifacts) / execution_plan.plan.experiment_id / layout.ENGINE_LOGS
-    previous_logs = route_engine_logs(None if args.engine_logs else engine_logs)
-    with Runner(
-        execution_plan,
-        runtime=args.runtime,
-        runtimes=catalogs.runtimes,
-        catalog=catalogs.operators,
-        artifacts=Path(args.artifacts),
-        allow_test_only=args.allow_smoke_operators,
-        expectations=expectations,
-        baseline_repeats=args.baseline_repeats,
-        launch=launch,
+    engine_logs = settings.artifacts / execution_plan.plan.experiment_id / layout.ENGINE_LOGS
+    previous_logs = route_engine_logs(None if settings.show_engine_logs else engine_logs)
+    with Runner.from_settings(
+        execution_plan, settings, runtimes=runtimes, catalog=operators
     ) as runner:
         for note in runner.notes:
             print(f"note: {note}", file=err)
@@ -129,7 +151,7 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     flush=True,
                 )
                 for skipped in result.skipped_attempts:
-                    print(f"    skipped attempt {skipped}", file=live)
+                    print(one_line(f"    skipped attempt {skipped}"), file=live)
 
         crashed: list[tuple[ExecutionCase, Exception]] = []
         results = runner.run(progress=progress, failures=crashed)
@@ -205,18 +227,13 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def attribute_run(
     run_dir: Path, experiment_id: str, results: list[CaseResult], err: TextIO
 ) -> SealedAttribution | None:
-    """Attribute the executed cases against the baseline and seal it (None when the run has no
-    comparable baseline, e.g. a plan-only scenario or a rejected baseline; said on ``err``)."""
-    baseline = next((r for r in results if r.label == "baseline" and r.attempt_dir), None)
-    cases = [r.attempt_dir for r in results if r is not baseline and r.attempt_dir is not None]
-    if baseline is None or baseline.attempt_dir is None or not cases:
-        return None
+    """The run's sealed attribution (``run_attribution``); None when the run has no comparable
+    baseline, e.g. a plan-only scenario or a rejected baseline (incomparable attempts are said
+    on ``err``)."""
     try:
-        return attribute_and_seal(
-            run_dir, experiment_id, baseline.attempt_dir, baseline.repeat_dirs, cases
-        )
+        return seal_run_attribution(run_dir, experiment_id, results)
     except ValueError as exc:
-        print(f"note: no attribution: {exc}", file=err)
+        print(one_line(f"note: no attribution: {exc}"), file=err)
         return None
 
 

@@ -33,6 +33,7 @@ from pytest_logprob_drift.execute.protocol import (
 )
 from pytest_logprob_drift.execute.provenance import base_environment, execution_key_payload
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog, load_adapter
+from pytest_logprob_drift.execute.settings import MAX_BASELINE_REPEATS, RunSettings
 from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
@@ -48,6 +49,7 @@ from pytest_logprob_drift.store.seal import SealError
 class CaseResult:
     case_id: str
     label: str
+    kind: CaseKind
     outcome: Outcome
     expected: Outcome
     reason: str
@@ -92,8 +94,10 @@ class Runner:
         self.plan = execution_plan
         self.info = runtimes.get(runtime)
         self.allow_test_only = allow_test_only
-        if baseline_repeats < 1:
-            raise UsageError(f"baseline repeats must be at least 1, got {baseline_repeats}")
+        if not 1 <= baseline_repeats <= MAX_BASELINE_REPEATS:
+            raise UsageError(
+                f"baseline repeats must be in [1, {MAX_BASELINE_REPEATS}], got {baseline_repeats}"
+            )
         self.baseline_repeats = baseline_repeats
         self.expectations = tuple(expectations)
         test_only = [ec.case.label for ec in execution_plan.cases if ec.uses_test_only_operators]
@@ -113,6 +117,31 @@ class Runner:
         self._bindings: dict[str, RuntimeBinding] = {}
         self.notes = self.store.initialize(
             self._experiment_document(), execution_plan.rows(runtimes.runtimes)
+        )
+
+    @classmethod
+    def from_settings(
+        cls,
+        execution_plan: ExecutionPlan,
+        settings: RunSettings,
+        *,
+        runtimes: RuntimeCatalog,
+        catalog: SemanticOperatorCatalog,
+    ) -> Runner:
+        """The runner of ``execution_plan`` under a frontend's settings (the one way both
+        frontends construct it); the catalogs are the ones planning bound against."""
+        if settings.runtime is None:
+            raise UsageError("executing cases needs a runtime")
+        return cls(
+            execution_plan,
+            runtime=settings.runtime,
+            runtimes=runtimes,
+            catalog=catalog,
+            artifacts=settings.artifacts,
+            allow_test_only=settings.allow_test_only,
+            expectations=settings.expectations,
+            baseline_repeats=settings.baseline_repeats,
+            launch=settings.launch,
         )
 
     def _experiment_document(self) -> dict[str, Any]:
@@ -176,6 +205,7 @@ class Runner:
             return CaseResult(
                 case_id=case.case_id,
                 label=case.label,
+                kind=case.kind,
                 outcome=Outcome.PLAN_ONLY,
                 expected=expected,
                 reason=self.info.plan_only_reason(plan.scenario),
@@ -217,6 +247,7 @@ class Runner:
         return CaseResult(
             case_id=case.case_id,
             label=case.label,
+            kind=case.kind,
             outcome=comparison.outcome,
             expected=expected,
             reason=comparison.reason,

@@ -17,7 +17,7 @@ import pytest
 
 from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.plugin.options import DriftOptions
-from pytest_logprob_drift.plugin.session import OPTIONS_KEY
+from pytest_logprob_drift.plugin.session import PLUGIN_NAME, DriftSession
 from pytest_logprob_drift.store import layout
 
 
@@ -31,7 +31,7 @@ def report_targets(options: DriftOptions) -> list[tuple[Path, Path]]:
             ids.add(str(json.loads(path.read_text(encoding="utf-8"))["experiment_id"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    runs = [(options.artifacts / i, i) for i in sorted(ids)]
+    runs = [(options.run.artifacts / i, i) for i in sorted(ids)]
     runs = [(d, i) for d, i in runs if (d / layout.CASES).is_dir()]
     target = options.report
     if len(runs) == 1:
@@ -41,8 +41,11 @@ def report_targets(options: DriftOptions) -> list[tuple[Path, Path]]:
 
 def write_drift_reports(config: pytest.Config) -> None:
     """Publish the page of each experiment (never overwriting one) and say where it is."""
-    options = config.stash.get(OPTIONS_KEY, None)
-    if options is None or options.report is None or options.plan_only:
+    session = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if not isinstance(session, DriftSession):
+        return
+    options = session.options
+    if options.report is None or options.plan_only:
         return
     from pytest_logprob_drift.report.page import publish_report
     from pytest_logprob_drift.runtimes.token_text import token_decoder

@@ -1,18 +1,16 @@
 """The pytest11 entry point: pytest hooks only.
 
 Owns the hook implementations of the logprob-drift plugin and nothing else: registering the
-options and hookspecs, configuring a session (markers, validated options, the ``-k`` rewrite,
-adding ``--drift-config`` files to the collection), collecting experiment files, tagging
-reports, status words, closing runners at session end and writing the ``--drift-report``
-page. Each hook delegates to the module that owns the work: ``options``, ``session``,
-``items``, ``reporting``, ``xdist``, ``drift_report``. Importing this module never imports
-torch.
+options and hookspecs, configuring a session (markers, validated options, the session object
+``plugin.session.DriftSession`` and the other plugin objects, the ``-k`` rewrite, adding
+``--drift-config`` files to the collection), collecting experiment files, tagging reports,
+status words and writing the ``--drift-report`` page. Each hook delegates to the module that
+owns the work: ``options``, ``session``, ``items``, ``reporting``, ``xdist``,
+``drift_report``. Importing this module never imports torch.
 """
 
 from __future__ import annotations
 
-import contextvars
-from collections import Counter
 from collections.abc import Generator
 from pathlib import Path
 
@@ -35,28 +33,8 @@ from pytest_logprob_drift.plugin.options import (
     resolve_options,
 )
 from pytest_logprob_drift.plugin.reporting import OutcomeCounter, status_of, tag_report
-from pytest_logprob_drift.plugin.session import (
-    CONSTRUCTIONS_KEY,
-    OPTIONS_KEY,
-    RESULTS_KEY,
-    RUNNERS_KEY,
-    RUNTIMES_KEY,
-    close_runners,
-    seal_attributions,
-)
+from pytest_logprob_drift.plugin.session import PLUGIN_NAME, DriftSession, drift_session
 from pytest_logprob_drift.policy import runtime_catalog
-from pytest_logprob_drift.runtimes.vllm.logs import (
-    EngineLogPolicy,
-    restore_engine_logs,
-    route_engine_logs,
-)
-from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.keys import SealKey, activate, deactivate
-
-SEAL_KEY_TOKEN = pytest.StashKey[contextvars.Token[SealKey | None]]()
-ENGINE_LOGS_KEY = pytest.StashKey[EngineLogPolicy | None]()
-"""The engine-log policy this session replaced, put back at unconfigure."""
-"""Restores the seal key that was active before this session (``store.keys``)."""
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -77,16 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"drift_knob_{marker_name(path)}: case changes {path}")
     runtimes = runtime_catalog()
     options, added = resolve_options(config, runtimes)
-    config.stash[OPTIONS_KEY] = options
-    config.stash[SEAL_KEY_TOKEN] = activate(options.seal_key)
-    if options.runtime is not None:  # vLLM's own logs: a file under the artifacts by default
-        config.stash[ENGINE_LOGS_KEY] = route_engine_logs(
-            None if options.engine_logs else options.artifacts / layout.ENGINE_LOGS
-        )
-    config.stash[RUNTIMES_KEY] = runtimes
-    config.stash[RUNNERS_KEY] = {}
-    config.stash[RESULTS_KEY] = {}
-    config.stash[CONSTRUCTIONS_KEY] = Counter()
+    config.pluginmanager.register(DriftSession(config, options, runtimes), PLUGIN_NAME)
     config.pluginmanager.register(OutcomeCounter(config), "logprob-drift-outcomes")
     config.pluginmanager.register(DriftCollectionErrors(config), "logprob-drift-collection")
     if config.pluginmanager.hasplugin("xdist"):
@@ -109,31 +78,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         check_configs(session.config)
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    token = config.stash.get(SEAL_KEY_TOKEN, None)
-    if token is not None:
-        deactivate(token)
-    if ENGINE_LOGS_KEY in config.stash:  # process-wide: never outlive this session
-        restore_engine_logs(config.stash[ENGINE_LOGS_KEY])
-
-
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> DriftConfigFile | None:
-    options = parent.config.stash.get(OPTIONS_KEY, None)
-    if options is not None and options.configs and file_path.resolve() in options.configs:
+    configs = drift_session(parent.config).options.configs
+    if configs and file_path.resolve() in configs:
         return DriftConfigFile.from_parent(parent, path=file_path)
     return None
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    seal_attributions(session.config)
-    counts = close_runners(session.config)
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is None:  # the controller (or a run without xdist) writes --drift-report
+    if getattr(session.config, "workeroutput", None) is None:  # the controller writes it
         write_drift_reports(session.config)
-    if workeroutput is not None and counts:
-        from pytest_logprob_drift.plugin.xdist import WORKEROUTPUT_CONSTRUCTIONS
-
-        workeroutput[WORKEROUTPUT_CONSTRUCTIONS] = dict(counts)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -144,7 +98,7 @@ def pytest_runtest_makereport(
     if not isinstance(item, DriftCaseItem):
         return report
     if call.when == "call":
-        tag_report(report, item.user_properties, item.config.stash[OPTIONS_KEY].plan_only)
+        tag_report(report, item.user_properties, drift_session(item.config).options.plan_only)
     elif call.when == "setup" and report.failed and call.excinfo is not None:
         report.longrepr = item.repr_failure(call.excinfo)  # one line, not a traceback
     return report

@@ -30,14 +30,7 @@ from pytest_logprob_drift.outcomes import Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plugin.options import FLAGS, keyword_token, marker_name
 from pytest_logprob_drift.plugin.reporting import diagnostic_properties
-from pytest_logprob_drift.plugin.session import (
-    OPTIONS_KEY,
-    RUNTIMES_KEY,
-    case_attribution,
-    record_result,
-    runner_for,
-    session_catalog,
-)
+from pytest_logprob_drift.plugin.session import drift_session
 from pytest_logprob_drift.policy import render_error
 
 if TYPE_CHECKING:
@@ -56,12 +49,12 @@ class DriftConfigFile(pytest.File):
     """A ``--drift-config`` file; its child is the experiment."""
 
     def collect(self) -> Iterator[pytest.Collector]:
-        options = self.config.stash[OPTIONS_KEY]
+        session = drift_session(self.config)
         execution_plan = plan_file(
             str(self.path),
-            pairwise=options.pairwise,
-            catalog=session_catalog(self.config),
-            checkpoints=self.config.stash[RUNTIMES_KEY].checkpoints,
+            pairwise=session.options.pairwise,
+            catalog=session.catalog,
+            checkpoints=session.runtimes.checkpoints,
         )
         errors = [i for i in execution_plan.issues if i.severity.value == "error"]
         if errors:
@@ -97,7 +90,7 @@ class DriftCollectionErrors:
         self.failed = False
 
     def _is_drift_config(self, nodeid: str) -> bool:
-        configs = self.config.stash[OPTIONS_KEY].configs
+        configs = drift_session(self.config).options.configs
         return (self.config.rootpath / nodeid.split("::", 1)[0]).resolve() in configs
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
@@ -120,14 +113,15 @@ def check_configs(config: pytest.Config) -> None:
     from pytest_logprob_drift.plan.planner import plan_experiment
     from pytest_logprob_drift.records import Case
 
-    options = config.stash[OPTIONS_KEY]
+    session = drift_session(config)
+    options = session.options
     owners: dict[str, Path] = {}
     cases: list[Case] = []
     complete = True
     for path in options.configs:
         try:
             plan = plan_experiment(
-                load_config(path, checkpoints=config.stash[RUNTIMES_KEY].checkpoints),
+                load_config(path, checkpoints=session.runtimes.checkpoints),
                 pairwise=options.pairwise,
             )
         except DriftError:
@@ -145,7 +139,7 @@ def check_configs(config: pytest.Config) -> None:
             )
         cases.extend(plan.cases)
     if complete and options.configs:
-        for expectation in unmatched_expectations(options.expectations, cases):
+        for expectation in unmatched_expectations(options.run.expectations, cases):
             raise pytest.UsageError(
                 one_line(describe_unmatched("--drift-expect", expectation, cases))
             )
@@ -157,9 +151,8 @@ class DriftExperiment(pytest.Collector):
         self.execution_plan = execution_plan
 
     def collect(self) -> Iterator[pytest.Item]:
-        options = self.config.stash[OPTIONS_KEY]
         plan = self.execution_plan.plan
-        kind = options.runtime or "plan"
+        kind = drift_session(self.config).options.run.runtime or "plan"
         bindings = {
             ec.case.case_id: bind_case(
                 ec, runtime_kind=kind, identity=plan.identity, device=plan.scenario.device
@@ -198,11 +191,11 @@ class DriftCaseItem(pytest.Item):
     def _executes(self) -> bool:
         """Whether this session executes the case (not ``--drift-plan-only``, and the runtime
         executes its scenario)."""
-        options = self.config.stash[OPTIONS_KEY]
-        if options.plan_only:
+        session = drift_session(self.config)
+        if session.options.plan_only:
             return False
-        assert options.runtime is not None
-        info = self.config.stash[RUNTIMES_KEY].get(options.runtime)
+        assert session.options.run.runtime is not None
+        info = session.runtimes.get(session.options.run.runtime)
         return info.executes(self.execution_plan.plan.scenario)
 
     def setup(self) -> None:
@@ -211,11 +204,12 @@ class DriftCaseItem(pytest.Item):
         if not self._executes():
             return
         key = str(self.path)
-        runner: Runner = runner_for(self.config, key, self.execution_plan)
+        session = drift_session(self.config)
+        runner: Runner = session.runner_for(key, self.execution_plan)
         try:
             result = runner.run_case(self.case)
-            record_result(self.config, key, result)
-            attribution = case_attribution(self.config, key, self.execution_plan, runner, result)
+            session.record_result(key, result)
+            attribution = session.case_attribution(key, self.execution_plan, runner, result)
         finally:
             runner.release_engines_except(remaining_cases(self))
         self.result = result
@@ -226,7 +220,8 @@ class DriftCaseItem(pytest.Item):
     def runtest(self) -> None:
         """Judge the executed case against its expected outcome (PLAN_ONLY: skipped, with the
         reason, unless expected)."""
-        options = self.config.stash[OPTIONS_KEY]
+        session = drift_session(self.config)
+        options = session.options
         case = self.case.case
         if options.plan_only:
             raise pytest.skip.Exception(
@@ -234,9 +229,9 @@ class DriftCaseItem(pytest.Item):
                 _use_item_location=True,
             )
         if not self._executes():
-            assert options.runtime is not None
-            info = self.config.stash[RUNTIMES_KEY].get(options.runtime)
-            expected = expected_outcome(options.expectations, case.case_id, case.label)
+            assert options.run.runtime is not None
+            info = session.runtimes.get(options.run.runtime)
+            expected = expected_outcome(options.run.expectations, case.case_id, case.label)
             self._record(Outcome.PLAN_ONLY.value, None)
             if expected is not Outcome.PLAN_ONLY:
                 scenario = self.execution_plan.plan.scenario

@@ -1,14 +1,18 @@
 """The plugin's options: ``--drift-*`` flags, ``drift_*`` ini keys, and their validation.
 
-Owns declaring the flags and ini keys (a flag overrides its ini value), resolving them into
-one validated ``DriftOptions`` record (bad values raise ``pytest.UsageError`` naming the flag),
-finding the configured experiment files, the plugin's spelling of execution-policy remedies
+Owns the table of options (``OPTIONS``: name, kind, help, default), from which every
+``--drift-X`` flag and its ``drift_X`` ini key are declared (a flag overrides its ini value),
+resolving them into one validated ``DriftOptions`` record that holds the run's
+``RunSettings`` (validated by ``execute.settings``; a refusal raises ``pytest.UsageError``
+naming the flag, or the ini key when the value came from the ini file), finding the
+configured experiment files, the plugin's spelling of execution-policy remedies
 (``--drift-allow-smoke-operators``), and rewriting a ``-k`` expression that names a case label
 (``=`` and ``,`` cannot be written in ``-k``). Knows nothing about execution.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,8 +23,7 @@ import pytest
 
 from pytest_logprob_drift.errors import Remedy, UsageError
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
-from pytest_logprob_drift.outcomes import Expectation, parse_expectation
-from pytest_logprob_drift.store.keys import SealKey, load_seal_key
+from pytest_logprob_drift.execute.settings import RunSettings, Setting, run_settings
 
 FLAGS: Mapping[Remedy, str] = {
     Remedy.AUTHORIZE_TEST_OPERATORS: "--drift-allow-smoke-operators",
@@ -29,29 +32,160 @@ FLAGS: Mapping[Remedy, str] = {
 """How the plugin spells each execution-policy remedy."""
 
 
+class Kind(enum.Enum):
+    """How an option is written: its flag's action and its ini key's type."""
+
+    VALUE = "string"
+    """``--drift-X VALUE``; ini ``drift_X = VALUE``."""
+    SWITCH = "bool"
+    """``--drift-X``; ini ``drift_X = true``."""
+    LINES = "linelist"
+    """``--drift-X VALUE`` repeatable; ini one value per line."""
+    PATHS = "paths"
+    """``--drift-X PATH`` repeatable; ini paths relative to the ini file."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriftOption:
+    """One row of the options table: a ``--drift-X`` flag and its ``drift_X`` ini key."""
+
+    name: str
+    """``X`` with underscores: the ini key ``drift_X``, the flag ``--drift-X`` (dashes)."""
+    kind: Kind
+    help: str
+    """The flag's help; ``{runtimes}`` is replaced by the runtime names."""
+    default: Any = None
+    """The value when neither the flag nor the ini key is given (None: the kind's empty)."""
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    ini_help: str | None = None
+    """The ini key's help (default: "default --drift-X")."""
+
+    @property
+    def flag(self) -> str:
+        return "--drift-" + self.name.replace("_", "-")
+
+    @property
+    def ini(self) -> str:
+        return f"drift_{self.name}"
+
+
+OPTIONS: tuple[DriftOption, ...] = (
+    DriftOption(
+        name="config",
+        kind=Kind.PATHS,
+        metavar="PATH",
+        help="experiment config; one test item per planned case (repeatable)",
+        ini_help="experiment configs collected as drift cases when no path is given",
+    ),
+    DriftOption(
+        name="runtime",
+        kind=Kind.VALUE,
+        metavar="NAME",
+        help="runtime that executes the cases: {runtimes}",
+    ),
+    DriftOption(
+        name="allow_smoke_operators",
+        kind=Kind.SWITCH,
+        help="register and authorize the smoke-only selected_logprob backends",
+    ),
+    DriftOption(
+        name="artifacts",
+        kind=Kind.VALUE,
+        default="runs",
+        metavar="DIR",
+        help="artifact root (default: runs/ under the invocation directory)",
+    ),
+    DriftOption(
+        name="plan_only", kind=Kind.SWITCH, help="collect and plan the cases, execute nothing"
+    ),
+    DriftOption(
+        name="expect",
+        kind=Kind.LINES,
+        metavar="SELECTOR=OUTCOME",
+        help="expected outcome of matching cases",
+    ),
+    DriftOption(
+        name="pairwise", kind=Kind.SWITCH, help="also expand the config's listed path pairs"
+    ),
+    DriftOption(
+        name="baseline_repeats",
+        kind=Kind.VALUE,
+        default="1",
+        metavar="N",
+        help="execute each baseline N times with the same engines: the attribution's "
+        "run-to-run noise floor (default 1, at most 100)",
+    ),
+    DriftOption(
+        name="report",
+        kind=Kind.VALUE,
+        metavar="PATH",
+        help="at session end write the HTML report of the executed experiment there "
+        "(never overwritten; with several experiments, one file each: PATH's stem + -<id>)",
+    ),
+    DriftOption(
+        name="engine_logs",
+        kind=Kind.SWITCH,
+        help="show vLLM's own logs on the terminal (default: ARTIFACTS/engine-logs/)",
+    ),
+    DriftOption(
+        name="seal_key_file",
+        kind=Kind.VALUE,
+        metavar="PATH",
+        help="keyed seals: HMAC-SHA256 with the key in this file (new attempts are sealed "
+        "with it; only attempts sealed with it are reused)",
+    ),
+    DriftOption(
+        name="seal_key_env",
+        kind=Kind.VALUE,
+        metavar="NAME",
+        help="like --drift-seal-key-file, with the key in environment variable NAME",
+    ),
+    DriftOption(
+        name="launcher",
+        kind=Kind.VALUE,
+        default="local",
+        choices=("local", "ray"),
+        help="how engines' processes start: local child processes (default) or Ray actors "
+        "(extra 'ray')",
+    ),
+    DriftOption(
+        name="ray_address",
+        kind=Kind.VALUE,
+        metavar="ADDR",
+        help="with --drift-launcher ray: the cluster to join (default: RAY_ADDRESS, else a "
+        "local cluster on 127.0.0.1 started and shut down by the session)",
+    ),
+)
+"""Every option of the plugin, in ``--help`` order."""
+
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+SETTINGS: Mapping[Setting, str] = {
+    Setting.RUNTIME: "runtime",
+    Setting.EXPECT: "expect",
+    Setting.BASELINE_REPEATS: "baseline_repeats",
+    Setting.LAUNCHER: "launcher",
+    Setting.RAY_ADDRESS: "ray_address",
+    Setting.SEAL_KEY_FILE: "seal_key_file",
+    Setting.SEAL_KEY_ENV: "seal_key_env",
+}
+"""The option that sets each run setting the plugin lets a user choose (the plugin runs
+cases one at a time and starts no Ray cluster of its own size: the other settings are
+fixed)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DriftOptions:
     """Validated plugin options (the flag overrides the ini value)."""
 
     configs: tuple[Path, ...]
-    runtime: str | None
-    allow_smoke: bool
-    artifacts: Path
+    run: RunSettings
+    """What the runners of this session execute with (``runtime`` None: nothing executes)."""
     plan_only: bool
-    expectations: tuple[Expectation, ...]
     pairwise: bool
-    baseline_repeats: int = 1
     report: Path | None = None
     """Where the HTML report of each executed experiment goes at session end (None: none)."""
-    engine_logs: bool = False
-    """Show vLLM's own logs on the terminal instead of a file under the artifacts."""
-    seal_key: SealKey | None = None
-    """The keyed-seal key (``--drift-seal-key-file``/``--drift-seal-key-env``), if any."""
-    launcher: str = "local"
-    """How engines' processes start: ``local`` or ``ray`` (``--drift-launcher``)."""
-    ray_address: str | None = None
-    """With ``ray``: the cluster to join (``--drift-ray-address``; else RAY_ADDRESS, else a
-    local one)."""
 
 
 def marker_name(text: str) -> str:
@@ -64,131 +198,52 @@ def keyword_token(text: str) -> str:
     return text.replace("=", "+eq+").replace(",", "+comma+")
 
 
+_INI_UNSET: Mapping[Kind, Any] = {
+    Kind.VALUE: None,  # not "": a key set to "" (an unset CI variable) is told from no key
+    Kind.SWITCH: False,
+    Kind.LINES: [],
+    Kind.PATHS: [],
+}
+"""What ``getini`` returns for a key the ini file does not set."""
+
+
 def add_options(parser: pytest.Parser, runtime_names: Sequence[str]) -> None:
-    """The ``--drift-*`` flags and their ``drift_*`` ini keys."""
+    """The ``--drift-*`` flags and their ``drift_*`` ini keys, from ``OPTIONS``."""
     group = parser.getgroup("logprob-drift", "rollout/training logprob drift experiments")
-    group.addoption(
-        "--drift-config",
-        action="append",
-        default=None,
-        metavar="PATH",
-        help="experiment config; one test item per planned case (repeatable)",
-    )
-    group.addoption(
-        "--drift-runtime",
-        default=None,
-        metavar="NAME",
-        help=f"runtime that executes the cases: {', '.join(runtime_names)}",
-    )
-    group.addoption(
-        "--drift-allow-smoke-operators",
-        action="store_true",
-        default=None,
-        help="register and authorize the smoke-only selected_logprob backends",
-    )
-    group.addoption(
-        "--drift-artifacts",
-        default=None,
-        metavar="DIR",
-        help="artifact root (default: runs/ under the invocation directory)",
-    )
-    group.addoption(
-        "--drift-plan-only",
-        action="store_true",
-        default=None,
-        help="collect and plan the cases, execute nothing",
-    )
-    group.addoption(
-        "--drift-expect",
-        action="append",
-        default=None,
-        metavar="SELECTOR=OUTCOME",
-        help="expected outcome of matching cases",
-    )
-    group.addoption(
-        "--drift-pairwise",
-        action="store_true",
-        default=None,
-        help="also expand the config's listed path pairs",
-    )
-    group.addoption(
-        "--drift-baseline-repeats",
-        default=None,
-        metavar="N",
-        help="execute each baseline N times with the same engines: the attribution's "
-        "run-to-run noise floor (default 1)",
-    )
-    group.addoption(
-        "--drift-report",
-        default=None,
-        metavar="PATH",
-        help="at session end write the HTML report of the executed experiment there "
-        "(never overwritten; with several experiments, one file each: PATH's stem + -<id>)",
-    )
-    group.addoption(
-        "--drift-engine-logs",
-        action="store_true",
-        default=None,
-        help="show vLLM's own logs on the terminal (default: ARTIFACTS/engine-logs/)",
-    )
-    group.addoption(
-        "--drift-seal-key-file",
-        default=None,
-        metavar="PATH",
-        help="keyed seals: HMAC-SHA256 with the key in this file (new attempts are sealed "
-        "with it; only attempts sealed with it are reused)",
-    )
-    group.addoption(
-        "--drift-seal-key-env",
-        default=None,
-        metavar="NAME",
-        help="like --drift-seal-key-file, with the key in environment variable NAME",
-    )
-    group.addoption(
-        "--drift-launcher",
-        default=None,
-        choices=("local", "ray"),
-        help="how engines' processes start: local child processes (default) or Ray actors "
-        "(extra 'ray')",
-    )
-    group.addoption(
-        "--drift-ray-address",
-        default=None,
-        metavar="ADDR",
-        help="with --drift-launcher ray: the cluster to join (default: RAY_ADDRESS, else a "
-        "local cluster on 127.0.0.1 started and shut down by the session)",
-    )
-    parser.addini("drift_launcher", default="local", help="default --drift-launcher")
-    parser.addini("drift_ray_address", default="", help="default --drift-ray-address")
-    parser.addini("drift_seal_key_file", default="", help="default --drift-seal-key-file")
-    parser.addini("drift_seal_key_env", default="", help="default --drift-seal-key-env")
-    parser.addini("drift_baseline_repeats", default="1", help="default --drift-baseline-repeats")
-    parser.addini("drift_report", default="", help="default --drift-report")
-    parser.addini(
-        "drift_engine_logs", type="bool", default=False, help="default --drift-engine-logs"
-    )
-    parser.addini(
-        "drift_config",
-        type="paths",
-        default=[],
-        help="experiment configs collected as drift cases when no path is given",
-    )
-    parser.addini("drift_runtime", default="", help="default --drift-runtime")
-    parser.addini(
-        "drift_allow_smoke_operators",
-        type="bool",
-        default=False,
-        help="default --drift-allow-smoke-operators",
-    )
-    parser.addini("drift_artifacts", default="", help="default --drift-artifacts")
-    parser.addini("drift_plan_only", type="bool", default=False, help="default --drift-plan-only")
-    parser.addini("drift_expect", type="linelist", default=[], help="default --drift-expect")
-    parser.addini("drift_pairwise", type="bool", default=False, help="default --drift-pairwise")
+    for option in OPTIONS:
+        flag: dict[str, Any] = {
+            "default": None,  # None: not given, so the ini value applies
+            "help": option.help.format(runtimes=", ".join(runtime_names)),
+        }
+        if option.kind is Kind.SWITCH:
+            flag["action"] = "store_true"
+        elif option.kind in (Kind.LINES, Kind.PATHS):
+            flag["action"] = "append"
+        if option.metavar is not None:
+            flag["metavar"] = option.metavar
+        if option.choices is not None:
+            flag["choices"] = option.choices
+        group.addoption(option.flag, **flag)
+        parser.addini(
+            option.ini,
+            type=option.kind.value,
+            # a string key defaults to None, so that a key set to "" is told from an unset one
+            default=_INI_UNSET[option.kind],
+            help=option.ini_help or f"default {option.flag}",
+        )
 
 
-def _option(config: pytest.Config, name: str) -> Any:
-    value = config.getoption(f"drift_{name}")
-    return config.getini(f"drift_{name}") if value is None else value
+def _option(config: pytest.Config, name: str) -> tuple[Any, str]:
+    """The option's value (the flag's, else the ini key's, else the table's default) and how
+    a message names it (the flag, or the ini key when the value came from the ini file)."""
+    option = _BY_NAME[name]
+    value = config.getoption(option.ini)
+    if value is not None:
+        return value, option.flag
+    value = config.getini(option.ini)
+    if value is None or value is False or value == []:  # the ini file does not set it
+        return (value if option.default is None else option.default), option.flag
+    return value, option.ini
 
 
 def _config_paths(config: pytest.Config) -> tuple[list[Path], list[Path]]:
@@ -221,69 +276,56 @@ def resolve_options(
     """The validated options, and the config files to add to the collection arguments."""
     invocation = config.invocation_params.dir
     configs, added = _config_paths(config)
-    runtime = _option(config, "runtime") or None
-    if runtime is not None and runtime not in runtimes:
-        raise pytest.UsageError(
-            f"--drift-runtime {runtime!r}: unknown runtime; one of {', '.join(runtimes.names)}"
-        )
-    plan_only = bool(_option(config, "plan_only"))
+    values = {name: _option(config, name) for name in _BY_NAME if name != "config"}
+    spelling = {setting: values[name][1] for setting, name in SETTINGS.items()}
+    runtime = values["runtime"][0] or None
+    plan_only = bool(values["plan_only"][0])
     if configs and runtime is None and not plan_only and not config.option.collectonly:
         raise pytest.UsageError(
             "--drift-config needs --drift-runtime NAME (or the ini key "
             "drift_runtime) to execute cases; add --drift-plan-only to "
             "only plan them"
         )
+    key_file, key_env = _seal_key_names(config)
     try:
-        expectations = tuple(parse_expectation(t) for t in _option(config, "expect"))
+        run = run_settings(
+            spelling,
+            runtime=runtime,
+            runtimes=runtimes.names,
+            artifacts=(invocation / (values["artifacts"][0] or "runs")).resolve(),
+            allow_test_only=bool(values["allow_smoke_operators"][0]),
+            expect=values["expect"][0],
+            baseline_repeats=values["baseline_repeats"][0],
+            launcher=values["launcher"][0] or "local",
+            ray_address=values["ray_address"][0] or None,
+            serial=True,  # items run one at a time in pytest; engine groups never overlap
+            show_engine_logs=bool(values["engine_logs"][0]),
+            seal_key_file=key_file,
+            seal_key_env=key_env,
+        )
     except UsageError as exc:
-        raise pytest.UsageError(f"--drift-expect {exc}") from None
-    artifacts = _option(config, "artifacts") or "runs"
-    launcher = str(_option(config, "launcher") or "local")
-    if launcher not in ("local", "ray"):
-        raise pytest.UsageError(f"drift_launcher {launcher!r}: expected 'local' or 'ray'")
-    ray_address = str(_option(config, "ray_address") or "") or None
-    if ray_address and launcher != "ray":
-        raise pytest.UsageError("--drift-ray-address needs --drift-launcher ray")
+        raise pytest.UsageError(exc.render()) from None
+    report = values["report"][0]
     options = DriftOptions(
         configs=tuple(sorted({p.resolve() for p in configs})),
-        runtime=runtime,
-        allow_smoke=bool(_option(config, "allow_smoke_operators")),
-        artifacts=(invocation / artifacts).resolve(),
+        run=run,
         plan_only=plan_only,
-        expectations=expectations,
-        pairwise=bool(_option(config, "pairwise")),
-        baseline_repeats=_baseline_repeats(_option(config, "baseline_repeats")),
-        report=(invocation / report).resolve() if (report := _option(config, "report")) else None,
-        engine_logs=bool(_option(config, "engine_logs")),
-        seal_key=_seal_key(config),
-        launcher=launcher,
-        ray_address=ray_address,
+        pairwise=bool(values["pairwise"][0]),
+        report=(invocation / report).resolve() if report else None,
     )
     return options, added
 
 
-def _seal_key(config: pytest.Config) -> SealKey | None:
+def _seal_key_names(config: pytest.Config) -> tuple[str | None, str | None]:
+    """The key file and variable: given as flags, or else both from the ini keys (a flag
+    overrides both ini keys). An empty value stays empty, which ``load_seal_key`` refuses."""
     file = config.getoption("drift_seal_key_file")
     env = config.getoption("drift_seal_key_env")
-    if file is None and env is None:  # a flag overrides both ini keys
+    if file is None and env is None:
         file, env = config.getini("drift_seal_key_file"), config.getini("drift_seal_key_env")
     if file:
         file = str(config.invocation_params.dir / file)
-    try:
-        return load_seal_key(
-            file=file or None,
-            env=env or None,
-            flags=("--drift-seal-key-file", "--drift-seal-key-env"),
-        )
-    except UsageError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-def _baseline_repeats(raw: object) -> int:
-    text = str(raw).strip()
-    if not text.isdigit() or int(text) < 1:
-        raise pytest.UsageError(f"--drift-baseline-repeats {text!r}: expected a positive integer")
-    return int(text)
+    return file, env
 
 
 def named_by_args(config: pytest.Config, path: Path) -> bool:

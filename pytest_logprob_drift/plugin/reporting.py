@@ -21,7 +21,7 @@ from pytest_logprob_drift.attribution.text import HEADERS, rows
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.plugin.session import CONSTRUCTIONS_KEY, SEALED_KEY
+from pytest_logprob_drift.plugin.session import drift_session
 from pytest_logprob_drift.tables import render_table
 
 
@@ -80,11 +80,11 @@ class OutcomeCounter:
             terminalreporter.write_line(
                 "ranked by effect on the drift: " + " > ".join(document["ranking"])
             )
-        for directory in self.config.stash.get(SEALED_KEY, []):
+        for directory in drift_session(self.config).sealed:
             terminalreporter.write_line(f"sealed attribution: {directory}")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        constructions = self.config.stash.get(CONSTRUCTIONS_KEY, Counter())
+        constructions = drift_session(self.config).constructions
         if not self.counts and not constructions:
             return
         terminalreporter.write_sep("=", "logprob drift outcomes")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_logprob_drift.plugin.items import DriftCaseItem
-from pytest_logprob_drift.plugin.session import CONSTRUCTIONS_KEY
+from pytest_logprob_drift.plugin.session import drift_session
 
 WORKEROUTPUT_CONSTRUCTIONS = "logprob_drift_engine_constructions"
 
@@ -26,7 +26,7 @@ class XdistConstructions:
 
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         counts = getattr(node, "workeroutput", {}).get(WORKEROUTPUT_CONSTRUCTIONS, {})
-        self.config.stash[CONSTRUCTIONS_KEY].update(counts)
+        drift_session(self.config).constructions.update(counts)
 
 
 class XdistGroupIds:

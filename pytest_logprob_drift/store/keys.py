@@ -21,9 +21,9 @@ import contextvars
 import hashlib
 import hmac
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pytest_logprob_drift.errors import UsageError
@@ -110,20 +110,16 @@ def load_seal_key(
     *, file: str | None = None, env: str | None = None, flags: tuple[str, str]
 ) -> SealKey | None:
     """The key named by a file or an environment variable (``flags`` spell the two options in
-    messages); None when neither is given. A missing, unreadable, empty or short key is a
-    UsageError (a run meant to be keyed must never silently run unkeyed)."""
+    messages); None when neither is given. An empty name (what a CI script passes when its
+    variable is unset), a missing, unreadable, non-regular, empty or short key is a UsageError
+    (a run meant to be keyed must never silently run unkeyed)."""
+    for value, flag in ((file, flags[0]), (env, flags[1])):
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag} is empty: name a seal key or leave the option out")
     if file and env:
         raise UsageError(f"{flags[0]} and {flags[1]} both name a seal key; give one")
     if file:
-        path = Path(file)
-        try:
-            with path.open("rb") as handle:
-                secret = handle.read(MAX_KEY_FILE_BYTES + 1)
-        except (OSError, ValueError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise UsageError(f"{flags[0]} {file}: cannot read the seal key: {reason}") from None
-        if len(secret) > MAX_KEY_FILE_BYTES:
-            raise UsageError(f"{flags[0]} {file}: larger than {MAX_KEY_FILE_BYTES} bytes")
+        secret = _read_key_file(file, flags[0])
         return _checked(secret.strip(), f"the key in {file}", f"{flags[0]} {file}")
     if env:
         value = os.environ.get(env)
@@ -135,6 +131,30 @@ def load_seal_key(
             f"{flags[1]} {env}",
         )
     return None
+
+
+def _read_key_file(file: str, flag: str) -> bytes:
+    """The first bytes of a regular key file. A FIFO, device or directory is refused before
+    anything blocks on it: the path is checked with ``stat`` first, and opened non-blocking
+    (a FIFO swapped in between opens without waiting for a writer and is refused by ``fstat``)."""
+    try:
+        if not stat.S_ISREG(os.stat(file).st_mode):
+            raise UsageError(f"{flag} {file}: not a regular file")
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UsageError(f"{flag} {file}: not a regular file")
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                secret = handle.read(MAX_KEY_FILE_BYTES + 1)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise UsageError(f"{flag} {file}: cannot read the seal key: {reason}") from None
+    if len(secret) > MAX_KEY_FILE_BYTES:
+        raise UsageError(f"{flag} {file}: larger than {MAX_KEY_FILE_BYTES} bytes")
+    return secret
 
 
 def _checked(secret: bytes, source: str, flag: str) -> SealKey:

@@ -9,6 +9,7 @@ test checks /proc for what it started.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
@@ -180,7 +181,10 @@ def _assert_same_evidence(local: Path, ray: Path) -> None:
 
 
 def test_launcher_is_policy_on_the_command_line() -> None:
-    from pytest_logprob_drift.cli.run_cmd import launch_policy
+    from pytest_logprob_drift.cli.run_cmd import run_settings_of
+
+    def launch_policy(args: argparse.Namespace) -> Launch:
+        return run_settings_of(args, ["hf"]).launch
 
     args = build_parser().parse_args(
         ["run", "x.json", "--runtime", "hf", "--launcher", "ray", "--ray-address", "h:1"]
