@@ -40,7 +40,7 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
         print("drift attribution (sealed, against the baseline):", file=out)
         print(render_table(headers, rows), file=out)
         for line in lines:
-            print(line, file=out)
+            print(one_line(line), file=out)
         if data.attribution_problems:
             print(
                 "the sealed attribution above does not verify (shown as sealed, not vouched "
@@ -53,12 +53,10 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
                 file=out,
             )
     for s in data.invalid:
-        print(
-            f"invalid attempt (not shown): {s.case_id}/{s.attempt_id}: {s.file}: {s.detail}",
-            file=out,
-        )
+        line = f"invalid attempt (not shown): {s.case_id}/{s.attempt_id}: {s.file}: {s.detail}"
+        print(one_line(line), file=out)
     if published.written:
-        print(f"HTML report: {published.path} ({published.size / 1e6:.2f} MB)", file=out)
+        print(one_line(f"HTML report: {published.path} ({published.size / 1e6:.2f} MB)"), file=out)
     else:
-        print(f"report {published.path} already exists; not overwritten", file=out)
+        print(one_line(f"report {published.path} already exists; not overwritten"), file=out)
     return ExitCode.OK

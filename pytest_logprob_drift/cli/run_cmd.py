@@ -131,7 +131,7 @@ def _run(
         execution_plan, settings, runtimes=runtimes, catalog=operators
     ) as runner:
         for note in runner.notes:
-            print(f"note: {note}", file=err)
+            print(one_line(f"note: {note}"), file=err)
 
         live = err if args.json else out  # with --json, stdout carries only the document
 
@@ -140,16 +140,13 @@ def _run(
         ) -> None:
             prefix = f"[{index + 1}/{total}] {ec.case.case_id} {ec.case.label}"
             if result is None:
-                print(f"{prefix} ...", file=live, flush=True)
+                print(one_line(f"{prefix} ..."), file=live, flush=True)
             elif isinstance(result, Exception):
-                print(f"  case {ec.case.label} failed: {_failure_text(result)}", file=err)
+                print(one_line(f"  case {ec.case.label} failed: {_failure_text(result)}"), file=err)
             else:
                 how = "reused" if result.reused else "new"
-                print(
-                    f"{prefix} -> {result.outcome.value} ({how}) {result.reason}",
-                    file=live,
-                    flush=True,
-                )
+                line = f"{prefix} -> {result.outcome.value} ({how}) {result.reason}"
+                print(one_line(line), file=live, flush=True)
                 for skipped in result.skipped_attempts:
                     print(one_line(f"    skipped attempt {skipped}"), file=live)
 
@@ -160,7 +157,7 @@ def _run(
         run_dir = runner.store.directory
     restore_engine_logs(previous_logs)
     if (log := engine_log_file()) is not None and log.parent == engine_logs.resolve():
-        print(f"vLLM logs: {log} (-v shows them here)", file=err)
+        print(one_line(f"vLLM logs: {log} (-v shows them here)"), file=err)
     attribution = attribute_run(run_dir, execution_plan.plan.experiment_id, results, err)
     diagnostics = [None if r.comparison is None else r.comparison.diagnostics for r in results]
     full_vocabulary = divergence_text.has_full_vocabulary(diagnostics)
@@ -212,7 +209,7 @@ def _run(
         )
         for r, d in zip(results, diagnostics, strict=True):
             for line in divergence_text.lines(d):
-                print(f"{r.label}: {line}", file=out)
+                print(one_line(f"{r.label}: {line}"), file=out)
         print(
             f"engine constructions: rollout {constructions[0]}, training {constructions[1]}",
             file=out,
@@ -239,10 +236,10 @@ def attribute_run(
 
 def print_attribution(attribution: SealedAttribution, out: TextIO) -> None:
     how = "reused" if attribution.reused else "sealed"
-    print(f"drift attribution ({how}: {attribution.directory})", file=out)
+    print(one_line(f"drift attribution ({how}: {attribution.directory})"), file=out)
     print(render_table(list(ATTRIBUTION_HEADERS), attribution_rows(attribution.document)), file=out)
     for line in summary_lines(attribution.document):
-        print(line, file=out)
+        print(one_line(line), file=out)
 
 
 def _result_json(r: CaseResult) -> dict[str, Any]:

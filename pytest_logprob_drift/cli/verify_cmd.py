@@ -56,14 +56,14 @@ def verify_command(args: argparse.Namespace, out: TextIO) -> int:
         )
         for f in run_files:
             detail = f": {one_line(f.detail)}" if f.detail else ""
-            print(f"run file {f.file}: {f.status}{detail}", file=out)
+            print(one_line(f"run file {f.file}: {f.status}{detail}"), file=out)
         for a in attributions:
             problems = a["problems"]
             state = f"invalid: {problems[0]}" if problems else "ok (recomputed, identical)"
             if a["status"] == "superseded":
                 state = "superseded (sealed without the key; a keyed one of the same inputs holds)"
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            print(f"attribution {a['attribution_id']}: {state}{more}", file=out)
+            print(one_line(f"attribution {a['attribution_id']}: {state}{more}"), file=out)
         print(
             f"{len(statuses)} attempt(s), {len(attributions)} attribution(s), {bad} invalid",
             file=out,

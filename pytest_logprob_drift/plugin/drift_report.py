@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_logprob_drift.errors import UsageError
+from pytest_logprob_drift.errors import UsageError, one_line
 from pytest_logprob_drift.plugin.options import DriftOptions
 from pytest_logprob_drift.plugin.session import PLUGIN_NAME, DriftSession
 from pytest_logprob_drift.store import layout
@@ -63,4 +63,4 @@ def write_drift_reports(config: pytest.Config) -> None:
                 else f"drift report {published.path} already exists; not overwritten"
             )
         if terminal is not None:
-            terminal.write_line(line)
+            terminal.write_line(one_line(line))

@@ -18,6 +18,7 @@ import pytest
 
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.attribution.text import HEADERS, rows
+from pytest_logprob_drift.errors import one_line
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.outcomes import Outcome
@@ -75,13 +76,13 @@ class OutcomeCounter:
                 "cases": entries,
                 "ranking": [e["label"] for e in sorted(entries, key=rank_key)],
             }
-            terminalreporter.write_line(f"{experiment} (against its baseline):")
+            terminalreporter.write_line(one_line(f"{experiment} (against its baseline):"))
             terminalreporter.write_line(render_table(list(HEADERS), rows(document)))
             terminalreporter.write_line(
-                "ranked by effect on the drift: " + " > ".join(document["ranking"])
+                one_line("ranked by effect on the drift: " + " > ".join(document["ranking"]))
             )
         for directory in drift_session(self.config).sealed:
-            terminalreporter.write_line(f"sealed attribution: {directory}")
+            terminalreporter.write_line(one_line(f"sealed attribution: {directory}"))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         constructions = drift_session(self.config).constructions
