@@ -1,13 +1,12 @@
 """The run settings: the execution policy a frontend hands the runner, as one frozen record.
 
-Owns ``RunSettings`` (the runtime, the artifact root, whether smoke-only operators are
-authorized, the ``SELECTOR=OUTCOME`` expectations, the baseline repeats, the launch record,
-where vLLM's own logs go, the seal key) and ``run_settings``, the one validation of the raw
-values both frontends read from their own flags. A ``Setting`` names each value; a frontend
-hands its ``Spelling`` of them (the CLI's ``--launcher``, the plugin's ``--drift-launcher`` or
-ini ``drift_launcher``) and every refusal is one line naming the setting as that frontend
-spells it (the ``Remedy`` idea of ``errors``). Knows nothing about argparse, pytest, torch or
-any runtime; nothing here imports them.
+Owns ``RunSettings``, what a frontend decided about a run before anything executes, and
+``run_settings``, the one validation of the raw values both frontends read from their own
+flags (the bound on baseline repeats is ``MAX_BASELINE_REPEATS``). A ``Setting`` names each
+value; a frontend hands its ``Spelling`` of them (the CLI's ``--launcher``, the plugin's
+``--drift-launcher`` or ini ``drift_launcher``) and every refusal is one line naming the
+setting as that frontend spells it (the ``Remedy`` idea of ``errors``). Knows nothing about
+argparse, pytest, torch or any runtime; nothing here imports them.
 """
 
 from __future__ import annotations
