@@ -10,8 +10,10 @@ policy) or the numerical contract. Hostile text never escapes as a traceback: in
 bits, lone surrogates and nesting deeper than ``MAX_NESTING`` are JSON faults with their path;
 odd keys appear in paths as ``["..."]`` and every message renders as one line; and whatever
 execution would refuse (``config.limits``) is refused here, at its path, the checkpoint against
-the built-in checkpoints the caller hands in (the registered runtimes' declarations). Knows
-nothing about torch or any runtime.
+the built-in checkpoints the caller hands in (the registered runtimes' declarations). A config
+and its prompt file are read only as regular files within a size limit (``read_input_text``),
+checked before a byte is read, so a FIFO, a device or a huge sparse file is one error, never a
+hang or a whole-file read. Knows nothing about torch or any runtime.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import enum
 import json
 import math
+import os
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -288,6 +292,8 @@ MAX_INT_DIGITS = 20
 
 
 def _parse_int(literal: str) -> Any:
+    if len(literal) < 19:  # at most 18 digits: within 64 bits (the common case, kept cheap)
+        return int(literal)
     digits = len(literal.lstrip("-"))
     if digits > MAX_INT_DIGITS:
         return _Rejected(f"an integer literal of {digits} digits is out of range (at most 2**64)")
@@ -308,13 +314,25 @@ def _lone_surrogate(text: str) -> str | None:
     return None
 
 
+_PLAIN = (int, float, type(None))
+"""JSON values json.loads never lets a fault through in (booleans are ints)."""
+
+
 def _first_rejected(document: Any, root: str) -> tuple[str, str] | None:
     """The first fault json.loads lets through, in document order: a duplicate key, NaN or
     Infinity, an out-of-range integer, a lone surrogate (in a key or a string), nesting deeper
-    than MAX_NESTING. Iterative, so no document can exhaust the recursion limit."""
-    stack: list[tuple[Any, str, int]] = [(document, root, 0)]
+    than MAX_NESTING. Iterative, so no document can exhaust the recursion limit; numbers are
+    skipped where they stand and a member's path is built only when it is visited, so a prompt
+    file of millions of token ids costs one pass over them, not a path string each."""
+    stack: list[tuple[Any, str, str | int | None, int]] = [(document, root, None, 0)]
     while stack:
-        value, path, depth = stack.pop()
+        value, parent, member, depth = stack.pop()
+        if member is None:
+            path = parent
+        elif isinstance(member, int):
+            path = f"{parent}[{member}]"
+        else:
+            path = json_member(parent, member)
         if isinstance(value, _Rejected):
             return path, value.message
         if isinstance(value, str):
@@ -334,10 +352,16 @@ def _first_rejected(document: Any, root: str) -> tuple[str, str] | None:
                         f"key holds the lone surrogate \\u{ord(bad):04x} (not Unicode)"
                     )
             stack.extend(
-                (child, json_member(path, key), depth + 1) for key, child in reversed(value.items())
+                (child, path, key, depth + 1)
+                for key, child in reversed(value.items())
+                if not isinstance(child, _PLAIN)
             )
         else:
-            stack.extend((value[i], f"{path}[{i}]", depth + 1) for i in reversed(range(len(value))))
+            stack.extend(
+                (value[i], path, i, depth + 1)
+                for i in reversed(range(len(value)))
+                if not isinstance(value[i], _PLAIN)
+            )
     return None
 
 
@@ -365,18 +389,82 @@ def parse_json_text(text: str, source: str) -> Any:
     return document
 
 
+CONFIG_FILE_LIMIT = 16 * 2**20
+"""Largest config file read, in bytes (16 MiB): the schema's configs are a few KiB, and a large
+prompt set belongs in ``identity.prompts.file``."""
+PROMPT_FILE_LIMIT = 64 * 2**20
+"""Largest prompt file read, in bytes (64 MiB: ten million token ids of six digits; the worst
+case, 33 million one-digit ids, plans in 15 s with a 0.6 GiB peak on a 2-core machine)."""
+
+
+class InputFileError(ValueError):
+    """An input file that is not read: not a regular file, over its size limit, or not UTF-8."""
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _file_kind(mode: int) -> str:
+    return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+
+
+def read_input_text(file: Path, limit: int) -> str:
+    """The UTF-8 text of the regular file ``file``, at most ``limit`` bytes long.
+
+    Opened without blocking (``O_NONBLOCK``: a FIFO with no writer does not hang the open) and
+    checked on the open descriptor before anything is read: anything but a regular file (a
+    directory, FIFO, device such as ``/dev/zero``, socket) and a file larger than ``limit`` (a
+    sparse one too) raise ``InputFileError``, and at most ``limit + 1`` bytes are ever read
+    (a file that grows past the limit while it is read is refused the same way). OS errors
+    (``FileNotFoundError`` among them) propagate; a NUL in the path is a ``ValueError``."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    fd = os.open(file, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputFileError(f"not a regular file ({_file_kind(info.st_mode)})")
+        if info.st_size > limit:
+            raise InputFileError(f"{info.st_size} bytes, larger than the limit of {_size(limit)}")
+        chunks: list[bytes] = []
+        remaining = limit + 1
+        while remaining > 0 and (chunk := os.read(fd, min(remaining, 2**20))):
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise InputFileError(f"grew past the limit of {_size(limit)} while it was read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"not UTF-8: {exc}") from None
+
+
+def _size(limit: int) -> str:
+    return f"{limit // 2**20} MiB" if limit % 2**20 == 0 else f"{limit} bytes"
+
+
 def load_config(
     path: str | Path, *, checkpoints: Mapping[str, BuiltinCheckpoint]
 ) -> ExperimentConfig:
-    """Read and strictly validate a config file; ``checkpoints``: the built-in checkpoints a
-    ``name://`` URI may name, by URI (``RuntimeCatalog.checkpoints``)."""
+    """Read (a regular file of at most ``CONFIG_FILE_LIMIT`` bytes) and strictly validate a
+    config file; ``checkpoints``: the built-in checkpoints a ``name://`` URI may name, by URI
+    (``RuntimeCatalog.checkpoints``)."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_input_text(file, CONFIG_FILE_LIMIT)
     except FileNotFoundError:
         raise ConfigError("$", "config file not found", source=str(file)) from None
-    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
-        raise ConfigError("$", f"cannot read config file: {exc}", source=str(file)) from None
+    except (OSError, ValueError) as exc:  # ValueError: InputFileError, or a NUL in the path
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError("$", f"cannot read config file: {why}", source=str(file)) from None
     return parse_config(
         parse_json_text(text, str(file)),
         source=str(file),
@@ -623,6 +711,9 @@ def _token_rows(c: _Collector, value: Any, path: str) -> tuple[tuple[int, ...], 
             )
             ok = False
             continue
+        if all(type(tok) is int and tok >= 0 for tok in row):
+            rows.append(tuple(row))  # the common case, one pass (a bool's type is not int)
+            continue
         for j, tok in enumerate(row):
             if not _is_nonneg_int(tok):
                 c.fail(
@@ -650,11 +741,11 @@ def _prompts(c: _Collector, value: Any, path: str, base_dir: Path | None) -> Pro
         return None
     file = Path(name) if base_dir is None or Path(name).is_absolute() else base_dir / name
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_input_text(file, PROMPT_FILE_LIMIT)
     except OSError as exc:
         c.fail(f"{path}.file", f"cannot read prompt file {str(file)!r}: {exc.strerror}")
         return None
-    except ValueError as exc:  # not UTF-8, or a NUL in the path
+    except ValueError as exc:  # InputFileError, or a NUL in the path
         c.fail(f"{path}.file", f"cannot read prompt file {str(file)!r}: {exc}")
         return None
     try:

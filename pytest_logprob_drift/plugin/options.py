@@ -265,8 +265,9 @@ def _config_paths(config: pytest.Config) -> tuple[list[Path], list[Path]]:
         sources.extend(["pytest_logprob_drift_configs"] * len(hooked))
         added.extend(hooked)
     for path, source in zip(configs, sources, strict=True):
-        if not path.is_file():
-            raise pytest.UsageError(f"{source} {path}: file not found")
+        if not path.is_file():  # stat only: a FIFO or a device is never opened here
+            found = "not a regular file" if path.exists() else "file not found"
+            raise pytest.UsageError(f"{source} {path}: {found}")
     return configs, added
 
 

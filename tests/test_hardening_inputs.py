@@ -1,0 +1,222 @@
+"""Special files as inputs (issue 21, class 5).
+
+A config (``plan``/``run`` CONFIG, the plugin's ``--drift-config``) and an
+``identity.prompts.file`` are read only as regular files within their size limit
+(``CONFIG_FILE_LIMIT``, ``PROMPT_FILE_LIMIT``), checked before a byte is read: a FIFO, a
+device such as ``/dev/zero``, a directory or a huge sparse file is one line and exit 2 (in the
+plugin, a usage error or a collection error), never a hang or a whole-file read. Whatever
+could hang or exhaust memory if it regressed runs in a subprocess with a timeout (and, where
+it could read without end, an address-space limit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drift_testing import S0
+
+from pytest_logprob_drift import load_config
+from pytest_logprob_drift.config.loader import CONFIG_FILE_LIMIT, PROMPT_FILE_LIMIT
+from pytest_logprob_drift.errors import ConfigError, ExitCode
+
+pytest_plugins = ["pytester"]
+
+TIMEOUT = 60.0
+"""Seconds a command may take on a special file before the test calls it a hang."""
+MEMORY = 1 << 30
+"""Address space (bytes) of a ``plan`` subprocess: planning needs far less; an unbounded
+read of /dev/zero or of a 1 GiB sparse file does not fit."""
+
+
+def document() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(S0.read_text())
+    return loaded
+
+
+def with_prompt_file(directory: Path, name: str) -> Path:
+    doc = document()
+    doc["identity"]["prompts"] = {"file": name}
+    config = directory / "config.json"
+    config.write_text(json.dumps(doc), encoding="utf-8")
+    return config
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
+def logprob_drift(*args: str | Path, memory_limit: bool = False) -> tuple[int, str]:
+    """``python -m pytest_logprob_drift ARGS`` in a subprocess: exit code and stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_logprob_drift", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+        preexec_fn=_limit_memory if memory_limit else None,
+    )
+    return proc.returncode, proc.stderr
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("logprob-drift: error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "fifo.json"
+    os.mkfifo(path)
+    return path
+
+
+def sparse(path: Path, size: int) -> Path:
+    with path.open("wb") as handle:
+        handle.truncate(size)
+    return path
+
+
+# ----------------------------------------------------------------------------- plan and run
+
+
+def test_plan_of_a_fifo_config_is_one_line_not_a_hang(fifo: Path) -> None:
+    code, err = logprob_drift("plan", fifo)
+    assert code == ExitCode.USAGE_ERROR
+    assert one_error_line(err) == (
+        f"logprob-drift: error: {fifo}: $: cannot read config file: not a regular file (a FIFO)"
+    )
+
+
+def test_run_of_a_fifo_config_is_one_line_not_a_hang(fifo: Path, tmp_path: Path) -> None:
+    code, err = logprob_drift(
+        "run", fifo, "--runtime", "cpu-smoke", "--artifacts", tmp_path / "runs"
+    )
+    assert code == ExitCode.USAGE_ERROR
+    assert "not a regular file (a FIFO)" in one_error_line(err)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_plan_of_dev_zero_is_refused_before_reading() -> None:
+    code, err = logprob_drift("plan", "/dev/zero", memory_limit=True)
+    assert code == ExitCode.USAGE_ERROR
+    assert one_error_line(err).endswith(
+        "/dev/zero: $: cannot read config file: not a regular file (a character device)"
+    )
+
+
+def test_a_huge_sparse_config_is_refused_before_reading(tmp_path: Path) -> None:
+    config = sparse(tmp_path / "huge.json", 1 << 30)
+    code, err = logprob_drift("plan", config, memory_limit=True)
+    assert code == ExitCode.USAGE_ERROR
+    assert f"{1 << 30} bytes, larger than the limit of 16 MiB" in one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    ("target", "kind"), [("fifo", "a FIFO"), ("/dev/zero", "a character device")]
+)
+def test_a_prompt_file_that_is_a_special_file_is_one_line(
+    tmp_path: Path, target: str, kind: str
+) -> None:
+    if target == "fifo":
+        os.mkfifo(tmp_path / "prompts.json")
+        target = "prompts.json"
+    config = with_prompt_file(tmp_path, target)
+    code, err = logprob_drift("plan", config, memory_limit=True)
+    assert code == ExitCode.USAGE_ERROR
+    line = one_error_line(err)
+    assert f"{config}: $.identity.prompts.file: cannot read prompt file " in line
+    assert line.endswith(f": not a regular file ({kind})")
+
+
+def test_a_1_gib_sparse_prompt_file_is_refused_before_reading(tmp_path: Path) -> None:
+    sparse(tmp_path / "prompts.json", 1 << 30)
+    code, err = logprob_drift("plan", with_prompt_file(tmp_path, "prompts.json"), memory_limit=True)
+    assert code == ExitCode.USAGE_ERROR
+    assert f"{1 << 30} bytes, larger than the limit of 64 MiB" in one_error_line(err)
+
+
+# ----------------------------------------------------------------------------- the limits
+
+
+def test_a_config_at_its_limit_loads_and_one_byte_more_is_refused(tmp_path: Path) -> None:
+    text = json.dumps(document())
+    config = tmp_path / "padded.json"
+    config.write_text(text + " " * (CONFIG_FILE_LIMIT - len(text)), encoding="utf-8")
+    assert load_config(config).experiment_id == document()["experiment_id"]
+    with config.open("a") as handle:
+        handle.write(" ")
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert (caught.value.path, caught.value.message) == (
+        "$",
+        f"cannot read config file: {CONFIG_FILE_LIMIT + 1} bytes, larger than the limit of 16 MiB",
+    )
+
+
+def test_a_prompt_file_one_byte_over_its_limit_is_refused(tmp_path: Path) -> None:
+    sparse(tmp_path / "prompts.json", PROMPT_FILE_LIMIT + 1)
+    with pytest.raises(ConfigError) as caught:
+        load_config(with_prompt_file(tmp_path, "prompts.json"))
+    assert caught.value.path == "$.identity.prompts.file"
+    assert caught.value.message.endswith(
+        f": {PROMPT_FILE_LIMIT + 1} bytes, larger than the limit of 64 MiB"
+    )
+
+
+def test_a_directory_as_config_or_prompt_file_says_so(tmp_path: Path) -> None:
+    (tmp_path / "prompts").mkdir()
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "prompts")
+    assert caught.value.message == "cannot read config file: not a regular file (a directory)"
+    with pytest.raises(ConfigError) as caught:
+        load_config(with_prompt_file(tmp_path, "prompts"))
+    assert caught.value.message.endswith(": not a regular file (a directory)")
+
+
+def test_a_config_reached_through_a_symlink_still_loads(tmp_path: Path) -> None:
+    (tmp_path / "link.json").symlink_to(S0)
+    assert load_config(tmp_path / "link.json").experiment_id == document()["experiment_id"]
+
+
+# ----------------------------------------------------------------------------- the plugin
+
+
+def test_the_plugin_says_not_a_regular_file_for_a_fifo_or_directory(
+    pytester: pytest.Pytester,
+) -> None:
+    os.mkfifo(pytester.path / "fifo.json")
+    (pytester.path / "dir.json").mkdir()
+    for name in ("fifo.json", "dir.json"):
+        result = pytester.runpytest_subprocess(
+            "--drift-config", name, "--drift-plan-only", timeout=TIMEOUT
+        )
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"*--drift-config */{name}: not a regular file"])
+        assert "file not found" not in result.stderr.str()
+
+
+def test_the_plugin_collects_a_config_with_a_fifo_prompt_file_as_one_error(
+    pytester: pytest.Pytester,
+) -> None:
+    os.mkfifo(pytester.path / "prompts.json")
+    with_prompt_file(pytester.path, "prompts.json")
+    result = pytester.runpytest_subprocess(
+        "--drift-config", "config.json", "--drift-plan-only", timeout=TIMEOUT
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        [
+            "*config.json: $.identity.prompts.file: cannot read prompt file *: not a regular file"
+            " (a FIFO)*"
+        ]
+    )
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
