@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-v",
         "--engine-logs",
         action="store_true",
-        help="show vLLM's own logs on the terminal (default: kept in "
+        help="show vLLM's and transformers' own logs on the terminal (default: kept in "
         "ARTIFACTS/<experiment>/engine-logs/)",
     )
 

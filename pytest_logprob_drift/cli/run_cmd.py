@@ -3,8 +3,8 @@
 Owns reading the CLI's execution policy (``--runtime``, ``--allow-smoke-operators``,
 ``--expect``, ``--baseline-repeats``, ``--launcher`` and its Ray flags, the seal key, ``-v``)
 into the run settings (``execute.settings``, validated with the CLI's spelling of each
-setting, ``SETTINGS``), wiring a config file and those settings to the runner, where vLLM's own
-logs go (a file under the run's ``engine-logs/``, or the terminal with ``-v``), live progress
+setting, ``SETTINGS``), wiring a config file and those settings to the runner, where vLLM's and
+transformers' own logs go (a file under the run's ``engine-logs/``, or the terminal with ``-v``), live progress
 lines, the final table (or ``--json``) and the exit code. Rendering only; the runner does the
 work and ``run_attribution`` attributes the finished run. Imports torch through them, so this
 module is loaded only for ``run``.
@@ -33,6 +33,7 @@ from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched
 from pytest_logprob_drift.policy import assemble, render_error, render_issue
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.run_attribution import seal_run_attribution
+from pytest_logprob_drift.runtimes.transformers.logs import transformers_log_file
 from pytest_logprob_drift.runtimes.vllm.logs import (
     engine_log_file,
     restore_engine_logs,
@@ -158,6 +159,8 @@ def _run(
     restore_engine_logs(previous_logs)
     if (log := engine_log_file()) is not None and log.parent == engine_logs.resolve():
         print(one_line(f"vLLM logs: {log} (-v shows them here)"), file=err)
+    if (log := transformers_log_file()) is not None and log.parent == engine_logs.resolve():
+        print(one_line(f"transformers logs: {log} (-v shows them here)"), file=err)
     attribution = attribute_run(run_dir, execution_plan.plan.experiment_id, results, err)
     diagnostics = [None if r.comparison is None else r.comparison.diagnostics for r in results]
     full_vocabulary = divergence_text.has_full_vocabulary(diagnostics)

@@ -14,7 +14,7 @@ A run directory ``<artifacts>/<experiment_id>/``::
     .lock                      the writer's lock
     cases/<case_id>/<attempt_id>/   one attempt: ATTEMPT_FILES, COMPLETE written last
     attributions/<id>/         attribution.json, COMPLETE
-    engine-logs/               vLLM's own output (never sealed)
+    engine-logs/               vLLM's and transformers' own output (never sealed)
     report-<attempt>.html      the report page (never sealed)
 """
 

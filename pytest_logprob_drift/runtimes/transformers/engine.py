@@ -32,6 +32,7 @@ from pytest_logprob_drift.runtimes.batch import (
     validate_rollout_request,
 )
 from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_bars, tf
+from pytest_logprob_drift.runtimes.transformers.logs import transformers_output
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -234,7 +235,7 @@ def load_model(
             "(use 'eager' or 'sdpa' on CPU)"
         )
     try:
-        with quiet_progress_bars():
+        with quiet_progress_bars(), transformers_output():
             model = tf.AutoModelForCausalLM.from_pretrained(
                 Path(model_dir),
                 dtype=DTYPES[dtype],

@@ -61,6 +61,12 @@ def restore_engine_logs(previous: EngineLogPolicy | None) -> None:
     _forget_logging_config()
 
 
+def engine_log_directory() -> Path | None:
+    """Where the policy sends engine output (None: the terminal, or no policy set); other
+    engines' own logs (``runtimes.transformers.logs``) follow it too."""
+    return None if _policy is None else _policy.directory
+
+
 def engine_log_file() -> Path | None:
     """The file this process's vLLM output went to (None when nothing was written there)."""
     return _log_file
