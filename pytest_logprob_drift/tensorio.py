@@ -3,12 +3,14 @@
 Owns the one serializer used for sealed ``.pt`` artifacts and for tensors crossing a process
 boundary (FSDP ranks): ``torch.save`` of detached, contiguous CPU tensors, read back with
 ``torch.load(..., weights_only=True)`` so no pickle code ever runs, and refused unless it is a
-mapping of string names to tensors. Knows nothing about seals, files or what the tensors mean.
+mapping of string names to tensors; torch's warnings while it reads foreign bytes are not shown
+(the refusal says why). Knows nothing about seals, files or what the tensors mean.
 """
 
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -25,8 +27,13 @@ def tensor_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
 
 
 def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    """The tensors ``data`` holds; ``TensorFormatError`` (the reason) for anything else. What
+    torch warns while it refuses foreign bytes (a pickle protocol it did not write, say) is
+    kept off the terminal: the refusal is the reason, not a warning."""
     try:
-        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:  # any unpickling failure means the bytes are not ours
         raise TensorFormatError(
             f"not a weights-only tensor file: {type(exc).__name__}: {exc}"

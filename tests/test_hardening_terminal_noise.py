@@ -3,27 +3,42 @@
 transformers' multi-line, ANSI-coloured load report goes where vLLM's logs go (a file under
 ``engine-logs/`` unless ``-v``): checked on the ``transformers`` logger without an engine, and
 once with a real ``run --runtime hf`` of a checkpoint that holds an unexpected weight (slow).
+torch's warning while it refuses a foreign pickle stays off the terminal and the refusal is the
+invalid attempt's reason. A dangling symbolic link given as ``--artifacts`` says so instead of
+"File exists".
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
 import os
+import pickle
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from drift_testing import S0_HF
+from drift_testing import S0_HF, cli, run_s0
 
+from pytest_logprob_drift.errors import ExitCode
 from pytest_logprob_drift.runtimes.transformers import logs as transformers_logs
 from pytest_logprob_drift.runtimes.vllm import logs as engine_logs
+from pytest_logprob_drift.store.layout import COMPLETE, SCORE_ROLLOUT
 
 REPORT = "\x1b[1mQwen3ForCausalLM LOAD REPORT\x1b[0m from: /ckpt\nKey | Status\nextra | UNEXPECTED"
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("logprob-drift: error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
 
 
 # ----------------------------------------------------------------------------- the load report
@@ -134,3 +149,55 @@ def test_run_hf_keeps_the_load_report_off_the_terminal(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "LOAD REPORT" in shown.stderr and "extra.weight" in shown.stderr
     assert not (tmp_path / "shown" / config["experiment_id"] / "engine-logs").exists()
+
+
+# ----------------------------------------------------------------------------- a foreign pickle
+
+
+class _Plant:
+    """Unpickling this runs ``open(path, "w")``: proof that pickle code ran."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.path), "w"))
+
+
+def test_a_refused_pickle_is_the_reason_and_torch_warns_nothing(tmp_path: Path) -> None:
+    from test_hardening_store import reseal
+
+    artifacts = tmp_path / "runs"
+    assert run_s0(artifacts)[0] == 0
+    attempt = next((artifacts / "s0-cpu-smoke" / "cases").glob("*/*"))
+    planted = tmp_path / "planted"
+    # A plain pickle (protocol 4, not torch's zip format): torch warns about its protocol.
+    (attempt / SCORE_ROLLOUT).write_bytes(pickle.dumps({"logprobs": _Plant(planted)}, 4))
+    files = json.loads((attempt / COMPLETE).read_text())["files"]
+    files[SCORE_ROLLOUT] = hashlib.sha256((attempt / SCORE_ROLLOUT).read_bytes()).hexdigest()
+    reseal(attempt, files)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, out, err = cli("verify", artifacts / "s0-cpu-smoke", "--json")
+    assert [str(w.message) for w in caught] == []
+    assert code == ExitCode.UNEXPECTED_OUTCOME, err
+    assert not planted.exists()
+    reasons = [
+        json.dumps(entry) for entry in json.loads(out)["attempts"] if entry["status"] == "invalid"
+    ]
+    assert len(reasons) == 1 and "not a weights-only tensor file" in reasons[0], out
+
+
+# ----------------------------------------------------------------------------- --artifacts
+
+
+@pytest.mark.parametrize("below", ["", "runs"])
+def test_a_dangling_symlink_as_artifacts_says_so(tmp_path: Path, below: str) -> None:
+    link = tmp_path / "artifacts"
+    link.symlink_to(tmp_path / "gone")
+    code, _, err = run_s0(link / below if below else link)
+    assert code == ExitCode.USAGE_ERROR
+    assert one_error_line(err) == (
+        f"logprob-drift: error: {link}: cannot hold runs: it is a dangling symbolic link"
+    )
+    assert not (tmp_path / "gone").exists()

@@ -189,6 +189,11 @@ class ArtifactStore:
             raise StorageError(
                 self.root, "hold runs", OSError(errno.ENOTDIR, "it is not a directory")
             )
+        dangling = [p for p in (self.root, *self.root.parents) if p.is_symlink() and not p.exists()]
+        if dangling:  # mkdir would say "File exists"
+            raise StorageError(
+                dangling[-1], "hold runs", OSError(errno.ENOENT, "it is a dangling symbolic link")
+            )
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
