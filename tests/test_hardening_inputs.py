@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from drift_testing import S0
 
+import pytest_logprob_drift
 from pytest_logprob_drift import load_config
 from pytest_logprob_drift.config.loader import CONFIG_FILE_LIMIT, PROMPT_FILE_LIMIT
 from pytest_logprob_drift.errors import ConfigError, ExitCode
@@ -46,6 +47,16 @@ def with_prompt_file(directory: Path, name: str) -> Path:
     config = directory / "config.json"
     config.write_text(json.dumps(doc), encoding="utf-8")
     return config
+
+
+PACKAGE_ROOT = str(Path(pytest_logprob_drift.__file__).resolve().parents[1])
+"""Where the package under test lives: subprocesses import it from there, whatever their
+working directory (a relative PYTHONPATH would resolve elsewhere in a pytester directory)."""
+
+
+@pytest.fixture(autouse=True)
+def _subprocesses_import_this_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", PACKAGE_ROOT)
 
 
 def _limit_memory() -> None:

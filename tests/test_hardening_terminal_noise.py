@@ -51,7 +51,11 @@ def transformers_terminal(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.String
     logger = logging.getLogger(transformers_logs.LOGGER)
     terminal = io.StringIO()
     handler = logging.StreamHandler(terminal)
+    after = logging.NullHandler()  # a handler that stays, after the terminal one
     logger.addHandler(handler)
+    logger.addHandler(after)
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # transformers' default verbosity
     previous = engine_logs.route_engine_logs(None)
     monkeypatch.setattr(transformers_logs, "_log_file", None)
     monkeypatch.setattr(transformers_logs, "_written", None)
@@ -60,6 +64,8 @@ def transformers_terminal(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.String
     finally:
         engine_logs.restore_engine_logs(previous)
         logger.removeHandler(handler)
+        logger.removeHandler(after)
+        logger.setLevel(level)
 
 
 def test_the_load_report_goes_to_the_engine_log_file_uncoloured(
@@ -77,7 +83,7 @@ def test_the_load_report_goes_to_the_engine_log_file_uncoloured(
     text = log.read_text(encoding="utf-8")
     assert "Qwen3ForCausalLM LOAD REPORT from: /ckpt\nKey | Status\nextra | UNEXPECTED" in text
     assert "\x1b" not in text
-    assert (logger.handlers, logger.propagate) == (handlers, propagate)  # put back
+    assert (logger.handlers, logger.propagate) == (handlers, propagate)  # put back, in order
     logging.getLogger("transformers.modeling_utils").warning("after the load")
     assert "after the load" in transformers_terminal.getvalue()
 

@@ -67,9 +67,10 @@ def _route(path: Path) -> Callable[[], None]:
     """Send the ``transformers`` logger's records to ``path`` instead of its terminal
     handlers (and not on to the root logger); returns what puts them back."""
     logger = logging.getLogger(LOGGER)
+    before = list(logger.handlers)
     terminal = [
         h
-        for h in logger.handlers
+        for h in before
         if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
     ]
     propagate = logger.propagate
@@ -84,8 +85,10 @@ def _route(path: Path) -> Callable[[], None]:
         global _written
         logger.removeHandler(handler)
         handler.close()
-        for h in terminal:
-            logger.addHandler(h)
+        now = list(logger.handlers)  # in their old order, and any added meanwhile after them
+        logger.handlers = [h for h in before if h in now or h in terminal] + [
+            h for h in now if h not in before
+        ]
         logger.propagate = propagate
         if path.exists():
             _written = path
