@@ -5,9 +5,9 @@ Owns reading the CLI's execution policy (``--runtime``, ``--allow-smoke-operator
 into the run settings (``execute.settings``, validated with the CLI's spelling of each
 setting, ``SETTINGS``), wiring a config file and those settings to the runner, where vLLM's
 and transformers' own logs go (files under the run's ``engine-logs/``, or the terminal with
-``-v``), live progress lines, the final table (or ``--json``) and the exit code. Rendering only; the runner does the
-work and ``run_attribution`` attributes the finished run. Imports torch through them, so this
-module is loaded only for ``run``.
+``-v``), live progress lines, the final table (or ``--json``) and the exit code. Rendering
+only; the runner does the work and ``run_attribution`` attributes the finished run. Imports
+torch through them, so this module is loaded only for ``run``.
 """
 
 from __future__ import annotations
