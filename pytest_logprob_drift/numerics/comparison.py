@@ -204,7 +204,8 @@ class FullVocabularyUnavailable:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SemanticOffsetSummary:
-    """The semantic-offset diagnosis (``numerics.semantic_offset.SemanticOffset.to_json``)."""
+    """Whether the sampling semantics explain ``training - rollout``, and which explanation:
+    what ``numerics.semantic_offset.semantic_offset`` returns and comparison.json records."""
 
     fires: bool
     explanation: str | None

@@ -9,19 +9,17 @@ logits, recomputed here. Never a verdict. Knows nothing about engines, files or 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary
 from pytest_logprob_drift.numerics.sampling import Truncation, processed_logits
-from pytest_logprob_drift.records import JSONScalar
 
 __all__ = [
     "EXPLANATIONS",
     "OFFSET_MIN_FRACTION",
     "OFFSET_TOLERANCE",
-    "SemanticOffset",
     "processed_residual",
     "processing_tensor",
     "semantic_offset",
@@ -63,29 +61,6 @@ EXPLANATIONS = ("truncation_renormalization", "processed_rollout", "processed_tr
 """What the semantic-offset diagnostic can say explains a case's differences: a per-position
 ``log S`` (truncation renormalization at temperature 1), the rollout's processed logprobs of
 the trainer's logits, or the trainer's processed logprobs of the rollout's logits."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SemanticOffset:
-    """Whether the sampling semantics explain ``training - rollout``, and which explanation."""
-
-    fires: bool
-    explanation: str | None
-    """One of ``EXPLANATIONS`` when it fires, else None."""
-    explained_fraction: float
-    truncated_positions: int
-    tolerance: float
-    message: str
-
-    def to_json(self) -> dict[str, JSONScalar]:
-        return {
-            "fires": self.fires,
-            "explanation": self.explanation,
-            "explained_fraction": self.explained_fraction,
-            "truncated_positions": self.truncated_positions,
-            "tolerance": self.tolerance,
-            "message": self.message,
-        }
 
 
 def _processing_text(processing: Tensor) -> str:
@@ -131,7 +106,7 @@ def semantic_offset(
     processing: Tensor | None = None,
     tolerance: float = OFFSET_TOLERANCE,
     min_fraction: float = OFFSET_MIN_FRACTION,
-) -> SemanticOffset:
+) -> SemanticOffsetSummary:
     """Do the sampling semantics explain the selected-token differences, and how?
 
     1. Truncation renormalization (temperature 1): when the rollout renormalizes over a
@@ -160,7 +135,7 @@ def semantic_offset(
     matched = (diff - predicted).abs() <= tolerance
     fraction = float(matched.double().mean()) if n else 0.0
     if truncated > 0 and fraction >= min_fraction:
-        return SemanticOffset(
+        return SemanticOffsetSummary(
             fires=True,
             explanation=EXPLANATIONS[0],
             explained_fraction=fraction,
@@ -184,7 +159,7 @@ def semantic_offset(
                     continue
                 explained = float((residual[active] <= tolerance).double().mean())
                 if explained >= min_fraction:
-                    return SemanticOffset(
+                    return SemanticOffsetSummary(
                         fires=True,
                         explanation=name,
                         explained_fraction=explained,
@@ -206,7 +181,7 @@ def semantic_offset(
         )
     else:
         message = "no truncation offset: both sides put mass on the same tokens"
-    return SemanticOffset(
+    return SemanticOffsetSummary(
         fires=False,
         explanation=None,
         explained_fraction=fraction,
