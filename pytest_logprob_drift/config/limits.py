@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from pytest_logprob_drift.config.input_file import NotRegularInput, OversizedInput, read_input
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -140,25 +141,15 @@ def _local_limits(directory: Path) -> tuple[CheckpointLimits, str | None]:
     not a regular file, over ``CONFIG_JSON_LIMIT``, not a JSON object, a size out of range."""
     config = directory / "config.json"
     try:
-        fd = os.open(config, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO never blocks
+        data = read_input(config, CONFIG_JSON_LIMIT)
     except (FileNotFoundError, NotADirectoryError):
         return CheckpointLimits(), None
+    except NotRegularInput:
+        return CheckpointLimits(), f"{config}: not a regular file"
+    except OversizedInput as exc:
+        return CheckpointLimits(), _too_large(config, exc.size)
     except OSError as exc:
         return CheckpointLimits(), f"{config}: cannot be read ({exc.strerror})"
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            return CheckpointLimits(), f"{config}: not a regular file"
-        if status.st_size > CONFIG_JSON_LIMIT:
-            return CheckpointLimits(), _too_large(config, status.st_size)
-        with open(fd, "rb", closefd=False) as file:
-            data = file.read(CONFIG_JSON_LIMIT + 1)
-    except OSError as exc:
-        return CheckpointLimits(), f"{config}: cannot be read ({exc.strerror})"
-    finally:
-        os.close(fd)
-    if len(data) > CONFIG_JSON_LIMIT:  # it grew after fstat
-        return CheckpointLimits(), _too_large(config, len(data))
     try:
         document = json.loads(data)
     except json.JSONDecodeError as exc:

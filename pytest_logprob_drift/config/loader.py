@@ -21,12 +21,11 @@ from __future__ import annotations
 import enum
 import json
 import math
-import os
-import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pytest_logprob_drift.config import limits
+from pytest_logprob_drift.config.input_file import InputFileError, read_input
 from pytest_logprob_drift.errors import ConfigError, ConfigErrors, json_member
 from pytest_logprob_drift.records import (
     CONFIG_SCHEMA_VERSION,
@@ -397,58 +396,14 @@ PROMPT_FILE_LIMIT = 64 * 2**20
 case, 33 million one-digit ids, plans in 15 s with a 0.6 GiB peak on a 2-core machine)."""
 
 
-class InputFileError(ValueError):
-    """An input file that is not read: not a regular file, over its size limit, or not UTF-8."""
-
-
-_FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _file_kind(mode: int) -> str:
-    return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
-
-
 def read_input_text(file: Path, limit: int) -> str:
-    """The UTF-8 text of the regular file ``file``, at most ``limit`` bytes long.
-
-    Opened without blocking (``O_NONBLOCK``: a FIFO with no writer does not hang the open) and
-    checked on the open descriptor before anything is read: anything but a regular file (a
-    directory, FIFO, device such as ``/dev/zero``, socket) and a file larger than ``limit`` (a
-    sparse one too) raise ``InputFileError``, and at most ``limit + 1`` bytes are ever read
-    (a file that grows past the limit while it is read is refused the same way). OS errors
-    (``FileNotFoundError`` among them) propagate; a NUL in the path is a ``ValueError``."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    fd = os.open(file, flags)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InputFileError(f"not a regular file ({_file_kind(info.st_mode)})")
-        if info.st_size > limit:
-            raise InputFileError(f"{info.st_size} bytes, larger than the limit of {_size(limit)}")
-        chunks: list[bytes] = []
-        remaining = limit + 1
-        while remaining > 0 and (chunk := os.read(fd, min(remaining, 2**20))):
-            chunks.append(chunk)
-            remaining -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > limit:
-        raise InputFileError(f"grew past the limit of {_size(limit)} while it was read")
+    """The UTF-8 text of the regular file ``file``, at most ``limit`` bytes long, read as
+    ``config.input_file`` reads every input (``InputFileError`` when it is not read)."""
+    data = read_input(file, limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputFileError(f"not UTF-8: {exc}") from None
-
-
-def _size(limit: int) -> str:
-    return f"{limit // 2**20} MiB" if limit % 2**20 == 0 else f"{limit} bytes"
 
 
 def load_config(

@@ -21,11 +21,11 @@ import contextvars
 import hashlib
 import hmac
 import os
-import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_logprob_drift.config.input_file import NotRegularInput, OversizedInput, read_input
 from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.records import canonical_json
 
@@ -134,27 +134,17 @@ def load_seal_key(
 
 
 def _read_key_file(file: str, flag: str) -> bytes:
-    """The first bytes of a regular key file. A FIFO, device or directory is refused before
-    anything blocks on it: the path is checked with ``stat`` first, and opened non-blocking
-    (a FIFO swapped in between opens without waiting for a writer and is refused by ``fstat``)."""
+    """The bytes of a regular key file, read as ``config.input_file`` reads every input: a FIFO,
+    device or directory is refused before anything blocks on it."""
     try:
-        if not stat.S_ISREG(os.stat(file).st_mode):
-            raise UsageError(f"{flag} {file}: not a regular file")
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise UsageError(f"{flag} {file}: not a regular file")
-            os.set_blocking(fd, True)
-            with os.fdopen(fd, "rb", closefd=False) as handle:
-                secret = handle.read(MAX_KEY_FILE_BYTES + 1)
-        finally:
-            os.close(fd)
+        return read_input(file, MAX_KEY_FILE_BYTES)
+    except NotRegularInput:
+        raise UsageError(f"{flag} {file}: not a regular file") from None
+    except OversizedInput:
+        raise UsageError(f"{flag} {file}: larger than {MAX_KEY_FILE_BYTES} bytes") from None
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise UsageError(f"{flag} {file}: cannot read the seal key: {reason}") from None
-    if len(secret) > MAX_KEY_FILE_BYTES:
-        raise UsageError(f"{flag} {file}: larger than {MAX_KEY_FILE_BYTES} bytes")
-    return secret
 
 
 def _checked(secret: bytes, source: str, flag: str) -> SealKey:
