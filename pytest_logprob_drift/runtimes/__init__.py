@@ -24,7 +24,7 @@ their own (any accepted seed plus a sample index fits torch's generators)."""
 HF = RuntimeInfo(
     name="hf",
     levels=(ScenarioLevel.S0,),
-    devices=("cpu",),
+    devices=("cpu", "cuda"),  # cuda: one GPU, both models on it (FSDP there needs two)
     adapter="pytest_logprob_drift.runtimes.transformers.adapter:HfAdapter",
     extra="hf",
     summary="transformers KV-cache generation vs transformers teacher-forced (FSDP opt.)",

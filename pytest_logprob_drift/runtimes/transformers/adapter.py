@@ -111,6 +111,35 @@ def materialize_training(path: str, value: KnobValue) -> Materialized | None:
     return None
 
 
+def scenario_device(binding: RuntimeBinding) -> str:
+    """The device the case's scenario names (``cpu`` or ``cuda``): where both sides' models
+    are placed."""
+    return str(binding.scorer["device"])
+
+
+def load_on_device(
+    model_dir: Path, *, dtype: str, attn_implementation: str, device: str, lm_head_dtype: str
+) -> Any:
+    """``engine.load_model`` on the scenario device, with the live device read back from the
+    model's parameters: a model that is not on that device is a ``RuntimeFailure`` (numbers
+    measured elsewhere would be recorded as this device's), and a device this build or
+    machine cannot offer is a ``UsageError`` naming it."""
+    try:
+        model = hf_engine.load_model(
+            model_dir,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            device=device,
+            lm_head_dtype=lm_head_dtype,
+        )
+    except hf_engine.DeviceUnavailable as exc:
+        raise UsageError(f"scenario.device: {exc}") from None
+    live = hf_engine.live_device(model)
+    if live.type != torch.device(device).type:
+        raise RuntimeFailure(f"the model was asked for device {device!r} but is on {str(live)!r}")
+    return model
+
+
 def lm_head_knob(head_dtype: str, body_dtype: str, requested: str) -> str:
     """The ``*.lm_head_dtype`` knob value a live LM head dtype shows: ``float32`` or
     ``compute``; with a float32 body both are true, and the request's spelling is kept."""
@@ -169,10 +198,12 @@ class HfRollout:
         self.construction_fingerprint = binding.rollout_construction_fingerprint
         self.checkpoint = checkpoint
         self.lm_head_dtype = str(binding.rollout.get("lm_head_dtype", "compute"))
-        self.model = hf_engine.load_model(
+        self.device = scenario_device(binding)
+        self.model = load_on_device(
             self.checkpoint.path,
             dtype=str(binding.rollout.get("dtype", "float32")),
             attn_implementation=ROLLOUT_ATTENTION,
+            device=self.device,
             lm_head_dtype=self.lm_head_dtype,
         )
         self.logprobs_mode = str(binding.rollout.get("logprobs_mode", hf_engine.LOGPROBS_MODE))
@@ -228,6 +259,7 @@ class HfRollout:
             "rollout.lm_head_dtype": lm_head_knob(
                 str(live["lm_head_dtype"]), str(live["param_dtype"]), self.lm_head_dtype
             ),
+            "rollout.device": str(live["device"]),
         }
 
     def close(self) -> None:
@@ -277,10 +309,11 @@ class HfTrainingScorer:
                     device=device,
                 )
         else:
-            self.model = hf_engine.load_model(
+            self.model = load_on_device(
                 self.checkpoint.path,
                 dtype=self.dtype,
                 attn_implementation=self.attention,
+                device=scenario_device(binding),
                 lm_head_dtype=self.lm_head_dtype,
             )
         self.batch_size = 0
@@ -392,13 +425,15 @@ class HfTrainingScorer:
             attention = str(ev.get("attn_implementation", ""))
             sharding = "fsdp" if ev.get("fsdp") == "fully_shard" and world > 1 else "none"
             head = str(ev.get("lm_head_dtype", ""))  # the logits dtype the ranks' head produced
+            device = str(ev.get("device", ""))
         else:
             live = hf_engine.read_back(self.model)
-            dtype, attention, sharding, head = (
+            dtype, attention, sharding, head, device = (
                 str(live["param_dtype"]),
                 str(live["attn_implementation"]),
                 "none",
                 str(live["lm_head_dtype"]),
+                str(live["device"]),
             )
         return {
             "training.compute_dtype": dtype,
@@ -409,6 +444,7 @@ class HfTrainingScorer:
             "batch.size": self.batch_size,
             "logp.backend": self.backend_used,
             "launcher": self.launcher,
+            "training.device": device,
         }
 
     def close(self) -> None:
@@ -477,8 +513,9 @@ class TransformersTrainingAdapter(abc.ABC):
         return demand
 
     def rollout_resources(self, binding: RuntimeBinding) -> Mapping[str, float]:
-        """Cluster resources of the rollout side (none: it runs in this process)."""
-        return {}
+        """Cluster resources of the rollout side: it runs in this process; on CUDA it holds
+        one GPU there, declared so that no FSDP rank actor is packed onto it."""
+        return {"GPU": 1.0} if scenario_device(binding) == "cuda" else {}
 
     def cluster_resources(self) -> Mapping[str, float]:
         """The cluster's free resources (connecting to it, or starting it, first), plus what

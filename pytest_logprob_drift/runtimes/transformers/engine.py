@@ -43,11 +43,14 @@ __all__ = [
     "NATIVE_LOGP",
     "REFERENCE_LOGP",
     "SCORER_KEYS",
+    "DeviceUnavailable",
     "LogpFn",
+    "check_device",
     "check_dtype_and_attention",
     "dtype_name",
     "hf_rollout",
     "hf_teacher_forced_score",
+    "live_device",
     "lm_head_at_score",
     "load_model",
     "native_selected_logprob",
@@ -116,10 +119,39 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _model_device(model: Any) -> torch.device:
+def live_device(model: Any) -> torch.device:
+    """The device the live model's parameters are on (``next(model.parameters()).device``);
+    cpu for a model without parameters."""
     for p in model.parameters():
         return torch.device(p.device)
     return torch.device("cpu")
+
+
+class DeviceUnavailable(ValueError):
+    """The requested device does not exist in this torch build or on this machine."""
+
+
+def check_device(device: str) -> torch.device:
+    """``torch.device(device)`` when this process can place a model there; else
+    ``DeviceUnavailable`` naming the device and why (a CPU build of torch, or no visible GPU)."""
+    try:
+        torch_device = torch.device(device)
+    except RuntimeError as exc:
+        raise DeviceUnavailable(f"unknown device {device!r}: {exc}") from None
+    if torch_device.type == "cuda":
+        if torch.version.cuda is None and torch.version.hip is None:
+            raise DeviceUnavailable(
+                f"device {device!r} needs a CUDA build of torch; this is torch "
+                f"{torch.__version__} built without CUDA"
+            )
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable(
+                f"device {device!r}: torch {torch.__version__} sees no CUDA device "
+                "(no GPU visible to this process)"
+            )
+    elif torch_device.type != "cpu":
+        raise DeviceUnavailable(f"device {device!r} is not supported (cpu or cuda)")
+    return torch_device
 
 
 LM_HEAD_DTYPES: Final = ("float32", "compute")
@@ -226,7 +258,7 @@ def load_model(
     have what was asked for (a silent fallback is an error, never a result).
     """
     check_dtype_and_attention(dtype, attn_implementation)
-    torch_device = torch.device(device)
+    torch_device = check_device(device)
     if torch_device.type == "cpu" and attn_implementation == "flex_attention":
         # Measured with torch 2.13 CPU / transformers 5.19: the teacher-forced forward compiles
         # through inductor (~11 s) and the KV-cache decode step fails with a C++ compile error.
@@ -345,7 +377,7 @@ class _Decoding:
 def _rollout_chunk(
     model: Any, prompts: Sequence[Sequence[int]], first_index: int, how: _Decoding
 ) -> list[tuple[list[int], list[float]]]:
-    ids, mask, positions = _left_padded(prompts, how.pad_token_id, _model_device(model))
+    ids, mask, positions = _left_padded(prompts, how.pad_token_id, live_device(model))
     generators = [
         torch.Generator(device="cpu").manual_seed(sample_seed(how.seed, first_index + i))
         for i in range(len(prompts))
@@ -489,7 +521,7 @@ def hf_teacher_forced_score(
     token_ids = batch["token_ids"]
     rows, width = token_ids.shape
     result = torch.zeros((rows, width), dtype=torch.float32)
-    device = _model_device(model)
+    device = live_device(model)
     mode = model.training
     with torch.no_grad():
         for start in range(0, rows, batch_size):

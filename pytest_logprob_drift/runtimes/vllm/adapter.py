@@ -23,6 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.execute.protocol import (
     LogpKernel,
     Materialized,
@@ -54,14 +55,16 @@ IN_PROCESS_ENGINE = "logprob_drift_vllm_engine_in_process"
 """A resource this process offers once: the vLLM engine it may build and drive at a time."""
 
 
-def _int_or_none(value: float | int | None) -> int | None:
-    return None if value is None else int(value)
-
-
 def _model_len(identity: ScoringIdentity) -> int:
     longest = max(len(p) for p in identity.prompts.token_ids)
     need = longest + identity.sampling.max_new_tokens
     return max(MODEL_LEN_QUANTUM, -(-need // MODEL_LEN_QUANTUM) * MODEL_LEN_QUANTUM)
+
+
+UNOBSERVED_SAMPLING = "unobservable: the workers' sampling probe saw no request of this call"
+"""What the side reports for each truncation field when no worker's probe saw the call's
+requests (a model runner the probe does not reach): a value that matches no identity, so the
+case is INVALID_IDENTITY with this reason, never judged on the frontend's values."""
 
 
 def _observed_truncation(
@@ -69,15 +72,14 @@ def _observed_truncation(
 ) -> dict[str, JSONScalar]:
     """The truncation the side reports for identity validation: what the workers' batches
     really took in (``read_back.sampling_applied``; several distinct values read as a
-    ``mixed: ...`` string, which matches no identity), or, when the probe saw no request,
-    the frontend's normalized ``SamplingParams``."""
+    ``mixed: ...`` string, which matches no identity). When the probe saw no request the
+    values are unobservable (``UNOBSERVED_SAMPLING``, naming what the frontend sent), not
+    the frontend's ``SamplingParams``: those are what was asked, not what ran."""
     values = list(observed.get("values") or [])
     if not observed.get("observed") or not values:
-        return applied_sampling(
-            top_p=frontend.get("top_p"),
-            top_k=_int_or_none(frontend.get("top_k")),
-            min_p=frontend.get("min_p"),
-        )
+        sent = json.dumps(dict(frontend), sort_keys=True)
+        text = f"{UNOBSERVED_SAMPLING} (the frontend sent {sent})"
+        return {"sampling_top_p": text, "sampling_top_k": text, "sampling_min_p": text}
     if len(values) > 1:
         mixed = f"mixed: {json.dumps(values, sort_keys=True)}"
         return {"sampling_top_p": mixed, "sampling_top_k": mixed, "sampling_min_p": mixed}
@@ -87,6 +89,14 @@ def _observed_truncation(
         top_k=int(v["top_k"]) if int(v["top_k"]) > 0 else None,
         min_p=float(v["min_p"]) if float(v["min_p"]) > 0.0 else None,
     )
+
+
+def vllm_platform_is_cpu() -> bool:
+    """Whether the installed vLLM build runs on its CPU platform (imports vLLM once)."""
+    prepare_vllm_logging()
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 class VllmRollout:
@@ -119,10 +129,16 @@ class VllmRollout:
             full_vocabulary=binding.full_vocabulary is not None,
             distributed_executor_backend="ray" if launcher == "ray" else None,
             ray_address=ray_address,
+            device=str(binding.scorer["device"]),
         )
         self.launcher = launcher
         self.full_vocabulary = spec.full_vocabulary
-        self.engine = self.build_engine(spec)
+        from pytest_logprob_drift.runtimes.vllm.engine import PlatformMismatch
+
+        try:
+            self.engine = self.build_engine(spec)
+        except PlatformMismatch as exc:
+            raise UsageError(f"scenario.device: {exc}") from None
         self.batch_size = 0
         self.backend_used = ""
         self.sampling_observed: dict[str, Any] = {"observed": False, "values": []}
@@ -188,6 +204,7 @@ class VllmRollout:
             ),
             # The sampling parameters the last call's requests ran with in the workers.
             "vllm.sampling_applied": json.dumps(self.sampling_observed, sort_keys=True),
+            "rollout.device": str(live["platform"]),
             "launcher": self.launcher,
             "vllm.executor_requested": self.engine.executor_requested,
             "vllm.executor_reason": self.engine.executor_reason,
@@ -211,11 +228,13 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         if path == "rollout.dtype":
             return applied(value, "vllm.LLM(dtype=...)")
         if path == "rollout.tensor_parallel_size":
-            return applied(
-                value,
-                "vllm.LLM(tensor_parallel_size=...); CPU threads bound per "
-                "rank by VLLM_CPU_OMP_THREADS_BIND",
-            )
+            if vllm_platform_is_cpu():
+                return applied(
+                    value,
+                    "vllm.LLM(tensor_parallel_size=...); CPU threads bound per "
+                    "rank by VLLM_CPU_OMP_THREADS_BIND",
+                )
+            return applied(value, "vllm.LLM(tensor_parallel_size=...); one GPU per rank")
         if path == "rollout.enable_prefix_caching":
             return applied(value, "vllm.LLM(enable_prefix_caching=...)")
         if path == "rollout.enforce_eager":
@@ -250,7 +269,14 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         if path == "rollout.context_parallel_size":
             if value == 1:
                 return applied(value, "no context parallelism")
-            return unsupported(path, value, "the vLLM CPU platform has no context parallelism")
+            if vllm_platform_is_cpu():
+                return unsupported(path, value, "the vLLM CPU platform has no context parallelism")
+            return unsupported(
+                path,
+                value,
+                "the engine spec sets no context parallelism (vLLM's "
+                "decode_context_parallel_size is not wired to this knob)",
+            )
         if path == "logp.backend":
             if value == "native":
                 return applied(
@@ -267,13 +293,17 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         return unsupported(path, value, "no vLLM setting for it")
 
     def rollout_resources(self, binding: RuntimeBinding) -> Mapping[str, float]:
-        """vLLM's Ray executor holds one GPU per TP worker. Every engine is also built and
+        """vLLM's Ray executor holds one GPU per TP worker; with TP 1 on CUDA the engine holds
+        one GPU in this process, declared too so that no rank actor is packed onto it. Every
+        engine is also built and
         driven from this process (its construction patches this process's environment and
         output), so at most one engine group with a vLLM engine runs at a time
         (``IN_PROCESS_ENGINE``)."""
         tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
         demand = {IN_PROCESS_ENGINE: 1.0}
-        if self.launch.is_ray and tp > 1 and str(binding.scorer["device"]) == "cuda":
+        if self.launch.is_ray and str(binding.scorer["device"]) == "cuda":
+            # TP > 1: one GPU per Ray worker; TP 1: the engine runs in this process, on a GPU
+            # Ray must not hand to a rank actor as well.
             demand["GPU"] = float(tp)
         return demand
 

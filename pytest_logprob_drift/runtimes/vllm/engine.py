@@ -34,6 +34,13 @@ from typing import TYPE_CHECKING, Any, Final
 from pytest_logprob_drift.records import MaskPolicy
 from pytest_logprob_drift.runtimes.vllm import read_back as _read_back
 from pytest_logprob_drift.runtimes.vllm.logs import engine_output, prepare_vllm_logging
+from pytest_logprob_drift.runtimes.vllm.platform import (
+    ENGINES_PER_DEVICE,
+    SCENARIO_DEVICES,
+    gpu_memory_utilization,
+    platform_device,
+    platform_refusal,
+)
 from pytest_logprob_drift.runtimes.vllm.processes import (
     construction_env,
     engine_process_ids,
@@ -50,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DTYPES",
     "LOGPROBS_MODE",
+    "PlatformMismatch",
     "VllmEngineSpec",
     "VllmRolloutEngine",
     "executor_backend",
@@ -95,6 +103,13 @@ class VllmEngineSpec:
     logprobs_mode: str = LOGPROBS_MODE
     full_vocabulary: bool = False
     """Built with ``max_logprobs=-1``, so that a request may ask for every token's logprob."""
+    device: str = "cpu"
+    """The scenario device the engine must run on; a vLLM platform that is another device is
+    refused before anything is built (``platform.platform_refusal``)."""
+    gpu_memory_utilization: float | None = None
+    """On a GPU platform: the fraction of the device this engine may take (vLLM's start-up
+    check wants it free); None: ``platform.gpu_memory_utilization`` for one pooled engine.
+    Not passed on CPU, where ``kv_cache_memory_bytes`` sizes the cache."""
     distributed_executor_backend: str | None = None
     """``"ray"``: vLLM's Ray executor for TP > 1 (where the platform has one, see
     ``executor_backend``); ``None``: vLLM's default (``mp`` for TP > 1, ``uni`` for TP 1)."""
@@ -116,6 +131,10 @@ class VllmEngineSpec:
             raise ValueError(f"model_dir {self.model_dir!r} is not a directory")
         if self.distributed_executor_backend not in (None, "ray"):
             raise ValueError("distributed_executor_backend must be None or 'ray'")
+        if self.device not in SCENARIO_DEVICES:
+            raise ValueError(f"device must be one of {', '.join(SCENARIO_DEVICES)}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
 
 
 def executor_backend(spec: VllmEngineSpec, ray_device_key: str) -> tuple[str | None, str]:
@@ -137,6 +156,22 @@ def executor_backend(spec: VllmEngineSpec, ray_device_key: str) -> tuple[str | N
             "does not support its CPU platform): multiprocessing executor"
         )
     return "ray", f"vLLM's Ray executor (one {ray_device_key} bundle per TP worker)"
+
+
+class PlatformMismatch(ValueError):
+    """The vLLM platform this build detected is not the scenario device (nothing was built)."""
+
+
+def device_kwargs(spec: VllmEngineSpec, is_cpu: bool) -> dict[str, Any]:
+    """The memory arguments of ``vllm.LLM`` on this platform: on a GPU the fraction of the
+    device this engine may take (vLLM refuses to start unless that much is free), on CPU
+    none (``kv_cache_memory_bytes`` alone sizes the cache)."""
+    if is_cpu:
+        return {}
+    share = spec.gpu_memory_utilization
+    if share is None:
+        share = gpu_memory_utilization(engines_sharing=ENGINES_PER_DEVICE)
+    return {"gpu_memory_utilization": share}
 
 
 def request_seed(seed: int, sample_index: int) -> int:
@@ -200,7 +235,12 @@ class VllmRolloutEngine:
         self.spec = spec
         self._handle = _EngineHandle()
         self._finalizer = weakref.finalize(self, _shutdown, self._handle)
+        refusal = platform_refusal(spec.device, current_platform)
+        if refusal is not None:
+            self._finalizer.detach()
+            raise PlatformMismatch(refusal)
         self._is_cpu = bool(current_platform.is_cpu())
+        self.platform = platform_device(current_platform)
         self.applied_sampling: dict[str, float | int | None] = {}
         executor, self.executor_reason = executor_backend(
             spec, str(getattr(current_platform, "ray_device_key", "") or "")
@@ -233,6 +273,7 @@ class VllmRolloutEngine:
                     logprobs_mode=spec.logprobs_mode,
                     worker_extension_cls=WORKER_EXTENSION,
                     max_logprobs=-1 if spec.full_vocabulary else VLLM_MAX_LOGPROBS,
+                    **device_kwargs(spec, self._is_cpu),
                     **executor_kwargs,
                 )
                 self._handle.llm = llm
@@ -277,6 +318,7 @@ class VllmRolloutEngine:
         return _read_back.read_back(
             self._live(),
             is_cpu=self._is_cpu,
+            platform=self.platform,
             process_ids=self.engine_process_ids(),
             construction_env=self.construction_env,
             amx_enabled=self.amx_enabled,

@@ -26,6 +26,7 @@ __all__ = [
     "attention_backend",
     "context_parallel_size",
     "lm_head_dtype",
+    "model_runner",
     "read_back",
     "sampling_applied",
     "sampling_seen",
@@ -89,11 +90,19 @@ def lm_head_dtype(reports: Sequence[Mapping[str, Any]]) -> str:
     return ",".join(dtypes) if dtypes else "unknown"
 
 
+def model_runner(reports: Sequence[Mapping[str, Any]]) -> str:
+    """The model runner (``v1``, ``v2``) the workers drive, joined if they differ; ``unknown``
+    when no worker reported one."""
+    runners = sorted({str(r["model_runner"]) for r in reports if "model_runner" in r})
+    return ",".join(runners) if runners else "unknown"
+
+
 def sampling_seen(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The sampling parameters of the requests the workers' input batches took in so far,
+    """The sampling parameters of the requests the workers' model runners took in so far,
     with their counts (``DriftWorkerExtension.model_report``; every tensor-parallel worker
     takes in every request, so the first worker's list is the engine's). Empty when no worker
-    runs the probe."""
+    runs a probe on the model runner it drives (``sampling_probe``): the adapter then
+    reports the call's sampling unobservable."""
     for report in reports:
         seen = report.get("sampling_seen")
         if report.get("sampling_probe") and isinstance(seen, list):
@@ -152,14 +161,17 @@ def read_back(
     llm: LLM,
     *,
     is_cpu: bool,
+    platform: str,
     process_ids: Mapping[str, Sequence[int]],
     construction_env: Mapping[str, str | None],
     amx_enabled: Sequence[bool],
 ) -> dict[str, object]:
     """What the live engine really runs, read from vLLM's own objects (never the spec).
 
-    ``process_ids`` (``engine_core`` and ``workers``), ``construction_env`` and
-    ``amx_enabled`` are what the engine observed itself; they are recorded as given.
+    ``platform`` (the platform's device type), ``process_ids`` (``engine_core`` and
+    ``workers``), ``construction_env`` and ``amx_enabled`` are what the engine observed
+    itself; they are recorded as given (``worker_amx_enabled`` on the CPU platform only: AMX
+    is a CPU attention matter, and GPU workers never request it).
     """
     import vllm
 
@@ -169,7 +181,7 @@ def read_back(
     reports = worker_reports(llm)
     return {
         "vllm_version": str(vllm.__version__),
-        "platform": "cpu" if is_cpu else "gpu",
+        "platform": platform,
         "model": str(model.model),
         "dtype": str(model.dtype).removeprefix("torch."),
         "max_model_len": int(model.max_model_len),
@@ -191,8 +203,13 @@ def read_back(
         "vocab_layout": vocab_layout(reports),
         "lm_head_dtype": lm_head_dtype(reports),
         "sampling_seen": sampling_seen(reports),
+        "model_runner": model_runner(reports),
         "num_engine_core_processes": len(process_ids["engine_core"]),
         "num_worker_processes": len(process_ids["workers"]),
         "construction_env": dict(construction_env),
-        "worker_amx_enabled": list(amx_enabled),
+        **(
+            {"worker_amx_enabled": list(amx_enabled)}
+            if is_cpu
+            else {"gpu_memory_utilization": float(cache.gpu_memory_utilization)}
+        ),
     }

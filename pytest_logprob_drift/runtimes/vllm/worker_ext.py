@@ -10,8 +10,10 @@ first (measured here: bf16 workers died with exit code -4 in 2 of 4 engine start
 vLLM's own layer objects: the attention implementation class of every attention layer and the
 vocabulary shard (sizes and ``shard_indices``) of the embedding and the LM head, the LM head
 weight's dtype, and the sampling parameters (temperature, top_p, top_k, min_p) of every request
-the worker's input batch took in, counted by a probe on vLLM's ``InputBatch.add_request``: what
-the running engine applied, which ``RequestOutput`` does not carry.
+the worker's model runner took in, counted by a probe on where each runner takes them in (V1:
+``InputBatch.add_request``; V2, CUDA's default: ``Sampler.add_request``): what the running
+engine applied, which ``RequestOutput`` does not carry. A probe that saw nothing is reported
+as such; the adapter then reports the values unobservable, never the frontend's.
 
 Knows nothing about cases, knobs, scoring, how the report is summarised, or the engine's
 processes; imported only inside vLLM worker processes, where vLLM and torch are loaded.
@@ -30,45 +32,90 @@ _SAMPLING_SEEN: Counter[tuple[float, float, int, float]] = Counter()
 how often; never reset, so a caller compares two reports to see one call's requests."""
 
 
-def _install_sampling_probe() -> bool:
-    """Wrap vLLM's ``InputBatch.add_request`` in this worker process (once) so that the
-    sampling parameters of each request entering the batch are counted in ``_SAMPLING_SEEN``:
-    the values the sampler and the min_p logits processor (``MinPLogitsProcessor``, fed from
-    the same ``request.sampling_params``) apply. Changes nothing the request does."""
-    from vllm.v1.worker import gpu_input_batch
+def _count(params: Any) -> None:
+    """Count one request's sampling parameters in ``_SAMPLING_SEEN``."""
+    if params is not None:
+        key = (
+            float(params.temperature),
+            float(params.top_p),
+            int(params.top_k),
+            float(params.min_p),
+        )
+        _SAMPLING_SEEN[key] += 1
 
-    batch_type: Any = gpu_input_batch.InputBatch
-    if getattr(batch_type.add_request, "_drift_probe", False):
-        return True
-    original = batch_type.add_request
 
-    def add_request(self: Any, request: Any) -> Any:
-        params = getattr(request, "sampling_params", None)
-        if params is not None:
-            key = (
-                float(params.temperature),
-                float(params.top_p),
-                int(params.top_k),
-                float(params.min_p),
-            )
-            _SAMPLING_SEEN[key] += 1
-        return original(self, request)
+def _wrap(owner: Any, name: str, params_of: Any) -> None:
+    """Wrap ``owner.name`` (once) so that the sampling parameters ``params_of(args)`` finds
+    in each call are counted; the call itself is unchanged."""
+    original = getattr(owner, name)
+    if getattr(original, "_drift_probe", False):
+        return
 
-    add_request._drift_probe = True  # type: ignore[attr-defined]
-    batch_type.add_request = add_request
-    return True
+    def probe(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _count(params_of(args, kwargs))
+        return original(self, *args, **kwargs)
+
+    probe._drift_probe = True  # type: ignore[attr-defined]
+    setattr(owner, name, probe)
+
+
+def _v1_params(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """V1's ``InputBatch.add_request(request)``: the request's ``sampling_params``."""
+    request = args[0] if args else kwargs.get("request")
+    return getattr(request, "sampling_params", None)
+
+
+def _v2_params(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """V2's ``Sampler.add_request(req_idx, sampling_params)``."""
+    return args[1] if len(args) > 1 else kwargs.get("sampling_params")
+
+
+def _install_sampling_probe() -> tuple[str, ...]:
+    """Wrap, in this worker process (once each), where each model runner takes a request's
+    sampling parameters in, so that they are counted in ``_SAMPLING_SEEN``; returns the
+    runners probed (``v1``, ``v2``). Model runner V1 (the CPU worker, and CUDA with
+    ``VLLM_USE_V2_MODEL_RUNNER=0``): ``vllm.v1.worker.gpu_input_batch.InputBatch.add_request``,
+    whose ``request.sampling_params`` feed the sampler and the min_p logits processor. Model
+    runner V2 (vLLM 0.32's default on CUDA): ``GPUModelRunner.add_requests`` hands each new
+    request's ``sampling_params`` to ``vllm.v1.worker.gpu.sample.sampler.Sampler.add_request``
+    (its sampling states, min_p included). Changes nothing the request does."""
+    probed: list[str] = []
+    try:
+        from vllm.v1.worker import gpu_input_batch
+
+        _wrap(gpu_input_batch.InputBatch, "add_request", _v1_params)
+        probed.append("v1")
+    except ImportError:
+        pass
+    try:
+        from vllm.v1.worker.gpu.sample import sampler as v2_sampler
+
+        _wrap(v2_sampler.Sampler, "add_request", _v2_params)
+        probed.append("v2")
+    except ImportError:
+        pass
+    return tuple(probed)
+
+
+def model_runner(worker: Any) -> str:
+    """Which model runner this worker drives: ``v2`` when vLLM chose model runner V2
+    (``use_v2_model_runner``; the CPU worker always runs V1), else ``v1``."""
+    return "v2" if bool(getattr(worker, "use_v2_model_runner", False)) else "v1"
 
 
 class DriftWorkerExtension:
     """Methods vLLM adds to each worker (called by name through ``collective_rpc``)."""
 
     def enable_amx(self) -> bool:
-        """Called in every worker before any request: AMX permission (and, as the one
-        per-worker set-up call, the sampling probe)."""
+        """Called in every worker before any request, as the one per-worker set-up call: the
+        sampling probes, then (on the CPU platform only: AMX is a CPU attention matter) AMX
+        permission. False on other platforms and where the CPU has no AMX tiles."""
         import torch
+        from vllm.platforms import current_platform
 
         _install_sampling_probe()
-
+        if not current_platform.is_cpu():
+            return False
         if not torch.cpu._is_amx_tile_supported():
             return False
         return bool(torch.cpu._init_amx())
@@ -117,8 +164,11 @@ class DriftWorkerExtension:
         )
         weight = getattr(head, "weight", None)
         head_dtype = str(weight.dtype).removeprefix("torch.") if weight is not None else "none"
+        probed = _install_sampling_probe()
         return {
-            "sampling_probe": _install_sampling_probe(),
+            "sampling_probe": model_runner(worker) in probed,
+            "model_runner": model_runner(worker),
+            "sampling_probes": list(probed),
             "sampling_seen": [
                 {"temperature": t, "top_p": p, "top_k": k, "min_p": m, "requests": n}
                 for (t, p, k, m), n in sorted(_SAMPLING_SEEN.items())
