@@ -26,11 +26,14 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "CUDA_MEMORY_FRACTION",
     "DEFAULT_CHUNK_SIZE",
     "DIVERGENCE_FIELDS",
     "Contributors",
     "Divergence",
+    "block_rows",
     "full_vocab_divergence",
+    "memory_target",
     "top_contributors",
     "worst_rows",
 ]
@@ -41,7 +44,11 @@ _INPUT_BLOCK_BYTES = 8 << 20
 """Bytes of one row block's inputs and float32 exponentials (both sides) on CPU: pass 2
 re-reads them from cache, not DRAM."""
 _CUDA_BLOCK_BYTES = 256 << 20
-"""The same on CUDA, where kernel launches and host syncs, not caches, set the block size."""
+"""The most one row block's work buffers take on a GPU (kernel launches and host syncs, not
+caches, set the block size there: the larger the block, the fewer launches)."""
+CUDA_MEMORY_FRACTION = 16
+"""On a GPU the work buffers stay within a sixteenth of one float32 ``[N, V]`` copy: the
+memory target of the benchmarks (naive log-softmax's extra memory / 16)."""
 _FLT_MAX = torch.finfo(torch.float32).max
 
 DIVERGENCE_FIELDS = (
@@ -104,9 +111,27 @@ def _exp_rows(x: Tensor, e: Tensor, width: int) -> tuple[Tensor, Tensor]:
     return m.double() + torch.log(total), m.double()
 
 
-def _block_rows(vocab: int, bytes_per_column: int, device: torch.device) -> int:
-    budget = _CUDA_BLOCK_BYTES if device.type == "cuda" else _INPUT_BLOCK_BYTES
-    return max(1, budget // max(1, vocab * bytes_per_column))
+def memory_target(*, rows: int, vocab: int, device_type: str) -> int:
+    """Bytes one call's row-block buffers may take on ``device_type``: on CPU the cache-sized
+    block (inputs included, ``_INPUT_BLOCK_BYTES``); elsewhere a sixteenth of one float32
+    ``[rows, V]`` copy (``CUDA_MEMORY_FRACTION``), at most ``_CUDA_BLOCK_BYTES``."""
+    if device_type == "cpu":
+        return _INPUT_BLOCK_BYTES
+    return min(_CUDA_BLOCK_BYTES, rows * vocab * 4 // CUDA_MEMORY_FRACTION)
+
+
+def block_rows(*, rows: int, vocab: int, width: int, input_bytes: int, device_type: str) -> int:
+    """Rows of one block of ``full_vocab_divergence``: as many as the device's memory target
+    (``memory_target``) holds, between 1 and ``rows``. Per row a block holds, on CPU, both
+    sides' inputs (``input_bytes``: the two element sizes) and float32 exponentials over the
+    vocabulary (the cache-resident working set); elsewhere its allocations: the two float32
+    ``[b, V]`` exponentials and four float32 ``[b, width]`` tiles."""
+    target = memory_target(rows=rows, vocab=vocab, device_type=device_type)
+    if device_type == "cpu":
+        per_row = vocab * (input_bytes + 8)
+    else:
+        per_row = 8 * vocab + 16 * width
+    return max(1, min(rows, target // max(1, per_row)))
 
 
 def full_vocab_divergence(
@@ -134,8 +159,13 @@ def full_vocab_divergence(
             t.fill_(math.nan)
         return Divergence(**out)
     width = min(chunk_size, vocab)
-    column = rollout.element_size() + training.element_size() + 8
-    block = min(n, _block_rows(vocab, column, device))
+    block = block_rows(
+        rows=n,
+        vocab=vocab,
+        width=width,
+        input_bytes=rollout.element_size() + training.element_size(),
+        device_type=device.type,
+    )
     with torch.no_grad():
         buffers = _Buffers(
             e_x=torch.empty((block, vocab), dtype=torch.float32, device=device),
