@@ -2,15 +2,20 @@
 
 Owns the performance and memory targets of the production backends (see ``TARGETS`` below)
 and how they are measured; knows nothing of the drift framework. Every (dtype, method) pair
-runs in a fresh subprocess that builds the same deterministic inputs block by block, records
-its resident-set baseline, resets the high-water mark (``/proc/self/clear_refs``), runs one
-warm-up and ``--repeats`` timed calls (best reported) and reports the peak RSS above the
-baseline. Accuracy is max |diff| against a float64 reference of the same (already rounded)
-inputs, computed in row blocks so it never needs a float64 [tokens, V] tensor.
+runs in a fresh subprocess that builds the same deterministic inputs block by block and puts
+them on ``--device`` (default: cuda when torch sees a GPU, else cpu), records its memory
+baseline, runs one warm-up and ``--repeats`` timed calls (best reported; on cuda each call is
+bracketed by ``torch.cuda.synchronize``) and reports the peak memory above the baseline: on
+cuda ``torch.cuda.max_memory_allocated`` (after ``reset_peak_memory_stats``), on cpu the
+resident-set high-water mark (reset through ``/proc/self/clear_refs``). Accuracy is max |diff|
+against a float64 reference of the same (already rounded) inputs, computed on the device in row
+blocks so it never needs a float64 [tokens, V] tensor. The vocabulary-parallel run uses NCCL
+on cuda (two GPUs, one per rank) and gloo on cpu.
 
 Usage:
     python benchmarks/bench_selected_logprob.py                      # N=4096, V=151,936
     python benchmarks/bench_selected_logprob.py --tokens 256 --vocab 32000   # quick run
+    python benchmarks/bench_selected_logprob.py --device cpu         # the CPU on a GPU machine
 
 Exits 1 when a target is missed.
 """
@@ -80,7 +85,7 @@ def make_inputs(
 
 
 def float64_reference(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(token_ids.shape, dtype=torch.float64)
+    out = torch.empty(token_ids.shape, dtype=torch.float64, device=logits.device)
     for r0 in range(0, logits.shape[0], 64):
         block = torch.log_softmax(logits[r0 : r0 + 64].double(), dim=-1)
         out[r0 : r0 + 64] = block.gather(-1, token_ids[r0 : r0 + 64, None])[:, 0]
@@ -105,6 +110,43 @@ def _reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued kernels (a no-op on cpu), so a wall time covers them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PeakMemory:
+    """Peak memory above the baseline taken at ``start``: the CUDA caching allocator's
+    ``max_memory_allocated`` on cuda, the process's RSS high-water mark on cpu."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.exact = True
+        self.baseline = 0
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline = torch.cuda.memory_allocated(self.device)
+            return
+        self.baseline = _status_kib("VmRSS") * 1024
+        self.exact = _reset_peak()
+        if not self.exact:
+            self.baseline = _status_kib("VmHWM") * 1024
+
+    def extra_kib(self) -> int:
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            return (torch.cuda.max_memory_allocated(self.device) - self.baseline) // 1024
+        return _status_kib("VmHWM") - self.baseline // 1024
 
 
 # --------------------------------------------------------------------------- worker
@@ -151,31 +193,35 @@ def wait_for_quiet(max_wait_s: float, idle_fraction: float = 0.9) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> None:
+    device = torch.device(args.device)
     logits, token_ids = make_inputs(args.tokens, args.vocab, DTYPES[args.dtype], args.seed)
+    logits, token_ids = logits.to(device), token_ids.to(device)
     if args.worker == "float64":
-        torch.save(float64_reference(logits, token_ids), args.out)
+        torch.save(float64_reference(logits, token_ids).cpu(), args.out)
         return
     fn = _method(args.worker)
     result: torch.Tensor | None = fn(logits, token_ids)  # warm-up: code, threads, arenas
+    synchronize(device)
     result = None
-    baseline_kib = _status_kib("VmRSS")
-    exact_peak = _reset_peak()
-    if not exact_peak:
-        baseline_kib = _status_kib("VmHWM")
+    memory = PeakMemory(device)
+    memory.start()
     hz = os.sysconf("SC_CLK_TCK")
     timings: list[tuple[float, float]] = []  # (wall seconds, other processes' load in cores)
     for _ in range(args.repeats):
         result = None  # free the previous output before the next call
         wait_for_quiet(args.quiet_wait)
         jiffies, cpu = _cpu_jiffies(), time.process_time()
+        synchronize(device)
         start = time.perf_counter()
         result = fn(logits, token_ids)
+        synchronize(device)
         wall = time.perf_counter() - start
         after = _cpu_jiffies()
         busy = ((after[0] - jiffies[0]) - (after[1] - jiffies[1])) / hz
         timings.append((wall, max(0.0, busy - (time.process_time() - cpu)) / wall))
-    peak_kib = _status_kib("VmHWM") - baseline_kib
-    torch.save(result, args.out)
+    peak_kib = memory.extra_kib()
+    assert result is not None
+    torch.save(result.cpu(), args.out)
     best = min(timings)
     print(
         json.dumps(
@@ -184,7 +230,8 @@ def run_worker(args: argparse.Namespace) -> None:
                 "other_load": best[1],
                 "times": timings,
                 "peak_extra_kib": peak_kib,
-                "exact_peak": exact_peak,
+                "exact_peak": memory.exact,
+                "device": str(device),
             }
         )
     )
@@ -202,8 +249,11 @@ def _vp_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
     )
 
     torch.set_num_threads(1)
+    device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     dist.init_process_group(
-        "gloo",
+        "nccl" if device.type == "cuda" else "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
@@ -214,15 +264,19 @@ def _vp_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
         local, token_ids = make_inputs(
             args.tokens, args.vocab, torch.float32, args.seed, columns=(start, end)
         )
+        local, token_ids = local.to(device), token_ids.to(device)
         dist.barrier()
+        synchronize(device)
         began = time.perf_counter()
         result = vocab_parallel_selected_logprob(local, token_ids, vocab_start=start)
+        synchronize(device)
         elapsed = time.perf_counter() - began
         if rank == 0:
             torch.save(
                 {
-                    "result": result,
+                    "result": result.cpu(),
                     "seconds": elapsed,
+                    "backend": str(dist.get_backend()),
                     "shards": [shard_vocab(args.vocab, world, r) for r in range(world)],
                 },
                 out,
@@ -263,6 +317,8 @@ def _subprocess(args: argparse.Namespace, worker: str, dtype: str, out: str) -> 
         str(args.repeats),
         "--quiet-wait",
         str(args.quiet_wait),
+        "--device",
+        args.device,
     ]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -282,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
         help="max seconds to wait for an idle machine before each timed call",
     )
     parser.add_argument("--skip-vocab-parallel", action="store_true")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=default_device(),
+        help="where inputs live and kernels run (default: cuda when torch sees a GPU)",
+    )
     parser.add_argument("--worker", choices=[*METHODS, "float64"], help=argparse.SUPPRESS)
     parser.add_argument("--dtype", choices=sorted(DTYPES), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -306,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows[(dtype, method)] = stats
                 print(f"  measured {dtype:8s} {method:9s} {stats['best_s']:.3f}s", file=sys.stderr)
         vp: dict[str, Any] | None = None
+        if args.device == "cuda" and torch.cuda.device_count() < 2 and not args.skip_vocab_parallel:
+            print("  vocab_parallel skipped: NCCL with 2 ranks needs 2 GPUs", file=sys.stderr)
+            args.skip_vocab_parallel = True
         if not args.skip_vocab_parallel:
             vp_path = os.path.join(tmp, "vocab-parallel.pt")
             run_vocab_parallel(args, vp_path)
@@ -314,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"\nselected_logprob, N={args.tokens} tokens, V={args.vocab}, "
-        f"logits {LOGIT_SCALE}*N(0,1); {torch.get_num_threads()} threads; warm best of "
+        f"logits {LOGIT_SCALE}*N(0,1); device {args.device}; {torch.get_num_threads()} threads; "
+        "warm best of "
         f"{args.repeats}; other load = other processes' CPU use (cores) during the best call\n"
     )
     print(
@@ -331,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if vp is not None:
         print(
-            f"\nvocab_parallel (2 gloo ranks, 1 thread each, shards {vp['shards']}, float32): "
+            f"\nvocab_parallel (2 {vp['backend']} ranks, 1 thread each, shards {vp['shards']}, "
+            "float32): "
             f"max abs diff vs fp64 {vp['max_diff']:.2e}, rank-0 wall {vp['seconds']:.3f} s"
         )
 

@@ -81,9 +81,11 @@ def materialize_training(path: str, value: KnobValue) -> Materialized | None:
     if path == "training.compute_dtype":
         return applied(value, "from_pretrained(dtype=...) for the training model")
     if path == "training.attention_backend":
-        if value in hf_engine.ATTN_IMPLEMENTATIONS:
-            return applied(value, "from_pretrained(attn_implementation=...)")
-        return unsupported(path, value, "not available on this device/build")
+        if value not in hf_engine.ATTN_IMPLEMENTATIONS:
+            return unsupported(path, value, "not available on this device/build")
+        if (why := hf_engine.attention_unavailable(str(value))) is not None:
+            return unsupported(path, value, why)
+        return applied(value, "from_pretrained(attn_implementation=...)")
     if path == "training.sharding":
         if value == "none":
             return applied(value, "one unsharded model in this process")

@@ -15,6 +15,7 @@ and never downloads anything (models load with ``local_files_only=True``).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ __all__ = [
     "SCORER_KEYS",
     "DeviceUnavailable",
     "LogpFn",
+    "attention_unavailable",
     "check_device",
     "check_dtype_and_attention",
     "dtype_name",
@@ -68,7 +70,10 @@ DTYPES: Final[Mapping[str, torch.dtype]] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-ATTN_IMPLEMENTATIONS: Final = ("eager", "sdpa", "flex_attention")
+ATTN_IMPLEMENTATIONS: Final = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+"""What ``load_model`` may be asked for; ``attention_unavailable`` says which of them cannot
+apply in this environment (``flash_attention_2`` needs the ``flash_attn`` package and cuda)."""
+FLASH_ATTN_PACKAGE: Final = "flash_attn"
 LOGPROBS_MODE: Final = "raw_logprobs"
 """What the rollout reports by default: logprobs of the raw logits (before temperature), as vLLM
 names it."""
@@ -182,6 +187,22 @@ def read_back(model: Any) -> dict[str, object]:
     }
 
 
+def attention_unavailable(attn_implementation: str, device: str | None = None) -> str | None:
+    """Why this attention implementation cannot apply here (None: it can). ``flash_attention_2``
+    needs the ``flash_attn`` package, which no extra of this project installs (looked up
+    without importing it), and a cuda device; ``flex_attention`` does not run on cpu (see
+    ``load_model``). ``device`` None: only what does not depend on the device."""
+    if attn_implementation == "flash_attention_2":
+        if importlib.util.find_spec(FLASH_ATTN_PACKAGE) is None:
+            return (
+                "flash-attn is not installed here (transformers' flash_attention_2 needs the "
+                "flash_attn package; no extra of this project installs it)"
+            )
+        if device is not None and torch.device(device).type != "cuda":
+            return f"flash_attention_2 needs a cuda device, not {device!r}"
+    return None
+
+
 def check_dtype_and_attention(dtype: str, attn_implementation: str) -> None:
     """Raise ValueError naming the value unless both are ones this module can load."""
     if dtype not in DTYPES:
@@ -259,6 +280,8 @@ def load_model(
     """
     check_dtype_and_attention(dtype, attn_implementation)
     torch_device = check_device(device)
+    if (why := attention_unavailable(attn_implementation, device)) is not None:
+        raise ValueError(f"unsupported attn_implementation {attn_implementation!r}: {why}")
     if torch_device.type == "cpu" and attn_implementation == "flex_attention":
         # Measured with torch 2.13 CPU / transformers 5.19: the teacher-forced forward compiles
         # through inductor (~11 s) and the KV-cache decode step fails with a C++ compile error.
