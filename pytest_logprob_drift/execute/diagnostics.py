@@ -69,7 +69,14 @@ def full_vocabulary(
     entries = sealed_diagnostics(
         tensors, training.logprobs, rollout.tensors["logprobs"], active.cpu()
     )
+    if rollout.sampler is not None:  # execution evidence: which sampler is reproduced, vs what
+        entries["semantic_offset"]["reproduces"] = reproduction_statement(rollout.sampler)
     return CaseDiagnostics(tensors=tensors, entries=entries)
+
+
+def reproduction_statement(sampler: str) -> str:
+    """What the semantic-offset diagnostic reproduces, against the rollout's own sampler."""
+    return f"numerics.sampling (vLLM's CPU sampler's rules); the rollout sampled with {sampler}"
 
 
 def _unavailable(reason: str) -> CaseDiagnostics:

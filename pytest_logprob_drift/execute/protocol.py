@@ -133,6 +133,9 @@ class RolloutOutput:
     dtype, ``-inf`` outside a truncated support) of the distribution each reported logprob was
     taken from, one row per active position in row-major order of ``active_mask``; None when
     not asked for or not available. Never sealed."""
+    sampler: str | None = None
+    """Which sampler drew the tokens on this platform, as the semantic-offset diagnostic
+    states it against its own reproduction (None: the runtime does not say)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -213,9 +213,14 @@ class SemanticOffsetSummary:
     truncated_positions: int
     tolerance: float
     message: str
+    reproduces: str | None = None
+    """Optional (absent from comparisons written before it): which sampler the processed
+    distributions were recomputed as (``numerics.sampling``: vLLM's CPU sampler's rules)
+    against the sampler the rollout ran on its platform. Execution evidence, not part of what
+    ``verify`` recomputes from the sealed tensors."""
 
     def to_json(self) -> dict[str, JSONScalar]:
-        return {
+        out: dict[str, JSONScalar] = {
             "fires": self.fires,
             "explanation": self.explanation,
             "explained_fraction": self.explained_fraction,
@@ -223,6 +228,9 @@ class SemanticOffsetSummary:
             "tolerance": self.tolerance,
             "message": self.message,
         }
+        if self.reproduces is not None:
+            out["reproduces"] = self.reproduces
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -515,9 +523,11 @@ def _semantic_offset(value: object, path: str) -> SemanticOffsetSummary:
         "tolerance",
         "message",
     )
-    document = _object(value, path, keys)
+    document = _object(value, path, keys, optional=("reproduces",))
     explanation = document["explanation"]
+    reproduces = "reproduces" in document
     return SemanticOffsetSummary(
+        reproduces=_string(document["reproduces"], f"{path}.reproduces") if reproduces else None,
         fires=_boolean(document["fires"], f"{path}.fires"),
         explanation=None if explanation is None else _string(explanation, f"{path}.explanation"),
         explained_fraction=_number(document["explained_fraction"], f"{path}.explained_fraction"),

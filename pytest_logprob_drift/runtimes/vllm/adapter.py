@@ -43,6 +43,7 @@ from pytest_logprob_drift.runtimes.transformers.adapter import (
     unsupported,
 )
 from pytest_logprob_drift.runtimes.vllm.logs import prepare_vllm_logging
+from pytest_logprob_drift.runtimes.vllm.platform import rollout_sampler
 from pytest_logprob_drift.runtimes.vllm.read_back import sampling_applied
 
 if TYPE_CHECKING:
@@ -174,12 +175,17 @@ class VllmRollout:
             min_p=sampling.min_p,
             steps=steps,
         )
-        self.sampling_observed = sampling_applied(before, self._sampling_seen())
+        live = self.engine.read_back()
+        seen = live.get("sampling_seen")
+        self.sampling_observed = sampling_applied(
+            before, list(seen) if isinstance(seen, list) else []
+        )
         truncation = _observed_truncation(self.sampling_observed, self.engine.applied_sampling)
         return RolloutOutput(
             tensors=tensors,
             identity={**side_identity(identity, self.checkpoint), **truncation},
             full_vocab=None if steps is None else active_rows(steps, tensors["active_mask"]),
+            sampler=rollout_sampler(str(live["platform"]), str(live["model_runner"])),
         )
 
     def _sampling_seen(self) -> list[dict[str, Any]]:

@@ -7,8 +7,11 @@ scenario device (``platform_refusal``: a CUDA wheel would otherwise run a "cpu" 
 rollout on the GPU, and a CPU wheel cannot serve "cuda"), the name the platform is recorded
 under (``platform_device``), and the fraction of GPU memory one pooled engine asks for
 (``gpu_memory_utilization``: vLLM's start-up check wants that fraction of the device free,
-and the trainer's model shares it). Knows nothing about engines' construction, knobs, cases
-or pytest; imports nothing from vLLM (the platform object is handed in).
+and the trainer's model shares it); and which sampler the engine runs there
+(``rollout_sampler``), which the semantic-offset diagnostic states against its own
+reproduction of vLLM's CPU sampler (``numerics.sampling``). Knows nothing about engines'
+construction, knobs, cases or pytest; imports nothing from vLLM (the platform object is
+handed in).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ __all__ = [
     "gpu_memory_utilization",
     "platform_device",
     "platform_refusal",
+    "rollout_sampler",
 ]
 
 SCENARIO_DEVICES: Final = ("cpu", "cuda")
@@ -84,3 +88,20 @@ def gpu_memory_utilization(
             "under 1% of the device each"
         )
     return share
+
+
+def rollout_sampler(device: str, model_runner: str) -> str:
+    """The sampler a vLLM 0.32 engine applies temperature and truncation with, per platform:
+    on cpu the torch top-k/top-p sort and the min_p logits processor that
+    ``numerics.sampling`` reproduces; on cuda Triton top-k/top-p kernels (and, under model
+    runner V2, its own min_p), whose ties and thresholds may differ from that reproduction."""
+    if device == "cpu":
+        return (
+            f"vLLM's CPU sampler (model runner {model_runner}: torch top-k/top-p, min_p "
+            "processor), the one numerics.sampling reproduces"
+        )
+    min_p = "its own min_p kernel" if model_runner == "v2" else "the min_p logits processor"
+    return (
+        f"vLLM's {device} sampler (model runner {model_runner}: Triton top-k/top-p kernels, "
+        f"{min_p}), not the one numerics.sampling reproduces: ties and thresholds may differ"
+    )
