@@ -151,3 +151,23 @@ def test_the_vllm_rollout_refuses_the_mismatch_as_a_usage_error() -> None:
             adapter.build_rollout(binding, plan.identity)
     finally:
         adapter.close()
+
+
+def test_evidence_names_cpu_only_settings_only_on_the_cpu_platform() -> None:
+    pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+
+    from pytest_logprob_drift.records import ApplicationStatus
+    from pytest_logprob_drift.runtimes.vllm.adapter import VllmHfAdapter
+
+    done = VllmHfAdapter().materialize(
+        {"rollout.tensor_parallel_size": 2, "rollout.context_parallel_size": 2}
+    )
+    tp, cp = done["rollout.tensor_parallel_size"], done["rollout.context_parallel_size"]
+    assert tp.status is ApplicationStatus.APPLIED
+    assert cp.status is ApplicationStatus.UNSUPPORTED
+    on_cpu = bool(current_platform.is_cpu())
+    assert ("VLLM_CPU_OMP_THREADS_BIND" in tp.evidence) is on_cpu
+    assert ("CPU platform" in cp.evidence) is on_cpu
+    if not on_cpu:
+        assert "one GPU per rank" in tp.evidence
