@@ -67,6 +67,9 @@ def test_verdicts_and_where_the_offset_diagnostic_fires(semantics_run: dict[str,
     assert fired == {ROLLOUT, TRAINING}
     offset = cases[ROLLOUT]["comparison"]["diagnostics"]["semantic_offset"]
     assert offset["explained_fraction"] >= 0.9
+    # which sampler the diagnosis reproduces, against the one the rollout ran (issue 27)
+    assert offset["reproduces"].startswith("numerics.sampling (vLLM's CPU sampler's rules)")
+    assert offset["reproduces"].endswith("the one numerics.sampling reproduces")
     # Failed items: the processed rollout (no expectation given), maybe the bf16 cases.
     # (-rA status words: "MISMATCH <node>" fails, "MISMATCH (expected) <node>" passes.)
     pattern = r"^(?:MISMATCH|FAILED|PASS \(expected \S+\)) (\S+::\S+)"

