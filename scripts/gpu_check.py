@@ -84,6 +84,8 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
         "baseline_repeats",
         "exit_code",
         "verdicts",
+        "noise_floor",
+        "moved",
         "attribution",
         "diagnostics",
     ),
@@ -471,7 +473,10 @@ def experiment(device_name: str, quick: bool, deadline: Deadline, folder: Path) 
         r["label"]: {k: r[k] for k in ("full_vocabulary", "semantic_offset") if k in r}
         for r in document["results"]
     }
+    attribution = document.get("attribution") or {}
     return {
+        "noise_floor": attribution.get("noise_floor"),
+        "moved": {c["label"]: c.get("classification") for c in attribution.get("cases", [])},
         "config": str(EXPERIMENT.relative_to(REPO)),
         "device": device_name,
         "baseline_repeats": BASELINE_REPEATS,
@@ -481,6 +486,25 @@ def experiment(device_name: str, quick: bool, deadline: Deadline, folder: Path) 
         "diagnostics": diagnostics,
         "failures": document.get("failures"),
         "engine_constructions": document.get("engine_constructions"),
+    }
+
+
+def headline(sections: dict[str, Any]) -> dict[str, Any]:
+    """The figures a closing note quotes, from the sections that ran (None where one did
+    not): the GPU noise floor (the baseline repeats), which knob moved which side, and each
+    operator's time against logsumexp and the bandwidth floor."""
+    run = sections.get("experiment", {})
+    slp = sections.get("selected_logprob", {})
+    full = sections.get("full_vocabulary", {})
+    return {
+        "noise_floor": run.get("noise_floor"),
+        "moved": run.get("moved"),
+        "selected_logprob": {
+            name: {k: row[k] for k in ("max_error_ulps", "x_logsumexp", "x_floor")}
+            for name, row in slp.get("backends", {}).items()
+        }
+        or None,
+        "full_vocabulary": {k: full[k] for k in ("x_logsumexp", "x_floor") if k in full} or None,
     }
 
 
@@ -548,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
                 30.0,
                 lambda: experiment(args.device, args.quick, deadline, Path(tmp)),
             )
+    summary["headline"] = headline(summary["sections"])
     summary["finished_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
     summary["ok"] = all(s["status"] == "ok" for s in summary["sections"].values())
     text = json.dumps(summary, indent=2, sort_keys=True, default=str)

@@ -94,6 +94,12 @@ def test_the_cpu_dry_run_fills_every_section(tmp_path: Path) -> None:
             assert f"{intervention['path']}={value}" in labels
     assert "baseline" in labels
     assert run["attribution"] is not None
+    assert run["noise_floor"]["measured"] is True and run["noise_floor"]["repeats"] == 2
+    assert set(run["moved"]) == set(labels) - {"baseline"}
+    head = summary["headline"]
+    assert head["noise_floor"] == run["noise_floor"] and head["moved"] == run["moved"]
+    assert set(head["selected_logprob"]) == set(slp["backends"])
+    assert set(head["full_vocabulary"]) == {"x_logsumexp", "x_floor"}
     assert all(v["outcome"] in ("PASS", "MISMATCH") for v in run["verdicts"])
 
 
@@ -104,6 +110,12 @@ def test_a_deadline_too_short_records_every_section_not_run(tmp_path: Path) -> N
     _assert_every_section_recorded(summary, kit)
     assert {s["status"] for s in summary["sections"].values()} == {"not_run"}
     assert all(s["reason"].startswith("deadline: ") for s in summary["sections"].values())
+    assert summary["headline"] == {
+        "noise_floor": None,
+        "moved": None,
+        "selected_logprob": None,
+        "full_vocabulary": None,
+    }
     assert code == 1 and summary["ok"] is False
 
 
