@@ -10,8 +10,10 @@ rollout.lm_head_dtype, training.logprob_semantics, training.lm_head_dtype, unsha
 FSDP alike); topology, prefix caching and graph knobs exist only at their
 inherent value (``HF_INHERENT``, the one table of them on the transformers side; anything else
 is ``unsupported`` and strict execution rejects it). ``actual`` values are read back from the
-live models. Also hosts the training side reused by ``vllm-hf``. Knows nothing about planning,
-comparison, verdicts, artifacts, the CLI or pytest; the engines below it know nothing of knobs.
+live models, their device included (``rollout.device``, ``training.device``: both models are
+loaded on the scenario device, a device this build cannot offer is a one-line UsageError).
+Also hosts the training side reused by ``vllm-hf``. Knows nothing about planning, comparison,
+verdicts, artifacts, the CLI or pytest; the engines below it know nothing of knobs.
 """
 
 from __future__ import annotations
