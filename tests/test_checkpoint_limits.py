@@ -227,7 +227,12 @@ def test_the_production_runtimes_share_the_tiny_checkpoint() -> None:
     from pytest_logprob_drift.runtimes import HF, PRODUCTION_RUNTIMES, VLLM_HF
 
     assert HF.checkpoints == VLLM_HF.checkpoints
-    assert sorted(RuntimeCatalog(PRODUCTION_RUNTIMES).checkpoints) == ["tiny://qwen3-h64-v1"]
+    assert sorted(RuntimeCatalog(PRODUCTION_RUNTIMES).checkpoints) == [
+        "tiny://llama-h64-v1",
+        "tiny://mistral-h64-v1",
+        "tiny://qwen2-h64-v1",
+        "tiny://qwen3-h64-v1",
+    ]
 
 
 def test_a_declared_seed_rule_bounds_the_seed() -> None:

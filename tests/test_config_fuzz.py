@@ -434,6 +434,7 @@ def test_limits_mirror_the_runtimes() -> None:
     from pytest_logprob_drift.runtimes.smoke.runtime import SYNTHETIC_URI, VOCAB
     from pytest_logprob_drift.runtimes.tiny_model import (
         MAX_POSITIONS,
+        TINY_ARCHITECTURES,
         TINY_QWEN3_NAME,
         TINY_SCHEME,
         VOCAB_SIZE,
@@ -444,7 +445,10 @@ def test_limits_mirror_the_runtimes() -> None:
     assert checkpoints[SYNTHETIC_URI].seed_multiplier == 1_000_003  # runtime.py's generators
     tiny = checkpoints[TINY_SCHEME + TINY_QWEN3_NAME]
     assert (tiny.vocab_size, tiny.max_positions) == (VOCAB_SIZE, MAX_POSITIONS)
-    assert len(checkpoints) == 2  # a new built-in checkpoint needs its limits here
+    for arch in TINY_ARCHITECTURES:  # the same vocabulary and context as the tiny Qwen3
+        declared = checkpoints[TINY_SCHEME + arch.name]
+        assert (declared.vocab_size, declared.max_positions) == (VOCAB_SIZE, MAX_POSITIONS)
+    assert len(checkpoints) == 2 + len(TINY_ARCHITECTURES)  # a new one needs its limits here
 
 
 def test_seed_limits_match_the_runtimes_derivations() -> None:

@@ -21,6 +21,14 @@ TINY_QWEN3 = BuiltinCheckpoint(uri="tiny://qwen3-h64-v1", vocab_size=1024, max_p
 runtimes load it through transformers; vLLM's ``seed + index`` request seeds need no rule of
 their own (any accepted seed plus a sample index fits torch's generators)."""
 
+TINY_ARCHITECTURES = tuple(
+    BuiltinCheckpoint(uri=f"tiny://{name}", vocab_size=1024, max_positions=512)
+    for name in ("llama-h64-v1", "qwen2-h64-v1", "mistral-h64-v1")
+)
+"""The tiny Llama, Qwen2 and Mistral builds of ``tiny_model.TINY_ARCHITECTURES`` (same
+vocabulary and context as the tiny Qwen3; a test keeps them equal)."""
+TINY_CHECKPOINTS = (TINY_QWEN3, *TINY_ARCHITECTURES)
+
 HF = RuntimeInfo(
     name="hf",
     levels=(ScenarioLevel.S0,),
@@ -28,7 +36,7 @@ HF = RuntimeInfo(
     adapter="pytest_logprob_drift.runtimes.transformers.adapter:HfAdapter",
     extra="hf",
     summary="transformers KV-cache generation vs transformers teacher-forced (FSDP opt.)",
-    checkpoints=(TINY_QWEN3,),
+    checkpoints=TINY_CHECKPOINTS,
 )
 VLLM_HF = RuntimeInfo(
     name="vllm-hf",
@@ -37,7 +45,7 @@ VLLM_HF = RuntimeInfo(
     adapter="pytest_logprob_drift.runtimes.vllm.adapter:VllmHfAdapter",
     extra="vllm",
     summary="vLLM rollout engine vs transformers teacher-forced (FSDP opt.)",
-    checkpoints=(TINY_QWEN3,),
+    checkpoints=TINY_CHECKPOINTS,
 )
 
 PRODUCTION_RUNTIMES: tuple[RuntimeInfo, ...] = (HF, VLLM_HF)

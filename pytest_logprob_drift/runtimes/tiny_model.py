@@ -1,8 +1,10 @@
-"""The tiny local causal-LM checkpoint and checkpoint resolution.
+"""The tiny local causal-LM checkpoints and checkpoint resolution.
 
-Owns building the project's tiny Qwen3 checkpoint deterministically from code (config, float32
+Owns building the project's tiny checkpoints deterministically from code (config, float32
 safetensors weights from a fixed seed, a byte-level BPE tokenizer whose merges are learned here
-from a fixed in-code corpus), the checkpoint digest (the checkpoint identity), resolving a
+from a fixed in-code corpus): the Qwen3 one every shipped experiment uses, and tiny Llama,
+Qwen2 and Mistral builds with a chat template (``TINY_ARCHITECTURES``, where what differs per
+architecture is declared in one place), the checkpoint digest (the checkpoint identity), resolving a
 checkpoint reference (``tiny://NAME`` or a local Hugging Face checkpoint directory) to a
 verified directory, with an atomically populated on-disk cache for the tiny ones, and reading a
 checkpoint's special token ids (EOS, pad) from its config, for every engine that loads it.
@@ -14,6 +16,7 @@ transformers, tokenizers and safetensors.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import itertools
@@ -22,7 +25,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -36,10 +39,13 @@ from pytest_logprob_drift.errors import DriftError, ExitCode
 from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_bars, tf
 
 __all__ = [
+    "TINY_ARCHITECTURES",
     "TINY_QWEN3_NAME",
     "TINY_SCHEME",
     "CheckpointError",
     "ResolvedCheckpoint",
+    "TinyArchitecture",
+    "build_tiny_architecture",
     "build_tiny_checkpoint",
     "checkpoint_digest",
     "default_cache_root",
@@ -223,20 +229,18 @@ def _learn_merges(
     return vocab, merges
 
 
-def _build_tokenizer(vocab_size: int) -> Tokenizer:
+def _build_tokenizer(vocab_size: int, specials: tuple[str, ...] = SPECIAL_TOKENS) -> Tokenizer:
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     words: Counter[tuple[str, ...]] = Counter()
     for line in _corpus():
         for piece, _ in pre.pre_tokenize_str(line):
             words[tuple(piece)] += 1
     byte_chars = [_bytes_to_unicode()[b] for b in range(256)]
-    vocab, merges = _learn_merges(words, [*SPECIAL_TOKENS, *byte_chars], vocab_size)
+    vocab, merges = _learn_merges(words, [*specials, *byte_chars], vocab_size)
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
     tokenizer.pre_tokenizer = pre
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
-    )
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     if tokenizer.get_vocab_size(with_added_tokens=True) != vocab_size:
         raise RuntimeError("tiny tokenizer vocabulary size mismatch")
     return tokenizer
@@ -298,6 +302,119 @@ def build_tiny_checkpoint(target_dir: Path) -> None:
     fast.save_pretrained(target_dir)
 
 
+@dataclass(frozen=True)
+class TinyArchitecture:
+    """A tiny local build of one more architecture than Qwen3: the one place where what
+    differs between architectures is said (beside the shared shape of ``_tiny_config``: two
+    layers, hidden 128, two query heads of ``head_dim`` 64 over one KV head, which vLLM's CPU
+    attention needs). ``config``: the per-architecture config fields (tied embeddings, no
+    sliding window); ``chat_tokens``: special tokens its chat template writes (after pad,
+    EOS, BOS); ``chat_template``: the Jinja template saved in tokenizer_config.json."""
+
+    name: str
+    config_class: str
+    model_class: str
+    config: Mapping[str, Any]
+    chat_tokens: tuple[str, ...]
+    chat_template: str
+
+
+_LLAMA_TEMPLATE: Final = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+    "\n\n{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+_CHATML_TEMPLATE: Final = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_MISTRAL_TEMPLATE: Final = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] "
+    "{{ m['content'] }} [/INST]{% elif m['role'] == 'assistant' %}{{ m['content'] }}"
+    "{{ eos_token }}{% else %}{{ raise_exception('only user and assistant roles are "
+    "supported') }}{% endif %}{% endfor %}"
+)
+
+TINY_ARCHITECTURES: Final = (
+    TinyArchitecture(
+        name="llama-h64-v1",
+        config_class="LlamaConfig",
+        model_class="LlamaForCausalLM",
+        config={"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False},
+        chat_tokens=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        chat_template=_LLAMA_TEMPLATE,
+    ),
+    TinyArchitecture(
+        name="qwen2-h64-v1",
+        config_class="Qwen2Config",
+        model_class="Qwen2ForCausalLM",
+        # Qwen2's small releases tie the LM head to the input embeddings.
+        config={"tie_word_embeddings": True, "use_sliding_window": False},
+        chat_tokens=("<|im_start|>", "<|im_end|>"),
+        chat_template=_CHATML_TEMPLATE,
+    ),
+    TinyArchitecture(
+        name="mistral-h64-v1",
+        config_class="MistralConfig",
+        model_class="MistralForCausalLM",
+        # No sliding window: vLLM's CPU attention and a 512-token context need none.
+        config={"tie_word_embeddings": False, "sliding_window": None},
+        chat_tokens=("[INST]", "[/INST]"),
+        chat_template=_MISTRAL_TEMPLATE,
+    ),
+)
+"""The tiny builds beside Qwen3 (``tiny://NAME``), each a deterministic function of this
+file and the installed libraries."""
+
+
+def build_tiny_architecture(arch: TinyArchitecture, target_dir: Path) -> None:
+    """Write ``arch``'s tiny checkpoint into ``target_dir``: seeded float32 weights, the
+    locally learned byte-level BPE (with the chat template's special tokens) and the chat
+    template. Deterministic, like ``build_tiny_checkpoint``; the torch RNG is left untouched."""
+    target_dir = Path(target_dir)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = _build_tokenizer(VOCAB_SIZE, (*SPECIAL_TOKENS, *arch.chat_tokens))
+    ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
+    config = getattr(tf, arch.config_class)(
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=MAX_POSITIONS,
+        initializer_range=0.2,
+        rms_norm_eps=1e-6,
+        use_cache=True,
+        pad_token_id=ids[PAD_TOKEN],
+        eos_token_id=ids[EOS_TOKEN],
+        bos_token_id=ids[BOS_TOKEN],
+        **arch.config,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(WEIGHT_SEED)
+        model = getattr(tf, arch.model_class)(config).to(torch.float32)
+    model.eval()
+    model.generation_config = tf.GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+    with quiet_progress_bars():
+        model.save_pretrained(target_dir, safe_serialization=True)
+    fast = tf.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        model_max_length=MAX_POSITIONS,
+        clean_up_tokenization_spaces=False,
+        chat_template=arch.chat_template,
+    )
+    fast.save_pretrained(target_dir, save_jinja_files=False)
+
+
 def _digest_files(model_dir: Path) -> list[Path]:
     return sorted(
         (
@@ -336,7 +453,10 @@ def default_cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "pytest-logprob-drift"
 
 
-_TINY_BUILDERS: Final = {TINY_QWEN3_NAME: build_tiny_checkpoint}
+_TINY_BUILDERS: Final[Mapping[str, Callable[[Path], None]]] = {
+    TINY_QWEN3_NAME: build_tiny_checkpoint,
+    **{arch.name: functools.partial(build_tiny_architecture, arch) for arch in TINY_ARCHITECTURES},
+}
 
 
 def _build_env(name: str) -> dict[str, str]:
