@@ -1,4 +1,4 @@
-"""The command line: ``plan``, ``run``, ``verify`` and ``report``.
+"""The command line: ``plan``, ``run``, ``verify``, ``report`` and ``prompts``.
 
 Owns argument parsing, the CLI's spelling of execution-policy flags (``--allow-smoke-operators``,
 ``--expect``, ``--seal-key-file``/``--seal-key-env``: the key made active around ``run`` and
@@ -151,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: RUN_DIR/report-<newest attempt id>.html)",
     )
     report.add_argument("--json", action="store_true", help="print the report's rows as JSON")
+
+    from pytest_logprob_drift.cli.prompts_cmd import add_prompts_parser
+
+    add_prompts_parser(sub)
     return parser
 
 
@@ -252,6 +256,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from pytest_logprob_drift.cli.report_cmd import report_command
 
         return report_command(args, out)
+    if args.command == "prompts":
+        from pytest_logprob_drift.cli.prompts_cmd import prompts_command
+
+        return prompts_command(args, out)
     raise UsageError(f"unhandled command {args.command}")
 
 

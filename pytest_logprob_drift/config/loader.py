@@ -13,7 +13,10 @@ execution would refuse (``config.limits``) is refused here, at its path, the che
 the built-in checkpoints the caller hands in (the registered runtimes' declarations). A config
 and its prompt file are read only as regular files within a size limit (``read_input_text``),
 checked before a byte is read, so a FIFO, a device or a huge sparse file is one error, never a
-hang or a whole-file read. Knows nothing about torch or any runtime.
+hang or a whole-file read. A prompt file may carry the ``source`` record ``logprob-drift
+prompts`` writes (``config.prompt_source``); it is checked against the identity here (its
+``add_special_tokens``, and a local checkpoint directory's tokenizer files). Knows nothing
+about torch or any runtime.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from pytest_logprob_drift.config import limits
+from pytest_logprob_drift.config import limits, prompt_source
 from pytest_logprob_drift.config.input_file import InputFileError, read_input
 from pytest_logprob_drift.errors import ConfigError, ConfigErrors, json_member
 from pytest_logprob_drift.records import (
@@ -567,9 +570,13 @@ def _identity(
     tokenizer = (
         _tokenizer(c, obj.get("tokenizer"), f"{path}.tokenizer") if "tokenizer" in obj else None
     )
-    prompts = (
-        _prompts(c, obj.get("prompts"), f"{path}.prompts", base_dir) if "prompts" in obj else None
+    prompts, source = (
+        _prompts(c, obj.get("prompts"), f"{path}.prompts", base_dir)
+        if "prompts" in obj
+        else (None, None)
     )
+    if source is not None and checkpoint is not None and tokenizer is not None:
+        _source_checks(c, source, checkpoint, tokenizer, f"{path}.prompts")
     sampling = _sampling(c, obj.get("sampling"), f"{path}.sampling") if "sampling" in obj else None
     mask_policy = _enum(c, obj, "mask_policy", path, MaskPolicy, MaskPolicy.RESPONSE_THROUGH_EOS)
     kv_cache = _typed(c, obj, "training_kv_cache", path, _is_bool, "a boolean", default=False)
@@ -681,37 +688,76 @@ def _token_rows(c: _Collector, value: Any, path: str) -> tuple[tuple[int, ...], 
     return tuple(rows) if ok else None
 
 
-def _prompts(c: _Collector, value: Any, path: str, base_dir: Path | None) -> PromptSet | None:
+def _prompts(
+    c: _Collector, value: Any, path: str, base_dir: Path | None
+) -> tuple[PromptSet | None, prompt_source.PromptSource | None]:
+    """The prompt set, and the ``source`` record of a prompt file ``logprob-drift prompts``
+    wrote (None for inline token ids and for a file of token ids alone)."""
     obj = _object(c, value, path, ("token_ids", "file"))
     if obj is None:
-        return None
+        return None, None
     if ("token_ids" in obj) == ("file" in obj):
         c.fail(path, "expected exactly one of 'token_ids' (inline) or 'file'")
-        return None
+        return None, None
     if "token_ids" in obj:
         rows = _token_rows(c, obj["token_ids"], f"{path}.token_ids")
-        return PromptSet(token_ids=rows) if rows is not None else None
+        return (PromptSet(token_ids=rows) if rows is not None else None), None
     name = _typed(c, obj, "file", path, _is_str, "a non-empty file path")
     if name is None:
-        return None
+        return None, None
     file = Path(name) if base_dir is None or Path(name).is_absolute() else base_dir / name
     try:
         text = read_input_text(file, PROMPT_FILE_LIMIT)
     except OSError as exc:
         c.fail(f"{path}.file", f"cannot read prompt file {str(file)!r}: {exc.strerror}")
-        return None
+        return None, None
     except ValueError as exc:  # InputFileError, or a NUL in the path
         c.fail(f"{path}.file", f"cannot read prompt file {str(file)!r}: {exc}")
-        return None
+        return None, None
     try:
         data = parse_json_text(text, str(file))
     except ConfigError as exc:
         c.fail(f"{path}.file", f"prompt file {str(file)!r}: {exc.message}")
-        return None
-    if isinstance(data, dict) and set(data) == {"token_ids"}:
+        return None, None
+    raw_source = None
+    if isinstance(data, dict) and set(data) in ({"token_ids"}, {"token_ids", "source"}):
+        raw_source = data.get("source")
         data = data["token_ids"]
     rows = _token_rows(c, data, f"{path}.file<{file.name}>")
-    return PromptSet(token_ids=rows, source=str(file)) if rows is not None else None
+    if rows is None:
+        return None, None
+    source = None
+    if raw_source is not None:
+        try:
+            source = prompt_source.parse_source(raw_source, len(rows))
+        except prompt_source.SourceShapeError as exc:
+            c.fail(f"{path}.file<{file.name}>.{exc.path}", exc.message)
+            return None, None
+    return PromptSet(token_ids=rows, source=str(file)), source
+
+
+def _source_checks(
+    c: _Collector,
+    source: prompt_source.PromptSource,
+    checkpoint: CheckpointIdentity,
+    tokenizer: TokenizerIdentity,
+    path: str,
+) -> None:
+    """A prompt file's ``source`` against the identity: the same ``add_special_tokens``, and,
+    for a local checkpoint directory, the same tokenizer files (``config.prompt_source``)."""
+    if source.add_special_tokens != tokenizer.add_special_tokens:
+        c.fail(
+            f"{path}.file",
+            f"the prompts were tokenized with add_special_tokens="
+            f"{str(source.add_special_tokens).lower()}, the identity's tokenizer says "
+            f"{str(tokenizer.add_special_tokens).lower()}",
+        )
+    uri = checkpoint.uri
+    if "://" in uri or "\0" in uri or limits.path_fault(uri) is not None:
+        return  # a built-in checkpoint is built from code; a bad path is refused elsewhere
+    fault = prompt_source.tokenizer_fault(source, Path(uri))
+    if fault is not None:
+        c.fail(f"{path}.file", fault)
 
 
 def _sampling(c: _Collector, value: Any, path: str) -> SamplingSpec | None:

@@ -1,0 +1,172 @@
+"""Freezing a user's prompts into token ids with a checkpoint's own tokenizer.
+
+Owns loading the checkpoint directory's tokenizer (local files only, nothing downloaded),
+encoding each prompt (a text as it is, or through the checkpoint's own chat template with the
+generation prompt: chat messages, or a text as one user message), the prompt-length cap (longer
+prompts refused, all of them listed by input line, or cut to the cap only when asked) and the
+``source`` record that says how the ids were made (``config.prompt_source``). Every refusal is
+one line naming the file and line. Knows nothing about configs, cases, engines or pytest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_logprob_drift.config.prompt_input import PromptInput, PromptInputError, PromptInputs
+from pytest_logprob_drift.config.prompt_source import (
+    PromptSource,
+    sha256_text,
+    tokenizer_file_digests,
+)
+from pytest_logprob_drift.errors import UsageError
+
+LISTED_LINES = 20
+"""At most this many over-long prompts' lines are listed in the refusal (then a count)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenPrompts:
+    """Token ids, one row per prompt, and how they were made."""
+
+    token_ids: tuple[tuple[int, ...], ...]
+    source: PromptSource
+
+    def to_json(self) -> dict[str, Any]:
+        return {"token_ids": [list(row) for row in self.token_ids], "source": self.source.to_json()}
+
+
+def load_tokenizer(checkpoint_dir: Path) -> Any:
+    """The checkpoint directory's own tokenizer (``UsageError`` naming the directory if it has
+    none that transformers can load from local files)."""
+    if not checkpoint_dir.is_dir():
+        raise UsageError(f"{checkpoint_dir}: not a checkpoint directory")
+    from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_bars, tf
+
+    try:
+        with quiet_progress_bars():
+            return tf.AutoTokenizer.from_pretrained(str(checkpoint_dir), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        raise UsageError(f"{checkpoint_dir}: cannot load its tokenizer ({first})") from None
+
+
+def _template_file(checkpoint_dir: Path) -> Path:
+    jinja = checkpoint_dir / "chat_template.jinja"
+    return jinja if jinja.is_file() else checkpoint_dir / "tokenizer_config.json"
+
+
+def _ids_of(value: Any) -> list[int]:
+    """``apply_chat_template(tokenize=True)``'s ids, whether it returns a list or an encoding."""
+    if hasattr(value, "keys") and "input_ids" in value:
+        value = value["input_ids"]
+    return [int(t) for t in value]
+
+
+def _encode(
+    tokenizer: Any, prompt: PromptInput, file: Path, *, chat: bool, add_special_tokens: bool
+) -> list[int]:
+    if not chat:
+        assert prompt.text is not None
+        return [
+            int(t)
+            for t in tokenizer(prompt.text, add_special_tokens=add_special_tokens)["input_ids"]
+        ]
+    messages = (
+        [{"role": m.role, "content": m.content} for m in prompt.messages]
+        if prompt.messages is not None
+        else [{"role": "user", "content": prompt.text}]
+    )
+    try:
+        return _ids_of(
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        )
+    except Exception as exc:  # a template's raise_exception(), or jinja's own errors
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        raise PromptInputError(
+            file, prompt.line, f"the chat template refused it: {first}"
+        ) from None
+
+
+def freeze_prompts(
+    checkpoint_dir: Path,
+    inputs: PromptInputs,
+    *,
+    chat_template: bool,
+    add_special_tokens: bool = False,
+    max_prompt_tokens: int | None = None,
+    truncate: bool = False,
+    limit: int | None = None,
+) -> FrozenPrompts:
+    """Encode ``inputs`` with ``checkpoint_dir``'s tokenizer. Chat messages always go through
+    its chat template (``chat_template`` also sends a text through it, as one user message);
+    the template is applied with the generation prompt and adds the special tokens it writes
+    itself (``add_special_tokens`` applies to plain text only)."""
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise UsageError(f"--max-prompt-tokens must be a positive integer, got {max_prompt_tokens}")
+    if truncate and max_prompt_tokens is None:
+        raise UsageError("--truncate needs --max-prompt-tokens")
+    chat = chat_template or inputs.messages_field is not None
+    tokenizer = load_tokenizer(checkpoint_dir)
+    template_sha = None
+    if chat:
+        template = getattr(tokenizer, "chat_template", None)
+        if not isinstance(template, str) or not template:
+            asked = (
+                "--chat-template" if chat_template else f"--messages-field {inputs.messages_field}"
+            )
+            raise UsageError(
+                f"{_template_file(checkpoint_dir)}: the checkpoint has no chat template "
+                f"(asked for by {asked})"
+            )
+        template_sha = sha256_text(template)
+    rows: list[tuple[int, ...]] = []
+    over: list[int] = []
+    cut: list[int] = []
+    for prompt in inputs.prompts:
+        ids = _encode(
+            tokenizer, prompt, inputs.file, chat=chat, add_special_tokens=add_special_tokens
+        )
+        if not ids:
+            raise PromptInputError(inputs.file, prompt.line, "empty prompt (no tokens)")
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            if not truncate:
+                over.append(prompt.line)
+                continue
+            ids = ids[:max_prompt_tokens]
+            cut.append(prompt.line)
+        rows.append(tuple(ids))
+    if over:
+        raise PromptInputError(inputs.file, over[0], _over_cap(over, max_prompt_tokens))
+    try:
+        digests = tokenizer_file_digests(checkpoint_dir)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{checkpoint_dir}: cannot hash its tokenizer files ({exc})") from None
+    if not digests:
+        raise UsageError(f"{checkpoint_dir}: no tokenizer file to record")
+    source = PromptSource(
+        input_file=inputs.file.name,
+        input_sha256=inputs.sha256,
+        input_format=inputs.format,
+        field=inputs.field,
+        messages_field=inputs.messages_field,
+        chat_template_sha256=template_sha,
+        add_special_tokens=add_special_tokens,
+        tokenizer_files=digests,
+        lines=tuple(p.line for p in inputs.prompts),
+        limit=limit,
+        max_prompt_tokens=max_prompt_tokens,
+        truncated=tuple(cut),
+    )
+    return FrozenPrompts(token_ids=tuple(rows), source=source)
+
+
+def _over_cap(lines: Sequence[int], cap: int | None) -> str:
+    shown = ", ".join(str(n) for n in lines[:LISTED_LINES])
+    more = f" and {len(lines) - LISTED_LINES} more" if len(lines) > LISTED_LINES else ""
+    return (
+        f"{len(lines)} prompt(s) longer than --max-prompt-tokens {cap}: lines {shown}{more} "
+        "(pass --truncate to cut them to the cap)"
+    )
