@@ -475,6 +475,18 @@ class BuiltinCheckpoint(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class KnobTrial(Record):
+    """One standard one-at-a-time intervention a runtime executes: the knob, the values it
+    executes for it (a value equal to the baseline's is left out by whoever plans from it),
+    and what the case tests, in a sentence (``logprob-drift init`` writes it as the
+    intervention's ``description``)."""
+
+    path: str
+    values: tuple[KnobValue, ...]
+    description: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class RuntimeInfo(Record):
     """The static, torch-free description of one runtime: which scenario levels and devices it
     executes, the ``module:attr`` of its adapter factory (imported only when a case executes) and
@@ -491,6 +503,11 @@ class RuntimeInfo(Record):
     summary: str
     checkpoints: tuple[BuiltinCheckpoint, ...] = ()
     """The built-in checkpoints it serves (a local checkpoint directory needs no declaration)."""
+    baseline: tuple[tuple[str, KnobValue], ...] = ()
+    """Knob values of a starter baseline on it (beside the checkpoint's own dtype on both
+    sides): what ``logprob-drift init`` writes."""
+    interventions: tuple[KnobTrial, ...] = ()
+    """The standard interventions it executes, one knob at a time (``logprob-drift init``)."""
 
     def executes(self, scenario: Scenario) -> bool:
         return scenario.level in self.levels and scenario.device in self.devices

@@ -1,4 +1,4 @@
-"""The command line: ``plan``, ``run``, ``verify``, ``report`` and ``prompts``.
+"""The command line: ``plan``, ``run``, ``verify``, ``report``, ``prompts`` and ``init``.
 
 Owns argument parsing, the CLI's spelling of execution-policy flags (``--allow-smoke-operators``,
 ``--expect``, ``--seal-key-file``/``--seal-key-env``: the key made active around ``run`` and
@@ -152,9 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--json", action="store_true", help="print the report's rows as JSON")
 
+    from pytest_logprob_drift.cli.init_cmd import add_init_parser
     from pytest_logprob_drift.cli.prompts_cmd import add_prompts_parser
 
     add_prompts_parser(sub)
+    add_init_parser(sub)
     return parser
 
 
@@ -260,6 +262,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from pytest_logprob_drift.cli.prompts_cmd import prompts_command
 
         return prompts_command(args, out)
+    if args.command == "init":
+        from pytest_logprob_drift.cli.init_cmd import init_command
+
+        return init_command(args, out)
     raise UsageError(f"unhandled command {args.command}")
 
 

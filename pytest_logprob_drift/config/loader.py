@@ -856,9 +856,10 @@ def _interventions(c: _Collector, value: Any, path: str) -> tuple[Intervention, 
     result: list[Intervention] = []
     for i, item in enumerate(value):
         ipath = f"{path}[{i}]"
-        obj = _object(c, item, ipath, ("path", "values"), ("path", "values"))
+        obj = _object(c, item, ipath, ("path", "values", "description"), ("path", "values"))
         if obj is None:
             continue
+        _typed(c, obj, "description", ipath, lambda v: isinstance(v, str), "a string", default="")
         knob = _typed(c, obj, "path", ipath, _is_str, "a knob path string such as 'batch.size'")
         values = obj.get("values")
         if "values" in obj and (not isinstance(values, list) or not values):

@@ -6,20 +6,91 @@ rollout and teacher-forced scorer with its FSDP rank group (``transformers/``), 
 rollout engine (``vllm/``) and, in its own subpackage published to the frontends through its
 own entry-point group, a synthetic CPU runtime with temporary test-only operators. This file
 holds the torch-free descriptions of the production runtimes, with the built-in checkpoints
-each serves; every submodule is imported lazily, only when a case executes.
+each serves and the starter baseline and standard interventions each executes (what
+``logprob-drift init`` writes); every submodule is imported lazily, only when a case executes.
 
 Must not know about planning, cases, artifacts, verdicts or pytest.
 """
 
 from __future__ import annotations
 
-from pytest_logprob_drift.records import BuiltinCheckpoint, RuntimeInfo, ScenarioLevel
+from pytest_logprob_drift.records import (
+    BuiltinCheckpoint,
+    KnobTrial,
+    KnobValue,
+    RuntimeInfo,
+    ScenarioLevel,
+)
 
 TINY_QWEN3 = BuiltinCheckpoint(uri="tiny://qwen3-h64-v1", vocab_size=1024, max_positions=512)
 """The tiny Qwen3 checkpoint ``tiny_model`` builds from code (its ``TINY_SCHEME`` +
 ``TINY_QWEN3_NAME``, ``VOCAB_SIZE`` and ``MAX_POSITIONS``; a test keeps them equal). Both
 runtimes load it through transformers; vLLM's ``seed + index`` request seeds need no rule of
 their own (any accepted seed plus a sample index fits torch's generators)."""
+
+_DTYPE_VALUES = ("bfloat16", "float32")
+"""The precisions a dtype trial runs (the baseline's own is left out)."""
+
+BASELINE: tuple[tuple[str, KnobValue], ...] = (
+    ("rollout.tensor_parallel_size", 1),
+    ("rollout.enable_prefix_caching", False),
+    ("rollout.enforce_eager", True),
+    ("training.attention_backend", "sdpa"),
+    ("training.sharding", "none"),
+    ("logp.backend", "native"),
+)
+"""A starter baseline on both production runtimes (rollout and training dtype: the
+checkpoint's own; ``batch.size``: the prompts, up to a few)."""
+
+ROLLOUT_DTYPE = KnobTrial(
+    path="rollout.dtype",
+    values=_DTYPE_VALUES,
+    description="The rollout engine in another precision (training unchanged): how far the "
+    "rollout's logprobs move from the trainer's when only the sampler's dtype changes.",
+)
+TRAINING_DTYPE = KnobTrial(
+    path="training.compute_dtype",
+    values=_DTYPE_VALUES,
+    description="The trainer's forward pass in another precision (rollout unchanged).",
+)
+TRAINING_ATTENTION = KnobTrial(
+    path="training.attention_backend",
+    values=("eager",),
+    description="The trainer's attention kernel: eager instead of SDPA.",
+)
+BATCH_ONE = KnobTrial(
+    path="batch.size",
+    values=(1,),
+    description="One prompt at a time on both sides instead of a padded batch: does padding "
+    "or batch composition move a logprob?",
+)
+FSDP = KnobTrial(
+    path="training.sharding",
+    values=("fsdp",),
+    description="The trainer sharded with FSDP2 over two ranks instead of one unsharded model.",
+)
+HF_TRIALS = (ROLLOUT_DTYPE, TRAINING_DTYPE, TRAINING_ATTENTION, BATCH_ONE, FSDP)
+VLLM_TRIALS = (
+    ROLLOUT_DTYPE,
+    TRAINING_DTYPE,
+    KnobTrial(
+        path="rollout.tensor_parallel_size",
+        values=(2,),
+        description="The rollout engine with tensor parallelism over two ranks.",
+    ),
+    KnobTrial(
+        path="rollout.enforce_eager",
+        values=(False,),
+        description="vLLM's compiled/graph path instead of eager execution.",
+    ),
+    KnobTrial(
+        path="rollout.enable_prefix_caching",
+        values=(True,),
+        description="vLLM's prefix cache on: shared prompt prefixes served from cached KV.",
+    ),
+    FSDP,
+    BATCH_ONE,
+)
 
 TINY_ARCHITECTURES = tuple(
     BuiltinCheckpoint(uri=f"tiny://{name}", vocab_size=1024, max_positions=512)
@@ -37,6 +108,8 @@ HF = RuntimeInfo(
     extra="hf",
     summary="transformers KV-cache generation vs transformers teacher-forced (FSDP opt.)",
     checkpoints=TINY_CHECKPOINTS,
+    baseline=BASELINE,
+    interventions=HF_TRIALS,
 )
 VLLM_HF = RuntimeInfo(
     name="vllm-hf",
@@ -46,6 +119,8 @@ VLLM_HF = RuntimeInfo(
     extra="vllm",
     summary="vLLM rollout engine vs transformers teacher-forced (FSDP opt.)",
     checkpoints=TINY_CHECKPOINTS,
+    baseline=BASELINE,
+    interventions=VLLM_TRIALS,
 )
 
 PRODUCTION_RUNTIMES: tuple[RuntimeInfo, ...] = (HF, VLLM_HF)

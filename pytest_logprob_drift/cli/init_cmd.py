@@ -1,0 +1,99 @@
+"""The ``init`` command: a starter experiment for a checkpoint directory and a prompt file.
+
+Owns wiring the command line to ``plan.starter`` with the named runtime's record from the
+catalog the frontends assemble (its declared baseline knobs and standard interventions),
+checking the document as ``plan`` would (loaded strictly, planned and operator-bound; an error
+is one line and nothing is written) and writing it to a file that does not exist yet (an
+existing file is never overwritten: exit 2). Prints where it wrote and how many cases it plans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from pytest_logprob_drift.errors import ExitCode, UsageError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
+
+
+def add_init_parser(sub: Any) -> None:
+    init = sub.add_parser(
+        "init", help="write a starter experiment for a checkpoint directory and a prompt file"
+    )
+    init.add_argument("--checkpoint", required=True, metavar="DIR")
+    init.add_argument("--prompts", required=True, metavar="FILE", help="a prompt file")
+    init.add_argument("--runtime", required=True, metavar="NAME")
+    init.add_argument("--output", required=True, metavar="FILE", help="never overwritten")
+    init.add_argument("--experiment-id", default=None)
+    init.add_argument("--max-new-tokens", type=int, default=None, metavar="N")
+    init.add_argument("--seed", type=int, default=None)
+    init.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="the scenario's device"
+    )
+
+
+def init_command(args: argparse.Namespace, out: TextIO) -> int:
+    from pytest_logprob_drift.cli import FLAGS
+    from pytest_logprob_drift.config.loader import parse_config
+    from pytest_logprob_drift.plan.binding import build_execution_plan, intervention_json_paths
+    from pytest_logprob_drift.plan.planner import plan_experiment
+    from pytest_logprob_drift.plan.starter import (
+        DEFAULT_MAX_NEW_TOKENS,
+        DEFAULT_SEED,
+        starter_experiment,
+    )
+    from pytest_logprob_drift.policy import assemble, render_issue
+    from pytest_logprob_drift.records import IssueSeverity
+
+    output = Path(args.output)
+    if os.path.lexists(output):
+        raise UsageError(f"{output}: already exists; init never overwrites a file")
+    catalogs = assemble()
+    runtime = catalogs.runtimes.get(args.runtime)
+    if not runtime.interventions:
+        raise UsageError(f"runtime {runtime.name!r} declares no standard interventions")
+    document = starter_experiment(
+        checkpoint_dir=Path(args.checkpoint),
+        prompt_file=Path(args.prompts),
+        output=output,
+        runtime=runtime,
+        experiment_id=args.experiment_id,
+        max_new_tokens=(
+            DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
+        ),
+        seed=DEFAULT_SEED if args.seed is None else args.seed,
+        device=args.device,
+    )
+    config = parse_config(
+        document,
+        source=str(output),
+        base_dir=output.parent,
+        checkpoints=catalogs.runtimes.checkpoints,
+    )
+    plan = build_execution_plan(
+        plan_experiment(config),
+        catalogs.operators,
+        intervention_paths=intervention_json_paths(config.interventions),
+    ).plan
+    errors = [i for i in plan.issues if i.severity is IssueSeverity.ERROR]
+    if errors:
+        raise UsageError(f"{output}: the starter does not plan: {render_issue(errors[0], FLAGS)}")
+    _write_new(output, json.dumps(document, indent=2) + "\n")
+    print(f"wrote {output}: {len(plan.cases)} case(s) on runtime {runtime.name}", file=out)
+    print(f"next: logprob-drift run {output} --runtime {runtime.name}", file=out)
+    return ExitCode.OK
+
+
+def _write_new(output: Path, text: str) -> None:
+    try:
+        with output.open("x", encoding="utf-8") as f:
+            f.write(text)
+    except FileExistsError:
+        raise UsageError(f"{output}: already exists; init never overwrites a file") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise UsageError(f"{output}: its directory does not exist") from None
