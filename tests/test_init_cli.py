@@ -110,6 +110,9 @@ def test_init_writes_a_starter_that_plans(
     assert identity["tokenizer"]["chat_template"] == f"sha256:{template}"
     code, planned, err = cli("plan", output, "--json")
     assert code == 0, err
+    assert len(json.loads(planned)["cases"]) == 1 + sum(
+        len(i["values"]) for i in json.loads(output.read_text())["interventions"]
+    )
     labels = [c["label"] for c in json.loads(planned)["cases"]]
     expected = ["baseline"] + [
         f"{i['path']}={str(v).lower()}" for i in document["interventions"] for v in i["values"]
@@ -211,3 +214,25 @@ def test_an_intervention_description_must_be_a_string(
     output.write_text(json.dumps(document))
     code, _, err = cli("plan", output)
     _one_line_error(code, err, "$.interventions[0].description", "expected a string")
+
+
+def test_a_cuda_starter_says_when_the_runtime_does_not_execute_it(
+    llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    output = tmp_path / "experiment.json"
+    code, out, err = _init(*llama, output, "vllm-hf", "--device", "cuda")
+    assert code == 0, err
+    assert json.loads(output.read_text())["scenario"] == {"level": "S1", "device": "cuda"}
+    info = runtime_catalog().get("vllm-hf")
+    if "cuda" in info.devices:
+        assert "plan-only" not in out
+    else:
+        assert (
+            "note: every case is plan-only: scenario S1 on cuda is plan-only for runtime 'vllm-hf'"
+            in out
+        )
+    code, planned, err = cli("plan", output, "--json")
+    assert code == 0, err
+    assert len(json.loads(planned)["cases"]) == 1 + sum(
+        len(i["values"]) for i in json.loads(output.read_text())["interventions"]
+    )

@@ -85,6 +85,10 @@ def init_command(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"{output}: the starter does not plan: {render_issue(errors[0], FLAGS)}")
     _write_new(output, json.dumps(document, indent=2) + "\n")
     print(f"wrote {output}: {len(plan.cases)} case(s) on runtime {runtime.name}", file=out)
+    if not runtime.executes(config.scenario):
+        print(
+            f"note: every case is plan-only: {runtime.plan_only_reason(config.scenario)}", file=out
+        )
     print(f"next: logprob-drift run {output} --runtime {runtime.name}", file=out)
     return ExitCode.OK
 
