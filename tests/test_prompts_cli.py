@@ -260,6 +260,12 @@ def _bad_inputs(
         )
     )
     cases.append(([qwen3, p, "--truncate"], ["--truncate needs --max-prompt-tokens"]))
+    cases.append(
+        (
+            [llama, p, "--chat-template", "--add-special-tokens"],
+            ["--add-special-tokens applies to plain text"],
+        )
+    )
     cases.append(([qwen3, tmp / "absent.jsonl"], [str(tmp / "absent.jsonl"), "no such file"]))
     cases.append(([qwen3, tmp], [str(tmp), "not a regular file"]))
     huge = tmp / "huge.jsonl"
@@ -403,3 +409,37 @@ def test_plan_of_a_prompts_file_with_source_stays_torch_free(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_parquet_text_and_messages(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    model_dir = checkpoints["qwen2-h64-v1"]
+    chats = CHATS["default"]
+    source = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"text": TEXTS, "messages": [*chats]}), source)
+    output = tmp_path / "text.json"
+    code, _, err = _prompts("--checkpoint", model_dir, source, "--output", output)
+    assert code == 0, err
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    written = json.loads(output.read_text())
+    assert written["token_ids"] == [
+        tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS
+    ]
+    assert written["source"]["input"]["format"] == "parquet"
+    assert written["source"]["input"]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    code, _, err = _prompts(
+        "--checkpoint", model_dir, source, "--messages-field", "messages", "--output", output
+    )
+    assert code == 0, err
+    assert json.loads(output.read_text())["token_ids"] == [
+        _independent_chat_ids(model_dir, m) for m in chats
+    ]
+    code, _, err = _prompts(
+        "--checkpoint", model_dir, source, "--field", "missing", "--output", output
+    )
+    _one_line_error(code, err, f"{source}:1:", "no field 'missing'")
+    bogus = tmp_path / "bogus.parquet"
+    bogus.write_bytes(b"not parquet at all")
+    code, _, err = _prompts("--checkpoint", model_dir, bogus, "--output", output)
+    _one_line_error(code, err, str(bogus), "not a Parquet file")

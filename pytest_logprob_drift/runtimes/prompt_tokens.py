@@ -109,6 +109,11 @@ def freeze_prompts(
     if truncate and max_prompt_tokens is None:
         raise UsageError("--truncate needs --max-prompt-tokens")
     chat = chat_template or inputs.messages_field is not None
+    if chat and add_special_tokens:
+        raise UsageError(
+            "--add-special-tokens applies to plain text; a chat template writes its own "
+            "special tokens"
+        )
     tokenizer = load_tokenizer(checkpoint_dir)
     template_sha = None
     if chat:
