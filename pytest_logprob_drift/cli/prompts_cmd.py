@@ -14,7 +14,6 @@ import json
 import os
 from pathlib import Path
 
-from pytest_logprob_drift.config.prompt_input import read_prompt_inputs
 from pytest_logprob_drift.errors import ExitCode, UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
@@ -59,6 +58,8 @@ def add_prompts_parser(sub: Any) -> None:
 
 
 def prompts_command(args: argparse.Namespace, out: TextIO) -> int:
+    from pytest_logprob_drift.config.prompt_input import read_prompt_inputs
+
     inputs = read_prompt_inputs(
         args.input, field=args.field, messages_field=args.messages_field, limit=args.limit
     )

@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from pytest_logprob_drift.config import limits, prompt_source
+from pytest_logprob_drift.config import limits
 from pytest_logprob_drift.config.input_file import InputFileError, read_input
 from pytest_logprob_drift.errors import ConfigError, ConfigErrors, json_member
 from pytest_logprob_drift.records import (
@@ -55,6 +55,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from typing import Any, TypeVar
 
+    from pytest_logprob_drift.config import prompt_source
     from pytest_logprob_drift.records import BuiltinCheckpoint
 
     E = TypeVar("E", bound=enum.Enum)
@@ -728,6 +729,8 @@ def _prompts(
         return None, None
     source = None
     if raw_source is not None:
+        from pytest_logprob_drift.config import prompt_source  # only for a file with a source
+
         try:
             source = prompt_source.parse_source(raw_source, len(rows))
         except prompt_source.SourceShapeError as exc:
@@ -755,7 +758,9 @@ def _source_checks(
     uri = checkpoint.uri
     if "://" in uri or "\0" in uri or limits.path_fault(uri) is not None:
         return  # a built-in checkpoint is built from code; a bad path is refused elsewhere
-    fault = prompt_source.tokenizer_fault(source, Path(uri))
+    from pytest_logprob_drift.config.prompt_source import tokenizer_fault
+
+    fault = tokenizer_fault(source, Path(uri))
     if fault is not None:
         c.fail(f"{path}.file", fault)
 

@@ -199,11 +199,11 @@ def _parquet_records(file: Path, data: bytes) -> Iterator[tuple[int, object]]:
     try:
         table = pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise PromptInputError(file, 0, f"not a Parquet file ({one_line_of(exc)})") from None
+        raise PromptInputError(file, 0, f"not a Parquet file ({_first_line(exc)})") from None
     yield from enumerate(table.to_pylist(), start=1)
 
 
-def one_line_of(exc: BaseException) -> str:
+def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else exc.__class__.__name__
 
