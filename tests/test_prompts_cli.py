@@ -341,8 +341,8 @@ def test_planning_catches_a_changed_tokenizer(checkpoints: dict[str, Path], tmp_
         code,
         err,
         str(config),
-        "$.identity.prompts.file",
-        "tokenizer.json",
+        "$.identity.prompts.file<prompts.json>.source.tokenizer_files",
+        "tokenizer file tokenizer.json of checkpoint",
         "has changed",
         "logprob-drift prompts",
     )
@@ -360,7 +360,13 @@ def test_planning_checks_add_special_tokens_and_the_record_shape(
     assert _prompts("--checkpoint", checkpoints["qwen3"], source, "--output", prompts)[0] == 0
     config = _config(tmp_path, checkpoints["qwen3"], prompts, special=True)
     code, _, err = cli("plan", config)
-    _one_line_error(code, err, "$.identity.prompts.file", "add_special_tokens=false", "says true")
+    _one_line_error(
+        code,
+        err,
+        "$.identity.prompts.file<prompts.json>.source.add_special_tokens",
+        "add_special_tokens=false",
+        "says true",
+    )
     document = json.loads(prompts.read_text())
     document["source"]["tokenizer_files"]["tokenizer.json"] = "not-a-digest"
     prompts.write_text(json.dumps(document))

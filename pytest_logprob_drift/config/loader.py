@@ -576,8 +576,9 @@ def _identity(
         if "prompts" in obj
         else (None, None)
     )
-    if source is not None and checkpoint is not None and tokenizer is not None:
-        _source_checks(c, source, checkpoint, tokenizer, f"{path}.prompts")
+    if source is not None and checkpoint and tokenizer and prompts and prompts.source:
+        where = f"{path}.prompts.file<{Path(prompts.source).name}>.source"
+        _source_checks(c, source, checkpoint, tokenizer, where)
     sampling = _sampling(c, obj.get("sampling"), f"{path}.sampling") if "sampling" in obj else None
     mask_policy = _enum(c, obj, "mask_policy", path, MaskPolicy, MaskPolicy.RESPONSE_THROUGH_EOS)
     kv_cache = _typed(c, obj, "training_kv_cache", path, _is_bool, "a boolean", default=False)
@@ -750,7 +751,7 @@ def _source_checks(
     for a local checkpoint directory, the same tokenizer files (``config.prompt_source``)."""
     if source.add_special_tokens != tokenizer.add_special_tokens:
         c.fail(
-            f"{path}.file",
+            f"{path}.add_special_tokens",
             f"the prompts were tokenized with add_special_tokens="
             f"{str(source.add_special_tokens).lower()}, the identity's tokenizer says "
             f"{str(tokenizer.add_special_tokens).lower()}",
@@ -762,7 +763,7 @@ def _source_checks(
 
     fault = tokenizer_fault(source, Path(uri))
     if fault is not None:
-        c.fail(f"{path}.file", fault)
+        c.fail(f"{path}.tokenizer_files", fault)
 
 
 def _sampling(c: _Collector, value: Any, path: str) -> SamplingSpec | None:
