@@ -5,8 +5,9 @@
 what a reader would meet: every console error and uncaught exception, every URL the page
 requested, each plot's box and pixel variance (a screenshot of just that region), the case
 table's rows with their computed background colour, and a full-page screenshot kept as a test
-artifact. ``require_chromium`` skips with a reason outside CI when Chromium is missing, and
-fails in CI (``CI`` set), where ``.ci/run`` installs it.
+artifact. ``live_page`` keeps a page open at a fixed viewport for a test to drive (scripts,
+mouse moves, key presses). ``require_chromium`` skips with a reason outside CI when Chromium is
+missing, and fails in CI (``CI`` set), where ``.ci/run`` installs it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -258,3 +261,75 @@ def open_page(
             check.requests.append(str(params.get("request", {}).get("url")))
     print(f"report screenshot: {check.screenshot}")
     return check
+
+
+class LivePage:
+    """A loaded page at a fixed viewport that a test drives: scripts, real mouse moves and
+    key presses (DevTools ``Input``), and the console errors seen so far."""
+
+    def __init__(self, browser: _Browser) -> None:
+        self._browser = browser
+
+    def evaluate(self, expression: str) -> Any:
+        return self._browser.evaluate(expression)
+
+    def hover(self, x: float, y: float) -> None:
+        """Move the mouse to viewport coordinates ``(x, y)``."""
+        self._browser.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+
+    def press(self, key: str, code: str, key_code: int) -> None:
+        """Press and release one key (``"Tab", "Tab", 9``; ``"ArrowRight", "ArrowRight", 39``)."""
+        for kind in ("keyDown", "keyUp"):
+            self._browser.call(
+                "Input.dispatchKeyEvent",
+                {"type": kind, "key": key, "code": code, "windowsVirtualKeyCode": key_code},
+            )
+
+    def console_errors(self) -> list[str]:
+        self._browser.evaluate("0")  # drain pending events
+        errors = []
+        for event in self._browser.events:
+            method, params = event.get("method"), event.get("params", {})
+            if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                errors.append(json.dumps(params.get("args")))
+            elif method == "Runtime.exceptionThrown":
+                errors.append(json.dumps(params.get("exceptionDetails")))
+            elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
+                errors.append(str(params["entry"].get("text")))
+        return errors
+
+    def screenshot(self, name: str) -> Path:
+        """The whole page as a PNG kept under ``SCREENSHOTS``."""
+        size = self.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
+        )
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / name
+        path.write_bytes(
+            self._browser.screenshot({"x": 0, "y": 0, "width": size[0], "height": size[1]})
+        )
+        return path
+
+
+@contextmanager
+def live_page(page: Path, *, width: int = 1280, height: int = 800) -> Iterator[LivePage]:
+    """``page`` loaded from disk in headless Chromium with a ``width`` x ``height`` viewport
+    (CSS pixels), for a test to drive; the browser is closed afterwards."""
+    executable = require_chromium()
+    browser = _Browser(executable, width)
+    try:
+        target = browser.call("Target.createTarget", {"url": "about:blank"})
+        browser.session = browser.call(
+            "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}
+        )["sessionId"]
+        for domain in ("Page", "Runtime", "Log"):
+            browser.call(f"{domain}.enable")
+        browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
+        browser.call("Page.navigate", {"url": page.resolve().as_uri()})
+        browser.wait_for("Page.loadEventFired")
+        yield LivePage(browser)
+    finally:
+        browser.close()

@@ -4,7 +4,9 @@ A real S0 smoke run is made hostile the way anyone who can write an unkeyed run 
 directory renamed to a name with quotes and markup (its seal rewritten to match), a field of
 the sealed attribution rewritten to markup and the file re-sealed, the whole run moved under a
 directory whose name reads as a ``javascript:`` URL, and token text (from the tokenizer a
-frontend hands in) holding markup, bidi overrides and terminal escapes. Its page is loaded in
+frontend hands in) holding markup, ``</script>``, bidi overrides and terminal escapes, and a case
+label holding markup (in its comparison.json and the attribution). The token view, the findings
+and the overview's hover text show them as text. Its page is loaded in
 headless Chromium: no script runs (the payloads would set ``document.title``, a global and
 call ``console.error``), no element or handler is injected, no request leaves the page, every
 link resolves to a file of the run or to the page itself, and the page says that ``verify``
@@ -44,7 +46,10 @@ TOKENS = (
     "ab\u202edcba\u2066x\u2069",
     "\x1b]0;title\x07\x1b[2J",
     "&lt;plain&gt;",
+    "</script><script>window.pwned=7</script>",
 )
+LABEL = "<b onmouseover=window.pwned=8>x</b></script><script>window.pwned=9</script>"
+"""The offset case's label, rewritten in its comparison.json and in the attribution."""
 TITLE = "logprob drift: s0-cpu-smoke"
 
 _PROBE = """
@@ -66,6 +71,11 @@ _PROBE = """
     (a) => !!document.getElementById(decodeURIComponent(a.hash.slice(1))));
   return {title: document.title, pwned: window.pwned === undefined ? null : window.pwned,
           counts, handlers, links, anchors, text: document.body.innerText,
+          scripts: [...document.querySelectorAll("script")].map((s) => s.type),
+          tokens: [...document.querySelectorAll("div.tokens .tk")].map((t) => t.textContent),
+          findings: [...document.querySelectorAll("#findings li")].map((li) => li.textContent),
+          ticks: [...document.querySelectorAll("figure[data-plot='overview'] svg title")].map(
+            (t) => t.textContent),
           articles: [...document.querySelectorAll("article.case")].map((a) => a.dataset.case)};
 })()
 """
@@ -127,6 +137,8 @@ def hostile_run(clean_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     for name in ("comparison.json", "requested.json", "identity.json"):
         path = offset / name
         document = _renamed(json.loads(path.read_text()), offset.parent.name, CASE_NAME)
+        if name == "comparison.json":
+            document["label"] = LABEL
         _writable(path)
         path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     payload = json.loads((offset / "identity.json").read_text())["execution_key_payload"]
@@ -145,6 +157,10 @@ def hostile_run(clean_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     }
     document["skipped"] = [{"label": PAYLOAD, "reason": PAYLOAD}]
     document["baseline"]["label"] = PAYLOAD
+    document["ranking"] = _renamed(document["ranking"], OFFSET_LABEL, LABEL)
+    document["cases"] = _renamed(
+        _renamed(document["cases"], OFFSET_LABEL, LABEL), offset.parent.name, CASE_NAME
+    )
     _writable(path)
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     _reseal(directory)
@@ -167,7 +183,8 @@ def test_a_hostile_run_runs_no_script_and_injects_nothing(hostile_run: Path) -> 
     assert probe["title"] == TITLE and probe["pwned"] is None
     assert check.console_errors == []
     # No element or handler was injected.
-    assert probe["counts"].get("script") == 1
+    assert probe["scripts"] == ["application/json", ""]  # token data, then the one script
+    assert "<script>window.pwned" not in html and "</b></script>" not in html
     assert "img" not in probe["counts"] and "iframe" not in probe["counts"]
     assert probe["handlers"] == []
     assert probe["counts"]["svg"] == len([p for p in check.plots if p["svg"]])
@@ -186,6 +203,11 @@ def test_a_hostile_run_runs_no_script_and_injects_nothing(hostile_run: Path) -> 
     assert PAYLOAD in text and CASE_NAME in text and TOKENS[0] in text
     assert "\\u202e" in text and "\u202e" not in text
     assert "Rejected by verify" in text
+    # The new elements show it as text too: token view, findings, the overview's hover text.
+    assert TOKENS[1] in probe["tokens"] and TOKENS[5] in probe["tokens"]
+    assert TOKENS[2] not in probe["tokens"] and "ab\\u202edcba\\u2066x\\u2069" in probe["tokens"]
+    assert any(item.startswith(LABEL + " moved the training side") for item in probe["findings"])
+    assert LABEL in probe["ticks"]
     assert f"Noise floor from {PAYLOAD} baseline repeat(s)" in text
 
 

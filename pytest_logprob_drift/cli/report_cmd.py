@@ -1,10 +1,11 @@
 """The ``report`` command: a run's report in the terminal and as one self-contained HTML file.
 
-Owns printing the summary table, the attribution ranking in text and the invalid attempts (or
-``--json``), saying when the shown attribution does not verify, and publishing the HTML page
-next to the run (or at ``--html``; created exclusively, never overwritten, refused inside the
-run's sealed tree or on a directory) through ``report.page``, with the token decoder of
-``runtimes.token_text`` so the page shows token text. Knows nothing about execution.
+Owns printing the findings first (``report.findings``), then the summary table, the attribution
+ranking in text and the invalid attempts (or ``--json``), saying when the shown attribution
+does not verify, and publishing the HTML page next to the run (or at ``--html``; created
+exclusively, never overwritten, refused inside the run's sealed tree or on a directory) through
+``report.page``, with the token decoder of ``runtimes.token_text`` so the page shows token
+text. Knows nothing about execution.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pytest_logprob_drift.errors import ExitCode, one_line
+from pytest_logprob_drift.report.findings import findings
 from pytest_logprob_drift.report.page import publish_report
 from pytest_logprob_drift.report.summary import HEADERS, ranking_table, report_json, summary_rows
 from pytest_logprob_drift.runtimes.token_text import token_decoder
@@ -33,6 +35,8 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
         json.dump(report_json(data, str(published.path)), out, indent=2, sort_keys=True)
         out.write("\n")
         return ExitCode.OK
+    for line in findings(data).lines():
+        print(one_line(line), file=out)
     print(render_table(HEADERS, summary_rows(data)), file=out)
     ranking = ranking_table(data)
     if ranking is not None:

@@ -26,27 +26,28 @@ from typing import Any
 
 from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary, TopToken
 from pytest_logprob_drift.report import plots
+from pytest_logprob_drift.report.columns import attempt_time, case_anchor, columns
+from pytest_logprob_drift.report.findings import SHOWN as FINDINGS_SHOWN
+from pytest_logprob_drift.report.findings import Findings, findings
 from pytest_logprob_drift.report.markup import (
     Child,
     Markup,
     el,
-    fragment_link,
     join,
     page_link,
 )
 from pytest_logprob_drift.report.model import CaseView, ReportData, WorstToken
 from pytest_logprob_drift.report.summary import (
-    FULL_VOCAB_COLUMNS,
-    PEER_METRICS,
     STATISTICS,
     fmt_diff,
-    fmt_ratio,
-    full_vocabulary_cells,
-    has_full_vocabulary,
-    interval,
     reduction_rows,
 )
-from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.report.token_html import (
+    TOKEN_SCRIPT,
+    TOKEN_STYLE,
+    data_block,
+    token_section,
+)
 
 RANKING_SHOWN = 30
 """Interventions named in the ranking line (all of them are in the table)."""
@@ -71,7 +72,14 @@ table.sortable th{cursor:pointer}
 table.sortable th:hover{background:#e6e6e6}
 td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 #case-table td{white-space:nowrap}
-#case-table td.words{white-space:normal;min-width:13em}
+#case-table td.words{white-space:normal;min-width:12em}
+#case-table td.label{white-space:normal;overflow-wrap:anywhere;min-width:9em;max-width:22em}
+#case-table .more{display:none}
+#case-table.show-more .more{display:table-cell}
+#findings{border:1px solid #d6d6d6;background:#fafafa;padding:.2em .9em .5em;margin:.5em 0}
+#findings h2{margin-top:.3em}
+#findings ol{margin:.2em 0;padding-left:1.8em}
+#findings p{margin:.3em 0}
 div.scroll{overflow-x:auto}
 dl.meta{display:grid;grid-template-columns:max-content auto;gap:1px 14px;margin:.4em 0}
 dl.meta dt{font-weight:600}
@@ -92,6 +100,8 @@ figure.plot{margin:0;border:1px solid #eee;background:#fff;display:inline-block}
 figure.plot svg{display:block;height:auto}
 figure.wide svg{max-width:100%}
 article.case{border-top:2px solid #ddd;margin-top:1.4em;padding-top:.4em}
+article.case table{max-width:100%}
+table.identity td:nth-child(2),table.identity td:nth-child(3){overflow-wrap:anywhere}
 code.tok{white-space:pre;background:#f4f4f4;padding:0 2px}
 mark{background:#ffd84d;padding:0 2px;white-space:pre}
 .ctx{font-family:ui-monospace,monospace;font-size:12px}
@@ -127,10 +137,18 @@ document.querySelectorAll("table.sortable").forEach(function (table) {
     });
   });
 });
+var moreColumns = document.getElementById("more-columns");
+if (moreColumns) {
+  moreColumns.addEventListener("click", function () {
+    var table = document.getElementById("case-table");
+    var shown = table.classList.toggle("show-more");
+    moreColumns.setAttribute("aria-pressed", shown ? "true" : "false");
+  });
+}
 """)
 """The page's fixed sort script (trusted markup: it holds no text from a run)."""
-_STYLE_ELEMENT = Markup(f"<style>{STYLE}</style>")
-_SCRIPT_ELEMENT = Markup(f"<script>{SORT_SCRIPT}</script>")
+_STYLE_ELEMENT = Markup(f"<style>{STYLE}{TOKEN_STYLE}</style>")
+_SCRIPT_ELEMENT = Markup(f"<script>{SORT_SCRIPT}{TOKEN_SCRIPT}</script>")
 
 DECODED = Markup("decoded with the checkpoint's tokenizer")
 """Fixed prose, kept as the page has always written it (an apostrophe needs no escaping in
@@ -150,8 +168,7 @@ def _badge(outcome: str) -> Markup:
     return el("span", outcome, class_=f"badge b-{kind}")
 
 
-def _anchor(view: CaseView) -> str:
-    return f"case-{view.case_id}"
+_anchor = case_anchor
 
 
 def _head(headers: Iterable[Child]) -> Markup:
@@ -204,6 +221,7 @@ def _header(data: ReportData) -> Markup:
     return el(
         "header",
         el("h1", f"logprob drift: {h.experiment_id}"),
+        _findings(findings(data)),
         el("dl", ((el("dt", k), el("dd", v)) for k, v in meta), class_="meta"),
         _versions(h.environments),
         el(
@@ -221,11 +239,7 @@ def _header(data: ReportData) -> Markup:
     )
 
 
-def _when(attempt_id: str | None) -> str:
-    if not attempt_id or len(attempt_id) < 16:
-        return "-"
-    t = attempt_id
-    return f"{t[0:4]}-{t[4:6]}-{t[6:8]} {t[9:11]}:{t[11:13]}:{t[13:15]}"
+_when = attempt_time
 
 
 def _versions(environments: Sequence[Mapping[str, Any]]) -> Markup | None:
@@ -244,90 +258,70 @@ def _versions(environments: Sequence[Mapping[str, Any]]) -> Markup | None:
     )
 
 
+def _findings(found: Findings) -> Markup:
+    """The answer first: the verdict counts, then the interventions the sealed attribution
+    says moved a side, ranked, each in words a reader can paste."""
+    counts = join(
+        (join([_badge(outcome), f" {n}"]) for outcome, n in found.counts),
+        " ",
+    )
+    items = (
+        el(
+            "li",
+            el("b", f.label),
+            " ",
+            f.words()[len(f.label) + 1 :],
+            value=f.rank,
+            data_label=f.label,
+            data_side=f.side.value,
+        )
+        for f in found.moved[:FINDINGS_SHOWN]
+    )
+    more = len(found.moved) - FINDINGS_SHOWN
+    return el(
+        "section",
+        el("h2", "Findings"),
+        el("p", f"{found.cases} case(s): ", counts, class_="counts"),
+        el("p", found.moved_words(), class_="sentence bad" if found.rejected else "sentence"),
+        el("ol", items) if found.moved else None,
+        el("p", f"... {more} more: sort the table by mean |diff| ratio", class_="muted")
+        if more > 0
+        else None,
+        id="findings",
+    )
+
+
 # --------------------------------------------------------------------------- case table
 
 
 def _case_table(data: ReportData) -> Markup:
     with_attr = data.attribution is not None
-    headers = [
-        "case",
-        "outcome",
-        "changed",
-        "active",
-        "mismatches",
-        "max |diff|",
-        "p99 |diff|",
-        "mean |diff|",
-        *(title for title, _ in PEER_METRICS),
+    shown = columns(data)
+    more = sum(1 for c in shown if c.more)
+    headers = (el("th", c.title, class_="more" if c.more else None) for c in shown)
+    rows = [
+        el(
+            "tr",
+            (c.cell(view).element(more=c.more) for c in shown),
+            class_=f"o-{view.outcome}",
+            data_outcome=view.outcome,
+            data_case=view.case_id,
+        )
+        for view in data.cases
     ]
-    with_full = has_full_vocabulary(data)
-    if with_full:
-        headers += [title for title, _, _ in FULL_VOCAB_COLUMNS] + ["semantic offset"]
-    if with_attr:
-        headers += ["which side moved", "mean |diff| ratio", "95% interval", "p99 ratio"]
-    headers += ["attempt (UTC)"]
-    rows = []
-    for view in data.cases:
-        d = view.diagnostics
-        label = (
-            el("a", view.label, href=fragment_link(_anchor(view)))
-            if view.detail is not None
-            else view.label
-        )
-        cells = [
-            el("td", label, data_v=view.label),
-            el("td", view.outcome, class_="outcome"),
-            _td(", ".join(view.changed) or "(baseline)"),
-            _td(_show(view.active_tokens), num=_num(view.active_tokens), cls="n"),
-            _td(_show(view.mismatches), num=_num(view.mismatches), cls="n"),
-        ]
-        for key in ("max_abs_diff", "p99_abs_diff", "mean_abs_diff"):
-            cells.append(_td(fmt_diff(d.statistic(key)), num=_num(d.statistic(key)), cls="n"))
-        for _, key in PEER_METRICS:
-            cells.append(_td(fmt_diff(d.statistic(key)), num=_num(d.statistic(key)), cls="n"))
-        if with_full:
-            *stats, (offset, _) = full_vocabulary_cells(d)
-            cells += [_td(text, num=value, cls="n") for text, value in stats]
-            cells.append(_td(offset, cls="words" if offset not in ("-", "no") else ""))
-        if with_attr:
-            entry = view.attribution or {}
-            effect = entry.get("effect") or {}
-            mean = effect.get("mean_ratio") or {}
-            p99 = effect.get("p99_ratio") or {}
-            cells += [
-                _td(
-                    entry.get("classification", "baseline" if not view.changed else "-"),
-                    cls="words",
-                ),
-                _td(fmt_ratio(mean.get("value")), num=_num(mean.get("value")), cls="n"),
-                _td(interval(mean)),
-                _td(fmt_ratio(p99.get("value")), num=_num(p99.get("value")), cls="n"),
-            ]
-        attempt = view.attempt_id or "-"
-        comparison = dict(view.files).get(layout.COMPARISON)
-        cells.append(
-            el(
-                "td",
-                el("a", _when(attempt), href=page_link(comparison), title=attempt),
-                data_v=attempt,
-            )
-            if comparison
-            else _td(attempt)
-        )
-        rows.append(
-            el(
-                "tr",
-                cells,
-                class_=f"o-{view.outcome}",
-                data_outcome=view.outcome,
-                data_case=view.case_id,
-            )
-        )
     detailed = sum(1 for v in data.cases if v.detail is not None)
     rejected = (
         " The attribution columns come from an attribution that verify rejects (see below)."
         if data.attribution_problems and with_attr
         else ""
+    )
+    toggle = el(
+        "button",
+        f"more columns ({more})",
+        type="button",
+        id="more-columns",
+        aria_pressed="false",
+        aria_controls="case-table",
     )
     return el(
         "section",
@@ -335,12 +329,19 @@ def _case_table(data: ReportData) -> Markup:
         el(
             "p",
             f"Click a column to sort. {detailed} case(s) have a detailed section "
-            f"below (linked); the others are summarized by their row.{rejected}",
+            f"below (linked); the others are summarized by their row.{rejected} ",
+            toggle,
             class_="muted",
         ),
         el(
             "div",
-            el("table", _head(headers), el("tbody", rows), id="case-table", class_="sortable"),
+            el(
+                "table",
+                el("thead", el("tr", headers)),
+                el("tbody", rows),
+                id="case-table",
+                class_="sortable",
+            ),
             class_="scroll",
         ),
         id="cases",
@@ -683,7 +684,12 @@ def _identity(view: CaseView) -> Markup:
             el("h3", "Identity checks"),
             verdict,
             readonly,
-            el("table", _head(["field", "rollout", "training", ""]), el("tbody", rows)),
+            el(
+                "table",
+                _head(["field", "rollout", "training", ""]),
+                el("tbody", rows),
+                class_="identity",
+            ),
         ]
     )
 
@@ -732,6 +738,7 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
         el("p", view.reason),
         figures,
         _worst(detail.worst, detail.decoded),
+        token_section(view, decades),
         _full_vocabulary(view),
         _records(view),
         _identity(view),
@@ -807,5 +814,6 @@ def render_page(data: ReportData) -> str:
         el("title", f"logprob drift: {data.header.experiment_id}"),
         _STYLE_ELEMENT,
     )
-    page = el("html", head, el("body", body, _SCRIPT_ELEMENT), lang="en")
+    tokens = data_block(detailed, decades)
+    page = el("html", head, el("body", body, tokens, _SCRIPT_ELEMENT), lang="en")
     return f"<!doctype html>{page}\n"

@@ -4,15 +4,15 @@ Owns turning ``RUN_DIR`` into ``model.ReportData``: the verify status of every a
 ``store.verify.verify_run``, the same check ``verify`` runs), the newest ``ok`` attempt of each
 case (its sealed JSON and tensors read back through the store's digest-checked loaders, so a
 file changed since the check is refused too), the sealed attribution when there is one (with
-what ``verify`` finds wrong with it), which
-cases get a detailed section (at most ``MAX_DETAILED``: the cases that did not pass, then by
-attribution rank and max |diff|), and for those the aggregated plot data: |diff| on a fixed
-log grid, |diff| by response position binned to at most ``PROFILE_MAX_BINS`` bins with at most
-``PROFILE_MAX_LINES`` sample lines plus the range and median over all samples, and the logprob
-scatter (every point up to ``SCATTER_MAX_POINTS``, else a 2-D histogram with the worst tokens
-on top), and the worst tokens with their text through a decoder the frontend hands in.
-Invalid, tampered or incomplete attempts are listed, never loaded for plotting. Never writes.
-Knows nothing about how the page looks, engines or tokenizers.
+what ``verify`` finds wrong with it), which cases get a detailed section (at most
+``MAX_DETAILED``: the cases that did not pass, then by attribution rank and max |diff|), and
+for those the aggregated plot data: |diff| on a fixed log grid, |diff| by response position
+binned to at most ``PROFILE_MAX_BINS`` bins with at most ``PROFILE_MAX_LINES`` sample lines
+plus the range and median over all samples, and the logprob scatter (every point up to
+``SCATTER_MAX_POINTS``, else a 2-D histogram with the worst tokens on top), and the worst
+tokens with their text through a decoder the frontend hands in, and each shown sample's tokens
+(``token_view``). Invalid, tampered or incomplete attempts are listed, never loaded for
+plotting. Never writes. Knows nothing about how the page looks, engines or tokenizers.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from pytest_logprob_drift.report.model import (
     TokenDecoder,
     WorstToken,
 )
+from pytest_logprob_drift.report.token_view import limits_note, token_view
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
@@ -88,6 +89,7 @@ def aggregation_notes(detailed_limit: int) -> tuple[str, ...]:
         f"Scatter: every active token up to {SCATTER_MAX_POINTS} tokens; above that a "
         f"{SCATTER_GRID}x{SCATTER_GRID} 2-D histogram (log colour) with the "
         f"{SCATTER_OVERLAY} worst tokens drawn as points; red = mismatch.",
+        limits_note(),
     )
 
 
@@ -366,7 +368,21 @@ def case_detail(
     decoder = _decoder_for(shown.identity, factory, cache)
     top_ids = _full_vocabulary_token_ids(shown.comparison)
     top_texts = _texts(decoder, top_ids)
+    tokens = (
+        token_view(
+            token_ids=batch["token_ids"],
+            rollout=diffs["rollout_logprobs"],
+            training=diffs["training_logprobs"],
+            active=active,
+            starts=starts,
+            threshold=threshold,
+            texts=lambda ids: _texts(decoder, ids),
+        )
+        if "token_ids" in batch
+        else None
+    )
     return CaseDetail(
+        tokens=tokens,
         top_token_texts=dict(zip(top_ids, top_texts, strict=True)) if top_texts else {},
         histogram=histogram(diff),
         profile=position_profile(diff_grid, active, starts),

@@ -6,16 +6,19 @@ a ``str`` that already is HTML and passes unchanged; anything else is text and i
 break, a terminal escape or a bidirectional override written as its escape sequence by
 ``errors.one_line``, then HTML-escaped, quotes included). ``el`` builds an element from a tag,
 children and attributes: every text child and attribute value is escaped, tag and attribute
-names are checked, raw-text elements (whose content escaping cannot protect), event-handler
-and ``style`` attributes are refused, and a link may only be in-page (``#``) or relative to
-the page (``./``, ``../``), so no text can turn into a URL scheme. ``join`` escapes and joins.
-``page_link`` writes a relative file path as such a link. Knows nothing about the report or
-where its text comes from.
+names are checked, raw-text elements (whose content escaping cannot protect), event-handler and
+``style`` attributes are refused, and a link may only be in-page (``#``) or relative to the
+page (``./``, ``../``), so no text can turn into a URL scheme. ``join`` escapes and joins.
+``page_link`` writes a relative file path as such a link. ``json_script`` writes data for the
+page's fixed script as a ``<script type="application/json">`` block whose JSON has every ``<``,
+``>`` and ``&`` written as a ``\\u`` escape (so no text can end the block). Knows nothing about
+the report or where its text comes from.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Iterable
 from typing import TypeAlias
@@ -132,3 +135,18 @@ def page_link(path: str) -> str:
 def fragment_link(anchor: str) -> str:
     """A link to the element whose ``id`` is ``anchor``."""
     return "#" + quote(anchor, safe="")
+
+
+_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"}
+
+
+def json_script(element_id: str, document: object) -> Markup:
+    """``document`` as a ``<script type="application/json" id=element_id>`` data block: JSON
+    (ASCII, no NaN), with ``<``, ``>`` and ``&`` escaped, so the block holds no markup and
+    cannot be ended by any text in it; read back with ``JSON.parse(block.textContent)``."""
+    if not _ATTRIBUTE.match(element_id):
+        raise ValueError(f"not an element id: {element_id!r}")
+    text = json.dumps(document, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    for char, escaped in _SCRIPT_ESCAPES.items():
+        text = text.replace(char, escaped)
+    return Markup(f'<script type="application/json" id="{element_id}">{text}</script>')

@@ -1,11 +1,12 @@
 """The report's records: what the loader hands the renderers, as frozen plain data.
 
 Owns the shape of a report: the run's header, one ``CaseView`` per case (its summary row, and
-for the cases shown in detail the binned plot data, the worst tokens with their text, the knob
-records and identity checks), the verify status of every attempt, the attribution document,
-and the notes that say how the plots aggregate. Also the type of the token decoder a frontend
-may hand in. Arrays are ``numpy`` arrays; nothing here imports torch, matplotlib or an engine.
-Knows nothing about files, seals or how anything is drawn.
+for the cases shown in detail the binned plot data, the worst tokens with their text, each
+shown sample's tokens, the knob records and identity checks), the verify status of every
+attempt, the attribution document, and the notes that say how the plots aggregate. Also the
+type of the token decoder a frontend may hand in. Arrays are ``numpy`` arrays; nothing here
+imports torch, matplotlib or an engine. Knows nothing about files, seals or how anything is
+drawn.
 """
 
 from __future__ import annotations
@@ -97,6 +98,35 @@ class WorstToken:
     mismatch: bool
 
 
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class SampleTokens:
+    """One sample's shown response tokens (its active tokens, at most the view's limit), with
+    both sides' logprobs as sealed (``float32`` when both are exact in it, else ``float64``)."""
+
+    sample: int
+    length: int
+    """The sample's active (response) tokens in all."""
+    positions: IntArray
+    """Response position of each shown token."""
+    token_ids: IntArray
+    rollout: npt.NDArray[Any]
+    training: npt.NDArray[Any]
+    first_mismatch: int | None
+    """Response position of the sample's first mismatch (shown or not); None: none."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenView:
+    """The per-sample token view of a detailed case."""
+
+    samples: tuple[SampleTokens, ...]
+    total_samples: int
+    """Samples with active tokens."""
+    texts: Mapping[int, str]
+    """The decoded text of each shown token id (empty without a tokenizer: ids are shown)."""
+    threshold: float
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CaseDetail:
     """What a case section shows beyond its table row."""
@@ -111,6 +141,8 @@ class CaseDetail:
     """``(field, rollout, training, same)`` for each side-identity field."""
     training_evidence: Mapping[str, Any]
     read_back: Mapping[str, Any]
+    tokens: TokenView | None = None
+    """Each shown sample's response tokens (None: the case's tensors give none)."""
     top_token_texts: Mapping[int, str] = field(default_factory=dict)
     """The text of each token id named at the full-vocabulary worst positions (empty without a
     tokenizer or without the diagnostics)."""

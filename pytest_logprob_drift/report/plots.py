@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_logprob_drift.report.markup import Markup
+from pytest_logprob_drift.report.markup import Markup, el
 from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
     HIST_LOG10_LOW,
@@ -336,7 +336,7 @@ def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> Markup |
     with _figure(
         width + 1.0,
         3.2 if labelled else 2.4,
-        margins=(0.6, 1.15 if labelled else 0.42),
+        margins=(0.6, 0.7 if labelled else 0.42),
         right=1.1,
     ) as (figure, axes):
         axes.vlines(x, values["mean_abs_diff"], values["max_abs_diff"], color="#ccc", lw=0.8)
@@ -352,20 +352,134 @@ def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> Markup |
             axes.axhline(threshold, color=COLOURS["threshold"], linewidth=1.0, linestyle="--")
         axes.set_yscale("log")
         _log_ticks(axes.yaxis)
+        titled: list[tuple[str, str]] = []
         if labelled:
             axes.set_xticks(
-                x, [_short(c.label, 28) for c in rows], rotation=35, ha="right", **PLAIN_TEXT
+                x,
+                [wrap_label(c.label) for c in rows],
+                rotation=35,
+                ha="right",
+                rotation_mode="anchor",
+                **PLAIN_TEXT,
             )
+            titled = _titled(axes.get_xticklabels(), [c.label for c in rows])
         else:
             axes.set_xlabel(f"{len(rows)} cases, sorted by max |diff|")
         axes.set_ylabel("|diff| (nats)")
         axes.set_title("every case: max, p99 and mean |diff| (dashed: threshold)")
         axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-        return _svg(figure)
+        if labelled:
+            _fit_labels(figure, axes.get_xticklabels())
+        return _with_titles(_svg(figure), titled)
 
 
 def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+LABEL_LINE = 24
+LABEL_LINES = 3
+"""A case label on the overview's x axis: wrapped after a knob separator into at most
+``LABEL_LINES`` lines of at most ``LABEL_LINE`` characters (the last ending in an ellipsis
+when the label is longer); the full label is the tick's hover text (an SVG ``<title>``)."""
+_BREAK_AFTER = ".=,/ "
+_BREAK_INSIDE = "_"
+
+
+def wrap_label(text: str, width: int = LABEL_LINE, lines: int = LABEL_LINES) -> str:
+    """``text`` in at most ``lines`` lines of at most ``width`` characters, broken after a
+    separator where there is one (a part longer than a line is cut), ellipsized past that."""
+    parts: list[str] = []
+    current = ""
+    for char in text:
+        current += char
+        if char in _BREAK_AFTER:
+            parts.append(current)
+            current = ""
+    if current:
+        parts.append(current)
+    parts = [piece for part in parts for piece in _pieces(part, width)]
+    out: list[str] = []
+    line = ""
+    for part in parts:
+        while len(part) > width:
+            if line:
+                out.append(line)
+                line = ""
+            out.append(part[:width])
+            part = part[width:]
+        if len(line) + len(part) > width:
+            out.append(line)
+            line = part
+        else:
+            line += part
+    if line:
+        out.append(line)
+    if len(out) > lines:
+        out = out[:lines]
+        out[-1] = out[-1][: width - 1] + "\u2026"
+    return "\n".join(out)
+
+
+def _pieces(part: str, width: int) -> list[str]:
+    """A part longer than a line, broken after its underscores."""
+    if len(part) <= width:
+        return [part]
+    pieces, current = [], ""
+    for char in part:
+        current += char
+        if char in _BREAK_INSIDE:
+            pieces.append(current)
+            current = ""
+    return [*pieces, current] if current else pieces
+
+
+_gids = itertools.count()
+
+
+def _titled(labels: Sequence[Any], texts: Sequence[str]) -> list[tuple[str, str]]:
+    """Give each tick label artist an SVG group id; ``(id, full text)`` for ``_with_titles``."""
+    titled = []
+    for label, text in zip(labels, texts, strict=True):
+        gid = f"lpd-label-{next(_gids)}"
+        label.set_gid(gid)
+        titled.append((gid, text))
+    return titled
+
+
+def _with_titles(svg: Markup, titled: Sequence[tuple[str, str]]) -> Markup:
+    """The SVG with each titled group's full text as its first child (``<title>``: the text a
+    browser shows on hover), escaped by the element builder."""
+    text = str(svg)
+    for gid, full in titled:
+        opening = f'<g id="{gid}">'
+        text = text.replace(opening, opening + el("title", full), 1)
+    return Markup(text)
+
+
+def _fit_labels(figure: Any, labels: Sequence[Any], pad: float = 0.06) -> None:
+    """Grow the figure's left and bottom margins (keeping the axes' size) until every label
+    lies inside it: measured from the drawn text, never clipped by the SVG's viewport."""
+    figure.draw_without_rendering()
+    dpi = figure.dpi
+    boxes = [label.get_window_extent() for label in labels if label.get_text()]
+    if not boxes:
+        return
+    left = max(0.0, pad - min(b.x0 for b in boxes) / dpi)
+    bottom = max(0.0, pad - min(b.y0 for b in boxes) / dpi)
+    if left == 0.0 and bottom == 0.0:
+        return
+    width, height = figure.get_size_inches()
+    p = figure.subplotpars
+    margins = (p.left * width, (1 - p.right) * width, p.bottom * height, (1 - p.top) * height)
+    width, height = width + left, height + bottom
+    figure.set_size_inches(width, height)
+    figure.subplots_adjust(
+        left=(margins[0] + left) / width,
+        right=1 - margins[1] / width,
+        bottom=(margins[2] + bottom) / height,
+        top=1 - margins[3] / height,
+    )
 
 
 def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
@@ -419,6 +533,7 @@ def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
         _log_ticks(effect.xaxis)
         effect.set_xlim(lo, hi)
         effect.set_yticks(y, [_short(label, 34) for label in labels], **PLAIN_TEXT)
+        titled = _titled(effect.get_yticklabels(), labels)
         effect.set_xlabel("mean |diff| relative to the baseline (95% bootstrap interval)")
         effect.set_title("effect on mean |diff| (\u25ca: p99); red: interval above 1")
         sides = (("rollout", COLOURS["ok"], 0.18), ("training", "#f57900", -0.18))
@@ -448,4 +563,5 @@ def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
         moved.set_xlabel("max |logprob change| vs baseline, shared tokens")
         moved.set_title("which side moved (dashed: noise floor)")
         moved.legend(fontsize=6, loc="lower right", frameon=False)
-        return _svg(figure)
+        _fit_labels(figure, effect.get_yticklabels())
+        return _with_titles(_svg(figure), titled)

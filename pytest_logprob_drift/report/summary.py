@@ -2,10 +2,10 @@
 
 Owns the summary row of each case (shared by the terminal table, ``--json`` and the page's
 formats), the peer metrics other RL frameworks log that the table shows, the attribution's
-ranking in text (``attribution.text``'s rows and lines, from the sealed document), and the
-JSON document of ``report --json``; and the full-vocabulary columns (KL both ways, TV) and the
-semantic-offset cell a page shows when some case has those diagnostics. Knows nothing about
-files, seals or how a table is printed.
+ranking in text (``attribution.text``'s rows and lines, from the sealed document), and the JSON
+document of ``report --json`` (each case's sealed attribution entry and the findings); and the
+full-vocabulary columns (KL both ways, TV) and the semantic-offset cell a page shows when some
+case has those diagnostics. Knows nothing about files, seals or how a table is printed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
 from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, ReductionStats
 from pytest_logprob_drift.numerics.text import REDUCTIONS
+from pytest_logprob_drift.report.findings import findings, moved_side
 from pytest_logprob_drift.report.model import ReportData
 
 HEADERS = [
@@ -150,7 +151,15 @@ def ranking_table(data: ReportData) -> tuple[list[str], list[list[str]], list[st
 
 
 def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
-    """The ``report --json`` document."""
+    """The ``report --json`` document: per case its sealed attribution entry as sealed (None
+    without one) and the side it moved; the findings."""
+    floor = (data.attribution or {}).get("noise_floor")
+    floor = floor if isinstance(floor, Mapping) else {}
+
+    def side(entry: Mapping[str, Any] | None) -> str | None:
+        moved = None if entry is None else moved_side(entry, floor)
+        return None if moved is None else moved.value
+
     return {
         "run_dir": data.header.run_dir,
         "experiment_id": data.header.experiment_id,
@@ -166,10 +175,13 @@ def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
                 "mismatches": v.mismatches,
                 "diagnostics": v.diagnostics.to_json(),
                 "detailed": v.detail is not None,
+                "attribution": None if v.attribution is None else dict(v.attribution),
+                "side_moved": side(v.attribution),
             }
             for v in data.cases
         ],
         "attempts": [s.to_json() for s in data.statuses],
         "invalid": len(data.invalid),
         "ranking": list((data.attribution or {}).get("ranking", [])),
+        "findings": findings(data).to_json(),
     }

@@ -1,0 +1,184 @@
+"""The case table's columns, declared once: what each shows, and which are behind "more columns".
+
+Owns ``CASE_COLUMNS``, the ordered list of the page's case-table columns: a title, the cell of
+one case (a ``<td>`` built with ``markup.el``, with its sort value in ``data-v``), whether it
+is in the default set or behind the page's "more columns" toggle (``more``), and when the
+column exists at all (the full-vocabulary columns when some case has those diagnostics, the
+attribution's when a sealed attribution is shown). The default set is chosen to fit a 1280 px
+window (the case, its outcome and sizes, max and mean |diff|, and the attribution's side,
+effect and interval); every other column is ``more``. A diagnostic that lands adds its columns
+as ``more`` entries here (ESS, path split), one entry each. Also the case's anchor on the page
+and an attempt id as a time. Knows nothing about the rest of the page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_logprob_drift.report.markup import Child, Markup, el, fragment_link, page_link
+from pytest_logprob_drift.report.model import CaseView, ReportData
+from pytest_logprob_drift.report.summary import (
+    FULL_VOCAB_COLUMNS,
+    PEER_METRICS,
+    fmt_diff,
+    fmt_ratio,
+    full_vocabulary_cells,
+    has_full_vocabulary,
+    interval,
+)
+from pytest_logprob_drift.store import layout
+
+
+def case_anchor(view: CaseView) -> str:
+    return f"case-{view.case_id}"
+
+
+def attempt_time(attempt_id: str | None) -> str:
+    """An attempt id (``YYYYMMDDTHHMMSS...``) as ``YYYY-MM-DD HH:MM:SS``."""
+    if not attempt_id or len(attempt_id) < 16:
+        return "-"
+    t = attempt_id
+    return f"{t[0:4]}-{t[4:6]}-{t[6:8]} {t[9:11]}:{t[11:13]}:{t[13:15]}"
+
+
+def number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, slots=True)
+class CellValue:
+    """One cell: what it shows, its sort value (``data-v``; else its text sorts) and class."""
+
+    content: Child
+    sort: str | None = None
+    cls: str = ""
+
+    def element(self, *, more: bool = False) -> Markup:
+        cls = " ".join(c for c in (self.cls, "more" if more else "") if c)
+        return el("td", self.content, class_=cls or None, data_v=self.sort)
+
+
+def td(value: Any, *, num: float | None = None, cls: str = "") -> CellValue:
+    return CellValue(str(value), None if num is None else repr(num), cls)
+
+
+def _always(data: ReportData) -> bool:
+    return True
+
+
+def _attributed(data: ReportData) -> bool:
+    return data.attribution is not None
+
+
+Cell = Callable[[CaseView], CellValue]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Column:
+    title: str
+    cell: Cell
+    more: bool = False
+    """Behind the "more columns" toggle (hidden until it is pressed)."""
+    shown: Callable[[ReportData], bool] = _always
+    """Whether the page has this column at all."""
+
+
+def _label(view: CaseView) -> CellValue:
+    label = (
+        el("a", view.label, href=fragment_link(case_anchor(view)))
+        if view.detail is not None
+        else view.label
+    )
+    return CellValue(label, view.label, "label")
+
+
+def _count(value: int | None) -> CellValue:
+    return td("-" if value is None else value, num=number(value), cls="n")
+
+
+def _statistic(key: str) -> Cell:
+    def cell(view: CaseView) -> CellValue:
+        value = view.diagnostics.statistic(key)
+        return td(fmt_diff(value), num=number(value), cls="n")
+
+    return cell
+
+
+def _full_vocabulary(index: int) -> Cell:
+    def cell(view: CaseView) -> CellValue:
+        text, value = full_vocabulary_cells(view.diagnostics)[index]
+        if index == len(FULL_VOCAB_COLUMNS):  # the semantic-offset cell: words
+            return td(text, cls="words" if text not in ("-", "no") else "")
+        return td(text, num=value, cls="n")
+
+    return cell
+
+
+def _entry(view: CaseView) -> dict[str, Any]:
+    return dict(view.attribution or {})
+
+
+def _ratio(view: CaseView, key: str) -> dict[str, Any]:
+    effect = _entry(view).get("effect")
+    ratio = effect.get(key) if isinstance(effect, dict) else None
+    return ratio if isinstance(ratio, dict) else {}
+
+
+def _side(view: CaseView) -> CellValue:
+    words = _entry(view).get("classification", "baseline" if not view.changed else "-")
+    return td(words, cls="words")
+
+
+def _mean_ratio(view: CaseView) -> CellValue:
+    value = _ratio(view, "mean_ratio").get("value")
+    return td(fmt_ratio(value), num=number(value), cls="n")
+
+
+def _interval(view: CaseView) -> CellValue:
+    return td(interval(_ratio(view, "mean_ratio")))
+
+
+def _p99_ratio(view: CaseView) -> CellValue:
+    value = _ratio(view, "p99_ratio").get("value")
+    return td(fmt_ratio(value), num=number(value), cls="n")
+
+
+def _attempt(view: CaseView) -> CellValue:
+    attempt = view.attempt_id or "-"
+    comparison = dict(view.files).get(layout.COMPARISON)
+    if not comparison:
+        return td(attempt)
+    link = el("a", attempt_time(attempt), href=page_link(comparison), title=attempt)
+    return CellValue(link, attempt)
+
+
+CASE_COLUMNS: tuple[Column, ...] = (
+    Column(title="case", cell=_label),
+    Column(title="outcome", cell=lambda v: CellValue(v.outcome, None, "outcome")),
+    Column(title="changed", cell=lambda v: td(", ".join(v.changed) or "(baseline)"), more=True),
+    Column(title="active", cell=lambda v: _count(v.active_tokens)),
+    Column(title="mismatches", cell=lambda v: _count(v.mismatches)),
+    Column(title="max |diff|", cell=_statistic("max_abs_diff")),
+    Column(title="p99 |diff|", cell=_statistic("p99_abs_diff"), more=True),
+    Column(title="mean |diff|", cell=_statistic("mean_abs_diff")),
+    *(Column(title=title, cell=_statistic(key), more=True) for title, key in PEER_METRICS),
+    *(
+        Column(title=title, cell=_full_vocabulary(i), more=True, shown=has_full_vocabulary)
+        for i, title in enumerate(
+            [*(title for title, _, _ in FULL_VOCAB_COLUMNS), "semantic offset"]
+        )
+    ),
+    Column(title="which side moved", cell=_side, shown=_attributed),
+    Column(title="mean |diff| ratio", cell=_mean_ratio, shown=_attributed),
+    Column(title="95% interval", cell=_interval, shown=_attributed),
+    Column(title="p99 ratio", cell=_p99_ratio, more=True, shown=_attributed),
+    Column(title="attempt (UTC)", cell=_attempt, more=True),
+)
+"""Every case-table column in page order; ``more`` ones are behind the toggle."""
+
+
+def columns(data: ReportData) -> tuple[Column, ...]:
+    """The columns this page has."""
+    return tuple(c for c in CASE_COLUMNS if c.shown(data))
