@@ -273,6 +273,28 @@ class LivePage:
     def evaluate(self, expression: str) -> Any:
         return self._browser.evaluate(expression)
 
+    def wait_until(self, expression: str, timeout: float = 20.0) -> Any:
+        """Poll ``expression`` until it is truthy (its value), failing after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"never true: {expression}")
+            time.sleep(0.05)
+
+    def draw_tokens(self) -> int:
+        """Bring every per-sample token view into the window in turn (each is drawn when it
+        comes near it) and wait until it is drawn; the number of views."""
+        count: int = self.evaluate("document.querySelectorAll('div.tokens[data-case]').length")
+        for i in range(count):
+            box = f"document.querySelectorAll('div.tokens[data-case]')[{i}]"
+            self.evaluate(f"{box}.scrollIntoView()")
+            self.wait_until(f"{box}.dataset.drawn === '1'")
+        self.evaluate("window.scrollTo(0, 0)")
+        return count
+
     def hover(self, x: float, y: float) -> None:
         """Move the mouse to viewport coordinates ``(x, y)``."""
         self._browser.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})

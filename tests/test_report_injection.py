@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 from drift_testing import OFFSET_LABEL, cli, run_s0
-from report_browser import open_page
+from report_browser import live_page, open_page
 
 from pytest_logprob_drift.attribution.sealed import attribution_dirs
 from pytest_logprob_drift.report.page import publish_report
@@ -72,7 +72,6 @@ _PROBE = """
   return {title: document.title, pwned: window.pwned === undefined ? null : window.pwned,
           counts, handlers, links, anchors, text: document.body.innerText,
           scripts: [...document.querySelectorAll("script")].map((s) => s.type),
-          tokens: [...document.querySelectorAll("div.tokens .tk")].map((t) => t.textContent),
           findings: [...document.querySelectorAll("#findings li")].map((li) => li.textContent),
           ticks: [...document.querySelectorAll("figure[data-plot='overview'] svg title")].map(
             (t) => t.textContent),
@@ -204,8 +203,22 @@ def test_a_hostile_run_runs_no_script_and_injects_nothing(hostile_run: Path) -> 
     assert "\\u202e" in text and "\u202e" not in text
     assert "Rejected by verify" in text
     # The new elements show it as text too: token view, findings, the overview's hover text.
-    assert TOKENS[1] in probe["tokens"] and TOKENS[5] in probe["tokens"]
-    assert TOKENS[2] not in probe["tokens"] and "ab\\u202edcba\\u2066x\\u2069" in probe["tokens"]
+    with live_page(page) as live:
+        assert live.draw_tokens() == len(probe["articles"])
+        tokens = live.evaluate(
+            "[...document.querySelectorAll('div.tokens .tk')].map((t) => t.textContent)"
+        )
+        hovered = live.evaluate(
+            "(() => { const t = document.querySelector('div.tokens .tk');"
+            " t.focus(); return document.querySelector('div.tokens .token-info').textContent; })()"
+        )
+        after = live.evaluate(_PROBE)
+        assert live.console_errors() == []
+    assert TOKENS[1] in tokens and TOKENS[5] in tokens and TOKENS[0] in tokens
+    assert TOKENS[2] not in tokens and "ab\\u202edcba\\u2066x\\u2069" in tokens
+    assert hovered.startswith("sample 0, position 0: ")
+    assert after["pwned"] is None and after["title"] == TITLE and after["handlers"] == []
+    assert after["counts"] == {**probe["counts"], "span": after["counts"]["span"]}
     assert any(item.startswith(LABEL + " moved the training side") for item in probe["findings"])
     assert LABEL in probe["ticks"]
     assert f"Noise floor from {PAYLOAD} baseline repeat(s)" in text

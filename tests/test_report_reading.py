@@ -255,10 +255,14 @@ def _info(page: LivePage) -> str:
 def test_a_token_shows_its_logprobs_on_hover_and_on_keyboard_focus(reported: Any) -> None:
     run_dir = reported["run_dir"]
     with live_page(reported["page"], width=WIDTH, height=HEIGHT) as page:
+        undrawn = page.evaluate("document.querySelectorAll('div.tokens .tk').length")
+        assert page.draw_tokens() >= 1
         first = page.evaluate(f"{_TOKEN_BOX}(0)")
         sealed = _sealed_tokens(run_dir, first["case"])
-        # Every active token of each shown sample is drawn (these runs fit the limits).
+        # Every active token of each shown sample is drawn (these runs fit the limits), when
+        # its view comes near the window (none is drawn below the fold at load).
         assert first["count"] == int(sealed["active_mask"].sum())
+        assert undrawn < page.evaluate("document.querySelectorAll('div.tokens .tk').length")
         hovered = page.evaluate(f"{_TOKEN_BOX}(3)")
         page.hover(hovered["x"], hovered["y"])
         assert _check_info(_info(page), sealed) == (0, 3)
@@ -275,11 +279,22 @@ def test_a_token_shows_its_logprobs_on_hover_and_on_keyboard_focus(reported: Any
         assert _check_info(_info(page), sealed) == (1, 0)
         marked = page.evaluate(
             "[...document.querySelectorAll('div.tokens')].map((b) => [b.dataset.case,"
-            " [...b.querySelectorAll('.tk')].map((t) => t.className)])"
+            " [...b.querySelectorAll('.tk')].map((t) => t.className),"
+            " b.querySelector('p.muted').textContent])"
         )
         assert page.console_errors() == []
-    # Mismatches outlined and the first of each sample marked, as the sealed tensors say.
-    for case_id, classes in marked:
+    # Coloured on the stated log scale (10 steps), mismatches outlined and the first of each
+    # sample marked, as the sealed tensors say.
+    for case_id, classes, legend in marked:
+        scale = re.match(r"\|diff\| colour, log scale 1e(-?\d+) +1e(-?\d+) ", legend)
+        assert scale, legend
+        low, high = int(scale.group(1)), int(scale.group(2))
+
+        def step(d: float, low: int = low, high: int = high) -> str:
+            if d == 0:
+                return ""
+            return f" d{max(0, min(9, math.floor((math.log10(d) - low) / (high - low) * 10)))}"
+
         sealed = _sealed_tokens(run_dir, case_id)
         active = sealed["active_mask"]
         diff = (
@@ -293,9 +308,10 @@ def test_a_token_shows_its_logprobs_on_hover_and_on_keyboard_focus(reported: Any
                 i == int(over.nonzero()[0]) if bool(over.any()) else False
                 for i in range(int(over.numel()))
             ]
+            values = diff[sample][active[sample]].tolist()
             expected += [
-                "tk" + (" mm" if bool(m) else "") + (" first" if f else "")
-                for m, f in zip(over.tolist(), firsts, strict=True)
+                "tk" + step(d) + (" mm" if bool(m) else "") + (" first" if f else "")
+                for d, m, f in zip(values, over.tolist(), firsts, strict=True)
             ]
         assert classes == expected, case_id
 
@@ -372,3 +388,22 @@ def test_the_token_view_keeps_its_limits_and_the_first_mismatch() -> None:
         column = prompt + s.positions
         assert (s.training.astype("float64") == training[s.sample, column].double().numpy()).all()
         assert (s.rollout.astype("float64") == rollout[s.sample, column].double().numpy()).all()
+
+
+@pytest.mark.parametrize(
+    ("rollout", "training", "side"),
+    [
+        (1e-3, 1e-3, None),  # both within the floor (2e-3, 3e-3): noise
+        (5e-3, 1e-3, "rollout"),
+        (1e-3, 4e-3, "training"),
+        (5e-3, 4e-3, "both"),
+        ("<b>5</b>", None, None),  # a re-sealed document's wrong types count as absent
+    ],
+)
+def test_a_side_moved_only_above_the_noise_floor(rollout: Any, training: Any, side: Any) -> None:
+    from pytest_logprob_drift.report.findings import moved_side
+
+    floor = {"measured": True, "rollout_max_abs_delta": 2e-3, "training_max_abs_delta": 3e-3}
+    entry = {"rollout": {"max_abs_delta": rollout}, "training": {"max_abs_delta": training}}
+    moved = moved_side(entry, floor)
+    assert (None if moved is None else moved.value) == side

@@ -29,10 +29,18 @@ from pytest_logprob_drift.report.model import CaseView, SampleTokens, TokenView
 DATA_ID = "token-data"
 """The id of the page's one token data block."""
 RAMP_STEPS = 10
+"""Colour steps over the log axis: step k holds |diff| in the k-th tenth of the decades."""
 
-TOKEN_STYLE = Markup("""
+
+def _step_colour(step: int) -> str:
+    f = step / (RAMP_STEPS - 1)
+    return f"hsl({60 - 60 * f:.0f},100%,{88 - 38 * f:.0f}%)"
+
+
+TOKEN_STYLE = Markup(
+    """
 div.tokens .line{font-family:ui-monospace,monospace;font-size:12px;line-height:1.9;
-  overflow-wrap:anywhere;margin:.1em 0 .5em}
+  overflow-wrap:anywhere;margin:.1em 0 .5em;min-height:1.9em}
 div.tokens .tk{white-space:pre-wrap;padding:1px 0;border-radius:2px;cursor:default}
 div.tokens.ids .tk{margin-right:.4em}
 div.tokens .tk.mm{outline:1px solid #b00000;outline-offset:-1px}
@@ -42,7 +50,9 @@ div.tokens .tk:focus,div.tokens .tk:hover{outline:2px solid #204a87;outline-offs
 div.tokens .token-info{font-family:ui-monospace,monospace;font-size:12px;min-height:1.4em;
   background:#f4f4f4;padding:2px 6px;margin:.3em 0}
 div.tokens .ramp span{display:inline-block;width:1.4em;height:.9em;vertical-align:middle}
-""")
+"""
+    + "".join(f"div.tokens .d{k}{{background:{_step_colour(k)}}}\n" for k in range(RAMP_STEPS))
+)
 """The token view's fixed style (trusted markup: it holds no text from a run)."""
 
 TOKEN_SCRIPT = Markup("""
@@ -55,56 +65,51 @@ TOKEN_SCRIPT = Markup("""
     for (var i = 0; i < s.length; i++) { a[i] = s.charCodeAt(i); }
     return a.buffer;
   }
-  function colour(d, low, high) {
-    if (!(d > 0)) { return ""; }
-    var f = Math.max(0, Math.min(1, (Math.log10(d) - low) / (high - low)));
-    return "hsl(" + (60 - 60 * f) + ",100%," + (88 - 38 * f) + "%)";
+  function step(d, low, high) {
+    if (!(d > 0)) { return -1; }
+    var f = (Math.log10(d) - low) / (high - low);
+    return Math.max(0, Math.min(9, Math.floor(f * 10)));
   }
-  document.querySelectorAll("div.tokens[data-case]").forEach(function (box) {
+  function draw(box) {
     var c = cases[box.dataset.case];
-    if (!c) { return; }
-    var low = c.scale[0], high = c.scale[1];
-    var ramp = box.querySelector(".ramp");
-    for (var k = 0; k <= 9; k++) {
-      var swatch = document.createElement("span");
-      swatch.style.backgroundColor = colour(Math.pow(10, low + (high - low) * k / 9), low, high);
-      ramp.appendChild(swatch);
-    }
+    if (!c || box.dataset.drawn) { return; }
+    box.dataset.drawn = "1";
     var Values = c.f8 ? Float64Array : Float32Array;
     var digits = c.f8 ? 17 : 9;
     var info = box.querySelector(".token-info");
-    var tokens = [];
     c.samples.forEach(function (s) {
-      var ids = new Int32Array(buffer(s.ids));
-      var r = new Values(buffer(s.r)), t = new Values(buffer(s.t));
-      var pos = s.pos === null ? null : new Int32Array(buffer(s.pos));
+      var x = {ids: new Int32Array(buffer(s.ids)), r: new Values(buffer(s.r)),
+               t: new Values(buffer(s.t)), s: s.s, p0: s.p0, first: s.first,
+               pos: s.pos === null ? null : new Int32Array(buffer(s.pos))};
       var line = box.querySelector(".line[data-sample='" + s.s + "']");
       var fragment = document.createDocumentFragment();
-      for (var i = 0; i < ids.length; i++) {
-        var id = ids[i], d = Math.abs(t[i] - r[i]), p = pos === null ? s.p0 + i : pos[i];
-        var text = c.texts === null ? String(id) : c.texts[String(id)];
+      for (var i = 0; i < x.ids.length; i++) {
+        var d = Math.abs(x.t[i] - x.r[i]), p = x.pos === null ? x.p0 + i : x.pos[i];
+        var text = c.texts === null ? undefined : c.texts[String(x.ids[i])];
         var span = document.createElement("span");
-        span.textContent = text === undefined ? String(id) : text;
-        span.className = "tk" + (d > c.threshold ? " mm" : "") + (p === s.first ? " first" : "");
-        span.tabIndex = i === 0 ? 0 : -1;
-        span.style.backgroundColor = colour(d, low, high);
-        span.dataset.t = String(tokens.length);
-        tokens.push({s: s.s, p: p, id: id, r: r[i], t: t[i], d: d, m: d > c.threshold,
-                     text: span.textContent, first: p === s.first});
+        span.textContent = text === undefined ? String(x.ids[i]) : text;
+        var k = step(d, c.scale[0], c.scale[1]);
+        span.className = "tk" + (k < 0 ? "" : " d" + k) + (d > c.threshold ? " mm" : "") +
+          (p === x.first ? " first" : "");
         fragment.appendChild(span);
       }
+      if (fragment.firstChild) { fragment.firstChild.tabIndex = 0; }
       line.appendChild(fragment);
+      line.tokens = x;
     });
-    function describe(x) {
-      return "sample " + x.s + ", position " + x.p + ": " + JSON.stringify(x.text) +
-        " (id " + x.id + ")  rollout " + x.r.toPrecision(digits) +
-        "  training " + x.t.toPrecision(digits) + "  |diff| " + x.d.toExponential(3) +
-        (x.m ? "  MISMATCH" : "") + (x.first ? " (first of the sample)" : "");
+    function describe(span) {
+      var line = span.parentNode, x = line.tokens;
+      var i = Array.prototype.indexOf.call(line.children, span);
+      var r = x.r[i], t = x.t[i], d = Math.abs(t - r), p = x.pos === null ? x.p0 + i : x.pos[i];
+      return "sample " + x.s + ", position " + p + ": " + JSON.stringify(span.textContent) +
+        " (id " + x.ids[i] + ")  rollout " + r.toPrecision(digits) +
+        "  training " + t.toPrecision(digits) + "  |diff| " + d.toExponential(3) +
+        (d > c.threshold ? "  MISMATCH" : "") + (p === x.first ? " (first of the sample)" : "");
     }
     function show(event) {
       var span = event.target;
       if (!span.classList || !span.classList.contains("tk")) { return; }
-      var text = describe(tokens[Number(span.dataset.t)]);
+      var text = describe(span);
       info.textContent = text;
       span.title = text;
     }
@@ -117,11 +122,20 @@ TOKEN_SCRIPT = Markup("""
         : event.key === "ArrowLeft" ? span.previousElementSibling : null;
       if (next) { span.tabIndex = -1; next.tabIndex = 0; next.focus(); event.preventDefault(); }
     });
-  });
+  }
+  var boxes = document.querySelectorAll("div.tokens[data-case]");
+  if (!("IntersectionObserver" in window)) { boxes.forEach(draw); return; }
+  var observer = new IntersectionObserver(function (entries) {
+    entries.forEach(function (e) {
+      if (e.isIntersecting) { observer.unobserve(e.target); draw(e.target); }
+    });
+  }, {rootMargin: "600px 0px"});
+  boxes.forEach(function (box) { observer.observe(box); });
 })();
 """)
 """The token view's fixed script (trusted markup: it holds no text from a run; it reads the
-data block and writes only ``textContent``, ``title``, classes and colours)."""
+data block and writes only ``textContent``, ``title``, classes and tab stops). A case's tokens
+are drawn when its view comes near the window, so a page of many cases opens at once."""
 
 
 def _b64(array: np.ndarray[Any, Any], dtype: str) -> str:
@@ -219,9 +233,10 @@ def token_section(view: CaseView, decades: tuple[int, int]) -> Markup | None:
         el(
             "p",
             f"|diff| colour, log scale 1e{low} ",
-            el("span", class_="ramp"),
+            el("span", (el("span", class_=f"d{k}") for k in range(RAMP_STEPS)), class_="ramp"),
             f" 1e{high} (the histograms' axis; uncoloured: exactly 0); outlined: mismatch "
-            f"(|diff| > {tokens.threshold:g}); \u25b6: the sample's first mismatch. Hover a "
+            f"(|diff| > {tokens.threshold:g}; {RAMP_STEPS} colour steps); \u25b6: the sample's "
+            "first mismatch. Hover a "
             "token, or Tab to a sample and use \u2190/\u2192, for its logprobs.",
             class_="muted",
         ),
