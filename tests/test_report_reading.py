@@ -170,6 +170,7 @@ _TICK_LABELS = """
 """
 
 
+@pytest.mark.slow
 def test_the_page_reads_at_1280_by_800(reported: Any) -> None:
     labels = sorted(c["label"] for c in reported["json"]["cases"])
     with live_page(reported["page"], width=WIDTH, height=HEIGHT) as page:
@@ -252,6 +253,7 @@ def _info(page: LivePage) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_a_token_shows_its_logprobs_on_hover_and_on_keyboard_focus(reported: Any) -> None:
     run_dir = reported["run_dir"]
     with live_page(reported["page"], width=WIDTH, height=HEIGHT) as page:
