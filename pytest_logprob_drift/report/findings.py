@@ -89,10 +89,14 @@ class Finding:
 
     def words(self) -> str:
         """The finding in one clause: ``label moved the rollout side from position 0; ...``."""
+        return f"{self.label} {self.predicate()}"
+
+    def predicate(self) -> str:
+        """What the intervention did: ``moved the rollout side from position 0; ...``."""
         moved = f"moved {self.side.words}"
         if self.first_moved is not None:
             moved += f" from position {self.first_moved}"
-        parts = [f"{self.label} {moved}"]
+        parts = [moved]
         if self.divergence is not None:
             parts.append(f"changed the sampled tokens from position {self.divergence}")
         parts.append(self.effect_words())

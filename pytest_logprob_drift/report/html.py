@@ -1,21 +1,22 @@
 """The HTML page of a report: one self-contained file, opened straight from disk.
 
-Owns laying out ``model.ReportData`` as a page, top to bottom: the header (experiment,
-scenario, contract, run time, runtime, package and engine versions, the verify status of every
-attempt), the overview plot, the case table (outcome coloured, changed knobs, active tokens,
-mismatches, max/p99/mean |diff|, the peer metrics other RL frameworks log, KL both ways, TV
-and the semantic offset when some case has full-vocabulary diagnostics, and the attribution
-columns when a sealed attribution exists; sortable by a few lines of plain
-JavaScript), the attribution chart and ranking (marked as rejected, with the reasons, when
-``verify`` rejects it), the invalid attempts (listed, never plotted),
-then one section per detailed case (histogram, |diff| by position, logprob scatter, the worst
-tokens with their text in context, the full-vocabulary divergence and the semantic offset when
-the case has them, requested -> materialized -> actual knob records, identity checks, relative
-links to the sealed files), and how the plots aggregate. Nothing is fetched:
-no external script, style sheet, font or image; plots are inline SVG from ``plots``. Every
-element is built with ``markup.el``, so every text from the run is escaped; the page's fixed
-style and script and the plots' SVG are the only trusted markup. Knows nothing about files,
-seals, torch or engines.
+Owns laying out ``model.ReportData`` as a page, top to bottom: the findings (``findings``), the
+header (experiment, scenario, contract, run time, runtime, package and engine versions, the
+verify status of every attempt), the overview plot, the case table (outcome coloured, changed
+knobs, active tokens, mismatches, max/p99/mean |diff|, the peer metrics other RL frameworks
+log, KL both ways, TV and the semantic offset when some case has full-vocabulary diagnostics,
+and the attribution columns when a sealed attribution exists, as ``columns`` declares them: the
+default set fits 1280 px, the rest behind a "more columns" toggle; sortable by a few lines of
+plain JavaScript), the attribution chart and ranking (marked as rejected, with the reasons,
+when ``verify`` rejects it), the invalid attempts (listed, never plotted), then one section per
+detailed case (histogram, |diff| by position, logprob scatter, the worst tokens with their text
+in context, the per-sample token view (``token_html``), the full-vocabulary divergence and the
+semantic offset when the case has them, requested -> materialized -> actual knob records,
+identity checks, relative links to the sealed files), and how the plots aggregate. Nothing is
+fetched: no external script, style sheet, font or image; plots are inline SVG from ``plots``.
+Every element is built with ``markup.el``, so every text from the run is escaped; the page's
+fixed style and script, the plots' SVG and the token data block (``markup.json_script``) are
+the only trusted markup. Knows nothing about files, seals, torch or engines.
 """
 
 from __future__ import annotations
@@ -270,7 +271,7 @@ def _findings(found: Findings) -> Markup:
             "li",
             el("b", f.label),
             " ",
-            f.words()[len(f.label) + 1 :],
+            f.predicate(),
             value=f.rank,
             data_label=f.label,
             data_side=f.side.value,

@@ -14,6 +14,7 @@ nothing about how the view is drawn.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -61,6 +62,8 @@ def token_view(
     """The view of one case: ``rollout``/``training`` the sealed logprobs ``[B, T]`` in their
     sealed dtype; ``starts`` each sample's first response column; ``texts`` the decoded text
     of distinct ids (None: ids are shown)."""
+    if not math.isfinite(threshold):  # nothing to colour or judge against
+        return None
     exact32 = rollout.dtype in EXACT_IN_FLOAT32 and training.dtype in EXACT_IN_FLOAT32
     dtype = np.float32 if exact32 else np.float64
     diff = (training.to(torch.float64) - rollout.to(torch.float64)).abs()
@@ -95,6 +98,6 @@ def token_view(
     return TokenView(
         samples=tuple(samples),
         total_samples=len(present),
-        texts=dict(zip(distinct, decoded, strict=True)) if decoded is not None else {},
+        texts=dict(zip(distinct, map(str, decoded), strict=True)) if decoded is not None else {},
         threshold=threshold,
     )
