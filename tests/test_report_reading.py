@@ -30,7 +30,10 @@ from pytest_logprob_drift.report.markup import json_script
 from pytest_logprob_drift.report.plots import LABEL_LINE, LABEL_LINES, wrap_label
 
 DATA = Path(__file__).parent / "data" / "pre_issue20" / "runs"
-RUNS = ("fixture-pre20-cpu-smoke", "fixture-pre20-hf")
+RUNS = ("fixture-pre20-cpu-smoke", "fixture-pre20-hf", "long-labels")
+LONG = "training.attention_backend=" + "flash_attention_" * 6 + "x" * 60
+"""A case label rewritten into the cpu-smoke run (``long-labels``): long, with and without
+places to break."""
 WIDTH, HEIGHT = 1280, 800
 
 
@@ -72,12 +75,35 @@ def _expected_movers(document: dict[str, Any]) -> list[tuple[str, str]]:
     return movers
 
 
+def _relabel(run_dir: Path, label: str, new: str) -> None:
+    """Rewrite one case's label in its comparison.json and re-seal the attempt's plain SHA-256
+    manifest (what an unkeyed run allows anyone; the attribution then no longer verifies)."""
+    for comparison in run_dir.glob("cases/*/*/comparison.json"):
+        document = json.loads(comparison.read_text())
+        if document["label"] != label:
+            continue
+        document["label"] = new
+        comparison.chmod(0o644)
+        comparison.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+        seal = comparison.parent / "COMPLETE"
+        manifest = json.loads(seal.read_text())
+        manifest["files"]["comparison.json"] = hashlib.sha256(comparison.read_bytes()).hexdigest()
+        seal.chmod(0o644)
+        seal.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        return
+    raise AssertionError(f"no case labelled {label}")
+
+
 @pytest.fixture(scope="module", params=RUNS)
 def reported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A copy of a sealed run, its page, its terminal report and its ``--json``."""
     base = tmp_path_factory.mktemp(request.param)
     run_dir = base / request.param
-    shutil.copytree(DATA / request.param, run_dir)
+    if request.param == "long-labels":
+        shutil.copytree(DATA / RUNS[0], run_dir)
+        _relabel(run_dir, "batch.size=1", LONG)
+    else:
+        shutil.copytree(DATA / request.param, run_dir)
     page = base / "page.html"
     code, out, err = cli("report", run_dir, "--html", page)
     assert code == 0, err

@@ -75,6 +75,7 @@ td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 #case-table td{white-space:nowrap}
 #case-table td.words{white-space:normal;min-width:12em}
 #case-table td.label{white-space:normal;overflow-wrap:anywhere;min-width:9em;max-width:22em}
+#case-table.show-more td.label{min-width:14em}
 #case-table .more{display:none}
 #case-table.show-more .more{display:table-cell}
 #findings{border:1px solid #d6d6d6;background:#fafafa;padding:.2em .9em .5em;margin:.5em 0}
@@ -102,6 +103,7 @@ figure.plot svg{display:block;height:auto}
 figure.wide svg{max-width:100%}
 article.case{border-top:2px solid #ddd;margin-top:1.4em;padding-top:.4em}
 article.case table{max-width:100%}
+article.case h2,#findings,#attribution p{overflow-wrap:anywhere}
 table.identity td:nth-child(2),table.identity td:nth-child(3){overflow-wrap:anywhere}
 code.tok{white-space:pre;background:#f4f4f4;padding:0 2px}
 mark{background:#ffd84d;padding:0 2px;white-space:pre}
