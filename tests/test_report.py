@@ -258,6 +258,9 @@ def test_plugin_writes_the_report_at_session_end(tmp_path: Path) -> None:
     parser.feed(html)
     assert sorted(parser.rows.values()) == ["MISMATCH", "PASS", "PASS"]
     assert "Attribution: which change moves the drift" in html
+    # The findings first, naming the intervention that moved a side (issue 26).
+    assert html.index("id='findings'") < html.index("id='cases'")
+    assert f"data-label='{OFFSET}' data-side='training'" in html
 
 
 # --------------------------------------------------------------------------- aggregation

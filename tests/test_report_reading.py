@@ -435,3 +435,22 @@ def test_a_side_moved_only_above_the_noise_floor(rollout: Any, training: Any, si
     entry = {"rollout": {"max_abs_delta": rollout}, "training": {"max_abs_delta": training}}
     moved = moved_side(entry, floor)
     assert (None if moved is None else moved.value) == side
+
+
+def test_without_a_sealed_attribution_the_findings_say_so(tmp_path: Path) -> None:
+    run_dir = tmp_path / RUNS[0]
+    shutil.copytree(DATA / RUNS[0], run_dir)
+    shutil.rmtree(run_dir / "attributions")
+    code, out, err = cli("report", run_dir, "--html", tmp_path / "page.html", "--json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["findings"]["attributed"] is False and document["findings"]["moved"] == []
+    assert all(c["attribution"] is None and c["side_moved"] is None for c in document["cases"])
+    code, out, err = cli("report", run_dir, "--html", tmp_path / "page.html")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "3 case(s): 2 PASS, 1 MISMATCH."
+    assert lines[1] == "No sealed attribution: which side moved is not known."
+    html = (tmp_path / "page.html").read_text()
+    assert "No sealed attribution: which side moved is not known." in html
+    assert "which side moved</th>" not in html  # no attribution columns without one
