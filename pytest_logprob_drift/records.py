@@ -369,6 +369,10 @@ class ExperimentConfig(Record):
     scenario: Scenario
     source: str | None = None
     full_vocabulary: FullVocabularySpec | None = None
+    replay: bool = False
+    """Opt-in (``$.diagnostics.replay``): the rollout engine scores its own sampled sequences
+    again on its prefill path (and replays its decode path where it can). Never changes a
+    verdict; not part of the case id (it changes what is sealed: part of the execution key)."""
 
 
 # ---------------------------------------------------------------------------- contract
@@ -443,6 +447,7 @@ class ExperimentPlan(Record):
     issues: tuple[PlanIssue, ...]
     operators: tuple[OperatorSelection, ...]
     full_vocabulary: FullVocabularySpec | None = None
+    replay: bool = False
 
     @property
     def has_errors(self) -> bool:

@@ -478,8 +478,10 @@ def parse_config(
     interventions = _interventions(c, top.get("interventions", []), "$.interventions")
     pairs = _pairs(c, top.get("pairs", []), "$.pairs")
     operators = _operators(c, top.get("operators", {}), "$.operators")
-    full_vocabulary = (
-        _diagnostics(c, top["diagnostics"], "$.diagnostics") if "diagnostics" in top else None
+    full_vocabulary, replay = (
+        _diagnostics(c, top["diagnostics"], "$.diagnostics")
+        if "diagnostics" in top
+        else (None, False)
     )
     scenario = _scenario(c, top.get("scenario"), "$.scenario") if "scenario" in top else None
     if strategy is Strategy.PAIRWISE and not pairs and "pairs" not in top:
@@ -508,6 +510,7 @@ def parse_config(
         pairs=pairs,
         operators=operators,
         full_vocabulary=full_vocabulary,
+        replay=replay,
         scenario=scenario,
         source=source,
     )
@@ -947,11 +950,18 @@ DIAGNOSTIC_LIMIT = 64
 """Most top tokens or worst positions a full-vocabulary diagnostic may ask for."""
 
 
-def _diagnostics(c: _Collector, value: Any, path: str) -> FullVocabularySpec | None:
-    """``{"full_vocabulary": true | {"top_k": k, "worst_positions": w}}``: opt-in diagnostics
-    that never change a verdict (absent or false: none)."""
-    obj = _object(c, value, path, ("full_vocabulary",))
-    if obj is None or "full_vocabulary" not in obj:
+def _diagnostics(c: _Collector, value: Any, path: str) -> tuple[FullVocabularySpec | None, bool]:
+    """``{"full_vocabulary": true | {"top_k": k, "worst_positions": w}, "replay": bool}``:
+    opt-in diagnostics that never change a verdict (absent or false: none)."""
+    obj = _object(c, value, path, ("full_vocabulary", "replay"))
+    if obj is None:
+        return None, False
+    replay = _typed(c, obj, "replay", path, _is_bool, "a boolean", default=False)
+    return _full_vocabulary(c, obj, path), bool(replay)
+
+
+def _full_vocabulary(c: _Collector, obj: dict[str, Any], path: str) -> FullVocabularySpec | None:
+    if "full_vocabulary" not in obj:
         return None
     spec = obj["full_vocabulary"]
     fpath = f"{path}.full_vocabulary"

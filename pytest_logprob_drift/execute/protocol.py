@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_topology
 from pytest_logprob_drift.plan.knobs import knob_lifecycle
@@ -119,6 +119,10 @@ class RuntimeBinding:
     full_vocabulary: FullVocabularySpec | None = None
     """Opt-in: both sides hand back their full next-token distributions at the active
     positions (``full_vocab``), for the diagnostics only."""
+    replay: bool = False
+    """Opt-in: after paired scoring the rollout engine replays its sampled sequences
+    (``PrefillReplay`` / ``DecodeReplay``), for the diagnostics only. Builds no engine
+    differently, so it is in no construction fingerprint."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,6 +170,58 @@ class RolloutEngine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayOutput:
+    """A rollout engine's second score of its own sampled sequences: ``logprobs`` on the
+    canonical grid of the rollout's tensors (float32 ``[B, L]``, 0.0 outside ``active_mask``),
+    the ``token_ids`` the engine actually scored (``[B, L]``, which must be the sampled ones)
+    and what the engine did (``evidence``: e.g. whether it reused its prefix cache)."""
+
+    logprobs: Any
+    token_ids: Any
+    evidence: Mapping[str, JSONScalar]
+
+
+class ReplayUnavailable(Exception):
+    """A replay the engine cannot do or whose result cannot be observed, with the engine's
+    reason; recorded as a diagnostic status, never a knob status and never a verdict."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@runtime_checkable
+class PrefillReplay(Protocol):
+    """A rollout engine that scores prompt + response again as one prompt (its prefill path),
+    in chunks of ``batch_size``, under its own configuration."""
+
+    def replay_prefill(
+        self,
+        identity: ScoringIdentity,
+        rollout: TensorBatch,
+        *,
+        batch_size: int,
+        logp: LogpKernel | None,
+    ) -> ReplayOutput: ...
+
+
+@runtime_checkable
+class DecodeReplay(Protocol):
+    """A rollout engine that forces the sampled tokens through its decode path again (KV
+    cache, one token at a time) and reports their logprobs; raises ``ReplayUnavailable`` when
+    the engine refuses."""
+
+    def replay_decode(
+        self,
+        identity: ScoringIdentity,
+        rollout: TensorBatch,
+        *,
+        batch_size: int,
+        logp: LogpKernel | None,
+    ) -> ReplayOutput: ...
 
 
 class TrainingScorer(Protocol):
@@ -258,6 +314,7 @@ def bind_case(
     identity: ScoringIdentity,
     device: str,
     full_vocabulary: FullVocabularySpec | None = None,
+    replay: bool = False,
 ) -> RuntimeBinding:
     """Derive the backend-neutral binding and fingerprints from an operator-bound case."""
     requested = ec.case.requested
@@ -334,6 +391,7 @@ def bind_case(
         rollout_construction_fingerprint=rollout_fp,
         training_construction_fingerprint=training_fp,
         full_vocabulary=full_vocabulary,
+        replay=replay,
     )
 
 

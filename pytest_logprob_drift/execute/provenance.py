@@ -91,10 +91,16 @@ def execution_key_payload(
             "digest": contract.digest,
         },
         "environment": dict(sorted(environment.items())),
-        # Only when asked for: payloads (and keys) of experiments without it are unchanged.
-        **(
-            {}
-            if binding.full_vocabulary is None
-            else {"diagnostics": {"full_vocabulary": canonical(binding.full_vocabulary)}}
-        ),
+        # Only when asked for: payloads (and keys) of experiments without them are unchanged.
+        **({"diagnostics": diagnostics} if (diagnostics := _diagnostics(binding)) else {}),
     }
+
+
+def _diagnostics(binding: RuntimeBinding) -> dict[str, Any]:
+    """The opt-in diagnostics that change what an attempt seals."""
+    diagnostics: dict[str, Any] = {}
+    if binding.full_vocabulary is not None:
+        diagnostics["full_vocabulary"] = canonical(binding.full_vocabulary)
+    if binding.replay:
+        diagnostics["replay"] = True
+    return diagnostics

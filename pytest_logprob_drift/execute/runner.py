@@ -186,6 +186,7 @@ class Runner:
                 identity=plan.identity,
                 device=plan.scenario.device,
                 full_vocabulary=plan.full_vocabulary,
+                replay=plan.replay,
             )
         return self._bindings[ec.case.case_id]
 

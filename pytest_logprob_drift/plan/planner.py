@@ -210,6 +210,7 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
         issues=tuple(issues.items),
         operators=config.operators,
         full_vocabulary=config.full_vocabulary,
+        replay=config.replay,
     )
 
 
