@@ -234,6 +234,120 @@ class SemanticOffsetSummary:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayStatus:
+    """What became of one replay (``diagnostics.path_split.prefill`` / ``.decode_replay``):
+    ``ran`` with what the engine did (``evidence``), or ``unavailable`` with the engine's
+    reason. A diagnostic status: never a knob status, never a verdict."""
+
+    status: str
+    evidence: dict[str, JSONScalar] | None = None
+    reason: str | None = None
+
+    @property
+    def ran(self) -> bool:
+        return self.status == REPLAY_RAN
+
+    def to_json(self) -> dict[str, Any]:
+        if self.ran:
+            return {"status": self.status, "evidence": dict(self.evidence or {})}
+        return {"status": self.status, "reason": self.reason}
+
+
+REPLAY_RAN = "ran"
+REPLAY_UNAVAILABLE = "unavailable"
+REPLAY_STATUSES = (REPLAY_RAN, REPLAY_UNAVAILABLE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AbsDiffStats:
+    """max / mean / p99 of one pair's |difference| on the active tokens (None on none)."""
+
+    max: float | None
+    mean: float | None
+    p99: float | None
+
+    def to_json(self) -> dict[str, float | None]:
+        return {"max": self.max, "mean": self.mean, "p99": self.p99}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeReplayFigures:
+    """The decode replay against the sampled logprobs (the rollout's own run-to-run noise)."""
+
+    max: float | None
+    mean: float | None
+    p99: float | None
+    bitwise_equal_fraction: float | None
+
+    def to_json(self) -> dict[str, float | None]:
+        return {
+            "max": self.max,
+            "mean": self.mean,
+            "p99": self.p99,
+            "bitwise_equal_fraction": self.bitwise_equal_fraction,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PathSplitFigures:
+    """``numerics.path_split.path_split``'s figures: each pair's statistics (None when its two
+    sides are not comparable), the bitwise-equal share of decode and prefill and, per sample,
+    the first active position where they differ."""
+
+    active_tokens: int
+    decode_prefill: AbsDiffStats | None
+    prefill_training: AbsDiffStats | None
+    decode_training: AbsDiffStats | None
+    bitwise_equal_fraction: float | None
+    first_difference: tuple[int | None, ...] | None
+    decode_replay_decode: DecodeReplayFigures | None = None
+
+    def pair(self, key: str) -> AbsDiffStats | None:
+        """The statistics of pair ``key`` (one of ``PATH_PAIRS``)."""
+        if key not in PATH_PAIRS:
+            raise KeyError(key)
+        value: AbsDiffStats | None = getattr(self, key)
+        return value
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"active_tokens": self.active_tokens}
+        for key in PATH_PAIRS:
+            stats = self.pair(key)
+            out[key] = None if stats is None else stats.to_json()
+        out["bitwise_equal_fraction"] = self.bitwise_equal_fraction
+        out["first_difference"] = (
+            None if self.first_difference is None else list(self.first_difference)
+        )
+        if self.decode_replay_decode is not None:
+            out["decode_replay_decode"] = self.decode_replay_decode.to_json()
+        return out
+
+
+PATH_PAIRS = ("decode_prefill", "prefill_training", "decode_training")
+"""The path split's pairs (``numerics.path_split.PAIRS``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PathSplit:
+    """comparison.json's ``diagnostics.path_split`` (opt-in ``diagnostics.replay``): what
+    became of each replay, which pairs compare like with like, and the figures (None when the
+    prefill replay did not run)."""
+
+    prefill: ReplayStatus
+    decode_replay: ReplayStatus
+    comparable: dict[str, bool]
+    figures: PathSplitFigures | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prefill": self.prefill.to_json(),
+            "decode_replay": self.decode_replay.to_json(),
+            "comparable": dict(self.comparable),
+            "figures": None if self.figures is None else self.figures.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Diagnostics:
     """comparison.json's ``diagnostics``: each part present or not (a verdict without
     numerics has no statistics; full-vocabulary parts only when they were asked for)."""
@@ -241,6 +355,7 @@ class Diagnostics:
     statistics: Statistics | None = None
     full_vocabulary: FullVocabulary | FullVocabularyUnavailable | None = None
     semantic_offset: SemanticOffsetSummary | None = None
+    path_split: PathSplit | None = None
 
     @property
     def full_summary(self) -> FullVocabulary | None:
@@ -272,6 +387,8 @@ class Diagnostics:
             out["full_vocabulary"] = self.full_vocabulary.to_json()
         if self.semantic_offset is not None:
             out["semantic_offset"] = self.semantic_offset.to_json()
+        if self.path_split is not None:
+            out["path_split"] = self.path_split.to_json()
         return out
 
 
@@ -537,12 +654,106 @@ def _semantic_offset(value: object, path: str) -> SemanticOffsetSummary:
     )
 
 
+def _replay_status(value: object, path: str) -> ReplayStatus:
+    if isinstance(value, dict) and value.get("status") == REPLAY_RAN:
+        document = _object(value, path, ("status", "evidence"))
+        evidence = document["evidence"]
+        if not isinstance(evidence, dict):
+            raise ComparisonShapeError(
+                f"{path}.evidence", f"expected an object, got {_type_name(evidence)}"
+            )
+        return ReplayStatus(
+            status=REPLAY_RAN,
+            evidence={str(k): _scalar(v, f"{path}.evidence.{k}") for k, v in evidence.items()},
+        )
+    document = _object(value, path, ("status", "reason"))
+    status = _string(document["status"], f"{path}.status")
+    if status not in REPLAY_STATUSES:
+        raise ComparisonShapeError(
+            f"{path}.status", f"expected one of {', '.join(map(repr, REPLAY_STATUSES))}"
+        )
+    return ReplayStatus(status=status, reason=_string(document["reason"], f"{path}.reason"))
+
+
+def _abs_diff_stats(value: object, path: str) -> AbsDiffStats | None:
+    if value is None:
+        return None
+    document = _object(value, path, ("max", "mean", "p99"))
+    return AbsDiffStats(
+        max=_optional_number(document["max"], f"{path}.max"),
+        mean=_optional_number(document["mean"], f"{path}.mean"),
+        p99=_optional_number(document["p99"], f"{path}.p99"),
+    )
+
+
+def _decode_replay_figures(value: object, path: str) -> DecodeReplayFigures:
+    document = _object(value, path, ("max", "mean", "p99", "bitwise_equal_fraction"))
+    return DecodeReplayFigures(
+        max=_optional_number(document["max"], f"{path}.max"),
+        mean=_optional_number(document["mean"], f"{path}.mean"),
+        p99=_optional_number(document["p99"], f"{path}.p99"),
+        bitwise_equal_fraction=_optional_number(
+            document["bitwise_equal_fraction"], f"{path}.bitwise_equal_fraction"
+        ),
+    )
+
+
+def _path_split_figures(value: object, path: str) -> PathSplitFigures | None:
+    if value is None:
+        return None
+    keys = ("active_tokens", *PATH_PAIRS, "bitwise_equal_fraction", "first_difference")
+    replay = "decode_replay_decode"
+    document = _object(value, path, keys, optional=(replay,))
+    first = document["first_difference"]
+    firsts = (
+        None
+        if first is None
+        else tuple(
+            None if f is None else _count(f, f"{path}.first_difference[{i}]")
+            for i, f in enumerate(_array(first, f"{path}.first_difference"))
+        )
+    )
+    stats = {key: _abs_diff_stats(document[key], f"{path}.{key}") for key in PATH_PAIRS}
+    return PathSplitFigures(
+        active_tokens=_count(document["active_tokens"], f"{path}.active_tokens"),
+        decode_prefill=stats["decode_prefill"],
+        prefill_training=stats["prefill_training"],
+        decode_training=stats["decode_training"],
+        bitwise_equal_fraction=_optional_number(
+            document["bitwise_equal_fraction"], f"{path}.bitwise_equal_fraction"
+        ),
+        first_difference=firsts,
+        decode_replay_decode=(
+            _decode_replay_figures(document[replay], f"{path}.{replay}")
+            if replay in document
+            else None
+        ),
+    )
+
+
+def read_path_split(value: object, path: str = "diagnostics.path_split") -> PathSplit:
+    """``diagnostics.path_split`` as its record, strictly."""
+    document = _object(value, path, ("prefill", "decode_replay", "comparable", "figures"))
+    comparable = _object(document["comparable"], f"{path}.comparable", PATH_PAIRS)
+    return PathSplit(
+        prefill=_replay_status(document["prefill"], f"{path}.prefill"),
+        decode_replay=_replay_status(document["decode_replay"], f"{path}.decode_replay"),
+        comparable={
+            key: _boolean(comparable[key], f"{path}.comparable.{key}") for key in PATH_PAIRS
+        },
+        figures=_path_split_figures(document["figures"], f"{path}.figures"),
+    )
+
+
 def read_diagnostics(value: object, path: str = "diagnostics") -> Diagnostics:
     """comparison.json's ``diagnostics`` object as its typed parts."""
     document = _object(
-        value, path, (), optional=(*STATISTICS_KEYS, "full_vocabulary", "semantic_offset")
+        value,
+        path,
+        (),
+        optional=(*STATISTICS_KEYS, "full_vocabulary", "semantic_offset", "path_split"),
     )
-    full, offset = "full_vocabulary", "semantic_offset"
+    full, offset, split = "full_vocabulary", "semantic_offset", "path_split"
     return Diagnostics(
         statistics=_statistics(document, path),
         full_vocabulary=(
@@ -551,6 +762,9 @@ def read_diagnostics(value: object, path: str = "diagnostics") -> Diagnostics:
         semantic_offset=(
             _semantic_offset(document[offset], _at(path, offset)) if offset in document else None
         ),
+        path_split=read_path_split(document[split], _at(path, split))
+        if split in document
+        else None,
     )
 
 
