@@ -93,8 +93,8 @@ def test_incomparable_pairs_get_no_figures() -> None:
 
 def _part(figures: object) -> dict[str, object]:
     return {
-        "prefill": {"status": "ran", "evidence": {"prefix_cache_hit_tokens": 0}},
-        "decode_replay": {"status": "unavailable", "reason": "engine refuses it"},
+        "prefill": {"status": "replay_ran", "evidence": {"num_cached_tokens": 0}},
+        "decode_replay": {"status": "replay_unavailable", "reason": "engine refuses it"},
         "comparable": {"decode_prefill": True, "prefill_training": True, "decode_training": True},
         "figures": figures,
     }

@@ -4,7 +4,8 @@ Owns the steps between "this case must run" and "its attempt is sealed": strict 
 (stale registry state, materialization), per-case operator resolution through a fresh
 ``OperatorSession``, rollout then read-only training scoring on engines from the
 fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, the
-opt-in full-vocabulary diagnostics (``execute.diagnostics``, sealed as ``divergence.pt``), and
+opt-in full-vocabulary diagnostics (``execute.diagnostics``, sealed as ``divergence.pt``), the
+opt-in replay (``execute.replay``, after the read-back so it cannot change what is read back), and
 writing every payload before COMPLETE. Used by the runner. Knows no concrete runtime, no
 frontend, and nothing about which operator backends exist.
 """
@@ -31,6 +32,7 @@ from pytest_logprob_drift.execute.protocol import (
     merge_read_back,
     strict_violations,
 )
+from pytest_logprob_drift.execute.replay import ReplayResult, replay_diagnostics
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
     NumericCheck,
@@ -97,6 +99,7 @@ class _Scored:
     rollout: RolloutOutput | None = None
     training: TrainingOutput | None = None
     read_back: dict[str, Any] = field(default_factory=dict)
+    replay: ReplayResult | None = None
     provenance: list[dict[str, Any]] = field(default_factory=list)
     records: tuple[KnobApplication, ...] = ()
 
@@ -215,6 +218,16 @@ def _score(
     )
     actual = merge_read_back(engine.read_back(), scorer.read_back())
     scored.read_back = dict(actual)
+    if binding.replay:  # never changes the verdict
+        scored.replay = replay_diagnostics(
+            engine,
+            identity,
+            scored.rollout,
+            scored.training,
+            actual,
+            batch_size=batch_size,
+            logp=kernels["rollout"],
+        )
     case = run.ec.case
     scored.records = application_records(case.requested, run.materialized, actual)
     reasons.extend(strict_violations(scored.records, changed=case.changed, strict=run.strict))
@@ -308,6 +321,10 @@ def _write_attempt(
         entries = extra.entries
         if extra.tensors is not None:
             writer.write_bytes(layout.DIVERGENCE, tensor_bytes(extra.tensors))
+    if scored.replay is not None and rollout is not None and training is not None:
+        entries = {**entries, "path_split": scored.replay.entry}
+        for name, tensors in scored.replay.files.items():
+            writer.write_bytes(name, tensor_bytes(tensors))
     comparison = _comparison(run, scored, verdict, numeric, entries)
     writer.write_json(layout.COMPARISON, comparison.to_json())
     if rollout is not None and training is not None:

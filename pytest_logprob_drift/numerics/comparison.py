@@ -236,8 +236,11 @@ class SemanticOffsetSummary:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplayStatus:
     """What became of one replay (``diagnostics.path_split.prefill`` / ``.decode_replay``):
-    ``ran`` with what the engine did (``evidence``), or ``unavailable`` with the engine's
-    reason. A diagnostic status: never a knob status, never a verdict."""
+    ``replay_ran`` with what the engine did (``evidence``); ``replay_incomparable``: it ran,
+    but its logprobs are not the kind the decode path reported (raw against processed), with
+    the evidence and the ``reason``; ``replay_unavailable`` with the engine's reason. A
+    diagnostic status: never a knob status (``unsupported`` / ``unobservable``), never a
+    verdict."""
 
     status: str
     evidence: dict[str, JSONScalar] | None = None
@@ -245,17 +248,21 @@ class ReplayStatus:
 
     @property
     def ran(self) -> bool:
-        return self.status == REPLAY_RAN
+        return self.status in (REPLAY_RAN, REPLAY_INCOMPARABLE)
 
     def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status}
         if self.ran:
-            return {"status": self.status, "evidence": dict(self.evidence or {})}
-        return {"status": self.status, "reason": self.reason}
+            out["evidence"] = dict(self.evidence or {})
+        if self.status != REPLAY_RAN:
+            out["reason"] = self.reason
+        return out
 
 
-REPLAY_RAN = "ran"
-REPLAY_UNAVAILABLE = "unavailable"
-REPLAY_STATUSES = (REPLAY_RAN, REPLAY_UNAVAILABLE)
+REPLAY_RAN = "replay_ran"
+REPLAY_INCOMPARABLE = "replay_incomparable"
+REPLAY_UNAVAILABLE = "replay_unavailable"
+REPLAY_STATUSES = (REPLAY_RAN, REPLAY_INCOMPARABLE, REPLAY_UNAVAILABLE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -655,24 +662,27 @@ def _semantic_offset(value: object, path: str) -> SemanticOffsetSummary:
 
 
 def _replay_status(value: object, path: str) -> ReplayStatus:
-    if isinstance(value, dict) and value.get("status") == REPLAY_RAN:
-        document = _object(value, path, ("status", "evidence"))
-        evidence = document["evidence"]
-        if not isinstance(evidence, dict):
-            raise ComparisonShapeError(
-                f"{path}.evidence", f"expected an object, got {_type_name(evidence)}"
-            )
-        return ReplayStatus(
-            status=REPLAY_RAN,
-            evidence={str(k): _scalar(v, f"{path}.evidence.{k}") for k, v in evidence.items()},
-        )
-    document = _object(value, path, ("status", "reason"))
+    status = value.get("status") if isinstance(value, dict) else None
+    keys = {
+        REPLAY_RAN: ("status", "evidence"),
+        REPLAY_INCOMPARABLE: ("status", "evidence", "reason"),
+    }.get(status if isinstance(status, str) else "", ("status", "reason"))
+    document = _object(value, path, keys)
     status = _string(document["status"], f"{path}.status")
     if status not in REPLAY_STATUSES:
         raise ComparisonShapeError(
             f"{path}.status", f"expected one of {', '.join(map(repr, REPLAY_STATUSES))}"
         )
-    return ReplayStatus(status=status, reason=_string(document["reason"], f"{path}.reason"))
+    evidence: dict[str, JSONScalar] | None = None
+    if "evidence" in document:
+        raw = document["evidence"]
+        if not isinstance(raw, dict):
+            raise ComparisonShapeError(
+                f"{path}.evidence", f"expected an object, got {_type_name(raw)}"
+            )
+        evidence = {str(k): _scalar(v, f"{path}.evidence.{k}") for k, v in raw.items()}
+    reason = _string(document["reason"], f"{path}.reason") if "reason" in document else None
+    return ReplayStatus(status=status, evidence=evidence, reason=reason)
 
 
 def _abs_diff_stats(value: object, path: str) -> AbsDiffStats | None:

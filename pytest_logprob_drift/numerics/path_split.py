@@ -19,11 +19,39 @@ from typing import Any
 
 import torch
 
+from pytest_logprob_drift.numerics.sampling import Truncation
+
 PAIRS = ("decode_prefill", "prefill_training", "decode_training")
 """The three pairs, each ``<minuend>_<subtrahend>`` of the per-token difference."""
 
 REPLAY_PAIR = "decode_replay_decode"
 """The decode replay against the sampled logprobs (the rollout's run-to-run noise)."""
+
+
+SEMANTICS = ("raw", "processed")
+"""What a logprob is of: the raw logits, or the processed ones the sampler draws from."""
+
+
+def processing_is_identity(how: Truncation) -> bool:
+    """Whether processed logprobs equal raw ones bit for bit: greedy sampling (nothing is
+    processed), or temperature exactly 1.0 without truncation (the division by 1.0 is exact)."""
+    return how.greedy or (how.temperature == 1.0 and not how.truncates)
+
+
+def comparable_pairs(
+    *, decode: str, prefill: str, training: str, identity_processing: bool
+) -> dict[str, bool]:
+    """Per pair of ``PAIRS``: are its two sides the same kind of logprob (``SEMANTICS``)?
+    Every pair is when processing is the identity."""
+    for name, value in (("decode", decode), ("prefill", prefill), ("training", training)):
+        if value not in SEMANTICS:
+            raise ValueError(f"{name} semantics must be one of {SEMANTICS}, got {value!r}")
+    kinds = {"decode": decode, "prefill": prefill, "training": training}
+    out = {}
+    for pair in PAIRS:
+        left, right = pair.split("_")
+        out[pair] = identity_processing or kinds[left] == kinds[right]
+    return out
 
 
 def differences(

@@ -11,7 +11,7 @@ tokens). Knows nothing about engines, models or comparison; imports only torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -101,3 +101,44 @@ def active_rows(steps: Sequence[Sequence[torch.Tensor]], active: torch.Tensor) -
         width = next((len(s[0]) for s in steps if s), 0)
         return torch.zeros((0, width), dtype=torch.float32)
     return torch.stack([r.detach().cpu() for r in rows])
+
+
+def sequences(batch: Mapping[str, torch.Tensor]) -> list[list[int]]:
+    """Each row's tokens (prompt + response, exactly as the canonical batch holds them)."""
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    return [
+        [int(t) for t in batch["token_ids"][i, : int(n)].tolist()] for i, n in enumerate(lengths)
+    ]
+
+
+def replay_grid(
+    batch: Mapping[str, torch.Tensor],
+    logprobs: Sequence[Sequence[float | None]],
+    scored: Sequence[Sequence[int]],
+    pad_token_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A replay's per-sequence logprobs and the token ids the engine reports it scored, on the
+    canonical grid of ``batch``: float32 ``[B, L]`` logprobs (0.0 outside ``active_mask``) and
+    int64 ``[B, L]`` token ids (``pad_token_id`` past each scored sequence). A sequence of
+    another length than its row is a ValueError."""
+    token_ids = batch["token_ids"]
+    rows, width = token_ids.shape
+    active = batch["active_mask"]
+    values = torch.zeros((rows, width), dtype=torch.float32)
+    ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    if len(logprobs) != rows or len(scored) != rows:
+        raise ValueError(f"replay returned {len(logprobs)} sequences for {rows} rows")
+    for i in range(rows):
+        seq = list(scored[i])
+        if len(seq) != int(batch["attention_mask"][i].sum()):
+            raise ValueError(
+                f"replay scored {len(seq)} tokens of row {i}, which has "
+                f"{int(batch['attention_mask'][i].sum())}"
+            )
+        ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        for k in active[i].nonzero().flatten().tolist():
+            value = logprobs[i][k] if k < len(logprobs[i]) else None
+            if value is None:
+                raise ValueError(f"replay reports no logprob for row {i}, position {k}")
+            values[i, k] = float(value)
+    return values, ids

@@ -39,13 +39,19 @@ SCORE_TRAINING = "score_training.pt"
 TOKEN_DIFFS = "token_diffs.pt"
 DIVERGENCE = "divergence.pt"
 """Opt-in full-vocabulary diagnostics (``diagnostics.full_vocabulary``)."""
+SCORE_ROLLOUT_PREFILL = "score_rollout_prefill.pt"
+"""Opt-in replay (``diagnostics.replay``): the rollout engine's prefill replay of its sampled
+sequences, on ``score_rollout.pt``'s grid."""
+SCORE_ROLLOUT_DECODE_REPLAY = "score_rollout_decode_replay.pt"
+"""Opt-in replay: the rollout's forced decode of its sampled tokens, where the engine has one."""
+REPLAY_FILES = (SCORE_ROLLOUT_PREFILL, SCORE_ROLLOUT_DECODE_REPLAY)
 
 RECORD_FILES = (REQUESTED, MATERIALIZED, ACTUAL, IDENTITY)
 """The JSON records every attempt seals beside its comparison (requested -> materialized ->
 actual, and the identity both sides scored)."""
 SCORE_FILES = (SCORE_ROLLOUT, SCORE_TRAINING, TOKEN_DIFFS)
 """The tensors of an attempt that has scores (PASS, MISMATCH, ZERO_ACTIVE_TOKENS)."""
-DIAGNOSTIC_FILES = (DIVERGENCE,)
+DIAGNOSTIC_FILES = (DIVERGENCE, *REPLAY_FILES)
 """Tensor files of opt-in diagnostics: sealed when the diagnostic ran, absent otherwise."""
 JSON_FILES = (COMPARISON, *RECORD_FILES)
 TENSOR_FILES = (*SCORE_FILES, *DIAGNOSTIC_FILES)

@@ -27,13 +27,16 @@ from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.execute.protocol import (
     LogpKernel,
     Materialized,
+    ReplayOutput,
+    ReplayUnavailable,
     RolloutOutput,
     RuntimeBinding,
+    TensorBatch,
     applied_sampling,
     backend_of,
 )
 from pytest_logprob_drift.records import JSONScalar, KnobValue, ScoringIdentity
-from pytest_logprob_drift.runtimes.batch import active_rows
+from pytest_logprob_drift.runtimes.batch import active_rows, replay_grid, sequences
 from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, special_token_ids
 from pytest_logprob_drift.runtimes.transformers.adapter import (
     TransformersTrainingAdapter,
@@ -187,6 +190,46 @@ class VllmRollout:
             full_vocab=None if steps is None else active_rows(steps, tensors["active_mask"]),
             sampler=rollout_sampler(str(live["platform"]), str(live["model_runner"])),
         )
+
+    def replay_prefill(
+        self,
+        identity: ScoringIdentity,
+        rollout: TensorBatch,
+        *,
+        batch_size: int,
+        logp: LogpKernel | None,
+    ) -> ReplayOutput:
+        """The sampled sequences scored again by this engine as prompts (``prompt_logprobs``,
+        raw logprobs), in the case's own chunks of ``batch_size`` (``execute.protocol.
+        PrefillReplay``)."""
+        _eos, pad = self._special
+        values, scored, evidence = self.engine.replay_prefill(
+            sequences(rollout), batch_size=batch_size
+        )
+        logprobs, token_ids = replay_grid(rollout, values, scored, pad)
+        return ReplayOutput(
+            logprobs=logprobs,
+            token_ids=token_ids,
+            evidence={
+                "path": "vllm prompt_logprobs=0, max_tokens=1",
+                "logprob_semantics": "raw",
+                "batch_size": batch_size,
+                **evidence,
+            },
+        )
+
+    def replay_decode(
+        self,
+        identity: ScoringIdentity,
+        rollout: TensorBatch,
+        *,
+        batch_size: int,
+        logp: LogpKernel | None,
+    ) -> ReplayOutput:
+        """vLLM's decode replay (``trace_decode_token_ids``) needs an engine built with
+        ``enable_trace_replay``, which vLLM 0.32 refuses without model runner V2: always
+        ``ReplayUnavailable`` with the live engine's reason (``execute.protocol.DecodeReplay``)."""
+        raise ReplayUnavailable(self.engine.trace_replay_refusal())
 
     def _sampling_seen(self) -> list[dict[str, Any]]:
         seen = self.engine.read_back().get("sampling_seen")

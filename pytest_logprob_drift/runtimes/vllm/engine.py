@@ -413,6 +413,114 @@ class VllmRolloutEngine:
             prompts, responses, pad_token_id, eos_token_id=eos_token_id, mask_policy=mask_policy
         )
 
+    # -- replay
+
+    def replay_prefill(
+        self, sequences: Sequence[Sequence[int]], *, batch_size: int
+    ) -> tuple[list[list[float | None]], list[list[int]], dict[str, int | bool]]:
+        """Score each token-id sequence again as a prompt, on the prefill path.
+
+        Chunks of ``batch_size`` sequences, one ``LLM.generate`` call each, every request
+        ``SamplingParams(prompt_logprobs=0, max_tokens=1)``: vLLM's raw logprob of every
+        prompt token given the ones before it (position 0 has none: ``None``), read from each
+        position's dict by the token id actually at that position. Returns the per-sequence
+        logprobs, the prompt token ids vLLM reports it scored, and what the engine did with
+        its prefix cache: the requests' ``num_cached_tokens`` (vLLM skips reading the cache for
+        prompt-logprob requests, ``skip_reading_prefix_cache``, since PR #23399). With prefix
+        caching on, the cache is reset afterwards, so the replayed blocks serve no later
+        request of this engine.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        limit = self.spec.max_model_len
+        for i, sequence in enumerate(sequences):
+            if len(sequence) < 2:
+                raise ValueError(f"sequence {i} has {len(sequence)} tokens; 2 are needed")
+            if len(sequence) + 1 > limit:
+                raise ValueError(
+                    f"sequence {i} ({len(sequence)} tokens) + 1 exceeds max_model_len {limit}"
+                )
+        llm = self._live()
+        logprobs: list[list[float | None]] = []
+        scored: list[list[int]] = []
+        cached = cached_max = 0
+        skip_reading = True
+        for start in range(0, len(sequences), batch_size):
+            chunk = sequences[start : start + batch_size]
+            requests = [TokensPrompt(prompt_token_ids=[int(t) for t in s]) for s in chunk]
+            params = [
+                SamplingParams(
+                    n=1, max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False
+                )
+                for _ in chunk
+            ]
+            skip_reading = skip_reading and all(bool(p.skip_reading_prefix_cache) for p in params)
+            outputs = llm.generate(requests, params, use_tqdm=False)
+            if len(outputs) != len(chunk):
+                raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(chunk)}")
+            for j, out in enumerate(outputs):
+                ids = [int(t) for t in (out.prompt_token_ids or [])]
+                scored.append(ids)
+                logprobs.append(_prompt_logprobs(out, ids, start + j))
+                hit = int(out.num_cached_tokens or 0)
+                cached += hit
+                cached_max = max(cached_max, hit)
+        caching = bool(llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
+        # The replayed blocks must not serve a later case's prompts on this engine.
+        reset = bool(llm.reset_prefix_cache()) if caching else False
+        evidence: dict[str, int | bool] = {
+            "num_cached_tokens": cached,
+            "num_cached_tokens_max": cached_max,
+            "skip_reading_prefix_cache": skip_reading,
+            "enable_prefix_caching": caching,
+            "prefix_cache_reset_after": reset,
+            "requests": len(sequences),
+        }
+        return logprobs, scored, evidence
+
+    def trace_replay_refusal(self) -> str:
+        """Why this engine cannot replay its decode path (``trace_decode_token_ids``), in
+        vLLM's own words: its construction check (``VllmConfig._verify_trace_replay_config``)
+        run against the live engine's config with trace replay asked for. This engine was not
+        built with ``enable_trace_replay``; where vLLM would accept it, that is the reason."""
+        import copy
+
+        config = self._live().llm_engine.vllm_config
+        v2 = bool(getattr(config, "use_v2_model_runner", False))
+        check = getattr(config, "_verify_trace_replay_config", None)
+        if check is not None:
+            probe = copy.copy(config)
+            model = copy.copy(config.model_config)
+            object.__setattr__(model, "enable_trace_replay", True)
+            object.__setattr__(probe, "model_config", model)
+            try:
+                check.__func__(probe)
+            except ValueError as exc:
+                return f"vLLM refuses enable_trace_replay: {exc} (use_v2_model_runner={v2})"
+        return (
+            f"the engine was built without enable_trace_replay (use_v2_model_runner={v2}); "
+            "this project has no vLLM trace-replay path"
+        )
+
+
+def _prompt_logprobs(out: Any, ids: Sequence[int], index: int) -> list[float | None]:
+    """vLLM's prompt logprob of each token of sequence ``index`` (None at position 0)."""
+    entries = out.prompt_logprobs
+    if entries is None or len(entries) != len(ids):
+        raise RuntimeError(f"vLLM returned no prompt logprobs for sequence {index}")
+    values: list[float | None] = [None]
+    for k in range(1, len(ids)):
+        entry = entries[k]
+        if entry is None or ids[k] not in entry:
+            raise RuntimeError(
+                f"vLLM did not report the prompt token's logprob (sequence {index}, position {k})"
+            )
+        values.append(float(entry[ids[k]].logprob))
+    return values
+
 
 def _applied_sampling(params: Any) -> dict[str, float | int | None]:
     """The truncation a request really carries, read from vLLM's own (normalized) params: its
