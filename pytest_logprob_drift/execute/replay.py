@@ -45,10 +45,6 @@ from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.records import ScoringIdentity
 from pytest_logprob_drift.store import layout
 
-REPLAY_KEYS = frozenset(("logprobs", "token_ids", "attention_mask", "active_mask"))
-"""The tensors of a sealed replay file: the replay's logprobs and the token ids it scored, on
-``score_rollout.pt``'s grid with its masks."""
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplayResult:
@@ -111,6 +107,7 @@ def _run(
 
 
 def _sealed(out: ReplayOutput, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``numerics.path_split.REPLAY_TENSORS``."""
     return {
         "logprobs": out.logprobs.float().cpu(),
         "token_ids": out.token_ids.long().cpu(),

@@ -28,6 +28,11 @@ REPLAY_PAIR = "decode_replay_decode"
 """The decode replay against the sampled logprobs (the rollout's run-to-run noise)."""
 
 
+REPLAY_TENSORS = frozenset(("logprobs", "token_ids", "attention_mask", "active_mask"))
+"""The tensors of a sealed replay file (``score_rollout_prefill.pt``,
+``score_rollout_decode_replay.pt``): the replay's logprobs and the token ids it scored, on
+``score_rollout.pt``'s grid with its masks."""
+
 SEMANTICS = ("raw", "processed")
 """What a logprob is of: the raw logits, or the processed ones the sampler draws from."""
 

@@ -29,6 +29,7 @@ from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.divergence_check import check_divergence
+from pytest_logprob_drift.store.path_split_check import check_path_split
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 
@@ -180,6 +181,17 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             comparison.diagnostics,
             load_sealed_tensors(directory, layout.DIVERGENCE, seal) if full else None,
             diffs,
+        )
+        replays = {
+            name: load_sealed_tensors(directory, name, seal) if name in seal.files else None
+            for name in layout.REPLAY_FILES
+        }
+        check_path_split(
+            comparison.diagnostics,
+            replays[layout.SCORE_ROLLOUT_PREFILL],
+            replays[layout.SCORE_ROLLOUT_DECODE_REPLAY],
+            scored[layout.SCORE_ROLLOUT],
+            scored[layout.SCORE_TRAINING],
         )
         _same_numeric_check(comparison.numerical, numeric)
         if outcome in TENSOR_OUTCOMES and outcome is not numeric.outcome:

@@ -34,6 +34,7 @@ from pytest_logprob_drift.execute.protocol import (
     BoundKernel,
     LogpKernel,
     Materialized,
+    ReplayOutput,
     RolloutOutput,
     RuntimeBinding,
     TensorBatch,
@@ -248,6 +249,70 @@ class HfRollout:
                 **reported_sampling(truncation),
             },
             full_vocab=None if steps is None else active_rows(steps, tensors["active_mask"]),
+        )
+
+    def replay_prefill(
+        self,
+        identity: ScoringIdentity,
+        rollout: TensorBatch,
+        *,
+        batch_size: int,
+        logp: LogpKernel | None,
+    ) -> ReplayOutput:
+        """Prefill replay: a teacher-forced forward of the rollout model itself (its dtype,
+        attention implementation and LM head) over the sampled sequences, in chunks of the
+        case's ``batch_size``, reporting the kind of logprob the rollout reports
+        (``execute.protocol.PrefillReplay``)."""
+        processed = self.logprobs_mode == "processed_logprobs"
+        logprobs = hf_engine.hf_teacher_forced_score(
+            self.model,
+            {k: rollout[k] for k in hf_engine.SCORER_KEYS},
+            batch_size=batch_size,
+            logp_fn=logp or hf_engine.native_selected_logprob,
+            processed=sampling_truncation(identity) if processed else None,
+        )
+        return ReplayOutput(
+            logprobs=logprobs,
+            token_ids=rollout["token_ids"],
+            evidence={
+                "path": "transformers teacher-forced forward of the rollout model",
+                "logprob_semantics": "processed" if processed else "raw",
+                "batch_size": batch_size,
+                "attn_implementation": ROLLOUT_ATTENTION,
+                "use_cache": False,
+            },
+        )
+
+    def replay_decode(
+        self,
+        identity: ScoringIdentity,
+        rollout: TensorBatch,
+        *,
+        batch_size: int,
+        logp: LogpKernel | None,
+    ) -> ReplayOutput:
+        """Decode replay: the sampled tokens forced through the rollout's own KV-cache decode
+        path again (``hf_engine.hf_forced_decode``; ``execute.protocol.DecodeReplay``)."""
+        _eos, pad = special_token_ids(self.checkpoint.path)
+        processed = self.logprobs_mode == "processed_logprobs"
+        logprobs, fed = hf_engine.hf_forced_decode(
+            self.model,
+            rollout,
+            batch_size=batch_size,
+            logp_fn=logp or hf_engine.native_selected_logprob,
+            pad_token_id=pad,
+            truncation=sampling_truncation(identity),
+            logprobs_mode=self.logprobs_mode,
+        )
+        return ReplayOutput(
+            logprobs=logprobs,
+            token_ids=fed,
+            evidence={
+                "path": "transformers forced KV-cache decoding (DynamicCache)",
+                "logprob_semantics": "processed" if processed else "raw",
+                "batch_size": batch_size,
+                "attn_implementation": ROLLOUT_ATTENTION,
+            },
         )
 
     def read_back(self) -> Mapping[str, JSONScalar]:

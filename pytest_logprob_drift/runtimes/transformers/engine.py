@@ -487,6 +487,71 @@ def hf_rollout(
     )
 
 
+def hf_forced_decode(
+    model: Any,
+    batch: Mapping[str, Tensor],
+    *,
+    batch_size: int,
+    logp_fn: LogpFn,
+    pad_token_id: int,
+    truncation: Truncation,
+    logprobs_mode: str = LOGPROBS_MODE,
+) -> tuple[Tensor, Tensor]:
+    """Decode replay: the canonical batch's sampled responses forced through the rollout's
+    KV-cache decode path again, exactly as ``hf_rollout`` decodes (chunks of ``batch_size``,
+    left-padded prompt prefill, then one token per step through a ``DynamicCache``), each step
+    feeding the sampled token instead of drawing one (a finished row is fed the pad token).
+    Returns float32 ``[B, L]`` logprobs of the sampled tokens on the batch's grid (0.0 outside
+    ``active_mask``; raw or processed as ``logprobs_mode``) and the int64 ``[B, L]`` token ids
+    fed (the prompt, then the forced tokens; pad elsewhere)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    token_ids, attention = batch["token_ids"].cpu(), batch["attention_mask"].cpu()
+    active = batch["active_mask"].cpu()
+    prompt_lengths = [int(n) for n in batch["prompt_lengths"].tolist()]
+    lengths = [int(n) for n in attention.sum(-1).tolist()]
+    rows, width = token_ids.shape
+    result = torch.zeros((rows, width), dtype=torch.float32)
+    fed = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    device = _model_device(model)
+    with torch.inference_mode():
+        for start in range(0, rows, batch_size):
+            chunk = range(start, min(start + batch_size, rows))
+            prompts = [token_ids[i, : prompt_lengths[i]].tolist() for i in chunk]
+            responses = [token_ids[i, prompt_lengths[i] : lengths[i]].tolist() for i in chunk]
+            for i, prompt in zip(chunk, prompts, strict=True):
+                fed[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+            ids, mask, positions = _left_padded(prompts, pad_token_id, device)
+            cache = tf.DynamicCache(config=model.config)
+            logits = _cached_forward(model, ids, mask, positions, cache)
+            last_pos = positions[:, -1:]
+            steps = max(len(r) for r in responses)
+            for step in range(steps):
+                forced = torch.tensor(
+                    [r[step] if step < len(r) else pad_token_id for r in responses],
+                    dtype=torch.long,
+                    device=logits.device,
+                )
+                reported = (
+                    processed_logits(logits, truncation)
+                    if logprobs_mode == "processed_logprobs"
+                    else logits
+                )
+                logps = _selected(logp_fn, reported, forced).cpu()
+                for j, i in enumerate(chunk):
+                    if step < len(responses[j]):
+                        position = prompt_lengths[i] + step
+                        fed[i, position] = int(forced[j])
+                        if bool(active[i, position]):
+                            result[i, position] = float(logps[j])
+                if step == steps - 1:
+                    break
+                last_pos = last_pos + 1
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                logits = _cached_forward(model, forced.unsqueeze(1), mask, last_pos, cache)
+    return result, fed
+
+
 # --------------------------------------------------------------------------- training scorer
 
 
