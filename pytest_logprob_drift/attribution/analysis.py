@@ -42,6 +42,7 @@ class SealedExecution:
     of cases holds only a few in memory."""
 
     __slots__ = (
+        "_prefill",
         "_scores",
         "attempt_dir",
         "attempt_id",
@@ -67,6 +68,20 @@ class SealedExecution:
         self.outcome = comparison.outcome.value
         self.complete_sha256 = str(self.seal.manifest.sha256)  # of the COMPLETE just parsed
         self._scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+        self._prefill: torch.Tensor | None = None
+
+    @property
+    def has_prefill(self) -> bool:
+        """Whether the rollout's prefill replay is sealed (opt-in ``diagnostics.replay``)."""
+        return layout.SCORE_ROLLOUT_PREFILL in self.seal.files
+
+    @property
+    def prefill_logprobs(self) -> torch.Tensor:
+        """The rollout's prefill replay of its sampled sequences (digest checked)."""
+        if self._prefill is None:
+            sealed = load_sealed_tensors(self.attempt_dir, layout.SCORE_ROLLOUT_PREFILL, self.seal)
+            self._prefill = sealed["logprobs"]
+        return self._prefill
 
     @property
     def comparable(self) -> bool:
@@ -95,6 +110,7 @@ class SealedExecution:
 
     def release(self) -> None:
         self._scores = None
+        self._prefill = None
 
     def reference(self) -> dict[str, str]:
         return {
@@ -164,7 +180,56 @@ def _comparison(
         "rollout": rollout.to_json(),
         "training": training.to_json(),
         "classification": classify(alignment, rollout, training, floor),
+        **_by_path(case, reference, alignment, rollout, training, floor),
     }
+
+
+def _by_path(
+    case: SealedExecution,
+    reference: SealedExecution,
+    alignment: Alignment,
+    decode: Movement,
+    training: Movement,
+    floor: SideFloor,
+) -> dict[str, Any]:
+    """``path``, when both executions sealed a prefill replay: how far the rollout's prefill
+    replay moved on the shared tokens and the path classification (``classify_path``); the
+    rollout's noise floor stands for both of its paths."""
+    if not (case.has_prefill and reference.has_prefill):
+        return {}
+    prefill = movement(alignment, case.prefill_logprobs, reference.prefill_logprobs)
+    return {
+        "path": {
+            "prefill": prefill.to_json(),
+            "classification": classify_path(
+                decode_moved=decode.max_abs_delta > floor.rollout,
+                prefill_moved=prefill.max_abs_delta > floor.rollout,
+                training_moved=training.max_abs_delta > floor.training,
+            ),
+        }
+    }
+
+
+PATH_NO_EFFECT = "no effect"
+PATH_DECODE_ONLY = "moved the rollout's decode path only (its prefill replay is bitwise equal)"
+PATH_PREFILL_ONLY = "moved the rollout's prefill path only"
+PATH_BOTH = "moved the rollout on both paths"
+PATH_TRAINING = "moved the training side"
+
+
+def classify_path(*, decode_moved: bool, prefill_moved: bool, training_moved: bool) -> str:
+    """Which path a knob moved, in words: the rollout's decode path only, its prefill path
+    only, both, and/or the training side; ``no effect`` when nothing moved beyond the floor."""
+    parts = []
+    if decode_moved and prefill_moved:
+        parts.append(PATH_BOTH)
+    elif decode_moved:
+        parts.append(PATH_DECODE_ONLY)
+    elif prefill_moved:
+        parts.append(PATH_PREFILL_ONLY)
+    if training_moved:
+        parts.append(PATH_TRAINING)
+    return "; ".join(parts) if parts else PATH_NO_EFFECT
 
 
 def noise_floor(baseline: SealedExecution, repeats: Sequence[SealedExecution]) -> SideFloor:

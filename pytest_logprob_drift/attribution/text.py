@@ -55,6 +55,31 @@ def rows(document: Mapping[str, Any]) -> list[list[str]]:
     return table
 
 
+PATH_HEADERS = ("case", "where it moved", "decode max|d|", "prefill max|d|", "training max|d|")
+"""The attribution by path (opt-in ``diagnostics.replay``): one row per case that has one."""
+
+
+def path_rows(document: Mapping[str, Any]) -> list[list[str]]:
+    """Rows of the attribution by path, in ranking order (none without replays)."""
+    by_label = {c["label"]: c for c in document["cases"]}
+    table: list[list[str]] = []
+    for label in document["ranking"]:
+        case = by_label[label]
+        path = case.get("path")
+        if path is None:
+            continue
+        table.append(
+            [
+                label,
+                path["classification"],
+                _num(case["rollout"]["max_abs_delta"]),
+                _num(path["prefill"]["max_abs_delta"]),
+                _num(case["training"]["max_abs_delta"]),
+            ]
+        )
+    return table
+
+
 def summary_lines(document: Mapping[str, Any]) -> list[str]:
     """The noise floor, the ranking, and the cases that could not be attributed."""
     floor = document["noise_floor"]

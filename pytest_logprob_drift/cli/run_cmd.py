@@ -20,13 +20,14 @@ from typing import Any, TextIO
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.attribution.sealed import SealedAttribution
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
+from pytest_logprob_drift.attribution.text import PATH_HEADERS, path_rows, summary_lines
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
-from pytest_logprob_drift.attribution.text import summary_lines
 from pytest_logprob_drift.cli import FLAGS, SEAL_KEY_FLAGS
 from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError, one_line
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
+from pytest_logprob_drift.numerics import path_split_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.plan.binding import ExecutionCase
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
@@ -164,6 +165,7 @@ def _run(
     attribution = attribute_run(run_dir, execution_plan.plan.experiment_id, results, err)
     diagnostics = [None if r.comparison is None else r.comparison.diagnostics for r in results]
     full_vocabulary = divergence_text.has_full_vocabulary(diagnostics)
+    split = path_split_text.has_path_split(diagnostics)
     rows = [
         [
             r.case_id,
@@ -175,6 +177,7 @@ def _run(
             "reused" if r.reused else ("new" if r.attempt_dir else "-"),
             "" if r.as_expected else f"expected {r.expected.value}",
             *(divergence_text.cells(d) if full_vocabulary else []),
+            *(path_split_text.cells(d) if split else []),
         ]
         for r, d in zip(results, diagnostics, strict=True)
     ]
@@ -205,13 +208,14 @@ def _run(
                     "attempt",
                     "note",
                     *(divergence_text.HEADERS if full_vocabulary else ()),
+                    *(path_split_text.HEADERS if split else ()),
                 ],
                 rows,
             ),
             file=out,
         )
         for r, d in zip(results, diagnostics, strict=True):
-            for line in divergence_text.lines(d):
+            for line in [*divergence_text.lines(d), *path_split_text.lines(d)]:
                 print(one_line(f"{r.label}: {line}"), file=out)
         print(
             f"engine constructions: rollout {constructions[0]}, training {constructions[1]}",
@@ -241,6 +245,9 @@ def print_attribution(attribution: SealedAttribution, out: TextIO) -> None:
     how = "reused" if attribution.reused else "sealed"
     print(one_line(f"drift attribution ({how}: {attribution.directory})"), file=out)
     print(render_table(list(ATTRIBUTION_HEADERS), attribution_rows(attribution.document)), file=out)
+    if by_path := path_rows(attribution.document):
+        print("where the drift entered (decode vs prefill, against the baseline):", file=out)
+        print(render_table(list(PATH_HEADERS), by_path), file=out)
     for line in summary_lines(attribution.document):
         print(one_line(line), file=out)
 

@@ -25,6 +25,7 @@ import pytest
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.errors import DriftError, one_line
 from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
+from pytest_logprob_drift.numerics import path_split_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.outcomes import Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
@@ -256,6 +257,8 @@ class DriftCaseItem(pytest.Item):
                 ("drift_attribution_entry", json.dumps(entry, sort_keys=True)),
             ]
         )
+        if "path" in entry:  # opt-in diagnostics.replay
+            self.user_properties.append(("drift_path_attribution", entry["path"]["classification"]))
 
     def _record(self, outcome: str, result: CaseResult | None) -> None:
         self.user_properties.append(("drift_outcome", outcome))
@@ -328,6 +331,7 @@ def render_evidence(result: CaseResult) -> str:
                     f"{w.abs_diff:.3e}"
                 )
         lines.extend(divergence_text.lines(c.diagnostics))
+        lines.extend(path_split_text.lines(c.diagnostics))
         for violation in c.identity_violations:
             lines.append(f"identity: {violation}")
         if c.records:

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from pytest_logprob_drift.attribution.ranking import rank_key
-from pytest_logprob_drift.attribution.text import HEADERS, rows
+from pytest_logprob_drift.attribution.text import HEADERS, PATH_HEADERS, path_rows, rows
 from pytest_logprob_drift.errors import one_line
+from pytest_logprob_drift.numerics import path_split_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.outcomes import Outcome
@@ -29,7 +30,7 @@ from pytest_logprob_drift.tables import render_table
 def diagnostic_properties(diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
     """The junit properties of a case's full-vocabulary and semantic-offset diagnostics
     (``divergence_text.properties``): what ``--junitxml`` records beside the verdict."""
-    return divergence_text.properties(diagnostics)
+    return divergence_text.properties(diagnostics) + path_split_text.properties(diagnostics)
 
 
 def tag_report(
@@ -78,6 +79,8 @@ class OutcomeCounter:
             }
             terminalreporter.write_line(one_line(f"{experiment} (against its baseline):"))
             terminalreporter.write_line(render_table(list(HEADERS), rows(document)))
+            if by_path := path_rows(document):
+                terminalreporter.write_line(render_table(list(PATH_HEADERS), by_path))
             terminalreporter.write_line(
                 one_line("ranked by effect on the drift: " + " > ".join(document["ranking"]))
             )
