@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary, TopToken
 from pytest_logprob_drift.report import plots
@@ -49,6 +49,9 @@ from pytest_logprob_drift.report.token_html import (
     data_block,
     token_section,
 )
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.report.path_split import PathSplitPlot
 
 RANKING_SHOWN = 30
 """Interventions named in the ranking line (all of them are in the table)."""
@@ -709,6 +712,18 @@ def _files(view: CaseView) -> Markup:
     )
 
 
+def path_split_figures(plot: PathSplitPlot | None) -> tuple[tuple[str, Markup], ...]:
+    """The decode/prefill split's two figures (``report.path_split``), none without it."""
+    if plot is None:
+        return ()
+    from pytest_logprob_drift.report import path_split  # loads torch: only for a replay
+
+    return (
+        ("path-split", path_split.distributions_svg(plot)),
+        ("path-split-position", path_split.by_position_svg(plot)),
+    )
+
+
 def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Markup:
     detail = view.detail
     assert detail is not None
@@ -719,6 +734,7 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
             ("histogram", plots.histogram_svg(detail.histogram, threshold, decades)),
             ("position", plots.profile_svg(detail.profile, threshold)),
             ("scatter", plots.scatter_svg(detail.scatter, threshold)),
+            *path_split_figures(detail.path_split),
         )
         figures = el(
             "div",

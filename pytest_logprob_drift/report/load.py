@@ -51,6 +51,7 @@ from pytest_logprob_drift.report.model import (
     TokenDecoder,
     WorstToken,
 )
+from pytest_logprob_drift.report.path_split import load_plot
 from pytest_logprob_drift.report.token_view import limits_note, token_view
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import read_seal
@@ -392,6 +393,7 @@ def case_detail(
         identity_checks=_identity_checks(shown.identity),
         training_evidence=dict(actual.get("training_evidence") or {}),
         read_back=dict(actual.get("read_back") or {}),
+        path_split=load_plot(shown.directory, seal, shown.comparison.diagnostics.path_split),
     )
 
 

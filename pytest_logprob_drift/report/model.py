@@ -22,6 +22,7 @@ from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.records import KnobApplication
 
 if TYPE_CHECKING:  # the record only; importing the store would import torch
+    from pytest_logprob_drift.report.path_split import PathSplitPlot
     from pytest_logprob_drift.store.verify import AttemptStatus
 
 FloatArray = npt.NDArray[np.float64]
@@ -146,6 +147,8 @@ class CaseDetail:
     top_token_texts: Mapping[int, str] = field(default_factory=dict)
     """The text of each token id named at the full-vocabulary worst positions (empty without a
     tokenizer or without the diagnostics)."""
+    path_split: PathSplitPlot | None = None
+    """The decode/prefill/training split's plot data (``report.path_split``; opt-in replay)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

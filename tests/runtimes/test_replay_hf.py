@@ -375,3 +375,40 @@ def test_verify_refuses_a_recorded_replay_whose_file_is_not_sealed(
     (bad,) = _invalid(run_dir)
     assert bad["file"] == DECODE_REPLAY
     assert "not sealed" in bad["detail"]
+
+
+def test_the_report_draws_the_split_of_every_case(on: dict[str, Any], tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    code, _, err = cli("report", on["run_dir"], "--html", page)
+    assert code == 0, err[-2000:]
+    html = page.read_text()
+    for name in ("path-split", "path-split-position"):
+        assert html.count(f"data-plot='{name}'") == len(on["cases"]), name
+    from pytest_logprob_drift.numerics.comparison import read_path_split
+    from pytest_logprob_drift.report.path_split import plot_data
+
+    for label, case in on["cases"].items():
+        rollout = _load(case["attempt"] / "score_rollout.pt")
+        prefill = _load(case["attempt"] / PREFILL)["logprobs"]
+        training = _load(case["attempt"] / "score_training.pt")["logprobs"]
+        split = read_path_split(case["comparison"]["diagnostics"]["path_split"])
+        plot = plot_data(rollout, prefill, training, split)
+        active = rollout["active_mask"]
+        d, p = rollout["logprobs"].double(), prefill.double()
+        diff = (d - p).abs()
+        # every active token is counted once: a bin or exactly 0 (none is below 1e-12 here)
+        values = diff[active]
+        assert bool(((values == 0) | (values >= 1e-12)).all())
+        assert int(plot.counts["decode_prefill"].sum()) + plot.zeros["decode_prefill"] == int(
+            active.sum()
+        )
+        # per response position: the max over samples, computed here row by row
+        line = plot.by_position["decode_prefill"]
+        for offset in range(line.size):
+            here = [
+                float(diff[row, int(rollout["prompt_lengths"][row]) + offset])
+                for row in range(active.shape[0])
+                if int(rollout["prompt_lengths"][row]) + offset < active.shape[1]
+                and bool(active[row, int(rollout["prompt_lengths"][row]) + offset])
+            ]
+            assert line[offset] == max(here), (label, offset)

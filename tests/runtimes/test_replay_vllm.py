@@ -1,0 +1,181 @@
+"""Replay on the ``vllm-hf`` runtime (issue 22): the shipped S1 bf16 experiment with
+``diagnostics.replay`` on and off, one run each for the whole module.
+
+The sealed prefill replay is checked against a vLLM engine built here (plain ``vllm.LLM``,
+``prompt_logprobs=0``, the baseline's chunks), the figures and the float64 identity against
+the sealed tensors, the evidence against what vLLM reports, and the verdicts against the run
+without replay. vLLM's decode replay is refused by its CPU build: the record says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from drift_testing import EXPERIMENTS, cli
+
+from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+
+pytestmark = pytest.mark.slow
+
+CONFIG = EXPERIMENTS / "cross_config_s1_vllm_cpu_tiny_bf16.json"
+PREFILL = "score_rollout_prefill.pt"
+
+
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    loaded: dict[str, torch.Tensor] = torch.load(path, weights_only=True)
+    return loaded
+
+
+def _run(directory: Path, replay: bool) -> dict[str, Any]:
+    config = json.loads(CONFIG.read_text())
+    if replay:
+        config["diagnostics"] = {"replay": True}
+    path = directory / CONFIG.name
+    path.write_text(json.dumps(config))
+    artifacts = directory / "runs"
+    code, out, err = cli("run", path, "--runtime", "vllm-hf", "--artifacts", artifacts)
+    assert code == 1, out[-3000:] + err[-3000:]  # bf16: every case is a MISMATCH under ws1
+    run_dir = artifacts / config["experiment_id"]
+    cases = {}
+    for comparison in (run_dir / "cases").glob("*/*/comparison.json"):
+        document = json.loads(comparison.read_text())
+        cases[document["label"]] = {"comparison": document, "attempt": comparison.parent}
+    return {"out": out, "cases": cases, "run_dir": run_dir}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return {
+        "on": _run(tmp_path_factory.mktemp("replay-on"), True),
+        "off": _run(tmp_path_factory.mktemp("replay-off"), False),
+    }
+
+
+def test_every_case_carries_the_split_with_the_engines_evidence(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    on = runs["on"]
+    assert len(on["cases"]) == 7
+    for label, case in on["cases"].items():
+        split = case["comparison"]["diagnostics"]["path_split"]
+        prefill = split["prefill"]
+        assert prefill["status"] == "replay_ran", label
+        evidence = prefill["evidence"]
+        assert evidence["logprob_semantics"] == "raw"
+        assert evidence["num_cached_tokens"] == 0, label  # no prefix-cache reuse
+        assert evidence["skip_reading_prefix_cache"] is True
+        requested = json.loads((case["attempt"] / "requested.json").read_text())
+        assert evidence["batch_size"] == requested["knobs"]["batch"]["size"]
+        assert (
+            evidence["enable_prefix_caching"]
+            == requested["knobs"]["rollout"]["enable_prefix_caching"]
+        )
+        assert evidence["prefix_cache_reset_after"] is evidence["enable_prefix_caching"]
+        # vLLM 0.32's CPU build has no decode replay: recorded with vLLM's reason, not skipped
+        assert split["decode_replay"]["status"] == "replay_unavailable"
+        assert "trace replay requires Model Runner V2" in split["decode_replay"]["reason"]
+        assert not (case["attempt"] / "score_rollout_decode_replay.pt").exists()
+        # the three differences satisfy the identity exactly, and the figures are theirs
+        rollout = _load(case["attempt"] / "score_rollout.pt")
+        training = _load(case["attempt"] / "score_training.pt")
+        replay = _load(case["attempt"] / PREFILL)
+        active = rollout["active_mask"]
+        assert torch.equal(
+            replay["token_ids"][rollout["attention_mask"]],
+            rollout["token_ids"][rollout["attention_mask"]],
+        )
+        d, p, t = (x["logprobs"].double()[active] for x in (rollout, replay, training))
+        assert torch.equal(d - t, (d - p) + (p - t)), label
+        figures = split["figures"]
+        for pair, diff in (
+            ("decode_prefill", d - p),
+            ("prefill_training", p - t),
+            ("decode_training", d - t),
+        ):
+            assert figures[pair]["max"] == float(diff.abs().max()), (label, pair)
+        assert (
+            figures["decode_training"]["max"] == case["comparison"]["diagnostics"]["max_abs_diff"]
+        )
+
+
+def test_an_independent_vllm_engine_replays_the_baseline_the_same(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    attempt = runs["on"]["cases"]["baseline"]["attempt"]
+    rollout = _load(attempt / "score_rollout.pt")
+    sealed = _load(attempt / PREFILL)["logprobs"]
+    config = json.loads(CONFIG.read_text())
+    chunk = config["baseline"]["batch"]["size"]
+    path = resolve_checkpoint("tiny://qwen3-h64-v1", expected_digest=None).path
+    llm = LLM(
+        model=str(path),
+        tokenizer=str(path),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        max_model_len=64,
+        seed=config["identity"]["sampling"]["seed"],
+        kv_cache_memory_bytes=64 * 1024 * 1024,
+    )
+    try:
+        lengths = rollout["attention_mask"].sum(-1).tolist()
+        sequences = [rollout["token_ids"][i, :n].tolist() for i, n in enumerate(lengths)]
+        mine = torch.zeros_like(sealed)
+        for start in range(0, len(sequences), chunk):
+            outputs = llm.generate(
+                [TokensPrompt(prompt_token_ids=s) for s in sequences[start : start + chunk]],
+                SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
+                use_tqdm=False,
+            )
+            for j, out in enumerate(outputs):
+                row = start + j
+                for k in range(1, len(sequences[row])):
+                    mine[row, k] = out.prompt_logprobs[k][sequences[row][k]].logprob
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    active = rollout["active_mask"]
+    mine = torch.where(active, mine, torch.zeros_like(mine))
+    torch.testing.assert_close(sealed, mine, rtol=0, atol=0)
+
+
+def test_replay_changes_no_verdict_mismatch_count_or_case_id(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    on, off = runs["on"]["cases"], runs["off"]["cases"]
+    assert set(on) == set(off)
+    for label in on:
+        a, b = on[label]["comparison"], off[label]["comparison"]
+        for key in ("case_id", "outcome", "mismatches", "active_tokens", "numerical"):
+            assert a[key] == b[key], (label, key)
+        assert "path_split" not in b["diagnostics"]
+
+
+def test_verify_and_the_attribution_by_path(runs: dict[str, dict[str, Any]]) -> None:
+    on = runs["on"]
+    code, out, err = cli("verify", on["run_dir"])
+    assert code == 0, out[-3000:] + err[-2000:]
+    assert "max|dec-pre|" in on["out"] and "where the drift entered" in on["out"]
+    document = json.loads(
+        sorted((on["run_dir"] / "attributions").glob("*/attribution.json"))[-1].read_text()
+    )
+    base = _load(on["cases"]["baseline"]["attempt"] / PREFILL)["logprobs"]
+    for entry in document["cases"]:
+        case = on["cases"][entry["label"]]
+        prefill = _load(case["attempt"] / PREFILL)["logprobs"]
+        rollout = _load(case["attempt"] / "score_rollout.pt")
+        reference = _load(on["cases"]["baseline"]["attempt"] / "score_rollout.pt")
+        if torch.equal(rollout["token_ids"], reference["token_ids"]):
+            # same sampled tokens: the prefill path moved iff the replays differ anywhere
+            moved = not torch.equal(prefill, base)
+            assert (entry["path"]["prefill"]["max_abs_delta"] > 0) is moved, entry["label"]
