@@ -114,7 +114,7 @@ def test_every_option_has_a_flag_and_an_ini_key(pytester: pytest.Pytester) -> No
     text = result.stdout.str()
     for option in OPTIONS:
         assert option.flag in text and option.ini in text, option.name
-    assert len({o.name for o in OPTIONS}) == len(OPTIONS) == 14
+    assert len({o.name for o in OPTIONS}) == len(OPTIONS) == 15
 
 
 def test_an_ini_value_is_named_by_its_ini_key_and_a_flag_overrides_it(

@@ -5,10 +5,14 @@ plugin show, and the canonical replay grid's refusals. Every expectation is deri
 from __future__ import annotations
 
 import itertools
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from drift_testing import OFFSET_EXPECT, S0, cli, run_s0
 
 from pytest_logprob_drift.attribution.analysis import (
     PATH_BOTH,
@@ -33,6 +37,8 @@ from pytest_logprob_drift.numerics.path_split import (
 )
 from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.runtimes.batch import replay_grid, sequences
+
+pytest_plugins = ["pytester"]
 
 KINDS = ("raw", "processed")
 
@@ -222,3 +228,56 @@ def test_path_rows_list_only_cases_with_a_path_in_ranking_order() -> None:
     assert [r[0] for r in rows] == ["b", "a"]
     assert rows[1] == ["a", PATH_DECODE_ONLY, "0.5", "0", "0"]
     assert len(PATH_HEADERS) == len(rows[0])
+
+
+# ------------------------------------------------- the run-wide flag, on the smoke runtime
+
+
+def test_run_replay_flag_records_an_engine_without_replay_as_unavailable(tmp_path: Path) -> None:
+    """``run --replay`` turns replay on for every case; the smoke rollout has no replay, so
+    each case records ``replay_unavailable`` with the reason, seals no replay file, verifies,
+    and keeps the verdicts, mismatch counts and case ids of the run without it."""
+    code_on, out_on, err_on = run_s0(tmp_path / "on", "--replay")
+    code_off, out_off, _ = run_s0(tmp_path / "off")
+    assert code_on == code_off == 0, err_on[-2000:]
+    on, off = json.loads(out_on)["results"], json.loads(out_off)["results"]
+    key = ("case_id", "label", "outcome", "mismatches", "active_tokens")
+    assert [[r[k] for k in key] for r in on] == [[r[k] for k in key] for r in off]
+    run_dir = next((tmp_path / "on").iterdir())
+    attempts = list(run_dir.glob("cases/*/*/comparison.json"))
+    assert len(attempts) == len(on)
+    for path in attempts:
+        split = json.loads(path.read_text())["diagnostics"]["path_split"]
+        for replay, method in (("prefill", "replay_prefill"), ("decode_replay", "replay_decode")):
+            assert split[replay]["status"] == "replay_unavailable"
+            assert split[replay]["reason"].endswith(f"has no {method}")
+        assert split["figures"] is None
+        assert not (path.parent / "score_rollout_prefill.pt").exists()
+    for path in (tmp_path / "off").glob("*/cases/*/*/comparison.json"):
+        assert "path_split" not in json.loads(path.read_text())["diagnostics"]
+    assert cli("verify", run_dir)[0] == 0
+
+
+def test_plugin_replay_flag_puts_the_status_in_the_junit_properties(
+    pytester: pytest.Pytester,
+) -> None:
+    shutil.copy(S0, pytester.path / "s0.json")
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest(
+        "--drift-config",
+        "s0.json",
+        "--drift-runtime",
+        "cpu-smoke",
+        "--drift-allow-smoke-operators",
+        "--drift-expect",
+        OFFSET_EXPECT,
+        "--drift-replay",
+        "--junitxml",
+        str(junit),
+        "-p",
+        "no:cacheprovider",
+    )
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    text = junit.read_text()
+    assert text.count('name="drift_path_prefill_status" value="replay_unavailable"') >= 2
+    assert 'name="drift_path_decode_replay_reason"' in text

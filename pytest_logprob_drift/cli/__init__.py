@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--expect", action="append", default=[], metavar="SELECTOR=OUTCOME")
     run.add_argument("--pairwise", action="store_true")
     run.add_argument(
+        "--replay",
+        action="store_true",
+        help="replay every case's sampled sequences on its rollout engine (decode vs prefill "
+        "diagnostics, as the config's diagnostics.replay; never a verdict)",
+    )
+    run.add_argument(
         "--baseline-repeats",
         type=int,
         default=1,

@@ -94,6 +94,7 @@ def run_settings_of(args: argparse.Namespace, runtimes: list[str]) -> RunSetting
         show_engine_logs=args.engine_logs,
         seal_key_file=args.seal_key_file,
         seal_key_env=args.seal_key_env,
+        replay=args.replay,
     )
 
 

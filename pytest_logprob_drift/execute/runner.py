@@ -85,6 +85,7 @@ class Runner:
         adapter: RuntimeAdapter | None = None,
         baseline_repeats: int = 1,
         launch: Launch | None = None,
+        replay: bool = False,
     ) -> None:
         """``catalog`` holds every backend planning bound (test-only ones included); only the
         production ones are registered for execution unless ``allow_test_only``."""
@@ -99,6 +100,7 @@ class Runner:
                 f"baseline repeats must be in [1, {MAX_BASELINE_REPEATS}], got {baseline_repeats}"
             )
         self.baseline_repeats = baseline_repeats
+        self.replay = replay
         self.expectations = tuple(expectations)
         test_only = [ec.case.label for ec in execution_plan.cases if ec.uses_test_only_operators]
         if test_only and not allow_test_only:
@@ -142,6 +144,7 @@ class Runner:
             expectations=settings.expectations,
             baseline_repeats=settings.baseline_repeats,
             launch=settings.launch,
+            replay=settings.replay,
         )
 
     def _experiment_document(self) -> dict[str, Any]:
@@ -186,7 +189,7 @@ class Runner:
                 identity=plan.identity,
                 device=plan.scenario.device,
                 full_vocabulary=plan.full_vocabulary,
-                replay=plan.replay,
+                replay=plan.replay or self.replay,
             )
         return self._bindings[ec.case.case_id]
 

@@ -64,6 +64,9 @@ class RunSettings:
     show_engine_logs: bool = False
     """vLLM's own logs on the terminal instead of a file under the artifacts."""
     seal_key: SealKey | None = None
+    replay: bool = False
+    """Opt-in replay diagnostics for every case of the run (``diagnostics.replay``), whatever
+    the config says; changes what is sealed, never a verdict."""
 
 
 def run_settings(
@@ -83,6 +86,7 @@ def run_settings(
     show_engine_logs: bool = False,
     seal_key_file: str | None = None,
     seal_key_env: str | None = None,
+    replay: bool = False,
 ) -> RunSettings:
     """The validated settings (UsageError: one line naming the setting as ``spelling`` spells
     it). ``runtimes`` are the names a runtime may have; ``None`` values were not given."""
@@ -109,6 +113,7 @@ def run_settings(
         launch=_launch(spelling, launcher, ray_address, ray_num_cpus, ray_rank_cpus, serial),
         show_engine_logs=show_engine_logs,
         seal_key=key,
+        replay=bool(replay),
     )
 
 

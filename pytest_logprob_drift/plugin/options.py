@@ -117,6 +117,12 @@ OPTIONS: tuple[DriftOption, ...] = (
         "run-to-run noise floor (default 1, at most 100)",
     ),
     DriftOption(
+        name="replay",
+        kind=Kind.SWITCH,
+        help="replay every case's sampled sequences on its rollout engine (decode vs prefill "
+        "diagnostics, as the config's diagnostics.replay; never a verdict)",
+    ),
+    DriftOption(
         name="report",
         kind=Kind.VALUE,
         metavar="PATH",
@@ -303,6 +309,7 @@ def resolve_options(
             show_engine_logs=bool(values["engine_logs"][0]),
             seal_key_file=key_file,
             seal_key_env=key_env,
+            replay=bool(values["replay"][0]),
         )
     except UsageError as exc:
         raise pytest.UsageError(exc.render()) from None
