@@ -107,12 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--runtime", default="vllm-hf")
+    parser.add_argument(
+        "--keep", type=Path, help="keep both runs' artifacts under this new directory"
+    )
     args = parser.parse_args(argv)
     config = json.loads(args.config.read_text())
     _install(args.runtime)
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
-        off = _run(config, args.runtime, Path(tmp), replay=False)
-        on = _run(config, args.runtime, Path(tmp), replay=True)
+        where = Path(tmp) if args.keep is None else args.keep
+        where.mkdir(parents=True, exist_ok=args.keep is None)
+        off = _run(config, args.runtime, where, replay=False)
+        on = _run(config, args.runtime, where, replay=True)
     rows, missed = [], []
     for label, seconds in on["cases"].items():
         scoring = seconds.get("generate", 0.0) + seconds.get("score", 0.0)
