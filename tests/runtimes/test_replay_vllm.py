@@ -71,12 +71,9 @@ def test_every_case_carries_the_split_with_the_engines_evidence(
         assert evidence["logprob_semantics"] == "raw"
         assert evidence["num_cached_tokens"] == 0, label  # no prefix-cache reuse
         assert evidence["skip_reading_prefix_cache"] is True
-        requested = json.loads((case["attempt"] / "requested.json").read_text())
-        assert evidence["batch_size"] == requested["knobs"]["batch"]["size"]
-        assert (
-            evidence["enable_prefix_caching"]
-            == requested["knobs"]["rollout"]["enable_prefix_caching"]
-        )
+        knobs = json.loads((case["attempt"] / "requested.json").read_text())["knobs"]
+        assert evidence["batch_size"] == knobs["batch.size"]
+        assert evidence["enable_prefix_caching"] == knobs["rollout.enable_prefix_caching"]
         assert evidence["prefix_cache_reset_after"] is evidence["enable_prefix_caching"]
         # vLLM 0.32's CPU build has no decode replay: recorded with vLLM's reason, not skipped
         assert split["decode_replay"]["status"] == "replay_unavailable"
