@@ -412,3 +412,41 @@ def test_the_report_draws_the_split_of_every_case(on: dict[str, Any], tmp_path: 
                 and bool(active[row, int(rollout["prompt_lengths"][row]) + offset])
             ]
             assert line[offset] == max(here), (label, offset)
+
+
+def test_processed_rollout_logprobs_compare_only_with_the_processed_prefill(
+    tmp_path: Path,
+) -> None:
+    """Temperature 0.7 and ``rollout.logprobs_mode=processed_logprobs`` against a raw trainer:
+    the hf prefill replay reports processed logprobs too, so decode vs prefill compares and
+    the two pairs with the raw trainer are marked incomparable (no figures), never compared."""
+    config = json.loads((EXPERIMENTS / "cross_config_s0_hf_tiny_bf16.json").read_text())
+    config["experiment_id"] = "hf-replay-processed"
+    config["identity"]["prompts"]["token_ids"] = config["identity"]["prompts"]["token_ids"][:4]
+    config["identity"]["sampling"].update(max_new_tokens=6, temperature=0.7)
+    config["baseline"]["batch"]["size"] = 2
+    config["baseline"]["rollout"]["logprobs_mode"] = "processed_logprobs"
+    config["interventions"] = []
+    config["diagnostics"] = {"replay": True}
+    path = tmp_path / "processed.json"
+    path.write_text(json.dumps(config))
+    code, out, err = cli("run", path, "--runtime", "hf", "--artifacts", tmp_path / "runs")
+    assert code in (0, 1), err[-2000:]
+    (comparison,) = (tmp_path / "runs").glob("*/cases/*/*/comparison.json")
+    split = json.loads(comparison.read_text())["diagnostics"]["path_split"]
+    assert split["comparable"] == {
+        "decode_prefill": True,
+        "prefill_training": False,
+        "decode_training": False,
+    }
+    assert split["prefill"]["status"] == "replay_ran"
+    assert split["prefill"]["evidence"]["logprob_semantics"] == "processed"
+    figures = split["figures"]
+    assert figures["prefill_training"] is None and figures["decode_training"] is None
+    rollout = _load(comparison.parent / "score_rollout.pt")
+    prefill = _load(comparison.parent / PREFILL)
+    active = rollout["active_mask"]
+    diff = (rollout["logprobs"].double() - prefill["logprobs"].double())[active]
+    assert figures["decode_prefill"]["max"] == float(diff.abs().max())
+    assert "incomparable" in out  # the run table's max|pre-train| cell
+    assert cli("verify", comparison.parents[3])[0] == 0
