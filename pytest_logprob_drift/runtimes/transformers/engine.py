@@ -513,7 +513,7 @@ def hf_forced_decode(
     rows, width = token_ids.shape
     result = torch.zeros((rows, width), dtype=torch.float32)
     fed = torch.full((rows, width), pad_token_id, dtype=torch.long)
-    device = _model_device(model)
+    device = live_device(model)
     with torch.inference_mode():
         for start in range(0, rows, batch_size):
             chunk = range(start, min(start + batch_size, rows))
