@@ -55,7 +55,8 @@ from pytest_logprob_drift.report.token_view import limits_note, token_view
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
-from pytest_logprob_drift.store.files import read_regular
+from pytest_logprob_drift.store.documents import EXPERIMENT_SHAPE, PLAN_ROW_SHAPE, shape_problem
+from pytest_logprob_drift.store.files import JSONDocumentError, json_document, read_regular
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.verify import AttemptStatus, require_run_dir, verify_run
@@ -104,20 +105,20 @@ def _plan_rows(run_dir: Path) -> dict[str, dict[str, Any]]:
         return rows
     for line in lines:
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = json_document(line.encode())
+        except JSONDocumentError:
             continue
-        if isinstance(row, dict) and isinstance(row.get("case_id"), str):
+        if shape_problem(row, PLAN_ROW_SHAPE) is None:
             rows[row["case_id"]] = row
     return rows
 
 
 def _experiment(run_dir: Path) -> dict[str, Any]:
     try:
-        document = json.loads(read_regular(run_dir / layout.EXPERIMENT))
-    except (OSError, ValueError):
+        document = json_document(read_regular(run_dir / layout.EXPERIMENT))
+    except (OSError, JSONDocumentError):
         return {}
-    return document if isinstance(document, dict) else {}
+    return document if shape_problem(document, EXPERIMENT_SHAPE) is None else {}
 
 
 SHOWN_DOCUMENTS = (layout.COMPARISON, layout.REQUESTED, layout.IDENTITY)

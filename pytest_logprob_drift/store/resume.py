@@ -15,7 +15,6 @@ knows nothing about engines or runtimes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,10 @@ from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.divergence_check import check_divergence
+from pytest_logprob_drift.store.documents import DOCUMENT_SHAPES, shape_problem
+from pytest_logprob_drift.store.files import JSONDocumentError, json_document
 from pytest_logprob_drift.store.seal import SealError
+from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 
 TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
@@ -63,22 +65,31 @@ def _sealed_bytes(directory: Path, name: str, seal: Seal) -> bytes:
 
 
 def load_sealed_tensors(directory: Path, name: str, seal: Seal) -> dict[str, torch.Tensor]:
-    """Load a sealed ``.pt`` from the very bytes whose digest is checked; tensors only."""
+    """Load a sealed ``.pt`` from the very bytes whose digest is checked; tensors only, each
+    as its file declares it (``store.sealed_tensors``)."""
     data = _sealed_bytes(directory, name, seal)
     try:
-        return tensors_from_bytes(data)
+        tensors = tensors_from_bytes(data)
     except TensorFormatError as exc:
         raise SealError(name, str(exc)) from None
+    check_sealed_tensors(name, tensors)
+    return tensors
 
 
 def load_sealed_json(directory: Path, name: str, seal: Seal) -> dict[str, Any]:
+    """A sealed JSON document from the very bytes whose digest is checked: strict JSON
+    (``store.files.json_document``), an object, with the shape its readers rely on
+    (``store.documents``); a SealError naming the file (and JSON path) otherwise."""
     data = _sealed_bytes(directory, name, seal)
     try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise SealError(name, f"invalid JSON: {exc}") from None
+        document = json_document(data)
+    except JSONDocumentError as exc:
+        raise SealError(name, str(exc)) from None
     if not isinstance(document, dict):
         raise SealError(name, "expected a JSON object")
+    problem = shape_problem(document, DOCUMENT_SHAPES[name]) if name in DOCUMENT_SHAPES else None
+    if problem is not None:
+        raise SealError(name, problem)
     return document
 
 
