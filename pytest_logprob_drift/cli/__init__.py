@@ -6,9 +6,9 @@ Owns argument parsing, the CLI's spelling of execution-policy flags (``--allow-s
 every case as expected, 1 some case had another outcome, 2 usage or config error (one line
 naming the JSON path, never a traceback; also an artifacts location that cannot hold a run),
 3 runtime or internal failure (also an I/O failure such as a full disk; a file-system error
-no module named is still one line, and so is any other exception that escapes a command: a
-bug, never a traceback). The work itself is done by the planner, runner, store and
-report; the command modules only wire and print.
+no module named is still one line, and so is running out of memory or any other exception
+that escapes a command: a bug, never a traceback). The work itself is done by the planner,
+runner, store and report; the command modules only wire and print.
 Knows nothing about torch (execution modules are imported only by ``run``/``verify``/
 ``report``) or pytest.
 """
@@ -207,7 +207,10 @@ def main(
         error = StorageError(where, "complete the command", exc)
         print(f"logprob-drift: error: {error.render()}", file=err)
         return int(error.exit_code)
-    except Exception as exc:  # a bug of ours (or memory ran out): still one line, exit 3
+    except MemoryError:
+        print("logprob-drift: error: out of memory", file=err)
+        return ExitCode.RUNTIME_FAILURE
+    except Exception as exc:  # a bug of ours: still one line, exit 3
         print(
             "logprob-drift: error: internal error (a bug; please report it): "
             f"{type(exc).__name__}: {one_line(str(exc))[:500]}",
