@@ -219,7 +219,7 @@ def test_a_stride0_tensor_declaring_80_gb_is_refused_unread(run_dir: Path) -> No
         (lambda t: t.reshape(-1), "has 1 dimensions, not 2"),
         (lambda t: t.unsqueeze(0), "has 3 dimensions, not 2"),
         (lambda t: t[:, :-1].contiguous(), "its T dimension is 16, not 17"),
-        (lambda t: t.to(torch.int64), "is torch.int64, not a floating tensor"),
+        (lambda t: t > 0, "is torch.bool, not a numeric tensor"),
     ],
 )
 def test_a_tensor_of_another_dtype_rank_or_shape_is_an_invalid_attempt(
@@ -276,7 +276,7 @@ def test_divergence_rows_beyond_the_active_positions_are_an_invalid_attempt(
     reseal(run_dir, path)
     entry = _invalid_attempt(run_dir, attempt)
     assert entry["file"] == "divergence.pt"
-    assert "top_rows names a row beyond the" in entry["detail"]
+    assert "top_rows names a position that is not active" in entry["detail"]
 
 
 # --------------------------------------------------------------------------- the plan

@@ -238,7 +238,6 @@ def _nested(depth: int) -> Any:
     return value
 
 
-@st.composite
 def json_mutation(draw: st.DrawFn, document: Any) -> tuple[str, bytes]:
     """A description and the new bytes of a JSON file."""
     paths = list(_paths(document))
@@ -287,7 +286,6 @@ def _tensor_file(tensors: Any) -> bytes:
     return buffer.getvalue()
 
 
-@st.composite
 def tensor_mutation(
     draw: st.DrawFn, tensors: dict[str, torch.Tensor], raw: bytes
 ) -> tuple[str, bytes]:
@@ -379,17 +377,17 @@ def _mutate(path: Path, draw: st.DrawFn) -> str:
     raw = path.read_bytes()
     if path.suffix == ".pt":
         tensors = torch.load(path, weights_only=True)
-        what, data = draw(tensor_mutation(tensors, raw))
+        what, data = tensor_mutation(draw, tensors, raw)
     elif path.name == "plan.jsonl":
         lines = raw.decode().splitlines()
         row = draw(st.integers(min_value=0, max_value=len(lines) - 1))
-        what, line = draw(json_mutation(json.loads(lines[row])))
+        what, line = json_mutation(draw, json.loads(lines[row]))
         lines_bytes = [line.encode() for line in lines]
         lines_bytes[row] = line.replace(b"\n", b"")
         data = b"\n".join(lines_bytes) + b"\n"
         what = f"row {row}: {what}"
     else:
-        what, data = draw(json_mutation(json.loads(raw)))
+        what, data = json_mutation(draw, json.loads(raw))
     path.write_bytes(data)
     return what
 

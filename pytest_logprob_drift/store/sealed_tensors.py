@@ -26,7 +26,9 @@ from pytest_logprob_drift.numerics.full_vocabulary import DIVERGENCE_FIELDS
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.seal import SealError
 
-FLOATING, INTEGER, BOOL = "floating", "integer", "bool"
+FLOATING, INTEGER, BOOL, NUMERIC = "floating", "integer", "bool", "numeric"
+"""Dtype kinds; ``numeric`` is floating or integer (a faulty scorer's integer logprobs are
+sealed as the evidence of its verdict)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,7 +47,7 @@ _IDENTITY = {
     "attention_mask": TensorSpec(kind=BOOL, dims=GRID),
     "active_mask": TensorSpec(kind=BOOL, dims=GRID),
     "position_ids": TensorSpec(kind=INTEGER, dims=GRID),
-    "logprobs": TensorSpec(kind=FLOATING, dims=GRID),
+    "logprobs": TensorSpec(kind=NUMERIC, dims=GRID),
 }
 SCHEMAS: Mapping[str, Mapping[str, TensorSpec]] = {
     layout.SCORE_ROLLOUT: {
@@ -54,8 +56,8 @@ SCHEMAS: Mapping[str, Mapping[str, TensorSpec]] = {
     },
     layout.SCORE_TRAINING: _IDENTITY,
     layout.TOKEN_DIFFS: {
-        "training_logprobs": TensorSpec(kind=FLOATING, dims=GRID),
-        "rollout_logprobs": TensorSpec(kind=FLOATING, dims=GRID),
+        "training_logprobs": TensorSpec(kind=NUMERIC, dims=GRID),
+        "rollout_logprobs": TensorSpec(kind=NUMERIC, dims=GRID),
         "active_mask": TensorSpec(kind=BOOL, dims=GRID),
         "threshold": TensorSpec(kind=FLOATING, dims=()),
     },
@@ -93,7 +95,8 @@ def check_sealed_tensors(name: str, tensors: Mapping[str, torch.Tensor]) -> None
             if spec.required:
                 raise SealError(name, f"has no {key!r} tensor")
             continue
-        if _kind(tensor) != spec.kind:
+        kind = _kind(tensor)
+        if kind != spec.kind and not (spec.kind == NUMERIC and kind != BOOL):
             raise SealError(name, f"tensor {key!r} is {tensor.dtype}, not a {spec.kind} tensor")
         if tensor.dim() != len(spec.dims):
             raise SealError(
