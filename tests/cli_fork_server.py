@@ -14,7 +14,8 @@ matplotlib's font and mathtext caches, which every child then inherits).
 Protocol: one JSON object per line on stdin (``argv``, ``stdout``, ``stderr``: file paths; or
 ``warm``: an argv run in the server, answered with its ``code``),
 one per line on stdout back: ``code`` (None when killed), ``signal``, ``wall_s`` and
-``rss_growth_bytes`` (the child's peak resident set above the server's at the fork).
+``rss_growth_bytes`` (the child's peak resident set, ``VmHWM``, above its resident set at the
+fork; None when it was killed).
 """
 
 from __future__ import annotations
@@ -39,8 +40,18 @@ def _resident() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _peak_resident() -> int:
+    """This process's peak resident set so far (``VmHWM``), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def _child(argv: list[str], stdout: str, stderr: str, memory: int, seconds: int) -> None:
     code = 1
+    start = _resident()
     try:
         out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         err = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -64,6 +75,8 @@ def _child(argv: list[str], stdout: str, stderr: str, memory: int, seconds: int)
         try:
             sys.stdout.flush()
             sys.stderr.flush()
+            with open(f"{stdout}.rss", "w") as growth:
+                growth.write(str(_peak_resident() - start))
         finally:
             os._exit(code)
 
@@ -90,17 +103,22 @@ def serve(memory: int, seconds: int) -> None:
                 code = main(request["warm"], out=devnull, err=devnull)
             print(json.dumps({"code": code}), flush=True)
             continue
-        base = _resident()
         start = time.monotonic()
         pid = os.fork()
         if pid == 0:
             _child(request["argv"], request["stdout"], request["stderr"], memory, seconds)
-        _, status, usage = os.wait4(pid, 0)
+        _, status = os.waitpid(pid, 0)
+        try:
+            with open(f"{request['stdout']}.rss") as growth:
+                rss_growth = int(growth.read())
+            os.unlink(f"{request['stdout']}.rss")
+        except (OSError, ValueError):  # killed before it could say
+            rss_growth = None
         reply = {
             "code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "wall_s": time.monotonic() - start,
-            "rss_growth_bytes": usage.ru_maxrss * 1024 - base,
+            "rss_growth_bytes": rss_growth,
         }
         print(json.dumps(reply), flush=True)
 

@@ -69,6 +69,7 @@ class Finished:
     signal: int | None
     wall_s: float
     rss_growth_bytes: int
+    """The peak resident set above the one at the fork (-1: killed before it could say)."""
     stdout: str
     stderr: str
 
@@ -104,6 +105,8 @@ class ForkServer:
         assert self.process.stdout is not None
         assert json.loads(self.process.stdout.readline()) == {"ready": True}
         self.count = 0
+        self.worst: dict[str, tuple[float, int]] = {}
+        """The longest wall time and largest resident growth seen, per command."""
 
     def __call__(self, *argv: str | Path) -> Finished:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -120,12 +123,14 @@ class ForkServer:
             code=reply["code"],
             signal=reply["signal"],
             wall_s=reply["wall_s"],
-            rss_growth_bytes=reply["rss_growth_bytes"],
+            rss_growth_bytes=-1 if reply["rss_growth_bytes"] is None else reply["rss_growth_bytes"],
             stdout=out.read_text(errors="replace"),
             stderr=err.read_text(errors="replace"),
         )
         out.unlink()
         err.unlink()
+        wall, rss = self.worst.get(args[0], (0.0, 0))
+        self.worst[args[0]] = (max(wall, finished.wall_s), max(rss, finished.rss_growth_bytes))
         return finished
 
     def warm(self, *argv: str | Path) -> int:
@@ -149,6 +154,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
         yield serving
     finally:
         serving.close()
+        for command, (wall, rss) in sorted(serving.worst.items()):  # shown with -s
+            print(f"{command}: at most {wall:.1f} s, {rss / 2**20:+.0f} MiB resident")
 
 
 def _run_command(artifacts: Path) -> tuple[str | Path, ...]:
