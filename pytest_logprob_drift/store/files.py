@@ -256,13 +256,28 @@ def _finite_float(literal: str) -> float:
     return value
 
 
-def _bounded_int(literal: str) -> int:
-    if len(literal) > 21:
-        raise JSONDocumentError(f"an integer literal of {len(literal)} digits is out of range")
-    value = int(literal)
+def _check_int(value: int) -> None:
     if not -MAX_JSON_INT < value < MAX_JSON_INT:
-        raise JSONDocumentError(f"integer {value} is out of range (at most 2**64)")
-    return value
+        raise JSONDocumentError(f"integer {str(value)[:40]} is out of range (at most 2**64)")
+
+
+def _check_array(value: list[Any]) -> bool:
+    """Check an array of numbers at C speed (a million token ids: ``min`` and ``max``); whether
+    it was one (else its items are checked one by one)."""
+    try:
+        low, high = min(value), max(value)
+    except (TypeError, ValueError):  # mixed kinds (no order between them), or empty
+        return not value
+    if not isinstance(low, (int, float)):  # strings, or arrays compared as sequences
+        return False
+    for bound in (low, high):  # every item is a number: orders between kinds raise TypeError
+        if isinstance(bound, int):
+            _check_int(bound)
+    if isinstance(low, float) or isinstance(high, float):
+        for item in value:  # a float bound hides the range of the integers among them
+            if type(item) is int:
+                _check_int(item)
+    return True
 
 
 def _refused_constant(name: str) -> Any:
@@ -280,32 +295,36 @@ def json_document(data: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise JSONDocumentError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
-        document = json.loads(
-            text,
-            parse_constant=_refused_constant,
-            parse_float=_finite_float,
-            parse_int=_bounded_int,
-        )
+        document = json.loads(text, parse_constant=_refused_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise JSONDocumentError(
             f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
     except RecursionError:
         raise JSONDocumentError(f"nested deeper than {MAX_JSON_NESTING} levels") from None
+    except JSONDocumentError:
+        raise
+    except ValueError as exc:  # an integer literal of more than 4300 digits
+        raise JSONDocumentError(f"a number out of range: {exc}") from None
     stack: list[tuple[Any, int]] = [(document, 0)]
     while stack:
         value, depth = stack.pop()
         if isinstance(value, str):
             _unicode(value)
-        elif isinstance(value, (dict, list)):
-            if depth >= MAX_JSON_NESTING:
-                raise JSONDocumentError(f"nested deeper than {MAX_JSON_NESTING} levels")
-            if isinstance(value, dict):
-                for key in value:
-                    _unicode(key)
-                stack.extend((child, depth + 1) for child in value.values())
-            else:
-                stack.extend((child, depth + 1) for child in value)
+            continue
+        if type(value) is int:
+            _check_int(value)
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth >= MAX_JSON_NESTING:
+            raise JSONDocumentError(f"nested deeper than {MAX_JSON_NESTING} levels")
+        if isinstance(value, dict):
+            for key in value:
+                _unicode(key)
+            stack.extend((child, depth + 1) for child in value.values())
+        elif not _check_array(value):
+            stack.extend((child, depth + 1) for child in value)
     return document
 
 
