@@ -7,7 +7,8 @@ seal key its MAC verifies), ``comparison.json`` parses strictly into its record
 equals the current one, the tensor payloads load with ``weights_only=True`` from the exact
 bytes that were hashed (each byte read and hashed once), ``token_diffs.pt`` holds exactly the
 logprobs and mask of ``score_rollout.pt`` and ``score_training.pt``, and the verdict
-recomputed offline from it agrees with ``comparison.json``.
+recomputed offline from it agrees with ``comparison.json``, and so do the importance-sampling
+figures (``store.importance_check``).
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
 still be reused. Used by the runner, ``store.verify`` and the report. Never writes anything;
 knows nothing about engines or runtimes.
@@ -30,6 +31,7 @@ from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.divergence_check import check_divergence
 from pytest_logprob_drift.store.documents import DOCUMENT_SHAPES, shape_problem
 from pytest_logprob_drift.store.files import JSONDocumentError, json_document
+from pytest_logprob_drift.store.importance_check import check_importance_sampling, with_figures
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
@@ -51,6 +53,8 @@ class CheckedAttempt:
     directory: Path
     seal: Seal
     comparison: Comparison
+    """comparison.json's record; an attempt sealed before the importance-sampling figures
+    existed gets them here, computed from its token_diffs.pt."""
 
     @property
     def outcome(self) -> Outcome:
@@ -199,4 +203,5 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
                 f"outcome {outcome.value} disagrees with the "
                 f"recomputed verdict {numeric.outcome.value}",
             )
+        comparison = with_figures(comparison, check_importance_sampling(comparison, diffs))
     return CheckedAttempt(directory=directory, seal=seal, comparison=comparison)
