@@ -25,6 +25,7 @@ import pytest
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.errors import DriftError, one_line
 from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
+from pytest_logprob_drift.numerics import importance_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.outcomes import Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
@@ -272,6 +273,7 @@ class DriftCaseItem(pytest.Item):
                 ("drift_threshold", str(None if c is None else c.threshold)),
                 ("drift_attempt", str(result.attempt_dir)),
                 *diagnostic_properties(None if c is None else c.diagnostics),
+                *importance_text.properties(None if c is None else c.diagnostics),
             ]
         )
 
@@ -327,6 +329,8 @@ def render_evidence(result: CaseResult) -> str:
                     f"{w.rollout_logprob:>15.6f}  {w.training_logprob:>16.6f}  "
                     f"{w.abs_diff:.3e}"
                 )
+        if (figures := importance_text.headline(c.diagnostics)) is not None:
+            lines.append(figures)
         lines.extend(divergence_text.lines(c.diagnostics))
         for violation in c.identity_violations:
             lines.append(f"identity: {violation}")

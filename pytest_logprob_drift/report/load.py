@@ -36,6 +36,7 @@ from pytest_logprob_drift.attribution.sealed import (
     verify_attribution,
 )
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
+from pytest_logprob_drift.report.importance import with_read_time_figures
 from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
     HIST_LOG10_HIGH,
@@ -133,7 +134,11 @@ class _Shown:
         # verify_run has just checked every file; what is read here is checked again, from
         # the bytes read: the documents now, each tensor when case_detail loads it.
         self.seal = read_seal(attempt, keep=SHOWN_DOCUMENTS, every=False)
-        self.comparison = parse_comparison(load_sealed_json(attempt, layout.COMPARISON, self.seal))
+        self.comparison = with_read_time_figures(
+            parse_comparison(load_sealed_json(attempt, layout.COMPARISON, self.seal)),
+            attempt,
+            self.seal,
+        )
         self.requested = load_sealed_json(attempt, layout.REQUESTED, self.seal)
         self.identity = load_sealed_json(attempt, layout.IDENTITY, self.seal)
 
