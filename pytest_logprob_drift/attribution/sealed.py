@@ -29,6 +29,7 @@ from pytest_logprob_drift.attribution.analysis import (
     attribute,
     load_execution,
 )
+from pytest_logprob_drift.attribution.importance import as_recorded
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
@@ -300,7 +301,7 @@ def verify_attribution(run_dir: Path, directory: Path) -> list[str]:
         return [f"{exc.file}: {exc.message}"]
     except (KeyError, TypeError, ValueError) as exc:
         return [f"{layout.ATTRIBUTION}: malformed: {type(exc).__name__}: {exc}"]
-    return differences(document, recomputed)
+    return differences(document, as_recorded(document, recomputed))
 
 
 def verify_attributions(run_dir: Path) -> list[dict[str, Any]]:

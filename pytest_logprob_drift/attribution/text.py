@@ -1,8 +1,9 @@
 """The attribution of a run as plain text: one row per case, then the ranking.
 
 Owns the terminal rendering shared by ``run``, ``report`` and the pytest summary: which side
-moved and by how much, where sampled tokens first diverged, the effect on the drift relative
-to the baseline with its bootstrap interval, the noise floor, and the interventions ranked by
+moved and by how much, where sampled tokens first diverged, the case's importance-sampling
+ESS (``-`` in attributions sealed before it), the effect on the drift relative to the baseline
+with its bootstrap interval, the noise floor, and the interventions ranked by
 effect. Knows nothing about how the document was computed or where it is printed.
 """
 
@@ -17,6 +18,7 @@ HEADERS = (
     "rollout max|d|",
     "training max|d|",
     "shared",
+    "ESS",
     "mean|diff| ratio",
     "95% interval",
 )
@@ -48,6 +50,7 @@ def rows(document: Mapping[str, Any]) -> list[list[str]]:
                 _num(case["rollout"]["max_abs_delta"]),
                 _num(case["training"]["max_abs_delta"]),
                 str(case["shared_tokens"]),
+                _num(case.get("ess")),
                 _num(ratio["value"]),
                 interval,
             ]
