@@ -93,7 +93,7 @@ def test_each_case_seals_its_ess_beside_its_effect(sealed: tuple[Path, str]) -> 
     by_label = {e["label"]: e for e in document["cases"]}
     assert [row[0] for row in table] == document["ranking"]
     for row in table:
-        assert row[at] == f"{by_label[row[0]]['ess']:.3g}"
+        assert row[at] == f"{by_label[row[0]]['ess']:.4g}"
     lines = out.splitlines()
     head = next(i for i, x in enumerate(lines) if x.startswith("case ") and " ESS " in x)
     start = lines[head].index(" ESS ") + 1

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_logprob_drift.numerics.importance_text import ess_text
+
 HEADERS = (
     "case",
     "effect",
@@ -50,7 +52,7 @@ def rows(document: Mapping[str, Any]) -> list[list[str]]:
                 _num(case["rollout"]["max_abs_delta"]),
                 _num(case["training"]["max_abs_delta"]),
                 str(case["shared_tokens"]),
-                _num(case.get("ess")),
+                ess_text(case.get("ess")),
                 _num(ratio["value"]),
                 interval,
             ]

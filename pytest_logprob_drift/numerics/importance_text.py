@@ -58,6 +58,12 @@ def number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def ess_text(value: float | None) -> str:
+    """An ESS as text: four significant digits, since the drift a contract judges costs the
+    ESS its third or fourth digit (``-`` when absent)."""
+    return "-" if value is None else f"{value:.4g}"
+
+
 def percent(fraction: float | None) -> str:
     """A fraction as a percentage (``-`` when absent)."""
     return "-" if fraction is None else f"{100 * fraction:.3g}%"
@@ -70,7 +76,7 @@ def _raw(value: float | None) -> str:
 def ess_cell(diagnostics: Diagnostics | None) -> str:
     """The ESS column's cell."""
     figures = figures_of(diagnostics)
-    return "-" if figures is None else number(figures.ess)
+    return "-" if figures is None else ess_text(figures.ess)
 
 
 def band(p: PeerCorrection) -> str:
@@ -98,8 +104,8 @@ def headline(diagnostics: Diagnostics | None) -> str | None:
     token, sequence = peer(TOKEN_HEADLINE), peer(SEQUENCE_HEADLINE)
     return (
         f"importance sampling over {figures.active_tokens} tokens in {figures.sequences} "
-        f"sequences: ESS {number(figures.ess)} (raw weights; verl-clamped "
-        f"{number(figures.ess_verl_clamped)}); {token.framework} TIS cap {token.high:g} "
+        f"sequences: ESS {ess_text(figures.ess)} (raw weights; verl-clamped "
+        f"{ess_text(figures.ess_verl_clamped)}); {token.framework} TIS cap {token.high:g} "
         f"clips {percent(figures.correction(TOKEN_HEADLINE))} of tokens; "
         f"{sequence.framework} seq-mask-tis {band(sequence)} masks "
         f"{percent(figures.correction(SEQUENCE_HEADLINE))} of sequences"

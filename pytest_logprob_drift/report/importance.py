@@ -56,7 +56,7 @@ def cells(diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
         return [("-", None), ("-", None)]
     clipped = figures.correction(importance_text.TOKEN_HEADLINE)
     return [
-        (importance_text.number(figures.ess), figures.ess),
+        (importance_text.ess_text(figures.ess), figures.ess),
         (importance_text.percent(clipped), clipped),
     ]
 
@@ -96,10 +96,10 @@ def panel(diagnostics: Diagnostics) -> Markup | None:
             "p",
             f"Over {figures.active_tokens} active tokens in {figures.sequences} sequences, "
             f"with weights w = exp(training - rollout) per token, not clamped: normalized ESS "
-            f"{importance_text.number(figures.ess)} (verl's, weights clamped to "
+            f"{importance_text.ess_text(figures.ess)} (verl's, weights clamped to "
             f"[{figures.verl_clamp[0]:g}, {figures.verl_clamp[1]:g}]: "
-            f"{importance_text.number(figures.ess_verl_clamped)}); sequence-level ESS "
-            f"{importance_text.number(figures.ess_sequence)}; token chi2 "
+            f"{importance_text.ess_text(figures.ess_verl_clamped)}); sequence-level ESS "
+            f"{importance_text.ess_text(figures.ess_sequence)}; token chi2 "
             f"{importance_text.number(figures.chi2_token)}. Never a verdict.",
             class_="muted",
         ),
