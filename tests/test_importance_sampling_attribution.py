@@ -152,3 +152,18 @@ def test_the_pre_issue20_attribution_still_verifies(tmp_path: Path) -> None:
     assert [c["status"] for c in checked] == ["ok"], checked
     document = json.loads((attribution_dirs(run_dir)[0] / "attribution.json").read_text())
     assert all("ess" not in e for e in document["cases"])
+
+
+def test_a_resealed_non_number_ess_is_refused_and_shown_as_a_dash(
+    sealed: tuple[Path, str], tmp_path: Path
+) -> None:
+    run_dir, directory, document = copy_run(sealed, tmp_path)
+    document["cases"][0]["ess"] = "high"
+    reseal(directory, document)
+    problems = verify_attribution(run_dir, directory)
+    assert len(problems) == 1 and problems[0].startswith("$.cases[0].ess: recorded 'high'")
+    row = next(r for r in rows(document) if r[0] == document["cases"][0]["label"])
+    assert row[HEADERS.index("ESS")] == "-"
+    code, out, err = cli("report", run_dir, "--html", tmp_path / "page.html")
+    assert code == 0 and "Traceback" not in out + err, err
+    assert "the sealed attribution above does not verify" in out

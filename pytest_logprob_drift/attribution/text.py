@@ -30,6 +30,13 @@ def _num(value: Any) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def _ess(value: Any) -> str:
+    """The ESS cell: ``-`` when the document has none (sealed before the field) or, in a
+    document ``verify`` refuses but the report still shows, anything but a number."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return ess_text(float(value)) if number else "-"
+
+
 def rows(document: Mapping[str, Any]) -> list[list[str]]:
     """Table rows in ranking order."""
     by_label = {c["label"]: c for c in document["cases"]}
@@ -52,7 +59,7 @@ def rows(document: Mapping[str, Any]) -> list[list[str]]:
                 _num(case["rollout"]["max_abs_delta"]),
                 _num(case["training"]["max_abs_delta"]),
                 str(case["shared_tokens"]),
-                ess_text(case.get("ess")),
+                _ess(case.get("ess")),
                 _num(ratio["value"]),
                 interval,
             ]
