@@ -226,13 +226,22 @@ def _edges(statistic: Statistic) -> tuple[float, ...]:
     )
 
 
-def _spread(log_w: torch.Tensor) -> tuple[float, float]:
-    """(normalized ESS, chi2) of the weights exp(log_w), from two logsumexps:
+def _spread(log_w: torch.Tensor) -> tuple[float, float, float]:
+    """(normalized ESS, chi2, lse) of the weights exp(log_w), with lse = logsumexp(log_w):
     ESS = 1 / mean((w / mean w)^2) = exp(2 lse(r) - log N - lse(2r)), in (0, 1];
-    chi2 = mean(w^2) / mean(w)^2 - 1 = 1 / ESS - 1 = expm1(log N + lse(2r) - 2 lse(r))."""
+    chi2 = mean(w^2) / mean(w)^2 - 1 = 1 / ESS - 1 = expm1(log N + lse(2r) - 2 lse(r)).
+    Both logsumexps from one exp shifted by the largest log weight (e = exp(r - max) <= 1,
+    each sum >= 1: what ``torch.logsumexp`` does, once for both)."""
     n = math.log(log_w.numel())
-    lse1, lse2 = float(torch.logsumexp(log_w, 0)), float(torch.logsumexp(2 * log_w, 0))
-    return min(1.0, math.exp(2 * lse1 - n - lse2)), max(0.0, math.expm1(n + lse2 - 2 * lse1))
+    top = float(log_w.max())
+    e = torch.exp(log_w - top)
+    lse1 = top + math.log(float(e.sum()))
+    lse2 = 2 * top + math.log(float((e * e).sum()))
+    return (
+        min(1.0, math.exp(2 * lse1 - n - lse2)),
+        max(0.0, math.expm1(n + lse2 - 2 * lse1)),
+        lse1,
+    )
 
 
 def importance_sampling(
@@ -259,7 +268,8 @@ def importance_sampling(
     tokens = _Counts(r, BAND_EDGES)
 
     # token level
-    log_mean = float(torch.logsumexp(r, 0)) - math.log(count)
+    ess, chi2_token, lse = _spread(r)
+    log_mean = lse - math.log(count)
     bands = tuple(
         BandFraction(
             edge=edge,
@@ -270,7 +280,6 @@ def importance_sampling(
     )
     clamped = torch.exp(r.clamp(min=math.log(VERL_ESS_LOWER), max=math.log(VERL_ESS_UPPER)))
     ess_verl = float(1.0 / ((clamped / clamped.mean()) ** 2).mean())
-    ess, chi2_token = _spread(r)
 
     # sequence level: rows with at least one active token
     rows = lengths > 0
@@ -279,7 +288,7 @@ def importance_sampling(
     seq_sum = ratio.sum(dim=1)[rows]  # log sequence ratio
     seq_mean = seq_sum / row_lengths  # log geometric ratio
     log_mult_error = _logsumexp_rows(ratio.abs(), active)[rows] - torch.log(row_lengths)
-    ess_sequence, chi2_sequence = _spread(seq_sum)
+    ess_sequence, chi2_sequence, _ = _spread(seq_sum)
 
     def summary(x: torch.Tensor) -> Summary:
         return Summary(min=float(x.min()), mean=float(x.mean()), max=float(x.max()))
