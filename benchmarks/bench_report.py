@@ -52,7 +52,6 @@ VOCAB = 32000
 EXPERIMENT = "bench-report-256"
 CONTRACT = {
     "digest": "0" * 64,
-    "minor_version": 0,
     "source": "ws1",
     "threshold": THRESHOLD,
     "unit": "nats",
