@@ -4,10 +4,12 @@ Builds a synthetic sealed run with ``synthetic_run.py`` (not timed), then, each 
 interpreter so peak memory is the step's own, best of R rounds:
 
 - verify:      ``store.verify.verify_run`` (every seal, every tensor file loaded, every verdict
-               recomputed), what ``logprob-drift verify`` does for the attempts;
+               recomputed, and since issue 24 every case's importance-sampling figures
+               recomputed and compared), what ``logprob-drift verify`` does for the attempts;
 - attribution: loading every attempt's sealed scores and computing the attribution document
                (alignment, per-side movement, paired bootstrap of mean and p99 with 1,000
-               resamples, ranking), what the end of ``run`` does before sealing it;
+               resamples, each case's ESS, ranking), what the end of ``run`` does before
+               sealing it;
 - importance:  loading every attempt's ``token_diffs.pt`` and computing its importance-sampling
                figures (``numerics.importance_sampling``, issue 24), what ``verify`` and the
                report will add per case; ``compute_seconds`` is the figures alone.

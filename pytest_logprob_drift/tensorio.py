@@ -3,8 +3,10 @@
 Owns the one serializer used for sealed ``.pt`` artifacts and for tensors crossing a process
 boundary (FSDP ranks): ``torch.save`` of detached, contiguous CPU tensors, read back with
 ``torch.load(..., weights_only=True)`` so no pickle code ever runs, and refused unless it is a
-mapping of string names to tensors; torch's warnings while it reads foreign bytes are not shown
-(the refusal says why). Knows nothing about seals, files or what the tensors mean.
+mapping of string names to dense, real, contiguous tensors each backed by its own storage
+(nothing a reader then does can turn a few bytes into gigabytes); torch's warnings while it
+reads foreign bytes are not shown (the refusal says why). Knows nothing about seals, files or
+what the tensors mean.
 """
 
 from __future__ import annotations
@@ -42,4 +44,41 @@ def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
     ):
         raise TensorFormatError("expected a mapping of names to tensors")
+    for name, tensor in loaded.items():
+        problem = _not_written_here(tensor)
+        if problem is not None:
+            raise TensorFormatError(f"tensor {name!r} {problem}")
     return loaded
+
+
+def _not_written_here(tensor: torch.Tensor) -> str | None:
+    """Why ``tensor`` is not one ``tensor_bytes`` writes (None when it could be): a dense,
+    real-valued, contiguous CPU tensor whose own storage holds every element it declares (a
+    stride-0 view of a few bytes declaring gigabytes is refused before anything reads it)."""
+    if tensor.layout != torch.strided:
+        return f"has layout {tensor.layout}, not a dense tensor"
+    if tensor.is_complex() or tensor.is_quantized or tensor.dtype not in _REAL_DTYPES:
+        return f"has dtype {tensor.dtype}; refused"
+    if not tensor.is_contiguous():
+        return f"is a non-contiguous view (strides {list(tensor.stride())}); refused"
+    needed = (tensor.storage_offset() + tensor.numel()) * tensor.element_size()
+    if tensor.untyped_storage().nbytes() < needed:
+        return f"declares {needed} bytes but its storage holds {tensor.untyped_storage().nbytes()}"
+    return None
+
+
+_REAL_DTYPES = frozenset(
+    {
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+    }
+)
+"""The dtypes a sealed or exchanged tensor may have."""

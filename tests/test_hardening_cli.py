@@ -182,3 +182,37 @@ def test_expectations_that_select_cases_are_accepted(sealed: Path, tmp_path: Pat
     shutil.copytree(sealed, tmp_path / "runs")
     code, _, err = run_s0(tmp_path / "runs", "--expect", "*=PASS", "--expect", EXPECT)
     assert code == 0, err
+
+
+_OUT_OF_MEMORY = """
+import resource, sys
+from pytest_logprob_drift.cli import main
+pages = int(open("/proc/self/statm").read().split()[0])
+limit = pages * resource.getpagesize() + (64 << 20)  # 64 MiB more than the imported process
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+sys.exit(main(["plan", sys.argv[1]]))
+"""
+
+
+def test_running_out_of_memory_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    """An exception no module turns into a typed error (here MemoryError: a 16 MB prompt file,
+    within its cap, planned with 64 MiB of address space to spare) is one line and exit 3,
+    never a traceback and exit 1."""
+    config = json.loads(S0.read_text())
+    config["identity"]["prompts"] = {"file": "prompts.json"}
+    (tmp_path / "exp.json").write_text(json.dumps(config))
+    rows = ",".join("[" + ",".join(["7"] * 1000) + "]" for _ in range(8000))
+    (tmp_path / "prompts.json").write_text(f"[{rows}]")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    result = subprocess.run(
+        [sys.executable, "-c", _OUT_OF_MEMORY, "exp.json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == ExitCode.RUNTIME_FAILURE, result.stderr
+    assert result.stderr == "logprob-drift: error: out of memory\n"
+    assert result.stdout == ""

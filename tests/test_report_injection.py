@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from drift_testing import OFFSET_LABEL, cli, run_s0
 from report_browser import live_page, open_page
+from resealing import reseal
 
 from pytest_logprob_drift.attribution.sealed import attribution_dirs
 from pytest_logprob_drift.report.page import publish_report
@@ -144,13 +145,25 @@ def hostile_run(clean_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     _writable(offset.parent)
     renamed = offset.parent.rename(offset.parent.with_name(CASE_NAME))
     _reseal(renamed / offset.name, case_id=CASE_NAME, execution_key=execution_key(payload))
+    # ...and the plan's row of that case renamed too (verify refuses an attempt of a case the
+    # plan never had), plan.jsonl re-sealed.
+    plan = run_dir / "plan.jsonl"
+    rows = [json.loads(line) for line in plan.read_text().splitlines()]
+    for row in rows:
+        if row["case_id"] == offset.parent.name:
+            row["case_id"] = CASE_NAME
+    _writable(plan)
+    plan.write_text(
+        "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in rows)
+    )
+    reseal(run_dir, plan)
     # A field of the attribution document rewritten to markup, the file re-sealed.
     directory = attribution_dirs(run_dir)[0]
     path = directory / "attribution.json"
     document = json.loads(path.read_text())
-    document["noise_floor"] = {
+    document["noise_floor"] = {  # numbers only: a string here is not an attribution at all
         "measured": True,
-        "repeats": PAYLOAD,
+        "repeats": 0,
         "rollout_max_abs_delta": 0.0,
         "training_max_abs_delta": 0.0,
     }
@@ -221,7 +234,7 @@ def test_a_hostile_run_runs_no_script_and_injects_nothing(hostile_run: Path) -> 
     assert after["counts"] == {**probe["counts"], "span": after["counts"]["span"]}
     assert any(item.startswith(LABEL + " moved the training side") for item in probe["findings"])
     assert LABEL in probe["ticks"]
-    assert f"Noise floor from {PAYLOAD} baseline repeat(s)" in text
+    assert f"not attributed: {PAYLOAD}: {PAYLOAD}" in text
 
 
 def test_the_terminal_says_the_attribution_does_not_verify(hostile_run: Path) -> None:

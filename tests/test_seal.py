@@ -55,8 +55,18 @@ def sealed_attempt(root: Path, key: SealKey | None = None) -> Path:
 ATTRIBUTION = {
     "inputs": [{"case_id": CASE, "attempt_id": "a-1", "complete_sha256": "0" * 64}],
     "experiment_id": "x",
+    "baseline": {"case_id": CASE, "attempt_id": "a-1"},
+    "noise_floor": {
+        "measured": False,
+        "repeats": 0,
+        "rollout_max_abs_delta": None,
+        "training_max_abs_delta": None,
+    },
     "cases": [],
+    "ranking": [],
+    "skipped": [],
 }
+"""The smallest document of the shape ``attribution.sealed`` reads (no case attributed)."""
 
 
 def sealed_attribution(root: Path, key: SealKey | None = None) -> Path:

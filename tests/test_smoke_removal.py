@@ -8,6 +8,7 @@ the state after deleting the package and its pyproject entries.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -141,4 +142,6 @@ def test_the_synthetic_checkpoint_is_unknown_to_planning_without_the_smoke_group
         timeout=600,
         check=False,
     )
-    assert known.stdout.strip() == "['tiny://qwen3-h64-v1']", known.stderr
+    checkpoints = ast.literal_eval(known.stdout.strip())
+    assert "tiny://qwen3-h64-v1" in checkpoints, known.stderr
+    assert all(uri.startswith("tiny://") for uri in checkpoints), checkpoints

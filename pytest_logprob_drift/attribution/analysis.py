@@ -21,6 +21,7 @@ import torch
 
 from pytest_logprob_drift.attribution.align import Alignment, Movement, align, movement
 from pytest_logprob_drift.attribution.effect import abs_diff_rows, drift_effect, prepare
+from pytest_logprob_drift.attribution.importance import ESS_KEY, case_ess
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
@@ -292,6 +293,9 @@ def attribute(
             case.training_logprobs, case.rollout["logprobs"], case.rollout["active_mask"]
         )
         entry["effect"] = drift_effect(rows, baseline_drift).to_json()
+        entry[ESS_KEY] = case_ess(
+            case.training_logprobs, case.rollout["logprobs"], case.rollout["active_mask"]
+        )
         entry["parents"] = [
             _comparison(case, parent, floor) for parent in _parents(case, comparable)
         ]

@@ -7,7 +7,9 @@ mechanism (``store.seal``: the attribution id and those inputs as header, the di
 ``attribution.json``, a MAC under an active seal key). Writing the
 attribution of the same inputs again reuses a valid sealed one (a rerun that reuses every
 attempt reuses its attribution too); otherwise a new directory is created; nothing is
-overwritten. ``verify_attribution`` re-checks the seal, checks that every named attempt is
+overwritten. The document is read strictly: JSON as ``store.files.json_document`` reads it,
+the fields its readers use of the shape ``ATTRIBUTION_SHAPE`` declares, a ranking of its own
+cases' labels. ``verify_attribution`` re-checks the seal, checks that every named attempt is
 still the one it names and is itself valid, recomputes the document from those attempts'
 sealed tensors, and reports any difference. Knows nothing about engines or frontends.
 """
@@ -27,14 +29,19 @@ from pytest_logprob_drift.attribution.analysis import (
     attribute,
     load_execution,
 )
+from pytest_logprob_drift.attribution.importance import as_recorded
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import new_attempt_id
+from pytest_logprob_drift.store.documents import NUMBER, Absent, Nullable, shape_problem
 from pytest_logprob_drift.store.files import (
+    JSONDocumentError,
     check_directory,
     json_bytes,
+    json_document,
     make_directory,
+    plain_name,
     publish_bytes,
     real_directory,
     sha256_file,
@@ -58,6 +65,57 @@ ATTRIBUTION_SEAL = SealForm(
     covers=frozenset({layout.ATTRIBUTION}),
 )
 """An attribution's COMPLETE: its id, the attempts it was computed from, its one document."""
+
+
+_RATIO = {
+    "value": Nullable(NUMBER),
+    "low": Nullable(NUMBER),
+    "high": Nullable(NUMBER),
+    "excludes_one": bool,
+}
+_SIDE = {"max_abs_delta": Nullable(NUMBER)}
+ATTRIBUTION_SHAPE = {
+    "experiment_id": str,
+    "inputs": [{"case_id": str, "attempt_id": str, "complete_sha256": str}],
+    "baseline": {"case_id": str, "attempt_id": str},
+    "noise_floor": {
+        "measured": bool,
+        "repeats": int,
+        "rollout_max_abs_delta": Nullable(NUMBER),
+        "training_max_abs_delta": Nullable(NUMBER),
+    },
+    "cases": [
+        {
+            "label": str,
+            "case_id": str,
+            "attempt_id": str,
+            "classification": str,
+            "shared_tokens": int,
+            "rollout": _SIDE,
+            "training": _SIDE,
+            "effect": {"mean_ratio": _RATIO, "p99_ratio": Absent(_RATIO)},
+        }
+    ],
+    "ranking": [str],
+    "skipped": [{"label": str, "reason": str}],
+}
+"""The fields of ``attribution.json`` that its readers use (``attribution.text``, the report,
+``recompute``), checked with ``store.documents.shape_problem`` when it is read."""
+
+
+def _document_problem(document: dict[str, Any]) -> str | None:
+    """Where the document is not what ``attribute`` writes (None when it is)."""
+    problem = shape_problem(document, ATTRIBUTION_SHAPE)
+    if problem is not None:
+        return problem
+    labels = {case["label"] for case in document["cases"]}
+    for index, label in enumerate(document["ranking"]):
+        if label not in labels:
+            return f"$.ranking[{index}]: names no case of the document"
+    repeats = document["noise_floor"]["repeats"]
+    if not 0 <= repeats < max(len(document["inputs"]), 1):
+        return f"$.noise_floor.repeats: {repeats} is not a count of the inputs' baseline repeats"
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,11 +148,14 @@ def open_attribution(directory: Path) -> Sealed:
 def attribution_document(sealed: Sealed) -> dict[str, Any]:
     """The document in the verified bytes of ``attribution.json`` (never read again)."""
     try:
-        document = json.loads(sealed.contents[layout.ATTRIBUTION])
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise SealError(layout.ATTRIBUTION, f"invalid JSON: {exc}") from None
+        document = json_document(sealed.contents[layout.ATTRIBUTION])
+    except JSONDocumentError as exc:
+        raise SealError(layout.ATTRIBUTION, str(exc)) from None
     if not isinstance(document, dict):
         raise SealError(layout.ATTRIBUTION, "expected a JSON object")
+    problem = _document_problem(document)
+    if problem is not None:
+        raise SealError(layout.ATTRIBUTION, problem)
     if document.get("inputs") != sealed.manifest.header["inputs"]:
         raise SealError(layout.COMPLETE, "the seal and the document name different attempts")
     return document
@@ -158,6 +219,8 @@ def attribution_dirs(run_dir: Path) -> list[Path]:
 
 
 def _execution_for(run_dir: Path, reference: dict[str, Any]) -> SealedExecution:
+    if not (plain_name(reference["case_id"]) and plain_name(reference["attempt_id"])):
+        raise SealError(layout.ATTRIBUTION, "names an attempt outside the run's cases/; refused")
     attempt = run_dir / layout.CASES / str(reference["case_id"]) / str(reference["attempt_id"])
     if not attempt.is_dir():
         raise SealError(
@@ -238,7 +301,7 @@ def verify_attribution(run_dir: Path, directory: Path) -> list[str]:
         return [f"{exc.file}: {exc.message}"]
     except (KeyError, TypeError, ValueError) as exc:
         return [f"{layout.ATTRIBUTION}: malformed: {type(exc).__name__}: {exc}"]
-    return differences(document, recomputed)
+    return differences(document, as_recorded(document, recomputed))
 
 
 def verify_attributions(run_dir: Path) -> list[dict[str, Any]]:

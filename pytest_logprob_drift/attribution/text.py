@@ -1,8 +1,9 @@
 """The attribution of a run as plain text: one row per case, then the ranking.
 
 Owns the terminal rendering shared by ``run``, ``report`` and the pytest summary: which side
-moved and by how much, where sampled tokens first diverged, the effect on the drift relative
-to the baseline with its bootstrap interval, the noise floor, and the interventions ranked by
+moved and by how much, where sampled tokens first diverged, the case's importance-sampling
+ESS (``-`` in attributions sealed before it), the effect on the drift relative to the baseline
+with its bootstrap interval, the noise floor, and the interventions ranked by
 effect. Knows nothing about how the document was computed or where it is printed.
 """
 
@@ -11,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_logprob_drift.numerics.importance_text import ess_text
+
 HEADERS = (
     "case",
     "effect",
     "rollout max|d|",
     "training max|d|",
     "shared",
+    "ESS",
     "mean|diff| ratio",
     "95% interval",
 )
@@ -24,6 +28,13 @@ HEADERS = (
 
 def _num(value: Any) -> str:
     return "-" if value is None else f"{value:.3g}"
+
+
+def _ess(value: Any) -> str:
+    """The ESS cell: ``-`` when the document has none (sealed before the field) or, in a
+    document ``verify`` refuses but the report still shows, anything but a number."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return ess_text(float(value)) if number else "-"
 
 
 def rows(document: Mapping[str, Any]) -> list[list[str]]:
@@ -48,6 +59,7 @@ def rows(document: Mapping[str, Any]) -> list[list[str]]:
                 _num(case["rollout"]["max_abs_delta"]),
                 _num(case["training"]["max_abs_delta"]),
                 str(case["shared_tokens"]),
+                _ess(case.get("ess")),
                 _num(ratio["value"]),
                 interval,
             ]

@@ -6,8 +6,9 @@ Owns argument parsing, the CLI's spelling of execution-policy flags (``--allow-s
 every case as expected, 1 some case had another outcome, 2 usage or config error (one line
 naming the JSON path, never a traceback; also an artifacts location that cannot hold a run),
 3 runtime or internal failure (also an I/O failure such as a full disk; a file-system error
-no module named is still one line). The work itself is done by the planner, runner, store and
-report; the command modules only wire and print.
+no module named is still one line, and so is running out of memory or any other exception
+that escapes a command: a bug, never a traceback). The work itself is done by the planner,
+runner, store and report; the command modules only wire and print.
 Knows nothing about torch (execution modules are imported only by ``run``/``verify``/
 ``report``) or pytest.
 """
@@ -21,7 +22,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
+from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError, one_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -212,6 +213,16 @@ def main(
         error = StorageError(where, "complete the command", exc)
         print(f"logprob-drift: error: {error.render()}", file=err)
         return int(error.exit_code)
+    except MemoryError:
+        print("logprob-drift: error: out of memory", file=err)
+        return ExitCode.RUNTIME_FAILURE
+    except Exception as exc:  # a bug of ours: still one line, exit 3
+        print(
+            "logprob-drift: error: internal error (a bug; please report it): "
+            f"{type(exc).__name__}: {one_line(str(exc))[:500]}",
+            file=err,
+        )
+        return ExitCode.RUNTIME_FAILURE
 
 
 def entry() -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pytest_logprob_drift.errors import ExitCode, one_line
+from pytest_logprob_drift.numerics import importance_text
 from pytest_logprob_drift.report.findings import findings
 from pytest_logprob_drift.report.page import publish_report
 from pytest_logprob_drift.report.summary import HEADERS, ranking_table, report_json, summary_rows
@@ -38,6 +39,9 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
     for line in findings(data).lines():
         print(one_line(line), file=out)
     print(render_table(HEADERS, summary_rows(data)), file=out)
+    for view in data.cases:
+        for line in importance_text.lines(view.diagnostics):
+            print(one_line(f"{view.label}: {line}"), file=out)
     ranking = ranking_table(data)
     if ranking is not None:
         headers, rows, lines = ranking

@@ -27,7 +27,7 @@ from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
-from pytest_logprob_drift.numerics import path_split_text
+from pytest_logprob_drift.numerics import importance_text, path_split_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.plan.binding import ExecutionCase
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
@@ -175,6 +175,7 @@ def _run(
             "-" if r.comparison is None else r.comparison.active_tokens,
             "-" if r.comparison is None else r.comparison.mismatches,
             _max_diff(r),
+            importance_text.ess_cell(d),
             "reused" if r.reused else ("new" if r.attempt_dir else "-"),
             "" if r.as_expected else f"expected {r.expected.value}",
             *(divergence_text.cells(d) if full_vocabulary else []),
@@ -206,6 +207,7 @@ def _run(
                     "active",
                     "mismatches",
                     "max|diff|",
+                    importance_text.ESS_HEADER,
                     "attempt",
                     "note",
                     *(divergence_text.HEADERS if full_vocabulary else ()),
@@ -276,5 +278,10 @@ def _result_json(r: CaseResult) -> dict[str, Any]:
             {}
             if diagnostics is None or diagnostics.semantic_offset is None
             else {"semantic_offset": diagnostics.semantic_offset.to_json()}
+        ),
+        **(
+            {}
+            if diagnostics is None or diagnostics.importance_sampling is None
+            else {"importance_sampling": diagnostics.importance_sampling.to_json()}
         ),
     }

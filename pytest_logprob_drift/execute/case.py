@@ -5,13 +5,15 @@ Owns the steps between "this case must run" and "its attempt is sealed": strict 
 ``OperatorSession``, rollout then read-only training scoring on engines from the
 fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, the
 opt-in full-vocabulary diagnostics (``execute.diagnostics``, sealed as ``divergence.pt``), the
-opt-in replay (``execute.replay``, after the read-back so it cannot change what is read back), and
-writing every payload before COMPLETE. Used by the runner. Knows no concrete runtime, no
-frontend, and nothing about which operator backends exist.
+importance-sampling figures of a judged case (``store.importance_check``), the opt-in replay
+(``execute.replay``, after the read-back so it cannot change what is read back), and writing every
+payload before COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
+about which operator backends exist.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +59,7 @@ from pytest_logprob_drift.registry.catalog import (
 from pytest_logprob_drift.registry.session import OperatorSession
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
+from pytest_logprob_drift.store.importance_check import SCORED_OUTCOMES, figures
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes
 
@@ -350,8 +353,18 @@ def _comparison(
     entries: Mapping[str, Any],
 ) -> Comparison:
     """The case's comparison record: the verdict, its statistics and the full-vocabulary
-    ``entries`` (``execute.diagnostics``) as typed diagnostics, and the numeric re-check."""
+    ``entries`` (``execute.diagnostics``) as typed diagnostics, the importance-sampling
+    figures of a judged case (from the very tensors token_diffs.pt seals; never a verdict),
+    and the numeric re-check."""
     case = run.ec.case
+    diagnostics = read_diagnostics({**verdict.diagnostics, **entries})
+    if verdict.outcome in SCORED_OUTCOMES and scored.rollout and scored.training:
+        part = figures(
+            scored.training.logprobs,
+            scored.rollout.tensors["logprobs"],
+            scored.rollout.tensors["active_mask"],
+        )
+        diagnostics = dataclasses.replace(diagnostics, importance_sampling=part)
     return Comparison(
         case_id=case.case_id,
         label=case.label,
@@ -361,7 +374,7 @@ def _comparison(
         threshold=verdict.threshold,
         active_tokens=verdict.active_tokens,
         mismatches=verdict.mismatches,
-        diagnostics=read_diagnostics({**verdict.diagnostics, **entries}),
+        diagnostics=diagnostics,
         worst_tokens=tuple(WorstToken(**w) for w in verdict.worst_tokens),
         identity_violations=verdict.identity_violations,
         records=scored.records,

@@ -2,11 +2,12 @@
 
 Owns the frozen records a comparison is read into (the verdict's statistics and worst tokens,
 the optional full-vocabulary summary or why it is unavailable, the optional semantic-offset
-diagnosis, the knob records, the contract, and the numeric re-check that execution and resume
-both build), the strict reader from the JSON document (every wrong type, missing key or unknown
-key is a ``ComparisonShapeError`` naming its JSON path) and ``to_json``, which gives back the
-document it was read from, value for value. Knows nothing about torch, files, seals or how any
-number was computed; ``store.comparison`` turns a shape error into the attempt's seal error.
+diagnosis, the optional importance-sampling figures, the knob records, the contract, and the
+numeric re-check that execution and resume both build), the strict reader from the JSON
+document (every wrong type, missing key or unknown key is a ``ComparisonShapeError`` naming its
+JSON path) and ``to_json``, which gives back the document it was read from, value for value.
+Knows nothing about torch, files, seals or how any number was computed; ``store.comparison``
+turns a shape error into the attempt's seal error.
 """
 
 from __future__ import annotations
@@ -355,6 +356,97 @@ class PathSplit:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FigureRange:
+    """min / mean / max of one importance-sampling figure (None: a plain number past float64;
+    its log is always recorded beside it). ``mean`` is None where only the extremes are
+    recorded (``perplexity_ratio``)."""
+
+    min: float | None
+    mean: float | None
+    max: float | None
+
+    def to_json(self, *, with_mean: bool = True) -> dict[str, float | None]:
+        out = {"min": self.min, "mean": self.mean, "max": self.max}
+        if not with_mean:
+            del out["mean"]
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightBand:
+    """Fractions of active tokens whose weight is strictly above / below ``edge``."""
+
+    edge: float
+    above: float
+    below: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"edge": self.edge, "above": self.above, "below": self.below}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImportanceSamplingFigures:
+    """The importance-sampling figures of a case (``numerics.importance_sampling``'s
+    ``ImportanceSampling.to_json``): what an off-policy correction would make of the drift,
+    never a verdict. ``corrections`` maps each peer correction's key to its fraction, in the
+    order written (sorted by key)."""
+
+    active_tokens: int
+    sequences: int
+    weights_clamped: bool
+    weight: FigureRange
+    log_weight: FigureRange
+    band_fractions: tuple[WeightBand, ...]
+    ess: float
+    ess_verl_clamped: float
+    verl_clamp: tuple[float, float]
+    chi2_token: float
+    chi2_sequence: float
+    ess_sequence: float
+    log_sequence_ratio: FigureRange
+    log_geometric_ratio: FigureRange
+    max_geometric_deviation: float | None
+    log_perplexity_ratio: FigureRange
+    perplexity_ratio: FigureRange
+    log_max_seq_mult_prob_error: float
+    approx_kl_k1: float | None
+    approx_kl_k2: float | None
+    approx_kl_k3: float | None
+    corrections: tuple[tuple[str, float], ...]
+
+    def correction(self, key: str) -> float | None:
+        """The fraction a peer correction (``PEER_CORRECTIONS`` key) affects; None when this
+        record has no such key."""
+        return dict(self.corrections).get(key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "active_tokens": self.active_tokens,
+            "sequences": self.sequences,
+            "weights_clamped": self.weights_clamped,
+            "weight": self.weight.to_json(),
+            "log_weight": self.log_weight.to_json(),
+            "band_fractions": [b.to_json() for b in self.band_fractions],
+            "ess": self.ess,
+            "ess_verl_clamped": self.ess_verl_clamped,
+            "verl_clamp": list(self.verl_clamp),
+            "chi2_token": self.chi2_token,
+            "chi2_sequence": self.chi2_sequence,
+            "ess_sequence": self.ess_sequence,
+            "log_sequence_ratio": self.log_sequence_ratio.to_json(),
+            "log_geometric_ratio": self.log_geometric_ratio.to_json(),
+            "max_geometric_deviation": self.max_geometric_deviation,
+            "log_perplexity_ratio": self.log_perplexity_ratio.to_json(),
+            "perplexity_ratio": self.perplexity_ratio.to_json(with_mean=False),
+            "log_max_seq_mult_prob_error": self.log_max_seq_mult_prob_error,
+            "approx_kl_k1": self.approx_kl_k1,
+            "approx_kl_k2": self.approx_kl_k2,
+            "approx_kl_k3": self.approx_kl_k3,
+            "corrections": dict(self.corrections),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Diagnostics:
     """comparison.json's ``diagnostics``: each part present or not (a verdict without
     numerics has no statistics; full-vocabulary parts only when they were asked for)."""
@@ -363,6 +455,8 @@ class Diagnostics:
     full_vocabulary: FullVocabulary | FullVocabularyUnavailable | None = None
     semantic_offset: SemanticOffsetSummary | None = None
     path_split: PathSplit | None = None
+    importance_sampling: ImportanceSamplingFigures | None = None
+    """Absent in comparisons sealed before it existed and for cases without scores."""
 
     @property
     def full_summary(self) -> FullVocabulary | None:
@@ -396,6 +490,8 @@ class Diagnostics:
             out["semantic_offset"] = self.semantic_offset.to_json()
         if self.path_split is not None:
             out["path_split"] = self.path_split.to_json()
+        if self.importance_sampling is not None:
+            out["importance_sampling"] = self.importance_sampling.to_json()
         return out
 
 
@@ -708,6 +804,119 @@ def _decode_replay_figures(value: object, path: str) -> DecodeReplayFigures:
     )
 
 
+def _figure_range(value: object, path: str, *, with_mean: bool = True) -> FigureRange:
+    keys = ("min", "mean", "max") if with_mean else ("min", "max")
+    document = _object(value, path, keys)
+    return FigureRange(
+        min=_optional_number(document["min"], f"{path}.min"),
+        mean=_optional_number(document["mean"], f"{path}.mean") if with_mean else None,
+        max=_optional_number(document["max"], f"{path}.max"),
+    )
+
+
+def _logs(value: object, path: str) -> FigureRange:
+    """A range of logs: always finite numbers."""
+    document = _object(value, path, ("min", "mean", "max"))
+    return FigureRange(
+        min=_number(document["min"], f"{path}.min"),
+        mean=_number(document["mean"], f"{path}.mean"),
+        max=_number(document["max"], f"{path}.max"),
+    )
+
+
+def _weight_band(value: object, path: str) -> WeightBand:
+    document = _object(value, path, ("edge", "above", "below"))
+    return WeightBand(
+        edge=_number(document["edge"], f"{path}.edge"),
+        above=_number(document["above"], f"{path}.above"),
+        below=_number(document["below"], f"{path}.below"),
+    )
+
+
+IMPORTANCE_SAMPLING_KEYS = (
+    "active_tokens",
+    "sequences",
+    "weights_clamped",
+    "weight",
+    "log_weight",
+    "band_fractions",
+    "ess",
+    "ess_verl_clamped",
+    "verl_clamp",
+    "chi2_token",
+    "chi2_sequence",
+    "ess_sequence",
+    "log_sequence_ratio",
+    "log_geometric_ratio",
+    "max_geometric_deviation",
+    "log_perplexity_ratio",
+    "perplexity_ratio",
+    "log_max_seq_mult_prob_error",
+    "approx_kl_k1",
+    "approx_kl_k2",
+    "approx_kl_k3",
+    "corrections",
+)
+
+
+def read_importance_sampling(
+    value: object, path: str = "diagnostics.importance_sampling"
+) -> ImportanceSamplingFigures:
+    """comparison.json's ``diagnostics.importance_sampling`` as its record, strictly."""
+    d = _object(value, path, IMPORTANCE_SAMPLING_KEYS)
+    bands = _array(d["band_fractions"], f"{path}.band_fractions")
+    clamp = _array(d["verl_clamp"], f"{path}.verl_clamp")
+    if len(clamp) != 2:
+        raise ComparisonShapeError(f"{path}.verl_clamp", "expected [lower, upper]")
+    corrections = d["corrections"]
+    if not isinstance(corrections, dict):
+        raise ComparisonShapeError(
+            f"{path}.corrections", f"expected an object, got {_type_name(corrections)}"
+        )
+
+    def number(key: str) -> float:
+        return _number(d[key], f"{path}.{key}")
+
+    def optional(key: str) -> float | None:
+        return _optional_number(d[key], f"{path}.{key}")
+
+    return ImportanceSamplingFigures(
+        active_tokens=_count(d["active_tokens"], f"{path}.active_tokens"),
+        sequences=_count(d["sequences"], f"{path}.sequences"),
+        weights_clamped=_boolean(d["weights_clamped"], f"{path}.weights_clamped"),
+        weight=_figure_range(d["weight"], f"{path}.weight"),
+        log_weight=_logs(d["log_weight"], f"{path}.log_weight"),
+        band_fractions=tuple(
+            _weight_band(b, f"{path}.band_fractions[{i}]") for i, b in enumerate(bands)
+        ),
+        ess=number("ess"),
+        ess_verl_clamped=number("ess_verl_clamped"),
+        verl_clamp=(
+            _number(clamp[0], f"{path}.verl_clamp[0]"),
+            _number(clamp[1], f"{path}.verl_clamp[1]"),
+        ),
+        chi2_token=number("chi2_token"),
+        chi2_sequence=number("chi2_sequence"),
+        ess_sequence=number("ess_sequence"),
+        log_sequence_ratio=_figure_range(d["log_sequence_ratio"], f"{path}.log_sequence_ratio"),
+        log_geometric_ratio=_figure_range(d["log_geometric_ratio"], f"{path}.log_geometric_ratio"),
+        max_geometric_deviation=optional("max_geometric_deviation"),
+        log_perplexity_ratio=_figure_range(
+            d["log_perplexity_ratio"], f"{path}.log_perplexity_ratio"
+        ),
+        perplexity_ratio=_figure_range(
+            d["perplexity_ratio"], f"{path}.perplexity_ratio", with_mean=False
+        ),
+        log_max_seq_mult_prob_error=number("log_max_seq_mult_prob_error"),
+        approx_kl_k1=optional("approx_kl_k1"),
+        approx_kl_k2=optional("approx_kl_k2"),
+        approx_kl_k3=optional("approx_kl_k3"),
+        corrections=tuple(
+            (str(k), _number(v, f"{path}.corrections.{k}")) for k, v in corrections.items()
+        ),
+    )
+
+
 def _path_split_figures(value: object, path: str) -> PathSplitFigures | None:
     if value is None:
         return None
@@ -761,9 +970,16 @@ def read_diagnostics(value: object, path: str = "diagnostics") -> Diagnostics:
         value,
         path,
         (),
-        optional=(*STATISTICS_KEYS, "full_vocabulary", "semantic_offset", "path_split"),
+        optional=(
+            *STATISTICS_KEYS,
+            "full_vocabulary",
+            "semantic_offset",
+            "path_split",
+            "importance_sampling",
+        ),
     )
     full, offset, split = "full_vocabulary", "semantic_offset", "path_split"
+    weights = "importance_sampling"
     return Diagnostics(
         statistics=_statistics(document, path),
         full_vocabulary=(
@@ -775,6 +991,11 @@ def read_diagnostics(value: object, path: str = "diagnostics") -> Diagnostics:
         path_split=read_path_split(document[split], _at(path, split))
         if split in document
         else None,
+        importance_sampling=(
+            read_importance_sampling(document[weights], _at(path, weights))
+            if weights in document
+            else None
+        ),
     )
 
 

@@ -28,186 +28,27 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import torch
 
-# verl computes rollout_corr/rollout_is_eff_sample_size on weights clamped to
-# [rollout_is_threshold_lower, rollout_is_threshold] (volcengine/verl
-# verl/trainer/ppo/rollout_corr_helper.py, compute_is_metrics: weights_for_ess = ...clamp(...));
-# its default rollout_is_threshold is 2.0 and the lower bound defaults to its reciprocal.
-VERL_ESS_UPPER = 2.0
-VERL_ESS_LOWER = 1.0 / VERL_ESS_UPPER
-
-
-class Statistic(Enum):
-    """What a peer's correction compares against its band."""
-
-    TOKEN_RATIO = "token_ratio"  # w = exp(r), per active token
-    GEOMETRIC_RATIO = "geometric_ratio"  # exp(mean r), per sequence
-    SEQUENCE_RATIO = "sequence_ratio"  # exp(sum r), per sequence
-    MULT_PROB_ERROR = "mult_prob_error"  # mean over the sequence's tokens of exp(|r|)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PeerCorrection:
-    """One framework's default correction: the units outside ``[low, high]`` (a strict
-    comparison: a value equal to an edge is inside; ``None`` is an open side) are the ones it
-    clips, drops or masks. ``key`` names its fraction in the figures' JSON."""
-
-    key: str
-    framework: str
-    flag: str
-    default: str
-    measures: str
-    statistic: Statistic
-    low: float | None
-    high: float | None
-    source: str
-
-
-# The table a reader maps to their config. Each row cites the file its semantics were read from.
-PEER_CORRECTIONS: tuple[PeerCorrection, ...] = (
-    PeerCorrection(
-        key="tis_clipped_token_fraction_cap_2",
-        framework="verl",
-        flag="algorithm.rollout_correction.rollout_is=token, rollout_is_threshold",
-        default="2.0",
-        measures="fraction of active tokens whose weight exp(r) is above the cap (truncated)",
-        statistic=Statistic.TOKEN_RATIO,
-        low=None,
-        high=2.0,
-        # volcengine/verl verl/trainer/ppo/rollout_corr_helper.py (token IS weights truncated at
-        # rollout_is_threshold; rollout_is_ratio_fraction_high counts weights > threshold)
-        source="volcengine/verl verl/trainer/ppo/rollout_corr_helper.py",
-    ),
-    PeerCorrection(
-        key="tis_clipped_token_fraction_cap_3",
-        framework="TRL",
-        flag="vllm_importance_sampling_mode=token_truncate, vllm_importance_sampling_cap",
-        default="3.0",
-        measures="fraction of active tokens whose weight exp(r) is above the cap (clamped)",
-        statistic=Statistic.TOKEN_RATIO,
-        low=None,
-        high=3.0,
-        # huggingface/trl trl/trainer/grpo_trainer.py: token_truncate clamps
-        # exp(old_per_token_logps - sampling_per_token_logps) at max=vllm_importance_sampling_cap
-        source="huggingface/trl trl/trainer/grpo_trainer.py",
-    ),
-    PeerCorrection(
-        key="tis_clipped_token_fraction_cap_5",
-        framework="OpenRLHF",
-        flag="--vllm_is_correction_type tis --vllm_is_truncated_threshold LOW HIGH",
-        default="HIGH 5.0 (of [0.5, 5.0])",
-        measures="fraction of active tokens whose weight exp(r) is above the upper cap",
-        statistic=Statistic.TOKEN_RATIO,
-        low=None,
-        high=5.0,
-        # OpenRLHF/OpenRLHF openrlhf/models/loss.py PolicyLoss.forward, "tis" branch:
-        # exp(old_log_probs - rollout_log_probs).clamp(...); --vllm_is_truncated_threshold
-        # defaults to [0.5, 5.0] (openrlhf/cli/train_ppo_ray.py)
-        source="OpenRLHF/OpenRLHF openrlhf/models/loss.py",
-    ),
-    PeerCorrection(
-        key="icepop_dropped_token_fraction",
-        framework="OpenRLHF",
-        flag="--vllm_is_correction_type icepop --vllm_is_truncated_threshold LOW HIGH",
-        default="[0.5, 5.0]",
-        measures="fraction of active tokens whose weight exp(r) is outside the band (zeroed)",
-        statistic=Statistic.TOKEN_RATIO,
-        low=0.5,
-        high=5.0,
-        # OpenRLHF/OpenRLHF openrlhf/models/loss.py, "icepop" branch: keeps
-        # (vllm_is >= low) & (vllm_is <= high), zeroes the rest; NeMo-RL docs/guides/grpo.md
-        # gives the same reference bounds min=0.5, max=5 for ICE-POP
-        source="OpenRLHF/OpenRLHF openrlhf/models/loss.py",
-    ),
-    PeerCorrection(
-        key="seq_mask_tis_masked_sequence_fraction_0999_1001",
-        framework="seq-mask-tis (symmetric tight band)",
-        flag=(
-            "NeMo-RL loss_fn.truncated_importance_sampling_type=seq-mask-tis, "
-            "truncated_importance_sampling_ratio_min / truncated_importance_sampling_ratio"
-        ),
-        default="[0.999, 1.001] (issue 24's symmetric variant of NeMo-RL's band)",
-        measures="fraction of sequences whose geometric ratio exp(mean r) is outside the band",
-        statistic=Statistic.GEOMETRIC_RATIO,
-        low=0.999,
-        high=1.001,
-        # same rule as the NeMo-RL row below, with the upper edge at 1.001
-        source="NVIDIA-NeMo/RL docs/guides/grpo.md (seq-mask-tis)",
-    ),
-    PeerCorrection(
-        key="seq_mask_tis_masked_sequence_fraction_0999_1002",
-        framework="NeMo-RL",
-        flag=(
-            "loss_fn.truncated_importance_sampling_type=seq-mask-tis, "
-            "truncated_importance_sampling_ratio_min / truncated_importance_sampling_ratio"
-        ),
-        default="[0.999, 1.002]",
-        measures="fraction of sequences whose geometric ratio exp(mean r) is outside the band",
-        statistic=Statistic.GEOMETRIC_RATIO,
-        low=0.999,
-        high=1.002,
-        # NVIDIA-NeMo/RL docs/guides/grpo.md: seq-mask-tis discards a sequence whose geometric
-        # mean of per-token IS ratios falls outside [ratio_min, ratio], reference bounds
-        # min=0.999, max=1.002
-        source="NVIDIA-NeMo/RL docs/guides/grpo.md",
-    ),
-    PeerCorrection(
-        key="seq_mask_tis_masked_sequence_fraction_05_2",
-        framework="OpenRLHF",
-        flag="--vllm_is_correction_type seq-mask-tis --vllm_is_truncated_threshold 0.5 2.0",
-        default="[0.5, 2.0]",
-        measures="fraction of sequences whose geometric ratio exp(mean r) is outside the band",
-        statistic=Statistic.GEOMETRIC_RATIO,
-        low=0.5,
-        high=2.0,
-        # OpenRLHF/OpenRLHF openrlhf/models/loss.py, "seq-mask-tis" branch:
-        # seq_is = exp(masked_mean(log_ratio)); seq_mask = (seq_is >= low) & (seq_is <= high)
-        source="OpenRLHF/OpenRLHF openrlhf/models/loss.py",
-    ),
-    PeerCorrection(
-        key="trl_sequence_mask_masked_sequence_fraction",
-        framework="TRL",
-        flag="vllm_importance_sampling_mode=sequence_mask, vllm_importance_sampling_cap",
-        default="3.0",
-        measures="fraction of sequences whose sequence ratio exp(sum r) is above the cap (masked)",
-        statistic=Statistic.SEQUENCE_RATIO,
-        low=None,
-        high=3.0,
-        # huggingface/trl trl/trainer/grpo_trainer.py: sequence_mask sums the per-token log
-        # differences over the completion, exponentiates, and sets ratios >
-        # vllm_importance_sampling_cap to 0
-        source="huggingface/trl trl/trainer/grpo_trainer.py",
-    ),
-    PeerCorrection(
-        key="nemo_rl_seq_error_masked_sequence_fraction",
-        framework="NeMo-RL",
-        flag="grpo.seq_logprob_error_threshold",
-        default="2.0 (commonly set; the config default is null, off)",
-        measures=(
-            "fraction of sequences whose mult-prob error mean(exp(|r|)) over their tokens "
-            "is above the threshold (masked)"
-        ),
-        statistic=Statistic.MULT_PROB_ERROR,
-        low=None,
-        high=2.0,
-        # NVIDIA-NeMo/RL nemo_rl/algorithms/grpo.py compute_and_apply_seq_logprob_error_masking:
-        # seq_mult_prob_error = sum(exp(|generation - prev| * mask) * mask) / sum(mask), and a
-        # sequence is masked when it exceeds seq_logprob_error_threshold
-        source="NVIDIA-NeMo/RL nemo_rl/algorithms/grpo.py",
-    ),
+from pytest_logprob_drift.numerics.peer_corrections import (
+    BAND_EDGES,
+    PEER_CORRECTIONS,
+    VERL_ESS_LOWER,
+    VERL_ESS_UPPER,
+    PeerCorrection,
+    Statistic,
 )
 
-# Every weight edge the correction table uses: the token-weight fractions are reported at each.
-BAND_EDGES: tuple[float, ...] = tuple(
-    sorted(
-        {e for p in PEER_CORRECTIONS for e in (p.low, p.high) if e is not None}
-        | {VERL_ESS_LOWER, VERL_ESS_UPPER}
-    )
-)
+__all__ = [
+    "BAND_EDGES",
+    "PEER_CORRECTIONS",
+    "VERL_ESS_LOWER",
+    "VERL_ESS_UPPER",
+    "PeerCorrection",
+    "Statistic",
+]
 
 
 def approx_kl_k1(log_ratio: torch.Tensor) -> float:
@@ -385,13 +226,22 @@ def _edges(statistic: Statistic) -> tuple[float, ...]:
     )
 
 
-def _spread(log_w: torch.Tensor) -> tuple[float, float]:
-    """(normalized ESS, chi2) of the weights exp(log_w), from two logsumexps:
+def _spread(log_w: torch.Tensor) -> tuple[float, float, float]:
+    """(normalized ESS, chi2, lse) of the weights exp(log_w), with lse = logsumexp(log_w):
     ESS = 1 / mean((w / mean w)^2) = exp(2 lse(r) - log N - lse(2r)), in (0, 1];
-    chi2 = mean(w^2) / mean(w)^2 - 1 = 1 / ESS - 1 = expm1(log N + lse(2r) - 2 lse(r))."""
+    chi2 = mean(w^2) / mean(w)^2 - 1 = 1 / ESS - 1 = expm1(log N + lse(2r) - 2 lse(r)).
+    Both logsumexps from one exp shifted by the largest log weight (e = exp(r - max) <= 1,
+    each sum >= 1: what ``torch.logsumexp`` does, once for both)."""
     n = math.log(log_w.numel())
-    lse1, lse2 = float(torch.logsumexp(log_w, 0)), float(torch.logsumexp(2 * log_w, 0))
-    return min(1.0, math.exp(2 * lse1 - n - lse2)), max(0.0, math.expm1(n + lse2 - 2 * lse1))
+    top = float(log_w.max())
+    e = torch.exp(log_w - top)
+    lse1 = top + math.log(float(e.sum()))
+    lse2 = 2 * top + math.log(float((e * e).sum()))
+    return (
+        min(1.0, math.exp(2 * lse1 - n - lse2)),
+        max(0.0, math.expm1(n + lse2 - 2 * lse1)),
+        lse1,
+    )
 
 
 def importance_sampling(
@@ -418,7 +268,8 @@ def importance_sampling(
     tokens = _Counts(r, BAND_EDGES)
 
     # token level
-    log_mean = float(torch.logsumexp(r, 0)) - math.log(count)
+    ess, chi2_token, lse = _spread(r)
+    log_mean = lse - math.log(count)
     bands = tuple(
         BandFraction(
             edge=edge,
@@ -429,7 +280,6 @@ def importance_sampling(
     )
     clamped = torch.exp(r.clamp(min=math.log(VERL_ESS_LOWER), max=math.log(VERL_ESS_UPPER)))
     ess_verl = float(1.0 / ((clamped / clamped.mean()) ** 2).mean())
-    ess, chi2_token = _spread(r)
 
     # sequence level: rows with at least one active token
     rows = lengths > 0
@@ -438,7 +288,7 @@ def importance_sampling(
     seq_sum = ratio.sum(dim=1)[rows]  # log sequence ratio
     seq_mean = seq_sum / row_lengths  # log geometric ratio
     log_mult_error = _logsumexp_rows(ratio.abs(), active)[rows] - torch.log(row_lengths)
-    ess_sequence, chi2_sequence = _spread(seq_sum)
+    ess_sequence, chi2_sequence, _ = _spread(seq_sum)
 
     def summary(x: torch.Tensor) -> Summary:
         return Summary(min=float(x.min()), mean=float(x.mean()), max=float(x.max()))

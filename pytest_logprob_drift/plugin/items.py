@@ -25,7 +25,7 @@ import pytest
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.errors import DriftError, one_line
 from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
-from pytest_logprob_drift.numerics import path_split_text
+from pytest_logprob_drift.numerics import importance_text, path_split_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.outcomes import Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
@@ -275,6 +275,7 @@ class DriftCaseItem(pytest.Item):
                 ("drift_threshold", str(None if c is None else c.threshold)),
                 ("drift_attempt", str(result.attempt_dir)),
                 *diagnostic_properties(None if c is None else c.diagnostics),
+                *importance_text.properties(None if c is None else c.diagnostics),
             ]
         )
 
@@ -330,6 +331,8 @@ def render_evidence(result: CaseResult) -> str:
                     f"{w.rollout_logprob:>15.6f}  {w.training_logprob:>16.6f}  "
                     f"{w.abs_diff:.3e}"
                 )
+        if (figures := importance_text.headline(c.diagnostics)) is not None:
+            lines.append(figures)
         lines.extend(divergence_text.lines(c.diagnostics))
         lines.extend(path_split_text.lines(c.diagnostics))
         for violation in c.identity_violations:

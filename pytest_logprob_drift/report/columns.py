@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_logprob_drift.report import importance
 from pytest_logprob_drift.report.markup import Child, Markup, el, fragment_link, page_link
 from pytest_logprob_drift.report.model import CaseView, ReportData
 from pytest_logprob_drift.report.summary import (
@@ -116,6 +117,14 @@ def _full_vocabulary(index: int) -> Cell:
     return cell
 
 
+def _importance(index: int) -> Cell:
+    def cell(view: CaseView) -> CellValue:
+        text, value = importance.cells(view.diagnostics)[index]
+        return td(text, num=value, cls="n")
+
+    return cell
+
+
 def _entry(view: CaseView) -> dict[str, Any]:
     return dict(view.attribution or {})
 
@@ -164,6 +173,10 @@ CASE_COLUMNS: tuple[Column, ...] = (
     Column(title="p99 |diff|", cell=_statistic("p99_abs_diff"), more=True),
     Column(title="mean |diff|", cell=_statistic("mean_abs_diff")),
     *(Column(title=title, cell=_statistic(key), more=True) for title, key in PEER_METRICS),
+    *(
+        Column(title=title, cell=_importance(i), more=True)
+        for i, title in enumerate(importance.HEADERS)
+    ),
     *(
         Column(title=title, cell=_full_vocabulary(i), more=True, shown=has_full_vocabulary)
         for i, title in enumerate(

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary, TopToken
-from pytest_logprob_drift.report import plots
+from pytest_logprob_drift.report import importance, plots
 from pytest_logprob_drift.report.columns import attempt_time, case_anchor, columns
 from pytest_logprob_drift.report.findings import SHOWN as FINDINGS_SHOWN
 from pytest_logprob_drift.report.findings import Findings, findings
@@ -758,6 +758,7 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
         figures,
         _worst(detail.worst, detail.decoded),
         token_section(view, decades),
+        importance.panel(view.diagnostics),
         _full_vocabulary(view),
         _records(view),
         _identity(view),

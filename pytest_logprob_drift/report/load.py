@@ -36,6 +36,7 @@ from pytest_logprob_drift.attribution.sealed import (
     verify_attribution,
 )
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
+from pytest_logprob_drift.report.importance import with_read_time_figures
 from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
     HIST_LOG10_HIGH,
@@ -56,7 +57,8 @@ from pytest_logprob_drift.report.token_view import limits_note, token_view
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
-from pytest_logprob_drift.store.files import read_regular
+from pytest_logprob_drift.store.documents import EXPERIMENT_SHAPE, PLAN_ROW_SHAPE, shape_problem
+from pytest_logprob_drift.store.files import JSONDocumentError, json_document, read_regular
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.verify import AttemptStatus, require_run_dir, verify_run
@@ -105,20 +107,20 @@ def _plan_rows(run_dir: Path) -> dict[str, dict[str, Any]]:
         return rows
     for line in lines:
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = json_document(line.encode())
+        except JSONDocumentError:
             continue
-        if isinstance(row, dict) and isinstance(row.get("case_id"), str):
+        if shape_problem(row, PLAN_ROW_SHAPE) is None:
             rows[row["case_id"]] = row
     return rows
 
 
 def _experiment(run_dir: Path) -> dict[str, Any]:
     try:
-        document = json.loads(read_regular(run_dir / layout.EXPERIMENT))
-    except (OSError, ValueError):
+        document = json_document(read_regular(run_dir / layout.EXPERIMENT))
+    except (OSError, JSONDocumentError):
         return {}
-    return document if isinstance(document, dict) else {}
+    return document if shape_problem(document, EXPERIMENT_SHAPE) is None else {}
 
 
 SHOWN_DOCUMENTS = (layout.COMPARISON, layout.REQUESTED, layout.IDENTITY)
@@ -133,7 +135,11 @@ class _Shown:
         # verify_run has just checked every file; what is read here is checked again, from
         # the bytes read: the documents now, each tensor when case_detail loads it.
         self.seal = read_seal(attempt, keep=SHOWN_DOCUMENTS, every=False)
-        self.comparison = parse_comparison(load_sealed_json(attempt, layout.COMPARISON, self.seal))
+        self.comparison = with_read_time_figures(
+            parse_comparison(load_sealed_json(attempt, layout.COMPARISON, self.seal)),
+            attempt,
+            self.seal,
+        )
         self.requested = load_sealed_json(attempt, layout.REQUESTED, self.seal)
         self.identity = load_sealed_json(attempt, layout.IDENTITY, self.seal)
 

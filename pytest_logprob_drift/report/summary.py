@@ -18,6 +18,7 @@ from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
 from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, ReductionStats
 from pytest_logprob_drift.numerics.text import REDUCTIONS
+from pytest_logprob_drift.report import importance
 from pytest_logprob_drift.report.findings import findings, moved_side
 from pytest_logprob_drift.report.model import ReportData
 
@@ -31,6 +32,7 @@ HEADERS = [
     "p99|diff|",
     "mean|diff|",
     "k3 KL",
+    *importance.HEADERS,
 ]
 
 PEER_METRICS: tuple[tuple[str, str], ...] = (
@@ -134,6 +136,7 @@ def summary_rows(data: ReportData) -> list[list[Any]]:
                 fmt_diff(d.statistic("p99_abs_diff")),
                 fmt_diff(d.statistic("mean_abs_diff")),
                 fmt_diff(d.statistic("approx_kl_k3")),
+                *importance.text_cells(d),
             ]
         )
     return rows

@@ -3,9 +3,9 @@
 Owns deciding whether ``divergence.pt`` and the ``full_vocabulary`` / ``semantic_offset``
 entries of comparison.json agree: the summary is recomputed from the sealed tensors and the
 sampled-token logprobs of ``token_diffs.pt`` alone (``divergence.sealed_diagnostics``) and must
-equal what comparison.json records; a summary recorded without its tensors is refused. Used by
-``store.resume`` (so resume, ``verify`` and the report all apply it). Never writes anything;
-knows nothing about engines.
+equal what comparison.json records (its tensors on ``token_diffs.pt``'s grid); a summary
+recorded without its tensors is refused. Used by ``store.resume`` (so resume, ``verify`` and
+the report all apply it). Never writes anything; knows nothing about engines.
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ from pytest_logprob_drift.numerics.comparison import (
     SemanticOffsetSummary,
     read_diagnostics,
 )
-from pytest_logprob_drift.numerics.divergence_file import SEALED_KEYS, sealed_diagnostics
+from pytest_logprob_drift.numerics.divergence_file import (
+    SEALED_KEYS,
+    sealed_diagnostics,
+)
+from pytest_logprob_drift.numerics.full_vocabulary import DIVERGENCE_FIELDS
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.seal import SealError
 
@@ -42,6 +46,13 @@ def check_divergence(
     if set(divergence) != SEALED_KEYS:
         raise SealError(
             layout.DIVERGENCE, f"expected tensors {sorted(SEALED_KEYS)}, found {sorted(divergence)}"
+        )
+    grid = diffs["active_mask"].shape
+    if divergence[DIVERGENCE_FIELDS[0]].shape != grid:
+        raise SealError(
+            layout.DIVERGENCE,
+            f"tensors on a {list(divergence[DIVERGENCE_FIELDS[0]].shape)} grid, token_diffs.pt's "
+            f"active mask is {list(grid)}",
         )
     try:
         recomputed = sealed_diagnostics(

@@ -7,7 +7,8 @@ seal key its MAC verifies), ``comparison.json`` parses strictly into its record
 equals the current one, the tensor payloads load with ``weights_only=True`` from the exact
 bytes that were hashed (each byte read and hashed once), ``token_diffs.pt`` holds exactly the
 logprobs and mask of ``score_rollout.pt`` and ``score_training.pt``, and the verdict
-recomputed offline from it agrees with ``comparison.json``.
+recomputed offline from it agrees with ``comparison.json``, and so do the importance-sampling
+figures (``store.importance_check``).
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
 still be reused. Used by the runner, ``store.verify`` and the report. Never writes anything;
 knows nothing about engines or runtimes.
@@ -15,7 +16,6 @@ knows nothing about engines or runtimes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,12 @@ from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.divergence_check import check_divergence
+from pytest_logprob_drift.store.documents import DOCUMENT_SHAPES, shape_problem
+from pytest_logprob_drift.store.files import JSONDocumentError, json_document
+from pytest_logprob_drift.store.importance_check import check_importance_sampling, with_figures
 from pytest_logprob_drift.store.path_split_check import check_path_split
 from pytest_logprob_drift.store.seal import SealError
+from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 
 TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
@@ -50,6 +54,8 @@ class CheckedAttempt:
     directory: Path
     seal: Seal
     comparison: Comparison
+    """comparison.json's record; an attempt sealed before the importance-sampling figures
+    existed gets them here, computed from its token_diffs.pt."""
 
     @property
     def outcome(self) -> Outcome:
@@ -64,22 +70,31 @@ def _sealed_bytes(directory: Path, name: str, seal: Seal) -> bytes:
 
 
 def load_sealed_tensors(directory: Path, name: str, seal: Seal) -> dict[str, torch.Tensor]:
-    """Load a sealed ``.pt`` from the very bytes whose digest is checked; tensors only."""
+    """Load a sealed ``.pt`` from the very bytes whose digest is checked; tensors only, each
+    as its file declares it (``store.sealed_tensors``)."""
     data = _sealed_bytes(directory, name, seal)
     try:
-        return tensors_from_bytes(data)
+        tensors = tensors_from_bytes(data)
     except TensorFormatError as exc:
         raise SealError(name, str(exc)) from None
+    check_sealed_tensors(name, tensors)
+    return tensors
 
 
 def load_sealed_json(directory: Path, name: str, seal: Seal) -> dict[str, Any]:
+    """A sealed JSON document from the very bytes whose digest is checked: strict JSON
+    (``store.files.json_document``), an object, with the shape its readers rely on
+    (``store.documents``); a SealError naming the file (and JSON path) otherwise."""
     data = _sealed_bytes(directory, name, seal)
     try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise SealError(name, f"invalid JSON: {exc}") from None
+        document = json_document(data)
+    except JSONDocumentError as exc:
+        raise SealError(name, str(exc)) from None
     if not isinstance(document, dict):
         raise SealError(name, "expected a JSON object")
+    problem = shape_problem(document, DOCUMENT_SHAPES[name]) if name in DOCUMENT_SHAPES else None
+    if problem is not None:
+        raise SealError(name, problem)
     return document
 
 
@@ -200,4 +215,5 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
                 f"outcome {outcome.value} disagrees with the "
                 f"recomputed verdict {numeric.outcome.value}",
             )
+        comparison = with_figures(comparison, check_importance_sampling(comparison, diffs))
     return CheckedAttempt(directory=directory, seal=seal, comparison=comparison)

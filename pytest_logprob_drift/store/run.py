@@ -33,8 +33,10 @@ from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import AttemptWriter
 from pytest_logprob_drift.store.files import (
     LINK_REFUSED,
+    JSONDocumentError,
     check_directory,
     json_bytes,
+    json_document,
     link_refused,
     make_directory,
     open_regular,
@@ -99,8 +101,8 @@ def parse_plan_log(data: bytes) -> PlanLog:
     bad: list[int] = []
     for number, line in enumerate(complete.split(b"\n") if newline else [], start=1):
         try:
-            row = json.loads(line)
-        except (UnicodeDecodeError, ValueError, RecursionError):
+            row = json_document(line)
+        except JSONDocumentError:
             bad.append(number)
             continue
         if isinstance(row, dict):
@@ -233,8 +235,8 @@ class ArtifactStore:
 
     def _experiment_note(self, existing: bytes, experiment: Mapping[str, Any]) -> list[str]:
         try:
-            same = json.loads(existing) == json.loads(json_bytes(experiment))
-        except ValueError:
+            same = json_document(existing) == json.loads(json_bytes(experiment))
+        except JSONDocumentError:
             same = False
         if same:
             return []

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 from collections.abc import Collection, Iterator, Mapping
@@ -25,9 +24,11 @@ from typing import Any
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.files import (
     PUBLISH_TEMPORARY,
+    JSONDocumentError,
     NotRegularFileError,
     hash_fd,
     json_bytes,
+    json_document,
     open_regular,
     plain_name,
     publish_bytes,
@@ -166,8 +167,8 @@ def write_manifest(directory: Path, name: str, manifest: Manifest) -> Manifest:
 def parse_manifest(data: bytes, form: SealForm, name: str) -> Manifest:
     """The manifest in ``data`` (the bytes of file ``name``), strictly: SealError otherwise."""
     try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        document = json_document(data)
+    except JSONDocumentError as exc:
         raise SealError(name, f"unreadable seal: {exc}") from None
     if not isinstance(document, dict) or set(document) - {"mac"} != set(form.keys):
         raise SealError(name, f"malformed {form.what}: expected keys {', '.join(form.keys)}")

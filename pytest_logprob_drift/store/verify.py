@@ -2,7 +2,8 @@
 
 Owns walking every attempt of a run and classifying it: ``ok`` (seal intact, every verdict
 recomputed from the sealed tensors agrees), ``incomplete`` (never sealed; resume ignores it),
-``invalid`` (naming the file at fault) or, under a seal key, ``superseded`` (an intact attempt
+``invalid`` (naming the file at fault; also a sealed attempt of a case that no row of
+``plan.jsonl`` has) or, under a seal key, ``superseded`` (an intact attempt
 or run seal made without the key, which a seal made with the key replaces); and checking the
 run's own files against their run seals (``experiment.json`` and every sealed prefix of
 ``plan.jsonl``; rows appended after the last seal are ``incomplete``). Reads through
@@ -12,6 +13,7 @@ nothing about engines, runtimes or how results are printed.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from pytest_logprob_drift.store.run import (
     RUN_SEAL,
     iter_attempt_dirs,
     parse_plan_log,
+    read_plan_log,
     read_run_seal,
     run_seals,
 )
@@ -198,6 +201,17 @@ def _seal_problem(path: Path, experiment: bytes | None) -> str | Manifest:
     return manifest
 
 
+def planned_cases(run_dir: Path) -> frozenset[str]:
+    """The case ids of every row of the run's ``plan.jsonl`` (none when it cannot be read)."""
+    try:
+        rows = read_plan_log(run_dir).rows
+    except (OSError, StorageError):
+        return frozenset()
+    return frozenset(
+        case_id for row in rows if isinstance(case_id := json.loads(row).get("case_id"), str)
+    )
+
+
 def verify_run(run_dir: Path) -> list[AttemptStatus]:
     """The status of every attempt under ``run_dir``, in case then attempt order. Under a seal
     key, an attempt sealed without any key is ``superseded`` (not invalid) when its case has an
@@ -205,6 +219,7 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
     require_run_dir(run_dir)
     statuses: list[AttemptStatus] = []
     unkeyed: set[int] = set()
+    planned = planned_cases(run_dir)
     for attempt in iter_attempt_dirs(run_dir):
         ids = {"case_id": attempt.parent.name, "attempt_id": attempt.name}
         if not (attempt / layout.COMPLETE).exists():
@@ -213,6 +228,17 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
                     **ids,
                     status="incomplete",
                     detail="no COMPLETE: never sealed; ignored by resume",
+                )
+            )
+            continue
+        if attempt.parent.name not in planned:
+            statuses.append(
+                AttemptStatus(
+                    **ids,
+                    status="invalid",
+                    file=layout.PLAN,
+                    detail=f"case {attempt.parent.name} is not in the run's plan "
+                    "(plan.jsonl has no such case)",
                 )
             )
             continue

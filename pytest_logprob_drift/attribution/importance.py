@@ -1,0 +1,40 @@
+"""Each attributed case's importance-sampling ESS, beside its effect on the drift.
+
+Owns the attribution document's optional per-case field ``ess`` (the normalized ESS of the
+case's raw token weights exp(training - rollout), ``numerics.importance_sampling``'s one
+definition, from the same sealed scores the effect is computed from) and how ``verify`` treats
+documents sealed before the field existed: a document none of whose cases records it is
+compared without it, so it still verifies; one that records it anywhere must record it, equal
+to the recomputation, everywhere. The ranking never reads it: it stays the ranking by effect
+on the drift. Knows nothing about how the document is sealed or shown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pytest_logprob_drift.numerics.importance_sampling import importance_sampling
+
+ESS_KEY = "ess"
+
+
+def case_ess(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) -> float:
+    """The normalized ESS of one case's active tokens (on the CPU, as ``verify`` recomputes)."""
+    return importance_sampling(training.cpu(), rollout.cpu(), active.cpu()).ess
+
+
+def as_recorded(recorded: Any, recomputed: dict[str, Any]) -> dict[str, Any]:
+    """``recomputed`` as a document of ``recorded``'s form: without the per-case ESS when
+    ``recorded`` (sealed before the field existed) has it on none of its cases."""
+    cases = recorded.get("cases") if isinstance(recorded, dict) else None
+    if not isinstance(cases, list) or any(isinstance(c, dict) and ESS_KEY in c for c in cases):
+        return recomputed
+    return {
+        **recomputed,
+        "cases": [
+            {k: v for k, v in c.items() if k != ESS_KEY} if isinstance(c, dict) else c
+            for c in recomputed.get("cases", [])
+        ],
+    }

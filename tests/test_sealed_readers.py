@@ -1,0 +1,189 @@
+"""The strict readers every sealed file goes through (issue 21, class 4), on their own.
+
+``store.files.json_document`` (every stored JSON file), ``tensorio.tensors_from_bytes`` (every
+``.pt``), ``store.sealed_tensors.check_sealed_tensors`` (each ``.pt`` against its file's
+schema) and ``store.documents.shape_problem`` (the fields readers use): what they accept is
+what ``json.loads``/``torch.load`` give for the same bytes, and each refusal says what is wrong
+in one line. The end-to-end cases (a re-sealed run through ``verify``, ``report`` and ``run``)
+are in ``test_hardening_sealed_files`` and ``test_hardening_sealed_fuzz``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.documents import NUMBER, Absent, Nullable, shape_problem
+from pytest_logprob_drift.store.files import MAX_JSON_NESTING, JSONDocumentError, json_document
+from pytest_logprob_drift.store.seal import SealError
+from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
+from pytest_logprob_drift.tensorio import TensorFormatError, tensor_bytes, tensors_from_bytes
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"a": [1, 2.5, -3, true, null, "x"], "b": {"c": []}}',
+        _nested(MAX_JSON_NESTING),
+        b"[" + b",".join([b"7"] * 100_000) + b"]",
+        b'[[1, 2], [3, 18446744073709551615], ["\\u00e9"]]',
+        b"[1e-400, -0.0, 1.7976931348623157e308]",
+        json.dumps({"\u2603": "\u202e"}).encode(),
+    ],
+)
+def test_what_the_store_writes_reads_back_as_json_loads_reads_it(data: bytes) -> None:
+    assert json_document(data) == json.loads(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"[NaN]", "NaN is not valid JSON"),
+        (b'{"a": -Infinity}', "-Infinity is not valid JSON"),
+        (b"[1e999]", "number 1e999 is out of range (not finite)"),
+        (b"[1, 18446744073709551616]", "integer 18446744073709551616 is out of range"),
+        (b"[2.5, -18446744073709551616]", "integer -18446744073709551616 is out of range"),
+        (b'{"a": [[1], [2, 99999999999999999999999]]}', "is out of range (at most 2**64)"),
+        (b"[" + b"9" * 5000 + b"]", "a number out of range: Exceeds the limit"),
+        (b'["a", "\\udc00"]', "a string holds the lone surrogate \\udc00"),
+        (b'{"\\ud800": 1}', "a string holds the lone surrogate \\ud800"),
+        (b'{"a": "\xff\xfe"}', "not UTF-8 (invalid start byte at byte 7)"),
+        (_nested(MAX_JSON_NESTING + 1), "nested deeper than 64 levels"),
+        (_nested(100_000), "nested deeper than 64 levels"),
+        (b'{"a": ', "invalid JSON at line 1 column 7: Expecting value"),
+    ],
+)
+def test_what_the_store_never_writes_is_refused(data: bytes, reason: str) -> None:
+    with pytest.raises(JSONDocumentError) as refused:
+        json_document(data)
+    assert reason in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def _torch_save(tensors: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    return buffer.getvalue()
+
+
+def test_written_tensors_read_back_bit_for_bit() -> None:
+    tensors = {
+        "a": torch.arange(12, dtype=torch.float64).reshape(3, 4),
+        "b": torch.tensor(1.5),
+        "c": torch.ones(2, 3, dtype=torch.bfloat16)[1:],  # contiguous, offset into its storage
+        "d": torch.zeros(0, 5, dtype=torch.bool),
+    }
+    loaded = tensors_from_bytes(tensor_bytes(tensors))
+    assert set(loaded) == set(tensors)
+    for name, tensor in tensors.items():
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "reason"),
+    [
+        (
+            torch.zeros(1, dtype=torch.float64).expand(100_000, 100_000),
+            "is a non-contiguous view (strides [0, 0])",
+        ),
+        (torch.zeros(4)[::2], "is a non-contiguous view (strides [2])"),
+        (torch.zeros(3, dtype=torch.complex64), "has dtype torch.complex64"),
+        (torch.zeros(3, dtype=torch.uint16), "has dtype torch.uint16"),
+        (torch.zeros(3, 3).to_sparse(), "has layout torch.sparse_coo, not a dense tensor"),
+    ],
+)
+def test_tensors_no_writer_writes_are_refused_before_they_are_used(
+    tensor: torch.Tensor, reason: str
+) -> None:
+    data = _torch_save({"x": tensor})
+    assert len(data) < 1 << 16  # a few KB, whatever the declared shape
+    with pytest.raises(TensorFormatError, match="tensor 'x' ") as refused:
+        tensors_from_bytes(data)
+    assert reason in str(refused.value)
+
+
+def _score(batch: int = 2, width: int = 5) -> dict[str, torch.Tensor]:
+    return {
+        "token_ids": torch.zeros(batch, width, dtype=torch.int64),
+        "attention_mask": torch.ones(batch, width, dtype=torch.bool),
+        "active_mask": torch.ones(batch, width, dtype=torch.bool),
+        "position_ids": torch.zeros(batch, width, dtype=torch.int64),
+        "logprobs": torch.zeros(batch, width),
+        "prompt_lengths": torch.full((batch,), 2, dtype=torch.int64),
+    }
+
+
+def test_a_score_file_of_its_schema_is_accepted() -> None:
+    check_sealed_tensors(layout.SCORE_ROLLOUT, _score())
+    integer = {**_score(), "logprobs": torch.zeros(2, 5, dtype=torch.int64)}  # a faulty scorer
+    check_sealed_tensors(layout.SCORE_TRAINING, integer)
+    check_sealed_tensors(layout.SCORE_ROLLOUT, {**_score(), "extra": torch.zeros(7)})
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"attention_mask": None}, "has no 'attention_mask' tensor"),
+        ({"active_mask": torch.ones(2, 5)}, "'active_mask' is torch.float32, not a bool tensor"),
+        ({"logprobs": torch.ones(2, 5, dtype=torch.bool)}, "not a numeric tensor"),
+        ({"token_ids": torch.zeros(10, dtype=torch.int64)}, "has 1 dimensions, not 2"),
+        ({"position_ids": torch.zeros(2, 4, dtype=torch.int64)}, "its T dimension is 4, not 5"),
+        ({"prompt_lengths": torch.full((3,), 2)}, "its B dimension is 3, not 2"),
+        ({"prompt_lengths": torch.tensor([2, 6])}, "'prompt_lengths' holds lengths outside 0..5"),
+    ],
+)
+def test_a_score_file_off_its_schema_names_the_tensor(
+    change: dict[str, torch.Tensor | None], reason: str
+) -> None:
+    tensors = {k: v for k, v in {**_score(), **change}.items() if v is not None}
+    with pytest.raises(SealError) as refused:
+        check_sealed_tensors(layout.SCORE_ROLLOUT, tensors)
+    assert refused.value.file == layout.SCORE_ROLLOUT
+    assert reason in refused.value.message
+
+
+SHAPE = {
+    "name": str,
+    "count": int,
+    "value": Nullable(NUMBER),
+    "tags": Absent([str]),
+    "inner": {"flag": bool},
+}
+
+
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        ({"name": "a", "count": 1, "value": None, "inner": {"flag": True}}, None),
+        ({"name": "a", "count": 1, "value": 2, "tags": ["x"], "inner": {"flag": False}}, None),
+        (
+            {"name": "a", "count": True, "value": 1.0, "inner": {"flag": True}},
+            "$.count: expected an integer, found a boolean",
+        ),
+        (
+            {"name": "a", "count": 1, "value": "1", "inner": {"flag": True}},
+            "$.value: expected a number, found a string",
+        ),
+        (
+            {"name": "a", "count": 1, "value": 1, "tags": ["x", 2], "inner": {"flag": True}},
+            "$.tags[1]: expected a string, found an integer",
+        ),
+        ({"name": "a", "count": 1, "value": 1}, "$.inner: missing"),
+        (
+            {"name": "a", "count": 1, "value": 1, "inner": []},
+            "$.inner: expected an object, found an array",
+        ),
+        ([], "$: expected an object, found an array"),
+    ],
+)
+def test_a_document_shape_names_the_first_path_at_fault(document: Any, problem: str | None) -> None:
+    assert shape_problem(document, SHAPE) == problem
