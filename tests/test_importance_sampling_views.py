@@ -219,7 +219,9 @@ def test_report_text_json_and_panel(table_run: tuple[Path, str], tmp_path: Path)
     assert html.count("<h3>What your correction would do</h3>") == len(sealed)
     assert html.count("data-correction='tis_clipped_token_fraction_cap_2'") == len(sealed)
     assert html.count("data-correction=") == len(sealed) * len(SHORTS)
-    assert "<th>verl TIS cap 2 clipped</th>" in html and "<th>ESS</th>" in html
+    # both columns are in the case table, behind its "more columns" toggle
+    assert "<th class='more'>verl TIS cap 2 clipped</th>" in html
+    assert "<th class='more'>ESS</th>" in html
     assert "<code>loss_fn.truncated_importance_sampling_type=seq-mask-tis, " in html
     assert "<code>grpo.seq_logprob_error_threshold</code>" in html
 
