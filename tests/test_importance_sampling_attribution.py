@@ -167,3 +167,25 @@ def test_a_resealed_non_number_ess_is_refused_and_shown_as_a_dash(
     code, out, err = cli("report", run_dir, "--html", tmp_path / "page.html")
     assert code == 0 and "Traceback" not in out + err, err
     assert "the sealed attribution above does not verify" in out
+
+
+def test_the_findings_carry_each_movers_ess(sealed: tuple[Path, str], tmp_path: Path) -> None:
+    """``report``'s findings (text and --json) name each mover's ESS as its sealed attribution
+    entry records it, and that figure is the float64 ESS of its sealed token_diffs.pt."""
+    run_dir, _ = sealed
+    document = json.loads((attribution_dirs(run_dir)[0] / "attribution.json").read_text())
+    code, out, err = cli("report", run_dir, "--json", "--html", tmp_path / "page.html")
+    assert code == 0, err
+    found = json.loads(out)["findings"]["moved"]
+    assert found, "the offset case moves the training side: the findings name it"
+    by_case = {e["case_id"]: e for e in document["cases"]}
+    for finding in found:
+        entry = by_case[finding["case_id"]]
+        attempt = run_dir / "cases" / entry["case_id"] / entry["attempt_id"]
+        assert entry["ess"] == pytest.approx(ess_by_hand(attempt), rel=1e-12, abs=1e-12)
+        assert finding["facts"]["ESS"] == f"{entry['ess']:.4g}"
+        assert finding["words"].endswith(f"; ESS {entry['ess']:.4g}")
+    code, text, err = cli("report", run_dir)
+    assert code == 0, err
+    first = next(f for f in found if f["rank"] == min(g["rank"] for g in found))
+    assert first["words"] in text

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_logprob_drift.numerics.importance_text import ess_text
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.report.model import ReportData
 
@@ -54,7 +55,21 @@ SHOWN = 10
 FactSource = Callable[[Mapping[str, Any]], str | None]
 """From a case's sealed attribution entry to the text of one fact (None: not known)."""
 
-FACTS: tuple[tuple[str, FactSource], ...] = ()
+
+def _path_fact(entry: Mapping[str, Any]) -> str | None:
+    """The sealed path classification (``attribution.analysis.classify_path``), when the run
+    sealed prefill replays (``diagnostics.replay``)."""
+    words = _mapping(entry.get("path")).get("classification")
+    return words if isinstance(words, str) else None
+
+
+def _ess_fact(entry: Mapping[str, Any]) -> str | None:
+    """The case's normalized ESS as sealed beside its effect (``attribution.importance``)."""
+    value = _number(entry.get("ess"))  # attribution.importance.ESS_KEY (that module needs torch)
+    return None if value is None else ess_text(value)
+
+
+FACTS: tuple[tuple[str, FactSource], ...] = (("path:", _path_fact), ("ESS", _ess_fact))
 """``(name, source)`` of the facts a finding carries beyond its side and effect, in the order
 they are shown; a diagnostic that lands (path, layer, ESS) adds one entry here."""
 

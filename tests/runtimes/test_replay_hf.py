@@ -277,9 +277,16 @@ def test_attribution_by_path_is_what_the_sealed_scores_say(on: dict[str, Any]) -
         assert entry["path"]["classification"] == _expected_path(
             moved["score_rollout.pt"], moved[PREFILL], moved["score_training.pt"]
         ), label
-    # the run's table shows the path split columns and the attribution by path
-    _, out, _ = cli("report", on["run_dir"], "--json")
-    assert out  # the report reads the run with the new files
+    # the report's findings name each mover's path as the sealed (and here recomputed) entry
+    code, out, err = cli("report", on["run_dir"], "--json")
+    assert code == 0, err
+    moved = json.loads(out)["findings"]["moved"]
+    by_case = {e["case_id"]: e for e in entries.values()}
+    assert moved, "with bf16 on the rollout some knob moves a side"
+    for finding in moved:
+        words = by_case[finding["case_id"]]["path"]["classification"]
+        assert finding["facts"]["path:"] == words
+        assert f"; path: {words}" in finding["words"]
 
 
 def test_run_prints_the_split_columns_and_where_the_drift_entered(
