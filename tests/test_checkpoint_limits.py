@@ -231,6 +231,7 @@ def test_the_production_runtimes_share_the_tiny_checkpoint() -> None:
         "tiny://llama-h64-v1",
         "tiny://mistral-h64-v1",
         "tiny://qwen2-h64-v1",
+        "tiny://qwen3-deep-l8-h64-v1",
         "tiny://qwen3-h64-v1",
     ]
 

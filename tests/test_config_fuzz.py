@@ -435,6 +435,7 @@ def test_limits_mirror_the_runtimes() -> None:
     from pytest_logprob_drift.runtimes.tiny_model import (
         MAX_POSITIONS,
         TINY_ARCHITECTURES,
+        TINY_QWEN3_DEEP_NAME,
         TINY_QWEN3_NAME,
         TINY_SCHEME,
         VOCAB_SIZE,
@@ -443,12 +444,13 @@ def test_limits_mirror_the_runtimes() -> None:
     checkpoints = CATALOGS.runtimes.checkpoints
     assert checkpoints[SYNTHETIC_URI].vocab_size == VOCAB
     assert checkpoints[SYNTHETIC_URI].seed_multiplier == 1_000_003  # runtime.py's generators
-    tiny = checkpoints[TINY_SCHEME + TINY_QWEN3_NAME]
-    assert (tiny.vocab_size, tiny.max_positions) == (VOCAB_SIZE, MAX_POSITIONS)
+    for name in (TINY_QWEN3_NAME, TINY_QWEN3_DEEP_NAME):
+        tiny = checkpoints[TINY_SCHEME + name]
+        assert (tiny.vocab_size, tiny.max_positions) == (VOCAB_SIZE, MAX_POSITIONS)
     for arch in TINY_ARCHITECTURES:  # the same vocabulary and context as the tiny Qwen3
         declared = checkpoints[TINY_SCHEME + arch.name]
         assert (declared.vocab_size, declared.max_positions) == (VOCAB_SIZE, MAX_POSITIONS)
-    assert len(checkpoints) == 2 + len(TINY_ARCHITECTURES)  # a new one needs its limits here
+    assert len(checkpoints) == 3 + len(TINY_ARCHITECTURES)  # a new one needs its limits here
 
 
 def test_seed_limits_match_the_runtimes_derivations() -> None:

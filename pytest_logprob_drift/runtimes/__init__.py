@@ -98,7 +98,12 @@ TINY_ARCHITECTURES = tuple(
 )
 """The tiny Llama, Qwen2 and Mistral builds of ``tiny_model.TINY_ARCHITECTURES`` (same
 vocabulary and context as the tiny Qwen3; a test keeps them equal)."""
-TINY_CHECKPOINTS = (TINY_QWEN3, *TINY_ARCHITECTURES)
+TINY_QWEN3_DEEP = BuiltinCheckpoint(
+    uri="tiny://qwen3-deep-l8-h64-v1", vocab_size=1024, max_positions=512
+)
+"""The deep tiny Qwen3 (``tiny_model.TINY_QWEN3_DEEP_NAME``: 8 decoder layers, otherwise the
+tiny one's tokenizer and widths), for the layer diagnostics."""
+TINY_CHECKPOINTS = (TINY_QWEN3, *TINY_ARCHITECTURES, TINY_QWEN3_DEEP)
 
 HF = RuntimeInfo(
     name="hf",

@@ -40,6 +40,7 @@ from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_ba
 
 __all__ = [
     "TINY_ARCHITECTURES",
+    "TINY_QWEN3_DEEP_NAME",
     "TINY_QWEN3_NAME",
     "TINY_SCHEME",
     "CheckpointError",
@@ -55,6 +56,10 @@ __all__ = [
 
 TINY_SCHEME: Final = "tiny://"
 TINY_QWEN3_NAME: Final = "qwen3-h64-v1"
+TINY_QWEN3_DEEP_NAME: Final = "qwen3-deep-l8-h64-v1"
+"""The deep tiny Qwen3: the same tokenizer, widths and seed with 8 decoder layers, so the
+layer diagnostics (``diagnostics.layers``) can say which layer drift enters at."""
+DEEP_LAYERS: Final = 8
 CACHE_ENV: Final = "LOGPROB_DRIFT_CACHE"
 
 PAD_TOKEN: Final = "<|pad|>"
@@ -249,13 +254,13 @@ def _build_tokenizer(vocab_size: int, specials: tuple[str, ...] = SPECIAL_TOKENS
 # --------------------------------------------------------------------------- checkpoint
 
 
-def _tiny_config(tokenizer: Tokenizer) -> Any:
+def _tiny_config(tokenizer: Tokenizer, layers: int = 2) -> Any:
     ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
     return tf.Qwen3Config(
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=64,
@@ -270,8 +275,9 @@ def _tiny_config(tokenizer: Tokenizer) -> Any:
     )
 
 
-def build_tiny_checkpoint(target_dir: Path) -> None:
-    """Write the tiny Qwen3 checkpoint into ``target_dir`` (created if absent).
+def build_tiny_checkpoint(target_dir: Path, *, layers: int = 2) -> None:
+    """Write the tiny Qwen3 checkpoint (``layers`` decoder layers: 2 for ``TINY_QWEN3_NAME``,
+    ``DEEP_LAYERS`` for ``TINY_QWEN3_DEEP_NAME``) into ``target_dir`` (created if absent).
 
     Deterministic: building twice with the same installed libraries gives byte-identical files.
     The global torch RNG state is left untouched.
@@ -279,7 +285,7 @@ def build_tiny_checkpoint(target_dir: Path) -> None:
     target_dir = Path(target_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(VOCAB_SIZE)
-    config = _tiny_config(tokenizer)
+    config = _tiny_config(tokenizer, layers)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(WEIGHT_SEED)
         model = tf.Qwen3ForCausalLM(config).to(torch.float32)
@@ -455,6 +461,7 @@ def default_cache_root() -> Path:
 
 _TINY_BUILDERS: Final[Mapping[str, Callable[[Path], None]]] = {
     TINY_QWEN3_NAME: build_tiny_checkpoint,
+    TINY_QWEN3_DEEP_NAME: functools.partial(build_tiny_checkpoint, layers=DEEP_LAYERS),
     **{arch.name: functools.partial(build_tiny_architecture, arch) for arch in TINY_ARCHITECTURES},
 }
 
