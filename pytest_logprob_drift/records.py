@@ -373,6 +373,10 @@ class ExperimentConfig(Record):
     """Opt-in (``$.diagnostics.replay``): the rollout engine scores its own sampled sequences
     again on its prefill path (and replays its decode path where it can). Never changes a
     verdict; not part of the case id (it changes what is sealed: part of the execution key)."""
+    layers: bool = False
+    """Opt-in (``$.diagnostics.layers``): both sides' hidden states at every layer, reduced
+    (``numerics.layer_reduction``) and sealed per side. Never changes a verdict; not part of
+    the case id (part of the execution key)."""
 
 
 # ---------------------------------------------------------------------------- contract
@@ -448,6 +452,7 @@ class ExperimentPlan(Record):
     operators: tuple[OperatorSelection, ...]
     full_vocabulary: FullVocabularySpec | None = None
     replay: bool = False
+    layers: bool = False
 
     @property
     def has_errors(self) -> bool:

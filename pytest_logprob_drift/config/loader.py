@@ -478,10 +478,10 @@ def parse_config(
     interventions = _interventions(c, top.get("interventions", []), "$.interventions")
     pairs = _pairs(c, top.get("pairs", []), "$.pairs")
     operators = _operators(c, top.get("operators", {}), "$.operators")
-    full_vocabulary, replay = (
+    full_vocabulary, replay, layers = (
         _diagnostics(c, top["diagnostics"], "$.diagnostics")
         if "diagnostics" in top
-        else (None, False)
+        else (None, False, False)
     )
     scenario = _scenario(c, top.get("scenario"), "$.scenario") if "scenario" in top else None
     if strategy is Strategy.PAIRWISE and not pairs and "pairs" not in top:
@@ -511,6 +511,7 @@ def parse_config(
         operators=operators,
         full_vocabulary=full_vocabulary,
         replay=replay,
+        layers=layers,
         scenario=scenario,
         source=source,
     )
@@ -950,14 +951,18 @@ DIAGNOSTIC_LIMIT = 64
 """Most top tokens or worst positions a full-vocabulary diagnostic may ask for."""
 
 
-def _diagnostics(c: _Collector, value: Any, path: str) -> tuple[FullVocabularySpec | None, bool]:
-    """``{"full_vocabulary": true | {"top_k": k, "worst_positions": w}, "replay": bool}``:
-    opt-in diagnostics that never change a verdict (absent or false: none)."""
-    obj = _object(c, value, path, ("full_vocabulary", "replay"))
+def _diagnostics(
+    c: _Collector, value: Any, path: str
+) -> tuple[FullVocabularySpec | None, bool, bool]:
+    """``{"full_vocabulary": true | {"top_k": k, "worst_positions": w}, "replay": bool,
+    "layers": bool}``: opt-in diagnostics that never change a verdict (absent or false:
+    none)."""
+    obj = _object(c, value, path, ("full_vocabulary", "replay", "layers"))
     if obj is None:
-        return None, False
+        return None, False, False
     replay = _typed(c, obj, "replay", path, _is_bool, "a boolean", default=False)
-    return _full_vocabulary(c, obj, path), bool(replay)
+    layers = _typed(c, obj, "layers", path, _is_bool, "a boolean", default=False)
+    return _full_vocabulary(c, obj, path), bool(replay), bool(layers)
 
 
 def _full_vocabulary(c: _Collector, obj: dict[str, Any], path: str) -> FullVocabularySpec | None:

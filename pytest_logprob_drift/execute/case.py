@@ -22,6 +22,7 @@ import torch
 
 from pytest_logprob_drift.execute.diagnostics import full_vocabulary
 from pytest_logprob_drift.execute.engine_pool import EnginePool
+from pytest_logprob_drift.execute.layers import LayersResult, layer_diagnostics
 from pytest_logprob_drift.execute.protocol import (
     BoundKernel,
     Materialized,
@@ -103,6 +104,7 @@ class _Scored:
     training: TrainingOutput | None = None
     read_back: dict[str, Any] = field(default_factory=dict)
     replay: ReplayResult | None = None
+    layers: LayersResult | None = None
     provenance: list[dict[str, Any]] = field(default_factory=list)
     records: tuple[KnobApplication, ...] = ()
 
@@ -231,6 +233,10 @@ def _score(
             batch_size=batch_size,
             logp=kernels["rollout"],
         )
+    if binding.layers:  # never changes the verdict
+        scored.layers = layer_diagnostics(
+            engine, scorer, identity, scored.rollout, batch_size=batch_size
+        )
     case = run.ec.case
     scored.records = application_records(case.requested, run.materialized, actual)
     reasons.extend(strict_violations(scored.records, changed=case.changed, strict=run.strict))
@@ -327,6 +333,10 @@ def _write_attempt(
     if scored.replay is not None and rollout is not None and training is not None:
         entries = {**entries, "path_split": scored.replay.entry}
         for name, tensors in scored.replay.files.items():
+            writer.write_bytes(name, tensor_bytes(tensors))
+    if scored.layers is not None and rollout is not None and training is not None:
+        entries = {**entries, "layers": scored.layers.entry}
+        for name, tensors in scored.layers.files.items():
             writer.write_bytes(name, tensor_bytes(tensors))
     comparison = _comparison(run, scored, verdict, numeric, entries)
     writer.write_json(layout.COMPARISON, comparison.to_json())

@@ -123,6 +123,9 @@ class RuntimeBinding:
     """Opt-in: after paired scoring the rollout engine replays its sampled sequences
     (``PrefillReplay`` / ``DecodeReplay``), for the diagnostics only. Builds no engine
     differently, so it is in no construction fingerprint."""
+    layers: bool = False
+    """Opt-in: after paired scoring both sides capture and reduce their hidden states at every
+    layer (``LayerCapture``), for the diagnostics only; in no construction fingerprint."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,6 +227,27 @@ class DecodeReplay(Protocol):
     ) -> ReplayOutput: ...
 
 
+class LayersUnavailable(Exception):
+    """A layer capture a side cannot do, with its reason; a diagnostic status
+    (``layers_unavailable``), never a knob status and never a verdict."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@runtime_checkable
+class LayerCapture(Protocol):
+    """A side (rollout engine or training scorer) that runs its own teacher-forced forward
+    of the canonical batch once more with hooks and hands back the reduction of its states
+    (``numerics.layer_reduction``: embeddings, every decoder layer, final norm, logits) at the
+    positions that score the active tokens, or raises ``LayersUnavailable``."""
+
+    def capture_layers(
+        self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int
+    ) -> Mapping[str, Any]: ...
+
+
 class TrainingScorer(Protocol):
     """A constructed read-only teacher-forced scorer."""
 
@@ -315,6 +339,7 @@ def bind_case(
     device: str,
     full_vocabulary: FullVocabularySpec | None = None,
     replay: bool = False,
+    layers: bool = False,
 ) -> RuntimeBinding:
     """Derive the backend-neutral binding and fingerprints from an operator-bound case."""
     requested = ec.case.requested
@@ -392,6 +417,7 @@ def bind_case(
         training_construction_fingerprint=training_fp,
         full_vocabulary=full_vocabulary,
         replay=replay,
+        layers=layers,
     )
 
 

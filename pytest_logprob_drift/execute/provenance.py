@@ -103,4 +103,6 @@ def _diagnostics(binding: RuntimeBinding) -> dict[str, Any]:
         diagnostics["full_vocabulary"] = canonical(binding.full_vocabulary)
     if binding.replay:
         diagnostics["replay"] = True
+    if binding.layers:
+        diagnostics["layers"] = True
     return diagnostics

@@ -190,6 +190,7 @@ class Runner:
                 device=plan.scenario.device,
                 full_vocabulary=plan.full_vocabulary,
                 replay=plan.replay or self.replay,
+                layers=plan.layers,
             )
         return self._bindings[ec.case.case_id]
 

@@ -355,6 +355,99 @@ class PathSplit:
         }
 
 
+LAYERS_CAPTURED = "layers_captured"
+LAYERS_UNAVAILABLE = "layers_unavailable"
+LAYER_STATUSES = (LAYERS_CAPTURED, LAYERS_UNAVAILABLE)
+LAYER_SIDES = ("training", "rollout")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerStatus:
+    """What became of one side's layer capture (``diagnostics.layers.training`` /
+    ``.rollout``): ``layers_captured`` with its evidence, or ``layers_unavailable`` with the
+    side's reason. A diagnostic status: never a knob status, never a verdict."""
+
+    status: str
+    evidence: dict[str, JSONScalar] | None = None
+    reason: str | None = None
+
+    @property
+    def captured(self) -> bool:
+        return self.status == LAYERS_CAPTURED
+
+    def to_json(self) -> dict[str, Any]:
+        if self.captured:
+            return {"status": self.status, "evidence": dict(self.evidence or {})}
+        return {"status": self.status, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerStateFigures:
+    """One state's figures (``numerics.layer_reduction.compare``)."""
+
+    state: str
+    bitwise_equal_share: float
+    median_rel_error: float
+    max_rel_error: float
+    median_cosine: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "bitwise_equal_share": self.bitwise_equal_share,
+            "median_rel_error": self.median_rel_error,
+            "max_rel_error": self.max_rel_error,
+            "median_cosine": self.median_cosine,
+        }
+
+
+LAYER_STATE_KEYS = (
+    "state",
+    "bitwise_equal_share",
+    "median_rel_error",
+    "max_rel_error",
+    "median_cosine",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerFigures:
+    """The rollout side's states against the training side's at the same positions."""
+
+    positions: int
+    states: tuple[LayerStateFigures, ...]
+    first_unequal_state: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "positions": self.positions,
+            "states": [s.to_json() for s in self.states],
+            "first_unequal_state": self.first_unequal_state,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerDiagnostics:
+    """comparison.json's ``diagnostics.layers`` (opt-in ``diagnostics.layers``): each side's
+    capture status, the reduction's parameters and the figures (None unless both captured)."""
+
+    training: LayerStatus
+    rollout: LayerStatus
+    reduction: dict[str, int]
+    figures: LayerFigures | None
+
+    def side(self, name: str) -> LayerStatus:
+        return self.training if name == "training" else self.rollout
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "training": self.training.to_json(),
+            "rollout": self.rollout.to_json(),
+            "reduction": dict(self.reduction),
+            "figures": None if self.figures is None else self.figures.to_json(),
+        }
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FigureRange:
     """min / mean / max of one importance-sampling figure (None: a plain number past float64;
@@ -457,6 +550,7 @@ class Diagnostics:
     path_split: PathSplit | None = None
     importance_sampling: ImportanceSamplingFigures | None = None
     """Absent in comparisons sealed before it existed and for cases without scores."""
+    layers: LayerDiagnostics | None = None
 
     @property
     def full_summary(self) -> FullVocabulary | None:
@@ -492,6 +586,8 @@ class Diagnostics:
             out["path_split"] = self.path_split.to_json()
         if self.importance_sampling is not None:
             out["importance_sampling"] = self.importance_sampling.to_json()
+        if self.layers is not None:
+            out["layers"] = self.layers.to_json()
         return out
 
 
@@ -976,6 +1072,7 @@ def read_diagnostics(value: object, path: str = "diagnostics") -> Diagnostics:
             "semantic_offset",
             "path_split",
             "importance_sampling",
+            "layers",
         ),
     )
     full, offset, split = "full_vocabulary", "semantic_offset", "path_split"
@@ -996,6 +1093,75 @@ def read_diagnostics(value: object, path: str = "diagnostics") -> Diagnostics:
             if weights in document
             else None
         ),
+        layers=read_layers(document["layers"], _at(path, "layers"))
+        if "layers" in document
+        else None,
+    )
+
+
+def _layer_status(value: object, path: str) -> LayerStatus:
+    status = value.get("status") if isinstance(value, dict) else None
+    keys = ("status", "evidence") if status == LAYERS_CAPTURED else ("status", "reason")
+    document = _object(value, path, keys)
+    status = _string(document["status"], f"{path}.status")
+    if status not in LAYER_STATUSES:
+        raise ComparisonShapeError(
+            f"{path}.status", f"expected one of {', '.join(map(repr, LAYER_STATUSES))}"
+        )
+    if "evidence" in document:
+        raw = document["evidence"]
+        if not isinstance(raw, dict):
+            raise ComparisonShapeError(
+                f"{path}.evidence", f"expected an object, got {_type_name(raw)}"
+            )
+        evidence = {str(k): _scalar(v, f"{path}.evidence.{k}") for k, v in raw.items()}
+        return LayerStatus(status=status, evidence=evidence)
+    return LayerStatus(status=status, reason=_string(document["reason"], f"{path}.reason"))
+
+
+def _layer_figures(value: object, path: str) -> LayerFigures | None:
+    if value is None:
+        return None
+    document = _object(value, path, ("positions", "states", "first_unequal_state"))
+    states = []
+    for i, item in enumerate(_array(document["states"], f"{path}.states")):
+        where = f"{path}.states[{i}]"
+        row = _object(item, where, LAYER_STATE_KEYS)
+        states.append(
+            LayerStateFigures(
+                state=_string(row["state"], f"{where}.state"),
+                bitwise_equal_share=_number(
+                    row["bitwise_equal_share"], f"{where}.bitwise_equal_share"
+                ),
+                median_rel_error=_number(row["median_rel_error"], f"{where}.median_rel_error"),
+                max_rel_error=_number(row["max_rel_error"], f"{where}.max_rel_error"),
+                median_cosine=_number(row["median_cosine"], f"{where}.median_cosine"),
+            )
+        )
+    first = document["first_unequal_state"]
+    names = [s.state for s in states]
+    if first is not None and _string(first, f"{path}.first_unequal_state") not in names:
+        raise ComparisonShapeError(f"{path}.first_unequal_state", f"no state {first!r:.40}")
+    return LayerFigures(
+        positions=_count(document["positions"], f"{path}.positions"),
+        states=tuple(states),
+        first_unequal_state=first,
+    )
+
+
+def read_layers(value: object, path: str = "diagnostics.layers") -> LayerDiagnostics:
+    """``diagnostics.layers`` as its record, strictly."""
+    document = _object(value, path, ("training", "rollout", "reduction", "figures"))
+    reduction = _object(
+        document["reduction"],
+        f"{path}.reduction",
+        ("projection_dim", "projection_seed", "digest_bytes"),
+    )
+    return LayerDiagnostics(
+        training=_layer_status(document["training"], f"{path}.training"),
+        rollout=_layer_status(document["rollout"], f"{path}.rollout"),
+        reduction={k: _count(v, f"{path}.reduction.{k}") for k, v in reduction.items()},
+        figures=_layer_figures(document["figures"], f"{path}.figures"),
     )
 
 

@@ -211,6 +211,7 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
         operators=config.operators,
         full_vocabulary=config.full_vocabulary,
         replay=config.replay,
+        layers=config.layers,
     )
 
 

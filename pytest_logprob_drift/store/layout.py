@@ -45,13 +45,19 @@ sequences, on ``score_rollout.pt``'s grid."""
 SCORE_ROLLOUT_DECODE_REPLAY = "score_rollout_decode_replay.pt"
 """Opt-in replay: the rollout's forced decode of its sampled tokens, where the engine has one."""
 REPLAY_FILES = (SCORE_ROLLOUT_PREFILL, SCORE_ROLLOUT_DECODE_REPLAY)
+LAYERS_TRAINING = "layers_training.pt"
+"""Opt-in layer diagnostics (``diagnostics.layers``): the training side's reduced states
+(``numerics.layer_reduction``)."""
+LAYERS_ROLLOUT = "layers_rollout.pt"
+"""Opt-in layer diagnostics: the rollout side's reduced states, from its prefill path."""
+LAYER_FILES = (LAYERS_TRAINING, LAYERS_ROLLOUT)
 
 RECORD_FILES = (REQUESTED, MATERIALIZED, ACTUAL, IDENTITY)
 """The JSON records every attempt seals beside its comparison (requested -> materialized ->
 actual, and the identity both sides scored)."""
 SCORE_FILES = (SCORE_ROLLOUT, SCORE_TRAINING, TOKEN_DIFFS)
 """The tensors of an attempt that has scores (PASS, MISMATCH, ZERO_ACTIVE_TOKENS)."""
-DIAGNOSTIC_FILES = (DIVERGENCE, *REPLAY_FILES)
+DIAGNOSTIC_FILES = (DIVERGENCE, *REPLAY_FILES, *LAYER_FILES)
 """Tensor files of opt-in diagnostics: sealed when the diagnostic ran, absent otherwise."""
 JSON_FILES = (COMPARISON, *RECORD_FILES)
 TENSOR_FILES = (*SCORE_FILES, *DIAGNOSTIC_FILES)

@@ -32,6 +32,7 @@ from pytest_logprob_drift.store.divergence_check import check_divergence
 from pytest_logprob_drift.store.documents import DOCUMENT_SHAPES, shape_problem
 from pytest_logprob_drift.store.files import JSONDocumentError, json_document
 from pytest_logprob_drift.store.importance_check import check_importance_sampling, with_figures
+from pytest_logprob_drift.store.layers_check import check_layers
 from pytest_logprob_drift.store.path_split_check import check_path_split
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
@@ -207,6 +208,16 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             replays[layout.SCORE_ROLLOUT_DECODE_REPLAY],
             scored[layout.SCORE_ROLLOUT],
             scored[layout.SCORE_TRAINING],
+        )
+        layer_files = {
+            name: load_sealed_tensors(directory, name, seal) if name in seal.files else None
+            for name in layout.LAYER_FILES
+        }
+        check_layers(
+            comparison.diagnostics,
+            layer_files[layout.LAYERS_TRAINING],
+            layer_files[layout.LAYERS_ROLLOUT],
+            scored[layout.SCORE_ROLLOUT],
         )
         _same_numeric_check(comparison.numerical, numeric)
         if outcome in TENSOR_OUTCOMES and outcome is not numeric.outcome:

@@ -74,6 +74,15 @@ SCHEMAS: Mapping[str, Mapping[str, TensorSpec]] = {
         **{name: TensorSpec(kind=FLOATING, dims=("R", "K")) for name in SEALED_TOP_KEYS[2:]},
         SEALED_TOP_KEYS[1]: TensorSpec(kind=INTEGER, dims=("R", "K")),
     },
+    **{
+        name: {  # numerics.layer_reduction; the rest is store.layers_check's
+            "digests": TensorSpec(kind=INTEGER, dims=("S", "N", 16)),
+            "projections": TensorSpec(kind=FLOATING, dims=("S", "N", 64)),
+            "norms": TensorSpec(kind=FLOATING, dims=("S", "N")),
+            "positions": TensorSpec(kind=INTEGER, dims=("N", 2)),
+        }
+        for name in layout.LAYER_FILES
+    },
 }
 """Every tensor each sealed ``.pt`` declares (other names are allowed, checked by tensorio)."""
 

@@ -32,6 +32,7 @@ from pytest_logprob_drift.execute import protocol as runtime
 from pytest_logprob_drift.execute.launch import Launch
 from pytest_logprob_drift.execute.protocol import (
     BoundKernel,
+    LayersUnavailable,
     LogpKernel,
     Materialized,
     ReplayOutput,
@@ -283,6 +284,16 @@ class HfRollout:
             },
         )
 
+    def capture_layers(
+        self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int
+    ) -> Mapping[str, torch.Tensor]:
+        """The rollout side's layer capture on its prefill replay path: a teacher-forced
+        forward of the rollout model itself with hooks (``layer_capture``;
+        ``execute.protocol.LayerCapture``)."""
+        from pytest_logprob_drift.runtimes.transformers.layer_capture import capture_layers
+
+        return capture_layers(self.model, rollout, batch_size=batch_size)
+
     def replay_decode(
         self,
         identity: ScoringIdentity,
@@ -426,6 +437,22 @@ class HfTrainingScorer:
             },
             full_vocab=torch.cat(full) if full else None,
         )
+
+    def capture_layers(
+        self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int
+    ) -> Mapping[str, torch.Tensor]:
+        """The training side's layer capture: its teacher-forced forward once more, with
+        hooks, on the in-process model (``layer_capture``; ``execute.protocol.LayerCapture``).
+        FSDP rank processes do not capture yet: ``LayersUnavailable`` says so."""
+        if self.model is None:
+            raise LayersUnavailable(
+                "layer capture runs on the in-process trainer only; the FSDP rank processes "
+                "do not capture hidden states in this build"
+            )
+        from pytest_logprob_drift.runtimes.transformers.layer_capture import capture_layers
+
+        consumed = {k: rollout[k] for k in hf_engine.SCORER_KEYS}
+        return capture_layers(self.model, consumed, batch_size=batch_size)
 
     def _score_sharded(
         self, group: FsdpScorerGroup, batch: TensorBatch, batch_size: int, logp: LogpKernel | None

@@ -1,0 +1,177 @@
+"""Bounded reductions of captured hidden states, and the figures two reductions give.
+
+Owns what the layer diagnostics (``diagnostics.layers``) keep of a state instead of the state
+itself, and what they compute from what was kept. A *state* is one of the ``L + 3`` points of
+the network read at every captured position: ``0`` (the embeddings), ``k`` (the residual
+stream after ``k`` decoder layers, before the final norm), ``final_norm`` (its output) and
+``logits`` (the LM head's output). Per state and position the reduction keeps:
+
+- ``digests``: the first ``DIGEST_BYTES`` bytes of SHA-256 over the state's dtype name and its
+  raw bytes: equal digests are bitwise equal states (across sides and against a baseline);
+- ``projections``: ``x @ R`` in float64 with ``R`` a fixed ``[width, PROJECTION_DIM]`` Gaussian
+  matrix drawn from ``PROJECTION_SEED`` (entries ``N(0, 1/PROJECTION_DIM)``), so for any
+  difference ``d`` of two states ``|R^T d|^2 / |d|^2`` is chi-square with
+  ``PROJECTION_DIM`` degrees of freedom over ``R``: the relative error read from projections
+  lies within ``RELATIVE_ERROR_BAND`` of the exact one with probability >= 0.999 per position
+  (the median over many positions is much tighter);
+- ``norms``: the exact L2 norm of the state in float64.
+
+So a side seals ``(16 + 8 * 64 + 8)`` bytes per state and position instead of ``4 * width``.
+Figures between two reductions of the same positions (``compare``): per state the share of
+bitwise-equal positions, the median and max relative error ``|a - b| / |a|`` (0 exactly where
+the digests are equal, else from the projections and ``a``'s exact norm), the median cosine
+(from the exact norms and the estimated difference) and the first state whose positions are
+not all bitwise equal. Pure functions of tensors: knows no model, engine or file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import torch
+
+PROJECTION_DIM: Final = 64
+PROJECTION_SEED: Final = 20261201
+DIGEST_BYTES: Final = 16
+RELATIVE_ERROR_BAND: Final = (0.70, 1.30)
+"""Per position, estimated / exact relative error lies in this band with probability >= 0.999
+(the 0.0005 and 0.9995 quantiles of sqrt(chi2_64 / 64) are about 0.71 and 1.29)."""
+REDUCTION_TENSORS: Final = frozenset({"digests", "projections", "norms", "positions"})
+FINAL_NORM: Final = "final_norm"
+LOGITS: Final = "logits"
+
+Tensors = Mapping[str, torch.Tensor]
+
+
+def state_names(decoder_layers: int) -> tuple[str, ...]:
+    """``("0", "1", ..., "L", "final_norm", "logits")``."""
+    return (*(str(k) for k in range(decoder_layers + 1)), FINAL_NORM, LOGITS)
+
+
+def projection_matrix(width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The fixed float64 ``[width, PROJECTION_DIM]`` projection for states of ``width``."""
+    generator = torch.Generator(device="cpu").manual_seed(PROJECTION_SEED + width)
+    matrix = torch.randn((width, PROJECTION_DIM), generator=generator, dtype=torch.float64)
+    scaled: torch.Tensor = matrix / PROJECTION_DIM**0.5
+    return scaled.to(device)
+
+
+def state_digests(states: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[N, DIGEST_BYTES]``: per row, SHA-256 over the dtype name and the row's bytes."""
+    rows = states.detach().contiguous().cpu()
+    tag = str(rows.dtype).encode() + b"\0"
+    raw = rows.view(torch.uint8).reshape(rows.shape[0], -1).numpy() if rows.numel() else None
+    out = torch.zeros((rows.shape[0], DIGEST_BYTES), dtype=torch.uint8)
+    for i in range(rows.shape[0]):
+        assert raw is not None
+        digest = hashlib.sha256(tag + raw[i].tobytes()).digest()[:DIGEST_BYTES]
+        out[i] = torch.frombuffer(bytearray(digest), dtype=torch.uint8)
+    return out
+
+
+def reduce_states(
+    states: torch.Tensor, projection: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(digests, projections, norms)`` of ``[N, width]`` states: uint8 ``[N, 16]``, float64
+    ``[N, 64]`` and float64 ``[N]`` on CPU. The projection is computed where the states are."""
+    if states.dim() != 2:
+        raise ValueError(f"states must be [positions, width], got shape {tuple(states.shape)}")
+    wide = states.detach().to(torch.float64)
+    matrix = projection if projection is not None else projection_matrix(states.shape[1])
+    projected = (wide @ matrix.to(wide.device)).cpu()
+    norms = torch.linalg.vector_norm(wide, dim=-1).cpu()
+    return state_digests(states), projected, norms
+
+
+def stack_reductions(
+    per_state: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
+    positions: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """One side's sealed tensors from per-state lists of per-chunk reductions:
+    ``digests`` uint8 ``[S, N, 16]``, ``projections`` float64 ``[S, N, 64]``, ``norms``
+    float64 ``[S, N]`` and ``positions`` int64 ``[N, 2]`` (row, state position)."""
+    n = int(positions.shape[0])
+    digests, projections, norms = [], [], []
+    for chunks in per_state:
+        d = torch.cat([c[0] for c in chunks]) if chunks else torch.zeros((0, DIGEST_BYTES))
+        p = torch.cat([c[1] for c in chunks]) if chunks else torch.zeros((0, PROJECTION_DIM))
+        m = torch.cat([c[2] for c in chunks]) if chunks else torch.zeros((0,))
+        if d.shape[0] != n:
+            raise ValueError(f"a state has {d.shape[0]} captured positions, expected {n}")
+        digests.append(d.to(torch.uint8))
+        projections.append(p.to(torch.float64))
+        norms.append(m.to(torch.float64))
+    return {
+        "digests": torch.stack(digests),
+        "projections": torch.stack(projections),
+        "norms": torch.stack(norms),
+        "positions": positions.to(torch.long),
+    }
+
+
+def check_reduction(tensors: Tensors, states: int | None = None) -> None:
+    """ValueError unless ``tensors`` is one side's well-formed reduction."""
+    if set(tensors) != REDUCTION_TENSORS:
+        raise ValueError(f"expected tensors {sorted(REDUCTION_TENSORS)}, found {sorted(tensors)}")
+    d, p, m, pos = (tensors[k] for k in ("digests", "projections", "norms", "positions"))
+    if d.dtype != torch.uint8 or p.dtype != torch.float64 or m.dtype != torch.float64:
+        raise ValueError("digests must be uint8, projections and norms float64")
+    if pos.dtype != torch.long or pos.dim() != 2 or pos.shape[1] != 2:
+        raise ValueError("positions must be int64 [N, 2]")
+    s, n = (d.shape[0], d.shape[1]) if d.dim() == 3 else (-1, -1)
+    if tuple(d.shape) != (s, n, DIGEST_BYTES) or tuple(p.shape) != (s, n, PROJECTION_DIM):
+        raise ValueError("digests / projections have the wrong shape")
+    if tuple(m.shape) != (s, n) or pos.shape[0] != n:
+        raise ValueError("norms / positions disagree with the digests' shape")
+    if s < 4 or (states is not None and s != states):
+        raise ValueError(f"{s} states, expected {states if states is not None else '>= 4'}")
+    if not (bool(torch.isfinite(p).all()) and bool(torch.isfinite(m).all())):
+        raise ValueError("projections and norms must be finite")
+
+
+def _median(values: torch.Tensor) -> float:
+    """The lower median (a selected element: exact, reproducible anywhere)."""
+    return float(values.median()) if values.numel() else 0.0
+
+
+def compare(reference: Tensors, other: Tensors) -> dict[str, Any]:
+    """Figures of ``other`` against ``reference`` (same states, same positions): per state
+    ``bitwise_equal_share``, ``median_rel_error``, ``max_rel_error``, ``median_cosine``, and
+    ``first_unequal_state`` (None: every state bitwise equal at every position)."""
+    check_reduction(reference)
+    check_reduction(other, int(reference["digests"].shape[0]))
+    if not torch.equal(reference["positions"], other["positions"]):
+        raise ValueError("the two reductions are of different positions")
+    names = state_names(int(reference["digests"].shape[0]) - 3)
+    equal = (reference["digests"] == other["digests"]).all(-1)  # [S, N]
+    diff = torch.linalg.vector_norm(reference["projections"] - other["projections"], dim=-1)
+    a, b = reference["norms"], other["norms"]
+    rel = torch.where(equal, torch.zeros_like(diff), diff / a.clamp_min(1e-300))
+    cos = ((a * a + b * b - diff * diff) / (2 * a * b).clamp_min(1e-300)).clamp(-1.0, 1.0)
+    cos = torch.where(equal, torch.ones_like(cos), cos)
+    rows = []
+    first = None
+    for s, name in enumerate(names):
+        share = float(equal[s].double().mean()) if equal.shape[1] else 1.0
+        if first is None and share < 1.0:
+            first = name
+        rows.append(
+            {
+                "state": name,
+                "bitwise_equal_share": share,
+                "median_rel_error": _median(rel[s]),
+                "max_rel_error": float(rel[s].max()) if rel.shape[1] else 0.0,
+                "median_cosine": _median(cos[s]) if cos.shape[1] else 1.0,
+            }
+        )
+    return {"positions": int(equal.shape[1]), "states": rows, "first_unequal_state": first}
+
+
+def relative_errors(reference: Tensors, other: Tensors) -> torch.Tensor:
+    """float64 ``[S, N]``: the per-state, per-position relative error behind ``compare``."""
+    equal = (reference["digests"] == other["digests"]).all(-1)
+    diff = torch.linalg.vector_norm(reference["projections"] - other["projections"], dim=-1)
+    rel = diff / reference["norms"].clamp_min(1e-300)
+    return torch.where(equal, torch.zeros_like(rel), rel)
