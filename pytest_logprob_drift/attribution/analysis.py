@@ -22,6 +22,7 @@ import torch
 from pytest_logprob_drift.attribution.align import Alignment, Movement, align, movement
 from pytest_logprob_drift.attribution.effect import abs_diff_rows, drift_effect, prepare
 from pytest_logprob_drift.attribution.importance import ESS_KEY, case_ess
+from pytest_logprob_drift.attribution.layers import by_layer
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
@@ -182,6 +183,7 @@ def _comparison(
         "training": training.to_json(),
         "classification": classify(alignment, rollout, training, floor),
         **_by_path(case, reference, alignment, rollout, training, floor),
+        **by_layer(case, reference),
     }
 
 

@@ -92,6 +92,28 @@ def path_rows(document: Mapping[str, Any]) -> list[list[str]]:
     return table
 
 
+LAYER_HEADERS = ("case", "training side by layer", "rollout side by layer", "drift enters at")
+"""The attribution by layer (opt-in ``diagnostics.layers``): one row per case that has one."""
+
+
+def layer_rows(document: Mapping[str, Any]) -> list[list[str]]:
+    """Rows of the attribution by layer, in ranking order (none without layer captures)."""
+    from pytest_logprob_drift.attribution.layers import state_words, where_moved
+
+    by_label = {c["label"]: c for c in document["cases"]}
+    table: list[list[str]] = []
+    for label in document["ranking"]:
+        layers = by_label[label].get("layers")
+        if layers is None:
+            continue
+        sides = [
+            where_moved(layers[side]) if side in layers else "-" for side in ("training", "rollout")
+        ]
+        enters = layers.get("drift_enters")
+        table.append([label, *sides, "-" if enters is None else state_words(enters)])
+    return table
+
+
 def summary_lines(document: Mapping[str, Any]) -> list[str]:
     """The noise floor, the ranking, and the cases that could not be attributed."""
     floor = document["noise_floor"]

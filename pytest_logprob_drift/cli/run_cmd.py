@@ -20,7 +20,13 @@ from typing import Any, TextIO
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.attribution.sealed import SealedAttribution
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
-from pytest_logprob_drift.attribution.text import PATH_HEADERS, path_rows, summary_lines
+from pytest_logprob_drift.attribution.text import (
+    LAYER_HEADERS,
+    PATH_HEADERS,
+    layer_rows,
+    path_rows,
+    summary_lines,
+)
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.cli import FLAGS, SEAL_KEY_FLAGS
 from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError, one_line
@@ -251,6 +257,9 @@ def print_attribution(attribution: SealedAttribution, out: TextIO) -> None:
     if by_path := path_rows(attribution.document):
         print("where the drift entered (decode vs prefill, against the baseline):", file=out)
         print(render_table(list(PATH_HEADERS), by_path), file=out)
+    if by_layer := layer_rows(attribution.document):
+        print("where in the network each side moved (against the baseline):", file=out)
+        print(render_table(list(LAYER_HEADERS), by_layer), file=out)
     for line in summary_lines(attribution.document):
         print(one_line(line), file=out)
 

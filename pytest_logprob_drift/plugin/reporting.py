@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from pytest_logprob_drift.attribution.ranking import rank_key
-from pytest_logprob_drift.attribution.text import HEADERS, PATH_HEADERS, path_rows, rows
+from pytest_logprob_drift.attribution.text import (
+    HEADERS,
+    LAYER_HEADERS,
+    PATH_HEADERS,
+    layer_rows,
+    path_rows,
+    rows,
+)
 from pytest_logprob_drift.errors import one_line
 from pytest_logprob_drift.numerics import path_split_text
 from pytest_logprob_drift.numerics import text as divergence_text
@@ -81,6 +88,8 @@ class OutcomeCounter:
             terminalreporter.write_line(render_table(list(HEADERS), rows(document)))
             if by_path := path_rows(document):
                 terminalreporter.write_line(render_table(list(PATH_HEADERS), by_path))
+            if by_layer := layer_rows(document):
+                terminalreporter.write_line(render_table(list(LAYER_HEADERS), by_layer))
             terminalreporter.write_line(
                 one_line("ranked by effect on the drift: " + " > ".join(document["ranking"]))
             )

@@ -1,0 +1,123 @@
+"""Attribution by layer: where, inside each side's network, a knob moved the states.
+
+Owns the attribution document's optional per-case ``layers`` (when both the case and its
+reference sealed layer captures, opt-in ``diagnostics.layers``): for each side, the case's
+reduced states (``numerics.layer_reduction``) against the reference's own captures of the same
+side, at the positions of the rows whose token sequences are identical in both (a row that
+sampled other tokens is not compared): ``first_moved_layer`` (``"0"`` = the embeddings,
+``"k"`` = after k decoder layers, ``"final_norm"``, ``"logits"``; None: bitwise equal
+everywhere) and by how much (the max relative error over those positions at that state, and
+at the logits); and ``drift_enters``: the first state whose rollout-vs-training median
+relative error (comparison.json's ``diagnostics.layers``) exceeds the reference's at the same
+state (no noise floor is applied). Reads sealed files only through the store's digest-checked
+loaders; knows nothing about engines or how the document is sealed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pytest_logprob_drift.numerics.comparison import LayerFigures, read_diagnostics
+from pytest_logprob_drift.numerics.layer_reduction import FINAL_NORM, LOGITS, compare
+from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.attribution.analysis import SealedExecution
+
+SIDE_FILES = {"training": layout.LAYERS_TRAINING, "rollout": layout.LAYERS_ROLLOUT}
+
+
+def _identical_rows(case: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]) -> set[int]:
+    if tuple(case["token_ids"].shape) != tuple(ref["token_ids"].shape):
+        return set()
+    same = (case["attention_mask"] == ref["attention_mask"]).all(-1) & (
+        (case["token_ids"] == ref["token_ids"]) | ~case["attention_mask"]
+    ).all(-1)
+    return {int(r) for r in same.nonzero().flatten()}
+
+
+def _restrict(tensors: Mapping[str, torch.Tensor], rows: set[int]) -> dict[str, torch.Tensor]:
+    keep = torch.tensor([int(r) in rows for r in tensors["positions"][:, 0]], dtype=torch.bool)
+    return {
+        "digests": tensors["digests"][:, keep],
+        "projections": tensors["projections"][:, keep],
+        "norms": tensors["norms"][:, keep],
+        "positions": tensors["positions"][keep],
+    }
+
+
+def _side(case: SealedExecution, reference: SealedExecution, name: str) -> dict[str, Any] | None:
+    if name not in case.seal.files or name not in reference.seal.files:
+        return None
+    rows = _identical_rows(case.rollout, reference.rollout)
+    mine = _restrict(load_sealed_tensors(case.attempt_dir, name, case.seal), rows)
+    theirs = _restrict(load_sealed_tensors(reference.attempt_dir, name, reference.seal), rows)
+    figures = compare(theirs, mine)
+    by_state = {row["state"]: row for row in figures["states"]}
+    first = figures["first_unequal_state"]
+    return {
+        "positions": figures["positions"],
+        "rows_compared": len(rows),
+        "first_moved_layer": first,
+        "max_rel_error": 0.0 if first is None else by_state[first]["max_rel_error"],
+        "logits_max_rel_error": by_state[LOGITS]["max_rel_error"],
+    }
+
+
+def _figures(execution: SealedExecution) -> LayerFigures | None:
+    document = load_sealed_json(execution.attempt_dir, layout.COMPARISON, execution.seal)
+    layers = read_diagnostics(document.get("diagnostics", {})).layers
+    return None if layers is None else layers.figures
+
+
+def drift_enters(case: LayerFigures | None, reference: LayerFigures | None) -> str | None:
+    """The first state whose median relative error exceeds the reference's at that state."""
+    if case is None or reference is None:
+        return None
+    theirs = {s.state: s.median_rel_error for s in reference.states}
+    for state in case.states:
+        if state.state in theirs and state.median_rel_error > theirs[state.state]:
+            return state.state
+    return None
+
+
+def by_layer(case: SealedExecution, reference: SealedExecution) -> dict[str, Any]:
+    """``{"layers": ...}`` when both executions sealed a layer capture of some side, else {}."""
+    sides = {side: _side(case, reference, name) for side, name in SIDE_FILES.items()}
+    if all(v is None for v in sides.values()):
+        return {}
+    return {
+        "layers": {
+            **{side: value for side, value in sides.items() if value is not None},
+            "drift_enters": drift_enters(_figures(case), _figures(reference)),
+        }
+    }
+
+
+def state_words(state: str) -> str:
+    """``"0"`` -> ``embeddings``, ``"k"`` -> ``layer k``, ``final norm``, ``logits``."""
+    if state == "0":
+        return "embeddings"
+    if state == FINAL_NORM:
+        return "final norm"
+    return state if state == LOGITS else f"layer {state}"
+
+
+def where_moved(side: Mapping[str, Any]) -> str:
+    """A side's attribution by layer in words."""
+    first = side["first_moved_layer"]
+    how = f" (max rel. error {side['max_rel_error']:.3g})"
+    if first is None:
+        return "bitwise equal to the baseline at every layer"
+    if first == LOGITS:
+        equal = "decoder layers and final norm bitwise equal to the baseline"
+        return f"{equal}; moved at the logits{how}"
+    if first == FINAL_NORM:
+        return "decoder layers bitwise equal to the baseline; moved at the final norm" + how
+    if first == "0":
+        return "moved from the embeddings" + how
+    return f"moved from layer {first}" + how
