@@ -1,0 +1,358 @@
+"""Layer diagnostics on the ``hf`` runtime (issue 23): a real bf16 experiment on the deep tiny
+Qwen3 (8 decoder layers) run twice through the CLI, with ``diagnostics.layers`` on and off.
+
+Everything claimed about the sealed layers is checked against computations written here: the
+digests against SHA-256 of states captured by hooks written here on plain transformers
+models, the relative errors against exact float64 ones, the structural truths against the
+baseline's sealed digests directly, and ``verify`` against tampered and resealed files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from drift_testing import EXPERIMENTS, cli
+
+from pytest_logprob_drift.numerics.layer_reduction import RELATIVE_ERROR_BAND
+from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+from pytest_logprob_drift.store.files import json_bytes
+from pytest_logprob_drift.store.layout import COMPLETE
+from pytest_logprob_drift.tensorio import tensor_bytes
+
+pytestmark = pytest.mark.slow
+
+DEEP = "tiny://qwen3-deep-l8-h64-v1"
+TRAINING, ROLLOUT = "layers_training.pt", "layers_rollout.pt"
+STATES = [*(str(k) for k in range(9)), "final_norm", "logits"]
+LABELS = {
+    "baseline",
+    "training.lm_head_dtype=float32",
+    "training.attention_backend=eager",
+    "rollout.dtype=float32",
+    "rollout.lm_head_dtype=float32",
+}
+
+
+def _config(directory: Path, layers: bool) -> Path:
+    config = json.loads((EXPERIMENTS / "cross_config_s0_hf_tiny_bf16.json").read_text())
+    config["experiment_id"] = "hf-layers-" + ("on" if layers else "off")
+    config["identity"]["checkpoint"] = {"uri": DEEP, "model_version": "tiny-qwen3-deep-l8-h64-v1"}
+    config["identity"]["prompts"]["token_ids"] = config["identity"]["prompts"]["token_ids"][:4]
+    config["identity"]["sampling"]["max_new_tokens"] = 8
+    config["baseline"]["batch"]["size"] = 4
+    config["baseline"]["training"]["lm_head_dtype"] = "compute"
+    config["baseline"]["rollout"]["lm_head_dtype"] = "compute"
+    config["interventions"] = [
+        {"path": "training.lm_head_dtype", "values": ["float32"]},
+        {"path": "training.attention_backend", "values": ["eager"]},
+        {"path": "rollout.dtype", "values": ["float32"]},
+        {"path": "rollout.lm_head_dtype", "values": ["float32"]},
+    ]
+    if layers:
+        config["diagnostics"] = {"layers": True}
+    path = directory / f"{config['experiment_id']}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    loaded: dict[str, torch.Tensor] = torch.load(path, weights_only=True)
+    return loaded
+
+
+def _run(directory: Path, layers: bool) -> dict[str, Any]:
+    config = _config(directory, layers)
+    artifacts = directory / "runs"
+    code, out, err = cli("run", config, "--runtime", "hf", "--artifacts", artifacts)
+    assert code == 1, err[-3000:]  # the knobs' cases MISMATCH
+    run_dir = artifacts / json.loads(config.read_text())["experiment_id"]
+    cases = {}
+    for path in (run_dir / "cases").glob("*/*/comparison.json"):
+        comparison = json.loads(path.read_text())
+        cases[comparison["label"]] = {"comparison": comparison, "attempt": path.parent}
+    (attribution,) = run_dir.glob("attributions/*/attribution.json")
+    return {
+        "text": out,
+        "cases": cases,
+        "run_dir": run_dir,
+        "attribution": {c["label"]: c for c in json.loads(attribution.read_text())["cases"]},
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    directory = tmp_path_factory.mktemp("layers-hf")
+    return {"on": _run(directory, True), "off": _run(directory, False)}
+
+
+@pytest.fixture(scope="module")
+def on(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return runs["on"]
+
+
+def test_every_case_captures_both_sides(on: dict[str, Any]) -> None:
+    assert set(on["cases"]) == LABELS
+    for label, case in on["cases"].items():
+        layers = case["comparison"]["diagnostics"]["layers"]
+        for side in ("training", "rollout"):
+            assert layers[side]["status"] == "layers_captured", (label, side)
+            assert layers[side]["evidence"]["decoder_layers"] == 8
+        assert [s["state"] for s in layers["figures"]["states"]] == STATES
+        assert (case["attempt"] / TRAINING).is_file() and (case["attempt"] / ROLLOUT).is_file()
+
+
+def test_the_probe_changes_no_verdict_mismatch_count_case_id_or_score(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    on, off = runs["on"], runs["off"]
+    assert set(on["cases"]) == set(off["cases"]) == LABELS
+    for label in LABELS:
+        a, b = on["cases"][label], off["cases"][label]
+        for key in ("case_id", "outcome", "mismatches", "active_tokens", "numerical"):
+            assert a["comparison"][key] == b["comparison"][key], (label, key)
+        assert "layers" not in b["comparison"]["diagnostics"]
+        for name in ("score_rollout.pt", "score_training.pt", "token_diffs.pt"):
+            assert (a["attempt"] / name).read_bytes() == (b["attempt"] / name).read_bytes()
+        assert not (b["attempt"] / TRAINING).exists() and not (b["attempt"] / ROLLOUT).exists()
+        assert "layers" not in off["attribution"].get(label, {})
+
+
+# ---------------------------------------------------------------- an independent recompute
+
+
+def _states(model: Any, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """Hooks written here: embeddings, each decoder layer's output, final norm, LM head; the
+    rows of the positions that score the active tokens (t - 1 for every active t)."""
+    seen: list[torch.Tensor] = []
+
+    def keep(_m: Any, _a: Any, out: Any) -> None:
+        seen.append((out[0] if isinstance(out, tuple) else out).detach().clone())
+
+    parts = [model.model.embed_tokens, *model.model.layers, model.model.norm, model.lm_head]
+    handles = [p.register_forward_hook(keep) for p in parts]
+    length = int(batch["attention_mask"].sum(-1).max())
+    with torch.no_grad():
+        model(
+            input_ids=batch["token_ids"][:, :length],
+            attention_mask=batch["attention_mask"][:, :length].long(),
+            position_ids=batch["position_ids"][:, :length],
+            use_cache=False,
+        )
+    for h in handles:
+        h.remove()
+    select = batch["active_mask"][:, 1:length]
+    return [s[:, :-1][select] for s in seen]
+
+
+def _sha(states: torch.Tensor) -> list[bytes]:
+    tag = str(states.dtype).encode() + b"\0"
+    raw = states.contiguous().view(torch.uint8).reshape(states.shape[0], -1).numpy()
+    return [hashlib.sha256(tag + row.tobytes()).digest()[:16] for row in raw]
+
+
+def _model(dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_checkpoint(DEEP, expected_digest=None).path
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def test_sealed_reductions_agree_with_plain_transformers_hooks(on: dict[str, Any]) -> None:
+    """rollout.dtype=float32: the rollout side is the fp32 model, the training side the bf16
+    one; both sides' digests and norms, and the per-state relative errors, recomputed here."""
+    torch.set_num_threads(1)
+    case = on["cases"]["rollout.dtype=float32"]
+    batch = _load(case["attempt"] / "score_rollout.pt")
+    sides = {
+        TRAINING: _states(_model(torch.bfloat16), batch),
+        ROLLOUT: _states(_model(torch.float32), batch),
+    }
+    for name, states in sides.items():
+        sealed = _load(case["attempt"] / name)
+        for s, state in enumerate(states):
+            assert [bytes(d.tolist()) for d in sealed["digests"][s]] == _sha(state), (name, s)
+            exact = torch.linalg.vector_norm(state.double(), dim=-1)
+            assert torch.allclose(sealed["norms"][s], exact, rtol=1e-12, atol=0)
+    figures = case["comparison"]["diagnostics"]["layers"]["figures"]
+    assert figures["positions"] == int(batch["active_mask"].sum())
+    low, high = RELATIVE_ERROR_BAND
+    for s, row in enumerate(figures["states"]):
+        a, b = sides[TRAINING][s].double(), sides[ROLLOUT][s].double()
+        exact = torch.linalg.vector_norm(a - b, dim=-1) / torch.linalg.vector_norm(a, dim=-1)
+        assert row["bitwise_equal_share"] == 0.0  # bf16 against fp32 states: other bytes
+        assert low * float(exact.max()) <= row["max_rel_error"] <= high * float(exact.max())
+        assert float(exact.min()) <= row["median_rel_error"] <= float(exact.max())
+        assert 0.5 * float(exact.median()) <= row["median_rel_error"] <= 2 * float(exact.median())
+
+
+def test_both_bf16_sides_agree_bitwise_at_every_layer(on: dict[str, Any]) -> None:
+    """The baseline runs the same bf16 sdpa forward on both sides: the hooks written here see
+    the same bytes whichever model object runs it, and the sealed figures say so."""
+    case = on["cases"]["baseline"]
+    batch = _load(case["attempt"] / "score_rollout.pt")
+    mine = _states(_model(torch.bfloat16), batch)
+    for name in (TRAINING, ROLLOUT):
+        sealed = _load(case["attempt"] / name)
+        assert [[bytes(d.tolist()) for d in state] for state in sealed["digests"]] == [
+            _sha(s) for s in mine
+        ]
+    figures = case["comparison"]["diagnostics"]["layers"]["figures"]
+    assert figures["first_unequal_state"] is None
+
+
+# ---------------------------------------------------------------- structural truths
+
+
+def _equal_by_state(case: Path, baseline: Path, name: str) -> list[bool]:
+    a, b = _load(case / name), _load(baseline / name)
+    assert torch.equal(a["positions"], b["positions"])
+    return [bool(v) for v in (a["digests"] == b["digests"]).all(-1).all(-1)]
+
+
+def _first_false(flags: list[bool]) -> str | None:
+    return next((STATES[i] for i, ok in enumerate(flags) if not ok), None)
+
+
+def test_float32_lm_head_on_the_trainer_moves_only_the_logits(on: dict[str, Any]) -> None:
+    case, base = on["cases"]["training.lm_head_dtype=float32"], on["cases"]["baseline"]
+    flags = _equal_by_state(case["attempt"], base["attempt"], TRAINING)
+    assert flags == [True] * 10 + [False]  # every decoder layer and the final norm equal
+    assert _equal_by_state(case["attempt"], base["attempt"], ROLLOUT) == [True] * 11
+    layers = on["attribution"]["training.lm_head_dtype=float32"]["layers"]
+    assert layers["training"]["first_moved_layer"] == "logits"
+    assert layers["rollout"]["first_moved_layer"] is None
+    assert layers["training"]["max_rel_error"] > 0.0
+
+
+def test_eager_attention_leaves_the_embeddings_bitwise_equal(on: dict[str, Any]) -> None:
+    case, base = on["cases"]["training.attention_backend=eager"], on["cases"]["baseline"]
+    flags = _equal_by_state(case["attempt"], base["attempt"], TRAINING)
+    assert flags[0]  # the embeddings come before any attention
+    derived = _first_false(flags)
+    assert derived != "0"
+    layers = on["attribution"]["training.attention_backend=eager"]["layers"]
+    assert layers["training"]["first_moved_layer"] == derived
+    if derived is not None:  # a moved residual stream stays moved downstream
+        assert not any(flags[STATES.index(derived) :])
+
+
+@pytest.mark.parametrize("label", ["rollout.dtype=float32", "rollout.lm_head_dtype=float32"])
+def test_a_rollout_only_knob_leaves_every_training_layer_bitwise_equal(
+    on: dict[str, Any], label: str
+) -> None:
+    case, base = on["cases"][label], on["cases"]["baseline"]
+    mine, ref = (
+        _load(case["attempt"] / "score_rollout.pt"),
+        _load(base["attempt"] / "score_rollout.pt"),
+    )
+    if not torch.equal(mine["token_ids"], ref["token_ids"]):
+        pytest.fail(f"{label} sampled other tokens: the comparison would need a shared subset")
+    assert _equal_by_state(case["attempt"], base["attempt"], TRAINING) == [True] * 11
+    layers = on["attribution"][label]["layers"]
+    assert layers["training"]["first_moved_layer"] is None
+    assert layers["rollout"]["first_moved_layer"] == _first_false(
+        _equal_by_state(case["attempt"], base["attempt"], ROLLOUT)
+    )
+
+
+def test_the_run_prints_where_each_side_moved(on: dict[str, Any]) -> None:
+    text = on["text"]
+    assert "where in the network each side moved (against the baseline):" in text
+    line = next(
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("training.lm_head_dtype=float32 ")
+        and "by layer" not in ln
+        and "bitwise equal" in ln
+    )
+    assert (
+        "decoder layers and final norm bitwise equal to the baseline; moved at the logits" in line
+    )
+
+
+# ---------------------------------------------------------------- verify
+
+
+def test_verify_accepts_the_layers_and_recomputes_them(on: dict[str, Any]) -> None:
+    code, out, err = cli("verify", on["run_dir"], "--json")
+    assert code == 0, out[-3000:] + err[-2000:]
+
+
+def _copy_run(on: dict[str, Any], tmp_path: Path, label: str) -> tuple[Path, Path]:
+    run_dir = tmp_path / on["run_dir"].name
+    shutil.copytree(on["run_dir"], run_dir)
+    attempt = run_dir / on["cases"][label]["attempt"].relative_to(on["run_dir"])
+    for path in attempt.iterdir():
+        os.chmod(path, 0o644)
+    return run_dir, attempt
+
+
+def _reseal(attempt: Path) -> None:
+    document: dict[str, Any] = json.loads((attempt / COMPLETE).read_text())
+    document["files"] = {
+        name: hashlib.sha256((attempt / name).read_bytes()).hexdigest()
+        for name in document["files"]
+    }
+    (attempt / COMPLETE).write_bytes(json_bytes(document))
+
+
+def _invalid(run_dir: Path) -> list[dict[str, Any]]:
+    code, out, _ = cli("verify", run_dir, "--json")
+    assert code == 1, out[-2000:]
+    return [a for a in json.loads(out)["attempts"] if a["status"] == "invalid"]
+
+
+def test_verify_catches_a_tampered_layer_file(on: dict[str, Any], tmp_path: Path) -> None:
+    run_dir, attempt = _copy_run(on, tmp_path, "baseline")
+    data = bytearray((attempt / ROLLOUT).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (attempt / ROLLOUT).write_bytes(bytes(data))
+    (bad,) = _invalid(run_dir)
+    assert bad["file"] == ROLLOUT
+
+
+@pytest.mark.parametrize(
+    ("key", "detail"),
+    [("projections", "recomputed offline differ"), ("digests", "recomputed offline differ")],
+)
+def test_verify_refuses_resealed_layers_the_figures_do_not_match(
+    on: dict[str, Any], tmp_path: Path, key: str, detail: str
+) -> None:
+    run_dir, attempt = _copy_run(on, tmp_path, "rollout.dtype=float32")
+    sealed = _load(attempt / ROLLOUT)
+    if key == "projections":
+        sealed[key][3, 0] *= 1.5  # after layer 3, one position
+    else:
+        sealed[key][3, 0] = _load(attempt / TRAINING)[key][3, 0]  # claim one state equal
+    (attempt / ROLLOUT).write_bytes(tensor_bytes(sealed))
+    _reseal(attempt)
+    (bad,) = _invalid(run_dir)
+    assert bad["file"] == ROLLOUT and detail in bad["detail"]
+
+
+def test_verify_refuses_other_positions_and_a_missing_file(
+    on: dict[str, Any], tmp_path: Path
+) -> None:
+    run_dir, attempt = _copy_run(on, tmp_path, "baseline")
+    sealed = _load(attempt / TRAINING)
+    sealed["positions"][0, 1] += 1
+    (attempt / TRAINING).write_bytes(tensor_bytes(sealed))
+    _reseal(attempt)
+    (bad,) = _invalid(run_dir)
+    assert bad["file"] == TRAINING and "positions" in bad["detail"]
+    shutil.rmtree(run_dir)
+    run_dir, attempt = _copy_run(on, tmp_path, "baseline")
+    (attempt / ROLLOUT).unlink()
+    document: dict[str, Any] = json.loads((attempt / COMPLETE).read_text())
+    del document["files"][ROLLOUT]
+    (attempt / COMPLETE).write_bytes(json_bytes(document))
+    (bad,) = _invalid(run_dir)
+    assert bad["file"] == ROLLOUT and "not sealed" in bad["detail"]
