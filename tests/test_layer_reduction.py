@@ -143,3 +143,45 @@ def test_check_reduction_refuses_malformed_sides() -> None:
         check_reduction({**good, "projections": nan})
     with pytest.raises(ValueError, match="different positions"):
         compare(good, {**good, "positions": good["positions"] + 1})
+
+
+def test_stacking_refuses_a_state_with_another_position_count() -> None:
+    chunk = reduce_states(torch.randn(3, 8))
+    where = torch.zeros((3, 2), dtype=torch.long)
+    for per_state in ([[chunk]] * 3 + [[chunk, chunk]], [[chunk]] * 3 + [[]]):
+        with pytest.raises(ValueError, match="captured positions, expected 3"):
+            stack_reductions([list(c) for c in per_state], where)
+    stacked = stack_reductions([[chunk] for _ in range(4)], where)
+    assert stacked["digests"].shape == (4, 3, DIGEST_BYTES)
+    assert torch.equal(stacked["projections"][2], chunk[1])
+
+
+def test_text_lines_and_junit_properties() -> None:
+    from pytest_logprob_drift.numerics import layer_text
+    from pytest_logprob_drift.plugin.reporting import diagnostic_properties
+
+    g = torch.Generator().manual_seed(4)
+    states = [torch.randn(4, 16, generator=g) for _ in range(5)]
+    moved = [*states[:1], *(s + 0.01 for s in states[1:])]
+    figures = compare(_side(states), _side(moved))
+    entry = {
+        "training": {"status": "layers_captured", "evidence": {"states": 5}},
+        "rollout": {"status": "layers_unavailable", "reason": "no hooks here"},
+        "reduction": {"projection_dim": 64, "projection_seed": 1, "digest_bytes": 16},
+        "figures": figures,
+    }
+    diagnostics = read_diagnostics({"layers": entry})
+    (line, status) = layer_text.lines(diagnostics)
+    assert line.startswith("layers: rollout vs training states first differ at layer 1;")
+    assert f"logits {figures['states'][-1]['max_rel_error']:.3g}" in line
+    assert "embeddings 0" in line and "final norm" in line
+    assert status == "layers (rollout): layers_unavailable (no hooks here)"
+    props = dict(layer_text.properties(diagnostics))
+    assert props["drift_layers_training_status"] == "layers_captured"
+    assert props["drift_layers_rollout_reason"] == "no hooks here"
+    assert props["drift_layers_first_unequal_state"] == "1"
+    assert (
+        float(props["drift_layers_logits_max_rel_error"]) == figures["states"][-1]["max_rel_error"]
+    )
+    assert set(layer_text.properties(diagnostics)) <= set(diagnostic_properties(diagnostics))
+    assert layer_text.lines(read_diagnostics({})) == layer_text.properties(None) == []

@@ -33,7 +33,7 @@ from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
-from pytest_logprob_drift.numerics import importance_text, path_split_text
+from pytest_logprob_drift.numerics import importance_text, layer_text, path_split_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.plan.binding import ExecutionCase
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
@@ -224,7 +224,11 @@ def _run(
             file=out,
         )
         for r, d in zip(results, diagnostics, strict=True):
-            for line in [*divergence_text.lines(d), *path_split_text.lines(d)]:
+            for line in [
+                *divergence_text.lines(d),
+                *path_split_text.lines(d),
+                *layer_text.lines(d),
+            ]:
                 print(one_line(f"{r.label}: {line}"), file=out)
         print(
             f"engine constructions: rollout {constructions[0]}, training {constructions[1]}",

@@ -27,7 +27,7 @@ not all bitwise equal. Pure functions of tensors: knows no model, engine or file
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 import torch
@@ -38,6 +38,9 @@ DIGEST_BYTES: Final = 16
 RELATIVE_ERROR_BAND: Final = (0.70, 1.30)
 """Per position, estimated / exact relative error lies in this band with probability >= 0.999
 (the 0.0005 and 0.9995 quantiles of sqrt(chi2_64 / 64) are about 0.71 and 1.29)."""
+BLOCK_ROWS: Final = 2048
+"""Rows projected at a time: the float64 copy of a block of states is the reduction's largest
+temporary (2048 x 4096 x 8 bytes = 64 MiB at S3's width)."""
 REDUCTION_TENSORS: Final = frozenset({"digests", "projections", "norms", "positions"})
 FINAL_NORM: Final = "final_norm"
 LOGITS: Final = "logits"
@@ -78,35 +81,49 @@ def reduce_states(
     ``[N, 64]`` and float64 ``[N]`` on CPU. The projection is computed where the states are."""
     if states.dim() != 2:
         raise ValueError(f"states must be [positions, width], got shape {tuple(states.shape)}")
-    wide = states.detach().to(torch.float64)
     matrix = projection if projection is not None else projection_matrix(states.shape[1])
-    projected = (wide @ matrix.to(wide.device)).cpu()
-    norms = torch.linalg.vector_norm(wide, dim=-1).cpu()
-    return state_digests(states), projected, norms
+    matrix = matrix.to(states.device)
+    projected, norms = [], []
+    for start in range(0, max(int(states.shape[0]), 1), BLOCK_ROWS):  # bounded float64 copies
+        wide = states[start : start + BLOCK_ROWS].detach().to(torch.float64)
+        projected.append((wide @ matrix).cpu())
+        norms.append(torch.linalg.vector_norm(wide, dim=-1).cpu())
+    return state_digests(states), torch.cat(projected), torch.cat(norms)
 
 
 def stack_reductions(
-    per_state: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
+    per_state: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
     positions: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """One side's sealed tensors from per-state lists of per-chunk reductions:
     ``digests`` uint8 ``[S, N, 16]``, ``projections`` float64 ``[S, N, 64]``, ``norms``
-    float64 ``[S, N]`` and ``positions`` int64 ``[N, 2]`` (row, state position)."""
-    n = int(positions.shape[0])
-    digests, projections, norms = [], [], []
-    for chunks in per_state:
-        d = torch.cat([c[0] for c in chunks]) if chunks else torch.zeros((0, DIGEST_BYTES))
-        p = torch.cat([c[1] for c in chunks]) if chunks else torch.zeros((0, PROJECTION_DIM))
-        m = torch.cat([c[2] for c in chunks]) if chunks else torch.zeros((0,))
-        if d.shape[0] != n:
-            raise ValueError(f"a state has {d.shape[0]} captured positions, expected {n}")
-        digests.append(d.to(torch.uint8))
-        projections.append(p.to(torch.float64))
-        norms.append(m.to(torch.float64))
+    float64 ``[S, N]`` and ``positions`` int64 ``[N, 2]`` (row, state position). Each state's
+    chunks are released from ``per_state`` as soon as they are copied, so the peak is the
+    output plus one state's chunks, not twice the output."""
+    n, s = int(positions.shape[0]), len(per_state)
+    digests = torch.zeros((s, n, DIGEST_BYTES), dtype=torch.uint8)
+    projections = torch.zeros((s, n, PROJECTION_DIM), dtype=torch.float64)
+    norms = torch.zeros((s, n), dtype=torch.float64)
+    for i in range(s):
+        chunks, per_state[i] = per_state[i], []
+        offset = 0
+        for d, p, m in chunks:
+            k = int(d.shape[0])
+            if offset + k > n:
+                break
+            digests[i, offset : offset + k] = d
+            projections[i, offset : offset + k] = p
+            norms[i, offset : offset + k] = m
+            offset += k
+        else:
+            if offset == n:
+                continue
+        total = sum(int(c[0].shape[0]) for c in chunks)
+        raise ValueError(f"a state has {total} captured positions, expected {n}")
     return {
-        "digests": torch.stack(digests),
-        "projections": torch.stack(projections),
-        "norms": torch.stack(norms),
+        "digests": digests,
+        "projections": projections,
+        "norms": norms,
         "positions": positions.to(torch.long),
     }
 

@@ -26,7 +26,7 @@ from pytest_logprob_drift.attribution.text import (
     rows,
 )
 from pytest_logprob_drift.errors import one_line
-from pytest_logprob_drift.numerics import path_split_text
+from pytest_logprob_drift.numerics import layer_text, path_split_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.outcomes import Outcome
@@ -37,7 +37,11 @@ from pytest_logprob_drift.tables import render_table
 def diagnostic_properties(diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
     """The junit properties of a case's full-vocabulary and semantic-offset diagnostics
     (``divergence_text.properties``): what ``--junitxml`` records beside the verdict."""
-    return divergence_text.properties(diagnostics) + path_split_text.properties(diagnostics)
+    return (
+        divergence_text.properties(diagnostics)
+        + path_split_text.properties(diagnostics)
+        + layer_text.properties(diagnostics)
+    )
 
 
 def tag_report(
