@@ -26,6 +26,7 @@ not all bitwise equal. Pure functions of tensors: knows no model, engine or file
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from typing import Any, Final
@@ -53,12 +54,18 @@ def state_names(decoder_layers: int) -> tuple[str, ...]:
     return (*(str(k) for k in range(decoder_layers + 1)), FINAL_NORM, LOGITS)
 
 
-def projection_matrix(width: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The fixed float64 ``[width, PROJECTION_DIM]`` projection for states of ``width``."""
+@functools.lru_cache(maxsize=8)
+def _projection(width: int) -> torch.Tensor:
     generator = torch.Generator(device="cpu").manual_seed(PROJECTION_SEED + width)
     matrix = torch.randn((width, PROJECTION_DIM), generator=generator, dtype=torch.float64)
     scaled: torch.Tensor = matrix / PROJECTION_DIM**0.5
-    return scaled.to(device)
+    return scaled
+
+
+def projection_matrix(width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The fixed float64 ``[width, PROJECTION_DIM]`` projection for states of ``width``
+    (drawn once per width and process; never write into it)."""
+    return _projection(width).to(device)
 
 
 def state_digests(states: torch.Tensor) -> torch.Tensor:
