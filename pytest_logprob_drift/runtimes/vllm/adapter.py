@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.execute.protocol import (
+    LayersUnavailable,
     LogpKernel,
     Materialized,
     ReplayOutput,
@@ -217,6 +218,26 @@ class VllmRollout:
                 **evidence,
             },
         )
+
+    def capture_layers(
+        self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int
+    ) -> Mapping[str, torch.Tensor]:
+        """The rollout side's layer capture on vLLM's prefill path, one sequence per request
+        (``engine.capture_layers``; ``execute.protocol.LayerCapture``): the states that score
+        each row's active tokens (positions ``t - 1``), reduced in the worker."""
+        import torch
+
+        from pytest_logprob_drift.numerics.layer_reduction import stack_reductions
+
+        active = rollout["active_mask"]
+        rows = sequences(rollout)
+        wanted = [[int(j) for j in active[i, 1:].nonzero().flatten()] for i in range(len(rows))]
+        try:
+            per_state, _layers = self.engine.capture_layers(rows, wanted)
+        except ValueError as exc:
+            raise LayersUnavailable(str(exc)) from None
+        where = active[:, 1:].nonzero().to(torch.long)
+        return stack_reductions(per_state, where)
 
     def replay_decode(
         self,

@@ -51,6 +51,7 @@ from pytest_logprob_drift.runtimes.vllm.processes import (
     reap,
     release_orphaned_shm,
 )
+from pytest_logprob_drift.tensorio import tensors_from_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -85,6 +86,10 @@ _SHUTDOWN_JOIN_S: Final = 30.0
 
 WORKER_EXTENSION: Final = "pytest_logprob_drift.runtimes.vllm.worker_ext.DriftWorkerExtension"
 """Mixed into every worker: ``enable_amx`` at construction, ``model_report`` for read-back."""
+
+_REDUCED: Final = ("digests", "projections", "norms")
+"""The per-state parts ``DriftWorkerExtension.layers_collect`` sends."""
+
 
 # --------------------------------------------------------------------------- spec
 
@@ -480,6 +485,60 @@ class VllmRolloutEngine:
             "requests": len(sequences),
         }
         return logprobs, scored, evidence
+
+    def capture_layers(
+        self, sequences: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]
+    ) -> tuple[list[list[tuple[Any, Any, Any]]], int]:
+        """The layer capture on the prefill path: each sequence alone as one prompt
+        (``prompt_logprobs=0``, ``max_tokens=1``, so vLLM skips reading its prefix cache and
+        computes every prompt token), with the worker extension's hooks armed for exactly that
+        request (``layers_arm`` / ``layers_collect`` through ``collective_rpc``); the states
+        at ``positions[i]`` of sequence ``i`` are reduced in the worker and only the
+        reductions come back, from the first worker (with TP > 1 the residual stream is
+        replicated after the all-reduce). Returns per state the per-sequence reductions and
+        the decoder layer count. Under compiled graphs (``enforce_eager=False``) hooks do not
+        fire reliably: ValueError, and the engine's mode is left as it is."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not self.spec.enforce_eager:
+            raise ValueError(
+                "the engine runs compiled graphs (enforce_eager=false), where forward hooks do "
+                "not fire reliably; the engine's mode is left as it is"
+            )
+        llm = self._live()
+        per_state: list[list[tuple[Any, Any, Any]]] = []
+        layers = 0
+        try:
+            for i, sequence in enumerate(sequences):
+                if len(sequence) < 3:
+                    raise ValueError(f"sequence {i} has {len(sequence)} tokens; 3 are needed")
+                counts = llm.collective_rpc(
+                    "layers_arm", args=(len(sequence), [int(p) for p in positions[i]])
+                )
+                layers = int(counts[0])
+                params = SamplingParams(
+                    n=1, max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False
+                )
+                llm.generate(
+                    [TokensPrompt(prompt_token_ids=[int(t) for t in sequence])],
+                    [params],
+                    use_tqdm=False,
+                )
+                sent = tensors_from_bytes(llm.collective_rpc("layers_collect")[0])
+                states = layers + 3
+                if set(sent) != {f"{k}.{n}" for k in range(states) for n in _REDUCED}:
+                    raise RuntimeError(
+                        f"the worker sent {sorted(sent)[:4]}..., not {states} states"
+                    )
+                if not per_state:
+                    per_state = [[] for _ in range(states)]
+                for k, state in enumerate(per_state):
+                    state.append(tuple(sent[f"{k}.{n}"] for n in _REDUCED))  # type: ignore[arg-type]
+        finally:
+            if bool(llm.llm_engine.vllm_config.cache_config.enable_prefix_caching):
+                llm.reset_prefix_cache()
+        return per_state, layers
 
     def trace_replay_refusal(self) -> str:
         """Why this engine cannot replay its decode path (``trace_decode_token_ids``), in

@@ -103,6 +103,46 @@ def model_runner(worker: Any) -> str:
     return "v2" if bool(getattr(worker, "use_v2_model_runner", False)) else "v1"
 
 
+_LAYERS: dict[str, Any] = {"armed": False}
+"""The layer capture's state in this worker (``layers_arm`` / ``layers_collect``)."""
+
+
+def _install_layer_hooks(model: Any) -> int:
+    """Forward hooks (once per worker) on the embeddings, every decoder layer, the final norm
+    and the logits processor of a vLLM ``*ForCausalLM``; they record only while armed, and only
+    forwards over exactly the armed request's token count. vLLM's decoder layers return
+    ``(hidden_states, residual)`` with the residual add fused into the next norm: the residual
+    stream after a layer is read as their sum (``hidden_states + residual``, in the model's
+    dtype, as transformers adds them inside the layer). The final norm returns
+    ``(normed, residual)``: its first element. Returns the number of decoder layers."""
+    body = model.model
+    layers = list(body.layers)
+    if _LAYERS.get("installed") is model:
+        return len(layers)
+
+    def hook(index: int, kind: str) -> Any:
+        def record(_module: Any, _args: Any, out: Any) -> None:
+            if not _LAYERS["armed"]:
+                return
+            if kind == "layer":
+                state = out[0] + out[1] if isinstance(out, tuple) else out
+            else:
+                state = out[0] if isinstance(out, tuple) else out
+            rows = _LAYERS["tokens"] - (1 if kind == "logits" else 0)
+            if state is None or int(state.shape[0]) != rows:
+                return  # another forward (the sampled position's logits, a decode step)
+            _LAYERS["seen"].setdefault(index, []).append(state.detach())
+
+        return record
+
+    modules = [(body.embed_tokens, "state"), *((m, "layer") for m in layers)]
+    modules += [(body.norm, "state"), (model.logits_processor, "logits")]
+    for index, (module, kind) in enumerate(modules):
+        module.register_forward_hook(hook(index, kind))
+    _LAYERS["installed"] = model
+    return len(layers)
+
+
 class DriftWorkerExtension:
     """Methods vLLM adds to each worker (called by name through ``collective_rpc``)."""
 
@@ -119,6 +159,44 @@ class DriftWorkerExtension:
         if not torch.cpu._is_amx_tile_supported():
             return False
         return bool(torch.cpu._init_amx())
+
+    def layers_arm(self, tokens: int, positions: list[int]) -> int:
+        """Arm the layer hooks for the next request of ``tokens`` prompt tokens: states at
+        ``positions`` (the ones that score the active tokens) are kept. Returns the decoder
+        layer count."""
+        worker: Any = self
+        count = _install_layer_hooks(worker.get_model())
+        _LAYERS.update(armed=True, tokens=int(tokens), positions=list(positions), seen={})
+        return count
+
+    def layers_collect(self) -> bytes:
+        """Disarm; the reduction (``numerics.layer_reduction.reduce_states``) of each state at
+        the armed positions, in state order (embeddings, layers, final norm, logits), as the
+        project's tensor wire format (``tensorio``: ``{k}.digests``, ``{k}.projections``,
+        ``{k}.norms``). Only the reductions leave the worker. A state not seen exactly once is
+        a RuntimeError."""
+        import torch
+
+        from pytest_logprob_drift.numerics.layer_reduction import reduce_states
+        from pytest_logprob_drift.tensorio import tensor_bytes
+
+        _LAYERS["armed"] = False
+        seen: dict[int, list[Any]] = _LAYERS.pop("seen", {})
+        expected = len(list(_LAYERS["installed"].model.layers)) + 3
+        out: dict[str, Any] = {}
+        for index in range(expected):
+            states = seen.get(index, [])
+            if len(states) != 1:
+                raise RuntimeError(
+                    f"state {index} was recorded {len(states)} times for one request "
+                    "(the forward did not run once over the whole prompt)"
+                )
+            picked = states[0][torch.tensor(_LAYERS["positions"], dtype=torch.long)]
+            digests, projections, norms = reduce_states(picked)
+            out[f"{index}.digests"] = digests
+            out[f"{index}.projections"] = projections
+            out[f"{index}.norms"] = norms
+        return tensor_bytes(out)
 
     def model_report(self) -> dict[str, Any]:
         """This worker's attention implementations and vocabulary shards (plain values only).
