@@ -1,0 +1,77 @@
+"""The layer diagnostics' statuses without an engine: a side without a capture, a side that
+refuses, a capture of the wrong shape, and the vLLM engine's refusal under compiled graphs
+(checked before the engine is touched)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_logprob_drift.execute.layers import layer_diagnostics
+from pytest_logprob_drift.execute.protocol import LayersUnavailable
+from pytest_logprob_drift.numerics.comparison import read_layers
+from pytest_logprob_drift.numerics.layer_reduction import reduce_states, stack_reductions
+
+ACTIVE = torch.tensor([[False, True, True, False], [False, False, True, True]])
+ROLLOUT = SimpleNamespace(tensors={"active_mask": ACTIVE})
+
+
+def _reduction(states: int = 5, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    where = ACTIVE[:, 1:].nonzero()
+    g = torch.Generator().manual_seed(5)
+    return stack_reductions(
+        [[reduce_states(scale * torch.randn(len(where), 8, generator=g))] for _ in range(states)],
+        where,
+    )
+
+
+class Captures:
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+    def capture_layers(self, identity: Any, rollout: Any, *, batch_size: int) -> Any:
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+class NoCapture:
+    pass
+
+
+def test_statuses_per_side_and_figures_only_when_both_captured() -> None:
+    both = layer_diagnostics(
+        Captures(_reduction(scale=2.0)), Captures(_reduction()), None, ROLLOUT, batch_size=2
+    )  # type: ignore[arg-type]
+    record = read_layers(both.entry)
+    assert record.training.captured and record.rollout.captured
+    assert record.figures is not None and record.figures.first_unequal_state == "0"
+    assert set(both.files) == {"layers_training.pt", "layers_rollout.pt"}
+    cases = [
+        (NoCapture(), "the rollout engine (NoCapture) has no layer capture"),
+        (Captures(LayersUnavailable("compiled graphs")), "compiled graphs"),
+        (Captures(_reduction(states=6)), "not comparable with the training's"),
+        (Captures({"digests": torch.zeros(1)}), "layer capture failed: expected tensors"),
+    ]
+    for engine, reason in cases:
+        result = layer_diagnostics(engine, Captures(_reduction()), None, ROLLOUT, batch_size=2)  # type: ignore[arg-type]
+        record = read_layers(result.entry)
+        assert record.training.captured and record.figures is None
+        assert record.rollout.status == "layers_unavailable"
+        assert reason in (record.rollout.reason or ""), record.rollout.reason
+        assert set(result.files) == {"layers_training.pt"}
+
+
+def test_the_vllm_engine_refuses_compiled_graphs_before_touching_the_engine() -> None:
+    pytest.importorskip("vllm")
+    from pytest_logprob_drift.runtimes.vllm.engine import VllmRolloutEngine
+
+    def live() -> None:
+        raise AssertionError("the engine must not be used")
+
+    engine = SimpleNamespace(spec=SimpleNamespace(enforce_eager=False), _live=live)
+    with pytest.raises(ValueError, match=r"compiled graphs \(enforce_eager=false\)"):
+        VllmRolloutEngine.capture_layers(engine, [[1, 2, 3]], [[0, 1]])  # type: ignore[arg-type]
