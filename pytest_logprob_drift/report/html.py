@@ -51,6 +51,7 @@ from pytest_logprob_drift.report.token_html import (
 )
 
 if TYPE_CHECKING:
+    from pytest_logprob_drift.report.layers import LayerPlot
     from pytest_logprob_drift.report.path_split import PathSplitPlot
 
 RANKING_SHOWN = 30
@@ -724,6 +725,18 @@ def path_split_figures(plot: PathSplitPlot | None) -> tuple[tuple[str, Markup], 
     )
 
 
+def layer_figures(plot: LayerPlot | None) -> tuple[tuple[str, Markup], ...]:
+    """The layer diagnostics' two figures (``report.layers``), none without them."""
+    if plot is None:
+        return ()
+    from pytest_logprob_drift.report import layers  # loads torch: only for layer captures
+
+    return (
+        ("layers-heatmap", layers.heatmap_svg(plot)),
+        ("layers-by-state", layers.by_state_svg(plot)),
+    )
+
+
 def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Markup:
     detail = view.detail
     assert detail is not None
@@ -735,6 +748,7 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
             ("position", plots.profile_svg(detail.profile, threshold)),
             ("scatter", plots.scatter_svg(detail.scatter, threshold)),
             *path_split_figures(detail.path_split),
+            *layer_figures(detail.layers),
         )
         figures = el(
             "div",

@@ -37,6 +37,7 @@ from pytest_logprob_drift.attribution.sealed import (
 )
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
 from pytest_logprob_drift.report.importance import with_read_time_figures
+from pytest_logprob_drift.report.layers import load_layer_plot
 from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
     HIST_LOG10_HIGH,
@@ -400,6 +401,7 @@ def case_detail(
         training_evidence=dict(actual.get("training_evidence") or {}),
         read_back=dict(actual.get("read_back") or {}),
         path_split=load_plot(shown.directory, seal, shown.comparison.diagnostics.path_split),
+        layers=load_layer_plot(shown.directory, seal, shown.comparison.diagnostics.layers),
     )
 
 

@@ -22,6 +22,7 @@ from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.records import KnobApplication
 
 if TYPE_CHECKING:  # the record only; importing the store would import torch
+    from pytest_logprob_drift.report.layers import LayerPlot
     from pytest_logprob_drift.report.path_split import PathSplitPlot
     from pytest_logprob_drift.store.verify import AttemptStatus
 
@@ -149,6 +150,8 @@ class CaseDetail:
     tokenizer or without the diagnostics)."""
     path_split: PathSplitPlot | None = None
     """The decode/prefill/training split's plot data (``report.path_split``; opt-in replay)."""
+    layers: LayerPlot | None = None
+    """Rollout-vs-training relative error by layer (``report.layers``; opt-in layers)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -356,3 +356,33 @@ def test_verify_refuses_other_positions_and_a_missing_file(
     (attempt / COMPLETE).write_bytes(json_bytes(document))
     (bad,) = _invalid(run_dir)
     assert bad["file"] == ROLLOUT and "not sealed" in bad["detail"]
+
+
+def test_the_report_draws_the_layers_of_every_case(on: dict[str, Any], tmp_path: Path) -> None:
+    from pytest_logprob_drift.numerics.comparison import read_diagnostics
+    from pytest_logprob_drift.report.layers import load_layer_plot
+    from pytest_logprob_drift.store.attempt import read_seal
+
+    page = tmp_path / "report.html"
+    code, _, err = cli("report", on["run_dir"], "--html", page)
+    assert code == 0, err[-2000:]
+    html = page.read_text()
+    for name in ("layers-heatmap", "layers-by-state"):
+        assert html.count(f"data-plot='{name}'") == len(on["cases"]), name
+    case = on["cases"]["training.attention_backend=eager"]
+    attempt = case["attempt"]
+    plot = load_layer_plot(
+        attempt, read_seal(attempt), read_diagnostics(case["comparison"]["diagnostics"]).layers
+    )
+    assert plot is not None and plot.states == tuple(STATES)
+    t, r = _load(attempt / TRAINING), _load(attempt / ROLLOUT)
+    for s in range(len(STATES)):
+        for n in range(t["norms"].shape[1]):
+            same = bytes(t["digests"][s, n].tolist()) == bytes(r["digests"][s, n].tolist())
+            diff = float((t["projections"][s, n] - r["projections"][s, n]).norm())
+            want = 0.0 if same else diff / float(t["norms"][s, n])
+            assert plot.errors[s, n] == pytest.approx(want, rel=1e-12, abs=0.0)
+    assert (plot.errors[0] == 0).all()  # the embeddings: structurally bitwise equal
+    shares = case["comparison"]["diagnostics"]["layers"]["figures"]["states"]
+    for s, row in enumerate(shares):
+        assert float((plot.errors[s] == 0).mean()) == row["bitwise_equal_share"]
