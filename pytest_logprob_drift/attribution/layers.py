@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytest_logprob_drift.numerics.comparison import LayerFigures, read_diagnostics
-from pytest_logprob_drift.numerics.layer_reduction import FINAL_NORM, LOGITS, compare
+from pytest_logprob_drift.numerics.layer_reduction import compare
+from pytest_logprob_drift.numerics.layer_text import LOGITS
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
 
@@ -96,28 +97,3 @@ def by_layer(case: SealedExecution, reference: SealedExecution) -> dict[str, Any
             "drift_enters": drift_enters(_figures(case), _figures(reference)),
         }
     }
-
-
-def state_words(state: str) -> str:
-    """``"0"`` -> ``embeddings``, ``"k"`` -> ``layer k``, ``final norm``, ``logits``."""
-    if state == "0":
-        return "embeddings"
-    if state == FINAL_NORM:
-        return "final norm"
-    return state if state == LOGITS else f"layer {state}"
-
-
-def where_moved(side: Mapping[str, Any]) -> str:
-    """A side's attribution by layer in words."""
-    first = side["first_moved_layer"]
-    how = f" (max rel. error {side['max_rel_error']:.3g})"
-    if first is None:
-        return "bitwise equal to the baseline at every layer"
-    if first == LOGITS:
-        equal = "decoder layers and final norm bitwise equal to the baseline"
-        return f"{equal}; moved at the logits{how}"
-    if first == FINAL_NORM:
-        return "decoder layers bitwise equal to the baseline; moved at the final norm" + how
-    if first == "0":
-        return "moved from the embeddings" + how
-    return f"moved from layer {first}" + how

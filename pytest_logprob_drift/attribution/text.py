@@ -98,7 +98,7 @@ LAYER_HEADERS = ("case", "training side by layer", "rollout side by layer", "dri
 
 def layer_rows(document: Mapping[str, Any]) -> list[list[str]]:
     """Rows of the attribution by layer, in ranking order (none without layer captures)."""
-    from pytest_logprob_drift.attribution.layers import state_words, where_moved
+    from pytest_logprob_drift.numerics.layer_text import state_words, where_moved
 
     by_label = {c["label"]: c for c in document["cases"]}
     table: list[list[str]] = []

@@ -33,6 +33,8 @@ from typing import Any, Final
 
 import torch
 
+from pytest_logprob_drift.numerics.layer_text import FINAL_NORM, LOGITS
+
 PROJECTION_DIM: Final = 64
 PROJECTION_SEED: Final = 20261201
 DIGEST_BYTES: Final = 16
@@ -43,8 +45,6 @@ BLOCK_ROWS: Final = 2048
 """Rows projected at a time: the float64 copy of a block of states is the reduction's largest
 temporary (2048 x 4096 x 8 bytes = 64 MiB at S3's width)."""
 REDUCTION_TENSORS: Final = frozenset({"digests", "projections", "norms", "positions"})
-FINAL_NORM: Final = "final_norm"
-LOGITS: Final = "logits"
 
 Tensors = Mapping[str, torch.Tensor]
 

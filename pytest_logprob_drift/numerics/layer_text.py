@@ -11,6 +11,9 @@ or how the numbers were computed; a comparison without layer diagnostics renders
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Final
+
 from pytest_logprob_drift.numerics.comparison import Diagnostics, LayerDiagnostics
 
 
@@ -18,10 +21,41 @@ def _layers(diagnostics: Diagnostics | None) -> LayerDiagnostics | None:
     return None if diagnostics is None else diagnostics.layers
 
 
-def _name(state: str) -> str:
+FINAL_NORM: Final = "final_norm"
+LOGITS: Final = "logits"
+"""The two states after the decoder layers (``"0"`` is the embeddings, ``"k"`` the residual
+stream after k decoder layers)."""
+
+
+def state_words(state: str) -> str:
+    """``"0"`` -> ``embeddings``, ``"k"`` -> ``layer k``, ``final norm``, ``logits``."""
     if state == "0":
         return "embeddings"
-    return state.replace("_", " ") if not state.isdigit() else f"layer {state}"
+    if state == FINAL_NORM:
+        return "final norm"
+    return state if state == LOGITS else f"layer {state}"
+
+
+def where_moved(side: Mapping[str, Any]) -> str:
+    """A side's attribution by layer (``attribution.layers``' per-side entry) in words."""
+    first = side["first_moved_layer"]
+    how = f" (max rel. error {side['max_rel_error']:.3g})"
+    if first is None:
+        return "bitwise equal to the baseline at every layer"
+    if first == LOGITS:
+        equal = "decoder layers and final norm bitwise equal to the baseline"
+        return f"{equal}; moved at the logits{how}"
+    if first == FINAL_NORM:
+        return "decoder layers bitwise equal to the baseline; moved at the final norm" + how
+    if first == "0":
+        return "moved from the embeddings" + how
+    return f"moved from layer {first}" + how
+
+
+def _at(state: str) -> str:
+    """A state after "at": ``layer 3``, ``the embeddings``, ``the logits``."""
+    words = state_words(state)
+    return words if state.isdigit() and state != "0" else f"the {words}"
 
 
 def lines(diagnostics: Diagnostics | None) -> list[str]:
@@ -36,11 +70,10 @@ def lines(diagnostics: Diagnostics | None) -> list[str]:
         where = (
             "rollout and training states bitwise equal at every layer"
             if first is None
-            else "rollout vs training states first differ at "
-            + (_name(first) if first.isdigit() and first != "0" else f"the {_name(first)}")
+            else "rollout vs training states first differ at " + _at(first)
         )
         picks = [figures.states[0], *figures.states[-3:]]  # embeddings, layer L, norm, logits
-        errors = ", ".join(f"{_name(s.state)} {s.max_rel_error:.3g}" for s in picks)
+        errors = ", ".join(f"{state_words(s.state)} {s.max_rel_error:.3g}" for s in picks)
         out.append(f"layers: {where}; max rel. error {errors}")
     for side in ("training", "rollout"):
         status = layers.side(side)

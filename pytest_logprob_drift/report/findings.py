@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_logprob_drift.numerics.importance_text import ess_text
+from pytest_logprob_drift.numerics.layer_text import where_moved
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.report.model import ReportData
 
@@ -69,7 +70,26 @@ def _ess_fact(entry: Mapping[str, Any]) -> str | None:
     return None if value is None else ess_text(value)
 
 
-FACTS: tuple[tuple[str, FactSource], ...] = (("path:", _path_fact), ("ESS", _ess_fact))
+def _layer_fact(entry: Mapping[str, Any]) -> str | None:
+    """Where in each side's network the sealed attribution by layer says it moved (when the
+    run sealed layer captures, ``diagnostics.layers``): ``training side moved from layer 1``."""
+    layers = _mapping(entry.get("layers"))
+    parts = []
+    for side in ("training", "rollout"):
+        moved = _mapping(layers.get(side))
+        first, error = moved.get("first_moved_layer"), _number(moved.get("max_rel_error"))
+        if isinstance(first, str) and error is not None:
+            parts.append(
+                f"{side} side {where_moved({'first_moved_layer': first, 'max_rel_error': error})}"
+            )
+    return ", ".join(parts) or None
+
+
+FACTS: tuple[tuple[str, FactSource], ...] = (
+    ("path:", _path_fact),
+    ("layers:", _layer_fact),
+    ("ESS", _ess_fact),
+)
 """``(name, source)`` of the facts a finding carries beyond its side and effect, in the order
 they are shown; a diagnostic that lands (path, layer, ESS) adds one entry here."""
 

@@ -232,6 +232,28 @@ def test_float32_lm_head_on_the_trainer_moves_only_the_logits(on: dict[str, Any]
     assert layers["training"]["max_rel_error"] > 0.0
 
 
+def test_the_findings_say_where_in_the_network_each_mover_moved(on: dict[str, Any]) -> None:
+    """``report``'s findings carry the sealed attribution by layer: the float32 LM head's
+    training side reads "moved at the logits", derived above from the sealed digests."""
+    code, out, err = cli("report", on["run_dir"], "--json")
+    assert code == 0, err
+    moved = {f["label"]: f for f in json.loads(out)["findings"]["moved"]}
+    head = "training.lm_head_dtype=float32"
+    assert head in moved, sorted(moved)
+    fact = moved[head]["facts"]["layers:"]
+    assert fact.startswith(
+        "training side decoder layers and final norm bitwise equal to the baseline;"
+        " moved at the logits"
+    ), fact
+    assert "rollout side" not in fact  # its rollout is bitwise equal at every layer
+    for label, finding in moved.items():
+        sides = on["attribution"][label]["layers"]
+        named = [s for s in ("training", "rollout") if sides.get(s, {}).get("first_moved_layer")]
+        assert [
+            s for s in ("training", "rollout") if f"{s} side" in finding["facts"].get("layers:", "")
+        ] == named
+
+
 def test_eager_attention_leaves_the_embeddings_bitwise_equal(on: dict[str, Any]) -> None:
     case, base = on["cases"]["training.attention_backend=eager"], on["cases"]["baseline"]
     flags = _equal_by_state(case["attempt"], base["attempt"], TRAINING)
