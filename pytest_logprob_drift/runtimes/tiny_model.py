@@ -275,6 +275,44 @@ def _tiny_config(tokenizer: Tokenizer, layers: int = 2) -> Any:
     )
 
 
+def _save_checkpoint(
+    target_dir: Path,
+    model_class: Any,
+    config: Any,
+    tokenizer: Tokenizer,
+    *,
+    chat_template: str | None = None,
+) -> None:
+    """Seeded float32 weights of ``model_class(config)`` and the tokenizer, saved into
+    ``target_dir`` (a chat template, when given, in tokenizer_config.json). The one writer of
+    every tiny build; the torch RNG is left untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(WEIGHT_SEED)
+        model = model_class(config).to(torch.float32)
+    model.eval()
+    model.generation_config = tf.GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+    with quiet_progress_bars():
+        model.save_pretrained(target_dir, safe_serialization=True)
+    options: dict[str, Any] = {} if chat_template is None else {"chat_template": chat_template}
+    fast = tf.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        model_max_length=MAX_POSITIONS,
+        clean_up_tokenization_spaces=False,
+        **options,
+    )
+    if chat_template is None:
+        fast.save_pretrained(target_dir)
+    else:
+        fast.save_pretrained(target_dir, save_jinja_files=False)
+
+
 def build_tiny_checkpoint(target_dir: Path, *, layers: int = 2) -> None:
     """Write the tiny Qwen3 checkpoint (``layers`` decoder layers: 2 for ``TINY_QWEN3_NAME``,
     ``DEEP_LAYERS`` for ``TINY_QWEN3_DEEP_NAME``) into ``target_dir`` (created if absent).
@@ -285,27 +323,7 @@ def build_tiny_checkpoint(target_dir: Path, *, layers: int = 2) -> None:
     target_dir = Path(target_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(VOCAB_SIZE)
-    config = _tiny_config(tokenizer, layers)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(WEIGHT_SEED)
-        model = tf.Qwen3ForCausalLM(config).to(torch.float32)
-    model.eval()
-    model.generation_config = tf.GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )
-    with quiet_progress_bars():
-        model.save_pretrained(target_dir, safe_serialization=True)
-    fast = tf.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        model_max_length=MAX_POSITIONS,
-        clean_up_tokenization_spaces=False,
-    )
-    fast.save_pretrained(target_dir)
+    _save_checkpoint(target_dir, tf.Qwen3ForCausalLM, _tiny_config(tokenizer, layers), tokenizer)
 
 
 @dataclass(frozen=True)
@@ -398,27 +416,13 @@ def build_tiny_architecture(arch: TinyArchitecture, target_dir: Path) -> None:
         bos_token_id=ids[BOS_TOKEN],
         **arch.config,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(WEIGHT_SEED)
-        model = getattr(tf, arch.model_class)(config).to(torch.float32)
-    model.eval()
-    model.generation_config = tf.GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )
-    with quiet_progress_bars():
-        model.save_pretrained(target_dir, safe_serialization=True)
-    fast = tf.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        model_max_length=MAX_POSITIONS,
-        clean_up_tokenization_spaces=False,
+    _save_checkpoint(
+        target_dir,
+        getattr(tf, arch.model_class),
+        config,
+        tokenizer,
         chat_template=arch.chat_template,
     )
-    fast.save_pretrained(target_dir, save_jinja_files=False)
 
 
 def _digest_files(model_dir: Path) -> list[Path]:
