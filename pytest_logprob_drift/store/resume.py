@@ -155,6 +155,17 @@ def _same_numeric_check(recorded: NumericCheck | None, numeric: NumericCheck) ->
             )
 
 
+def _sealed_if_present(
+    directory: Path, seal: Seal, names: tuple[str, ...]
+) -> dict[str, dict[str, torch.Tensor] | None]:
+    """Each opt-in diagnostic file of ``names``: its digest-checked tensors, or None where the
+    attempt sealed no such file."""
+    return {
+        name: load_sealed_tensors(directory, name, seal) if name in seal.files else None
+        for name in names
+    }
+
+
 def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttempt:
     """Raise SealError naming the file at fault unless the attempt is complete and consistent."""
     seal = read_seal(directory, keep=(layout.COMPARISON, *JSON_FILES, *TENSOR_FILES))
@@ -198,10 +209,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             load_sealed_tensors(directory, layout.DIVERGENCE, seal) if full else None,
             diffs,
         )
-        replays = {
-            name: load_sealed_tensors(directory, name, seal) if name in seal.files else None
-            for name in layout.REPLAY_FILES
-        }
+        replays = _sealed_if_present(directory, seal, layout.REPLAY_FILES)
         check_path_split(
             comparison.diagnostics,
             replays[layout.SCORE_ROLLOUT_PREFILL],
@@ -209,10 +217,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             scored[layout.SCORE_ROLLOUT],
             scored[layout.SCORE_TRAINING],
         )
-        layer_files = {
-            name: load_sealed_tensors(directory, name, seal) if name in seal.files else None
-            for name in layout.LAYER_FILES
-        }
+        layer_files = _sealed_if_present(directory, seal, layout.LAYER_FILES)
         check_layers(
             comparison.diagnostics,
             layer_files[layout.LAYERS_TRAINING],
