@@ -192,6 +192,23 @@ def test_limit_and_truncate(checkpoints: dict[str, Path], tmp_path: Path) -> Non
     assert "2 truncated" in out
 
 
+def test_an_existing_output_is_never_overwritten(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    source = tmp_path / "p.txt"
+    source.write_text("\n".join(TEXTS) + "\n")
+    output = tmp_path / "prompts.json"
+    output.write_text("keep me\n")
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "nowhere")
+    for target in (output, dangling):
+        code, _, err = _prompts("--checkpoint", checkpoints["qwen3"], source, "--output", target)
+        _one_line_error(code, err, str(target), "already exists")
+    assert output.read_text() == "keep me\n"
+    assert not (tmp_path / "nowhere").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.json", "p.txt", "prompts.json"]
+
+
 def _bad_inputs(
     tmp: Path, qwen3: Path, llama: Path, mistral: Path
 ) -> list[tuple[list[Any], list[str]]]:

@@ -60,6 +60,9 @@ def add_prompts_parser(sub: Any) -> None:
 def prompts_command(args: argparse.Namespace, out: TextIO) -> int:
     from pytest_logprob_drift.config.prompt_input import read_prompt_inputs
 
+    if os.path.lexists(args.output):  # before any work; _write refuses a race too
+        raise UsageError(f"{args.output}: already exists; prompts never overwrites a file")
+
     inputs = read_prompt_inputs(
         args.input, field=args.field, messages_field=args.messages_field, limit=args.limit
     )
@@ -95,7 +98,8 @@ def _write(output: Path, document: dict[str, Any]) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, output)
-    except BaseException:
+        os.link(tmp, output)  # publishes the whole file, and only where nothing is
+    except FileExistsError:
+        raise UsageError(f"{output}: already exists; prompts never overwrites a file") from None
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
