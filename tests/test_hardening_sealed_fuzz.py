@@ -424,7 +424,9 @@ def _verify_verdict(finished: Finished) -> None:
 def _report_text_verdict(finished: Finished) -> None:
     assert finished.code == 0
     assert finished.stderr == ""
-    assert finished.stdout.splitlines()[0].startswith("case_id")
+    lines = finished.stdout.splitlines()
+    assert re.match(r"\d+ case\(s\): ", lines[0]), lines[0]  # the findings come first
+    assert any(line.startswith("case_id") for line in lines)  # then the case table
 
 
 def _report_json_verdict(finished: Finished) -> None:

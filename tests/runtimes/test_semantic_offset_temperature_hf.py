@@ -76,7 +76,8 @@ def test_temperature_0_7_processed_rollout_is_explained(tmp_path: Path) -> None:
     page = render_page(load_report(tmp_path / "runs" / "hf-offset-t07", page_dir=tmp_path))
     assert "<h3>Full-vocabulary divergence</h3>" in page
     assert "processed semantics: the rollout&#x27;s logprobs match" in page
-    assert "<td class='words'>processed_rollout</td>" in page
+    # the semantic-offset column (behind the case table's "more columns" toggle)
+    assert "<td class='words more'>processed_rollout</td>" in page
 
 
 def test_temperature_0_7_processed_vllm_rollout_is_explained(tmp_path: Path) -> None:
