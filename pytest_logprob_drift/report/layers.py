@@ -20,7 +20,7 @@ import numpy as np
 from pytest_logprob_drift.numerics.comparison import LayerDiagnostics
 from pytest_logprob_drift.numerics.layer_reduction import relative_errors, state_names
 from pytest_logprob_drift.report.markup import Markup
-from pytest_logprob_drift.report.plots import LINE_COLOURS, _figure, _log_ticks, _svg
+from pytest_logprob_drift.report.plots import LINE_COLOURS, log_ticks, new_figure, to_svg
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
 from pytest_logprob_drift.store.resume import load_sealed_tensors
@@ -58,7 +58,7 @@ def heatmap_svg(plot: LayerPlot) -> Markup:
     """State x captured position, log colour scale ``HEAT_LOW`` .. ``HEAT_HIGH``."""
     from matplotlib.colors import LogNorm
 
-    with _figure(3.6, 2.6, right=0.9) as (figure, axes):
+    with new_figure(3.6, 2.6, right=0.9) as (figure, axes):
         shown = np.clip(plot.errors, HEAT_LOW, HEAT_HIGH)
         image = axes.imshow(
             shown,
@@ -72,12 +72,12 @@ def heatmap_svg(plot: LayerPlot) -> Markup:
         axes.set_title("rollout vs training: relative error by layer")
         bar = figure.colorbar(image, ax=axes, fraction=0.08, pad=0.02)
         bar.ax.tick_params(labelsize=5)
-        return _svg(figure)
+        return to_svg(figure)
 
 
 def by_state_svg(plot: LayerPlot) -> Markup:
     """Per state: median and max relative error over positions (0 drawn at ``HEAT_LOW``)."""
-    with _figure(3.6, 2.3) as (figure, axes):
+    with new_figure(3.6, 2.3) as (figure, axes):
         x = np.arange(len(plot.states))
         for i, (name, values) in enumerate(
             (("median", np.median(plot.errors, axis=1)), ("max", plot.errors.max(axis=1)))
@@ -92,9 +92,9 @@ def by_state_svg(plot: LayerPlot) -> Markup:
                 label=name,
             )
         axes.set_yscale("log")
-        _log_ticks(axes.yaxis)
+        log_ticks(axes.yaxis)
         axes.set_xticks(x, [_label(s) for s in plot.states], fontsize=5)
         axes.legend(fontsize=5.5, loc="upper left", frameon=False)
         axes.set_ylabel(f"relative error (0 drawn at {HEAT_LOW:g})")
         axes.set_title("median and max over positions, per state")
-        return _svg(figure)
+        return to_svg(figure)

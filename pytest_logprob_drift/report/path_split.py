@@ -21,7 +21,13 @@ import torch
 
 from pytest_logprob_drift.numerics.comparison import PathSplit
 from pytest_logprob_drift.report.markup import Markup
-from pytest_logprob_drift.report.plots import LINE_COLOURS, _empty_note, _figure, _log_ticks, _svg
+from pytest_logprob_drift.report.plots import (
+    LINE_COLOURS,
+    empty_note,
+    log_ticks,
+    new_figure,
+    to_svg,
+)
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
 from pytest_logprob_drift.store.resume import load_sealed_tensors
@@ -98,7 +104,7 @@ def load_plot(directory: Path, seal: Seal, split: PathSplit | None) -> PathSplit
 def distributions_svg(plot: PathSplitPlot) -> Markup:
     """The three |diff| distributions on one log axis."""
     edges = _edges()
-    with _figure(3.6, 2.3) as (figure, axes):
+    with new_figure(3.6, 2.3) as (figure, axes):
         drawn = False
         for i, (pair, name) in enumerate(PAIRS):
             if pair not in plot.counts:
@@ -114,20 +120,20 @@ def distributions_svg(plot: PathSplitPlot) -> Markup:
             )
             drawn = drawn or bool(plot.counts[pair].any())
         axes.set_xscale("log")
-        _log_ticks(axes.xaxis)
+        log_ticks(axes.xaxis)
         if not drawn:
-            _empty_note(axes, "every difference is exactly 0")
+            empty_note(axes, "every difference is exactly 0")
         axes.legend(fontsize=5.5, loc="upper left", frameon=False)
         axes.set_xlabel("|difference| (nats)")
         axes.set_ylabel("active tokens")
         axes.set_title("where the drift enters: decode vs prefill")
-        return _svg(figure)
+        return to_svg(figure)
 
 
 def by_position_svg(plot: PathSplitPlot) -> Markup:
     """Per response position: max |decode - prefill| against max |prefill - training|."""
     floor = 1e-12
-    with _figure(3.6, 2.3) as (figure, axes):
+    with new_figure(3.6, 2.3) as (figure, axes):
         drawn = False
         for i, (pair, name) in enumerate(PAIRS[:2]):
             line = plot.by_position.get(pair)
@@ -145,11 +151,11 @@ def by_position_svg(plot: PathSplitPlot) -> Markup:
             )
             drawn = drawn or bool(np.nanmax(line, initial=0.0) > 0)
         axes.set_yscale("log")
-        _log_ticks(axes.yaxis)
+        log_ticks(axes.yaxis)
         if not drawn:
-            _empty_note(axes, "every difference is exactly 0")
+            empty_note(axes, "every difference is exactly 0")
         axes.legend(fontsize=5.5, loc="lower right", frameon=False)
         axes.set_xlabel("response position")
         axes.set_ylabel("max over samples (0 drawn at 1e-12)")
         axes.set_title("decode-vs-prefill against prefill-vs-training")
-        return _svg(figure)
+        return to_svg(figure)

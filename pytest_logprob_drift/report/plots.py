@@ -72,7 +72,7 @@ def available() -> bool:
 
 
 @contextmanager
-def _figure(
+def new_figure(
     width: float,
     height: float,
     ncols: int = 1,
@@ -112,7 +112,7 @@ def _figure(
         yield figure, axes
 
 
-def _log_ticks(axis: Any) -> None:
+def log_ticks(axis: Any) -> None:
     """At most a handful of labelled decades and no minor labels on a log axis."""
     from matplotlib.ticker import LogLocator, NullFormatter
 
@@ -121,7 +121,7 @@ def _log_ticks(axis: Any) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _svg(figure: Any) -> Markup:
+def to_svg(figure: Any) -> Markup:
     """The figure as inline SVG: trusted markup (matplotlib's SVG writer escapes every text it
     draws, and the labels are plain text, never mathtext)."""
     buffer = io.StringIO()
@@ -130,7 +130,7 @@ def _svg(figure: Any) -> Markup:
     return Markup(text[text.index("<svg") :])
 
 
-def _empty_note(axes: Any, text: str) -> None:
+def empty_note(axes: Any, text: str) -> None:
     axes.text(0.5, 0.5, text, transform=axes.transAxes, ha="center", va="center", color="#555")
 
 
@@ -164,10 +164,10 @@ def histogram_svg(hist: Histogram, threshold: float, decades: tuple[int, int]) -
     first, last = max(first, 0), min(last, hist.counts.size)
     counts = hist.counts[first:last]
     edges = 10.0 ** (HIST_LOG10_LOW + np.arange(first, last + 1) / HIST_BINS_PER_DECADE)
-    with _figure(3.3, 2.3) as (figure, axes):
+    with new_figure(3.3, 2.3) as (figure, axes):
         axes.stairs(counts, edges, fill=True, color=COLOURS["ok"], alpha=0.85)
         axes.set_xscale("log")
-        _log_ticks(axes.xaxis)
+        log_ticks(axes.xaxis)
         axes.set_xlim(10.0**low, 10.0**high)
         axes.axvline(threshold, color=COLOURS["threshold"], linewidth=1.2)
         top = max(int(counts.max()) if counts.size else 0, 1)
@@ -190,19 +190,19 @@ def histogram_svg(hist: Histogram, threshold: float, decades: tuple[int, int]) -
                 color="#555",
             )
         if not counts.any() and not hist.zeros:
-            _empty_note(axes, "no active tokens")
+            empty_note(axes, "no active tokens")
         elif not counts.any():
-            _empty_note(axes, "every |diff| is exactly 0")
+            empty_note(axes, "every |diff| is exactly 0")
         axes.set_xlabel("|training - rollout| (nats)")
         axes.set_ylabel("active tokens")
         axes.set_title("|diff| histogram")
-        return _svg(figure)
+        return to_svg(figure)
 
 
 def profile_svg(profile: PositionProfile, threshold: float) -> Markup:
     x = profile.starts.astype(np.float64) + (profile.bin_width - 1) / 2
     floor = 1e-12
-    with _figure(3.3, 2.3) as (figure, axes):
+    with new_figure(3.3, 2.3) as (figure, axes):
         positive = [a[np.isfinite(a) & (a > 0)] for a in (profile.band_high, profile.band_low)]
         has_positive = any(p.size for p in positive)
         if profile.total_samples > profile.samples.size:
@@ -232,14 +232,14 @@ def profile_svg(profile: PositionProfile, threshold: float) -> Markup:
             )
         axes.axhline(threshold, color=COLOURS["threshold"], linewidth=1.0, linestyle="--")
         axes.set_yscale("log")
-        _log_ticks(axes.yaxis)
+        log_ticks(axes.yaxis)
         if has_positive:
             smallest = min(float(p.min()) for p in positive if p.size)
             largest = max(float(p.max()) for p in positive if p.size)
             axes.set_ylim(max(smallest / 3, floor), max(largest, threshold) * 3)
         else:
             axes.set_ylim(threshold / 1e6, threshold * 10)
-            _empty_note(axes, "every |diff| is exactly 0")
+            empty_note(axes, "every |diff| is exactly 0")
         axes.set_xlim(0, x[-1] + profile.bin_width / 2 if x.size else 1)
         if axes.get_legend_handles_labels()[0]:
             axes.legend(fontsize=5.5, loc="lower right", frameon=False, ncols=2)
@@ -252,11 +252,11 @@ def profile_svg(profile: PositionProfile, threshold: float) -> Markup:
             if drawn < profile.total_samples
             else "|diff| by position, one line per sample"
         )
-        return _svg(figure)
+        return to_svg(figure)
 
 
 def scatter_svg(data: Scatter, threshold: float) -> Markup:
-    with _figure(3.0, 2.3) as (figure, axes):
+    with new_figure(3.0, 2.3) as (figure, axes):
         low = high = 0.0
         if data.grid is not None and data.extent is not None:
             low, high = data.extent[0], data.extent[1]
@@ -304,7 +304,7 @@ def scatter_svg(data: Scatter, threshold: float) -> Markup:
             axes.set_ylim(low - pad, high + pad)
             axes.legend(fontsize=5.5, loc="upper left", frameon=False, markerscale=2)
         else:
-            _empty_note(axes, "no active tokens")
+            empty_note(axes, "no active tokens")
         axes.set_xlabel("rollout logprob")
         axes.set_ylabel("training logprob")
         axes.set_title(
@@ -312,7 +312,7 @@ def scatter_svg(data: Scatter, threshold: float) -> Markup:
             if data.points
             else f"logprobs, 2-D histogram of {data.total}; worst {data.rollout.size} as points"
         )
-        return _svg(figure)
+        return to_svg(figure)
 
 
 # --------------------------------------------------------------------------- the run
@@ -333,7 +333,7 @@ def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> Markup |
     bad = np.array([c.outcome != "PASS" for c in rows])
     width = min(9.0, max(4.0, 2.5 + 0.1 * len(rows)))
     labelled = len(rows) <= 30
-    with _figure(
+    with new_figure(
         width + 1.0,
         3.2 if labelled else 2.4,
         margins=(0.6, 0.7 if labelled else 0.42),
@@ -351,7 +351,7 @@ def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> Markup |
         if threshold:
             axes.axhline(threshold, color=COLOURS["threshold"], linewidth=1.0, linestyle="--")
         axes.set_yscale("log")
-        _log_ticks(axes.yaxis)
+        log_ticks(axes.yaxis)
         titled: list[tuple[str, str]] = []
         if labelled:
             axes.set_xticks(
@@ -370,7 +370,7 @@ def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> Markup |
         axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         if labelled:
             _fit_labels(figure, axes.get_xticklabels())
-        return _with_titles(_svg(figure), titled)
+        return _with_titles(to_svg(figure), titled)
 
 
 def _short(text: str, limit: int) -> str:
@@ -494,7 +494,7 @@ def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
     y = np.arange(len(entries))[::-1].astype(np.float64)
     floor = 1e-12
     height = 0.9 + 0.24 * len(entries)
-    with _figure(8.5, height, ncols=2, margins=(2.3, 0.45)) as (figure, (effect, moved)):
+    with new_figure(8.5, height, ncols=2, margins=(2.3, 0.45)) as (figure, (effect, moved)):
         ratios = [e.get("effect", {}).get("mean_ratio", {}) for e in entries]
         finite = [
             v
@@ -530,7 +530,7 @@ def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
                 effect.plot([p99], [yy], "d", mfc="none", color=colour, markersize=4, mew=0.8)
         effect.axvline(1.0, color="black", linewidth=0.8)
         effect.set_xscale("log")
-        _log_ticks(effect.xaxis)
+        log_ticks(effect.xaxis)
         effect.set_xlim(lo, hi)
         effect.set_yticks(y, [_short(label, 34) for label in labels], **PLAIN_TEXT)
         titled = _titled(effect.get_yticklabels(), labels)
@@ -558,10 +558,10 @@ def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
                 moved.axvline(level, color=colour, linestyle="--", linewidth=0.8)
                 deltas.append(float(level))
         moved.set_xscale("log")
-        _log_ticks(moved.xaxis)
+        log_ticks(moved.xaxis)
         moved.set_xlim(min([*deltas, 1e-6]) / 3, max([*deltas, 1e-3]) * 3)
         moved.set_xlabel("max |logprob change| vs baseline, shared tokens")
         moved.set_title("which side moved (dashed: noise floor)")
         moved.legend(fontsize=6, loc="lower right", frameon=False)
         _fit_labels(figure, effect.get_yticklabels())
-        return _with_titles(_svg(figure), titled)
+        return _with_titles(to_svg(figure), titled)
