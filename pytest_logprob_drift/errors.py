@@ -1,7 +1,8 @@
 """User-facing errors, the one ExitCode enum, and remedies that frontends name.
 
 Owns the typed errors a user can cause (bad config, bad command line or execution policy, bad
-artifacts, a runtime that failed), the exit code each maps to, and their one-line rendering.
+artifacts, a runtime that failed), the exit code each maps to, their one-line rendering, and how
+a message names a JSON value's type (``json_type_name``).
 An error may carry a ``Remedy``: a code for "the execution policy must allow this", which each
 frontend renders with its own flag spelling (the CLI's ``run`` flags, the plugin's
 ``--drift-*`` options); the core never writes a flag name. Knows nothing
@@ -13,6 +14,7 @@ from __future__ import annotations
 import enum
 import errno
 import re
+from collections.abc import Mapping
 
 
 class ExitCode(enum.IntEnum):
@@ -50,6 +52,24 @@ def _escaped(ch: str) -> str:
 
 
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def json_type_name(value: object) -> str:
+    """How an error message names a JSON value's type: ``null``, ``a boolean``, ``a number``,
+    ``a string``, ``an array``, ``an object`` (else the Python type's name)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, Mapping):
+        return "an object"
+    return type(value).__name__
 
 
 def one_line(text: str) -> str:

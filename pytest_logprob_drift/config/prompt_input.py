@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_logprob_drift.config.input_file import InputFileError, read_input
-from pytest_logprob_drift.errors import UsageError
+from pytest_logprob_drift.errors import UsageError, json_type_name
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
-    from typing import Any
+    pass
 
 PROMPT_INPUT_LIMIT = 64 * 2**20
 """Largest prompt input file read, in bytes (64 MiB, like a prompt file of token ids)."""
@@ -208,27 +208,11 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else exc.__class__.__name__
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (list, tuple)):
-        return "an array"
-    if isinstance(value, Mapping):
-        return "an object"
-    return type(value).__name__
-
-
 def _prompt_of(
     file: Path, line: int, record: object, field: str | None, messages_field: str | None
 ) -> PromptInput:
     if not isinstance(record, Mapping):
-        raise PromptInputError(file, line, f"expected a JSON object, got {_kind(record)}")
+        raise PromptInputError(file, line, f"expected a JSON object, got {json_type_name(record)}")
     name = messages_field if messages_field is not None else field
     assert name is not None
     if name not in record:
@@ -237,7 +221,7 @@ def _prompt_of(
     if messages_field is None:
         if not isinstance(value, str):
             raise PromptInputError(
-                file, line, f"field {name!r} is {_kind(value)}, expected a string"
+                file, line, f"field {name!r} is {json_type_name(value)}, expected a string"
             )
         if not value.strip():
             raise PromptInputError(file, line, f"empty prompt (field {name!r})")
@@ -248,19 +232,21 @@ def _prompt_of(
 def _messages(file: Path, line: int, name: str, value: object) -> tuple[ChatMessage, ...]:
     shape = 'an array of {"role": string, "content": string} objects'
     if not isinstance(value, (list, tuple)) or not value:
-        got = "an empty array" if isinstance(value, (list, tuple)) else _kind(value)
+        got = "an empty array" if isinstance(value, (list, tuple)) else json_type_name(value)
         raise PromptInputError(file, line, f"field {name!r} is {got}, expected {shape}")
     messages: list[ChatMessage] = []
     for i, item in enumerate(value):
         where = f"field {name!r}[{i}]"
         if not isinstance(item, Mapping):
-            raise PromptInputError(file, line, f"{where} is {_kind(item)}, expected {shape}")
+            raise PromptInputError(
+                file, line, f"{where} is {json_type_name(item)}, expected {shape}"
+            )
         extra = sorted(str(k) for k in item if k not in ("role", "content"))
         if extra:
             raise PromptInputError(file, line, f"{where} has unknown key {extra[0]!r}; {shape}")
         for key in ("role", "content"):
             if not isinstance(item.get(key), str):
-                got = "missing" if key not in item else _kind(item[key])
+                got = "missing" if key not in item else json_type_name(item[key])
                 raise PromptInputError(file, line, f"{where}.{key} is {got}, expected a string")
         if not item["role"].strip():
             raise PromptInputError(file, line, f"{where}.role is empty")

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_logprob_drift.errors import json_type_name
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import (
     ApplicationStatus,
@@ -655,26 +656,10 @@ class Comparison:
 # --------------------------------------------------------------------------- the reader
 
 
-def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
 def _object(value: object, path: str, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> Any:
     """``value`` as a JSON object with exactly ``keys`` (and any of ``optional``)."""
     if not isinstance(value, dict):
-        raise ComparisonShapeError(path, f"expected an object, got {_type_name(value)}")
+        raise ComparisonShapeError(path, f"expected an object, got {json_type_name(value)}")
     for key in keys:
         if key not in value:
             raise ComparisonShapeError(_at(path, key), "missing required key")
@@ -690,19 +675,19 @@ def _at(path: str, key: str) -> str:
 
 def _array(value: object, path: str) -> list[Any]:
     if not isinstance(value, list):
-        raise ComparisonShapeError(path, f"expected an array, got {_type_name(value)}")
+        raise ComparisonShapeError(path, f"expected an array, got {json_type_name(value)}")
     return value
 
 
 def _string(value: object, path: str) -> str:
     if not isinstance(value, str):
-        raise ComparisonShapeError(path, f"expected a string, got {_type_name(value)}")
+        raise ComparisonShapeError(path, f"expected a string, got {json_type_name(value)}")
     return value
 
 
 def _boolean(value: object, path: str) -> bool:
     if not isinstance(value, bool):
-        raise ComparisonShapeError(path, f"expected a boolean, got {_type_name(value)}")
+        raise ComparisonShapeError(path, f"expected a boolean, got {json_type_name(value)}")
     return value
 
 
@@ -710,7 +695,7 @@ def _count(value: object, path: str) -> int:
     """A non-negative integer (counts, indices, token ids)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ComparisonShapeError(
-            path, f"expected a non-negative integer, got {_type_name(value)} {value!r:.40}"
+            path, f"expected a non-negative integer, got {json_type_name(value)} {value!r:.40}"
         )
     return value
 
@@ -718,7 +703,7 @@ def _count(value: object, path: str) -> int:
 def _number(value: object, path: str) -> float:
     """A finite number, kept as written (an integer stays one, so ``to_json`` gives it back)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ComparisonShapeError(path, f"expected a number, got {_type_name(value)}")
+        raise ComparisonShapeError(path, f"expected a number, got {json_type_name(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ComparisonShapeError(path, f"expected a finite number, got {value!r}")
     return value
@@ -870,7 +855,7 @@ def _replay_status(value: object, path: str) -> ReplayStatus:
         raw = document["evidence"]
         if not isinstance(raw, dict):
             raise ComparisonShapeError(
-                f"{path}.evidence", f"expected an object, got {_type_name(raw)}"
+                f"{path}.evidence", f"expected an object, got {json_type_name(raw)}"
             )
         evidence = {str(k): _scalar(v, f"{path}.evidence.{k}") for k, v in raw.items()}
     reason = _string(document["reason"], f"{path}.reason") if "reason" in document else None
@@ -967,7 +952,7 @@ def read_importance_sampling(
     corrections = d["corrections"]
     if not isinstance(corrections, dict):
         raise ComparisonShapeError(
-            f"{path}.corrections", f"expected an object, got {_type_name(corrections)}"
+            f"{path}.corrections", f"expected an object, got {json_type_name(corrections)}"
         )
 
     def number(key: str) -> float:
@@ -1112,7 +1097,7 @@ def _layer_status(value: object, path: str) -> LayerStatus:
         raw = document["evidence"]
         if not isinstance(raw, dict):
             raise ComparisonShapeError(
-                f"{path}.evidence", f"expected an object, got {_type_name(raw)}"
+                f"{path}.evidence", f"expected an object, got {json_type_name(raw)}"
             )
         evidence = {str(k): _scalar(v, f"{path}.evidence.{k}") for k, v in raw.items()}
         return LayerStatus(status=status, evidence=evidence)
@@ -1182,7 +1167,7 @@ def _knob_value(value: object, path: str) -> KnobValue:
     if isinstance(value, (str, bool)) or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     raise ComparisonShapeError(
-        path, f"expected a string, integer or boolean, got {_type_name(value)}"
+        path, f"expected a string, integer or boolean, got {json_type_name(value)}"
     )
 
 
