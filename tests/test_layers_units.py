@@ -75,3 +75,42 @@ def test_the_vllm_engine_refuses_compiled_graphs_before_touching_the_engine() ->
     engine = SimpleNamespace(spec=SimpleNamespace(enforce_eager=False), _live=live)
     with pytest.raises(ValueError, match=r"compiled graphs \(enforce_eager=false\)"):
         VllmRolloutEngine.capture_layers(engine, [[1, 2, 3]], [[0, 1]])  # type: ignore[arg-type]
+
+
+def _figures(medians: dict[str, float]) -> Any:
+    from pytest_logprob_drift.numerics.comparison import LayerFigures, LayerStateFigures
+
+    return LayerFigures(
+        positions=4,
+        states=tuple(
+            LayerStateFigures(
+                state=state,
+                bitwise_equal_share=0.0,
+                median_rel_error=value,
+                max_rel_error=value,
+                median_cosine=1.0,
+            )
+            for state, value in medians.items()
+        ),
+        first_unequal_state=None,
+    )
+
+
+def test_drift_enters_at_the_first_state_above_the_baseline_by_more_than_its_floor() -> None:
+    from pytest_logprob_drift.attribution.layers import drift_enters
+
+    # dyadic values: every difference below is exact in binary floating point
+    reference = _figures({"0": 0.0, "1": 0.125, "2": 0.25, "final_norm": 0.25, "logits": 0.375})
+    case = _figures({"0": 0.0, "1": 0.1328125, "2": 0.5, "final_norm": 0.625, "logits": 0.875})
+    # no floor (no repeats): any excess counts, an equal state does not
+    assert drift_enters(case, reference) == "1"
+    # a floor at layer 1 wider than its excess (2**-7) moves the answer to layer 2
+    assert drift_enters(case, reference, {"1": 0.015625}) == "2"
+    # an excess exactly at the floor is within the noise
+    assert drift_enters(case, reference, {"1": 0.015625, "2": 0.25}) == "final_norm"
+    wide = dict.fromkeys(("0", "1", "2", "final_norm", "logits"), 1.0)
+    assert drift_enters(case, reference, wide) is None
+    assert drift_enters(reference, reference) is None
+    assert drift_enters(None, reference) is None and drift_enters(case, None) is None
+    # a state the reference lacks is not compared
+    assert drift_enters(_figures({"7": 1.0, "logits": 0.5}), reference) == "logits"

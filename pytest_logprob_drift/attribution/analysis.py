@@ -22,7 +22,12 @@ import torch
 from pytest_logprob_drift.attribution.align import Alignment, Movement, align, movement
 from pytest_logprob_drift.attribution.effect import abs_diff_rows, drift_effect, prepare
 from pytest_logprob_drift.attribution.importance import ESS_KEY, case_ess
-from pytest_logprob_drift.attribution.layers import by_layer
+from pytest_logprob_drift.attribution.layers import (
+    LayerFloor,
+    by_layer,
+    floor_json,
+    layer_noise_floor,
+)
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
@@ -171,7 +176,10 @@ def classify(alignment: Alignment, rollout: Movement, training: Movement, floor:
 
 
 def _comparison(
-    case: SealedExecution, reference: SealedExecution, floor: SideFloor
+    case: SealedExecution,
+    reference: SealedExecution,
+    floor: SideFloor,
+    layer_floor: LayerFloor | None = None,
 ) -> dict[str, Any]:
     alignment, rollout, training = _sides(case, reference)
     return {
@@ -183,7 +191,7 @@ def _comparison(
         "training": training.to_json(),
         "classification": classify(alignment, rollout, training, floor),
         **_by_path(case, reference, alignment, rollout, training, floor),
-        **by_layer(case, reference),
+        **by_layer(case, reference, layer_floor),
     }
 
 
@@ -267,6 +275,7 @@ def attribute(
     if not all(e.comparable for e in (baseline, *repeats)):
         raise ValueError("the baseline has no comparable sealed scores")
     floor = noise_floor(baseline, repeats)
+    layer_floor = layer_noise_floor(baseline, repeats)
     for repeat in repeats:
         repeat.release()
     comparable = [case for case in cases if case.comparable]
@@ -289,7 +298,7 @@ def attribute(
             "label": case.label,
             "changed": list(case.changed),
             "attempt_id": case.attempt_id,
-            **_comparison(case, baseline, floor),
+            **_comparison(case, baseline, floor, layer_floor),
         }
         rows = abs_diff_rows(
             case.training_logprobs, case.rollout["logprobs"], case.rollout["active_mask"]
@@ -299,7 +308,7 @@ def attribute(
             case.training_logprobs, case.rollout["logprobs"], case.rollout["active_mask"]
         )
         entry["parents"] = [
-            _comparison(case, parent, floor) for parent in _parents(case, comparable)
+            _comparison(case, parent, floor, layer_floor) for parent in _parents(case, comparable)
         ]
         entries.append(entry)
         case.release()
@@ -315,6 +324,7 @@ def attribute(
             "repeats": len(repeats),
             "rollout_max_abs_delta": floor.rollout,
             "training_max_abs_delta": floor.training,
+            **({} if layer_floor is None else {"layers": floor_json(layer_floor)}),
         },
         "cases": entries,
         "ranking": ranking,

@@ -9,13 +9,15 @@ sampled other tokens is not compared): ``first_moved_layer`` (``"0"`` = the embe
 everywhere) and by how much (the max relative error over those positions at that state, and
 at the logits); and ``drift_enters``: the first state whose rollout-vs-training median
 relative error (comparison.json's ``diagnostics.layers``) exceeds the reference's at the same
-state (no noise floor is applied). Reads sealed files only through the store's digest-checked
-loaders; knows nothing about engines or how the document is sealed.
+state by more than that state's noise floor (``layer_noise_floor``: how far the baseline's
+repeats' medians stray from the baseline's own; 0 without repeats, so any excess counts).
+Reads sealed files only through the store's digest-checked loaders; knows nothing about
+engines or how the document is sealed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -75,18 +77,59 @@ def _figures(execution: SealedExecution) -> LayerFigures | None:
     return None if layers is None else layers.figures
 
 
-def drift_enters(case: LayerFigures | None, reference: LayerFigures | None) -> str | None:
-    """The first state whose median relative error exceeds the reference's at that state."""
+LayerFloor = Mapping[str, float]
+"""Per state, the noise floor of the rollout-vs-training median relative error."""
+
+
+def layer_noise_floor(
+    baseline: SealedExecution, repeats: Sequence[SealedExecution]
+) -> dict[str, float] | None:
+    """Per state, the largest ``|repeat median - baseline median|`` of the rollout-vs-training
+    median relative error over the baseline's repeats; None without repeats, or when the
+    baseline or a repeat has no layer figures of the same states (then no floor is known)."""
+    if not repeats:
+        return None
+    mine = _figures(baseline)
+    if mine is None:
+        return None
+    own = {s.state: s.median_rel_error for s in mine.states}
+    floor = dict.fromkeys(own, 0.0)
+    for repeat in repeats:
+        theirs = _figures(repeat)
+        if theirs is None or [s.state for s in theirs.states] != list(own):
+            return None
+        for s in theirs.states:
+            floor[s.state] = max(floor[s.state], abs(s.median_rel_error - own[s.state]))
+    return floor
+
+
+def floor_json(floor: LayerFloor | None) -> list[dict[str, Any]] | None:
+    """The attribution document's ``noise_floor.layers``: ``[{"state", "median_rel_error"}]``."""
+    if floor is None:
+        return None
+    return [{"state": state, "median_rel_error": value} for state, value in floor.items()]
+
+
+def drift_enters(
+    case: LayerFigures | None, reference: LayerFigures | None, floor: LayerFloor | None = None
+) -> str | None:
+    """The first state whose median relative error exceeds the reference's at that state by
+    more than the state's noise floor (``floor``; none: any excess)."""
     if case is None or reference is None:
         return None
     theirs = {s.state: s.median_rel_error for s in reference.states}
+    margin = floor or {}
     for state in case.states:
-        if state.state in theirs and state.median_rel_error > theirs[state.state]:
+        if state.state not in theirs:
+            continue
+        if state.median_rel_error - theirs[state.state] > margin.get(state.state, 0.0):
             return state.state
     return None
 
 
-def by_layer(case: SealedExecution, reference: SealedExecution) -> dict[str, Any]:
+def by_layer(
+    case: SealedExecution, reference: SealedExecution, floor: LayerFloor | None = None
+) -> dict[str, Any]:
     """``{"layers": ...}`` when both executions sealed a layer capture of some side, else {}."""
     sides = {side: _side(case, reference, name) for side, name in SIDE_FILES.items()}
     if all(v is None for v in sides.values()):
@@ -94,6 +137,6 @@ def by_layer(case: SealedExecution, reference: SealedExecution) -> dict[str, Any
     return {
         "layers": {
             **{side: value for side, value in sides.items() if value is not None},
-            "drift_enters": drift_enters(_figures(case), _figures(reference)),
+            "drift_enters": drift_enters(_figures(case), _figures(reference), floor),
         }
     }

@@ -83,6 +83,7 @@ ATTRIBUTION_SHAPE = {
         "repeats": int,
         "rollout_max_abs_delta": Nullable(NUMBER),
         "training_max_abs_delta": Nullable(NUMBER),
+        "layers": Absent([{"state": str, "median_rel_error": NUMBER}]),
     },
     "cases": [
         {

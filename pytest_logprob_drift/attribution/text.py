@@ -126,6 +126,19 @@ def summary_lines(document: Mapping[str, Any]) -> list[str]:
     else:
         noise = "noise floor not measured (one baseline execution; any movement counts)"
     lines = [noise]
+    if floor.get("layers"):
+        from pytest_logprob_drift.numerics.layer_text import state_words
+
+        worst = max(floor["layers"], key=lambda s: s["median_rel_error"])
+        where = (
+            "0 at every state"
+            if worst["median_rel_error"] == 0
+            else f"largest {_num(worst['median_rel_error'])} at {state_words(worst['state'])}"
+        )
+        lines.append(
+            "layer noise floor (median rel. error, rollout vs training) from the repeats: "
+            f"{where}; drift enters only where a case exceeds the baseline by more"
+        )
     if document["ranking"]:
         lines.append("ranked by effect on the drift: " + " > ".join(document["ranking"]))
     lines.extend(f"not attributed: {s['label']}: {s['reason']}" for s in document["skipped"])
