@@ -349,6 +349,17 @@ class FullVocabularySpec(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class LayerSpec(Record):
+    """Opt-in layer diagnostics (``$.diagnostics.layers``: ``true`` or an object): which
+    positions both sides capture. ``positions_per_row`` None: every position that scores an
+    active token; ``k``: at most ``k`` of them per row, evenly spaced over the row's active
+    positions, the last one always among them (``numerics.layer_reduction.capture_mask``).
+    Never changes a verdict; not part of the case id (part of the execution key)."""
+
+    positions_per_row: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class ExperimentConfig(Record):
     """A strictly loaded ``cross_config.experiment_config.v1`` document (values still raw)."""
 
@@ -373,7 +384,7 @@ class ExperimentConfig(Record):
     """Opt-in (``$.diagnostics.replay``): the rollout engine scores its own sampled sequences
     again on its prefill path (and replays its decode path where it can). Never changes a
     verdict; not part of the case id (it changes what is sealed: part of the execution key)."""
-    layers: bool = False
+    layers: LayerSpec | None = None
     """Opt-in (``$.diagnostics.layers``): both sides' hidden states at every layer, reduced
     (``numerics.layer_reduction``) and sealed per side. Never changes a verdict; not part of
     the case id (part of the execution key)."""
@@ -452,7 +463,7 @@ class ExperimentPlan(Record):
     operators: tuple[OperatorSelection, ...]
     full_vocabulary: FullVocabularySpec | None = None
     replay: bool = False
-    layers: bool = False
+    layers: LayerSpec | None = None
 
     @property
     def has_errors(self) -> bool:

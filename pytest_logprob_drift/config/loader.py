@@ -37,6 +37,7 @@ from pytest_logprob_drift.records import (
     ExperimentConfig,
     FullVocabularySpec,
     Intervention,
+    LayerSpec,
     MaskPolicy,
     OperatorSelection,
     PackingPolicy,
@@ -481,7 +482,7 @@ def parse_config(
     full_vocabulary, replay, layers = (
         _diagnostics(c, top["diagnostics"], "$.diagnostics")
         if "diagnostics" in top
-        else (None, False, False)
+        else (None, False, None)
     )
     scenario = _scenario(c, top.get("scenario"), "$.scenario") if "scenario" in top else None
     if strategy is Strategy.PAIRWISE and not pairs and "pairs" not in top:
@@ -949,20 +950,46 @@ def _scenario(c: _Collector, value: Any, path: str) -> Scenario | None:
 
 DIAGNOSTIC_LIMIT = 64
 """Most top tokens or worst positions a full-vocabulary diagnostic may ask for."""
+LAYER_POSITIONS_LIMIT = 1 << 20
+"""Most positions per row a layer diagnostic may ask for."""
+"""Most top tokens or worst positions a full-vocabulary diagnostic may ask for."""
 
 
 def _diagnostics(
     c: _Collector, value: Any, path: str
-) -> tuple[FullVocabularySpec | None, bool, bool]:
+) -> tuple[FullVocabularySpec | None, bool, LayerSpec | None]:
     """``{"full_vocabulary": true | {"top_k": k, "worst_positions": w}, "replay": bool,
-    "layers": bool}``: opt-in diagnostics that never change a verdict (absent or false:
-    none)."""
+    "layers": true | {"positions_per_row": k}}``: opt-in diagnostics that never change a
+    verdict (absent or false: none)."""
     obj = _object(c, value, path, ("full_vocabulary", "replay", "layers"))
     if obj is None:
-        return None, False, False
+        return None, False, None
     replay = _typed(c, obj, "replay", path, _is_bool, "a boolean", default=False)
-    layers = _typed(c, obj, "layers", path, _is_bool, "a boolean", default=False)
-    return _full_vocabulary(c, obj, path), bool(replay), bool(layers)
+    return _full_vocabulary(c, obj, path), bool(replay), _layers(c, obj, path)
+
+
+def _layers(c: _Collector, obj: dict[str, Any], path: str) -> LayerSpec | None:
+    if "layers" not in obj:
+        return None
+    spec = obj["layers"]
+    lpath = f"{path}.layers"
+    if isinstance(spec, bool):
+        return LayerSpec() if spec else None
+    if not isinstance(spec, dict):
+        c.fail(lpath, f"expected a boolean or an object, got {_type_name(spec)}")
+        return None
+    body = _object(c, spec, lpath, ("positions_per_row",))
+    if body is None:
+        return None
+    expected = f"a positive integer up to {LAYER_POSITIONS_LIMIT}"
+
+    def limited(v: Any) -> bool:
+        return _is_pos_int(v) and v <= LAYER_POSITIONS_LIMIT
+
+    per_row = _typed(c, body, "positions_per_row", lpath, limited, expected, default=None)
+    if "positions_per_row" in body and per_row is None:
+        return None
+    return LayerSpec(positions_per_row=per_row)
 
 
 def _full_vocabulary(c: _Collector, obj: dict[str, Any], path: str) -> FullVocabularySpec | None:

@@ -233,9 +233,9 @@ def _score(
             batch_size=batch_size,
             logp=kernels["rollout"],
         )
-    if binding.layers:  # never changes the verdict
+    if binding.layers is not None:  # never changes the verdict
         scored.layers = layer_diagnostics(
-            engine, scorer, identity, scored.rollout, batch_size=batch_size
+            engine, scorer, identity, scored.rollout, batch_size=batch_size, spec=binding.layers
         )
     case = run.ec.case
     scored.records = application_records(case.requested, run.materialized, actual)

@@ -4,9 +4,11 @@ the two sides' states part.
 Owns what happens after a case's paired scoring when layers are on: each side that can
 (``execute.protocol.LayerCapture``: the training scorer, and the rollout engine on its
 prefill replay path) runs its teacher-forced forward of the sampled sequences once more with
-hooks and hands back the reduction of its states (``numerics.layer_reduction``); the
-``diagnostics.layers`` entry of comparison.json (each side's status, the reduction's
-parameters, the rollout's states against the training's) and the tensors sealed as
+hooks and hands back the reduction of its states (``numerics.layer_reduction``) at the same
+positions (every position that scores an active token, or the ``positions_per_row`` subset
+of the config's object form); the ``diagnostics.layers`` entry of comparison.json (each
+side's status, the reduction's parameters, the rollout's states against the training's) and
+the tensors sealed as
 ``layers_training.pt`` / ``layers_rollout.pt``. A side that cannot capture is
 ``layers_unavailable`` with its reason, for that case only; never a knob status, never a
 verdict. Knows no concrete runtime and nothing about files beyond the layout's names.
@@ -30,10 +32,11 @@ from pytest_logprob_drift.numerics.layer_reduction import (
     DIGEST_BYTES,
     PROJECTION_DIM,
     PROJECTION_SEED,
+    capture_mask,
     check_reduction,
     compare,
 )
-from pytest_logprob_drift.records import ScoringIdentity
+from pytest_logprob_drift.records import LayerSpec, ScoringIdentity
 from pytest_logprob_drift.store import layout
 
 REDUCTION = {
@@ -87,10 +90,15 @@ def layer_diagnostics(
     rollout: RolloutOutput,
     *,
     batch_size: int,
+    spec: LayerSpec | None = None,
 ) -> LayersResult:
     """Both sides' captures, sealed per side, and the rollout's states against the
-    training's where both captured the same states at the same positions."""
-    batch = rollout.tensors
+    training's where both captured the same states at the same positions (every scoring
+    position, or the subset ``spec.positions_per_row`` picks: both sides get a batch whose
+    ``active_mask`` is that subset, so each reads exactly the same positions)."""
+    per_row = None if spec is None else spec.positions_per_row
+    batch = dict(rollout.tensors)
+    batch["active_mask"] = capture_mask(batch["active_mask"], per_row)
     training, trained = _capture(scorer, "training scorer", identity, batch, batch_size)
     rolled, replayed = _capture(engine, "rollout engine", identity, batch, batch_size)
     files: dict[str, dict[str, torch.Tensor]] = {}
@@ -111,7 +119,7 @@ def layer_diagnostics(
     entry = {
         "training": training.to_json(),
         "rollout": rolled.to_json(),
-        "reduction": dict(REDUCTION),
+        "reduction": {**REDUCTION, **({} if per_row is None else {"positions_per_row": per_row})},
         "figures": figures,
     }
     return LayersResult(entry=entry, files=files)

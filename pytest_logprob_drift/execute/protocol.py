@@ -24,6 +24,7 @@ from pytest_logprob_drift.records import (
     JSONScalar,
     KnobApplication,
     KnobValue,
+    LayerSpec,
     ScoringIdentity,
     canonical,
     canonical_json,
@@ -123,7 +124,7 @@ class RuntimeBinding:
     """Opt-in: after paired scoring the rollout engine replays its sampled sequences
     (``PrefillReplay`` / ``DecodeReplay``), for the diagnostics only. Builds no engine
     differently, so it is in no construction fingerprint."""
-    layers: bool = False
+    layers: LayerSpec | None = None
     """Opt-in: after paired scoring both sides capture and reduce their hidden states at every
     layer (``LayerCapture``), for the diagnostics only; in no construction fingerprint."""
 
@@ -339,7 +340,7 @@ def bind_case(
     device: str,
     full_vocabulary: FullVocabularySpec | None = None,
     replay: bool = False,
-    layers: bool = False,
+    layers: LayerSpec | None = None,
 ) -> RuntimeBinding:
     """Derive the backend-neutral binding and fingerprints from an operator-bound case."""
     requested = ec.case.requested

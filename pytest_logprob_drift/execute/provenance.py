@@ -103,6 +103,7 @@ def _diagnostics(binding: RuntimeBinding) -> dict[str, Any]:
         diagnostics["full_vocabulary"] = canonical(binding.full_vocabulary)
     if binding.replay:
         diagnostics["replay"] = True
-    if binding.layers:
-        diagnostics["layers"] = True
+    if binding.layers is not None:
+        per_row = binding.layers.positions_per_row
+        diagnostics["layers"] = True if per_row is None else {"positions_per_row": per_row}
     return diagnostics

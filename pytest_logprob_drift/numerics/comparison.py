@@ -435,6 +435,8 @@ class LayerDiagnostics:
     training: LayerStatus
     rollout: LayerStatus
     reduction: dict[str, int]
+    """``projection_dim``, ``projection_seed``, ``digest_bytes``, and ``positions_per_row``
+    when the capture read a subset of the positions (``numerics.layer_reduction.capture_mask``)."""
     figures: LayerFigures | None
 
     def side(self, name: str) -> LayerStatus:
@@ -1141,6 +1143,7 @@ def read_layers(value: object, path: str = "diagnostics.layers") -> LayerDiagnos
         document["reduction"],
         f"{path}.reduction",
         ("projection_dim", "projection_seed", "digest_bytes"),
+        ("positions_per_row",),
     )
     return LayerDiagnostics(
         training=_layer_status(document["training"], f"{path}.training"),

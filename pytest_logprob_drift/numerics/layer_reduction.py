@@ -135,6 +135,31 @@ def stack_reductions(
     }
 
 
+def capture_mask(active_mask: torch.Tensor, positions_per_row: int | None) -> torch.Tensor:
+    """The active tokens whose scoring positions a layer capture reads: all of ``active_mask``
+    (None), or per row at most ``positions_per_row`` of its ``n`` active tokens, evenly spaced
+    by integer arithmetic (indices ``i * (n - 1) // (k - 1)`` for ``i < k``; ``k = 1``: the
+    last), so the first and last active tokens are always among them and every machine picks
+    the same ones. A subset of ``active_mask``, same shape and dtype."""
+    if positions_per_row is None:
+        return active_mask
+    if positions_per_row < 1:
+        raise ValueError(f"positions_per_row must be >= 1, got {positions_per_row}")
+    chosen = torch.zeros_like(active_mask)
+    k = positions_per_row
+    for row in range(int(active_mask.shape[0])):
+        where = active_mask[row].nonzero().flatten()
+        n = int(where.numel())
+        if n <= k:
+            picks = list(range(n))
+        elif k == 1:
+            picks = [n - 1]
+        else:
+            picks = [i * (n - 1) // (k - 1) for i in range(k)]
+        chosen[row, where[picks]] = True
+    return chosen
+
+
 def check_reduction(tensors: Tensors, states: int | None = None) -> None:
     """ValueError unless ``tensors`` is one side's well-formed reduction."""
     if set(tensors) != REDUCTION_TENSORS:

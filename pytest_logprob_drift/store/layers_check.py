@@ -4,7 +4,8 @@ Owns deciding whether ``layers_training.pt`` / ``layers_rollout.pt`` and compari
 ``diagnostics.layers`` agree: a side's file is sealed exactly when its capture is recorded as
 ``layers_captured``; it holds a well-formed reduction (``numerics.layer_reduction``) of the
 states at exactly the positions that score ``score_rollout.pt``'s active tokens (``t - 1``
-for every active ``t``, row-major) with the recorded state and position counts; and the
+for every active ``t``, row-major; the ``positions_per_row`` subset when comparison.json's
+``reduction`` names one) with the recorded state and position counts; and the
 figures recomputed from the sealed reductions equal the recorded ones. Used by
 ``store.resume`` (so resume, ``verify`` and the report all apply it). Never writes anything;
 knows nothing about engines.
@@ -24,7 +25,7 @@ from pytest_logprob_drift.numerics.comparison import (
     LayerStatus,
     read_layers,
 )
-from pytest_logprob_drift.numerics.layer_reduction import check_reduction, compare
+from pytest_logprob_drift.numerics.layer_reduction import capture_mask, check_reduction, compare
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.seal import SealError
 
@@ -36,14 +37,19 @@ def scored_positions(active_mask: torch.Tensor) -> torch.Tensor:
     return active_mask[:, 1:].nonzero().to(torch.long)
 
 
-def _check_file(name: str, status: LayerStatus, sealed: Tensors, rollout: Tensors) -> None:
+def _check_file(
+    name: str, status: LayerStatus, sealed: Tensors, rollout: Tensors, per_row: int | None
+) -> None:
     try:
         check_reduction(sealed)
     except ValueError as exc:
         raise SealError(name, str(exc)) from None
-    if not torch.equal(sealed["positions"], scored_positions(rollout["active_mask"])):
+    wanted = scored_positions(capture_mask(rollout["active_mask"], per_row))
+    if not torch.equal(sealed["positions"], wanted):
+        which = "" if per_row is None else f" ({per_row} per row)"
         raise SealError(
-            name, f"positions are not the ones that score {layout.SCORE_ROLLOUT}'s active tokens"
+            name,
+            f"positions are not the ones that score {layout.SCORE_ROLLOUT}'s active tokens{which}",
         )
     evidence = status.evidence or {}
     states, positions = (int(n) for n in sealed["digests"].shape[:2])
@@ -95,7 +101,7 @@ def check_layers(
         if not status.captured and sealed is not None:
             raise SealError(name, f"sealed, but comparison.json records {status.status}")
         if sealed is not None:
-            _check_file(name, status, sealed, rollout)
+            _check_file(name, status, sealed, rollout, layers.reduction.get("positions_per_row"))
     if training_layers is None or rollout_layers is None:
         if layers.figures is not None:
             raise SealError(layout.COMPARISON, "layer figures recorded without both captures")

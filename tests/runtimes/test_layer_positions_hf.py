@@ -1,0 +1,143 @@
+"""``"diagnostics": {"layers": {"positions_per_row": 3}}`` on a real ``hf`` run (issue 23): both
+sides capture the same 3 positions per row, evenly spaced over the row's active tokens; the
+sealed digests and norms are those of states captured by hooks written here on plain
+transformers at the positions picked here; ``verify`` accepts the run; and the object form is
+part of the execution key (``layers: true`` on the same store runs anew, the same object form
+reuses)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from drift_testing import EXPERIMENTS, cli
+
+from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+
+pytestmark = pytest.mark.slow
+
+DEEP = "tiny://qwen3-deep-l8-h64-v1"
+PER_ROW = 3
+
+
+def _config(directory: Path, layers: object) -> Path:
+    config = json.loads((EXPERIMENTS / "cross_config_s0_hf_tiny_bf16.json").read_text())
+    config["experiment_id"] = "hf-layer-positions"
+    config["identity"]["checkpoint"] = {"uri": DEEP, "model_version": "tiny-qwen3-deep-l8-h64-v1"}
+    config["identity"]["prompts"]["token_ids"] = config["identity"]["prompts"]["token_ids"][:4]
+    config["identity"]["sampling"]["max_new_tokens"] = 8
+    config["baseline"]["batch"]["size"] = 4
+    config["interventions"] = [{"path": "rollout.dtype", "values": ["float32"]}]
+    config["diagnostics"] = {"layers": layers}
+    path = directory / f"config-{len(list(directory.glob('config-*')))}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _run(directory: Path, layers: object) -> str:
+    code, out, err = cli(
+        "run", _config(directory, layers), "--runtime", "hf", "--artifacts", directory / "runs"
+    )
+    assert code in (0, 1), err[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    directory = tmp_path_factory.mktemp("layer-positions")
+    out = _run(directory, {"positions_per_row": PER_ROW})
+    run_dir = directory / "runs" / "hf-layer-positions"
+    cases = {}
+    for path in (run_dir / "cases").glob("*/*/comparison.json"):
+        comparison = json.loads(path.read_text())
+        cases[comparison["label"]] = {"comparison": comparison, "attempt": path.parent}
+    return {"directory": directory, "run_dir": run_dir, "text": out, "cases": cases}
+
+
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    loaded: dict[str, torch.Tensor] = torch.load(path, weights_only=True)
+    return loaded
+
+
+def _picked(active: torch.Tensor) -> torch.Tensor:
+    """(row, t - 1) of the picked active tokens t: per row, ``PER_ROW`` of its ``n`` active
+    tokens at indices 0, (n-1)/2, n-1 (integer division), all of them when n <= 3."""
+    out = []
+    for row in range(int(active.shape[0])):
+        tokens = [int(t) for t in active[row].nonzero().flatten()]
+        n = len(tokens)
+        chosen = tokens if n <= PER_ROW else [tokens[0], tokens[(n - 1) // 2], tokens[-1]]
+        out.extend([row, t - 1] for t in chosen)
+    return torch.tensor(out, dtype=torch.long)
+
+
+def _states(dtype: torch.dtype, batch: dict[str, torch.Tensor], where: torch.Tensor) -> list[Any]:
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_checkpoint(DEEP, expected_digest=None).path
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    model.eval()
+    seen: list[torch.Tensor] = []
+    parts = [model.model.embed_tokens, *model.model.layers, model.model.norm, model.lm_head]
+    handles = [
+        p.register_forward_hook(
+            lambda _m, _a, out: seen.append((out[0] if isinstance(out, tuple) else out).clone())
+        )
+        for p in parts
+    ]
+    length = int(batch["attention_mask"].sum(-1).max())
+    with torch.no_grad():
+        model(
+            input_ids=batch["token_ids"][:, :length],
+            attention_mask=batch["attention_mask"][:, :length].long(),
+            position_ids=batch["position_ids"][:, :length],
+            use_cache=False,
+        )
+    for h in handles:
+        h.remove()
+    return [s[where[:, 0], where[:, 1]] for s in seen]
+
+
+def _sha(states: torch.Tensor) -> list[bytes]:
+    tag = str(states.dtype).encode() + b"\0"
+    raw = states.contiguous().view(torch.uint8).reshape(states.shape[0], -1).numpy()
+    return [hashlib.sha256(tag + row.tobytes()).digest()[:16] for row in raw]
+
+
+def test_both_sides_capture_the_picked_positions_of_plain_transformers(
+    run: dict[str, Any],
+) -> None:
+    torch.set_num_threads(1)
+    case = run["cases"]["rollout.dtype=float32"]
+    batch = _load(case["attempt"] / "score_rollout.pt")
+    where = _picked(batch["active_mask"])
+    assert int(where.shape[0]) < int(batch["active_mask"].sum())  # a real subset
+    layers = case["comparison"]["diagnostics"]["layers"]
+    assert layers["reduction"]["positions_per_row"] == PER_ROW
+    assert layers["figures"]["positions"] == int(where.shape[0])
+    for name, dtype in (
+        ("layers_training.pt", torch.bfloat16),
+        ("layers_rollout.pt", torch.float32),
+    ):
+        sealed = _load(case["attempt"] / name)
+        assert torch.equal(sealed["positions"], where), name
+        for s, state in enumerate(_states(dtype, batch, where)):
+            assert [bytes(d.tolist()) for d in sealed["digests"][s]] == _sha(state), (name, s)
+            exact = torch.linalg.vector_norm(state.double(), dim=-1)
+            assert torch.allclose(sealed["norms"][s], exact, rtol=1e-12, atol=0), (name, s)
+
+
+def test_verify_accepts_the_subset(run: dict[str, Any]) -> None:
+    code, out, err = cli("verify", run["run_dir"], "--json")
+    assert code == 0, out[-2000:] + err[-2000:]
+
+
+def test_the_object_form_is_in_the_execution_key(run: dict[str, Any]) -> None:
+    again = _run(run["directory"], {"positions_per_row": PER_ROW})
+    assert again.count("(reused)") == 2 and "(new)" not in again, again
+    every = _run(run["directory"], True)
+    assert every.count("(new)") == 2 and "(reused)" not in every, every
