@@ -82,6 +82,21 @@ def lines(diagnostics: Diagnostics | None) -> list[str]:
     return out
 
 
+def attribution_properties(entry: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """junit properties of a case's sealed attribution by layer (``attribution.layers``; none
+    without one): ``drift_layers_drift_enters`` and, per side compared with the baseline,
+    ``drift_layers_<side>_first_moved`` (``-``: bitwise equal to the baseline everywhere)."""
+    layers = entry.get("layers")
+    if not isinstance(layers, Mapping):
+        return []
+    out = [("drift_layers_drift_enters", str(layers.get("drift_enters") or "-"))]
+    for side in ("training", "rollout"):
+        moved = layers.get(side)
+        if isinstance(moved, Mapping):
+            out.append((f"drift_layers_{side}_first_moved", str(moved["first_moved_layer"] or "-")))
+    return out
+
+
 def properties(diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
     """junit properties: ``drift_layers_<side>_status`` (with ``_reason``),
     ``drift_layers_first_unequal_state`` (``-``: none), per state

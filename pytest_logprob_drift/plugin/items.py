@@ -259,6 +259,7 @@ class DriftCaseItem(pytest.Item):
         )
         if "path" in entry:  # opt-in diagnostics.replay
             self.user_properties.append(("drift_path_attribution", entry["path"]["classification"]))
+        self.user_properties.extend(layer_text.attribution_properties(entry))
 
     def _record(self, outcome: str, result: CaseResult | None) -> None:
         self.user_properties.append(("drift_outcome", outcome))

@@ -20,6 +20,7 @@ from drift_testing import EXPERIMENTS, cli
 from resealing import reseal
 
 pytestmark = pytest.mark.slow
+pytest_plugins = ["pytester"]
 
 DEEP = "tiny://qwen3-deep-l8-h64-v1"
 STATES = [*(str(k) for k in range(9)), "final_norm", "logits"]
@@ -53,6 +54,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (attribution,) = run_dir.glob("attributions/*/attribution.json")
     document = json.loads(attribution.read_text())
     return {
+        "config": path,
         "run_dir": run_dir,
         "text": out,
         "attribution": attribution,
@@ -130,3 +132,33 @@ def test_verify_refuses_a_changed_layer_floor(run: dict[str, Any], tmp_path: Pat
     assert code == 1, err[-2000:]
     problems = [p for a in json.loads(out)["attributions"] for p in a["problems"]]
     assert any("$.noise_floor.layers[3].median_rel_error" in p for p in problems), problems
+
+
+def test_the_plugin_writes_the_attribution_by_layer_to_junit(
+    run: dict[str, Any], pytester: pytest.Pytester
+) -> None:
+    """The same experiment under the plugin: each case's junit properties carry the sealed
+    attribution by layer (where drift enters, each side's first moved state)."""
+    (case,) = (c for c in run["document"]["cases"] if c["label"] == KNOB)
+    pytester.path.joinpath("exp.json").write_text(run["config"].read_text())
+    result = pytester.runpytest_subprocess(
+        "--drift-config",
+        "exp.json",
+        "--drift-runtime",
+        "hf",
+        "--drift-baseline-repeats",
+        "3",
+        "--drift-expect",
+        f"{KNOB}=MISMATCH",
+        "--junitxml",
+        "junit.xml",
+        "-p",
+        "no:cacheprovider",
+    )
+    result.assert_outcomes(passed=2)
+    junit = (pytester.path / "junit.xml").read_text()
+    layers = case["layers"]
+    assert f'name="drift_layers_drift_enters" value="{layers["drift_enters"] or "-"}"' in junit
+    for side in ("training", "rollout"):
+        first = layers[side]["first_moved_layer"] or "-"
+        assert f'name="drift_layers_{side}_first_moved" value="{first}"' in junit, side
