@@ -20,7 +20,12 @@ from typing import Any
 
 import torch
 
-from pytest_logprob_drift.execute.protocol import LayerCapture, LayersUnavailable, RolloutOutput
+from pytest_logprob_drift.execute.protocol import (
+    LayerCapture,
+    LayerCaptureEvidence,
+    LayersUnavailable,
+    RolloutOutput,
+)
 from pytest_logprob_drift.numerics.comparison import (
     LAYERS_CAPTURED,
     LAYERS_UNAVAILABLE,
@@ -74,9 +79,10 @@ def _capture(
             status=LAYERS_UNAVAILABLE, reason=f"the {what}'s layer capture failed: {exc}"
         ), None
     states, positions = (int(n) for n in tensors["digests"].shape[:2])
+    how = dict(side.layer_capture_evidence()) if isinstance(side, LayerCaptureEvidence) else {}
     return LayerStatus(
         status=LAYERS_CAPTURED,
-        evidence={"states": states, "decoder_layers": states - 3, "positions": positions},
+        evidence={**how, "states": states, "decoder_layers": states - 3, "positions": positions},
     ), tensors
 
 
