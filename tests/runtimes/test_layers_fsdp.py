@@ -13,10 +13,13 @@ never assumed), and against the float32 tolerance of each state's norm otherwise
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import multiprocessing
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -338,16 +341,61 @@ def test_a_rank_refuses_a_capture_before_init_with_its_traceback() -> None:
     assert "expected 'score' or 'capture layers', got 'Close'" in reply.traceback
 
 
+class _TamperingGroup(fsdp.FsdpScorerGroup):
+    """A real local group whose parent, when ``tamper`` is set, rewrites rank 1's digest in the
+    next layer capture's replies: a rank whose reduction disagrees."""
+
+    tamper = False
+
+    def _collect(self, kind: Any, timeout_s: float) -> Any:
+        replies = super()._collect(kind, timeout_s)
+        if self.tamper and kind is wire.LayersCaptured:
+            replies[1] = dataclasses.replace(replies[1], reduction_sha256="0" * 64)
+            self.tamper = False
+        return replies
+
+
+@contextmanager
+def _group(transport: str) -> Iterator[fsdp.FsdpScorerGroup]:
+    """Two rank processes on the deep model, local (subprocesses) or Ray (actors on a local
+    cluster started, and shut down, here)."""
+    path = resolve_checkpoint(DEEP, expected_digest=None).path
+    kwargs: dict[str, Any] = {"dtype": "bfloat16", "attn_implementation": "sdpa", "world_size": 2}
+    if transport == "local":
+        group = _TamperingGroup(path, **kwargs)
+        try:
+            yield group
+        finally:
+            group.close()
+        return
+    pytest.importorskip("ray")
+    from pytest_logprob_drift.execute.launch import Launch
+    from pytest_logprob_drift.runtimes import ray_cluster
+    from pytest_logprob_drift.runtimes.transformers import fsdp_ray
+
+    lease = ray_cluster.acquire(Launch(launcher="ray", ray_num_cpus=2))
+    try:
+        ray_group = fsdp_ray.RayFsdpScorerGroup(path, rank_cpus=1.0, **kwargs)
+        try:
+            yield ray_group
+        finally:
+            ray_group.close()
+    finally:
+        lease.release()
+
+
 @pytest.mark.slow
-def test_the_group_captures_what_was_sealed_and_refuses_when_closed(on: dict[str, Any]) -> None:
-    """A group of two rank processes asked directly: rank 0's reduction is the sealed
-    baseline's, every rank's digest agrees; bad arguments and a closed group are refused."""
+@pytest.mark.parametrize("transport", ["local", "ray"])
+def test_the_group_captures_what_was_sealed_and_refuses_when_closed(
+    on: dict[str, Any], transport: str
+) -> None:
+    """A group of two ranks asked directly, over either transport: rank 0's reduction is the
+    sealed baseline's, every rank's digest agrees; bad arguments and a closed group are
+    refused."""
     case = on["cases"]["baseline"]
     batch = _load(case["attempt"] / "score_rollout.pt")
     sealed = _load(case["attempt"] / TRAINING)
-    path = resolve_checkpoint(DEEP, expected_digest=None).path
-    group = fsdp.FsdpScorerGroup(path, dtype="bfloat16", attn_implementation="sdpa", world_size=2)
-    try:
+    with _group(transport) as group:
         with pytest.raises(ValueError, match="batch_size must be >= 1"):
             group.capture_layers(batch, batch_size=0)
         with pytest.raises(ValueError, match="lm_head_dtype must be one of"):
@@ -358,7 +406,14 @@ def test_the_group_captures_what_was_sealed_and_refuses_when_closed(on: dict[str
         assert evidence["world_size"] == 2 and evidence["ranks_agree"] is True
         assert evidence["rank_pids"] == group.pids and os.getpid() not in group.pids
         assert evidence["reduction_sha256"] == hashlib.sha256(tensor_bytes(tensors)).hexdigest()
-    finally:
-        group.close()
+        assert group.launch_evidence()["launcher"] == transport
+        if isinstance(group, _TamperingGroup):
+            group.tamper = True
+            named = r"differ \(rank 0 [0-9a-f]{16}, rank 1 0{16}\)"
+            with pytest.raises(fsdp.FsdpScorerError, match=named):
+                group.capture_layers(batch, batch_size=4)
+            assert not group.closed  # a disagreement is the capture's, not the group's failure
+            again, _ = group.capture_layers(batch, batch_size=4)
+            assert torch.equal(again["digests"], sealed["digests"])
     with pytest.raises(fsdp.FsdpScorerError, match="closed"):
         group.capture_layers(batch, batch_size=4)
