@@ -5,8 +5,9 @@ Owns what happens after a case's paired scoring when layers are on: each side th
 (``execute.protocol.LayerCapture``: the training scorer, and the rollout engine on its
 prefill replay path) runs its teacher-forced forward of the sampled sequences once more with
 hooks and hands back the reduction of its states (``numerics.layer_reduction``); the
-``diagnostics.layers`` entry of comparison.json (each side's status, the reduction's
-parameters, the rollout's states against the training's) and the tensors sealed as
+``diagnostics.layers`` entry of comparison.json (each side's status, with how the side ran
+its capture where it says so (``LayerCaptureEvidence``), the reduction's parameters, the
+rollout's states against the training's) and the tensors sealed as
 ``layers_training.pt`` / ``layers_rollout.pt``. A side that cannot capture is
 ``layers_unavailable`` with its reason, for that case only; never a knob status, never a
 verdict. Knows no concrete runtime and nothing about files beyond the layout's names.
