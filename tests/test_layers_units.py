@@ -65,6 +65,28 @@ def test_statuses_per_side_and_figures_only_when_both_captured() -> None:
         assert set(result.files) == {"layers_training.pt"}
 
 
+class SaysHow(Captures):
+    """A side that says how its capture ran (as the FSDP trainer does)."""
+
+    def layer_capture_evidence(self) -> dict[str, Any]:
+        return {"world_size": 2, "ranks_agree": True, "states": 99}
+
+
+def test_a_side_that_says_how_it_captured_adds_that_to_its_evidence() -> None:
+    result = layer_diagnostics(
+        Captures(_reduction()), SaysHow(_reduction()), None, ROLLOUT, batch_size=2
+    )  # type: ignore[arg-type]
+    record = read_layers(result.entry)
+    assert record.training.evidence == {
+        "world_size": 2,
+        "ranks_agree": True,
+        "states": 5,  # the counts are the reduction's, whatever the side says
+        "decoder_layers": 2,
+        "positions": 4,
+    }
+    assert record.rollout.evidence == {"states": 5, "decoder_layers": 2, "positions": 4}
+
+
 def test_the_vllm_engine_refuses_compiled_graphs_before_touching_the_engine() -> None:
     pytest.importorskip("vllm")
     from pytest_logprob_drift.runtimes.vllm.engine import VllmRolloutEngine

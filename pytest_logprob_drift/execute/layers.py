@@ -7,8 +7,9 @@ prefill replay path) runs its teacher-forced forward of the sampled sequences on
 hooks and hands back the reduction of its states (``numerics.layer_reduction``) at the same
 positions (every position that scores an active token, or the ``positions_per_row`` subset
 of the config's object form); the ``diagnostics.layers`` entry of comparison.json (each
-side's status, the reduction's parameters, the rollout's states against the training's) and
-the tensors sealed as
+side's status, with how the side ran its capture where it says so
+(``LayerCaptureEvidence``), the reduction's parameters, the rollout's states against the
+training's) and the tensors sealed as
 ``layers_training.pt`` / ``layers_rollout.pt``. A side that cannot capture is
 ``layers_unavailable`` with its reason, for that case only; never a knob status, never a
 verdict. Knows no concrete runtime and nothing about files beyond the layout's names.
@@ -22,7 +23,12 @@ from typing import Any
 
 import torch
 
-from pytest_logprob_drift.execute.protocol import LayerCapture, LayersUnavailable, RolloutOutput
+from pytest_logprob_drift.execute.protocol import (
+    LayerCapture,
+    LayerCaptureEvidence,
+    LayersUnavailable,
+    RolloutOutput,
+)
 from pytest_logprob_drift.numerics.comparison import (
     LAYERS_CAPTURED,
     LAYERS_UNAVAILABLE,
@@ -77,9 +83,10 @@ def _capture(
             status=LAYERS_UNAVAILABLE, reason=f"the {what}'s layer capture failed: {exc}"
         ), None
     states, positions = (int(n) for n in tensors["digests"].shape[:2])
+    how = dict(side.layer_capture_evidence()) if isinstance(side, LayerCaptureEvidence) else {}
     return LayerStatus(
         status=LAYERS_CAPTURED,
-        evidence={"states": states, "decoder_layers": states - 3, "positions": positions},
+        evidence={**how, "states": states, "decoder_layers": states - 3, "positions": positions},
     ), tensors
 
 

@@ -249,6 +249,15 @@ class LayerCapture(Protocol):
     ) -> Mapping[str, Any]: ...
 
 
+@runtime_checkable
+class LayerCaptureEvidence(Protocol):
+    """A ``LayerCapture`` side that says how its last capture ran (for example the FSDP
+    trainer: ``world_size`` and ``ranks_agree``): scalars added to its ``layers_captured``
+    evidence."""
+
+    def layer_capture_evidence(self) -> Mapping[str, JSONScalar]: ...
+
+
 class TrainingScorer(Protocol):
     """A constructed read-only teacher-forced scorer."""
 

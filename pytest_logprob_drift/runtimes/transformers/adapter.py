@@ -56,7 +56,7 @@ from pytest_logprob_drift.runtimes.tiny_model import (
     special_token_ids,
 )
 from pytest_logprob_drift.runtimes.transformers import engine as hf_engine
-from pytest_logprob_drift.runtimes.transformers.fsdp import FsdpScorerGroup
+from pytest_logprob_drift.runtimes.transformers.fsdp import FsdpScorerError, FsdpScorerGroup
 
 ROLLOUT_ATTENTION = "sdpa"
 
@@ -400,6 +400,7 @@ class HfTrainingScorer:
         self.backend_used = ""
         self.semantics_used = ""
         self.evidence: dict[str, Any] = {}
+        self._layer_evidence: dict[str, JSONScalar] = {}
         self._truncation = Truncation(temperature=1.0)
         self._full: list[torch.Tensor] | None = None
 
@@ -442,17 +443,31 @@ class HfTrainingScorer:
         self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int
     ) -> Mapping[str, torch.Tensor]:
         """The training side's layer capture: its teacher-forced forward once more, with
-        hooks, on the in-process model (``layer_capture``; ``execute.protocol.LayerCapture``).
-        FSDP rank processes do not capture yet: ``LayersUnavailable`` says so."""
-        if self.model is None:
-            raise LayersUnavailable(
-                "layer capture runs on the in-process trainer only; the FSDP rank processes "
-                "do not capture hidden states in this build"
-            )
+        hooks (``layer_capture``; ``execute.protocol.LayerCapture``): on the in-process model,
+        or in the FSDP rank processes (``FsdpScorerGroup.capture_layers``, the LM head as the
+        scores had it), whose reductions must agree (else ``LayersUnavailable`` says so)."""
+        consumed = {k: rollout[k] for k in hf_engine.SCORER_KEYS}
+        if self.group is not None:
+            try:
+                tensors, evidence = self.group.capture_layers(
+                    consumed, batch_size=batch_size, lm_head_dtype=self.lm_head_dtype
+                )
+            except FsdpScorerError as exc:
+                raise LayersUnavailable(f"the FSDP ranks' layer capture failed: {exc}") from None
+            self._layer_evidence = {
+                "world_size": int(str(evidence["world_size"])),
+                "ranks_agree": bool(evidence["ranks_agree"]),
+            }
+            return tensors
         from pytest_logprob_drift.runtimes.transformers.layer_capture import capture_layers
 
-        consumed = {k: rollout[k] for k in hf_engine.SCORER_KEYS}
+        self._layer_evidence = {}
         return capture_layers(self.model, consumed, batch_size=batch_size)
+
+    def layer_capture_evidence(self) -> Mapping[str, JSONScalar]:
+        """How the last layer capture ran (``execute.protocol.LayerCaptureEvidence``): under
+        FSDP, the ranks' ``world_size`` and ``ranks_agree``; nothing in process."""
+        return dict(self._layer_evidence)
 
     def _score_sharded(
         self, group: FsdpScorerGroup, batch: TensorBatch, batch_size: int, logp: LogpKernel | None

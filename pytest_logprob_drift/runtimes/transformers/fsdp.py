@@ -4,7 +4,8 @@ Owns launching ``world_size`` rank processes (``python -c`` subprocesses running
 ``fsdp_rank.main``, so callers need no ``if __name__ == "__main__"`` guard) with their
 torch.distributed environment, one private channel per rank, supervising them (a rank's
 failure, crash or timeout becomes ``FsdpScorerError`` carrying the rank's own text), assembling
-the ranks' replies into one result and one evidence record, and tearing everything down
+the ranks' replies into one result and one evidence record (a score, or a layer capture's
+reduction), and tearing everything down
 exactly once (also after a failed start or a rank crash). The transport is replaceable: a
 subclass supplies its own ``_new_state``/``_SHUTDOWN``/``_launch``/``_collect`` and
 ``launch_evidence`` (``fsdp_ray``: the ranks as Ray actors) and inherits scoring unchanged.
@@ -37,6 +38,7 @@ from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.runtimes.transformers import engine
 from pytest_logprob_drift.runtimes.transformers import fsdp_messages as wire
 from pytest_logprob_drift.runtimes.transformers.engine import NATIVE_LOGP, REFERENCE_LOGP
+from pytest_logprob_drift.tensorio import TensorFormatError
 
 __all__ = [
     "NATIVE_LOGP",
@@ -48,7 +50,7 @@ __all__ = [
 _RANK_ENTRY: Final = "from pytest_logprob_drift.runtimes.transformers.fsdp_rank import main; main()"
 _LOG_TAIL: Final = 4000
 
-_R = TypeVar("_R", wire.Ready, wire.Scored)
+_R = TypeVar("_R", wire.Ready, wire.Scored, wire.LayersCaptured)
 
 
 class FsdpScorerError(RuntimeFailure):
@@ -418,3 +420,52 @@ class FsdpScorerGroup:
             if full_vocab is not None:
                 full_vocab.append(replies[0].full_vocab_rows())
         return replies[0].result(), _score_evidence(self._ready, replies, logp_backend)
+
+    # -- layer diagnostics -------------------------------------------------------------------
+
+    def capture_layers(
+        self, batch: Mapping[str, Tensor], *, batch_size: int, lm_head_dtype: str = "compute"
+    ) -> tuple[dict[str, Tensor], dict[str, object]]:
+        """The layer diagnostics' reduction of the sharded model's states at the positions
+        that score the canonical ``batch``'s active tokens (``layer_capture.capture_layers``,
+        run and reduced in every rank: FSDP shards parameters, not data) + evidence
+        (``world_size``, ``rank_pids``, ``ranks_agree``: every rank's reduction has the same
+        SHA-256). Rank 0's reduction is returned; ``FsdpScorerError`` when any rank fails (the
+        group is then closed) or when the ranks' reductions differ (the group stays open: its
+        scores are still checked by their own digests)."""
+        if self._state.closed:
+            raise FsdpScorerError("the FSDP scorer group is closed")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if lm_head_dtype not in engine.LM_HEAD_DTYPES:
+            raise ValueError(f"lm_head_dtype must be one of {', '.join(engine.LM_HEAD_DTYPES)}")
+        engine.validate_canonical_batch(batch)
+        request = wire.CaptureLayers.of(
+            {k: batch[k] for k in engine.SCORER_KEYS},
+            batch_size=batch_size,
+            lm_head_dtype=lm_head_dtype,
+        )
+        with self._closed_on_failure():
+            for conn in self._state.conns:
+                wire.send(conn, request)
+            replies = self._collect(wire.LayersCaptured, self._op_timeout_s)
+            try:
+                tensors = replies[0].tensors()
+            except (wire.ProtocolError, TensorFormatError) as exc:
+                raise self._rank_failure(0, f"sent a bad layer reduction: {exc}") from None
+        return tensors, layers_evidence(replies)
+
+
+def layers_evidence(replies: list[wire.LayersCaptured]) -> dict[str, object]:
+    """The evidence of one layer capture from every rank's reply; ``FsdpScorerError`` naming
+    the ranks and their digests when the ranks' reductions differ."""
+    digests = [reply.reduction_sha256 for reply in replies]
+    if len(set(digests)) != 1:
+        listed = ", ".join(f"rank {r.rank} {d[:16]}" for r, d in zip(replies, digests, strict=True))
+        raise FsdpScorerError(f"the FSDP ranks' layer reductions differ ({listed})")
+    return {
+        "world_size": len(replies),
+        "rank_pids": [reply.pid for reply in replies],
+        "ranks_agree": True,
+        "reduction_sha256": digests[0],
+    }

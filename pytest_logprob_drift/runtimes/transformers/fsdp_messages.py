@@ -1,18 +1,19 @@
 """The protocol between the FSDP scorer group (parent) and its rank processes.
 
 Owns every message that crosses a rank's private channel, as named frozen records: the
-parent's requests (``Init``, ``Score``, ``Close``) and the ranks' replies (``Ready``,
-``Scored``, ``Failed``) with their evidence, and how they cross: each rank has its own duplex
-``multiprocessing`` channel, inherited as the file descriptor that ``CHANNEL_FD_ENV`` names
-(POSIX); the records themselves travel over it, tensors inside them as bytes of the project's
-one tensor wire format (``tensorio``, read back weights-only); whatever arrives that is not a
-message of the expected direction is refused with ``ProtocolError``. Knows nothing about
-processes, torch.distributed, models, sharding or what the scores are compared with (the
-sampler's ``Truncation`` record travels as it is).
+parent's requests (``Init``, ``Score``, ``CaptureLayers``, ``Close``) and the ranks' replies
+(``Ready``, ``Scored``, ``LayersCaptured``, ``Failed``) with their evidence, and how they
+cross: each rank has its own duplex ``multiprocessing`` channel, inherited as the file
+descriptor that ``CHANNEL_FD_ENV`` names (POSIX); the records themselves travel over it,
+tensors inside them as bytes of the project's one tensor wire format (``tensorio``, read back
+weights-only); whatever arrives that is not a message of the expected direction is refused
+with ``ProtocolError``. Knows nothing about processes, torch.distributed, models, sharding or
+what the scores are compared with (the sampler's ``Truncation`` record travels as it is).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -25,9 +26,11 @@ from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
 __all__ = [
     "CHANNEL_FD_ENV",
+    "CaptureLayers",
     "Close",
     "Failed",
     "Init",
+    "LayersCaptured",
     "ProtocolError",
     "Ready",
     "ReadyEvidence",
@@ -37,6 +40,7 @@ __all__ = [
     "ScoreEvidence",
     "Scored",
     "full_vocab_bytes",
+    "layers_bytes",
     "receive_reply",
     "receive_request",
     "result_bytes",
@@ -108,11 +112,32 @@ class Score:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureLayers:
+    """Run the teacher-forced forward of ``batch`` (canonical tensors as wire bytes) once more
+    with the layer diagnostics' hooks and reduce the states in the rank
+    (``layer_capture.capture_layers``); ``lm_head_dtype`` as in ``Score``. Only the reduction
+    crosses back, never a hidden state."""
+
+    batch: bytes
+    batch_size: int
+    lm_head_dtype: str = "compute"
+
+    @classmethod
+    def of(
+        cls, batch: Mapping[str, Tensor], *, batch_size: int, lm_head_dtype: str = "compute"
+    ) -> CaptureLayers:
+        return cls(batch=tensor_bytes(batch), batch_size=batch_size, lm_head_dtype=lm_head_dtype)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return tensors_from_bytes(self.batch)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Close:
     """Leave the process group and exit."""
 
 
-Request = Init | Score | Close
+Request = Init | Score | CaptureLayers | Close
 
 # --------------------------------------------------------------------------- rank -> parent
 
@@ -191,6 +216,26 @@ class Scored(_FromRank):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LayersCaptured(_FromRank):
+    """One rank's layer capture: ``reduction`` holds the reduction's wire bytes
+    (``layers_bytes``) on rank 0 only (``None`` elsewhere); ``reduction_sha256`` is, on every
+    rank, the SHA-256 of the bytes that rank computed (every rank runs the full batch)."""
+
+    KIND: ClassVar[str] = "layers"
+
+    reduction: bytes | None
+    reduction_sha256: str
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The reduction rank 0 sent, after checking its bytes against its own digest."""
+        if self.reduction is None:
+            raise ProtocolError(f"rank {self.rank} sent no layer reduction")
+        if hashlib.sha256(self.reduction).hexdigest() != self.reduction_sha256:
+            raise ProtocolError(f"rank {self.rank}'s layer reduction differs from its digest")
+        return tensors_from_bytes(self.reduction)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Failed(_FromRank):
     """The rank's request failed; ``traceback`` is its own text."""
 
@@ -199,7 +244,7 @@ class Failed(_FromRank):
     traceback: str
 
 
-Reply = Ready | Scored | Failed
+Reply = Ready | Scored | LayersCaptured | Failed
 
 
 def result_bytes(logprobs: Tensor) -> bytes:
@@ -212,6 +257,11 @@ def full_vocab_bytes(rows: Tensor) -> bytes:
     return tensor_bytes({"full_vocab": rows})
 
 
+def layers_bytes(reduction: Mapping[str, Tensor]) -> bytes:
+    """The wire bytes of a rank's layer reduction (what ``LayersCaptured.reduction`` carries)."""
+    return tensor_bytes(reduction)
+
+
 # --------------------------------------------------------------------------- the pipe
 
 
@@ -221,13 +271,13 @@ def send(conn: Connection, message: Request | Reply) -> None:
 
 def receive_request(conn: Connection) -> Request:
     message = conn.recv()
-    if not isinstance(message, Init | Score | Close):
+    if not isinstance(message, Init | Score | CaptureLayers | Close):
         raise ProtocolError(f"expected a request, got {type(message).__name__}")
     return message
 
 
 def receive_reply(conn: Connection) -> Reply:
     message = conn.recv()
-    if not isinstance(message, Ready | Scored | Failed):
+    if not isinstance(message, Ready | Scored | LayersCaptured | Failed):
         raise ProtocolError(f"expected a reply, got {type(message).__name__}")
     return message

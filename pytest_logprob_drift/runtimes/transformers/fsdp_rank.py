@@ -6,8 +6,10 @@ DeviceMesh on CPU, nccl on CUDA), loading the checkpoint and sharding it with
 back from the live sharded model, scoring each request with the engine's teacher-forced scorer
 under the shared read-only guard on this rank's local shards (raw or processed semantics, the
 LM head in compute dtype or float32, the full-vocabulary rows of the active positions on
-request), importing the selected-logprob function by its ``module:attr`` reference, answering
-every failure with the rank's own traceback, and leaving the process group. The rank's work is
+request), importing the selected-logprob function by its ``module:attr`` reference, the layer
+diagnostics' capture on request (reduced in the rank: only the reduction leaves it, never a
+hidden state), answering every failure with the rank's own traceback, and leaving the process
+group. The rank's work is
 transport-independent (``start``, ``handle``, ``leave``); two transports call it: the local
 rank process's pipe (``main``/``_serve``) and the Ray rank actor (``fsdp_ray``). Speaks to the
 parent only through ``fsdp_messages``. Knows nothing about launching or supervising processes,
@@ -240,26 +242,54 @@ def _scored(model: Any, request: wire.Score, rank: int, pid: int) -> wire.Scored
     )
 
 
+def _layers_captured(
+    model: Any, request: wire.CaptureLayers, rank: int, pid: int
+) -> wire.LayersCaptured:
+    """This rank's layer capture of the request's batch (``layer_capture.capture_layers``),
+    reduced here. ``lm_head_at_score`` is entered first, so its hook on the LM head (which,
+    for a float32 head, returns the recomputed logits) runs before the capture's hook,
+    registered after it: forward hooks run in registration order and a returned value
+    replaces the output the later hooks see."""
+    from pytest_logprob_drift.runtimes.transformers.layer_capture import capture_layers
+
+    batch = request.tensors()
+    with engine.lm_head_at_score(model, request.lm_head_dtype):
+        reduction = capture_layers(model, batch, batch_size=int(request.batch_size))
+    data = wire.layers_bytes(reduction)
+    return wire.LayersCaptured(
+        rank=rank,
+        pid=pid,
+        reduction=data if rank == 0 else None,
+        reduction_sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
 def failed(rank: int, pid: int) -> wire.Failed:
     """The exception being handled, as this rank's reply."""
     return wire.Failed(rank=rank, pid=pid, traceback=traceback.format_exc())
 
 
 def handle(model: Any, request: wire.Request, rank: int, pid: int) -> wire.Reply:
-    """This rank's reply to one request after ``start`` (transport-independent): ``Scored``,
-    or ``Failed`` with the rank's own traceback (also for anything but ``Score``)."""
+    """This rank's reply to one request after ``start`` (transport-independent): ``Scored``
+    or ``LayersCaptured``, or ``Failed`` with the rank's own traceback (also for anything but
+    ``Score`` and ``CaptureLayers``)."""
     try:
-        if not isinstance(request, wire.Score):
-            raise wire.ProtocolError(f"expected 'score', got {type(request).__name__!r}")
+        if not isinstance(request, wire.Score | wire.CaptureLayers):
+            raise wire.ProtocolError(
+                f"expected 'score' or 'capture layers', got {type(request).__name__!r}"
+            )
         if model is None:
-            raise wire.ProtocolError("'score' before a successful 'init'")
+            raise wire.ProtocolError(f"{type(request).__name__!r} before a successful 'init'")
+        if isinstance(request, wire.CaptureLayers):
+            return _layers_captured(model, request, rank, pid)
         return _scored(model, request, rank, pid)
     except BaseException:
         return failed(rank, pid)
 
 
 def _serve(conn: Connection, model: Any, rank: int, pid: int) -> None:
-    """Answer ``Score`` requests until ``Close`` arrives or the parent is gone."""
+    """Answer ``Score`` and ``CaptureLayers`` requests until ``Close`` arrives or the parent
+    is gone."""
     while True:
         try:
             request = wire.receive_request(conn)

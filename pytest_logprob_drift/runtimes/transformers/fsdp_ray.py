@@ -10,8 +10,9 @@ in one line naming the rank, its actor and its node), the launch evidence (the l
 rank's node, the world size each rank read back from its process group, the actors' start
 times), and tearing down exactly once: ``Close`` to every rank (they leave the process
 group), then every actor killed and the placement group removed, also after a failed start or
-a dead rank. Scoring itself (``FsdpScorerGroup.score``) is inherited unchanged. Imports ray
-lazily; knows nothing about cases, plans, knobs, comparison, artifacts or pytest.
+a dead rank. Scoring and the layer capture (``FsdpScorerGroup.score``, ``.capture_layers``)
+are inherited unchanged. Imports ray lazily; knows nothing about cases, plans, knobs,
+comparison, artifacts or pytest.
 """
 
 from __future__ import annotations
