@@ -204,6 +204,27 @@ def test_the_figure_has_two_lines_per_case_and_plain_text_labels() -> None:
     ]
 
 
+def test_past_the_legend_s_limit_every_line_is_drawn_and_the_legend_says_how_many() -> None:
+    pytest.importorskip("matplotlib")
+    many = layer_lines.LEGEND_MAX + 6
+    labels = ["_starts_with_an_underscore", *(f"knob={i}" for i in range(1, many))]
+    plot = layer_lines.all_layers_plot(
+        [_view(label, i, _layers(2)) for i, label in enumerate(labels)]
+    )
+    assert plot is not None and len(plot.lines) == many
+    svg = str(layer_lines.all_layers_svg(plot))
+    assert svg.count('<g id="lpd-layer-median-') == svg.count('<g id="lpd-layer-max-') == many
+    texts = _texts(svg)
+    named = [label for label in labels if label in texts]
+    assert named == labels[: layer_lines.LEGEND_MAX]  # the underscore label is named too
+    assert layer_lines.legend_text(plot) == (
+        f"The legend names the first {layer_lines.LEGEND_MAX} of the {many} cases drawn "
+        "(colours repeat every 12); each case's own section and row give its figures."
+    )
+    few = layer_lines.all_layers_plot([_view("a", 0, _layers(2))])
+    assert few is not None and layer_lines.legend_text(few) is None
+
+
 # ---------------------------------------------------------------- the page
 
 
@@ -237,6 +258,11 @@ def test_the_page_has_the_section_only_with_layers_and_escapes_the_left_out_labe
     assert "&lt;script&gt;alert(1)&lt;/script&gt; (2 decoder layers)." in page
     assert "<script>alert(1)" not in page
     assert page.index("id='cases'") < page.index("id='layers'")
+    assert "The legend names" not in page
+    crowded = render_page(
+        _data([_view(f"k={i}", i, _layers(2)) for i in range(layer_lines.LEGEND_MAX + 1)])
+    )
+    assert crowded.count(f"The legend names the first {layer_lines.LEGEND_MAX} of the ") == 1
     none = render_page(_data([_view("a", 0, None)]))
     assert "id='layers'" not in none and "layers-all" not in none
 

@@ -456,6 +456,7 @@ def _layers(data: ReportData, draw: bool) -> Markup | None:
         return None
     svg = layer_lines.all_layers_svg(plot)
     figure = None if svg is None else el("figure", svg, class_="plot wide", data_plot="layers-all")
+    legend = layer_lines.legend_text(plot) if svg is not None else None
     notes = (el("p", text, class_="muted left-out") for text in layer_lines.left_out_text(plot))
     return el(
         "section",
@@ -468,6 +469,7 @@ def _layers(data: ReportData, draw: bool) -> Markup | None:
             class_="muted",
         ),
         figure,
+        None if legend is None else el("p", legend, class_="muted"),
         notes,
         id="layers",
     )

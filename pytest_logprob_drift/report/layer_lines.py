@@ -8,10 +8,11 @@ the x axis (the state list most cases have: networks of other depths cannot shar
 named as left out, as are cases whose layer figures are missing because a side did not
 capture), and the figure: states on x, the relative error on a log y axis (0 drawn at
 ``HEAT_LOW``), one colour per case, the median solid and the max dashed, a legend by case
-label. Also the log scale's fixed range (``HEAT_LOW`` .. ``HEAT_HIGH``) and the states' tick
-names, which the per-case figures (``report.layers``) share. Drawn with ``report.plots``'
-figure set-up (Agg, SVG); case labels are plain text, never mathtext. Knows nothing about the
-page around the figure, files or how the states were captured.
+label (the first ``LEGEND_MAX`` cases; the page says so past that). Also the log scale's fixed
+range (``HEAT_LOW`` .. ``HEAT_HIGH``) and the states' tick names, which the per-case figures
+(``report.layers``) share. Drawn with ``report.plots``' figure set-up (Agg, SVG); case labels
+are plain text, never mathtext. Knows nothing about the page around the figure, files or how
+the states were captured.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -40,6 +41,8 @@ HEAT_LOW, HEAT_HIGH = 1e-8, 1.0
 the low end: bitwise equal states are 0)."""
 LEGEND_LINE: Final = 36
 """A case label in the legend: wrapped into at most two lines of this many characters."""
+LEGEND_MAX: Final = 24
+"""Cases named in the legend (the first ones drawn; the figure says so when there are more)."""
 MEDIAN_GID, MAX_GID = "lpd-layer-median-{}", "lpd-layer-max-{}"
 """SVG group ids of the ``i``-th drawn case's two lines (``AllLayersPlot.lines`` order)."""
 
@@ -142,15 +145,27 @@ def left_out_text(plot: AllLayersPlot) -> list[str]:
     return out
 
 
+def legend_text(plot: AllLayersPlot) -> str | None:
+    """The sentence under the figure when its legend does not name every drawn case."""
+    if len(plot.lines) <= LEGEND_MAX:
+        return None
+    return (
+        f"The legend names the first {LEGEND_MAX} of the {len(plot.lines)} cases drawn "
+        f"(colours repeat every {len(LINE_COLOURS)}); each case's own section and row give "
+        "its figures."
+    )
+
+
 def all_layers_svg(plot: AllLayersPlot) -> Markup | None:
     """Every drawn case's per-state median (solid) and max (dashed); None: no case to draw."""
     if not plot.lines:
         return None
-    entries = len(plot.lines)
-    height = min(7.0, max(2.8, 0.7 + 0.17 * entries))
+    entries = min(len(plot.lines), LEGEND_MAX)
+    height = max(2.8, 0.7 + 0.24 * entries)
     width = max(4.2, 2.0 + 0.22 * len(plot.states))
-    with new_figure(width + 2.6, height, right=2.7) as (figure, axes):
+    with new_figure(width + 2.0, height, right=2.1) as (figure, axes):
         x = np.arange(len(plot.states))
+        named: list[Any] = []
         for i, line in enumerate(plot.lines):
             colour = LINE_COLOURS[i % len(LINE_COLOURS)]
             (median,) = axes.plot(
@@ -160,13 +175,14 @@ def all_layers_svg(plot: AllLayersPlot) -> Markup | None:
                 linewidth=1.0,
                 marker="o",
                 markersize=2,
-                label=wrap_label(line.label, LEGEND_LINE, 2),
             )
             (most,) = axes.plot(
                 x, drawn(line.max), color=colour, linewidth=0.8, linestyle="--", alpha=0.8
             )
             median.set_gid(MEDIAN_GID.format(i))
             most.set_gid(MAX_GID.format(i))
+            if i < LEGEND_MAX:
+                named.append(median)
         axes.set_yscale("log")
         log_ticks(axes.yaxis)
         axes.set_ylim(HEAT_LOW / 2, HEAT_HIGH * 2)
@@ -174,8 +190,13 @@ def all_layers_svg(plot: AllLayersPlot) -> Markup | None:
         axes.set_xlabel("state (embeddings, after each decoder layer, final norm, logits)")
         axes.set_ylabel(f"relative error (0 drawn at {HEAT_LOW:g})")
         axes.set_title("rollout vs training by layer, every case (solid: median, dashed: max)")
-        legend = axes.legend(
-            fontsize=5.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False
+        legend = axes.legend(  # explicit labels: a label starting with "_" is shown too
+            named,
+            [wrap_label(line.label, LEGEND_LINE, 2) for line in plot.lines[:LEGEND_MAX]],
+            fontsize=5.5,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            frameon=False,
         )
         for text in legend.get_texts():
             text.set(**PLAIN_TEXT)

@@ -494,3 +494,43 @@ def test_the_run_table_says_where_the_sides_first_differ(on: dict[str, Any]) -> 
     baseline = on["cases"]["baseline"]["comparison"]
     row = next(ln for ln in lines if ln.startswith(baseline["case_id"] + " "))
     assert row[start:logits].strip() == "-"  # bf16 sdpa on both sides: bitwise equal
+
+
+_LAYER_PLOT_PROBE = """
+(() => {
+  const svg = document.querySelector("figure[data-plot='layers-all'] svg");
+  const box = svg.getBoundingClientRect();
+  const inside = (b) => b.left >= box.left - 0.5 && b.right <= box.right + 0.5
+      && b.top >= box.top - 0.5 && b.bottom <= box.bottom + 0.5;
+  const lines = [...svg.querySelectorAll("g[id^='lpd-layer-']")];
+  return {
+    right: box.right, viewport: document.documentElement.clientWidth,
+    texts: [...svg.querySelectorAll("text")].map(
+        (t) => ({text: t.textContent, inside: inside(t.getBoundingClientRect())})),
+    lines: lines.map((g) => ({id: g.id, drawn: g.querySelectorAll("path, use").length})),
+  };
+})()
+"""
+
+
+def test_the_layer_plot_reads_well_in_chromium(on: dict[str, Any], tmp_path: Path) -> None:
+    """The all-cases figure in a real browser: drawn (not blank), one median and one max line
+    per case, every text (the case labels in the legend included) inside the figure, the figure
+    inside a 1400 px window. Skipped without Chromium (outside CI)."""
+    from report_browser import open_page
+
+    page = tmp_path / "report.html"
+    code, _, err = cli("report", on["run_dir"], "--html", page)
+    assert code == 0, err[-2000:]
+    check = open_page(page, "report-layers-hf.png", probe=_LAYER_PLOT_PROBE)
+    assert check.console_errors == [] and check.external_requests(page) == []
+    (plot,) = [p for p in check.plots if p["plot"] == "layers-all"]
+    assert plot["variance"] > 25.0 and plot["width"] > 300
+    probe = check.probe
+    assert sorted(line["id"] for line in probe["lines"]) == sorted(
+        f"lpd-layer-{kind}-{i}" for kind in ("median", "max") for i in range(len(LABELS))
+    )
+    assert all(line["drawn"] > 0 for line in probe["lines"])
+    assert [t for t in probe["texts"] if not t["inside"]] == []
+    assert LABELS <= {t["text"] for t in probe["texts"]}
+    assert probe["right"] <= probe["viewport"]
