@@ -96,23 +96,24 @@ def _view(label: str, i: int, layers: LayerDiagnostics | None) -> CaseView:
 # ---------------------------------------------------------------- the run table's cells
 
 
+MOVED = [0.0, 0.5, 0.5, 0.5, 2.5]
+
+
 @pytest.mark.parametrize(
-    ("first", "words"),
+    ("first", "maxima", "words", "logits"),
     [
-        ("0", "embeddings"),
-        ("1", "layer 1"),
-        ("2", "layer 2"),
-        ("final_norm", "final norm"),
-        ("logits", "logits"),
-        (None, "-"),
+        ("0", [0.25, *MOVED[1:]], "embeddings", "2.5"),
+        ("1", MOVED, "layer 1", "2.5"),
+        ("2", [0.0, 0.0, 0.5, 0.5, 2.5], "layer 2", "2.5"),
+        ("final_norm", [0.0, 0.0, 0.0, 0.5, 2.5], "final norm", "2.5"),
+        ("logits", [0.0, 0.0, 0.0, 0.0, 0.0123456], "logits", "0.0123"),
+        (None, [0.0] * 5, "-", "0"),
     ],
 )
-def test_the_cells_name_the_first_unequal_state_in_words(first: str | None, words: str) -> None:
-    maxima = [0.0, 0.0, 0.0, 0.0, 0.0123456] if first == "logits" else [0.0, 0.5, 0.5, 0.5, 2.5]
-    if first is None:
-        maxima = [0.0] * 5
+def test_the_cells_name_the_first_unequal_state_in_words(
+    first: str | None, maxima: list[float], words: str, logits: str
+) -> None:
     diagnostics = Diagnostics(layers=_layers(first=first, maxima=maxima))
-    logits = {"logits": "0.0123", None: "0"}.get(first, "2.5")
     assert layer_text.cells(diagnostics) == [words, logits]
 
 
