@@ -173,6 +173,7 @@ def _run(
     diagnostics = [None if r.comparison is None else r.comparison.diagnostics for r in results]
     full_vocabulary = divergence_text.has_full_vocabulary(diagnostics)
     split = path_split_text.has_path_split(diagnostics)
+    layers = layer_text.has_layers(diagnostics)
     rows = [
         [
             r.case_id,
@@ -186,6 +187,7 @@ def _run(
             "" if r.as_expected else f"expected {r.expected.value}",
             *(divergence_text.cells(d) if full_vocabulary else []),
             *(path_split_text.cells(d) if split else []),
+            *(layer_text.cells(d) if layers else []),
         ]
         for r, d in zip(results, diagnostics, strict=True)
     ]
@@ -218,6 +220,7 @@ def _run(
                     "note",
                     *(divergence_text.HEADERS if full_vocabulary else ()),
                     *(path_split_text.HEADERS if split else ()),
+                    *(layer_text.HEADERS if layers else ()),
                 ],
                 rows,
             ),
@@ -296,5 +299,10 @@ def _result_json(r: CaseResult) -> dict[str, Any]:
             {}
             if diagnostics is None or diagnostics.importance_sampling is None
             else {"importance_sampling": diagnostics.importance_sampling.to_json()}
+        ),
+        **(
+            {}
+            if diagnostics is None or diagnostics.layers is None
+            else {"layers": diagnostics.layers.to_json()}
         ),
     }

@@ -2,16 +2,18 @@
 
 Owns how the CLI run output, the plugin's failure text and junit properties show where in the
 network the two sides' states part (``numerics.comparison.LayerDiagnostics``; written by
-``execute.layers``, checked by ``store.layers_check``): a line per case (the first state
-where the rollout's states stop being bitwise equal to the training's, the max relative error
-at the embeddings, the last decoder layer, the final norm and the logits, each side's status
-when it did not capture) and ``drift_layers_*`` properties. Knows nothing about torch, files
-or how the numbers were computed; a comparison without layer diagnostics renders as nothing.
+``execute.layers``, checked by ``store.layers_check``): two run-table cells (the first state
+where the sides stop being bitwise equal, in words, and the max relative error at the logits),
+a line per case (the first state where the rollout's states stop being bitwise equal to the
+training's, the max relative error at the embeddings, the last decoder layer, the final norm and
+the logits, each side's status when it did not capture) and ``drift_layers_*`` properties.
+Knows nothing about torch, files or how the numbers were computed; a comparison without layer
+diagnostics renders as nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from pytest_logprob_drift.numerics.comparison import Diagnostics, LayerDiagnostics
@@ -56,6 +58,33 @@ def _at(state: str) -> str:
     """A state after "at": ``layer 3``, ``the embeddings``, ``the logits``."""
     words = state_words(state)
     return words if state.isdigit() and state != "0" else f"the {words}"
+
+
+HEADERS: Final = ("layers differ at", "max rel (logits)")
+"""The run table's layer columns (shown only when some case has layer diagnostics)."""
+
+
+def has_layers(diagnostics: Iterable[Diagnostics | None]) -> bool:
+    """Whether some case's diagnostics hold layer diagnostics."""
+    return any(_layers(d) is not None for d in diagnostics)
+
+
+def cells(diagnostics: Diagnostics | None) -> list[str]:
+    """The two table cells: the first state where rollout and training stop being bitwise
+    equal in words (``-``: equal at every state) and the logits' max relative error; ``n/a``
+    when a side did not capture; empty without layer diagnostics."""
+    layers = _layers(diagnostics)
+    if layers is None:
+        return ["", ""]
+    figures = layers.figures
+    if figures is None:
+        return ["n/a", "n/a"]
+    first = figures.first_unequal_state
+    logits = next((s for s in figures.states if s.state == LOGITS), None)
+    return [
+        "-" if first is None else state_words(first),
+        "n/a" if logits is None else f"{logits.max_rel_error:.3g}",
+    ]
 
 
 def lines(diagnostics: Diagnostics | None) -> list[str]:

@@ -8,7 +8,8 @@ log, KL both ways, TV and the semantic offset when some case has full-vocabulary
 and the attribution columns when a sealed attribution exists, as ``columns`` declares them: the
 default set fits 1280 px, the rest behind a "more columns" toggle; sortable by a few lines of
 plain JavaScript), the attribution chart and ranking (marked as rejected, with the reasons,
-when ``verify`` rejects it), the invalid attempts (listed, never plotted), then one section per
+when ``verify`` rejects it), the per-layer lines of every case with layer diagnostics
+(``layer_lines``), the invalid attempts (listed, never plotted), then one section per
 detailed case (histogram, |diff| by position, logprob scatter, the worst tokens with their text
 in context, the per-sample token view (``token_html``), the full-vocabulary divergence and the
 semantic offset when the case has them, requested -> materialized -> actual knob records,
@@ -26,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary, TopToken
-from pytest_logprob_drift.report import importance, plots
+from pytest_logprob_drift.report import importance, layer_lines, plots
 from pytest_logprob_drift.report.columns import attempt_time, case_anchor, columns
 from pytest_logprob_drift.report.findings import SHOWN as FINDINGS_SHOWN
 from pytest_logprob_drift.report.findings import Findings, findings
@@ -447,6 +448,33 @@ def _attribution(data: ReportData, draw: bool) -> Markup | None:
     return el("section", parts, id="attribution")
 
 
+def _layers(data: ReportData, draw: bool) -> Markup | None:
+    """The per-layer relative error of every case with layer diagnostics on one plot
+    (``layer_lines``), and the cases it leaves out; nothing when no case has them."""
+    plot = layer_lines.all_layers_plot(data.cases) if draw else None
+    if plot is None:
+        return None
+    svg = layer_lines.all_layers_svg(plot)
+    figure = None if svg is None else el("figure", svg, class_="plot wide", data_plot="layers-all")
+    legend = layer_lines.legend_text(plot) if svg is not None else None
+    notes = (el("p", text, class_="muted left-out") for text in layer_lines.left_out_text(plot))
+    return el(
+        "section",
+        el("h2", "Where in the network: per-layer relative error, every case"),
+        el(
+            "p",
+            "Rollout vs training states at the same positions, per state: the median (solid) "
+            "and max (dashed) over positions of the relative error, from each case's sealed "
+            "layer figures.",
+            class_="muted",
+        ),
+        figure,
+        None if legend is None else el("p", legend, class_="muted"),
+        notes,
+        id="layers",
+    )
+
+
 def _invalid(data: ReportData) -> Markup | None:
     invalid = data.invalid
     if not invalid:
@@ -818,7 +846,7 @@ def render_page(data: ReportData) -> str:
                     id="overview",
                 )
             )
-    body += [_case_table(data), _attribution(data, draw), _invalid(data)]
+    body += [_case_table(data), _attribution(data, draw), _layers(data, draw), _invalid(data)]
     if detailed:
         body.append(
             el("section", (_case_section(v, decades, draw) for v in detailed), id="details")

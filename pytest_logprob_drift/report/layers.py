@@ -4,10 +4,11 @@ Owns, for one case whose two layer captures are sealed: the plot data read from 
 reductions (``layers_training.pt``, ``layers_rollout.pt``, digest checked by the store's
 loader): the rollout-vs-training relative error per state and captured position
 (``numerics.layer_reduction.relative_errors``), and its two figures: a state x position
-heatmap on a log colour scale fixed for every case (``HEAT_LOW`` .. ``HEAT_HIGH``; a bitwise
-equal state drawn at the low end), and the per-state median and max over positions. Drawn with
-``report.plots``' figure set-up (Agg, SVG, plain-text labels). Knows nothing about the page
-around the figures or how the states were captured.
+heatmap on a log colour scale fixed for every case (``HEAT_LOW`` .. ``HEAT_HIGH``, shared with
+the run-level plot of ``report.layer_lines``; a bitwise equal state drawn at the low end), and
+the per-state median and max over positions. Drawn with ``report.plots``' figure set-up (Agg,
+SVG, plain-text labels). Knows nothing about the page around the figures or how the states
+were captured.
 """
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ import numpy as np
 
 from pytest_logprob_drift.numerics.comparison import LayerDiagnostics
 from pytest_logprob_drift.numerics.layer_reduction import relative_errors, state_names
+from pytest_logprob_drift.report.layer_lines import HEAT_HIGH as HEAT_HIGH
+from pytest_logprob_drift.report.layer_lines import HEAT_LOW as HEAT_LOW
+from pytest_logprob_drift.report.layer_lines import state_tick as _label
 from pytest_logprob_drift.report.markup import Markup
 from pytest_logprob_drift.report.plots import LINE_COLOURS, log_ticks, new_figure, to_svg
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
 from pytest_logprob_drift.store.resume import load_sealed_tensors
-
-HEAT_LOW, HEAT_HIGH = 1e-8, 1.0
-"""The heatmap's colour range, the same for every case (relative errors below are drawn at
-the low end: bitwise equal states are 0)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,10 +48,6 @@ def load_layer_plot(
     rollout = load_sealed_tensors(directory, layout.LAYERS_ROLLOUT, seal)
     errors = relative_errors(training, rollout).numpy()
     return LayerPlot(states=state_names(errors.shape[0] - 3), errors=errors)
-
-
-def _label(state: str) -> str:
-    return {"0": "embed", "final_norm": "norm", "logits": "logits"}.get(state, state)
 
 
 def heatmap_svg(plot: LayerPlot) -> Markup:

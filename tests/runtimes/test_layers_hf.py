@@ -408,3 +408,129 @@ def test_the_report_draws_the_layers_of_every_case(on: dict[str, Any], tmp_path:
     shares = case["comparison"]["diagnostics"]["layers"]["figures"]["states"]
     for s, row in enumerate(shares):
         assert float((plot.errors[s] == 0).mean()) == row["bitwise_equal_share"]
+
+
+def _sealed_rel_errors(attempt: Path) -> list[list[float]]:
+    """Per state and position, the relative error recomputed here in float64 from the sealed
+    reductions: 0 where the digests are equal, else |projection difference| / training norm."""
+    t, r = _load(attempt / TRAINING), _load(attempt / ROLLOUT)
+    out = []
+    for s in range(t["norms"].shape[0]):
+        row = []
+        for n in range(t["norms"].shape[1]):
+            same = bytes(t["digests"][s, n].tolist()) == bytes(r["digests"][s, n].tolist())
+            pt, pr = t["projections"][s, n].tolist(), r["projections"][s, n].tolist()
+            d = [a - b for a, b in zip(pt, pr, strict=True)]
+            row.append(0.0 if same else sum(v * v for v in d) ** 0.5 / float(t["norms"][s, n]))
+        out.append(row)
+    return out
+
+
+def test_the_report_draws_every_case_on_one_layer_plot(on: dict[str, Any], tmp_path: Path) -> None:
+    """The run-level figure: one median and one max line per case, its data the sealed
+    figures, which agree with the lower median and the max over positions recomputed here."""
+    from pytest_logprob_drift.report.layer_lines import (
+        HEAT_LOW,
+        MAX_GID,
+        MEDIAN_GID,
+        all_layers_plot,
+        drawn,
+    )
+    from pytest_logprob_drift.report.load import load_report
+
+    page = tmp_path / "report.html"
+    code, _, err = cli("report", on["run_dir"], "--html", page)
+    assert code == 0, err[-2000:]
+    html = page.read_text()
+    assert html.count("data-plot='layers-all'") == 1
+    section = html[html.index("<section id='layers'>") :]
+    section = section[: section.index("</section>")]
+    for gid in (MEDIAN_GID, MAX_GID):
+        assert section.count(f'<g id="{gid.format("")}') == len(LABELS)
+    assert "Not drawn" not in section  # every case has the 8 layers and both captures
+    assert all(f">{label}</text>" in section for label in LABELS)
+    plot = all_layers_plot(load_report(on["run_dir"], page_dir=tmp_path).cases)
+    assert plot is not None and plot.states == tuple(STATES) and plot.left_out == ()
+    assert {line.label for line in plot.lines} == LABELS
+    for line in plot.lines:
+        case = on["cases"][line.label]
+        rows = case["comparison"]["diagnostics"]["layers"]["figures"]["states"]
+        assert line.median == tuple(row["median_rel_error"] for row in rows)
+        assert line.max == tuple(row["max_rel_error"] for row in rows)
+        errors = _sealed_rel_errors(case["attempt"])
+        medians = [sorted(values)[(len(values) - 1) // 2] for values in errors]
+        maxima = [max(values) for values in errors]
+        assert line.median == pytest.approx(medians, rel=1e-12, abs=0.0), line.label
+        assert line.max == pytest.approx(maxima, rel=1e-12, abs=0.0), line.label
+        assert list(drawn(line.median)) == pytest.approx([max(v, HEAT_LOW) for v in medians])
+    code, out, err = cli("report", on["run_dir"], "--json")
+    assert code == 0, err
+    for entry in json.loads(out)["cases"]:  # the JSON carries the sealed figures as they are
+        sealed = on["cases"][entry["label"]]["comparison"]["diagnostics"]["layers"]
+        assert entry["diagnostics"]["layers"] == sealed
+
+
+def _words(state: str | None) -> str:
+    if state is None:
+        return "-"
+    return {"0": "embeddings", "final_norm": "final norm", "logits": "logits"}.get(
+        state, f"layer {state}"
+    )
+
+
+def test_the_run_table_says_where_the_sides_first_differ(on: dict[str, Any]) -> None:
+    lines = on["text"].splitlines()
+    header = next(ln for ln in lines if ln.startswith("case_id "))
+    start, logits = header.index("layers differ at"), header.index("max rel (logits)")
+    assert header[logits:].rstrip() == "max rel (logits)"  # the last column
+    for label, case in on["cases"].items():
+        comparison = case["comparison"]
+        row = next(ln for ln in lines if ln.startswith(comparison["case_id"] + " "))
+        figures = comparison["diagnostics"]["layers"]["figures"]
+        last = figures["states"][-1]
+        assert last["state"] == "logits"
+        assert row[start:logits].strip() == _words(figures["first_unequal_state"]), label
+        assert row[logits:].strip() == f"{last['max_rel_error']:.3g}", label
+    baseline = on["cases"]["baseline"]["comparison"]
+    row = next(ln for ln in lines if ln.startswith(baseline["case_id"] + " "))
+    assert row[start:logits].strip() == "-"  # bf16 sdpa on both sides: bitwise equal
+
+
+_LAYER_PLOT_PROBE = """
+(() => {
+  const svg = document.querySelector("figure[data-plot='layers-all'] svg");
+  const box = svg.getBoundingClientRect();
+  const inside = (b) => b.left >= box.left - 0.5 && b.right <= box.right + 0.5
+      && b.top >= box.top - 0.5 && b.bottom <= box.bottom + 0.5;
+  const lines = [...svg.querySelectorAll("g[id^='lpd-layer-']")];
+  return {
+    right: box.right, viewport: document.documentElement.clientWidth,
+    texts: [...svg.querySelectorAll("text")].map(
+        (t) => ({text: t.textContent, inside: inside(t.getBoundingClientRect())})),
+    lines: lines.map((g) => ({id: g.id, drawn: g.querySelectorAll("path, use").length})),
+  };
+})()
+"""
+
+
+def test_the_layer_plot_reads_well_in_chromium(on: dict[str, Any], tmp_path: Path) -> None:
+    """The all-cases figure in a real browser: drawn (not blank), one median and one max line
+    per case, every text (the case labels in the legend included) inside the figure, the figure
+    inside a 1400 px window. Skipped without Chromium (outside CI)."""
+    from report_browser import open_page
+
+    page = tmp_path / "report.html"
+    code, _, err = cli("report", on["run_dir"], "--html", page)
+    assert code == 0, err[-2000:]
+    check = open_page(page, "report-layers-hf.png", probe=_LAYER_PLOT_PROBE)
+    assert check.console_errors == [] and check.external_requests(page) == []
+    (plot,) = [p for p in check.plots if p["plot"] == "layers-all"]
+    assert plot["variance"] > 25.0 and plot["width"] > 300
+    probe = check.probe
+    assert sorted(line["id"] for line in probe["lines"]) == sorted(
+        f"lpd-layer-{kind}-{i}" for kind in ("median", "max") for i in range(len(LABELS))
+    )
+    assert all(line["drawn"] > 0 for line in probe["lines"])
+    assert [t for t in probe["texts"] if not t["inside"]] == []
+    assert LABELS <= {t["text"] for t in probe["texts"]}
+    assert probe["right"] <= probe["viewport"]
