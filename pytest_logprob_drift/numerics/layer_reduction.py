@@ -98,6 +98,20 @@ def reduce_states(
     return state_digests(states), torch.cat(projected), torch.cat(norms)
 
 
+def reduction_sha256(tensors: Tensors) -> str:
+    """Hex SHA-256 over ``tensors`` in name order: each name, dtype and shape, then its raw
+    bytes. Equal digests are bitwise equal reductions; it depends only on the tensors (not on
+    how a container such as ``torch.save`` lays them out), so two processes that reduced the
+    same states can compare it without sending the reductions themselves."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous().cpu()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        if tensor.numel():
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def stack_reductions(
     per_state: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
     positions: torch.Tensor,

@@ -147,6 +147,7 @@ class VllmRollout:
         self.batch_size = 0
         self.backend_used = ""
         self.sampling_observed: dict[str, Any] = {"observed": False, "values": []}
+        self._layer_evidence: dict[str, JSONScalar] = {}
         self._special = special_token_ids(self.checkpoint.path)
 
     def build_engine(self, spec: VllmEngineSpec) -> VllmRolloutEngine:
@@ -232,12 +233,20 @@ class VllmRollout:
         active = rollout["active_mask"]
         rows = sequences(rollout)
         wanted = [[int(j) for j in active[i, 1:].nonzero().flatten()] for i in range(len(rows))]
+        self._layer_evidence = {}
         try:
-            per_state, _layers = self.engine.capture_layers(rows, wanted)
+            per_state, _layers, evidence = self.engine.capture_layers(rows, wanted)
         except ValueError as exc:
             raise LayersUnavailable(str(exc)) from None
+        self._layer_evidence = dict(evidence)
         where = active[:, 1:].nonzero().to(torch.long)
         return stack_reductions(per_state, where)
+
+    def layer_capture_evidence(self) -> Mapping[str, JSONScalar]:
+        """How the last ``capture_layers`` read the engine: its tensor parallel size, the TP
+        rank whose reduction was kept (``read_rank``) and that every rank's agreed
+        (``ranks_agree``; ``execute.protocol.LayerCaptureEvidence``)."""
+        return dict(self._layer_evidence)
 
     def replay_decode(
         self,

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pytest_logprob_drift.records import MaskPolicy
 from pytest_logprob_drift.runtimes.vllm import read_back as _read_back
+from pytest_logprob_drift.runtimes.vllm.layer_ranks import READ_RANK, rank_zero_reduction
 from pytest_logprob_drift.runtimes.vllm.logs import engine_output, prepare_vllm_logging
 from pytest_logprob_drift.runtimes.vllm.platform import (
     ENGINES_PER_DEVICE,
@@ -51,7 +52,6 @@ from pytest_logprob_drift.runtimes.vllm.processes import (
     reap,
     release_orphaned_shm,
 )
-from pytest_logprob_drift.tensorio import tensors_from_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -488,15 +488,18 @@ class VllmRolloutEngine:
 
     def capture_layers(
         self, sequences: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]
-    ) -> tuple[list[list[tuple[Any, Any, Any]]], int]:
+    ) -> tuple[list[list[tuple[Any, Any, Any]]], int, dict[str, int | bool]]:
         """The layer capture on the prefill path: each sequence alone as one prompt
         (``prompt_logprobs=0``, ``max_tokens=1``, so vLLM skips reading its prefix cache and
         computes every prompt token), with the worker extension's hooks armed for exactly that
         request (``layers_arm`` / ``layers_collect`` through ``collective_rpc``); the states
         at ``positions[i]`` of sequence ``i`` are reduced in the worker and only the
-        reductions come back, from the first worker (with TP > 1 the residual stream is
-        replicated after the all-reduce). Returns per state the per-sequence reductions and
-        the decoder layer count. Under compiled graphs (``enforce_eager=False``) hooks do not
+        reductions come back: with TP > 1 the residual stream is replicated after the
+        all-reduce, so every rank sends the SHA-256 of its reduction and TP rank 0 alone the
+        reduction (``layer_ranks.rank_zero_reduction``: ranks that disagree are a ValueError
+        naming them). Returns per state the per-sequence reductions, the decoder layer count
+        and the evidence (``tensor_parallel_size``, ``read_rank``, ``ranks_agree``). Under
+        compiled graphs (``enforce_eager=False``) hooks do not
         fire reliably: ValueError, and the engine's mode is left as it is."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -525,7 +528,11 @@ class VllmRolloutEngine:
                     [params],
                     use_tqdm=False,
                 )
-                sent = tensors_from_bytes(llm.collective_rpc("layers_collect")[0])
+                sent = rank_zero_reduction(
+                    llm.collective_rpc("layers_collect"),
+                    self.spec.tensor_parallel_size,
+                    f"layer capture of sequence {i}",
+                )
                 states = layers + 3
                 if set(sent) != {f"{k}.{n}" for k in range(states) for n in _REDUCED}:
                     raise RuntimeError(
@@ -538,7 +545,12 @@ class VllmRolloutEngine:
         finally:
             if bool(llm.llm_engine.vllm_config.cache_config.enable_prefix_caching):
                 llm.reset_prefix_cache()
-        return per_state, layers
+        evidence: dict[str, int | bool] = {
+            "tensor_parallel_size": self.spec.tensor_parallel_size,
+            "read_rank": READ_RANK,
+            "ranks_agree": True,
+        }
+        return per_state, layers, evidence
 
     def trace_replay_refusal(self) -> str:
         """Why this engine cannot replay its decode path (``trace_decode_token_ids``), in

@@ -169,15 +169,23 @@ class DriftWorkerExtension:
         _LAYERS.update(armed=True, tokens=int(tokens), positions=list(positions), seen={})
         return count
 
-    def layers_collect(self) -> bytes:
+    def layers_collect(self) -> dict[str, Any]:
         """Disarm; the reduction (``numerics.layer_reduction.reduce_states``) of each state at
         the armed positions, in state order (embeddings, layers, final norm, logits), as the
         project's tensor wire format (``tensorio``: ``{k}.digests``, ``{k}.projections``,
-        ``{k}.norms``). Only the reductions leave the worker. A state not seen exactly once is
-        a RuntimeError."""
+        ``{k}.norms``). Every rank reduces its own states and returns its tensor-parallel
+        rank and size and the SHA-256 of its reduction (``reduction_sha256``); only TP rank 0
+        puts the reduction's bytes in its reply (``reduction``; None on the other ranks), so
+        only rank 0's reduction crosses processes at full size (``runtimes.vllm.layer_ranks``
+        checks the ranks agree). A state not seen exactly once is a RuntimeError."""
         import torch
+        from vllm.distributed.parallel_state import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
 
-        from pytest_logprob_drift.numerics.layer_reduction import reduce_states
+        from pytest_logprob_drift.numerics.layer_reduction import reduce_states, reduction_sha256
+        from pytest_logprob_drift.runtimes.vllm.layer_ranks import READ_RANK
         from pytest_logprob_drift.tensorio import tensor_bytes
 
         _LAYERS["armed"] = False
@@ -196,7 +204,13 @@ class DriftWorkerExtension:
             out[f"{index}.digests"] = digests
             out[f"{index}.projections"] = projections
             out[f"{index}.norms"] = norms
-        return tensor_bytes(out)
+        rank = int(get_tensor_model_parallel_rank())
+        return {
+            "tp_rank": rank,
+            "tp_size": int(get_tensor_model_parallel_world_size()),
+            "sha256": reduction_sha256(out),
+            "reduction": tensor_bytes(out) if rank == READ_RANK else None,
+        }
 
     def model_report(self) -> dict[str, Any]:
         """This worker's attention implementations and vocabulary shards (plain values only).
