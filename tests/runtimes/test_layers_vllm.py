@@ -263,6 +263,8 @@ def test_compiled_graphs_are_layers_unavailable_for_that_case_only(run: dict[str
     knob = actual["knobs"]["rollout.enforce_eager"]
     assert (knob["actual"], knob["status"]) == (False, "applied")
     assert actual["read_back"]["vllm.enforce_eager"] is False
+    assert f"layers (rollout): layers_unavailable ({reason})" in run["text"]
+    assert run["text"].count("layers (rollout): layers_unavailable") == 1  # that case only
     for label in (BASELINE, TP2):
         other = run["cases"][label]["comparison"]["diagnostics"]["layers"]
         assert other["rollout"]["status"] == other["training"]["status"] == "layers_captured"
