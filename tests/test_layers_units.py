@@ -6,6 +6,10 @@ every rank's SHA-256 agrees (the real engine loop behind a stand-in ``vllm.LLM``
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -304,3 +308,17 @@ def test_the_rollout_record_says_which_rank_was_read_or_which_ranks_disagree() -
     assert "rank 1 " in (record.rollout.reason or "") and record.figures is None
     assert set(split.files) == {"layers_training.pt"}
     assert engine.layer_capture_evidence() == {}  # nothing left over from a refused capture
+
+
+def test_the_engine_and_the_rank_check_import_neither_torch_nor_vllm() -> None:
+    code = (
+        "import sys\n"
+        "import pytest_logprob_drift.runtimes.vllm.engine\n"
+        "import pytest_logprob_drift.runtimes.vllm.layer_ranks\n"
+        "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -8,18 +8,16 @@ the SHA-256 of its reduction (``numerics.layer_reduction.reduction_sha256``), an
 only if there is exactly one reply per rank ``0 .. n - 1``, every rank's SHA-256 equals rank
 0's, and rank 0's bytes hash to the SHA-256 it sent; otherwise a ValueError naming the ranks
 (the engine's caller turns it into ``layers_unavailable`` for that case). Pure: knows no
-engine, no case and no file.
+engine, no case and no file; importing it imports neither torch nor vLLM.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import torch
-
-from pytest_logprob_drift.numerics.layer_reduction import reduction_sha256
-from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
+if TYPE_CHECKING:
+    import torch
 
 READ_RANK: Final = 0
 """The TP rank whose reduction crosses processes."""
@@ -45,6 +43,9 @@ def rank_zero_reduction(
     """Rank 0's reduction from every worker's ``layers_collect`` reply (``what`` names the
     request in messages), after checking that the ranks agree; ValueError naming the ranks
     otherwise."""
+    from pytest_logprob_drift.numerics.layer_reduction import reduction_sha256
+    from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
+
     parsed = [_reply(r, i) for i, r in enumerate(replies)]
     ranks = sorted(rank for rank, *_ in parsed)
     if ranks != list(range(tensor_parallel_size)):
