@@ -7,7 +7,6 @@ reuses)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,7 @@ from typing import Any
 import pytest
 import torch
 from drift_testing import EXPERIMENTS, cli
-
-from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+from layer_hooks import digests16, hooked_states, plain_model
 
 pytestmark = pytest.mark.slow
 
@@ -75,39 +73,6 @@ def _picked(active: torch.Tensor) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.long)
 
 
-def _states(dtype: torch.dtype, batch: dict[str, torch.Tensor], where: torch.Tensor) -> list[Any]:
-    from transformers import AutoModelForCausalLM
-
-    path = resolve_checkpoint(DEEP, expected_digest=None).path
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    model.eval()
-    seen: list[torch.Tensor] = []
-    parts = [model.model.embed_tokens, *model.model.layers, model.model.norm, model.lm_head]
-    handles = [
-        p.register_forward_hook(
-            lambda _m, _a, out: seen.append((out[0] if isinstance(out, tuple) else out).clone())
-        )
-        for p in parts
-    ]
-    length = int(batch["attention_mask"].sum(-1).max())
-    with torch.no_grad():
-        model(
-            input_ids=batch["token_ids"][:, :length],
-            attention_mask=batch["attention_mask"][:, :length].long(),
-            position_ids=batch["position_ids"][:, :length],
-            use_cache=False,
-        )
-    for h in handles:
-        h.remove()
-    return [s[where[:, 0], where[:, 1]] for s in seen]
-
-
-def _sha(states: torch.Tensor) -> list[bytes]:
-    tag = str(states.dtype).encode() + b"\0"
-    raw = states.contiguous().view(torch.uint8).reshape(states.shape[0], -1).numpy()
-    return [hashlib.sha256(tag + row.tobytes()).digest()[:16] for row in raw]
-
-
 def test_both_sides_capture_the_picked_positions_of_plain_transformers(
     run: dict[str, Any],
 ) -> None:
@@ -125,8 +90,9 @@ def test_both_sides_capture_the_picked_positions_of_plain_transformers(
     ):
         sealed = _load(case["attempt"] / name)
         assert torch.equal(sealed["positions"], where), name
-        for s, state in enumerate(_states(dtype, batch, where)):
-            assert [bytes(d.tolist()) for d in sealed["digests"][s]] == _sha(state), (name, s)
+        full = hooked_states(plain_model(dtype), batch)
+        for s, state in enumerate(x[where[:, 0], where[:, 1]] for x in full):
+            assert [bytes(d.tolist()) for d in sealed["digests"][s]] == digests16(state), (name, s)
             exact = torch.linalg.vector_norm(state.double(), dim=-1)
             assert torch.allclose(sealed["norms"][s], exact, rtol=1e-12, atol=0), (name, s)
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import torch
 from drift_testing import EXPERIMENTS, cli
+from layer_hooks import digests16, hooked_states, scoring_rows
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 from pytest_logprob_drift.runtimes.transformers import fsdp, fsdp_rank
@@ -145,36 +146,12 @@ def test_verify_accepts_the_fsdp_layers(on: dict[str, Any]) -> None:
 
 
 def _states(model: Any, batch: dict[str, torch.Tensor], float32_head: bool) -> list[torch.Tensor]:
-    """Hooks written here: embeddings, each decoder layer's output, final norm, LM head (with
-    ``float32_head``, the logits recomputed here in float32 from the final norm's output); the
-    rows of the positions that score the active tokens (t - 1 for every active t)."""
-    seen: list[torch.Tensor] = []
-
-    def keep(_m: Any, _a: Any, out: Any) -> None:
-        seen.append((out[0] if isinstance(out, tuple) else out).detach().clone())
-
-    parts = [model.model.embed_tokens, *model.model.layers, model.model.norm, model.lm_head]
-    handles = [p.register_forward_hook(keep) for p in parts]
-    length = int(batch["attention_mask"].sum(-1).max())
-    with torch.no_grad():
-        model(
-            input_ids=batch["token_ids"][:, :length],
-            attention_mask=batch["attention_mask"][:, :length].long(),
-            position_ids=batch["position_ids"][:, :length],
-            use_cache=False,
-        )
-    for h in handles:
-        h.remove()
+    """The states the hooks of ``layer_hooks`` see (with ``float32_head``, the logits
+    recomputed here in float32 from the final norm's output), at the scoring positions."""
+    seen = hooked_states(model, batch)
     if float32_head:
         seen[-1] = seen[-2].float() @ model.lm_head.weight.detach().float().T
-    select = batch["active_mask"][:, 1:length]
-    return [s[:, :-1][select] for s in seen]
-
-
-def _sha(states: torch.Tensor) -> list[bytes]:
-    tag = str(states.dtype).encode() + b"\0"
-    raw = states.contiguous().view(torch.uint8).reshape(states.shape[0], -1).numpy()
-    return [hashlib.sha256(tag + row.tobytes()).digest()[:16] for row in raw]
+    return scoring_rows(seen, batch["active_mask"])
 
 
 def _digests(sealed: dict[str, torch.Tensor], s: int) -> list[bytes]:
@@ -254,7 +231,7 @@ def test_sealed_fsdp_reductions_agree_with_plain_transformers_hooks(
         exact = torch.linalg.vector_norm(state.double(), dim=-1)
         if derived:
             bitwise += 1
-            assert _digests(sealed, s) == _sha(state), STATES[s]
+            assert _digests(sealed, s) == digests16(state), STATES[s]
             assert torch.allclose(sealed["norms"][s], exact, rtol=1e-12, atol=0)
         else:
             rel = (sealed["norms"][s] - exact).abs() / exact

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 from drift_testing import EXPERIMENTS, cli
+from layer_hooks import digests16, hooked_states, plain_model, scoring_rows
 
 from pytest_logprob_drift.numerics.layer_reduction import RELATIVE_ERROR_BAND
-from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.layout import COMPLETE
 from pytest_logprob_drift.tensorio import tensor_bytes
@@ -127,44 +127,6 @@ def test_the_probe_changes_no_verdict_mismatch_count_case_id_or_score(
 # ---------------------------------------------------------------- an independent recompute
 
 
-def _states(model: Any, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """Hooks written here: embeddings, each decoder layer's output, final norm, LM head; the
-    rows of the positions that score the active tokens (t - 1 for every active t)."""
-    seen: list[torch.Tensor] = []
-
-    def keep(_m: Any, _a: Any, out: Any) -> None:
-        seen.append((out[0] if isinstance(out, tuple) else out).detach().clone())
-
-    parts = [model.model.embed_tokens, *model.model.layers, model.model.norm, model.lm_head]
-    handles = [p.register_forward_hook(keep) for p in parts]
-    length = int(batch["attention_mask"].sum(-1).max())
-    with torch.no_grad():
-        model(
-            input_ids=batch["token_ids"][:, :length],
-            attention_mask=batch["attention_mask"][:, :length].long(),
-            position_ids=batch["position_ids"][:, :length],
-            use_cache=False,
-        )
-    for h in handles:
-        h.remove()
-    select = batch["active_mask"][:, 1:length]
-    return [s[:, :-1][select] for s in seen]
-
-
-def _sha(states: torch.Tensor) -> list[bytes]:
-    tag = str(states.dtype).encode() + b"\0"
-    raw = states.contiguous().view(torch.uint8).reshape(states.shape[0], -1).numpy()
-    return [hashlib.sha256(tag + row.tobytes()).digest()[:16] for row in raw]
-
-
-def _model(dtype: torch.dtype) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    path = resolve_checkpoint(DEEP, expected_digest=None).path
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    return model.eval()
-
-
 def test_sealed_reductions_agree_with_plain_transformers_hooks(on: dict[str, Any]) -> None:
     """rollout.dtype=float32: the rollout side is the fp32 model, the training side the bf16
     one; both sides' digests and norms, and the per-state relative errors, recomputed here."""
@@ -172,13 +134,17 @@ def test_sealed_reductions_agree_with_plain_transformers_hooks(on: dict[str, Any
     case = on["cases"]["rollout.dtype=float32"]
     batch = _load(case["attempt"] / "score_rollout.pt")
     sides = {
-        TRAINING: _states(_model(torch.bfloat16), batch),
-        ROLLOUT: _states(_model(torch.float32), batch),
+        TRAINING: scoring_rows(
+            hooked_states(plain_model(torch.bfloat16), batch), batch["active_mask"]
+        ),
+        ROLLOUT: scoring_rows(
+            hooked_states(plain_model(torch.float32), batch), batch["active_mask"]
+        ),
     }
     for name, states in sides.items():
         sealed = _load(case["attempt"] / name)
         for s, state in enumerate(states):
-            assert [bytes(d.tolist()) for d in sealed["digests"][s]] == _sha(state), (name, s)
+            assert [bytes(d.tolist()) for d in sealed["digests"][s]] == digests16(state), (name, s)
             exact = torch.linalg.vector_norm(state.double(), dim=-1)
             assert torch.allclose(sealed["norms"][s], exact, rtol=1e-12, atol=0)
     figures = case["comparison"]["diagnostics"]["layers"]["figures"]
@@ -198,11 +164,11 @@ def test_both_bf16_sides_agree_bitwise_at_every_layer(on: dict[str, Any]) -> Non
     the same bytes whichever model object runs it, and the sealed figures say so."""
     case = on["cases"]["baseline"]
     batch = _load(case["attempt"] / "score_rollout.pt")
-    mine = _states(_model(torch.bfloat16), batch)
+    mine = scoring_rows(hooked_states(plain_model(torch.bfloat16), batch), batch["active_mask"])
     for name in (TRAINING, ROLLOUT):
         sealed = _load(case["attempt"] / name)
         assert [[bytes(d.tolist()) for d in state] for state in sealed["digests"]] == [
-            _sha(s) for s in mine
+            digests16(s) for s in mine
         ]
     figures = case["comparison"]["diagnostics"]["layers"]["figures"]
     assert figures["first_unequal_state"] is None

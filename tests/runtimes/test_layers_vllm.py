@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from drift_testing import EXPERIMENTS, cli
+from layer_hooks import hooked_states, plain_model, scoring_rows
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 
@@ -81,33 +82,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _hf_states(batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_checkpoint(DEEP, expected_digest=None).path,
-        dtype=torch.float32,
-        attn_implementation="sdpa",
-    ).eval()
-    seen: list[torch.Tensor] = []
-    parts = [model.model.embed_tokens, *model.model.layers, model.model.norm, model.lm_head]
-    handles = [
-        p.register_forward_hook(
-            lambda _m, _a, out: seen.append((out[0] if isinstance(out, tuple) else out).clone())
-        )
-        for p in parts
-    ]
-    length = int(batch["attention_mask"].sum(-1).max())
-    with torch.no_grad():
-        model(
-            input_ids=batch["token_ids"][:, :length],
-            attention_mask=batch["attention_mask"][:, :length].long(),
-            position_ids=batch["position_ids"][:, :length],
-            use_cache=False,
-        )
-    for h in handles:
-        h.remove()
-    select = batch["active_mask"][:, 1:length]
-    return [s[:, :-1][select] for s in seen]
+    states = hooked_states(plain_model(torch.float32), batch)
+    return scoring_rows(states, batch["active_mask"])
 
 
 def test_vllm_and_transformers_agree_at_every_layer_in_fp32(run: dict[str, Any]) -> None:
