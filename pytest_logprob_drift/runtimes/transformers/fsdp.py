@@ -377,6 +377,19 @@ class FsdpScorerGroup:
 
     # -- scoring -----------------------------------------------------------------------------
 
+    def _check_request(
+        self, batch: Mapping[str, Tensor], batch_size: int, lm_head_dtype: str
+    ) -> None:
+        """What a scoring or capture request needs before it is sent: an open group, a
+        positive batch size, a known LM head dtype and a canonical batch."""
+        if self._state.closed:
+            raise FsdpScorerError("the FSDP scorer group is closed")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if lm_head_dtype not in engine.LM_HEAD_DTYPES:
+            raise ValueError(f"lm_head_dtype must be one of {', '.join(engine.LM_HEAD_DTYPES)}")
+        engine.validate_canonical_batch(batch)
+
     def score(
         self,
         batch: Mapping[str, Tensor],
@@ -396,15 +409,9 @@ class FsdpScorerGroup:
         given (a list), receives rank 0's scored ``[A, V]`` float32 rows of the active
         positions (asked of the ranks only then).
         """
-        if self._state.closed:
-            raise FsdpScorerError("the FSDP scorer group is closed")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._check_request(batch, batch_size, lm_head_dtype)
         if ":" not in logp_backend:
             raise ValueError(f"logp backend {logp_backend!r} is not a 'module:attr' import string")
-        if lm_head_dtype not in engine.LM_HEAD_DTYPES:
-            raise ValueError(f"lm_head_dtype must be one of {', '.join(engine.LM_HEAD_DTYPES)}")
-        engine.validate_canonical_batch(batch)
         request = wire.Score.of(
             {k: batch[k] for k in engine.SCORER_KEYS},
             batch_size=batch_size,
@@ -433,13 +440,7 @@ class FsdpScorerGroup:
         SHA-256). Rank 0's reduction is returned; ``FsdpScorerError`` when any rank fails (the
         group is then closed) or when the ranks' reductions differ (the group stays open: its
         scores are still checked by their own digests)."""
-        if self._state.closed:
-            raise FsdpScorerError("the FSDP scorer group is closed")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if lm_head_dtype not in engine.LM_HEAD_DTYPES:
-            raise ValueError(f"lm_head_dtype must be one of {', '.join(engine.LM_HEAD_DTYPES)}")
-        engine.validate_canonical_batch(batch)
+        self._check_request(batch, batch_size, lm_head_dtype)
         request = wire.CaptureLayers.of(
             {k: batch[k] for k in engine.SCORER_KEYS},
             batch_size=batch_size,
