@@ -11,11 +11,25 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_kept() -> Iterator[None]:
+    """A test that changes torch's intra-op thread count (``torch.set_num_threads``) does not
+    leak it into the later tests of the same worker process: a run in this process and the
+    same run in a subprocess agree bitwise only at the same thread count
+    (``test_ray_launcher`` compares the two). Never imports torch itself."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture
