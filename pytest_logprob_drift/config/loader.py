@@ -952,7 +952,6 @@ DIAGNOSTIC_LIMIT = 64
 """Most top tokens or worst positions a full-vocabulary diagnostic may ask for."""
 LAYER_POSITIONS_LIMIT = 1 << 20
 """Most positions per row a layer diagnostic may ask for."""
-"""Most top tokens or worst positions a full-vocabulary diagnostic may ask for."""
 
 
 def _diagnostics(
