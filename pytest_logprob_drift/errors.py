@@ -157,6 +157,13 @@ class ArtifactError(DriftError):
         super().__init__(f"{path}: {message}")
 
 
+class InvalidRunError(ArtifactError):
+    """A run directory whose sealed files contradict themselves (a sealed line of
+    ``plan.jsonl`` that is not a plan row): invalid, as ``verify`` says (exit 1)."""
+
+    exit_code = ExitCode.UNEXPECTED_OUTCOME
+
+
 class RuntimeFailure(DriftError):
     """A runtime adapter or engine failed while executing a case."""
 

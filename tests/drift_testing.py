@@ -233,3 +233,24 @@ def plugin_run(workdir: Path, config: Path, *options: str | Path, runtime: str) 
         document = json.loads(path.read_text())
         cases[document["label"]] = {"comparison": document, "attempt": path.parent}
     return {"proc": proc, "cases": cases, "run_dir": run_dir}
+
+
+def plan_row(case_id: str, **changes: Any) -> dict[str, Any]:
+    """A ``plan.jsonl`` row of the shape ``plan.binding.case_row`` writes (every member a
+    ``store.documents.PlanRow`` declares), for tests of the store that need no real plan."""
+    row: dict[str, Any] = {
+        "case_id": case_id,
+        "label": case_id,
+        "kind": "intervention",
+        "changed": [],
+        "lifecycle": None,
+        "requested": {},
+        "operators": [],
+        "scenario_level": "S0",
+        "device": "cpu",
+        "executable_by": [],
+        "contract_version": "ws1.2026-11.v1",
+        "threshold": 0.001,
+    }
+    row.update(changes)
+    return row

@@ -18,22 +18,23 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import OFFSET_EXPECT, cli, run_s0
+from drift_testing import OFFSET_EXPECT, cli, plan_row, run_s0
 
-from pytest_logprob_drift.errors import ExitCode, StorageError
+from pytest_logprob_drift.errors import ExitCode, InvalidRunError, StorageError
 from pytest_logprob_drift.store.attempt import read_seal
 from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.keys import SealKey, load_seal_key, sealing_with
-from pytest_logprob_drift.store.layout import COMPLETE
+from pytest_logprob_drift.store.layout import COMPLETE, run_seal_name
 from pytest_logprob_drift.store.layout import PLAN as PLAN_FILE
 from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.run import (
     ArtifactStore,
     iter_attempt_dirs,
     read_plan_log,
+    run_seal_manifest,
     run_seals,
 )
-from pytest_logprob_drift.store.seal import SealError
+from pytest_logprob_drift.store.seal import SealError, write_manifest
 from pytest_logprob_drift.store.verify import verify_run, verify_run_files
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
@@ -365,7 +366,7 @@ def test_a_rewritten_or_truncated_plan_is_invalid_and_an_appended_row_incomplete
 ) -> None:
     plan = run_dir / PLAN_FILE
     data = plan.read_bytes()
-    plan.write_bytes(data + b'{"case_id": "appended"}\n')
+    plan.write_bytes(data + b'plan_row("appended")\n')
     assert "after the last run seal are not sealed" in run_file_problems(run_dir)[PLAN_FILE]
     assert not [f for f in verify_run_files(run_dir) if f.status == "invalid"]
     plan.write_bytes(data.replace(b"baseline", b"BASELINE"))
@@ -378,9 +379,9 @@ def test_a_rewritten_or_truncated_plan_is_invalid_and_an_appended_row_incomplete
 
 def test_plan_appends_add_a_seal_and_keep_every_older_one(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path, "exp")
-    store.initialize({"experiment_id": "exp"}, [{"case_id": "a"}])
-    store.initialize({"experiment_id": "exp"}, [{"case_id": "a"}, {"case_id": "b"}])
-    store.initialize({"experiment_id": "exp"}, [{"case_id": "b"}])  # nothing new: no seal
+    store.initialize({"experiment_id": "exp"}, [plan_row("a")])
+    store.initialize({"experiment_id": "exp"}, [plan_row("a"), plan_row("b")])
+    store.initialize({"experiment_id": "exp"}, [plan_row("b")])  # nothing new: no seal
     seals = run_seals(store.directory)
     assert len(seals) == 2 and seals[-1][0] == len((store.directory / PLAN_FILE).read_bytes())
     (store.directory / "cases").mkdir(exist_ok=True)
@@ -390,19 +391,66 @@ def test_plan_appends_add_a_seal_and_keep_every_older_one(tmp_path: Path) -> Non
 # ----------------------------------------------------------------------------- plan.jsonl
 
 
-def test_a_torn_plan_tail_is_reported_and_never_glued_to(tmp_path: Path) -> None:
+def test_a_torn_plan_tail_is_reported_then_cut_back_never_glued_to(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path, "exp")
-    store.initialize({"experiment_id": "exp"}, [{"case_id": "a"}])
+    store.initialize({"experiment_id": "exp"}, [plan_row("a")])
     plan = store.directory / PLAN_FILE
+    sealed = plan.read_bytes()
     with plan.open("ab") as handle:
         handle.write(b'{"case_id": "tor')  # what a crash in the middle of an append leaves
-    notes = store.initialize({"experiment_id": "exp"}, [{"case_id": "a"}, {"case_id": "b"}])
-    assert any("torn last line" in n for n in notes)
-    lines = plan.read_bytes().split(b"\n")
-    assert lines[1] == b'{"case_id": "tor' and json.loads(lines[2]) == {"case_id": "b"}
     log = read_plan_log(store.directory)
-    assert sorted(json.loads(r)["case_id"] for r in log.rows) == ["a", "b"]
-    assert log.bad_lines == (2,) and log.torn == 0
+    assert log.torn == len(b'{"case_id": "tor') and log.bad_lines == ()
+    notes = store.initialize({"experiment_id": "exp"}, [plan_row("a"), plan_row("b")])
+    assert any("torn last line" in n for n in notes)
+    data = plan.read_bytes()
+    assert data.startswith(sealed) and b'"tor' not in data  # cut back to the sealed bytes
+    assert json.loads(data[len(sealed) :]) == plan_row("b")
+    log = read_plan_log(store.directory)
+    assert [r.case_id for r in log.rows] == ["a", "b"]
+    assert log.bad_lines == () and log.torn == 0
+    assert run_file_problems(store.directory) == {}
+
+
+def test_an_unsealed_line_that_is_no_row_is_cut_back_before_the_next_append(
+    tmp_path: Path,
+) -> None:
+    store = ArtifactStore(tmp_path, "exp")
+    store.initialize({"experiment_id": "exp"}, [plan_row("a")])
+    plan = store.directory / PLAN_FILE
+    sealed = plan.read_bytes()
+    with plan.open("ab") as handle:  # a torn line an older version terminated, never sealed
+        handle.write(b'{"case_id": "tor\n')
+    assert [line for line, _, _ in read_plan_log(store.directory).bad_lines] == [2]
+    store.initialize({"experiment_id": "exp"}, [plan_row("b")])
+    data = plan.read_bytes()
+    assert data.startswith(sealed) and json.loads(data[len(sealed) :]) == plan_row("b")
+    assert run_file_problems(store.directory) == {}
+
+
+def test_a_sealed_line_that_is_no_row_makes_the_run_invalid_for_every_reader(
+    tmp_path: Path,
+) -> None:
+    store = ArtifactStore(tmp_path, "exp")
+    store.initialize({"experiment_id": "exp"}, [plan_row("a")])
+    plan = store.directory / PLAN_FILE
+    with plan.open("ab") as handle:  # what an older version terminated and then sealed
+        handle.write(b'{"case_id": "tor\n')
+    data = plan.read_bytes()
+    experiment = (store.directory / "experiment.json").read_bytes()
+    # the store itself never seals such a line: seal it as an older version did
+    write_manifest(
+        store.directory / "seals", run_seal_name(len(data)), run_seal_manifest(experiment, data)
+    )
+    problems = run_file_problems(store.directory)
+    assert problems[PLAN_FILE].startswith("sealed line 2 is not a plan row (invalid JSON at byte")
+    code, out, err = cli("verify", store.directory)
+    assert code == ExitCode.UNEXPECTED_OUTCOME, (out, err)
+    assert "sealed line 2 is not a plan row" in out + err
+    with pytest.raises(InvalidRunError) as refused:
+        store.initialize({"experiment_id": "exp"}, [plan_row("a"), plan_row("b")])
+    assert refused.value.exit_code == ExitCode.UNEXPECTED_OUTCOME
+    assert "sealed line 2 is not a plan row" in str(refused.value)
+    assert plan.read_bytes() == data  # nothing cut, nothing appended
 
 
 def fill(directory: Path, leave: int) -> Path:
@@ -415,10 +463,10 @@ def fill(directory: Path, leave: int) -> Path:
 
 def test_a_short_plan_append_on_a_full_disk_is_rolled_back(tiny_tmpfs: Path) -> None:
     store = ArtifactStore(tiny_tmpfs, "exp")
-    store.initialize({"experiment_id": "exp"}, [{"case_id": "a"}])
+    store.initialize({"experiment_id": "exp"}, [plan_row("a")])
     before = (store.directory / PLAN_FILE).read_bytes()
     filler = fill(tiny_tmpfs, 8192)
-    rows = [{"case_id": f"row-{i}", "pad": "x" * 200} for i in range(200)]  # ~45 KiB
+    rows = [plan_row(f"row-{i}") for i in range(160)]  # ~43 KiB
     with pytest.raises(StorageError, match="No space left") as caught:
         store.initialize({"experiment_id": "exp"}, rows)
     assert caught.value.exit_code == ExitCode.RUNTIME_FAILURE
@@ -426,7 +474,7 @@ def test_a_short_plan_append_on_a_full_disk_is_rolled_back(tiny_tmpfs: Path) -> 
     filler.unlink()
     store.initialize({"experiment_id": "exp"}, rows)
     log = read_plan_log(store.directory)
-    assert len(log.rows) == 201 and log.torn == 0 and log.bad_lines == ()
+    assert len(log.rows) == 161 and log.torn == 0 and log.bad_lines == ()
 
 
 def test_a_publish_that_fails_leaves_no_temporary(tiny_tmpfs: Path) -> None:

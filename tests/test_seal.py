@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drift_testing import plan_row
 
 from pytest_logprob_drift.attribution.sealed import (
     ATTRIBUTION_SEAL,
@@ -30,7 +31,7 @@ from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL, AttemptWriter, read_seal
 from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.keys import SealKey, load_seal_key, sealing_with
-from pytest_logprob_drift.store.resume import load_sealed_json
+from pytest_logprob_drift.store.resume import load_sealed_document
 from pytest_logprob_drift.store.run import RUN_SEAL, ArtifactStore, read_run_seal, run_seals
 from pytest_logprob_drift.store.seal import SealError, SealForm, read_manifest
 from pytest_logprob_drift.store.verify import verify_run_files
@@ -132,7 +133,7 @@ def test_an_attribution_round_trips(tmp_path: Path) -> None:
 
 def test_a_run_seal_round_trips(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path, "exp")
-    store.initialize({"experiment_id": "exp"}, [{"case_id": "c1"}, {"case_id": "c2"}])
+    store.initialize({"experiment_id": "exp"}, [plan_row("c1"), plan_row("c2")])
     [(length, path)] = run_seals(store.directory)
     manifest = read_run_seal(path)
     plan = (store.directory / layout.PLAN).read_bytes()
@@ -159,7 +160,7 @@ def test_each_kind_round_trips_under_a_key_and_only_under_it(tmp_path: Path, kin
 def test_a_keyed_run_seal_verifies_under_its_key_only(tmp_path: Path) -> None:
     with sealing_with(KEY):
         store = ArtifactStore(tmp_path, "exp")
-        store.initialize({"experiment_id": "exp"}, [{"case_id": "c1"}])
+        store.initialize({"experiment_id": "exp"}, [plan_row("c1")])
         assert {s.status for s in verify_run_files(store.directory)} == {"ok"}
     with sealing_with(OTHER_KEY):
         statuses = {s.file: s for s in verify_run_files(store.directory)}
@@ -390,7 +391,7 @@ def test_a_malformed_run_seal_is_invalid_naming_it(
 ) -> None:
     with sealing_with(key):
         store = ArtifactStore(tmp_path, "exp")
-        store.initialize({"experiment_id": "exp"}, [{"case_id": "c1"}])
+        store.initialize({"experiment_id": "exp"}, [plan_row("c1")])
         [(_, path)] = run_seals(store.directory)
         document = json.loads(path.read_bytes())
         os.chmod(path, 0o644)
@@ -406,7 +407,7 @@ def test_a_malformed_run_seal_is_invalid_naming_it(
 
 def test_a_flipped_byte_in_a_run_file_invalidates_its_seal(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path, "exp")
-    store.initialize({"experiment_id": "exp"}, [{"case_id": "c1"}])
+    store.initialize({"experiment_id": "exp"}, [plan_row("c1")])
     experiment = store.directory / layout.EXPERIMENT
     data = bytearray(experiment.read_bytes())
     data[2] ^= 0x01
@@ -426,7 +427,7 @@ def test_the_verifier_hands_back_the_bytes_it_hashed_and_readers_parse_them(tmp_
     # The file changes on disk after the check: the reader still parses what was checked.
     os.chmod(attempt / "a.json", 0o644)
     (attempt / "a.json").write_bytes(b'{"x": 2}\n')
-    assert load_sealed_json(attempt, "a.json", seal) == {"x": 1}
+    assert load_sealed_document(attempt, "a.json", seal, dict[str, int]) == {"x": 1}
     assert seal.read("a.json") == PAYLOADS["a.json"]
 
 

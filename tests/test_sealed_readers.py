@@ -1,10 +1,9 @@
 """The strict readers every sealed file goes through (issue 21, class 4), on their own.
 
-``store.files.json_document`` (every stored JSON file), ``tensorio.tensors_from_bytes`` (every
-``.pt``), ``store.sealed_tensors.check_sealed_tensors`` (each ``.pt`` against its file's
-schema) and ``store.documents.shape_problem`` (the fields readers use): what they accept is
-what ``json.loads``/``torch.load`` give for the same bytes, and each refusal says what is wrong
-in one line. The end-to-end cases (a re-sealed run through ``verify``, ``report`` and ``run``)
+``store.decode.decode`` (every stored JSON file, into its type), ``tensorio.tensors_from_bytes``
+(every ``.pt``) and ``store.sealed_tensors.check_sealed_tensors`` (each ``.pt`` against its
+file's schema): what they accept is what ``json.loads``/``torch.load`` give for the same bytes,
+and each refusal says what is wrong in one line (with the JSON path, or the byte offset). The end-to-end cases (a re-sealed run through ``verify``, ``report`` and ``run``)
 are in ``test_hardening_sealed_files`` and ``test_hardening_sealed_fuzz``.
 """
 
@@ -18,8 +17,13 @@ import pytest
 import torch
 
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.documents import NUMBER, Absent, Nullable, shape_problem
-from pytest_logprob_drift.store.files import MAX_JSON_NESTING, JSONDocumentError, json_document
+from pytest_logprob_drift.store.decode import (
+    MAX_JSON_NESTING,
+    Document,
+    JSONDocumentError,
+    decode,
+    decode_any,
+)
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
 from pytest_logprob_drift.tensorio import TensorFormatError, tensor_bytes, tensors_from_bytes
@@ -41,30 +45,33 @@ def _nested(depth: int) -> bytes:
     ],
 )
 def test_what_the_store_writes_reads_back_as_json_loads_reads_it(data: bytes) -> None:
-    assert json_document(data) == json.loads(data)
+    assert decode_any(data) == json.loads(data)
 
 
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
-        (b"[NaN]", "NaN is not valid JSON"),
-        (b'{"a": -Infinity}', "-Infinity is not valid JSON"),
-        (b"[1e999]", "number 1e999 is out of range (not finite)"),
-        (b"[1, 18446744073709551616]", "integer 18446744073709551616 is out of range"),
-        (b"[2.5, -18446744073709551616]", "integer -18446744073709551616 is out of range"),
-        (b'{"a": [[1], [2, 99999999999999999999999]]}', "is out of range (at most 2**64)"),
-        (b"[" + b"9" * 5000 + b"]", "a number out of range: Exceeds the limit"),
-        (b'["a", "\\udc00"]', "a string holds the lone surrogate \\udc00"),
-        (b'{"\\ud800": 1}', "a string holds the lone surrogate \\ud800"),
+        (b"[NaN]", "invalid JSON at byte 1: NaN is not valid JSON"),
+        (b'{"a": -Infinity}', "invalid JSON at byte 7: -Infinity is not valid JSON"),
+        (b"[1e999]", "$[0]: Number out of range"),
+        (b"[1, 18446744073709551616]", "$[1]: integer out of range (at most 2**64)"),
+        (b"[2.5, -18446744073709551616]", "$[1]: integer out of range (at most 2**64)"),
+        (
+            b'{"a": [[1], [2, 99999999999999999999999]]}',
+            "$.a[1][1]: integer out of range (at most 2**64)",
+        ),
+        (b"[" + b"9" * 5000 + b"]", "$[0]: Integer value out of range"),
+        (b'["a", "\\udc00"]', "$[1]: a string holds a lone surrogate (not Unicode)"),
+        (b'{"\\ud800": 1}', "$.<key>: a string holds a lone surrogate (not Unicode)"),
         (b'{"a": "\xff\xfe"}', "not UTF-8 (invalid start byte at byte 7)"),
         (_nested(MAX_JSON_NESTING + 1), "nested deeper than 64 levels"),
         (_nested(100_000), "nested deeper than 64 levels"),
-        (b'{"a": ', "invalid JSON at line 1 column 7: Expecting value"),
+        (b'{"a": ', "invalid JSON at byte 6 (line 1 column 7): Expecting value"),
     ],
 )
 def test_what_the_store_never_writes_is_refused(data: bytes, reason: str) -> None:
     with pytest.raises(JSONDocumentError) as refused:
-        json_document(data)
+        decode_any(data)
     assert reason in str(refused.value)
     assert "\n" not in str(refused.value)
 
@@ -151,13 +158,16 @@ def test_a_score_file_off_its_schema_names_the_tensor(
     assert reason in refused.value.message
 
 
-SHAPE = {
-    "name": str,
-    "count": int,
-    "value": Nullable(NUMBER),
-    "tags": Absent([str]),
-    "inner": {"flag": bool},
-}
+class Inner(Document, frozen=True):
+    flag: bool
+
+
+class Shaped(Document, frozen=True):
+    name: str
+    count: int
+    value: float | None
+    inner: Inner
+    tags: tuple[str, ...] = ()
 
 
 @pytest.mark.parametrize(
@@ -167,23 +177,44 @@ SHAPE = {
         ({"name": "a", "count": 1, "value": 2, "tags": ["x"], "inner": {"flag": False}}, None),
         (
             {"name": "a", "count": True, "value": 1.0, "inner": {"flag": True}},
-            "$.count: expected an integer, found a boolean",
+            "$.count: Expected `int`, got `bool`",
         ),
         (
             {"name": "a", "count": 1, "value": "1", "inner": {"flag": True}},
-            "$.value: expected a number, found a string",
+            "$.value: Expected `float | null`, got `str`",
         ),
         (
             {"name": "a", "count": 1, "value": 1, "tags": ["x", 2], "inner": {"flag": True}},
-            "$.tags[1]: expected a string, found an integer",
+            "$.tags[1]: Expected `str`, got `int`",
         ),
-        ({"name": "a", "count": 1, "value": 1}, "$.inner: missing"),
+        ({"name": "a", "count": 1, "value": 1}, "$: Object missing required field `inner`"),
         (
             {"name": "a", "count": 1, "value": 1, "inner": []},
-            "$.inner: expected an object, found an array",
+            "$.inner: Expected `object`, got `array`",
         ),
-        ([], "$: expected an object, found an array"),
+        (
+            {"name": "a", "count": 1, "value": 1, "inner": {"flag": True, "more": 1}},
+            "$.inner: Object contains unknown field `more`",
+        ),
+        (
+            {"name": "a", "count": 2**64, "value": 1, "inner": {"flag": True}},
+            "$.count: integer 18446744073709551616 is out of range (at most 2**64)",
+        ),
+        ([], "$: Expected `object`, got `array`"),
     ],
 )
-def test_a_document_shape_names_the_first_path_at_fault(document: Any, problem: str | None) -> None:
-    assert shape_problem(document, SHAPE) == problem
+def test_a_typed_document_names_the_first_path_at_fault(document: Any, problem: str | None) -> None:
+    data = json.dumps(document).encode()
+    if problem is None:
+        decoded = decode(data, Shaped)
+        assert (decoded.name, decoded.count, decoded.value) == (
+            document["name"],
+            document["count"],
+            document["value"],
+        )
+        assert decoded.inner == Inner(flag=document["inner"]["flag"])
+        assert decoded.tags == tuple(document.get("tags", ()))
+        return
+    with pytest.raises(JSONDocumentError) as refused:
+        decode(data, Shaped)
+    assert str(refused.value) == problem

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from drift_testing import cli, run_s0
+from drift_testing import cli, plan_row, run_s0
 
 from pytest_logprob_drift.attribution.sealed import open_attribution, write_attribution
 from pytest_logprob_drift.errors import ExitCode, StorageError
@@ -22,7 +22,7 @@ from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.store.seal import SealError
 
 EXPERIMENT = {"experiment_id": "exp"}
-ROWS = [{"case_id": "c1"}]
+ROWS = [plan_row("c1")]
 FIXTURE_RUN = Path(__file__).parent / "data" / "pre_issue20" / "runs" / "fixture-pre20-cpu-smoke"
 
 
@@ -59,7 +59,7 @@ def test_a_seals_directory_that_is_a_link_is_refused(tmp_path: Path) -> None:
     seals = store.directory / layout.SEALS
     shutil.rmtree(seals)
     seals.symlink_to(outside(tmp_path), target_is_directory=True)
-    refused(store, [*ROWS, {"case_id": "c2"}])
+    refused(store, [*ROWS, plan_row("c2")])
     assert list(outside(tmp_path).iterdir()) == []
 
 

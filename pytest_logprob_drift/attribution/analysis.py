@@ -33,7 +33,8 @@ from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
-from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
+from pytest_logprob_drift.store.documents import Requested
+from pytest_logprob_drift.store.resume import load_sealed_document, load_sealed_tensors
 
 ATTRIBUTION_SCHEMA_VERSION = "cross_config.attribution.v1"
 ATTRIBUTED_OUTCOMES = (Outcome.PASS.value, Outcome.MISMATCH.value)
@@ -65,13 +66,15 @@ class SealedExecution:
     def __init__(self, attempt_dir: Path) -> None:
         self.attempt_dir = attempt_dir
         self.seal = read_seal(attempt_dir)
-        comparison = parse_comparison(load_sealed_json(attempt_dir, layout.COMPARISON, self.seal))
-        requested = load_sealed_json(attempt_dir, layout.REQUESTED, self.seal)
+        comparison = parse_comparison(
+            load_sealed_document(attempt_dir, layout.COMPARISON, self.seal, dict[str, Any])
+        )
+        requested = load_sealed_document(attempt_dir, layout.REQUESTED, self.seal, Requested)
         self.case_id = self.seal.case_id
         self.attempt_id = self.seal.attempt_id
         self.label = comparison.label
-        self.changed = tuple(str(c) for c in requested.get("changed", ()))
-        self.requested: Mapping[str, Any] = dict(requested.get("knobs", {}))
+        self.changed = requested.changed
+        self.requested: Mapping[str, Any] = requested.knobs
         self.outcome = comparison.outcome.value
         self.complete_sha256 = str(self.seal.manifest.sha256)  # of the COMPLETE just parsed
         self._scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None

@@ -35,6 +35,7 @@ from pytest_logprob_drift.attribution.sealed import (
     read_attribution,
     verify_attribution,
 )
+from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
 from pytest_logprob_drift.report.importance import with_read_time_figures
 from pytest_logprob_drift.report.layers import load_layer_plot
@@ -58,9 +59,17 @@ from pytest_logprob_drift.report.token_view import limits_note, token_view
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
-from pytest_logprob_drift.store.documents import EXPERIMENT_SHAPE, PLAN_ROW_SHAPE, shape_problem
-from pytest_logprob_drift.store.files import JSONDocumentError, json_document, read_regular
-from pytest_logprob_drift.store.resume import load_sealed_json, load_sealed_tensors
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode
+from pytest_logprob_drift.store.documents import (
+    Actual,
+    ExperimentDocument,
+    IdentityDocument,
+    PlanRow,
+    Requested,
+)
+from pytest_logprob_drift.store.files import read_regular
+from pytest_logprob_drift.store.resume import load_sealed_document, load_sealed_tensors
+from pytest_logprob_drift.store.run import read_plan_log
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.verify import AttemptStatus, require_run_dir, verify_run
 
@@ -100,28 +109,21 @@ def aggregation_notes(detailed_limit: int) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- sealed reads
 
 
-def _plan_rows(run_dir: Path) -> dict[str, dict[str, Any]]:
-    rows: dict[str, dict[str, Any]] = {}
+def _plan_rows(run_dir: Path) -> dict[str, PlanRow]:
+    """The rows of the run's sealed plan (verify_run has refused a run whose sealed plan
+    holds a line that is not a row)."""
     try:
-        lines = read_regular(run_dir / layout.PLAN).decode("utf-8", "replace").splitlines()
-    except OSError:
-        return rows
-    for line in lines:
-        try:
-            row = json_document(line.encode())
-        except JSONDocumentError:
-            continue
-        if shape_problem(row, PLAN_ROW_SHAPE) is None:
-            rows[row["case_id"]] = row
-    return rows
-
-
-def _experiment(run_dir: Path) -> dict[str, Any]:
-    try:
-        document = json_document(read_regular(run_dir / layout.EXPERIMENT))
-    except (OSError, JSONDocumentError):
+        log = read_plan_log(run_dir)
+    except StorageError:
         return {}
-    return document if shape_problem(document, EXPERIMENT_SHAPE) is None else {}
+    return {row.case_id: row for row in log.rows}
+
+
+def _experiment(run_dir: Path) -> ExperimentDocument | None:
+    try:
+        return decode(read_regular(run_dir / layout.EXPERIMENT), ExperimentDocument)
+    except (OSError, JSONDocumentError):
+        return None
 
 
 SHOWN_DOCUMENTS = (layout.COMPARISON, layout.REQUESTED, layout.IDENTITY)
@@ -137,12 +139,14 @@ class _Shown:
         # the bytes read: the documents now, each tensor when case_detail loads it.
         self.seal = read_seal(attempt, keep=SHOWN_DOCUMENTS, every=False)
         self.comparison = with_read_time_figures(
-            parse_comparison(load_sealed_json(attempt, layout.COMPARISON, self.seal)),
+            parse_comparison(
+                load_sealed_document(attempt, layout.COMPARISON, self.seal, dict[str, Any])
+            ),
             attempt,
             self.seal,
         )
-        self.requested = load_sealed_json(attempt, layout.REQUESTED, self.seal)
-        self.identity = load_sealed_json(attempt, layout.IDENTITY, self.seal)
+        self.requested = load_sealed_document(attempt, layout.REQUESTED, self.seal, Requested)
+        self.identity = load_sealed_document(attempt, layout.IDENTITY, self.seal, IdentityDocument)
 
 
 # --------------------------------------------------------------------------- plot data
@@ -302,9 +306,9 @@ def worst_tokens(
     return tuple(worst), texts is not None
 
 
-def _identity_checks(identity: Mapping[str, Any]) -> tuple[tuple[str, str, str, bool], ...]:
-    rollout = identity.get("rollout") or {}
-    training = identity.get("training") or {}
+def _identity_checks(identity: IdentityDocument) -> tuple[tuple[str, str, str, bool], ...]:
+    rollout = identity.rollout or {}
+    training = identity.training or {}
     checks = []
     for key in sorted(set(rollout) | set(training)):
         r, t = rollout.get(key), training.get(key)
@@ -313,14 +317,14 @@ def _identity_checks(identity: Mapping[str, Any]) -> tuple[tuple[str, str, str, 
 
 
 def _decoder_for(
-    identity: Mapping[str, Any],
+    identity: IdentityDocument,
     factory: DecoderFactory | None,
     cache: dict[str, TokenDecoder | None],
 ) -> TokenDecoder | None:
     if factory is None:
         return None
-    checkpoint = dict((identity.get("identity") or {}).get("checkpoint") or {})
-    digest = (identity.get("rollout") or {}).get("checkpoint_digest")
+    checkpoint = dict(identity.identity.get("checkpoint") or {})
+    digest = (identity.rollout or {}).get("checkpoint_digest")
     if checkpoint.get("digest") is None and digest is not None:
         checkpoint["digest"] = digest
     key = json.dumps(checkpoint, sort_keys=True)
@@ -361,9 +365,9 @@ def case_detail(
     else:  # the first active column of each sample
         starts = torch.argmax(active.to(torch.int8), dim=1)
     diff = diff_grid[active]
-    actual: dict[str, Any] = {}
+    actual: Actual | None = None
     if layout.ACTUAL in seal.files:
-        actual = load_sealed_json(shown.directory, layout.ACTUAL, seal)
+        actual = load_sealed_document(shown.directory, layout.ACTUAL, seal, Actual)
     worst, decoded = worst_tokens(
         diff_grid,
         {**batch, "active_mask": active},
@@ -398,8 +402,8 @@ def case_detail(
         worst=worst,
         decoded=decoded,
         identity_checks=_identity_checks(shown.identity),
-        training_evidence=dict(actual.get("training_evidence") or {}),
-        read_back=dict(actual.get("read_back") or {}),
+        training_evidence=dict((actual and actual.training_evidence) or {}),
+        read_back=dict((actual and actual.read_back) or {}),
         path_split=load_plot(shown.directory, seal, shown.comparison.diagnostics.path_split),
         layers=load_layer_plot(shown.directory, seal, shown.comparison.diagnostics.layers),
     )
@@ -504,13 +508,13 @@ def load_report(
                     )
                 )
         invalid = sum(1 for s in attempts if s.status != "ok")
-        row = plan.get(case_id, {})
+        row = plan.get(case_id)
         if picked is None:
             views.append(
                 CaseView(
                     case_id=case_id,
-                    label=str(row.get("label", case_id)),
-                    changed=tuple(row.get("changed", ())),
+                    label=case_id if row is None else row.label,
+                    changed=() if row is None else row.changed,
                     outcome=NO_VALID_ATTEMPT,
                     reason=f"no valid sealed attempt ({invalid} invalid or incomplete); "
                     "nothing of it is plotted",
@@ -538,7 +542,7 @@ def load_report(
             CaseView(
                 case_id=case_id,
                 label=comparison.label,
-                changed=tuple(picked.requested.get("changed", row.get("changed", ()))),
+                changed=picked.requested.changed,
                 outcome=comparison.outcome.value,
                 reason=comparison.reason,
                 attempt_id=picked.seal.attempt_id,
@@ -618,24 +622,28 @@ def _with_detail(view: CaseView, detail: CaseDetail | None) -> CaseView:
     return dataclasses.replace(view, detail=detail)
 
 
-def _header(run_dir: Path, experiment: Mapping[str, Any], shown: Collection[_Shown]) -> Header:
-    payloads = [s.identity.get("execution_key_payload") or {} for s in shown]
+def _header(
+    run_dir: Path, experiment: ExperimentDocument | None, shown: Collection[_Shown]
+) -> Header:
+    payloads = [s.identity.execution_key_payload for s in shown]
     environments: list[Mapping[str, Any]] = []
     for payload in payloads:
-        environment = payload.get("environment") or {}
+        environment = payload.environment or {}
         if environment not in environments:
             environments.append(environment)
     attempt_ids = sorted(s.seal.attempt_id for s in shown)
-    contract: Mapping[str, Any] = experiment.get("contract") or next(
-        (p["contract"] for p in payloads if isinstance(p.get("contract"), dict)), {}
+    contract: Mapping[str, Any] = (
+        experiment.contract
+        if experiment is not None
+        else next((p.contract for p in payloads if p.contract is not None), {})
     )
     return Header(
-        experiment_id=str(experiment.get("experiment_id", run_dir.name)),
-        scenario_id=str(experiment.get("scenario_id", "-")),
-        scenario=dict(experiment.get("scenario") or {}),
-        strategy=str(experiment.get("strategy", "-")),
+        experiment_id=run_dir.name if experiment is None else experiment.experiment_id,
+        scenario_id="-" if experiment is None else experiment.scenario_id,
+        scenario={} if experiment is None else dict(experiment.scenario),
+        strategy="-" if experiment is None else experiment.strategy,
         contract=dict(contract),
-        runtimes=tuple(sorted({str(p.get("runtime")) for p in payloads if p.get("runtime")})),
+        runtimes=tuple(sorted({p.runtime for p in payloads if p.runtime})),
         environments=tuple(environments),
         first_attempt=attempt_ids[0] if attempt_ids else None,
         last_attempt=attempt_ids[-1] if attempt_ids else None,

@@ -1,25 +1,134 @@
-"""The JSON shape of the sealed documents beside ``comparison.json``, checked where they are read.
+"""The types of the sealed documents of an attempt and a run, decoded at the store's edge.
 
-Owns a small declarative shape language (a JSON type; an object whose listed members must be
-present, or may be absent, with their shapes; an array of one shape; a value that may be null)
-with ``shape_problem``, which names the JSON path of the first value of another shape, and the
-shapes of the fields that readers use in an attempt's ``requested.json``, ``identity.json``,
-``actual.json`` and ``materialized.json`` (``DOCUMENT_SHAPES``), in a run's ``experiment.json``
-and in a ``plan.jsonl`` row. ``store.resume.load_sealed_json`` applies them to every sealed
-document it loads (a mismatch is the attempt's ``SealError`` naming the file and JSON path),
-so no reader's ``.get`` meets a value of a type it does not expect. ``comparison.json`` has its
-own typed read model (``numerics.comparison``); the attribution document's shape is
-``attribution.sealed``'s. Knows nothing about what the fields mean.
+Owns one frozen ``msgspec`` type per sealed document beside ``comparison.json`` (whose type is
+``numerics.comparison.Comparison``) and ``attribution.json`` (``attribution.sealed``): an
+attempt's ``requested.json`` (``Requested``), ``materialized.json`` (``Materialized``),
+``actual.json`` (``Actual``) and ``identity.json`` (``IdentityDocument``, with its
+``ExecutionKeyPayload``), a run's ``experiment.json`` (``ExperimentDocument``) and a
+``plan.jsonl`` row (``PlanRow``). Every member the writers write is declared (an unknown one
+is refused); a member that older writers did not write has a default. ``ATTEMPT_DOCUMENTS``
+maps each attempt document's file name to its type: a later sealed document is one type here
+and one line there. What an engine records about itself (a side's identity, its read-back,
+its evidence, a binding's runtime record) is kept whole as a JSON object: the tool shows or
+compares it as a whole and reads no member of it. Knows nothing about what the fields mean.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from pytest_logprob_drift.errors import json_member
+import msgspec
+
 from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.decode import Document
+
+JSONObject = dict[str, Any]
+"""A JSON object kept whole (an engine's own record: shown or compared, never read by member)."""
+KnobScalar = str | int | bool
+"""A knob's value as the plan records it (``records.KnobValue``)."""
+
+
+class Requested(Document, frozen=True):
+    """``requested.json``: the case as planned, and its binding."""
+
+    case_id: str
+    label: str
+    knobs: dict[str, KnobScalar]
+    changed: tuple[str, ...]
+    binding: JSONObject
+
+
+class Materialized(Document, frozen=True):
+    """``materialized.json``: how each knob was applied, and the operators bound."""
+
+    knobs: dict[str, JSONObject]
+    operators: tuple[JSONObject, ...]
+
+
+class Actual(Document, frozen=True):
+    """``actual.json``: what each side read back after scoring."""
+
+    knobs: dict[str, JSONObject]
+    read_back: JSONObject | None
+    operator_provenance: tuple[JSONObject, ...]
+    training_evidence: JSONObject | None
+
+
+class ExecutionKeyPayload(Document, frozen=True):
+    """What the execution key hashes (``store.attempt.execution_key`` of ``payload()``)."""
+
+    version: Any
+    case_id: str
+    identity: Any
+    materialization: Any
+    requested: Any
+    scorer: Any
+    operators: Any
+    runtime: str | None
+    fingerprints: Any
+    contract: JSONObject | None
+    environment: dict[str, str | None] | None
+    diagnostics: Any = msgspec.UNSET
+
+    def payload(self) -> JSONObject:
+        """The payload as it was sealed (an absent member stays absent)."""
+        document: JSONObject = msgspec.to_builtins(self)
+        return document
+
+
+class IdentityDocument(Document, frozen=True):
+    """``identity.json``: the identity planned, each side's own record of it, and the
+    execution-key payload."""
+
+    identity: JSONObject
+    rollout: JSONObject | None
+    training: JSONObject | None
+    execution_key_payload: ExecutionKeyPayload
+
+
+ATTEMPT_DOCUMENTS: Mapping[str, type[Document]] = {
+    layout.REQUESTED: Requested,
+    layout.MATERIALIZED: Materialized,
+    layout.ACTUAL: Actual,
+    layout.IDENTITY: IdentityDocument,
+}
+"""Each sealed JSON document of an attempt beside ``comparison.json``, and its type."""
+
+
+class ExperimentDocument(Document, frozen=True):
+    """A run's ``experiment.json``: what the run is an experiment of."""
+
+    experiment_id: str
+    scenario_id: str
+    scenario: JSONObject
+    contract: JSONObject
+    strategy: str
+    strict_fallback: bool
+    identity: JSONObject
+
+
+class PlanRow(Document, frozen=True):
+    """One row of ``plan.jsonl`` (``plan.binding.case_row``)."""
+
+    case_id: str
+    label: str
+    kind: str
+    changed: tuple[str, ...]
+    lifecycle: str | None
+    requested: dict[str, KnobScalar]
+    operators: tuple[JSONObject, ...]
+    scenario_level: str
+    device: str
+    executable_by: tuple[str, ...]
+    contract_version: str
+    threshold: float
+
+
+# TEMPORARY: the attribution reader still uses the shape language until it is typed.
+from dataclasses import dataclass  # noqa: E402
+
+from pytest_logprob_drift.errors import json_member  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,36 +203,3 @@ def shape_problem(value: Any, shape: Any, path: str = "$") -> str | None:
     else:
         ok = isinstance(value, shape)
     return None if ok else f"{path}: expected {_NAMES[shape]}, found {_type_name(value)}"
-
-
-DOCUMENT_SHAPES: Mapping[str, Any] = {
-    layout.REQUESTED: {"changed": Absent([str]), "knobs": Absent(dict)},
-    layout.IDENTITY: {
-        "execution_key_payload": Absent(
-            {
-                "environment": Absent(Nullable(dict)),
-                "contract": Absent(Nullable(dict)),
-                "runtime": Absent(Nullable(str)),
-            }
-        ),
-        "rollout": Absent(Nullable(dict)),
-        "training": Absent(Nullable(dict)),
-        "identity": Absent(Nullable({"checkpoint": Absent(Nullable(dict))})),
-    },
-    layout.ACTUAL: {
-        "training_evidence": Absent(Nullable(dict)),
-        "read_back": Absent(Nullable(dict)),
-    },
-    layout.MATERIALIZED: {},
-}
-"""The fields readers use in each sealed attempt document, and their shapes."""
-EXPERIMENT_SHAPE: Any = {
-    "experiment_id": Absent(str),
-    "scenario_id": Absent(str),
-    "scenario": Absent(Nullable(dict)),
-    "strategy": Absent(str),
-    "contract": Absent(Nullable(dict)),
-}
-"""The fields the report reads from a run's ``experiment.json``."""
-PLAN_ROW_SHAPE: Any = {"case_id": str, "label": Absent(str), "changed": Absent([str])}
-"""The fields the report reads from a ``plan.jsonl`` row."""

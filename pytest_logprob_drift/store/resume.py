@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -28,15 +28,17 @@ from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.divergence_check import check_divergence
-from pytest_logprob_drift.store.documents import DOCUMENT_SHAPES, shape_problem
-from pytest_logprob_drift.store.files import JSONDocumentError, json_document
+from pytest_logprob_drift.store.documents import ATTEMPT_DOCUMENTS, IdentityDocument
 from pytest_logprob_drift.store.importance_check import check_importance_sampling, with_figures
 from pytest_logprob_drift.store.layers_check import check_layers
 from pytest_logprob_drift.store.path_split_check import check_path_split
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
+
+T = TypeVar("T")
 
 TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
 TOKEN_DIFF_KEYS = {"training_logprobs", "rollout_logprobs", "active_mask", "threshold"}
@@ -82,21 +84,15 @@ def load_sealed_tensors(directory: Path, name: str, seal: Seal) -> dict[str, tor
     return tensors
 
 
-def load_sealed_json(directory: Path, name: str, seal: Seal) -> dict[str, Any]:
-    """A sealed JSON document from the very bytes whose digest is checked: strict JSON
-    (``store.files.json_document``), an object, with the shape its readers rely on
-    (``store.documents``); a SealError naming the file (and JSON path) otherwise."""
+def load_sealed_document(directory: Path, name: str, seal: Seal, kind: type[T]) -> T:
+    """A sealed JSON document decoded into ``kind`` (``store.decode``) from the very bytes
+    whose digest is checked; a SealError naming the file and the JSON path (or byte offset)
+    otherwise."""
     data = _sealed_bytes(directory, name, seal)
     try:
-        document = json_document(data)
+        return decode(data, kind)
     except JSONDocumentError as exc:
         raise SealError(name, str(exc)) from None
-    if not isinstance(document, dict):
-        raise SealError(name, "expected a JSON object")
-    problem = shape_problem(document, DOCUMENT_SHAPES[name]) if name in DOCUMENT_SHAPES else None
-    if problem is not None:
-        raise SealError(name, problem)
-    return document
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -175,17 +171,19 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             "execution key differs from the current execution "
             "(identity, materialization, scorer, operators or environment changed)",
         )
-    comparison = parse_comparison(load_sealed_json(directory, layout.COMPARISON, seal))
+    comparison = parse_comparison(
+        load_sealed_document(directory, layout.COMPARISON, seal, dict[str, Any])
+    )
     outcome = comparison.outcome
     if comparison.case_id != seal.case_id:
         raise SealError(layout.COMPARISON, "case id differs from the seal")
     for name in JSON_FILES:
         if name not in seal.files:
             raise SealError(name, "required file is not sealed")
-        document = load_sealed_json(directory, name, seal)
+        document = load_sealed_document(directory, name, seal, ATTEMPT_DOCUMENTS[name])
         if (
-            name == layout.IDENTITY
-            and execution_key(document.get("execution_key_payload", {})) != seal.execution_key
+            isinstance(document, IdentityDocument)
+            and execution_key(document.execution_key_payload.payload()) != seal.execution_key
         ):
             raise SealError(
                 layout.COMPLETE,

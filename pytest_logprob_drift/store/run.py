@@ -27,16 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_logprob_drift.errors import ExitCode, StorageError
+import msgspec
+
+from pytest_logprob_drift.errors import ExitCode, InvalidRunError, StorageError
 from pytest_logprob_drift.records import canonical_json
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import AttemptWriter
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode, decode_any
+from pytest_logprob_drift.store.documents import PlanRow
 from pytest_logprob_drift.store.files import (
     LINK_REFUSED,
-    JSONDocumentError,
     check_directory,
     json_bytes,
-    json_document,
     link_refused,
     make_directory,
     open_regular,
@@ -70,46 +72,74 @@ RUN_SEAL = SealForm(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanLog:
-    """What ``plan.jsonl`` holds: its bytes, the canonical rows, and what was not a row."""
+    """What ``plan.jsonl`` holds: its bytes, its rows, and what was not a row."""
 
     data: bytes = b""
-    rows: tuple[str, ...] = ()
-    """Every complete line that is a JSON object, in canonical JSON."""
+    rows: tuple[PlanRow, ...] = ()
+    """Every complete line that is a plan row, in file order."""
+    canonical: tuple[str, ...] = ()
+    """The same rows in canonical JSON (how a run compares the rows it wants with them)."""
     torn: int = 0
     """Bytes after the last newline: a write that never completed (0: none)."""
-    bad_lines: tuple[int, ...] = ()
-    """1-based numbers of complete lines that are not plan rows."""
+    bad_lines: tuple[tuple[int, int, str], ...] = ()
+    """``(1-based line, offset of its end, why)`` of each complete line that is not a row."""
 
-    def notes(self, path: Path) -> list[str]:
+    def invalid_lines(self, sealed: int) -> tuple[tuple[int, str], ...]:
+        """``(line, why)`` of the lines that are not rows inside the first ``sealed`` bytes:
+        a run seal vouches for them, so the run is invalid."""
+        return tuple((line, why) for line, end, why in self.bad_lines if end <= sealed)
+
+    def clean_length(self, sealed: int) -> int:
+        """How many leading bytes hold only rows (or sealed bytes): where the next append
+        cuts the file back to, so an interrupted write is never sealed or glued to."""
+        unsealed = [end for _, end, _ in self.bad_lines if end > sealed]
+        if unsealed:
+            first = min(unsealed)
+            start = self.data.rfind(b"\n", 0, first - 1) + 1
+            return max(sealed, start)
+        return max(sealed, len(self.data) - self.torn)
+
+    def notes(self, path: Path, sealed: int) -> list[str]:
+        """What past the first ``sealed`` bytes is not a row: left by an interrupted write,
+        never sealed, cut back by the next append."""
         notes = []
+        unsealed = [line for line, end, _ in self.bad_lines if end > sealed]
+        if unsealed:
+            shown = ", ".join(map(str, unsealed[:5]))
+            notes.append(f"{path}: line(s) {shown} after the last run seal are not plan rows")
         if self.torn:
             notes.append(
                 f"{path}: torn last line ({self.torn} bytes without a newline) left by an "
-                "interrupted write; ignored, and never appended to"
+                "interrupted write; cut back before the next append"
             )
-        if self.bad_lines:
-            shown = ", ".join(map(str, self.bad_lines[:5]))
-            notes.append(f"{path}: line(s) {shown} are not plan rows; ignored")
         return notes
 
 
 def parse_plan_log(data: bytes) -> PlanLog:
-    """Tolerant reading of ``plan.jsonl``: complete rows, the torn tail, lines that are not
-    rows (a torn line that a later append terminated)."""
+    """``plan.jsonl`` read line by line: each complete line decoded into a ``PlanRow``
+    (``store.decode``); the torn tail and the lines that are not rows are recorded, with
+    where they end, so a reader can tell a sealed line from an unsealed one."""
     complete, newline, tail = data.rpartition(b"\n")
-    rows: list[str] = []
-    bad: list[int] = []
+    rows: list[PlanRow] = []
+    canonical: list[str] = []
+    bad: list[tuple[int, int, str]] = []
+    end = 0
     for number, line in enumerate(complete.split(b"\n") if newline else [], start=1):
+        end += len(line) + 1
         try:
-            row = json_document(line)
-        except JSONDocumentError:
-            bad.append(number)
+            row = decode(line, PlanRow)
+        except JSONDocumentError as exc:
+            bad.append((number, end, str(exc)))
             continue
-        if isinstance(row, dict):
-            rows.append(canonical_json(row))
-        else:
-            bad.append(number)
-    return PlanLog(data=data, rows=tuple(rows), torn=len(tail), bad_lines=tuple(bad))
+        rows.append(row)
+        canonical.append(canonical_json(msgspec.to_builtins(row)))
+    return PlanLog(
+        data=data,
+        rows=tuple(rows),
+        canonical=tuple(canonical),
+        torn=len(tail),
+        bad_lines=tuple(bad),
+    )
 
 
 def read_plan_log(run_dir: Path) -> PlanLog:
@@ -235,7 +265,7 @@ class ArtifactStore:
 
     def _experiment_note(self, existing: bytes, experiment: Mapping[str, Any]) -> list[str]:
         try:
-            same = json_document(existing) == json.loads(json_bytes(experiment))
+            same = decode_any(existing) == json.loads(json_bytes(experiment))
         except JSONDocumentError:
             same = False
         if same:
@@ -277,11 +307,11 @@ class ArtifactStore:
         self._refuse_links()
         if self.directory.is_dir() and self.cases_dir.is_dir():
             existing = self._experiment_bytes()
-            log = read_plan_log(self.directory)
-            if existing is not None and set(wanted) <= set(log.rows):
+            log = self._checked_plan_log()
+            if existing is not None and set(wanted) <= set(log.canonical):
                 notes = self._experiment_note(existing, experiment)
-                notes += log.notes(self.directory / layout.PLAN)
-                if self._sealed_through() != len(log.data):
+                notes += log.notes(self.directory / layout.PLAN, self._sealed_length())
+                if self._sealed_through() != log.clean_length(self._sealed_length()):
                     try:
                         with self._locked():
                             self._seal_run()
@@ -292,6 +322,25 @@ class ArtifactStore:
                 return notes
         with self._locked():
             return self._initialize_locked(experiment, wanted)
+
+    def _sealed_length(self) -> int:
+        """Bytes of plan.jsonl that any run seal covers (0: none): never cut back."""
+        seals = run_seals(self.directory)
+        return max((length for length, _ in seals), default=0)
+
+    def _checked_plan_log(self) -> PlanLog:
+        """plan.jsonl, refused (``InvalidRunError``, exit 1) when a line that a run seal
+        covers is not a plan row."""
+        log = read_plan_log(self.directory)
+        invalid = log.invalid_lines(self._sealed_length())
+        if invalid:
+            line, why = invalid[0]
+            raise InvalidRunError(
+                str(self.directory / layout.PLAN),
+                f"sealed line {line} is not a plan row ({why}): the run is invalid; "
+                "run into another --artifacts directory",
+            )
+        return log
 
     def _initialize_locked(self, experiment: Mapping[str, Any], wanted: list[str]) -> list[str]:
         try:
@@ -304,18 +353,41 @@ class ArtifactStore:
             notes = []
         else:
             notes = self._experiment_note(existing, experiment)
-        log = read_plan_log(self.directory)
-        notes += log.notes(self.directory / layout.PLAN)
-        known = set(log.rows)
+        log = self._checked_plan_log()
+        notes += log.notes(self.directory / layout.PLAN, self._sealed_length())
+        log = self._cut_back(log)
+        known = set(log.canonical)
         new = [row for row in dict.fromkeys(wanted) if row not in known]
         if new:
-            self._append(log, ("\n".join(new) + "\n").encode("utf-8"))
+            self._append(("\n".join(new) + "\n").encode("utf-8"))
         self._seal_run()
         return notes
 
-    def _append(self, log: PlanLog, payload: bytes) -> None:
-        """Append whole rows: after a newline if the file ends in a torn line (so a row is
-        never glued onto it); on any failure the partial append is rolled back."""
+    def _cut_back(self, log: PlanLog) -> PlanLog:
+        """plan.jsonl cut back to its rows (``PlanLog.clean_length``): the unsealed torn tail
+        or unsealed lines that are not rows, left by an interrupted write, go (held lock)."""
+        keep = log.clean_length(self._sealed_length())
+        if keep >= len(log.data):
+            return log
+        path = self.directory / layout.PLAN
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StorageError(
+                path, "open it to cut an interrupted write", link_refused(exc)
+            ) from None
+        try:
+            os.ftruncate(fd, keep)
+            os.fsync(fd)
+        except OSError as exc:
+            raise StorageError(path, "cut an interrupted write", exc) from None
+        finally:
+            os.close(fd)
+        return parse_plan_log(log.data[:keep])
+
+    def _append(self, payload: bytes) -> None:
+        """Append whole rows (the file ends in a newline: ``_cut_back``); on any failure the
+        partial append is rolled back."""
         path = self.directory / layout.PLAN
         try:
             fd = os.open(
@@ -326,8 +398,6 @@ class ArtifactStore:
         size = 0
         try:
             size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                payload = b"\n" + payload
             write_all(fd, payload)
             os.fsync(fd)
         except OSError as exc:
@@ -341,7 +411,7 @@ class ArtifactStore:
     def _seal_run(self) -> None:
         """Seal experiment.json and plan.jsonl as they are now (held lock; no-op if sealed)."""
         experiment = self._experiment_bytes()
-        log = read_plan_log(self.directory)
+        log = self._cut_back(self._checked_plan_log())
         if experiment is None or self._sealed_through() == len(log.data):
             return
         seals_dir = self.directory / layout.SEALS

@@ -13,7 +13,6 @@ nothing about engines, runtimes or how results are printed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,7 +142,20 @@ def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
         )
         seal_statuses.append((length, seal_status, _unkeyed(path, RUN_SEAL)))
     statuses.extend(_superseded(seal_statuses))
-    notes = parse_plan_log(plan).notes(Path(layout.PLAN))
+    log = parse_plan_log(plan)
+    covered = max((length for length, _ in seals), default=0)
+    invalid = log.invalid_lines(covered)
+    if invalid:
+        line, why = invalid[0]
+        statuses.append(
+            RunFileStatus(
+                file=layout.PLAN,
+                status="invalid",
+                detail=f"sealed line {line} is not a plan row ({why})",
+            )
+        )
+        return statuses
+    notes = log.notes(Path(layout.PLAN), covered)
     sealed = seals[-1][0] if seals else len(plan)
     if len(plan) > sealed:
         notes.insert(0, f"{len(plan) - sealed} byte(s) after the last run seal are not sealed")
@@ -207,9 +219,7 @@ def planned_cases(run_dir: Path) -> frozenset[str]:
         rows = read_plan_log(run_dir).rows
     except (OSError, StorageError):
         return frozenset()
-    return frozenset(
-        case_id for row in rows if isinstance(case_id := json.loads(row).get("case_id"), str)
-    )
+    return frozenset(row.case_id for row in rows)
 
 
 def verify_run(run_dir: Path) -> list[AttemptStatus]:
