@@ -3,7 +3,8 @@
 ``store.decode.decode`` (every stored JSON file, into its type), ``tensorio.tensors_from_bytes``
 (every ``.pt``) and ``store.sealed_tensors.check_sealed_tensors`` (each ``.pt`` against its
 file's schema): what they accept is what ``json.loads``/``torch.load`` give for the same bytes,
-and each refusal says what is wrong in one line (with the JSON path, or the byte offset). The end-to-end cases (a re-sealed run through ``verify``, ``report`` and ``run``)
+and each refusal says what is wrong in one line (with the JSON path, or the byte offset).
+The end-to-end cases (a re-sealed run through ``verify``, ``report`` and ``run``)
 are in ``test_hardening_sealed_files`` and ``test_hardening_sealed_fuzz``.
 """
 
