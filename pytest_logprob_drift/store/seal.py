@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode_any
 from pytest_logprob_drift.store.files import (
     PUBLISH_TEMPORARY,
-    JSONDocumentError,
     NotRegularFileError,
     hash_fd,
     json_bytes,
-    json_document,
     open_regular,
     plain_name,
     publish_bytes,
@@ -167,7 +166,7 @@ def write_manifest(directory: Path, name: str, manifest: Manifest) -> Manifest:
 def parse_manifest(data: bytes, form: SealForm, name: str) -> Manifest:
     """The manifest in ``data`` (the bytes of file ``name``), strictly: SealError otherwise."""
     try:
-        document = json_document(data)
+        document = decode_any(data)
     except JSONDocumentError as exc:
         raise SealError(name, f"unreadable seal: {exc}") from None
     if not isinstance(document, dict) or set(document) - {"mac"} != set(form.keys):
