@@ -193,7 +193,20 @@ def build(base: Path, *, cases: int, samples: int, response: int) -> Path:
     labels = ["baseline"] + [f"batch.size={i}" for i in range(1, cases)]
     ids = [f"{i:016x}" for i in range(cases)]
     rows = [
-        {"case_id": case_id, "label": label, "changed": [] if i == 0 else ["batch.size"]}
+        {
+            "case_id": case_id,
+            "label": label,
+            "kind": "baseline" if i == 0 else "intervention",
+            "changed": [] if i == 0 else ["batch.size"],
+            "lifecycle": None if i == 0 else "request",
+            "requested": {"batch.size": max(i, 1)},
+            "operators": [],
+            "scenario_level": "S0",
+            "device": "cpu",
+            "executable_by": ["hf"],
+            "contract_version": CONTRACT["version"],
+            "threshold": CONTRACT["threshold"],
+        }
         for i, (case_id, label) in enumerate(zip(ids, labels, strict=True))
     ]
     store.initialize(
@@ -203,6 +216,8 @@ def build(base: Path, *, cases: int, samples: int, response: int) -> Path:
             "scenario": {"level": "S0", "device": "cpu"},
             "contract": CONTRACT,
             "strategy": "one_at_a_time",
+            "strict_fallback": False,
+            "identity": {},
         },
         rows,
     )

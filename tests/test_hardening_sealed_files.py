@@ -107,7 +107,9 @@ def _edit_json(path: Path, edit: Any) -> None:
 def test_a_nan_literal_in_identity_json_is_an_invalid_attempt(run_dir: Path) -> None:
     attempt = _attempt(run_dir, "batch.size=1")
     path = attempt / "identity.json"
-    _edit_json(path, lambda d: d["execution_key_payload"].update(seed=float("nan")))
+    _edit_json(
+        path, lambda d: d["execution_key_payload"]["contract"].update(threshold=float("nan"))
+    )
     reseal(run_dir, path)
     entry = _invalid_attempt(run_dir, attempt)
     assert entry["file"] == "identity.json"
