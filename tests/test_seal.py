@@ -299,19 +299,31 @@ def test_a_missing_mac_is_refused_under_a_key(tmp_path: Path, kind: str) -> None
 
 @pytest.mark.parametrize("key", [KEY, None], ids=["keyed", "unkeyed"])
 @pytest.mark.parametrize(
-    "mac",
+    ("mac", "problem"),
     [
-        {"algorithm": "hmac-sha256", "key_id": "0" * 16, "value": "é" * 64},
-        {"algorithm": "hmac-sha256", "key_id": "ключ", "value": "0" * 64},
-        {"algorithm": "hmac-sha256", "key_id": "0" * 16, "value": 7},
-        {"algorithm": "hmac-sha256", "value": "0" * 64},
-        "0" * 64,
-        None,
+        (
+            {"algorithm": "hmac-sha256", "key_id": "0" * 16, "value": "é" * 64},
+            "$.mac.value: Expected `str` matching regex '^[ -~]*$'",
+        ),
+        (
+            {"algorithm": "hmac-sha256", "key_id": "ключ", "value": "0" * 64},
+            "$.mac.key_id: Expected `str` matching regex '^[ -~]*$'",
+        ),
+        (
+            {"algorithm": "hmac-sha256", "key_id": "0" * 16, "value": 7},
+            "$.mac.value: Expected `str`, got `int`",
+        ),
+        (
+            {"algorithm": "hmac-sha256", "value": "0" * 64},
+            "$.mac: Object missing required field `key_id`",
+        ),
+        ("0" * 64, "$.mac: Expected `object`, got `str`"),
+        (None, "$.mac: Expected `object`, got `null`"),
     ],
     ids=["non-ascii-value", "non-ascii-key-id", "number", "no-key-id", "string", "null"],
 )
 def test_a_malformed_mac_is_refused_not_crashed_on(
-    tmp_path: Path, kind: str, mac: Any, key: SealKey | None
+    tmp_path: Path, kind: str, mac: Any, problem: str, key: SealKey | None
 ) -> None:
     make, read, _ = KINDS[kind]
     directory = make(tmp_path, KEY)
@@ -319,7 +331,8 @@ def test_a_malformed_mac_is_refused_not_crashed_on(
     document["mac"] = mac
     (directory / layout.COMPLETE).write_bytes(json_bytes(document))
     error = refused(read, directory, key)
-    assert (error.file, error.message) == (layout.COMPLETE, "malformed keyed seal (mac)")
+    what = "attribution seal" if kind == "attribution" else "seal"
+    assert (error.file, error.message) == (layout.COMPLETE, f"malformed {what}: {problem}")
 
 
 WRONG_TYPES: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [

@@ -159,11 +159,11 @@ def test_a_score_file_off_its_schema_names_the_tensor(
     assert reason in refused.value.message
 
 
-class Inner(Document, frozen=True):
+class Inner(Document, frozen=True, kw_only=True):
     flag: bool
 
 
-class Shaped(Document, frozen=True):
+class Shaped(Document, frozen=True, kw_only=True):
     name: str
     count: int
     value: float | None

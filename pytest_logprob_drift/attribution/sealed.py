@@ -34,6 +34,7 @@ from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import new_attempt_id
+from pytest_logprob_drift.store.decode import Document
 from pytest_logprob_drift.store.documents import NUMBER, Absent, Nullable, shape_problem
 from pytest_logprob_drift.store.files import (
     JSONDocumentError,
@@ -49,6 +50,7 @@ from pytest_logprob_drift.store.files import (
 from pytest_logprob_drift.store.keys import active_key, sealing_with
 from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.seal import (
+    FilesManifest,
     Manifest,
     Sealed,
     SealError,
@@ -59,9 +61,26 @@ from pytest_logprob_drift.store.seal import (
     write_manifest,
 )
 
+
+class SealedInput(Document, frozen=True, kw_only=True):
+    """One attempt an attribution was computed from, as its seal and document name it."""
+
+    case_id: str
+    attempt_id: str
+    complete_sha256: str
+
+
+class AttributionSealDocument(FilesManifest, frozen=True, kw_only=True):
+    """An attribution's ``COMPLETE`` as stored."""
+
+    attribution_id: str
+    inputs: tuple[SealedInput, ...]
+
+
 ATTRIBUTION_SEAL = SealForm(
     what="attribution seal",
-    header={"attribution_id": str, "inputs": list},
+    document=AttributionSealDocument,
+    header=("attribution_id", "inputs"),
     covers=frozenset({layout.ATTRIBUTION}),
 )
 """An attribution's COMPLETE: its id, the attempts it was computed from, its one document."""

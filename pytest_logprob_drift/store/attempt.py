@@ -32,6 +32,7 @@ from pytest_logprob_drift.store.files import (
     real_directory,
 )
 from pytest_logprob_drift.store.seal import (
+    FilesManifest,
     Sealed,
     SealError,
     SealForm,
@@ -41,8 +42,19 @@ from pytest_logprob_drift.store.seal import (
     write_manifest,
 )
 
+
+class AttemptSealDocument(FilesManifest, frozen=True, kw_only=True):
+    """An attempt's ``COMPLETE`` as stored."""
+
+    case_id: str
+    attempt_id: str
+    execution_key: str
+
+
 ATTEMPT_SEAL = SealForm(
-    what="seal", header={"case_id": str, "attempt_id": str, "execution_key": str}
+    what="seal",
+    document=AttemptSealDocument,
+    header=("case_id", "attempt_id", "execution_key"),
 )
 """An attempt's COMPLETE: its ids, its execution key and every other file of the attempt."""
 

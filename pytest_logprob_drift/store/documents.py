@@ -29,7 +29,7 @@ KnobScalar = str | int | bool
 """A knob's value as the plan records it (``records.KnobValue``)."""
 
 
-class Requested(Document, frozen=True):
+class Requested(Document, frozen=True, kw_only=True):
     """``requested.json``: the case as planned, and its binding."""
 
     case_id: str
@@ -39,14 +39,14 @@ class Requested(Document, frozen=True):
     binding: JSONObject
 
 
-class Materialized(Document, frozen=True):
+class Materialized(Document, frozen=True, kw_only=True):
     """``materialized.json``: how each knob was applied, and the operators bound."""
 
     knobs: dict[str, JSONObject]
     operators: tuple[JSONObject, ...]
 
 
-class Actual(Document, frozen=True):
+class Actual(Document, frozen=True, kw_only=True):
     """``actual.json``: what each side read back after scoring."""
 
     knobs: dict[str, JSONObject]
@@ -55,7 +55,7 @@ class Actual(Document, frozen=True):
     training_evidence: JSONObject | None
 
 
-class ExecutionKeyPayload(Document, frozen=True):
+class ExecutionKeyPayload(Document, frozen=True, kw_only=True):
     """What the execution key hashes (``store.attempt.execution_key`` of ``payload()``)."""
 
     version: Any
@@ -77,7 +77,7 @@ class ExecutionKeyPayload(Document, frozen=True):
         return document
 
 
-class IdentityDocument(Document, frozen=True):
+class IdentityDocument(Document, frozen=True, kw_only=True):
     """``identity.json``: the identity planned, each side's own record of it, and the
     execution-key payload."""
 
@@ -96,7 +96,7 @@ ATTEMPT_DOCUMENTS: Mapping[str, type[Document]] = {
 """Each sealed JSON document of an attempt beside ``comparison.json``, and its type."""
 
 
-class ExperimentDocument(Document, frozen=True):
+class ExperimentDocument(Document, frozen=True, kw_only=True):
     """A run's ``experiment.json``: what the run is an experiment of."""
 
     experiment_id: str
@@ -108,7 +108,7 @@ class ExperimentDocument(Document, frozen=True):
     identity: JSONObject
 
 
-class PlanRow(Document, frozen=True):
+class PlanRow(Document, frozen=True, kw_only=True):
     """One row of ``plan.jsonl`` (``plan.binding.case_row``)."""
 
     case_id: str

@@ -50,16 +50,29 @@ from pytest_logprob_drift.store.keys import active_key
 from pytest_logprob_drift.store.seal import (
     Digest,
     Manifest,
+    ManifestDocument,
+    PrefixDigest,
     SealError,
     SealForm,
+    Sha256,
     new_manifest,
     read_manifest,
     write_manifest,
 )
 
+
+class RunSealDocument(ManifestDocument, frozen=True, kw_only=True):
+    """A run seal as stored: the digest of ``experiment.json`` and of a prefix of
+    ``plan.jsonl``."""
+
+    experiment: Sha256 = msgspec.field(name=layout.EXPERIMENT)
+    plan: PrefixDigest = msgspec.field(name=layout.PLAN)
+
+
 RUN_SEAL = SealForm(
     what="run seal",
-    header={},
+    document=RunSealDocument,
+    header=(),
     files_key=None,
     covers=frozenset({layout.EXPERIMENT, layout.PLAN}),
     prefixes=frozenset({layout.PLAN}),

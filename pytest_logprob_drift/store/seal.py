@@ -15,14 +15,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.decode import JSONDocumentError, decode_any
+from pytest_logprob_drift.store.decode import Document, JSONDocumentError, decode
 from pytest_logprob_drift.store.files import (
     PUBLISH_TEMPORARY,
     NotRegularFileError,
@@ -38,10 +39,6 @@ from pytest_logprob_drift.store.keys import SealKey, active_key
 
 MAX_SEAL_BYTES = 16 << 20
 """A manifest larger than this is refused unread."""
-SHA256 = re.compile(r"[0-9a-f]{64}")
-MAC_FIELDS = frozenset({"algorithm", "key_id", "value"})
-"""What a manifest's ``mac`` holds (``store.keys.SealKey.mac``)."""
-_JSON_TYPES: Mapping[type, str] = {str: "string", list: "array"}
 
 
 class SealError(Exception):
@@ -53,14 +50,49 @@ class SealError(Exception):
         super().__init__(f"{file}: {message}")
 
 
+Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+"""A SHA-256 digest as a manifest records it: 64 lowercase hex digits."""
+_Printable = Annotated[str, msgspec.Meta(pattern="^[ -~]*$")]
+
+
+class MacRecord(Document, frozen=True, kw_only=True):
+    """A manifest's ``mac`` (``store.keys.SealKey.mac``)."""
+
+    algorithm: _Printable
+    key_id: _Printable
+    value: _Printable
+
+
+class PrefixDigest(Document, frozen=True, kw_only=True):
+    """A digest of the first ``bytes`` bytes of a file that only grows (``plan.jsonl``)."""
+
+    bytes: Annotated[int, msgspec.Meta(ge=0)]
+    sha256: Sha256
+
+
+class ManifestDocument(Document, frozen=True, kw_only=True):
+    """The members every manifest may have besides its form's own: ``mac``."""
+
+    mac: MacRecord | msgspec.UnsetType = msgspec.UNSET
+
+
+class FilesManifest(ManifestDocument, frozen=True, kw_only=True):
+    """A manifest whose digests sit under ``files`` (name -> SHA-256)."""
+
+    files: dict[str, Sha256]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SealForm:
     """How one kind of seal is written: its header, where its digests sit, what it covers."""
 
     what: str
     """The kind in messages: ``seal``, ``attribution seal``, ``run seal``."""
-    header: Mapping[str, type]
-    """Header fields, in the order messages list them, and their JSON type (str or list)."""
+    document: type[ManifestDocument]
+    """The manifest's type: the header fields, then the digests (``files``, or one member per
+    covered name), then ``mac``; decoded at the store's edge (``store.decode``)."""
+    header: tuple[str, ...]
+    """Header fields, in the order messages list them."""
     files_key: str | None = "files"
     """The key of the name -> digest map; None: each covered name is a key of its own."""
     covers: frozenset[str] | None = None
@@ -164,24 +196,17 @@ def write_manifest(directory: Path, name: str, manifest: Manifest) -> Manifest:
 
 
 def parse_manifest(data: bytes, form: SealForm, name: str) -> Manifest:
-    """The manifest in ``data`` (the bytes of file ``name``), strictly: SealError otherwise."""
+    """The manifest in ``data`` (the bytes of file ``name``), decoded into its form's type
+    (``store.decode``): SealError naming the JSON path otherwise."""
     try:
-        document = decode_any(data)
+        decoded = decode(data, form.document)
     except JSONDocumentError as exc:
-        raise SealError(name, f"unreadable seal: {exc}") from None
-    if not isinstance(document, dict) or set(document) - {"mac"} != set(form.keys):
-        raise SealError(name, f"malformed {form.what}: expected keys {', '.join(form.keys)}")
-    for key, kind in form.header.items():
-        if not isinstance(document[key], kind):
-            raise SealError(
-                name, f"malformed {form.what}: {key} must be a JSON {_JSON_TYPES[kind]}"
-            )
+        raise SealError(name, f"malformed {form.what}: {exc}") from None
+    document: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(decoded))  # JSON values
     if form.files_key is None:
-        entries: Any = {n: document[n] for n in sorted(form.covers or ())}
+        entries: dict[str, Any] = {n: document[n] for n in sorted(form.covers or ())}
     else:
         entries = document[form.files_key]
-        if not isinstance(entries, dict):
-            raise SealError(name, f"malformed {form.what}: files must map names to digests")
         if form.covers is not None and set(entries) != form.covers:
             raise SealError(
                 name, f"malformed {form.what}: files must cover {', '.join(sorted(form.covers))}"
@@ -191,7 +216,7 @@ def parse_manifest(data: bytes, form: SealForm, name: str) -> Manifest:
         form=form,
         header={key: document[key] for key in form.header},
         files=files,
-        mac=_mac(document.get("mac"), name) if "mac" in document else None,
+        mac=document.get("mac"),
         sha256=hashlib.sha256(data).hexdigest(),
     )
 
@@ -203,30 +228,9 @@ def _digest(form: SealForm, name: str, entry: str, value: Any) -> Digest:
             f"seal entry {entry!r} is not a plain file name inside the sealed directory "
             "(no '/', '..', absolute or hidden names)",
         )
-    if entry in form.prefixes:
-        if (
-            isinstance(value, dict)
-            and set(value) == {"bytes", "sha256"}
-            and type(value["bytes"]) is int
-            and value["bytes"] >= 0
-            and isinstance(value["sha256"], str)
-            and SHA256.fullmatch(value["sha256"])
-        ):
-            return Digest(sha256=value["sha256"], length=value["bytes"])
-        raise SealError(name, f"seal entry {entry!r} has no byte count and SHA-256 digest")
-    if not isinstance(value, str) or not SHA256.fullmatch(value):
-        raise SealError(name, f"seal entry {entry!r} has no SHA-256 digest")
+    if isinstance(value, dict):  # a PrefixDigest: its form declares the name a prefix
+        return Digest(sha256=value["sha256"], length=value["bytes"])
     return Digest(sha256=value)
-
-
-def _mac(value: Any, name: str) -> dict[str, str]:
-    if (
-        not isinstance(value, dict)
-        or set(value) != MAC_FIELDS
-        or not all(isinstance(v, str) and v.isascii() and v.isprintable() for v in value.values())
-    ):
-        raise SealError(name, "malformed keyed seal (mac)")
-    return dict(value)
 
 
 def read_manifest(path: Path, form: SealForm, *, name: str, missing: str = "missing") -> Manifest:
