@@ -75,15 +75,18 @@ def _new_decoders() -> dict[str, Callable[[bytes], object]]:
     return {
         layout.COMPLETE: lambda data: parse_manifest(data, SEAL, layout.COMPLETE),
         layout.COMPARISON: comparison,
-        **{
-            name: (lambda kind: lambda data: decode(data, kind))(kind)
-            for name, kind in documents.ATTEMPT_DOCUMENTS.items()
-        },
+        **{name: _decoder(kind) for name, kind in documents.ATTEMPT_DOCUMENTS.items()},
         "experiment": lambda data: decode(data, documents.ExperimentDocument),
         "plan": parse_plan_log,
         "run seals": lambda data: parse_manifest(data, RUN_SEAL, "run seal"),
         "attribution": attribution,
     }
+
+
+def _decoder(kind: type) -> Callable[[bytes], object]:
+    from pytest_logprob_drift.store.decode import decode
+
+    return lambda data: decode(data, kind)
 
 
 def _comparison_decoder() -> Callable[[bytes], object]:
