@@ -121,7 +121,8 @@ def test_deeply_nested_json_is_an_invalid_attempt(run_dir: Path, depth: int) -> 
     attempt = _attempt(run_dir, "batch.size=1")
     path = attempt / "requested.json"
     text = path.read_text()
-    path.write_text(text.replace('"knobs":', f'"deep": {"[" * depth}{"]" * depth}, "knobs":', 1))
+    nested = f'"binding": {{"deep": {"[" * depth}{"]" * depth}, '
+    path.write_text(text.replace('"binding": {', nested, 1))  # an engine's record, kept whole
     reseal(run_dir, path)
     entry = _invalid_attempt(run_dir, attempt)
     assert entry["file"] == "requested.json"
@@ -136,7 +137,7 @@ def test_a_wrong_json_type_in_requested_json_is_an_invalid_attempt(run_dir: Path
     entry = _invalid_attempt(run_dir, attempt)
     assert (entry["file"], entry["detail"]) == (
         "requested.json",
-        "$.changed: expected an array, found an integer",
+        "$.changed: Expected `array`, got `int`",
     )
 
 
