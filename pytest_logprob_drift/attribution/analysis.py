@@ -57,6 +57,7 @@ class SealedExecution:
         "changed",
         "complete_sha256",
         "label",
+        "layers",
         "outcome",
         "requested",
         "seal",
@@ -65,11 +66,12 @@ class SealedExecution:
     def __init__(self, attempt_dir: Path) -> None:
         self.attempt_dir = attempt_dir
         self.seal = read_seal(attempt_dir)
-        comparison = parse_comparison(load_sealed_json(attempt_dir, layout.COMPARISON, self.seal))
+        comparison = parse_comparison(self.seal.read(layout.COMPARISON))
         requested = load_sealed_json(attempt_dir, layout.REQUESTED, self.seal)
         self.case_id = self.seal.case_id
         self.attempt_id = self.seal.attempt_id
         self.label = comparison.label
+        self.layers = comparison.diagnostics.layers
         self.changed = tuple(str(c) for c in requested.get("changed", ()))
         self.requested: Mapping[str, Any] = dict(requested.get("knobs", {}))
         self.outcome = comparison.outcome.value

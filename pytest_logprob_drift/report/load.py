@@ -137,7 +137,7 @@ class _Shown:
         # the bytes read: the documents now, each tensor when case_detail loads it.
         self.seal = read_seal(attempt, keep=SHOWN_DOCUMENTS, every=False)
         self.comparison = with_read_time_figures(
-            parse_comparison(load_sealed_json(attempt, layout.COMPARISON, self.seal)),
+            parse_comparison(self.seal.read(layout.COMPARISON)),
             attempt,
             self.seal,
         )

@@ -175,7 +175,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             "execution key differs from the current execution "
             "(identity, materialization, scorer, operators or environment changed)",
         )
-    comparison = parse_comparison(load_sealed_json(directory, layout.COMPARISON, seal))
+    comparison = parse_comparison(_sealed_bytes(directory, layout.COMPARISON, seal))
     outcome = comparison.outcome
     if comparison.case_id != seal.case_id:
         raise SealError(layout.COMPARISON, "case id differs from the seal")
