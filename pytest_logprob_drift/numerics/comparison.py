@@ -61,8 +61,17 @@ class Record(
     of ``to_json``."""
 
     def to_json(self) -> Any:
-        """The JSON object this record is sealed as."""
-        return msgspec.to_builtins(self)
+        """The JSON object this record is sealed as (arrays as lists)."""
+        return _lists(msgspec.to_builtins(self))
+
+
+def _lists(value: Any) -> Any:
+    """``msgspec.to_builtins``' output with its tuples as lists."""
+    if isinstance(value, dict):
+        return {key: _lists(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lists(item) for item in value]
+    return value
 
 
 def from_builtins(value: object, kind: type[T]) -> T:
