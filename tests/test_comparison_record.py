@@ -114,6 +114,19 @@ def test_fresh_comparisons_are_the_record_written_once(
         assert record.diagnostics.semantic_offset is not None
 
 
+def test_integers_in_number_fields_stay_integers() -> None:
+    """A number written as an integer (a config's ``threshold: 1``) decodes as one, so the
+    bytes re-encode unchanged: number fields are ``int | float``, never coerced."""
+    document = _full_vocabulary_fixture()
+    document["threshold"] = document["contract"]["threshold"] = 1
+    document["diagnostics"]["semantic_offset"]["explained_fraction"] = 1
+    document["diagnostics"]["mismatch_ratio"] = 0
+    data = json_bytes(document)
+    record = parse_comparison(data)
+    assert type(record.threshold) is int and type(record.diagnostics.mismatch_ratio) is int
+    assert json_bytes(record.to_json()) == data
+
+
 def test_optional_parts_are_optional() -> None:
     document = _full_vocabulary_fixture()
     for key in ("full_vocabulary", "semantic_offset"):

@@ -123,7 +123,9 @@ def test_a_resealed_wrong_type_figure_is_refused(sealed_run: Path, tmp_path: Pat
     _reseal(attempt, document)
     code, out, _ = cli("verify", runs / EXPERIMENT)
     assert code == 1
-    assert "diagnostics.importance_sampling.ess: expected a number" in out
+    detail = "$.diagnostics.importance_sampling.ess: Expected `int | float`, got `str`"
+    (line,) = [line for line in out.splitlines() if detail in line]
+    assert "invalid  comparison.json  " + detail in line, line
 
 
 def test_old_attempts_get_figures_at_read_time_and_keep_their_bytes(
