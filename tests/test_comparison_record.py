@@ -1,8 +1,9 @@
 """comparison.json is read once, strictly, into its typed record (issue 20).
 
-``read_comparison`` / ``store.comparison.parse_comparison`` accept exactly what the writer
-writes: every wrong type, missing required key, unknown key or wrong nested type is refused
-naming its JSON path, optional parts are optional, and ``to_json`` gives back the very bytes it
+``store.comparison.parse_comparison`` decodes the sealed bytes (msgspec, ``store.decode``) and
+accepts exactly what the writer writes: every wrong type, missing required key, unknown key or
+wrong nested type is refused naming its JSON path (a syntax error: its byte offset), optional
+parts are optional, and ``to_json`` gives back the very bytes it
 was read from, for the runs sealed before the read model (``tests/data/pre_issue20``) and for
 freshly written attempts of every kind. ``verify`` and ``run`` judge an attempt whose
 re-sealed comparison.json has a wrong type invalid (one line naming the field), never crash.
@@ -23,11 +24,7 @@ import pytest
 from drift_testing import S0, FaultyCpuSmokeAdapter, cli, run_by_label, run_s0
 
 from pytest_logprob_drift import plan_file
-from pytest_logprob_drift.numerics.comparison import (
-    Comparison,
-    ComparisonShapeError,
-    read_comparison,
-)
+from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.files import json_bytes
@@ -67,7 +64,7 @@ def test_the_fixture_runs_hold_comparisons_of_both_kinds() -> None:
 @pytest.mark.parametrize("path", _fixture_comparisons(), ids=lambda p: p.parent.parent.name)
 def test_pre_issue20_comparisons_round_trip_byte_for_byte(path: Path) -> None:
     data = path.read_bytes()
-    record = parse_comparison(json.loads(data))
+    record = parse_comparison(data)
     assert isinstance(record, Comparison)
     assert json_bytes(record.to_json()) == data
 
@@ -104,7 +101,7 @@ def test_fresh_comparisons_are_the_record_written_once(
     for result in results.values():
         assert result.attempt_dir is not None and result.comparison is not None
         data = (result.attempt_dir / COMPARISON).read_bytes()
-        record = parse_comparison(json.loads(data))
+        record = parse_comparison(data)
         assert record == result.comparison
         assert json_bytes(record.to_json()) == data
         assert record.outcome is result.outcome and record.reason == result.reason
@@ -117,19 +114,32 @@ def test_fresh_comparisons_are_the_record_written_once(
         assert record.diagnostics.semantic_offset is not None
 
 
+def test_integers_in_number_fields_stay_integers() -> None:
+    """A number written as an integer (a config's ``threshold: 1``) decodes as one, so the
+    bytes re-encode unchanged: number fields are ``int | float``, never coerced."""
+    document = _full_vocabulary_fixture()
+    document["threshold"] = document["contract"]["threshold"] = 1
+    document["diagnostics"]["semantic_offset"]["explained_fraction"] = 1
+    document["diagnostics"]["mismatch_ratio"] = 0
+    data = json_bytes(document)
+    record = parse_comparison(data)
+    assert type(record.threshold) is int and type(record.diagnostics.mismatch_ratio) is int
+    assert json_bytes(record.to_json()) == data
+
+
 def test_optional_parts_are_optional() -> None:
     document = _full_vocabulary_fixture()
     for key in ("full_vocabulary", "semantic_offset"):
         del document["diagnostics"][key]
     del document["numerical"]
-    record = read_comparison(document)
+    record = parse_comparison(json_bytes(document))
     assert record.numerical is None
     assert record.diagnostics.full_vocabulary is None
     assert record.diagnostics.semantic_offset is None
     assert record.diagnostics.statistics is not None
     assert record.to_json() == document
     document["diagnostics"] = {"full_vocabulary": {"unavailable": "no distributions"}}
-    record = read_comparison(document)
+    record = parse_comparison(json_bytes(document))
     assert record.diagnostics.statistics is None
     assert record.diagnostics.max_abs_diff is None
     assert record.diagnostics.unavailable == "no distributions"
@@ -164,114 +174,142 @@ def _delete(path: tuple[str | int, ...]) -> Mutation:
 DIAG = "diagnostics"
 FULL = (DIAG, "full_vocabulary")
 OFFSET = (DIAG, "semantic_offset")
-ERRORS: list[tuple[Mutation, str, str]] = [
-    (_delete(("case_id",)), "case_id", "missing required key"),
-    (_delete(("records",)), "records", "missing required key"),
-    (_set(("surprise",), 1), "surprise", "unknown key"),
-    (_set(("case_id",), 7), "case_id", "expected a string, got a number"),
-    (_set(("outcome",), "MAYBE"), "outcome", "expected one of 'PASS'"),
-    (_set(("outcome",), None), "outcome", "expected a string, got null"),
-    (_set(("active_tokens",), "38"), "active_tokens", "expected a non-negative integer"),
-    (_set(("mismatches",), True), "mismatches", "expected a non-negative integer"),
-    (_set(("mismatches",), -1), "mismatches", "expected a non-negative integer"),
-    (_set(("threshold",), "0.001"), "threshold", "expected a number, got a string"),
-    (_set(("threshold",), float("nan")), "threshold", "expected a finite number"),
-    (_set(("reason",), ["x"]), "reason", "expected a string, got an array"),
-    (_set(("contract",), "ws1"), "contract", "expected an object, got a string"),
-    (_delete(("contract", "minor_version")), "contract.minor_version", "missing required key"),
-    (_set(("contract", "threshold"), {}), "contract.threshold", "expected a number"),
-    (_set((DIAG,), []), DIAG, "expected an object, got an array"),
-    (_delete((DIAG, "max_abs_diff")), "diagnostics.max_abs_diff", "missing required key"),
-    (_set((DIAG, "mean_abs_diff"), None), "diagnostics.mean_abs_diff", "expected a number"),
-    (_set((DIAG, "kl"), 1.0), "diagnostics.kl", "unknown key"),
-    (_set(FULL, 3), "diagnostics.full_vocabulary", "expected an object, got a number"),
+ERRORS: list[tuple[Mutation, str]] = [
+    (_delete(("case_id",)), "$: Object missing required field `case_id`"),
+    (_delete(("records",)), "$: Object missing required field `records`"),
+    (_set(("surprise",), 1), "$: Object contains unknown field `surprise`"),
+    (_set(("case_id",), 7), "$.case_id: Expected `str`, got `int`"),
+    (_set(("outcome",), "MAYBE"), "$.outcome: Invalid enum value 'MAYBE'"),
+    (_set(("outcome",), None), "$.outcome: Expected `str`, got `null`"),
+    (_set(("active_tokens",), "38"), "$.active_tokens: Expected `int`, got `str`"),
+    (_set(("mismatches",), True), "$.mismatches: Expected `int`, got `bool`"),
+    (_set(("mismatches",), -1), "$.mismatches: Expected `int` >= 0"),
+    (_set(("threshold",), "0.001"), "$.threshold: Expected `int | float`, got `str`"),
+    (_set(("threshold",), float("nan")), "invalid JSON at byte 6772: NaN is not valid JSON"),
+    (_set(("reason",), ["x"]), "$.reason: Expected `str`, got `array`"),
+    (_set(("contract",), "ws1"), "$.contract: Expected `object`, got `str`"),
+    (
+        _delete(("contract", "minor_version")),
+        "$.contract: Object missing required field `minor_version`",
+    ),
+    (
+        _set(("contract", "threshold"), {}),
+        "$.contract.threshold: Expected `int | float`, got `object`",
+    ),
+    (_set((DIAG,), []), "$.diagnostics: Expected `object`, got `array`"),
+    (
+        _delete((DIAG, "max_abs_diff")),
+        "$.diagnostics: Object missing required field `max_abs_diff` (statistics: all or none)",
+    ),
+    (
+        _set((DIAG, "mean_abs_diff"), None),
+        "$.diagnostics.mean_abs_diff: Expected `int | float`, got `null`",
+    ),
+    (_set((DIAG, "kl"), 1.0), "$.diagnostics: Object contains unknown field `kl`"),
+    (_set(FULL, 3), "$.diagnostics.full_vocabulary: Expected `object`, got `int`"),
     (
         _set(FULL, {"unavailable": 3}),
-        "diagnostics.full_vocabulary.unavailable",
-        "expected a string",
+        "$.diagnostics.full_vocabulary.unavailable: Expected `str`, got `int`",
     ),
     (
         _set((*FULL, "positions"), 1.5),
-        "diagnostics.full_vocabulary.positions",
-        "expected a non-negative integer",
+        "$.diagnostics.full_vocabulary.positions: Expected `int`, got `float`",
     ),
     (
         _set((*FULL, "total_variation", "infinite"), "0"),
-        "diagnostics.full_vocabulary.total_variation.infinite",
-        "expected a non-negative integer",
+        "$.diagnostics.full_vocabulary.total_variation.infinite: Expected `int`, got `str`",
     ),
     (
         _delete((*FULL, "kl_training_rollout", "p99")),
-        "diagnostics.full_vocabulary.kl_training_rollout.p99",
-        "missing required key",
+        "$.diagnostics.full_vocabulary.kl_training_rollout: Object missing required field `p99`",
     ),
     (
         _set((*FULL, "worst_positions"), {}),
-        "diagnostics.full_vocabulary.worst_positions",
-        "expected an array, got an object",
+        "$.diagnostics.full_vocabulary.worst_positions: Expected `array`, got `object`",
     ),
     (
         _set((*FULL, "worst_positions", 0, "top_tokens", 1, "token_id"), -1),
-        "diagnostics.full_vocabulary.worst_positions[0].top_tokens[1].token_id",
-        "expected a non-negative integer",
+        "$.diagnostics.full_vocabulary.worst_positions[0].top_tokens[1].token_id: "
+        "Expected `int` >= 0",
     ),
     (
         _set((*FULL, "worst_positions", 0, "top_tokens", 1, "tv_share"), None),
-        "diagnostics.full_vocabulary.worst_positions[0].top_tokens[1].tv_share",
-        "expected a number, got null",
+        "$.diagnostics.full_vocabulary.worst_positions[0].top_tokens[1].tv_share: "
+        "Expected `int | float`, got `null`",
     ),
     (
         _set((*FULL, "worst_positions", 0, "total_variation"), "big"),
-        "diagnostics.full_vocabulary.worst_positions[0].total_variation",
-        "expected a number, got a string",
+        "$.diagnostics.full_vocabulary.worst_positions[0].total_variation: "
+        "Expected `int | float | null`, got `str`",
     ),
     (
         _set((*OFFSET, "fires"), "no"),
-        "diagnostics.semantic_offset.fires",
-        "expected a boolean",
+        "$.diagnostics.semantic_offset.fires: Expected `bool`, got `str`",
     ),
     (
         _set((*OFFSET, "explanation"), 1),
-        "diagnostics.semantic_offset.explanation",
-        "expected a string",
+        "$.diagnostics.semantic_offset.explanation: Expected `str | null`, got `int`",
     ),
-    (_set(("worst_tokens",), {}), "worst_tokens", "expected an array"),
-    (_set(("worst_tokens", 0, "abs_diff"), "x"), "worst_tokens[0].abs_diff", "expected a number"),
-    (_delete(("worst_tokens", 1, "sample")), "worst_tokens[1].sample", "missing required key"),
-    (_set(("identity_violations",), "x"), "identity_violations", "expected an array"),
-    (_set(("identity_violations",), [3]), "identity_violations[0]", "expected a string"),
-    (_set(("records", 0, "status"), "maybe"), "records[0].status", "expected one of 'applied'"),
-    (_set(("records", 1, "requested"), [1]), "records[1].requested", "expected a string, integer"),
-    (_set(("records", 0, "actual"), {}), "records[0].actual", "expected a number, got an object"),
-    (_set(("records", 0, "lifecycle"), 0), "records[0].lifecycle", "expected a string"),
-    (_set(("numerical",), None), "numerical", "expected an object, got null"),
-    (_set(("numerical", "mismatches"), 0.0), "numerical.mismatches", "non-negative integer"),
-    (_set(("numerical", "outcome"), "pass"), "numerical.outcome", "expected one of"),
+    (_set(("worst_tokens",), {}), "$.worst_tokens: Expected `array`, got `object`"),
+    (
+        _set(("worst_tokens", 0, "abs_diff"), "x"),
+        "$.worst_tokens[0].abs_diff: Expected `int | float`, got `str`",
+    ),
+    (
+        _delete(("worst_tokens", 1, "sample")),
+        "$.worst_tokens[1]: Object missing required field `sample`",
+    ),
+    (_set(("identity_violations",), "x"), "$.identity_violations: Expected `array`, got `str`"),
+    (_set(("identity_violations",), [3]), "$.identity_violations[0]: Expected `str`, got `int`"),
+    (_set(("records", 0, "status"), "maybe"), "$.records[0].status: Invalid enum value 'maybe'"),
+    (
+        _set(("records", 1, "requested"), [1]),
+        "$.records[1].requested: Expected `bool | int | str`, got `array`",
+    ),
+    (
+        _set(("records", 0, "actual"), {}),
+        "$.records[0].actual: Expected `bool | int | float | str | null`, got `object`",
+    ),
+    (_set(("records", 0, "lifecycle"), 0), "$.records[0].lifecycle: Expected `str`, got `int`"),
+    (_set(("numerical",), None), "$.numerical: Expected `object`, got `null`"),
+    (_set(("numerical", "mismatches"), 0.0), "$.numerical.mismatches: Expected `int`, got `float`"),
+    (_set(("numerical", "outcome"), "pass"), "$.numerical.outcome: Invalid enum value 'pass'"),
 ]
 
 
-@pytest.mark.parametrize(("mutate", "path", "words"), ERRORS, ids=[e[1] for e in ERRORS])
-def test_a_wrong_shape_is_a_seal_error_naming_its_json_path(
-    mutate: Mutation, path: str, words: str
-) -> None:
+@pytest.mark.parametrize(("mutate", "message"), ERRORS, ids=[e[1] for e in ERRORS])
+def test_a_wrong_shape_is_a_seal_error_naming_its_json_path(mutate: Mutation, message: str) -> None:
+    """The attempt's SealError on comparison.json: the JSON path and what is wrong there (a
+    syntax error such as NaN: the byte offset)."""
     document = _full_vocabulary_fixture()
-    read_comparison(document)  # the unmutated document is fine
+    parse_comparison(json_bytes(document))  # the unmutated document is fine
     mutate(document)
-    with pytest.raises(ComparisonShapeError) as shape:
-        read_comparison(document)
-    assert shape.value.path == path
-    assert words in shape.value.message
     with pytest.raises(SealError) as info:
-        parse_comparison(document)
+        parse_comparison(json.dumps(document).encode())
     assert info.value.file == COMPARISON
-    assert info.value.message.startswith(f"{path}: ")
+    assert info.value.message == message
+    assert str(info.value) == f"{COMPARISON}: {message}"
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("document", [[], "comparison", None, 3])
-def test_a_document_that_is_no_object_is_refused(document: Any) -> None:
-    with pytest.raises(SealError, match=r"^comparison\.json: \$: expected an object"):
-        parse_comparison(document)
+@pytest.mark.parametrize(
+    ("document", "kind"), [([], "array"), ("comparison", "str"), (None, "null"), (3, "int")]
+)
+def test_a_document_that_is_no_object_is_refused(document: Any, kind: str) -> None:
+    with pytest.raises(SealError) as info:
+        parse_comparison(json.dumps(document).encode())
+    assert str(info.value) == f"comparison.json: $: Expected `object`, got `{kind}`"
+
+
+def test_a_syntax_error_names_the_byte_offset() -> None:
+    data = json_bytes(_full_vocabulary_fixture())
+    at = data.index(b'"case_id"')
+    with pytest.raises(SealError) as info:
+        parse_comparison(data.replace(b'"case_id"', b"case_id", 1))
+    assert str(info.value) == (
+        f"comparison.json: invalid JSON at byte {at} (line 3 column 3): Expecting property "
+        "name enclosed in double quotes"
+    )
 
 
 # ----------------------------------------------------------------------------- verify, run
@@ -296,13 +334,16 @@ def _reseal_comparison(attempt: Path, document: dict[str, Any]) -> None:
 
 
 RESEALED = [
-    (_set(("numerical",), []), "numerical: expected an object, got an array"),
-    (_set((DIAG, "max_abs_diff"), "small"), "diagnostics.max_abs_diff: expected a number"),
+    (_set(("numerical",), []), "$.numerical: Expected `object`, got `array`"),
+    (
+        _set((DIAG, "max_abs_diff"), "small"),
+        "$.diagnostics.max_abs_diff: Expected `int | float`, got `str`",
+    ),
     (
         _set((DIAG, "semantic_offset"), {"fires": True}),
-        "diagnostics.semantic_offset.explanation: missing required key",
+        "$.diagnostics.semantic_offset: Object missing required field `explanation`",
     ),
-    (_set(("records", 0), "batch.size"), "records[0]: expected an object, got a string"),
+    (_set(("records", 0), "batch.size"), "$.records[0]: Expected `object`, got `str`"),
 ]
 
 

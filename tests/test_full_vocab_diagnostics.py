@@ -20,7 +20,7 @@ from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0, run_by_label
 
 from pytest_logprob_drift import ConfigError, plan_file
 from pytest_logprob_drift.execute.runner import CaseResult
-from pytest_logprob_drift.numerics.comparison import read_diagnostics
+from pytest_logprob_drift.numerics.comparison import Diagnostics, from_builtins
 from pytest_logprob_drift.numerics.divergence_file import SEALED_KEYS
 from pytest_logprob_drift.numerics.full_vocabulary import DIVERGENCE_FIELDS
 from pytest_logprob_drift.runtimes.smoke.runtime import (
@@ -173,7 +173,7 @@ def test_verify_refuses_a_summary_that_disagrees(work: Path) -> None:
     forged = copy.deepcopy(recorded.to_json())
     forged["full_vocabulary"]["total_variation"]["max"] = 0.0
     with pytest.raises(SealError, match="full_vocabulary summary"):
-        check_divergence(read_diagnostics(forged), sealed, diffs)
+        check_divergence(from_builtins(forged, Diagnostics), sealed, diffs)
     moved = dict(sealed)
     moved["total_variation"] = sealed["total_variation"] * 0.5
     with pytest.raises(SealError, match=r"divergence\.pt"):

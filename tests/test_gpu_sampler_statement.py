@@ -14,8 +14,15 @@ import json
 
 import pytest
 
-from pytest_logprob_drift.numerics.comparison import ComparisonShapeError, read_diagnostics
+from pytest_logprob_drift.numerics.comparison import Diagnostics, from_builtins
 from pytest_logprob_drift.runtimes.vllm.platform import rollout_sampler
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode
+from pytest_logprob_drift.store.files import json_bytes
+
+
+def _diagnostics(document: object) -> Diagnostics:
+    return from_builtins(document, Diagnostics)
+
 
 OLD = {
     "fires": False,
@@ -41,11 +48,11 @@ def test_each_platform_names_its_sampler() -> None:
 
 def test_old_comparisons_read_and_write_back_unchanged() -> None:
     document = {"semantic_offset": dict(OLD)}
-    parsed = read_diagnostics(document)
+    parsed = _diagnostics(document)
     assert parsed.semantic_offset is not None and parsed.semantic_offset.reproduces is None
     assert json.dumps(parsed.to_json(), sort_keys=True) == json.dumps(document, sort_keys=True)
     statement = {"semantic_offset": {**OLD, "reproduces": rollout_sampler("cuda", "v2")}}
-    again = read_diagnostics(statement)
+    again = _diagnostics(statement)
     assert again.semantic_offset is not None
     assert again.semantic_offset.reproduces == rollout_sampler("cuda", "v2")
     assert again.to_json() == statement
@@ -53,9 +60,9 @@ def test_old_comparisons_read_and_write_back_unchanged() -> None:
 
 @pytest.mark.parametrize("bad", [None, 3, ["cpu"]])
 def test_a_reproduces_that_is_not_a_string_is_refused_by_path(bad: object) -> None:
-    with pytest.raises(ComparisonShapeError) as refused:
-        read_diagnostics({"semantic_offset": {**OLD, "reproduces": bad}})
-    assert "diagnostics.semantic_offset.reproduces" in str(refused.value)
+    with pytest.raises(JSONDocumentError) as refused:
+        decode(json_bytes({"semantic_offset": {**OLD, "reproduces": bad}}), Diagnostics)
+    assert str(refused.value).startswith("$.semantic_offset.reproduces: Expected `str`, got ")
 
 
 def test_the_offline_recheck_ignores_the_statement_but_not_the_diagnosis() -> None:
@@ -78,7 +85,7 @@ def test_the_offline_recheck_ignores_the_statement_but_not_the_diagnosis() -> No
     entries = sealed_diagnostics(tensors, training, rollout, active)
     diffs = {"training_logprobs": training, "rollout_logprobs": rollout, "active_mask": active}
     entries["semantic_offset"]["reproduces"] = reproduction_statement(rollout_sampler("cuda", "v2"))
-    check_divergence(read_diagnostics(entries), tensors, diffs)  # accepted
+    check_divergence(_diagnostics(entries), tensors, diffs)  # accepted
     entries["semantic_offset"]["message"] = "edited"
     with pytest.raises(SealError, match="semantic_offset summary recomputed offline differs"):
-        check_divergence(read_diagnostics(entries), tensors, diffs)
+        check_divergence(_diagnostics(entries), tensors, diffs)

@@ -19,8 +19,8 @@ import pytest
 import torch
 from drift_testing import cli, run_s0
 
-from pytest_logprob_drift.numerics.comparison import read_comparison
 from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE, TOKEN_DIFFS
 from pytest_logprob_drift.store.resume import check_attempt
@@ -73,7 +73,7 @@ def test_every_judged_case_seals_figures_equal_to_a_float64_recomputation(
         assert part["corrections"]["tis_clipped_token_fraction_cap_2"] == clipped, label
         assert part["active_tokens"] == document["active_tokens"]
         # the typed record gives the document back value for value
-        assert read_comparison(document).to_json() == document
+        assert parse_comparison(json_bytes(document)).to_json() == document
 
 
 def test_the_offset_case_masks_every_sequence_at_nemo_rl_band(sealed_run: Path) -> None:
@@ -123,7 +123,9 @@ def test_a_resealed_wrong_type_figure_is_refused(sealed_run: Path, tmp_path: Pat
     _reseal(attempt, document)
     code, out, _ = cli("verify", runs / EXPERIMENT)
     assert code == 1
-    assert "diagnostics.importance_sampling.ess: expected a number" in out
+    detail = "$.diagnostics.importance_sampling.ess: Expected `int | float`, got `str`"
+    (line,) = [line for line in out.splitlines() if detail in line]
+    assert "invalid  comparison.json  " + detail in line, line
 
 
 def test_old_attempts_get_figures_at_read_time_and_keep_their_bytes(
@@ -137,7 +139,7 @@ def test_old_attempts_get_figures_at_read_time_and_keep_their_bytes(
     for label, (attempt, document) in old.items():
         assert "importance_sampling" not in document["diagnostics"]
         raw = (attempt / COMPARISON).read_bytes()
-        assert json_bytes(read_comparison(document).to_json()) == raw
+        assert json_bytes(parse_comparison(raw).to_json()) == raw
         checked = check_attempt(attempt, expected_key=None)
         part = checked.comparison.diagnostics.importance_sampling
         assert part is not None, label

@@ -12,9 +12,11 @@ import torch
 from drift_testing import S0
 
 from pytest_logprob_drift import ConfigError, plan_file
-from pytest_logprob_drift.numerics.comparison import ComparisonShapeError, read_layers
+from pytest_logprob_drift.numerics.comparison import LayerDiagnostics, from_builtins
 from pytest_logprob_drift.numerics.layer_reduction import capture_mask
 from pytest_logprob_drift.records import LayerSpec
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode
+from pytest_logprob_drift.store.files import json_bytes
 
 
 def _config(work: Path, diagnostics: object | None, name: str = "config.json") -> str:
@@ -117,8 +119,9 @@ def test_the_reduction_may_name_its_positions_per_row() -> None:
         },
         "figures": None,
     }
-    assert read_layers(entry).reduction["positions_per_row"] == 3
-    assert read_layers(entry).to_json() == entry
+    assert from_builtins(entry, LayerDiagnostics).reduction["positions_per_row"] == 3
+    assert from_builtins(entry, LayerDiagnostics).to_json() == entry
     bad = {**entry, "reduction": {**entry["reduction"], "positions_per_row": -3}}
-    with pytest.raises(ComparisonShapeError, match=r"reduction\.positions_per_row"):
-        read_layers(bad)
+    with pytest.raises(JSONDocumentError) as refused:
+        decode(json_bytes(bad), LayerDiagnostics)
+    assert str(refused.value) == "$.reduction[...]: Expected `int` >= 0"

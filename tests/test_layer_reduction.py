@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from pytest_logprob_drift.numerics.comparison import (
-    ComparisonShapeError,
-    read_diagnostics,
-    read_layers,
+    Diagnostics,
+    LayerDiagnostics,
+    from_builtins,
 )
 from pytest_logprob_drift.numerics.layer_reduction import (
     DIGEST_BYTES,
@@ -26,6 +26,8 @@ from pytest_logprob_drift.numerics.layer_reduction import (
     state_digests,
     state_names,
 )
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode
+from pytest_logprob_drift.store.files import json_bytes
 
 
 def _side(states: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -110,18 +112,31 @@ def test_compare_finds_the_first_unequal_state_and_reads_back_strictly() -> None
         "reduction": {"projection_dim": 64, "projection_seed": 1, "digest_bytes": 16},
         "figures": figures,
     }
-    record = read_layers(entry)
+    record = from_builtins(entry, LayerDiagnostics)
     assert record.to_json() == entry
-    assert read_diagnostics({"layers": entry}).layers == record
+    assert from_builtins({"layers": entry}, Diagnostics).layers == record
     for bad, where in (
-        ({**entry, "extra": 1}, "diagnostics.layers.extra"),
-        ({**entry, "training": {"status": "layers_maybe", "reason": "x"}}, "training.status"),
-        ({**entry, "figures": {**figures, "first_unequal_state": "7"}}, "first_unequal_state"),
-        ({**entry, "figures": {**figures, "positions": -1}}, "figures.positions"),
-        ({**entry, "rollout": {"status": "layers_unavailable"}}, "rollout.reason"),
+        ({**entry, "extra": 1}, "$.layers: Object contains unknown field `extra`"),
+        (
+            {**entry, "training": {"status": "layers_maybe", "reason": "x"}},
+            "$.layers.training.status: Invalid enum value 'layers_maybe'",
+        ),
+        (
+            {**entry, "figures": {**figures, "first_unequal_state": "7"}},
+            "$.layers.figures: first_unequal_state names no state: '7'",
+        ),
+        (
+            {**entry, "figures": {**figures, "positions": -1}},
+            "$.layers.figures.positions: Expected `int` >= 0",
+        ),
+        (
+            {**entry, "rollout": {"status": "layers_unavailable"}},
+            "$.layers.rollout: layers_unavailable has no reason",
+        ),
     ):
-        with pytest.raises(ComparisonShapeError, match=where.replace(".", r"\.")):
-            read_layers(bad)
+        with pytest.raises(JSONDocumentError) as refused:
+            decode(json_bytes({"layers": bad}), Diagnostics)
+        assert str(refused.value).startswith(where)
 
 
 def test_check_reduction_refuses_malformed_sides() -> None:
@@ -170,7 +185,7 @@ def test_text_lines_and_junit_properties() -> None:
         "reduction": {"projection_dim": 64, "projection_seed": 1, "digest_bytes": 16},
         "figures": figures,
     }
-    diagnostics = read_diagnostics({"layers": entry})
+    diagnostics = from_builtins({"layers": entry}, Diagnostics)
     (line, status) = layer_text.lines(diagnostics)
     assert line.startswith("layers: rollout vs training states first differ at layer 1;")
     assert f"logits {figures['states'][-1]['max_rel_error']:.3g}" in line
@@ -184,4 +199,4 @@ def test_text_lines_and_junit_properties() -> None:
         float(props["drift_layers_logits_max_rel_error"]) == figures["states"][-1]["max_rel_error"]
     )
     assert set(layer_text.properties(diagnostics)) <= set(diagnostic_properties(diagnostics))
-    assert layer_text.lines(read_diagnostics({})) == layer_text.properties(None) == []
+    assert layer_text.lines(Diagnostics()) == layer_text.properties(None) == []

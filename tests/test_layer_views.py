@@ -22,7 +22,7 @@ from pytest_logprob_drift.numerics.comparison import (
     Diagnostics,
     LayerDiagnostics,
     Statistics,
-    read_layers,
+    from_builtins,
 )
 from pytest_logprob_drift.report import layer_lines
 from pytest_logprob_drift.report.html import render_page
@@ -61,13 +61,14 @@ def _layers(
         ],
         "first_unequal_state": first,
     }
-    return read_layers(
+    return from_builtins(
         {
             "training": CAPTURED,
             "rollout": rollout,
             "reduction": REDUCTION,
             "figures": figures if rollout is CAPTURED else None,
-        }
+        },
+        LayerDiagnostics,
     )
 
 
@@ -82,8 +83,8 @@ def _view(label: str, i: int, layers: LayerDiagnostics | None) -> CaseView:
         active_tokens=5,
         mismatches=0,
         threshold=1e-3,
-        diagnostics=Diagnostics(
-            statistics=Statistics(**dict.fromkeys(STATISTICS_KEYS, 1e-6)), layers=layers
+        diagnostics=Diagnostics.of(
+            Statistics(**dict.fromkeys(STATISTICS_KEYS, 1e-6)), layers=layers
         ),
         records=(),
         identity_violations=(),

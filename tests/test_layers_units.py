@@ -18,7 +18,7 @@ import torch
 
 from pytest_logprob_drift.execute.layers import layer_diagnostics
 from pytest_logprob_drift.execute.protocol import LayersUnavailable
-from pytest_logprob_drift.numerics.comparison import read_layers
+from pytest_logprob_drift.numerics.comparison import LayerDiagnostics, from_builtins
 from pytest_logprob_drift.numerics.layer_reduction import (
     reduce_states,
     reduction_sha256,
@@ -58,7 +58,7 @@ def test_statuses_per_side_and_figures_only_when_both_captured() -> None:
     both = layer_diagnostics(
         Captures(_reduction(scale=2.0)), Captures(_reduction()), None, ROLLOUT, batch_size=2
     )  # type: ignore[arg-type]
-    record = read_layers(both.entry)
+    record = from_builtins(both.entry, LayerDiagnostics)
     assert record.training.captured and record.rollout.captured
     assert record.figures is not None and record.figures.first_unequal_state == "0"
     assert set(both.files) == {"layers_training.pt", "layers_rollout.pt"}
@@ -70,7 +70,7 @@ def test_statuses_per_side_and_figures_only_when_both_captured() -> None:
     ]
     for engine, reason in cases:
         result = layer_diagnostics(engine, Captures(_reduction()), None, ROLLOUT, batch_size=2)  # type: ignore[arg-type]
-        record = read_layers(result.entry)
+        record = from_builtins(result.entry, LayerDiagnostics)
         assert record.training.captured and record.figures is None
         assert record.rollout.status == "layers_unavailable"
         assert reason in (record.rollout.reason or ""), record.rollout.reason
@@ -88,7 +88,7 @@ def test_a_side_that_says_how_it_captured_adds_that_to_its_evidence() -> None:
     result = layer_diagnostics(
         Captures(_reduction()), SaysHow(_reduction()), None, ROLLOUT, batch_size=2
     )  # type: ignore[arg-type]
-    record = read_layers(result.entry)
+    record = from_builtins(result.entry, LayerDiagnostics)
     assert record.training.evidence == {
         "world_size": 2,
         "ranks_agree": True,
@@ -289,7 +289,7 @@ def test_the_rollout_record_says_which_rank_was_read_or_which_ranks_disagree() -
         )
 
     agreed = layer_diagnostics(_vllm_rollout(_FakeLLM(2)), training(), None, rollout, batch_size=2)  # type: ignore[arg-type]
-    record = read_layers(agreed.entry)
+    record = from_builtins(agreed.entry, LayerDiagnostics)
     assert record.rollout.captured and record.rollout.evidence is not None
     assert {k: record.rollout.evidence[k] for k in ("tensor_parallel_size", "read_rank")} == {
         "tensor_parallel_size": 2,
@@ -300,7 +300,7 @@ def test_the_rollout_record_says_which_rank_was_read_or_which_ranks_disagree() -
     assert "tensor_parallel_size" not in (record.training.evidence or {})
     engine = _vllm_rollout(_FakeLLM(2, bad=1))
     split = layer_diagnostics(engine, training(), None, rollout, batch_size=2)  # type: ignore[arg-type]
-    record = read_layers(split.entry)
+    record = from_builtins(split.entry, LayerDiagnostics)
     assert record.rollout.status == "layers_unavailable" and record.training.captured
     assert "layer capture of sequence 0: the TP ranks' layer states differ" in (
         record.rollout.reason or ""

@@ -12,12 +12,11 @@ import torch
 from drift_testing import S0
 
 from pytest_logprob_drift import ConfigError, plan_file
-from pytest_logprob_drift.numerics.comparison import (
-    ComparisonShapeError,
-    read_diagnostics,
-    read_path_split,
-)
+from pytest_logprob_drift.numerics.comparison import Diagnostics, PathSplit, from_builtins
 from pytest_logprob_drift.numerics.path_split import differences, path_split
+from pytest_logprob_drift.store.decode import JSONDocumentError
+from pytest_logprob_drift.store.decode import decode as decode_json
+from pytest_logprob_drift.store.files import json_bytes
 
 
 def _grid(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -111,33 +110,37 @@ def test_path_split_part_round_trips_byte_for_byte() -> None:
         decode_replay=decode,
     )
     document = {"path_split": _part(figures)}
-    parsed = read_diagnostics(document)
+    parsed = from_builtins(document, Diagnostics)
     assert parsed.path_split is not None
     assert json.dumps(parsed.to_json(), sort_keys=True) == json.dumps(document, sort_keys=True)
-    assert read_diagnostics({}).path_split is None
+    assert Diagnostics().path_split is None
 
 
 @pytest.mark.parametrize(
     ("mutate", "path"),
     [
-        (lambda d: d.pop("comparable"), "diagnostics.path_split.comparable"),
-        (lambda d: d.update(extra=1), "diagnostics.path_split.extra"),
+        (lambda d: d.pop("comparable"), "$: Object missing required field `comparable`"),
+        (lambda d: d.update(extra=1), "$: Object contains unknown field `extra`"),
         (
             lambda d: d["prefill"].update(status="unsupported", reason="x"),
-            "diagnostics.path_split.prefill",
+            "$.prefill.status: Invalid enum value 'unsupported'",
         ),
         (
             lambda d: d["comparable"].update(decode_prefill="yes"),
-            "diagnostics.path_split.comparable.decode_prefill",
+            "$.comparable[...]: Expected `bool`, got `str`",
+        ),
+        (
+            lambda d: d["comparable"].pop("decode_prefill"),
+            "$.comparable: Object missing required field `decode_prefill`",
         ),
     ],
 )
 def test_path_split_part_is_read_strictly(mutate: object, path: str) -> None:
     document = _part(None)
     mutate(document)  # type: ignore[operator]
-    with pytest.raises(ComparisonShapeError) as caught:
-        read_path_split(document)
-    assert caught.value.path.startswith(path)
+    with pytest.raises(JSONDocumentError) as caught:
+        decode_json(json_bytes(document), PathSplit)
+    assert str(caught.value) == path
 
 
 @pytest.mark.parametrize("bad", [1, "yes", None])

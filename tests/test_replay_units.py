@@ -24,11 +24,7 @@ from pytest_logprob_drift.attribution.analysis import (
 )
 from pytest_logprob_drift.attribution.text import PATH_HEADERS, path_rows
 from pytest_logprob_drift.numerics import path_split_text
-from pytest_logprob_drift.numerics.comparison import (
-    ComparisonShapeError,
-    read_diagnostics,
-    read_path_split,
-)
+from pytest_logprob_drift.numerics.comparison import Diagnostics, PathSplit, from_builtins
 from pytest_logprob_drift.numerics.path_split import (
     PAIRS,
     comparable_pairs,
@@ -37,6 +33,8 @@ from pytest_logprob_drift.numerics.path_split import (
 )
 from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.runtimes.batch import replay_grid, sequences
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode
+from pytest_logprob_drift.store.files import json_bytes
 
 pytest_plugins = ["pytester"]
 
@@ -131,7 +129,7 @@ ALL = dict.fromkeys(PAIRS, True)
 def test_text_shows_the_split_its_statuses_and_properties() -> None:
     figures = _figures(ALL)
     ran = {"status": "replay_ran", "evidence": {"num_cached_tokens": 0}}
-    diagnostics = read_diagnostics(_document(ran, ALL, figures))
+    diagnostics = from_builtins(_document(ran, ALL, figures), Diagnostics)
     cells = path_split_text.cells(diagnostics)
     assert cells == [f"{0.25:.3g}", f"{figures['prefill_training']['max']:.3g}"]
     (split, status) = path_split_text.lines(diagnostics)
@@ -144,8 +142,8 @@ def test_text_shows_the_split_its_statuses_and_properties() -> None:
     assert float(props["drift_path_decode_prefill_max"]) == 0.25
     assert float(props["drift_path_bitwise_equal_fraction"]) == figures["bitwise_equal_fraction"]
     assert path_split_text.has_path_split([None, diagnostics])
-    assert not path_split_text.has_path_split([None, read_diagnostics({})])
-    assert path_split_text.cells(read_diagnostics({})) == ["-", "-"]
+    assert not path_split_text.has_path_split([None, Diagnostics()])
+    assert path_split_text.cells(Diagnostics()) == ["-", "-"]
     assert path_split_text.lines(None) == [] and path_split_text.properties(None) == []
 
 
@@ -156,7 +154,9 @@ def test_text_of_an_incomparable_and_of_an_unavailable_prefill() -> None:
         "evidence": {"logprob_semantics": "raw"},
         "reason": "raw against processed",
     }
-    diagnostics = read_diagnostics(_document(incomparable, comparable, _figures(comparable)))
+    diagnostics = from_builtins(
+        _document(incomparable, comparable, _figures(comparable)), Diagnostics
+    )
     assert path_split_text.cells(diagnostics)[0] == "incomparable"
     assert "decode-prefill incomparable" in path_split_text.lines(diagnostics)[0]
     assert "prefill replay: replay_incomparable (raw against processed)" in (
@@ -164,7 +164,7 @@ def test_text_of_an_incomparable_and_of_an_unavailable_prefill() -> None:
     )
     none = {**ALL, "decode_prefill": False, "prefill_training": False}
     unavailable = {"status": "replay_unavailable", "reason": "no prefill replay"}
-    diagnostics = read_diagnostics(_document(unavailable, none, None))
+    diagnostics = from_builtins(_document(unavailable, none, None), Diagnostics)
     assert path_split_text.cells(diagnostics) == ["n/a", "n/a"]
     assert dict(path_split_text.properties(diagnostics))["drift_path_decode_prefill_max"] == "-"
 
@@ -172,17 +172,27 @@ def test_text_of_an_incomparable_and_of_an_unavailable_prefill() -> None:
 @pytest.mark.parametrize(
     ("status", "path"),
     [
-        ({"status": "replay_incomparable", "evidence": {}}, "diagnostics.path_split.prefill"),
-        ({"status": "replay_ran", "reason": "x"}, "diagnostics.path_split.prefill"),
-        ({"status": "unobservable", "reason": "x"}, "diagnostics.path_split.prefill.status"),
-        ({"status": "unsupported", "reason": "x"}, "diagnostics.path_split.prefill.status"),
-        ({"status": "replay_ran", "evidence": []}, "diagnostics.path_split.prefill.evidence"),
+        (
+            {"status": "replay_incomparable", "evidence": {}},
+            "$.prefill: replay_incomparable has no reason",
+        ),
+        ({"status": "replay_ran", "reason": "x"}, "$.prefill: replay_ran has no evidence"),
+        (
+            {"status": "replay_ran", "evidence": {}, "reason": "x"},
+            "$.prefill: replay_ran takes no reason",
+        ),
+        ({"status": "unobservable", "reason": "x"}, "$.prefill.status: Invalid enum value "),
+        ({"status": "unsupported", "reason": "x"}, "$.prefill.status: Invalid enum value "),
+        (
+            {"status": "replay_ran", "evidence": []},
+            "$.prefill.evidence: Expected `object`, got `array`",
+        ),
     ],
 )
 def test_replay_statuses_are_their_own_and_read_strictly(status: dict[str, Any], path: str) -> None:
-    with pytest.raises(ComparisonShapeError) as caught:
-        read_path_split(_document(status, ALL, None)["path_split"])
-    assert caught.value.path == path or caught.value.path.startswith(path)
+    with pytest.raises(JSONDocumentError) as caught:
+        decode(json_bytes(_document(status, ALL, None)["path_split"]), PathSplit)
+    assert str(caught.value).startswith(path)
 
 
 def test_replay_grid_places_the_logprobs_and_refuses_a_short_sequence() -> None:

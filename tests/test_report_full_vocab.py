@@ -26,7 +26,7 @@ from drift_testing import OFFSET_LABEL, S0, run_by_label
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.numerics import text as divergence_text
-from pytest_logprob_drift.numerics.comparison import read_diagnostics
+from pytest_logprob_drift.numerics.comparison import Diagnostics, from_builtins
 from pytest_logprob_drift.numerics.divergence_file import sealed_diagnostics, sealed_tensors
 from pytest_logprob_drift.numerics.sampling import Truncation, processed_logits
 from pytest_logprob_drift.report.html import render_page
@@ -184,7 +184,7 @@ def test_a_firing_offset_is_shown_with_its_explanation(diag_run: Path, tmp_path:
     data = load_report(diag_run, page_dir=tmp_path)
     view = data.case(OFFSET_LABEL)
     shown = dataclasses.replace(
-        view, diagnostics=read_diagnostics({**view.diagnostics.to_json(), **entries})
+        view, diagnostics=from_builtins({**view.diagnostics.to_json(), **entries}, Diagnostics)
     )
     page = render_page(
         dataclasses.replace(data, cases=tuple(shown if c is view else c for c in data.cases))
@@ -196,9 +196,9 @@ def test_a_firing_offset_is_shown_with_its_explanation(diag_run: Path, tmp_path:
     )
     assert "(temperature 0.7, top_p 0.9)" in page
     # The same line in the plugin's failure text and its junit properties.
-    lines = divergence_text.lines(read_diagnostics(entries))
+    lines = divergence_text.lines(from_builtins(entries, Diagnostics))
     assert any(line.startswith("semantic offset: processed semantics") for line in lines)
-    properties = dict(divergence_text.properties(read_diagnostics(entries)))
+    properties = dict(divergence_text.properties(from_builtins(entries, Diagnostics)))
     assert properties["drift_semantic_offset_explanation"] == "processed_rollout"
     assert properties["drift_semantic_offset_fires"] == "True"
 

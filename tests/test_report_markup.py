@@ -145,8 +145,8 @@ def _view(label: str, i: int) -> CaseView:
         active_tokens=1,
         mismatches=0,
         threshold=1e-3,
-        diagnostics=Diagnostics(
-            statistics=Statistics(
+        diagnostics=Diagnostics.of(
+            Statistics(
                 **{
                     **dict.fromkeys(STATISTICS_KEYS, 1e-6),
                     "max_abs_diff": 1e-4 * (i + 1),

@@ -29,7 +29,6 @@ from pytest_logprob_drift.records import (
     PositionPolicy,
     ScenarioLevel,
     Strategy,
-    canonical,
 )
 from pytest_logprob_drift.runtimes.smoke.runtime import EOS_ID, CpuSmokeAdapter
 
@@ -193,7 +192,7 @@ def test_every_knob_value_is_applied_or_refused(
     if isinstance(result, str):
         assert result.startswith("refused: ")
         return
-    record = canonical(next(r for r in result.comparison.records if r.knob == knob))
+    record = next(r for r in result.comparison.records if r.knob == knob).to_json()
     if result.outcome is Outcome.STRICT_REJECTED:
         assert record["status"] != "applied" and knob in result.reason
         return

@@ -58,6 +58,7 @@ class SealedExecution:
         "changed",
         "complete_sha256",
         "label",
+        "layers",
         "outcome",
         "requested",
         "seal",
@@ -66,13 +67,12 @@ class SealedExecution:
     def __init__(self, attempt_dir: Path) -> None:
         self.attempt_dir = attempt_dir
         self.seal = read_seal(attempt_dir)
-        comparison = parse_comparison(
-            load_sealed_document(attempt_dir, layout.COMPARISON, self.seal, dict[str, Any])
-        )
+        comparison = parse_comparison(self.seal.read(layout.COMPARISON))
         requested = load_sealed_document(attempt_dir, layout.REQUESTED, self.seal, Requested)
         self.case_id = self.seal.case_id
         self.attempt_id = self.seal.attempt_id
         self.label = comparison.label
+        self.layers = comparison.diagnostics.layers
         self.changed = requested.changed
         self.requested: Mapping[str, Any] = requested.knobs
         self.outcome = comparison.outcome.value

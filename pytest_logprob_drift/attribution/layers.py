@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytest_logprob_drift.numerics.comparison import LayerFigures, read_diagnostics
+from pytest_logprob_drift.numerics.comparison import LayerFigures
 from pytest_logprob_drift.numerics.layer_reduction import compare
 from pytest_logprob_drift.numerics.layer_text import LOGITS
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.resume import load_sealed_document, load_sealed_tensors
+from pytest_logprob_drift.store.resume import load_sealed_tensors
 
 if TYPE_CHECKING:
     from pytest_logprob_drift.attribution.analysis import SealedExecution
@@ -72,10 +72,7 @@ def _side(case: SealedExecution, reference: SealedExecution, name: str) -> dict[
 
 
 def _figures(execution: SealedExecution) -> LayerFigures | None:
-    document = load_sealed_document(
-        execution.attempt_dir, layout.COMPARISON, execution.seal, dict[str, Any]
-    )
-    layers = read_diagnostics(document.get("diagnostics", {})).layers
+    layers = execution.layers
     return None if layers is None else layers.figures
 
 

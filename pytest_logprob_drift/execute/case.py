@@ -13,11 +13,11 @@ about which operator backends exist.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import torch
 
 from pytest_logprob_drift.execute.diagnostics import full_vocabulary
@@ -38,9 +38,12 @@ from pytest_logprob_drift.execute.protocol import (
 from pytest_logprob_drift.execute.replay import ReplayResult, replay_diagnostics
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
+    Contract,
+    Diagnostics,
+    KnobRecord,
     NumericCheck,
     WorstToken,
-    read_diagnostics,
+    from_builtins,
 )
 from pytest_logprob_drift.numerics.verdict import Verdict, identity_violations, judge
 from pytest_logprob_drift.outcomes import Outcome
@@ -367,18 +370,18 @@ def _comparison(
     figures of a judged case (from the very tensors token_diffs.pt seals; never a verdict),
     and the numeric re-check."""
     case = run.ec.case
-    diagnostics = read_diagnostics({**verdict.diagnostics, **entries})
+    diagnostics = from_builtins({**verdict.diagnostics, **entries}, Diagnostics)
     if verdict.outcome in SCORED_OUTCOMES and scored.rollout and scored.training:
         part = figures(
             scored.training.logprobs,
             scored.rollout.tensors["logprobs"],
             scored.rollout.tensors["active_mask"],
         )
-        diagnostics = dataclasses.replace(diagnostics, importance_sampling=part)
+        diagnostics = msgspec.structs.replace(diagnostics, importance_sampling=part)
     return Comparison(
         case_id=case.case_id,
         label=case.label,
-        contract=run.contract,
+        contract=Contract.of(run.contract),
         outcome=verdict.outcome,
         reason=verdict.reason,
         threshold=verdict.threshold,
@@ -387,6 +390,6 @@ def _comparison(
         diagnostics=diagnostics,
         worst_tokens=tuple(WorstToken(**w) for w in verdict.worst_tokens),
         identity_violations=verdict.identity_violations,
-        records=scored.records,
+        records=tuple(KnobRecord.of(r) for r in scored.records),
         numerical=numeric,
     )

@@ -139,9 +139,7 @@ class _Shown:
         # the bytes read: the documents now, each tensor when case_detail loads it.
         self.seal = read_seal(attempt, keep=SHOWN_DOCUMENTS, every=False)
         self.comparison = with_read_time_figures(
-            parse_comparison(
-                load_sealed_document(attempt, layout.COMPARISON, self.seal, dict[str, Any])
-            ),
+            parse_comparison(self.seal.read(layout.COMPARISON)),
             attempt,
             self.seal,
         )

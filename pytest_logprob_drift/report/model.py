@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from pytest_logprob_drift.numerics.comparison import Diagnostics
-from pytest_logprob_drift.records import KnobApplication
+from pytest_logprob_drift.numerics.comparison import Diagnostics, KnobRecord
 
 if TYPE_CHECKING:  # the record only; importing the store would import torch
     from pytest_logprob_drift.report.layers import LayerPlot
@@ -167,7 +166,7 @@ class CaseView:
     mismatches: int | None
     threshold: float | None
     diagnostics: Diagnostics
-    records: tuple[KnobApplication, ...]
+    records: tuple[KnobRecord, ...]
     identity_violations: tuple[str, ...]
     files: tuple[tuple[str, str], ...]
     """``(name, path relative to the page)`` of every sealed file of the shown attempt."""

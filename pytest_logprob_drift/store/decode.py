@@ -75,11 +75,17 @@ def decode_any(data: bytes | str) -> Any:
 
 
 def _validation_message(text: str) -> str:
-    """msgspec's message with its path in the project's form: ``$.a.b: Expected ...``."""
+    """msgspec's message with its path in the project's form: ``$.a.b: Expected ...`` (a
+    path a ``__post_init__`` reported below its struct, `` - at `$.c``, joined to the
+    struct's)."""
     message, marker, path = text.rpartition(" - at `")
     if not marker:
         return f"$: {text}"
-    return f"{path.rstrip('`')}: {message}"
+    path = path.rstrip("`")
+    inner, marker, below = message.rpartition(" - at `$")
+    if marker:  # a __post_init__ that decoded a member itself: the member's path below its struct
+        message, path = inner, path + below.rstrip("`")
+    return f"{path}: {message}"
 
 
 def _bounds_problem(root: Any) -> str | None:

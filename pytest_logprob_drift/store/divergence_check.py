@@ -10,15 +10,15 @@ the report all apply it). Never writes anything; knows nothing about engines.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
+import msgspec
 import torch
 
 from pytest_logprob_drift.numerics.comparison import (
     Diagnostics,
     SemanticOffsetSummary,
-    read_diagnostics,
+    from_builtins,
 )
 from pytest_logprob_drift.numerics.divergence_file import (
     SEALED_KEYS,
@@ -61,8 +61,8 @@ def check_divergence(
             diffs["rollout_logprobs"],
             diffs["active_mask"],
         )
-        parts = read_diagnostics(recomputed)
-    except ValueError as exc:  # ComparisonShapeError too: e.g. a non-finite recomputed value
+        parts = from_builtins(recomputed, Diagnostics)
+    except ValueError as exc:  # e.g. a non-finite recomputed value
         raise SealError(layout.DIVERGENCE, str(exc)) from None
     for key, want, got in (
         ("full_vocabulary", parts.full_vocabulary, recorded.full_vocabulary),
@@ -79,4 +79,4 @@ def _without_execution_evidence(recorded: Diagnostics) -> SemanticOffsetSummary 
     """The recorded semantic-offset summary less what execution alone knows (``reproduces``:
     the rollout's sampler), i.e. what the sealed tensors determine."""
     offset = recorded.semantic_offset
-    return None if offset is None else dataclasses.replace(offset, reproduces=None)
+    return None if offset is None else msgspec.structs.replace(offset, reproduces=None)

@@ -12,15 +12,15 @@ anything; knows nothing about engines or how the figures are shown.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
+import msgspec
 import torch
 
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
     ImportanceSamplingFigures,
-    read_importance_sampling,
+    from_builtins,
 )
 from pytest_logprob_drift.numerics.importance_sampling import importance_sampling
 from pytest_logprob_drift.outcomes import Outcome
@@ -38,7 +38,7 @@ def figures(
     sealed at execution are those ``verify`` recomputes from token_diffs.pt). Raises
     ``ValueError`` for inputs a verdict would not judge."""
     computed = importance_sampling(training.cpu(), rollout.cpu(), active.cpu())
-    return read_importance_sampling(computed.to_json())
+    return from_builtins(computed.to_json(), ImportanceSamplingFigures)
 
 
 def figures_of_diffs(diffs: Mapping[str, torch.Tensor]) -> ImportanceSamplingFigures:
@@ -46,7 +46,7 @@ def figures_of_diffs(diffs: Mapping[str, torch.Tensor]) -> ImportanceSamplingFig
     cannot give one."""
     try:
         return figures(diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"])
-    except (KeyError, ValueError) as exc:  # ComparisonShapeError too
+    except (KeyError, ValueError) as exc:
         raise SealError(layout.TOKEN_DIFFS, f"importance-sampling figures: {exc}") from None
 
 
@@ -69,9 +69,9 @@ def check_importance_sampling(
     if recorded is not None and recorded != recomputed:
         field = next(
             (
-                f.name
-                for f in dataclasses.fields(recomputed)
-                if getattr(recorded, f.name) != getattr(recomputed, f.name)
+                name
+                for name in recomputed.__struct_fields__
+                if getattr(recorded, name) != getattr(recomputed, name)
             ),
             "importance_sampling",
         )
@@ -88,5 +88,5 @@ def with_figures(comparison: Comparison, part: ImportanceSamplingFigures | None)
     stays; one computed at read time fills a comparison sealed without it)."""
     if part is None or comparison.diagnostics.importance_sampling is not None:
         return comparison
-    diagnostics = dataclasses.replace(comparison.diagnostics, importance_sampling=part)
-    return dataclasses.replace(comparison, diagnostics=diagnostics)
+    diagnostics = msgspec.structs.replace(comparison.diagnostics, importance_sampling=part)
+    return msgspec.structs.replace(comparison, diagnostics=diagnostics)

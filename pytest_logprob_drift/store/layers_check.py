@@ -19,11 +19,10 @@ from collections.abc import Mapping
 import torch
 
 from pytest_logprob_drift.numerics.comparison import (
-    ComparisonShapeError,
     Diagnostics,
     LayerFigures,
     LayerStatus,
-    read_layers,
+    from_builtins,
 )
 from pytest_logprob_drift.numerics.layer_reduction import capture_mask, check_reduction, compare
 from pytest_logprob_drift.store import layout
@@ -108,8 +107,8 @@ def check_layers(
         return
     try:
         figures = compare(training_layers, rollout_layers)
-        recomputed = read_layers({**layers.to_json(), "figures": figures}).figures
-    except (ValueError, ComparisonShapeError) as exc:
+        recomputed = from_builtins(figures, LayerFigures)
+    except ValueError as exc:
         raise SealError(layout.LAYERS_ROLLOUT, str(exc)) from None
     if layers.figures is None or recomputed is None or not _close(layers.figures, recomputed):
         raise SealError(

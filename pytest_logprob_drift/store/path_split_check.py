@@ -18,10 +18,10 @@ import torch
 
 from pytest_logprob_drift.numerics.comparison import (
     REPLAY_RAN,
-    ComparisonShapeError,
     Diagnostics,
+    PathSplitFigures,
     ReplayStatus,
-    read_path_split,
+    from_builtins,
 )
 from pytest_logprob_drift.numerics.path_split import REPLAY_TENSORS, bitwise_equal, path_split
 from pytest_logprob_drift.store import layout
@@ -107,8 +107,8 @@ def check_path_split(
                 else None
             ),
         )
-        recomputed = read_path_split({**split.to_json(), "figures": figures}).figures
-    except (ValueError, ComparisonShapeError) as exc:
+        recomputed = from_builtins(figures, PathSplitFigures)
+    except ValueError as exc:
         raise SealError(layout.SCORE_ROLLOUT_PREFILL, str(exc)) from None
     if recomputed != split.figures:
         raise SealError(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -171,9 +171,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             "execution key differs from the current execution "
             "(identity, materialization, scorer, operators or environment changed)",
         )
-    comparison = parse_comparison(
-        load_sealed_document(directory, layout.COMPARISON, seal, dict[str, Any])
-    )
+    comparison = parse_comparison(_sealed_bytes(directory, layout.COMPARISON, seal))
     outcome = comparison.outcome
     if comparison.case_id != seal.case_id:
         raise SealError(layout.COMPARISON, "case id differs from the seal")

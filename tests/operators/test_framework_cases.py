@@ -15,7 +15,6 @@ from drift_testing import ROOT, make_runner
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.records import canonical
 
 PRODUCTION = ("rlkernel.reference_logp", "rlkernel.chunked_logp")
 
@@ -59,7 +58,7 @@ def test_backend_passes_the_hf_baseline(tmp_path: Path, backend: str) -> None:
     with make_runner(execution_plan, runtime="hf", artifacts=tmp_path / "runs") as runner:
         (result,) = runner.run()
     assert result.outcome is Outcome.PASS, result.reason
-    records = {r.knob: canonical(r) for r in result.comparison.records}
+    records = {r.knob: r.to_json() for r in result.comparison.records}
     assert records["logp.backend"]["actual"] == backend
 
 

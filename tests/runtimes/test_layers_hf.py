@@ -347,7 +347,7 @@ def test_verify_refuses_other_positions_and_a_missing_file(
 
 
 def test_the_report_draws_the_layers_of_every_case(on: dict[str, Any], tmp_path: Path) -> None:
-    from pytest_logprob_drift.numerics.comparison import read_diagnostics
+    from pytest_logprob_drift.numerics.comparison import Diagnostics, from_builtins
     from pytest_logprob_drift.report.layers import load_layer_plot
     from pytest_logprob_drift.store.attempt import read_seal
 
@@ -360,7 +360,9 @@ def test_the_report_draws_the_layers_of_every_case(on: dict[str, Any], tmp_path:
     case = on["cases"]["training.attention_backend=eager"]
     attempt = case["attempt"]
     plot = load_layer_plot(
-        attempt, read_seal(attempt), read_diagnostics(case["comparison"]["diagnostics"]).layers
+        attempt,
+        read_seal(attempt),
+        from_builtins(case["comparison"]["diagnostics"], Diagnostics).layers,
     )
     assert plot is not None and plot.states == tuple(STATES)
     t, r = _load(attempt / TRAINING), _load(attempt / ROLLOUT)

@@ -391,14 +391,14 @@ def test_the_report_draws_the_split_of_every_case(on: dict[str, Any], tmp_path: 
     html = page.read_text()
     for name in ("path-split", "path-split-position"):
         assert html.count(f"data-plot='{name}'") == len(on["cases"]), name
-    from pytest_logprob_drift.numerics.comparison import read_path_split
+    from pytest_logprob_drift.numerics.comparison import PathSplit, from_builtins
     from pytest_logprob_drift.report.path_split import plot_data
 
     for label, case in on["cases"].items():
         rollout = _load(case["attempt"] / "score_rollout.pt")
         prefill = _load(case["attempt"] / PREFILL)["logprobs"]
         training = _load(case["attempt"] / "score_training.pt")["logprobs"]
-        split = read_path_split(case["comparison"]["diagnostics"]["path_split"])
+        split = from_builtins(case["comparison"]["diagnostics"]["path_split"], PathSplit)
         plot = plot_data(rollout, prefill, training, split)
         active = rollout["active_mask"]
         d, p = rollout["logprobs"].double(), prefill.double()
