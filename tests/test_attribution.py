@@ -184,7 +184,8 @@ def attribution_of(work: Path, results: list[CaseResult]) -> dict[str, Any]:
         baseline.repeat_dirs,
         [r.attempt_dir for r in results if r is not baseline and r.attempt_dir is not None],
     )
-    return document_json(sealed.document)  # type: ignore[no-any-return]
+    data: dict[str, Any] = document_json(sealed.document)
+    return data
 
 
 def test_knobs_move_only_their_own_side(work: Path) -> None:
