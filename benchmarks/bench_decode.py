@@ -64,22 +64,22 @@ def _documents(run_dir: Path) -> dict[str, list[bytes]]:
 
 
 def _new_decoders() -> dict[str, Callable[[bytes], object]]:
+    from pytest_logprob_drift.attribution.document import read_attribution_bytes
     from pytest_logprob_drift.store import documents
-    from pytest_logprob_drift.store.attempt import SEAL
+    from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL as SEAL
+    from pytest_logprob_drift.store.comparison import parse_comparison
     from pytest_logprob_drift.store.decode import decode
     from pytest_logprob_drift.store.run import RUN_SEAL, parse_plan_log
     from pytest_logprob_drift.store.seal import parse_manifest
 
-    comparison = _comparison_decoder()
-    attribution = _attribution_decoder()
     return {
         layout.COMPLETE: lambda data: parse_manifest(data, SEAL, layout.COMPLETE),
-        layout.COMPARISON: comparison,
+        layout.COMPARISON: parse_comparison,
         **{name: _decoder(kind) for name, kind in documents.ATTEMPT_DOCUMENTS.items()},
         "experiment": lambda data: decode(data, documents.ExperimentDocument),
         "plan": parse_plan_log,
         "run seals": lambda data: parse_manifest(data, RUN_SEAL, "run seal"),
-        "attribution": attribution,
+        "attribution": read_attribution_bytes,
     }
 
 
@@ -89,29 +89,9 @@ def _decoder(kind: type) -> Callable[[bytes], object]:
     return lambda data: decode(data, kind)
 
 
-def _comparison_decoder() -> Callable[[bytes], object]:
-    from pytest_logprob_drift.store import comparison
-
-    if hasattr(comparison, "decode_comparison"):
-        return comparison.decode_comparison  # type: ignore[no-any-return]
-    from pytest_logprob_drift.store.decode import decode_any
-
-    return lambda data: comparison.parse_comparison(decode_any(data))
-
-
-def _attribution_decoder() -> Callable[[bytes], object]:
-    from pytest_logprob_drift.attribution import sealed
-
-    if hasattr(sealed, "decode_attribution"):
-        return sealed.decode_attribution  # type: ignore[no-any-return]
-    from pytest_logprob_drift.store.decode import decode_any
-
-    return lambda data: sealed._document_problem(decode_any(data))  # type: ignore[attr-defined]
-
-
 def _old_decoders() -> dict[str, Callable[[bytes], object]]:
     from pytest_logprob_drift.attribution import sealed
-    from pytest_logprob_drift.store.attempt import SEAL
+    from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL as SEAL
     from pytest_logprob_drift.store.comparison import parse_comparison
     from pytest_logprob_drift.store.documents import (  # type: ignore[attr-defined]
         DOCUMENT_SHAPES,

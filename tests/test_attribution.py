@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.attribution.align import align, movement
 from pytest_logprob_drift.attribution.analysis import NO_EFFECT
+from pytest_logprob_drift.attribution.document import document_json
 from pytest_logprob_drift.attribution.effect import drift_effect
 from pytest_logprob_drift.attribution.sealed import (
     attribute_and_seal,
@@ -183,7 +184,8 @@ def attribution_of(work: Path, results: list[CaseResult]) -> dict[str, Any]:
         baseline.repeat_dirs,
         [r.attempt_dir for r in results if r is not baseline and r.attempt_dir is not None],
     )
-    return sealed.document
+    data: dict[str, Any] = document_json(sealed.document)
+    return data
 
 
 def test_knobs_move_only_their_own_side(work: Path) -> None:
@@ -305,14 +307,14 @@ def test_a_planted_training_shift_is_attributed_to_the_training_side_from_its_po
         (),
         [shifted.attempt_dir],
     )
-    entry = sealed.document["cases"][0]
-    assert entry["rollout"]["max_abs_delta"] == 0.0
-    assert entry["training"]["max_abs_delta"] == pytest.approx(shift, abs=1e-6)
+    entry = sealed.document.cases[0]
+    assert entry.rollout.max_abs_delta == 0.0
+    assert entry.training.max_abs_delta == pytest.approx(shift, abs=1e-6)
     rollout = torch.load(base.attempt_dir / "score_rollout.pt", weights_only=True)
     starts = rollout["prompt_lengths"]
     expected_offset = min(max(position - int(s), 0) for s in starts)
-    assert entry["training"]["first_moved_offset"] == expected_offset
-    assert entry["classification"] == f"moved the training side from position {expected_offset}"
+    assert entry.training.first_moved_offset == expected_offset
+    assert entry.classification == f"moved the training side from position {expected_offset}"
 
 
 # ---- the sealed artifact -------------------------------------------------------------------

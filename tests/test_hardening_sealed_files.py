@@ -152,7 +152,7 @@ def test_non_utf8_bytes_in_actual_json_are_an_invalid_attempt(run_dir: Path) -> 
 
 @pytest.mark.parametrize(
     ("value", "fault"),
-    [("fast", "expected a number, found a string"), ([1], "expected a number, found an array")],
+    [("fast", "Expected `float`, got `str`"), ([1], "Expected `float`, got `array`")],
 )
 def test_a_non_numeric_noise_floor_is_an_invalid_attribution(
     run_dir: Path, value: Any, fault: str
@@ -182,6 +182,30 @@ def test_a_ranking_that_names_no_case_is_an_invalid_attribution(run_dir: Path) -
     ]
     code, _, err = cli("report", run_dir, "--html", run_dir.parent / "page.html")
     assert (code, err) == (0, ""), err
+
+
+def test_an_attribution_naming_no_input_is_invalid(run_dir: Path) -> None:
+    """An empty ``inputs`` (in the document and its seal alike, with no baseline repeat) is
+    refused naming the file and the JSON path: it ended in ``internal error (a bug; please
+    report it): IndexError``."""
+    path = _attribution(run_dir)
+
+    def empty(document: dict[str, Any]) -> None:
+        document["inputs"] = []
+        document["noise_floor"]["repeats"] = 0
+
+    _edit_json(path, empty)
+    _edit_json(path.parent / "COMPLETE", lambda d: d.update(inputs=[]))
+    reseal(run_dir, path)
+    [attribution] = _verify(run_dir)["attributions"]
+    problem = "attribution.json: $.inputs: names no attempt (the baseline's comes first)"
+    assert (attribution["status"], attribution["problems"]) == ("invalid", [problem])
+    code, out, err = cli("verify", run_dir)
+    assert (code, err) == (1, ""), (code, out, err)
+    assert f"attribution {path.parent.name}: invalid: {problem}" in out.splitlines()
+    code, out, err = cli("report", run_dir, "--html", run_dir.parent / "page.html")
+    assert (code, err) == (0, ""), err
+    assert "drift attribution" not in out
 
 
 def test_an_attribution_naming_an_attempt_outside_cases_is_invalid(run_dir: Path) -> None:

@@ -22,6 +22,7 @@ from drift_testing import OFFSET_EXPECT, S0, cli
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.attribution.sealed import (
     attribution_dirs,
+    read_attribution,
     verify_attribution,
     verify_attributions,
 )
@@ -89,7 +90,7 @@ def test_each_case_seals_its_ess_beside_its_effect(sealed: tuple[Path, str]) -> 
     # the run's attribution table: ESS beside the effect ratio, in ranking order
     at = HEADERS.index("ESS")
     assert HEADERS[at + 1] == "mean|diff| ratio"
-    table = rows(document)
+    table = rows(read_attribution(attribution_dirs(run_dir)[0]).ranked())
     by_label = {e["label"]: e for e in document["cases"]}
     assert [row[0] for row in table] == document["ranking"]
     for row in table:
@@ -131,7 +132,8 @@ def test_a_document_without_the_field_still_verifies(
         del entry["ess"]
     reseal(directory, document)
     assert verify_attribution(run_dir, directory) == []
-    assert [row[HEADERS.index("ESS")] for row in rows(document)] == ["-", "-"]
+    ranked = read_attribution(directory).ranked()
+    assert [row[HEADERS.index("ESS")] for row in rows(ranked)] == ["-", "-"]
 
 
 def test_a_document_missing_the_field_on_one_case_is_refused(
@@ -154,19 +156,19 @@ def test_the_pre_issue20_attribution_still_verifies(tmp_path: Path) -> None:
     assert all("ess" not in e for e in document["cases"])
 
 
-def test_a_resealed_non_number_ess_is_refused_and_shown_as_a_dash(
+def test_a_resealed_non_number_ess_is_refused_and_not_shown(
     sealed: tuple[Path, str], tmp_path: Path
 ) -> None:
+    """A wrong type is refused where the document is decoded, with its JSON path: the
+    attribution is invalid and the report shows the run without it."""
     run_dir, directory, document = copy_run(sealed, tmp_path)
     document["cases"][0]["ess"] = "high"
     reseal(directory, document)
     problems = verify_attribution(run_dir, directory)
-    assert len(problems) == 1 and problems[0].startswith("$.cases[0].ess: recorded 'high'")
-    row = next(r for r in rows(document) if r[0] == document["cases"][0]["label"])
-    assert row[HEADERS.index("ESS")] == "-"
+    assert problems == ["attribution.json: $.cases[0].ess: Expected `float`, got `str`"]
     code, out, err = cli("report", run_dir, "--html", tmp_path / "page.html")
     assert code == 0 and "Traceback" not in out + err, err
-    assert "the sealed attribution above does not verify" in out
+    assert "drift attribution" not in out
 
 
 def test_the_findings_carry_each_movers_ess(sealed: tuple[Path, str], tmp_path: Path) -> None:

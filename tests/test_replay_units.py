@@ -35,6 +35,7 @@ from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.runtimes.batch import replay_grid, sequences
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.files import json_bytes
+from tests import attribution_records as records
 
 pytest_plugins = ["pytester"]
 
@@ -214,27 +215,26 @@ def test_replay_grid_places_the_logprobs_and_refuses_a_short_sequence() -> None:
 
 
 def test_path_rows_list_only_cases_with_a_path_in_ranking_order() -> None:
-    moved = {"max_abs_delta": 0.5}
-    still = {"max_abs_delta": 0.0}
-    document = {
-        "ranking": ["b", "a", "c"],
-        "cases": [
-            {
-                "label": "a",
-                "rollout": moved,
-                "training": still,
-                "path": {"classification": PATH_DECODE_ONLY, "prefill": still},
-            },
-            {
-                "label": "b",
-                "rollout": moved,
-                "training": moved,
-                "path": {"classification": PATH_BOTH, "prefill": moved},
-            },
-            {"label": "c", "rollout": still, "training": still},
+    moved, still = records.movement(0.5), records.movement(0.0)
+    document = records.attribution(
+        [
+            records.case_data(
+                "a",
+                rollout=moved,
+                training=still,
+                path={"classification": PATH_DECODE_ONLY, "prefill": still},
+            ),
+            records.case_data(
+                "b",
+                rollout=moved,
+                training=moved,
+                path={"classification": PATH_BOTH, "prefill": moved},
+            ),
+            records.case_data("c"),
         ],
-    }
-    rows = path_rows(document)
+        ["b", "a", "c"],
+    )
+    rows = path_rows(document.ranked())
     assert [r[0] for r in rows] == ["b", "a"]
     assert rows[1] == ["a", PATH_DECODE_ONLY, "0.5", "0", "0"]
     assert len(PATH_HEADERS) == len(rows[0])

@@ -13,6 +13,7 @@ from pytest_logprob_drift.numerics.comparison import STATISTICS_KEYS, Diagnostic
 from pytest_logprob_drift.report import plots
 from pytest_logprob_drift.report.markup import Markup, el, escape, join, page_link
 from pytest_logprob_drift.report.model import CaseView
+from tests import attribution_records as records
 
 HOSTILE = "'\"><script>document.title='pwned'</script><img src=x onerror=alert(1)>&amp;"
 
@@ -174,13 +175,10 @@ def test_plot_labels_are_plain_text_never_mathtext() -> None:
     svg = plots.overview_svg([_view(label, i) for i, label in enumerate(MATHTEXT)], 1e-3)
     assert svg is not None
     assert all(label in _texts(svg) for label in MATHTEXT), _texts(svg)
-    document = {
-        "ranking": MATHTEXT,
-        "cases": [
-            {"label": label, "effect": {"mean_ratio": {"value": 2.0, "low": 1.5, "high": 3.0}}}
-            for label in MATHTEXT
-        ],
-    }
+    effect = records.case_data("x")["effect"] | {"mean_ratio": records.ratio(2.0, 1.5, 3.0)}
+    document = records.attribution(
+        [records.case_data(label, effect=effect) for label in MATHTEXT], list(MATHTEXT)
+    )
     svg = plots.attribution_svg(document)
     assert svg is not None
     assert all(label in _texts(svg) for label in MATHTEXT), _texts(svg)

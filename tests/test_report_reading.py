@@ -425,15 +425,18 @@ def test_the_token_view_keeps_its_limits_and_the_first_mismatch() -> None:
         (5e-3, 1e-3, "rollout"),
         (1e-3, 4e-3, "training"),
         (5e-3, 4e-3, "both"),
-        ("<b>5</b>", None, None),  # a re-sealed document's wrong types count as absent
     ],
 )
 def test_a_side_moved_only_above_the_noise_floor(rollout: Any, training: Any, side: Any) -> None:
     from pytest_logprob_drift.report.findings import moved_side
+    from tests import attribution_records as records
 
     floor = {"measured": True, "rollout_max_abs_delta": 2e-3, "training_max_abs_delta": 3e-3}
-    entry = {"rollout": {"max_abs_delta": rollout}, "training": {"max_abs_delta": training}}
-    moved = moved_side(entry, floor)
+    entry = records.case_data(
+        "a", rollout=records.movement(rollout), training=records.movement(training)
+    )
+    document = records.attribution([entry], ["a"], noise_floor=floor | {"repeats": 0})
+    moved = moved_side(document.cases[0], document.noise_floor)
     assert (None if moved is None else moved.value) == side
 
 

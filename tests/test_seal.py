@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from drift_testing import plan_row
 
+from pytest_logprob_drift.attribution.document import document_json, read_attribution_bytes
 from pytest_logprob_drift.attribution.sealed import (
     ATTRIBUTION_SEAL,
     attribution_document,
@@ -54,14 +55,15 @@ def sealed_attempt(root: Path, key: SealKey | None = None) -> Path:
 
 
 ATTRIBUTION = {
+    "schema_version": "cross_config.attribution.v1",
     "inputs": [{"case_id": CASE, "attempt_id": "a-1", "complete_sha256": "0" * 64}],
     "experiment_id": "x",
     "baseline": {"case_id": CASE, "attempt_id": "a-1"},
     "noise_floor": {
         "measured": False,
         "repeats": 0,
-        "rollout_max_abs_delta": None,
-        "training_max_abs_delta": None,
+        "rollout_max_abs_delta": 0.0,
+        "training_max_abs_delta": 0.0,
     },
     "cases": [],
     "ranking": [],
@@ -122,13 +124,27 @@ def test_an_attempt_round_trips(tmp_path: Path) -> None:
 
 def test_an_attribution_round_trips(tmp_path: Path) -> None:
     directory = sealed_attribution(tmp_path)
-    assert read_attribution(directory) == ATTRIBUTION
+    assert document_json(read_attribution(directory)) == ATTRIBUTION
     sealed = open_attribution(directory)
     assert sealed.manifest.header == {
         "attribution_id": directory.name,
         "inputs": ATTRIBUTION["inputs"],
     }
     assert set(sealed.files) == {layout.ATTRIBUTION}
+
+
+def test_sealed_attribution_bytes_are_the_writers_and_decode_to_one_record(tmp_path: Path) -> None:
+    """The typed record encodes back to the very bytes it was decoded from, and the writer
+    seals the same bytes as before it (pre_issue20's documents, written before the type)."""
+    for path in sorted(FIXTURE.glob("runs/*/attributions/*/attribution.json")):
+        data = path.read_bytes()
+        record = read_attribution_bytes(data)
+        assert json_bytes(document_json(record)) == data
+        run_dir = tmp_path / path.parent.parent.parent.name
+        run_dir.mkdir()
+        sealed = write_attribution(run_dir, json.loads(data))
+        assert (sealed.directory / layout.ATTRIBUTION).read_bytes() == data
+        assert sealed.document == record and not sealed.reused
 
 
 def test_a_run_seal_round_trips(tmp_path: Path) -> None:
@@ -463,7 +479,7 @@ def test_the_attribution_reader_parses_the_bytes_the_verifier_hashed(tmp_path: P
     assert data == (directory / layout.ATTRIBUTION).read_bytes()
     os.chmod(directory / layout.ATTRIBUTION, 0o644)
     (directory / layout.ATTRIBUTION).write_bytes(b"not json")
-    assert attribution_document(sealed) == ATTRIBUTION
+    assert document_json(attribution_document(sealed)) == ATTRIBUTION
     with pytest.raises(SealError, match="SHA-256 does not match"):
         read_attribution(directory)
 

@@ -11,10 +11,11 @@ on the drift. Knows nothing about how the document is sealed or shown.
 
 from __future__ import annotations
 
-from typing import Any
-
+import msgspec
 import torch
+from msgspec import UNSET
 
+from pytest_logprob_drift.attribution.document import Attribution
 from pytest_logprob_drift.numerics.importance_sampling import importance_sampling
 
 ESS_KEY = "ess"
@@ -25,16 +26,11 @@ def case_ess(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor
     return importance_sampling(training.cpu(), rollout.cpu(), active.cpu()).ess
 
 
-def as_recorded(recorded: Any, recomputed: dict[str, Any]) -> dict[str, Any]:
+def as_recorded(recorded: Attribution, recomputed: Attribution) -> Attribution:
     """``recomputed`` as a document of ``recorded``'s form: without the per-case ESS when
     ``recorded`` (sealed before the field existed) has it on none of its cases."""
-    cases = recorded.get("cases") if isinstance(recorded, dict) else None
-    if not isinstance(cases, list) or any(isinstance(c, dict) and ESS_KEY in c for c in cases):
+    if any(case.ess is not UNSET for case in recorded.cases):
         return recomputed
-    return {
-        **recomputed,
-        "cases": [
-            {k: v for k, v in c.items() if k != ESS_KEY} if isinstance(c, dict) else c
-            for c in recomputed.get("cases", [])
-        ],
-    }
+    return msgspec.structs.replace(
+        recomputed, cases=[msgspec.structs.replace(c, ess=UNSET) for c in recomputed.cases]
+    )

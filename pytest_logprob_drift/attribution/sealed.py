@@ -7,16 +7,15 @@ mechanism (``store.seal``: the attribution id and those inputs as header, the di
 ``attribution.json``, a MAC under an active seal key). Writing the
 attribution of the same inputs again reuses a valid sealed one (a rerun that reuses every
 attempt reuses its attribution too); otherwise a new directory is created; nothing is
-overwritten. The document is read strictly: JSON as ``store.files.json_document`` reads it,
-the fields its readers use of the shape ``ATTRIBUTION_SHAPE`` declares, a ranking of its own
-cases' labels. ``verify_attribution`` re-checks the seal, checks that every named attempt is
+overwritten. The document is decoded once, from the bytes the seal hashed, into its one type
+(``attribution.document.Attribution``: the JSON path of what is wrong, the rules between its
+members). ``verify_attribution`` re-checks the seal, checks that every named attempt is
 still the one it names and is itself valid, recomputes the document from those attempts'
 sealed tensors, and reports any difference. Knows nothing about engines or frontends.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,18 +28,21 @@ from pytest_logprob_drift.attribution.analysis import (
     attribute,
     load_execution,
 )
+from pytest_logprob_drift.attribution.document import (
+    Attribution,
+    Input,
+    document_json,
+    read_attribution_bytes,
+)
 from pytest_logprob_drift.attribution.importance import as_recorded
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import new_attempt_id
-from pytest_logprob_drift.store.decode import Document
-from pytest_logprob_drift.store.documents import NUMBER, Absent, Nullable, shape_problem
+from pytest_logprob_drift.store.decode import JSONDocumentError
 from pytest_logprob_drift.store.files import (
-    JSONDocumentError,
     check_directory,
     json_bytes,
-    json_document,
     make_directory,
     plain_name,
     publish_bytes,
@@ -62,19 +64,11 @@ from pytest_logprob_drift.store.seal import (
 )
 
 
-class SealedInput(Document, frozen=True, kw_only=True):
-    """One attempt an attribution was computed from, as its seal and document name it."""
-
-    case_id: str
-    attempt_id: str
-    complete_sha256: str
-
-
 class AttributionSealDocument(FilesManifest, frozen=True, kw_only=True):
     """An attribution's ``COMPLETE`` as stored."""
 
     attribution_id: str
-    inputs: tuple[SealedInput, ...]
+    inputs: tuple[Input, ...]
 
 
 ATTRIBUTION_SEAL = SealForm(
@@ -86,62 +80,10 @@ ATTRIBUTION_SEAL = SealForm(
 """An attribution's COMPLETE: its id, the attempts it was computed from, its one document."""
 
 
-_RATIO = {
-    "value": Nullable(NUMBER),
-    "low": Nullable(NUMBER),
-    "high": Nullable(NUMBER),
-    "excludes_one": bool,
-}
-_SIDE = {"max_abs_delta": Nullable(NUMBER)}
-ATTRIBUTION_SHAPE = {
-    "experiment_id": str,
-    "inputs": [{"case_id": str, "attempt_id": str, "complete_sha256": str}],
-    "baseline": {"case_id": str, "attempt_id": str},
-    "noise_floor": {
-        "measured": bool,
-        "repeats": int,
-        "rollout_max_abs_delta": Nullable(NUMBER),
-        "training_max_abs_delta": Nullable(NUMBER),
-        "layers": Absent([{"state": str, "median_rel_error": NUMBER}]),
-    },
-    "cases": [
-        {
-            "label": str,
-            "case_id": str,
-            "attempt_id": str,
-            "classification": str,
-            "shared_tokens": int,
-            "rollout": _SIDE,
-            "training": _SIDE,
-            "effect": {"mean_ratio": _RATIO, "p99_ratio": Absent(_RATIO)},
-        }
-    ],
-    "ranking": [str],
-    "skipped": [{"label": str, "reason": str}],
-}
-"""The fields of ``attribution.json`` that its readers use (``attribution.text``, the report,
-``recompute``), checked with ``store.documents.shape_problem`` when it is read."""
-
-
-def _document_problem(document: dict[str, Any]) -> str | None:
-    """Where the document is not what ``attribute`` writes (None when it is)."""
-    problem = shape_problem(document, ATTRIBUTION_SHAPE)
-    if problem is not None:
-        return problem
-    labels = {case["label"] for case in document["cases"]}
-    for index, label in enumerate(document["ranking"]):
-        if label not in labels:
-            return f"$.ranking[{index}]: names no case of the document"
-    repeats = document["noise_floor"]["repeats"]
-    if not 0 <= repeats < max(len(document["inputs"]), 1):
-        return f"$.noise_floor.repeats: {repeats} is not a count of the inputs' baseline repeats"
-    return None
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SealedAttribution:
     directory: Path
-    document: dict[str, Any]
+    document: Attribution
     reused: bool
 
 
@@ -151,7 +93,7 @@ def inputs_digest(document: dict[str, Any]) -> str:
     )[:16]
 
 
-def read_attribution(directory: Path) -> dict[str, Any]:
+def read_attribution(directory: Path) -> Attribution:
     """The sealed document (SealError naming the file at fault otherwise)."""
     return attribution_document(open_attribution(directory))
 
@@ -165,18 +107,13 @@ def open_attribution(directory: Path) -> Sealed:
     return Sealed(directory=directory, manifest=manifest, contents=contents)
 
 
-def attribution_document(sealed: Sealed) -> dict[str, Any]:
+def attribution_document(sealed: Sealed) -> Attribution:
     """The document in the verified bytes of ``attribution.json`` (never read again)."""
     try:
-        document = json_document(sealed.contents[layout.ATTRIBUTION])
+        document = read_attribution_bytes(sealed.contents[layout.ATTRIBUTION])
     except JSONDocumentError as exc:
         raise SealError(layout.ATTRIBUTION, str(exc)) from None
-    if not isinstance(document, dict):
-        raise SealError(layout.ATTRIBUTION, "expected a JSON object")
-    problem = _document_problem(document)
-    if problem is not None:
-        raise SealError(layout.ATTRIBUTION, problem)
-    if document.get("inputs") != sealed.manifest.header["inputs"]:
+    if document_json(document)["inputs"] != sealed.manifest.header["inputs"]:
         raise SealError(layout.COMPLETE, "the seal and the document name different attempts")
     return document
 
@@ -192,7 +129,10 @@ def _read_seal(directory: Path) -> Manifest:
 
 
 def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribution:
-    """Seal ``document`` under the run, or reuse a valid sealed one of the same inputs."""
+    """Seal ``document`` (as ``attribute`` builds it) under the run, or reuse a valid sealed
+    one of the same inputs; its record is decoded from the bytes written."""
+    data = json_bytes(document)
+    record = read_attribution_bytes(data)  # a writer's slip is refused before it is sealed
     digest = inputs_digest(document)
     root = run_dir / layout.ATTRIBUTIONS
     try:
@@ -202,8 +142,8 @@ def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribut
     if root.is_dir():
         for existing in sorted(root.glob(f"{digest}-*"), reverse=True):
             try:
-                if read_attribution(existing) == _roundtrip(document):
-                    return SealedAttribution(directory=existing, document=document, reused=True)
+                if read_attribution(existing) == record:
+                    return SealedAttribution(directory=existing, document=record, reused=True)
             except (SealError, OSError, ValueError):
                 continue
     directory = root / f"{digest}-{new_attempt_id()}"
@@ -212,15 +152,11 @@ def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribut
         directory.mkdir()
     except OSError as exc:
         raise StorageError(directory, "create the attribution directory", exc) from None
-    sha = publish_bytes(directory, layout.ATTRIBUTION, json_bytes(document))
+    sha = publish_bytes(directory, layout.ATTRIBUTION, data)
     header = {"attribution_id": directory.name, "inputs": document["inputs"]}
     manifest = new_manifest(ATTRIBUTION_SEAL, header, {layout.ATTRIBUTION: sha})
     write_manifest(directory, layout.COMPLETE, manifest)
-    return SealedAttribution(directory=directory, document=document, reused=False)
-
-
-def _roundtrip(document: dict[str, Any]) -> Any:
-    return json.loads(json_bytes(document))
+    return SealedAttribution(directory=directory, document=record, reused=False)
 
 
 def attribution_dirs(run_dir: Path) -> list[Path]:
@@ -238,24 +174,24 @@ def attribution_dirs(run_dir: Path) -> list[Path]:
     )
 
 
-def _execution_for(run_dir: Path, reference: dict[str, Any]) -> SealedExecution:
-    if not (plain_name(reference["case_id"]) and plain_name(reference["attempt_id"])):
+def _execution_for(run_dir: Path, reference: Input) -> SealedExecution:
+    if not (plain_name(reference.case_id) and plain_name(reference.attempt_id)):
         raise SealError(layout.ATTRIBUTION, "names an attempt outside the run's cases/; refused")
-    attempt = run_dir / layout.CASES / str(reference["case_id"]) / str(reference["attempt_id"])
+    attempt = run_dir / layout.CASES / reference.case_id / reference.attempt_id
     if not attempt.is_dir():
         raise SealError(
             layout.ATTRIBUTION,
-            f"names attempt {reference['attempt_id']} of case "
-            f"{reference['case_id']}, which does not exist",
+            f"names attempt {reference.attempt_id} of case "
+            f"{reference.case_id}, which does not exist",
         )
     try:
         complete: str | None = sha256_file(attempt / layout.COMPLETE)
     except OSError:  # missing, a link or not a regular file
         complete = None
-    if complete != reference["complete_sha256"]:
+    if complete != reference.complete_sha256:
         raise SealError(
             layout.ATTRIBUTION,
-            f"attempt {reference['attempt_id']} is no longer the one it "
+            f"attempt {reference.attempt_id} is no longer the one it "
             "was computed from (its COMPLETE changed)",
         )
     try:
@@ -263,24 +199,25 @@ def _execution_for(run_dir: Path, reference: dict[str, Any]) -> SealedExecution:
     except SealError as exc:
         raise SealError(
             layout.ATTRIBUTION,
-            f"attempt {reference['attempt_id']} it was computed from is invalid: {exc}",
+            f"attempt {reference.attempt_id} it was computed from is invalid: {exc}",
         ) from None
     execution = load_execution(attempt)
-    if execution.complete_sha256 != reference["complete_sha256"]:  # changed meanwhile
+    if execution.complete_sha256 != reference.complete_sha256:  # changed meanwhile
         raise SealError(
             layout.ATTRIBUTION,
-            f"attempt {reference['attempt_id']} is no longer the one it "
+            f"attempt {reference.attempt_id} is no longer the one it "
             "was computed from (its COMPLETE changed)",
         )
     return execution
 
 
-def recompute(run_dir: Path, document: dict[str, Any]) -> dict[str, Any]:
-    """The document recomputed from the attempts it names."""
-    executions = [_execution_for(run_dir, r) for r in document["inputs"]]
-    repeats = int(document["noise_floor"]["repeats"])
+def recompute(run_dir: Path, document: Attribution) -> dict[str, Any]:
+    """The document recomputed from the attempts it names (the baseline's first: the
+    document's rules hold)."""
+    executions = [_execution_for(run_dir, r) for r in document.inputs]
+    repeats = document.noise_floor.repeats
     baseline, rest = executions[0], executions[1:]
-    return attribute(str(document["experiment_id"]), baseline, rest[:repeats], rest[repeats:])
+    return attribute(document.experiment_id, baseline, rest[:repeats], rest[repeats:])
 
 
 def differences(recorded: Any, recomputed: Any, path: str = "$") -> list[str]:
@@ -316,12 +253,12 @@ def verify_attribution(run_dir: Path, directory: Path) -> list[str]:
     """Problems with one sealed attribution (empty when it is intact and reproducible)."""
     try:
         document = read_attribution(directory)
-        recomputed = _roundtrip(recompute(run_dir, document))
+        recomputed = read_attribution_bytes(json_bytes(recompute(run_dir, document)))
     except SealError as exc:
         return [f"{exc.file}: {exc.message}"]
     except (KeyError, TypeError, ValueError) as exc:
         return [f"{layout.ATTRIBUTION}: malformed: {type(exc).__name__}: {exc}"]
-    return differences(document, as_recorded(document, recomputed))
+    return differences(document_json(document), document_json(as_recorded(document, recomputed)))
 
 
 def verify_attributions(run_dir: Path) -> list[dict[str, Any]]:
@@ -351,7 +288,7 @@ def _intact_unkeyed(run_dir: Path, directory: Path) -> bool:
         return not verify_attribution(run_dir, directory)
 
 
-def latest_attribution(run_dir: Path) -> dict[str, Any] | None:
+def latest_attribution(run_dir: Path) -> Attribution | None:
     """The newest sealed attribution whose seal holds (None when there is none)."""
     for directory in sorted(
         attribution_dirs(run_dir), key=lambda p: p.name.split("-", 1)[-1], reverse=True

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.attribution.document import document_json
 from pytest_logprob_drift.attribution.sealed import SealedAttribution
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import (
@@ -197,7 +198,9 @@ def _run(
                 "results": [_result_json(r) for r in results],
                 "failures": failures,
                 "engine_constructions": {"rollout": constructions[0], "training": constructions[1]},
-                "attribution": None if attribution is None else attribution.document,
+                "attribution": (
+                    None if attribution is None else document_json(attribution.document)
+                ),
                 "attribution_dir": None if attribution is None else str(attribution.directory),
             },
             out,
@@ -260,11 +263,12 @@ def attribute_run(
 def print_attribution(attribution: SealedAttribution, out: TextIO) -> None:
     how = "reused" if attribution.reused else "sealed"
     print(one_line(f"drift attribution ({how}: {attribution.directory})"), file=out)
-    print(render_table(list(ATTRIBUTION_HEADERS), attribution_rows(attribution.document)), file=out)
-    if by_path := path_rows(attribution.document):
+    ranked = attribution.document.ranked()
+    print(render_table(list(ATTRIBUTION_HEADERS), attribution_rows(ranked)), file=out)
+    if by_path := path_rows(ranked):
         print("where the drift entered (decode vs prefill, against the baseline):", file=out)
         print(render_table(list(PATH_HEADERS), by_path), file=out)
-    if by_layer := layer_rows(attribution.document):
+    if by_layer := layer_rows(ranked):
         print("where in the network each side moved (against the baseline):", file=out)
         print(render_table(list(LAYER_HEADERS), by_layer), file=out)
     for line in summary_lines(attribution.document):

@@ -13,8 +13,8 @@ diagnostics renders as nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from collections.abc import Iterable
+from typing import Final
 
 from pytest_logprob_drift.numerics.comparison import Diagnostics, LayerDiagnostics
 
@@ -38,10 +38,10 @@ def state_words(state: str) -> str:
     return state if state == LOGITS else f"layer {state}"
 
 
-def where_moved(side: Mapping[str, Any]) -> str:
-    """A side's attribution by layer (``attribution.layers``' per-side entry) in words."""
-    first = side["first_moved_layer"]
-    how = f" (max rel. error {side['max_rel_error']:.3g})"
+def where_moved(first: str | None, max_rel_error: float) -> str:
+    """A side's attribution by layer (``attribution.layers``' per-side entry: the first state
+    that moved and its max relative error) in words."""
+    how = f" (max rel. error {max_rel_error:.3g})"
     if first is None:
         return "bitwise equal to the baseline at every layer"
     if first == LOGITS:
@@ -108,21 +108,6 @@ def lines(diagnostics: Diagnostics | None) -> list[str]:
         status = layers.side(side)
         if not status.captured:
             out.append(f"layers ({side}): {status.status} ({status.reason})")
-    return out
-
-
-def attribution_properties(entry: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """junit properties of a case's sealed attribution by layer (``attribution.layers``; none
-    without one): ``drift_layers_drift_enters`` and, per side compared with the baseline,
-    ``drift_layers_<side>_first_moved`` (``-``: bitwise equal to the baseline everywhere)."""
-    layers = entry.get("layers")
-    if not isinstance(layers, Mapping):
-        return []
-    out = [("drift_layers_drift_enters", str(layers.get("drift_enters") or "-"))]
-    for side in ("training", "rollout"):
-        moved = layers.get(side)
-        if isinstance(moved, Mapping):
-            out.append((f"drift_layers_{side}_first_moved", str(moved["first_moved_layer"] or "-")))
     return out
 
 

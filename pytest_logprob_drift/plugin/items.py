@@ -21,8 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from msgspec import UNSET
 
 from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.attribution.document import Case as AttributedCase
+from pytest_logprob_drift.attribution.document import document_json
+from pytest_logprob_drift.attribution.text import layer_properties
 from pytest_logprob_drift.errors import DriftError, one_line
 from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
 from pytest_logprob_drift.numerics import importance_text, layer_text, path_split_text
@@ -243,23 +247,23 @@ class DriftCaseItem(pytest.Item):
         if self.result is not None and not self.result.as_expected:
             raise DriftCaseFailure(self.result)
 
-    def _record_attribution(self, entry: dict[str, Any]) -> None:
+    def _record_attribution(self, entry: AttributedCase) -> None:
         """Junit properties, and a JSON-safe summary that travels with the report."""
-        ratio = entry["effect"]["mean_ratio"]
+        ratio = entry.effect.mean_ratio
         self.user_properties.extend(
             [
-                ("drift_attribution", entry["classification"]),
-                ("drift_rollout_max_abs_delta", str(entry["rollout"]["max_abs_delta"])),
-                ("drift_training_max_abs_delta", str(entry["training"]["max_abs_delta"])),
-                ("drift_earliest_divergence", str(entry["earliest_divergence"])),
-                ("drift_effect_mean_ratio", str(ratio["value"])),
-                ("drift_effect_mean_ratio_interval", f"[{ratio['low']}, {ratio['high']}]"),
-                ("drift_attribution_entry", json.dumps(entry, sort_keys=True)),
+                ("drift_attribution", entry.classification),
+                ("drift_rollout_max_abs_delta", str(entry.rollout.max_abs_delta)),
+                ("drift_training_max_abs_delta", str(entry.training.max_abs_delta)),
+                ("drift_earliest_divergence", str(entry.earliest_divergence)),
+                ("drift_effect_mean_ratio", str(ratio.value)),
+                ("drift_effect_mean_ratio_interval", f"[{ratio.low}, {ratio.high}]"),
+                ("drift_attribution_entry", json.dumps(document_json(entry), sort_keys=True)),
             ]
         )
-        if "path" in entry:  # opt-in diagnostics.replay
-            self.user_properties.append(("drift_path_attribution", entry["path"]["classification"]))
-        self.user_properties.extend(layer_text.attribution_properties(entry))
+        if entry.path is not UNSET:  # opt-in diagnostics.replay
+            self.user_properties.append(("drift_path_attribution", entry.path.classification))
+        self.user_properties.extend(layer_properties(entry))
 
     def _record(self, outcome: str, result: CaseResult | None) -> None:
         self.user_properties.append(("drift_outcome", outcome))

@@ -10,13 +10,13 @@ effect on the drift. Knows nothing about execution.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from typing import Any
 
 import pytest
 
-from pytest_logprob_drift.attribution.ranking import rank_key
+from pytest_logprob_drift.attribution.document import Case, read_case_bytes
+from pytest_logprob_drift.attribution.ranking import case_rank_key
 from pytest_logprob_drift.attribution.text import (
     HEADERS,
     LAYER_HEADERS,
@@ -69,7 +69,7 @@ class OutcomeCounter:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.counts: Counter[str] = Counter()
-        self.attributions: dict[str, list[dict[str, Any]]] = {}
+        self.attributions: dict[str, list[Case]] = {}
         """Per experiment (the node id without the case label): attribution entries."""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -79,23 +79,20 @@ class OutcomeCounter:
         entry = getattr(report, "drift_attribution", None)
         if isinstance(entry, str) and report.when == "call":
             experiment = report.nodeid.split("@", 1)[0].rsplit("::", 1)[0]
-            self.attributions.setdefault(experiment, []).append(json.loads(entry))
+            self.attributions.setdefault(experiment, []).append(read_case_bytes(entry))
 
     def _write_attribution(self, terminalreporter: Any) -> None:
         terminalreporter.write_sep("=", "drift attribution")
         for experiment, entries in sorted(self.attributions.items()):
-            document = {
-                "cases": entries,
-                "ranking": [e["label"] for e in sorted(entries, key=rank_key)],
-            }
+            ranked = sorted(entries, key=case_rank_key)
             terminalreporter.write_line(one_line(f"{experiment} (against its baseline):"))
-            terminalreporter.write_line(render_table(list(HEADERS), rows(document)))
-            if by_path := path_rows(document):
+            terminalreporter.write_line(render_table(list(HEADERS), rows(ranked)))
+            if by_path := path_rows(ranked):
                 terminalreporter.write_line(render_table(list(PATH_HEADERS), by_path))
-            if by_layer := layer_rows(document):
+            if by_layer := layer_rows(ranked):
                 terminalreporter.write_line(render_table(list(LAYER_HEADERS), by_layer))
             terminalreporter.write_line(
-                one_line("ranked by effect on the drift: " + " > ".join(document["ranking"]))
+                one_line("ranked by effect on the drift: " + " > ".join(c.label for c in ranked))
             )
         for directory in drift_session(self.config).sealed:
             terminalreporter.write_line(one_line(f"sealed attribution: {directory}"))

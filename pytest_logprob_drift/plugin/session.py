@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_logprob_drift.attribution.document import Case, read_case_bytes
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.plugin.options import DriftOptions
 from pytest_logprob_drift.policy import operator_catalog
@@ -32,6 +33,7 @@ from pytest_logprob_drift.runtimes.vllm.logs import (
     route_engine_logs,
 )
 from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.keys import SealKey, activate, deactivate
 
 if TYPE_CHECKING:
@@ -113,9 +115,9 @@ class DriftSession:
 
     def case_attribution(
         self, key: str, execution_plan: ExecutionPlan, runner: Runner, result: CaseResult
-    ) -> dict[str, Any] | None:
-        """This case against the baseline (one entry of the attribution document), or None
-        when there is nothing comparable."""
+    ) -> Case | None:
+        """This case against the baseline (one entry of the attribution document, decoded
+        from the bytes the store would seal), or None when there is nothing comparable."""
         from pytest_logprob_drift.attribution.sealed import attribute_attempts
 
         if result.attempt_dir is None or result.kind is CaseKind.BASELINE:
@@ -133,7 +135,7 @@ class DriftSession:
         except ValueError:
             return None
         cases: list[dict[str, Any]] = document["cases"]
-        return cases[0] if cases else None
+        return read_case_bytes(json_bytes(cases[0])) if cases else None
 
     def seal_attributions(self) -> None:
         """Seal the attribution of every experiment this process executed cases of (nothing

@@ -17,6 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec import UNSET
+
+from pytest_logprob_drift.attribution.document import Ratio
 from pytest_logprob_drift.report import importance
 from pytest_logprob_drift.report.markup import Child, Markup, el, fragment_link, page_link
 from pytest_logprob_drift.report.model import CaseView, ReportData
@@ -125,33 +128,38 @@ def _importance(index: int) -> Cell:
     return cell
 
 
-def _entry(view: CaseView) -> dict[str, Any]:
-    return dict(view.attribution or {})
-
-
-def _ratio(view: CaseView, key: str) -> dict[str, Any]:
-    effect = _entry(view).get("effect")
-    ratio = effect.get(key) if isinstance(effect, dict) else None
-    return ratio if isinstance(ratio, dict) else {}
+def _ratio(view: CaseView, p99: bool = False) -> Ratio | None:
+    """The case's mean (or p99) |diff| ratio in the shown attribution (None: none)."""
+    if view.attribution is None:
+        return None
+    effect = view.attribution.effect
+    ratio = effect.p99_ratio if p99 else effect.mean_ratio
+    return None if ratio is UNSET else ratio
 
 
 def _side(view: CaseView) -> CellValue:
-    words = _entry(view).get("classification", "baseline" if not view.changed else "-")
+    words = (
+        view.attribution.classification
+        if view.attribution is not None
+        else ("baseline" if not view.changed else "-")
+    )
     return td(words, cls="words")
 
 
 def _mean_ratio(view: CaseView) -> CellValue:
-    value = _ratio(view, "mean_ratio").get("value")
-    return td(fmt_ratio(value), num=number(value), cls="n")
+    ratio = _ratio(view)
+    value = None if ratio is None else ratio.value
+    return td(fmt_ratio(value), num=value, cls="n")
 
 
 def _interval(view: CaseView) -> CellValue:
-    return td(interval(_ratio(view, "mean_ratio")))
+    return td(interval(_ratio(view)))
 
 
 def _p99_ratio(view: CaseView) -> CellValue:
-    value = _ratio(view, "p99_ratio").get("value")
-    return td(fmt_ratio(value), num=number(value), cls="n")
+    ratio = _ratio(view, p99=True)
+    value = None if ratio is None else ratio.value
+    return td(fmt_ratio(value), num=value, cls="n")
 
 
 def _attempt(view: CaseView) -> CellValue:

@@ -11,18 +11,20 @@ interval. Not "the cases that mismatch": with bfloat16 on both sides every case 
 More facts about a finding (its path, the layer it starts in, its importance-sampling cost)
 are added as ``FACTS`` entries: a name and a function from the sealed entry to a short text
 (or None), shown after the effect by the text, JSON and HTML renderings alike. Reads the
-sealed document tolerantly (a value of the wrong type counts as absent: a re-sealed document
-is shown, marked as rejected, never trusted to be well formed). Knows nothing about files,
-seals or how the findings are drawn.
+decoded document's records (``attribution.document``: a document of the wrong form is never
+shown). Knows nothing about files, seals or how the findings are drawn.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec import UNSET
+
+from pytest_logprob_drift.attribution.document import Case, NoiseFloor
 from pytest_logprob_drift.numerics.importance_text import ess_text
 from pytest_logprob_drift.numerics.layer_text import where_moved
 from pytest_logprob_drift.outcomes import Outcome
@@ -53,35 +55,32 @@ SHOWN = 10
 """Findings named in the sentence and listed (the rest are counted, and all are in
 ``report --json`` and the case table)."""
 
-FactSource = Callable[[Mapping[str, Any]], str | None]
+FactSource = Callable[[Case], str | None]
 """From a case's sealed attribution entry to the text of one fact (None: not known)."""
 
 
-def _path_fact(entry: Mapping[str, Any]) -> str | None:
+def _path_fact(entry: Case) -> str | None:
     """The sealed path classification (``attribution.analysis.classify_path``), when the run
     sealed prefill replays (``diagnostics.replay``)."""
-    words = _mapping(entry.get("path")).get("classification")
-    return words if isinstance(words, str) else None
+    return None if entry.path is UNSET else entry.path.classification
 
 
-def _ess_fact(entry: Mapping[str, Any]) -> str | None:
+def _ess_fact(entry: Case) -> str | None:
     """The case's normalized ESS as sealed beside its effect (``attribution.importance``)."""
-    value = _number(entry.get("ess"))  # attribution.importance.ESS_KEY (that module needs torch)
-    return None if value is None else ess_text(value)
+    return None if entry.ess is UNSET else ess_text(entry.ess)
 
 
-def _layer_fact(entry: Mapping[str, Any]) -> str | None:
+def _layer_fact(entry: Case) -> str | None:
     """Where in each side's network the sealed attribution by layer says it moved (when the
     run sealed layer captures, ``diagnostics.layers``): ``training side moved from layer 1``."""
-    layers = _mapping(entry.get("layers"))
-    parts = []
-    for side in ("training", "rollout"):
-        moved = _mapping(layers.get(side))
-        first, error = moved.get("first_moved_layer"), _number(moved.get("max_rel_error"))
-        if isinstance(first, str) and error is not None:
-            parts.append(
-                f"{side} side {where_moved({'first_moved_layer': first, 'max_rel_error': error})}"
-            )
+    layers = entry.layers
+    if layers is UNSET:
+        return None
+    parts = [
+        f"{name} side {where_moved(side.first_moved_layer, side.max_rel_error)}"
+        for name, side in (("training", layers.training), ("rollout", layers.rollout))
+        if side is not UNSET and side.first_moved_layer is not None
+    ]
     return ", ".join(parts) or None
 
 
@@ -222,46 +221,28 @@ class Findings:
         }
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _position(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def moved_side(entry: Mapping[str, Any], floor: Mapping[str, Any]) -> Side | None:
+def moved_side(entry: Case, floor: NoiseFloor) -> Side | None:
     """The side a sealed entry says moved: a side's max |delta| on the shared tokens above the
     noise floor's (``classify``'s rule); None when neither did."""
-    moved = []
-    for side in ("rollout", "training"):
-        delta = _number(_mapping(entry.get(side)).get("max_abs_delta"))
-        level = _number(floor.get(f"{side}_max_abs_delta")) or 0.0
-        moved.append(delta is not None and delta > level)
-    if all(moved):
+    rollout = entry.rollout.max_abs_delta > floor.rollout_max_abs_delta
+    training = entry.training.max_abs_delta > floor.training_max_abs_delta
+    if rollout and training:
         return Side.BOTH
-    if moved[0]:
+    if rollout:
         return Side.ROLLOUT
-    if moved[1]:
+    if training:
         return Side.TRAINING
     return None
 
 
-def _first_moved(entry: Mapping[str, Any], side: Side) -> int | None:
-    sides = ("rollout", "training") if side is Side.BOTH else (side.value,)
-    offsets = [_position(_mapping(entry.get(s)).get("first_moved_offset")) for s in sides]
-    known = [o for o in offsets if o is not None]
+def _first_moved(entry: Case, side: Side) -> int | None:
+    sides = (entry.rollout, entry.training) if side is Side.BOTH else (getattr(entry, side.value),)
+    known = [s.first_moved_offset for s in sides if s.first_moved_offset is not None]
     return min(known) if known else None
 
 
-def _finding(rank: int, entry: Mapping[str, Any], side: Side) -> Finding:
-    ratio = _mapping(_mapping(entry.get("effect")).get("mean_ratio"))
+def _finding(rank: int, entry: Case, side: Side) -> Finding:
+    ratio = entry.effect.mean_ratio
     facts = []
     for name, source in FACTS:
         text = source(entry)
@@ -269,15 +250,15 @@ def _finding(rank: int, entry: Mapping[str, Any], side: Side) -> Finding:
             facts.append(Fact(name=name, text=text))
     return Finding(
         rank=rank,
-        label=str(entry.get("label")),
-        case_id=str(entry.get("case_id")),
+        label=entry.label,
+        case_id=entry.case_id,
         side=side,
         first_moved=_first_moved(entry, side),
-        divergence=_position(entry.get("earliest_divergence")),
-        mean_ratio=_number(ratio.get("value")),
-        low=_number(ratio.get("low")),
-        high=_number(ratio.get("high")),
-        excludes_one=ratio.get("excludes_one") is True,
+        divergence=entry.earliest_divergence,
+        mean_ratio=ratio.value,
+        low=ratio.low,
+        high=ratio.high,
+        excludes_one=ratio.excludes_one,
         facts=tuple(facts),
     )
 
@@ -302,18 +283,14 @@ def findings(data: ReportData) -> Findings:
             moved=(),
             unmoved=(),
         )
-    floor = _mapping(document.get("noise_floor"))
-    entries = [_mapping(c) for c in document.get("cases") or () if isinstance(c, Mapping)]
-    by_label = {str(e.get("label")): e for e in entries}
-    ranking = [str(label) for label in document.get("ranking") or ()]
-    ordered = [by_label[label] for label in ranking if label in by_label]
-    ordered += [e for e in entries if str(e.get("label")) not in ranking]
+    ordered = document.ranked()
+    ordered += [e for e in document.cases if e.label not in document.ranking]
     moved: list[Finding] = []
     unmoved: list[str] = []
     for rank, entry in enumerate(ordered, start=1):
-        side = moved_side(entry, floor)
+        side = moved_side(entry, document.noise_floor)
         if side is None:
-            unmoved.append(str(entry.get("label")))
+            unmoved.append(entry.label)
         else:
             moved.append(_finding(rank, entry, side))
     return Findings(

@@ -391,27 +391,26 @@ def _attribution(data: ReportData, draw: bool) -> Markup | None:
     document = data.attribution
     if document is None:
         return None
-    floor = document.get("noise_floor") or {}
-    baseline = document.get("baseline") or {}
+    floor = document.noise_floor
     parts: list[Child] = [
         el("h2", "Attribution: which change moves the drift"),
         _rejected(data.attribution_problems),
         el(
             "p",
             "Each intervention against the baseline (attempt ",
-            el("code", str(baseline.get("attempt_id", "-"))),
+            el("code", document.baseline.attempt_id),
             ") on the tokens both share. ",
-            f"Noise floor from {floor.get('repeats')} baseline repeat(s): rollout "
-            f"{fmt_diff(floor.get('rollout_max_abs_delta'))}, training "
-            f"{fmt_diff(floor.get('training_max_abs_delta'))}."
-            if floor.get("measured")
+            f"Noise floor from {floor.repeats} baseline repeat(s): rollout "
+            f"{fmt_diff(floor.rollout_max_abs_delta)}, training "
+            f"{fmt_diff(floor.training_max_abs_delta)}."
+            if floor.measured
             else "Noise floor not measured (one baseline execution; any movement counts).",
         ),
     ]
     if draw:
         svg = plots.attribution_svg(document)
         if svg is not None:
-            rows = len(document.get("ranking", []))
+            rows = len(document.ranking)
             note = (
                 el(
                     "figcaption",
@@ -423,7 +422,7 @@ def _attribution(data: ReportData, draw: bool) -> Markup | None:
                 else None
             )
             parts.append(el("figure", svg, note, class_="plot wide", data_plot="attribution"))
-    ranking = document.get("ranking") or []
+    ranking = document.ranking
     if ranking:
         more = len(ranking) - RANKING_SHOWN
         parts.append(
@@ -431,17 +430,17 @@ def _attribution(data: ReportData, draw: bool) -> Markup | None:
                 "p",
                 el("b", "Ranked by effect on the drift:"),
                 " ",
-                join((str(label) for label in ranking[:RANKING_SHOWN]), " > "),
+                join(ranking[:RANKING_SHOWN], " > "),
                 f" > \u2026 ({more} more: sort the table by mean |diff| ratio)"
                 if more > 0
                 else None,
             )
         )
-    for skipped in document.get("skipped") or []:
+    for skipped in document.skipped:
         parts.append(
             el(
                 "p",
-                f"not attributed: {skipped.get('label')}: {skipped.get('reason')}",
+                f"not attributed: {skipped.label}: {skipped.reason}",
                 class_="muted",
             )
         )

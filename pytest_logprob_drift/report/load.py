@@ -26,9 +26,11 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import torch
 
+from pytest_logprob_drift.attribution.document import Attribution
 from pytest_logprob_drift.attribution.sealed import (
     attribution_dirs,
     latest_attribution,
@@ -411,29 +413,26 @@ def case_detail(
 
 
 def usable_attribution(
-    document: Mapping[str, Any] | None, statuses: Sequence[AttemptStatus]
-) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    document: Attribution | None, statuses: Sequence[AttemptStatus]
+) -> tuple[Attribution | None, tuple[str, ...]]:
     """The attribution without the entries computed from attempts that are no longer valid
     (None when the baseline's is not), and a note saying what was left out."""
     if document is None:
         return None, ()
     ok = {(s.case_id, s.attempt_id) for s in statuses if s.status == "ok"}
-    baseline = document.get("baseline") or {}
-    if (baseline.get("case_id"), baseline.get("attempt_id")) not in ok:
+    if (document.baseline.case_id, document.baseline.attempt_id) not in ok:
         return None, (
             "The sealed attribution is not shown: the baseline attempt it was computed from "
             "is no longer valid.",
         )
-    cases = [c for c in document.get("cases", []) if (c.get("case_id"), c.get("attempt_id")) in ok]
-    dropped = [str(c.get("label")) for c in document.get("cases", []) if c not in cases]
+    cases = [c for c in document.cases if (c.case_id, c.attempt_id) in ok]
+    dropped = [c.label for c in document.cases if c not in cases]
     if not dropped:
-        return dict(document), ()
-    kept = {str(c.get("label")) for c in cases}
-    filtered = {
-        **document,
-        "cases": cases,
-        "ranking": [label for label in document.get("ranking", []) if label in kept],
-    }
+        return document, ()
+    kept = {c.label for c in cases}
+    filtered = msgspec.structs.replace(
+        document, cases=cases, ranking=[label for label in document.ranking if label in kept]
+    )
     return filtered, (
         "Left out of the attribution (computed from attempts that are no longer valid): "
         + ", ".join(dropped)
@@ -441,10 +440,8 @@ def usable_attribution(
     )
 
 
-def _detail_order(
-    views: Sequence[CaseView], attribution: Mapping[str, Any] | None
-) -> list[CaseView]:
-    rank = {label: i for i, label in enumerate((attribution or {}).get("ranking", []))}
+def _detail_order(views: Sequence[CaseView], attribution: Attribution | None) -> list[CaseView]:
+    rank = {label: i for i, label in enumerate(attribution.ranking if attribution else ())}
 
     def key(view: CaseView) -> tuple[int, int, float, str]:
         failing = view.outcome != "PASS"
@@ -480,7 +477,7 @@ def load_report(
     experiment = _experiment(run_dir)
     sealed, rejected = _checked_attribution(run_dir)
     attribution, left_out = usable_attribution(sealed, statuses)
-    entries = {str(e.get("case_id")): e for e in (attribution or {}).get("cases", [])}
+    entries = {e.case_id: e for e in (attribution.cases if attribution else ())}
     by_case: dict[str, list[AttemptStatus]] = {}
     for status in statuses:
         by_case.setdefault(status.case_id, []).append(status)
@@ -593,7 +590,7 @@ def load_report(
     )
 
 
-def _checked_attribution(run_dir: Path) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+def _checked_attribution(run_dir: Path) -> tuple[Attribution | None, tuple[str, ...]]:
     """The newest sealed attribution whose seal holds, and what ``verify`` finds wrong with it
     (a re-sealed document, attempts that changed): the page shows it marked as rejected."""
     document = latest_attribution(run_dir)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from pytest_logprob_drift.attribution.document import Attribution, Case
 from pytest_logprob_drift.numerics.comparison import Diagnostics, KnobRecord
 
 if TYPE_CHECKING:  # the record only; importing the store would import torch
@@ -170,7 +171,8 @@ class CaseView:
     identity_violations: tuple[str, ...]
     files: tuple[tuple[str, str], ...]
     """``(name, path relative to the page)`` of every sealed file of the shown attempt."""
-    attribution: Mapping[str, Any] | None
+    attribution: Case | None
+    """The case's entry in the shown attribution (None without one)."""
     detail: CaseDetail | None
     invalid_attempts: int = 0
 
@@ -195,7 +197,7 @@ class ReportData:
     header: Header
     cases: tuple[CaseView, ...]
     statuses: tuple[AttemptStatus, ...]
-    attribution: Mapping[str, Any] | None
+    attribution: Attribution | None
     detailed_limit: int
     notes: tuple[str, ...] = field(default=())
     attribution_problems: tuple[str, ...] = field(default=())

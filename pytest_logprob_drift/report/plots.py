@@ -20,12 +20,14 @@ from __future__ import annotations
 import io
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+from msgspec import UNSET
 
+from pytest_logprob_drift.attribution.document import Attribution
 from pytest_logprob_drift.report.markup import Markup, el
 from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
@@ -482,40 +484,33 @@ def _fit_labels(figure: Any, labels: Sequence[Any], pad: float = 0.06) -> None:
     )
 
 
-def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
+def attribution_svg(document: Attribution) -> Markup | None:
     """One row per intervention in ranking order: the effect on mean |diff| relative to the
     baseline with its bootstrap interval (log axis), and each side's movement."""
-    by_label = {c["label"]: c for c in document.get("cases", [])}
-    labels = [label for label in document.get("ranking", []) if label in by_label]
-    labels = labels[:ATTRIBUTION_MAX_ROWS]
-    if not labels:
+    entries = document.ranked()[:ATTRIBUTION_MAX_ROWS]
+    if not entries:
         return None
-    entries = [by_label[label] for label in labels]
+    labels = [entry.label for entry in entries]
     y = np.arange(len(entries))[::-1].astype(np.float64)
     floor = 1e-12
     height = 0.9 + 0.24 * len(entries)
     with new_figure(8.5, height, ncols=2, margins=(2.3, 0.45)) as (figure, (effect, moved)):
-        ratios = [e.get("effect", {}).get("mean_ratio", {}) for e in entries]
-        finite = [
-            v
-            for r in ratios
-            for v in (r.get("value"), r.get("low"), r.get("high"))
-            if isinstance(v, (int, float)) and v > 0
-        ]
+        ratios = [e.effect.mean_ratio for e in entries]
+        finite = [v for r in ratios for v in (r.value, r.low, r.high) if v is not None and v > 0]
         lo = min([*finite, 0.5]) / 2
         hi = max([*finite, 2.0]) * 2
         for yy, ratio, entry in zip(y, ratios, entries, strict=True):
-            value = ratio.get("value")
-            if not isinstance(value, (int, float)):
+            value = ratio.value
+            if value is None:
                 effect.text(lo * 1.2, yy, "n/a (baseline drift is 0)", va="center", fontsize=6)
                 continue
             colour = (
                 COLOURS["bad"]
-                if ratio.get("excludes_one") and value > 1
-                else ("#4e9a06" if ratio.get("excludes_one") else "#777")
+                if ratio.excludes_one and value > 1
+                else ("#4e9a06" if ratio.excludes_one else "#777")
             )
-            low, high = ratio.get("low"), ratio.get("high")
-            if isinstance(low, (int, float)) and isinstance(high, (int, float)):
+            low, high = ratio.low, ratio.high
+            if low is not None and high is not None:
                 effect.plot(
                     [max(low, floor), max(high, floor)],
                     [yy, yy],
@@ -525,8 +520,9 @@ def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
                     alpha=0.55,
                 )
             effect.plot([max(value, floor)], [yy], "o", color=colour, markersize=4)
-            p99 = entry.get("effect", {}).get("p99_ratio", {}).get("value")
-            if isinstance(p99, (int, float)) and p99 > 0:
+            p99_ratio = entry.effect.p99_ratio
+            p99 = None if p99_ratio is UNSET else p99_ratio.value
+            if p99 is not None and p99 > 0:
                 effect.plot([p99], [yy], "d", mfc="none", color=colour, markersize=4, mew=0.8)
         effect.axvline(1.0, color="black", linewidth=0.8)
         effect.set_xscale("log")
@@ -539,9 +535,7 @@ def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
         sides = (("rollout", COLOURS["ok"], 0.18), ("training", "#f57900", -0.18))
         deltas = []
         for side, colour, offset in sides:
-            values = np.array(
-                [float((e.get(side) or {}).get("max_abs_delta") or 0.0) for e in entries]
-            )
+            values = np.array([getattr(e, side).max_abs_delta for e in entries], dtype=np.float64)
             deltas.extend(values[values > 0].tolist())
             moved.barh(
                 y + offset,
@@ -551,10 +545,11 @@ def attribution_svg(document: Mapping[str, Any]) -> Markup | None:
                 label=side,
                 left=floor,
             )
-        floor_doc = document.get("noise_floor") or {}
+        noise = document.noise_floor
+        levels = {"rollout": noise.rollout_max_abs_delta, "training": noise.training_max_abs_delta}
         for side, colour, _ in sides:
-            level = floor_doc.get(f"{side}_max_abs_delta")
-            if floor_doc.get("measured") and isinstance(level, (int, float)) and level > 0:
+            level = levels[side]
+            if noise.measured and level > 0:
                 moved.axvline(level, color=colour, linestyle="--", linewidth=0.8)
                 deltas.append(float(level))
         moved.set_xscale("log")

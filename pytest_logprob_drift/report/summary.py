@@ -10,9 +10,9 @@ case has those diagnostics. Knows nothing about files, seals or how a table is p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
+from pytest_logprob_drift.attribution.document import Case, Ratio, document_json
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
@@ -50,15 +50,15 @@ def fmt_diff(value: Any) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{value:.3e}"
 
 
-def fmt_ratio(value: Any) -> str:
-    return "-" if not isinstance(value, (int, float)) else f"{value:.3g}"
+def fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
 
 
-def interval(ratio: Mapping[str, Any]) -> str:
-    low, high = ratio.get("low"), ratio.get("high")
-    if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+def interval(ratio: Ratio | None) -> str:
+    """A ratio's bootstrap interval (``-``: none, or no ratio)."""
+    if ratio is None or ratio.low is None or ratio.high is None:
         return "-"
-    return f"[{low:.3g}, {high:.3g}]" + (" excludes 1" if ratio.get("excludes_one") else "")
+    return f"[{ratio.low:.3g}, {ratio.high:.3g}]" + (" excludes 1" if ratio.excludes_one else "")
 
 
 FULL_VOCAB_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -148,7 +148,7 @@ def ranking_table(data: ReportData) -> tuple[list[str], list[list[str]], list[st
         return None
     return (
         list(ATTRIBUTION_HEADERS),
-        attribution_rows(data.attribution),
+        attribution_rows(data.attribution.ranked()),
         summary_lines(data.attribution),
     )
 
@@ -156,11 +156,12 @@ def ranking_table(data: ReportData) -> tuple[list[str], list[list[str]], list[st
 def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
     """The ``report --json`` document: per case its sealed attribution entry as sealed (None
     without one) and the side it moved; the findings."""
-    floor = (data.attribution or {}).get("noise_floor")
-    floor = floor if isinstance(floor, Mapping) else {}
+    document = data.attribution
 
-    def side(entry: Mapping[str, Any] | None) -> str | None:
-        moved = None if entry is None else moved_side(entry, floor)
+    def side(entry: Case | None) -> str | None:
+        moved = (
+            None if entry is None or document is None else moved_side(entry, document.noise_floor)
+        )
         return None if moved is None else moved.value
 
     return {
@@ -178,13 +179,13 @@ def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
                 "mismatches": v.mismatches,
                 "diagnostics": v.diagnostics.to_json(),
                 "detailed": v.detail is not None,
-                "attribution": None if v.attribution is None else dict(v.attribution),
+                "attribution": None if v.attribution is None else document_json(v.attribution),
                 "side_moved": side(v.attribution),
             }
             for v in data.cases
         ],
         "attempts": [s.to_json() for s in data.statuses],
         "invalid": len(data.invalid),
-        "ranking": list((data.attribution or {}).get("ranking", [])),
+        "ranking": [] if document is None else list(document.ranking),
         "findings": findings(data).to_json(),
     }

@@ -11,7 +11,7 @@ carry a byte offset and no path, so such a failure is explained again here (slow
 failure) with the byte offset and, for a lone surrogate, the JSON path.
 
 ``Document`` is the base of the sealed documents' types (``store.documents`` declares those of
-an attempt and a run; ``numerics.comparison`` and ``attribution.sealed`` theirs). Knows nothing
+an attempt and a run; ``numerics.comparison`` and ``attribution.document`` theirs). Knows nothing
 about what any document means. Writers are not here: the store writes with
 ``store.files.json_bytes``.
 """

@@ -1,7 +1,7 @@
 """The types of the sealed documents of an attempt and a run, decoded at the store's edge.
 
 Owns one frozen ``msgspec`` type per sealed document beside ``comparison.json`` (whose type is
-``numerics.comparison.Comparison``) and ``attribution.json`` (``attribution.sealed``): an
+``numerics.comparison.Comparison``) and ``attribution.json`` (``attribution.document``): an
 attempt's ``requested.json`` (``Requested``), ``materialized.json`` (``Materialized``),
 ``actual.json`` (``Actual``) and ``identity.json`` (``IdentityDocument``, with its
 ``ExecutionKeyPayload``), a run's ``experiment.json`` (``ExperimentDocument``) and a
@@ -123,83 +123,3 @@ class PlanRow(Document, frozen=True, kw_only=True):
     executable_by: tuple[str, ...]
     contract_version: str
     threshold: float
-
-
-# TEMPORARY: the attribution reader still uses the shape language until it is typed.
-from dataclasses import dataclass  # noqa: E402
-
-from pytest_logprob_drift.errors import json_member  # noqa: E402
-
-
-@dataclass(frozen=True, slots=True)
-class Nullable:
-    """``shape``, or null."""
-
-    shape: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Absent:
-    """An object member that may be missing; when present it has ``shape``."""
-
-    shape: Any
-
-
-NUMBER = float
-"""A JSON number (an integer or not; never a boolean)."""
-_NAMES: Mapping[Any, str] = {
-    str: "a string",
-    bool: "a boolean",
-    int: "an integer",
-    float: "a number",
-    dict: "an object",
-    list: "an array",
-}
-
-
-def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    for kind in (bool, int, float, str, list, dict):
-        if isinstance(value, kind):
-            return _NAMES[kind]
-    return type(value).__name__
-
-
-def shape_problem(value: Any, shape: Any, path: str = "$") -> str | None:
-    """Where and how ``value`` is not of ``shape`` (None when it is). A shape is a JSON type
-    (``str``, ``bool``, ``int``, ``NUMBER``, ``dict``: any object, ``list``: any array,
-    ``object``: anything), a ``dict`` of member shapes (``Absent`` for optional members; other
-    members are allowed), a one-element ``list`` (every item of that shape) or ``Nullable``."""
-    if isinstance(shape, Nullable):
-        return None if value is None else shape_problem(value, shape.shape, path)
-    if shape is object:
-        return None
-    if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return f"{path}: expected an object, found {_type_name(value)}"
-        for key, member in shape.items():
-            if key not in value:
-                if isinstance(member, Absent):
-                    continue
-                return f"{json_member(path, key)}: missing"
-            inner = member.shape if isinstance(member, Absent) else member
-            problem = shape_problem(value[key], inner, json_member(path, key))
-            if problem is not None:
-                return problem
-        return None
-    if isinstance(shape, list):
-        if not isinstance(value, list):
-            return f"{path}: expected an array, found {_type_name(value)}"
-        for index, item in enumerate(value):
-            problem = shape_problem(item, shape[0], f"{path}[{index}]")
-            if problem is not None:
-                return problem
-        return None
-    if shape is NUMBER:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif shape is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, shape)
-    return None if ok else f"{path}: expected {_NAMES[shape]}, found {_type_name(value)}"

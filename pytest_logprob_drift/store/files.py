@@ -6,9 +6,8 @@ the temporary name removed; fsynced with its directory unless the caller syncs l
 file that should be regular is opened (never through a symbolic link, never blocking on a
 FIFO) and read (whole, or refused above a size), how a directory below the store's root is
 made or checked (never a symbolic link: the root itself may be or pass through one), and what
-a plain name inside a directory is; how every JSON file of the store is written and read back
-(strictly: UTF-8, finite numbers, integers within 64 bits, Unicode strings, at most
-``MAX_JSON_NESTING`` levels, checked without recursion).
+a plain name inside a directory is; how every JSON file of the store is written (read back at
+the store's edge, ``store.decode``).
 Knows nothing about seals, attempts, runs or what any file contains.
 """
 
@@ -18,7 +17,6 @@ import contextlib
 import errno
 import hashlib
 import json
-import math
 import os
 import re
 import secrets
@@ -236,103 +234,3 @@ def _discard(path: Path) -> None:
 def json_bytes(document: Any) -> bytes:
     """How every JSON file of the store is written: indented, sorted keys, no NaN, newline."""
     return (json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
-
-
-MAX_JSON_NESTING = 64
-"""Deepest nesting of arrays and objects a stored JSON file may have (the store writes at most
-8; configs are held to the same 64)."""
-MAX_JSON_INT = 2**64
-"""Integers a stored JSON file may hold are within this magnitude (ids, counts, seeds)."""
-
-
-class JSONDocumentError(ValueError):
-    """Bytes that are not a JSON document the store could have written (the reason)."""
-
-
-def _finite_float(literal: str) -> float:
-    value = float(literal)
-    if value in (math.inf, -math.inf):
-        raise JSONDocumentError(f"number {literal[:40]} is out of range (not finite)")
-    return value
-
-
-def _check_int(value: int) -> None:
-    if not -MAX_JSON_INT < value < MAX_JSON_INT:
-        raise JSONDocumentError(f"integer {str(value)[:40]} is out of range (at most 2**64)")
-
-
-def _check_array(value: list[Any]) -> bool:
-    """Check an array of numbers at C speed (a million token ids: ``min`` and ``max``); whether
-    it was one (else its items are checked one by one)."""
-    try:
-        low, high = min(value), max(value)
-    except (TypeError, ValueError):  # mixed kinds (no order between them), or empty
-        return not value
-    if not isinstance(low, (int, float)):  # strings, or arrays compared as sequences
-        return False
-    for bound in (low, high):  # every item is a number: orders between kinds raise TypeError
-        if isinstance(bound, int):
-            _check_int(bound)
-    if isinstance(low, float) or isinstance(high, float):
-        for item in value:  # a float bound hides the range of the integers among them
-            if type(item) is int:
-                _check_int(item)
-    return True
-
-
-def _refused_constant(name: str) -> Any:
-    raise JSONDocumentError(f"{name} is not valid JSON")
-
-
-def json_document(data: bytes) -> Any:
-    """The JSON document in ``data``, read as strictly as ``json_bytes`` writes:
-    ``JSONDocumentError`` for bytes that are not UTF-8 or not JSON, NaN, Infinity or a number
-    beyond float range, an integer beyond 64 bits, a string with a lone surrogate, nesting
-    deeper than ``MAX_JSON_NESTING`` (checked without recursion, so no document exhausts the
-    interpreter's stack in a later reader)."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise JSONDocumentError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    try:
-        document = json.loads(text, parse_constant=_refused_constant, parse_float=_finite_float)
-    except json.JSONDecodeError as exc:
-        raise JSONDocumentError(
-            f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
-    except RecursionError:
-        raise JSONDocumentError(f"nested deeper than {MAX_JSON_NESTING} levels") from None
-    except JSONDocumentError:
-        raise
-    except ValueError as exc:  # an integer literal of more than 4300 digits
-        raise JSONDocumentError(f"a number out of range: {exc}") from None
-    stack: list[tuple[Any, int]] = [(document, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, str):
-            _unicode(value)
-            continue
-        if type(value) is int:
-            _check_int(value)
-            continue
-        if not isinstance(value, (dict, list)):
-            continue
-        if depth >= MAX_JSON_NESTING:
-            raise JSONDocumentError(f"nested deeper than {MAX_JSON_NESTING} levels")
-        if isinstance(value, dict):
-            for key in value:
-                _unicode(key)
-            stack.extend((child, depth + 1) for child in value.values())
-        elif not _check_array(value):
-            stack.extend((child, depth + 1) for child in value)
-    return document
-
-
-def _unicode(text: str) -> None:
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise JSONDocumentError(
-                f"a string holds the lone surrogate \\u{ord(text[exc.start]):04x} (not Unicode)"
-            ) from None
