@@ -59,6 +59,13 @@ def case(label: str, **members: Any) -> Case:
 
 def attribution(cases: list[dict[str, Any]], ranking: list[str], **members: Any) -> Attribution:
     """A document of ``cases`` (``case_data``) ranked as ``ranking``."""
+    return read_attribution_bytes(json.dumps(attribution_data(cases, ranking, **members)).encode())
+
+
+def attribution_data(
+    cases: list[dict[str, Any]], ranking: list[str], **members: Any
+) -> dict[str, Any]:
+    """The JSON data of ``attribution``'s document (what ``attribute`` hands the writer)."""
     data: dict[str, Any] = {
         "schema_version": "cross_config.attribution.v1",
         "experiment_id": "x",
@@ -77,4 +84,4 @@ def attribution(cases: list[dict[str, Any]], ranking: list[str], **members: Any)
         ],
     }
     data.update(members)
-    return read_attribution_bytes(json.dumps(data).encode())
+    return data

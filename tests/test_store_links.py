@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from attribution_records import attribution_data
 from drift_testing import cli, plan_row, run_s0
 
 from pytest_logprob_drift.attribution.sealed import open_attribution, write_attribution
@@ -96,16 +97,15 @@ def test_an_attributions_link_is_never_written_through(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / layout.ATTRIBUTIONS).symlink_to(outside(tmp_path), target_is_directory=True)
-    document = {"inputs": [], "experiment_id": "exp"}
     with pytest.raises(StorageError, match="symbolic link"):
-        write_attribution(run_dir, document)
+        write_attribution(run_dir, attribution_data([], []))
     assert list(outside(tmp_path).iterdir()) == []
 
 
 def test_an_attribution_directory_that_is_a_link_is_refused(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    sealed = write_attribution(run_dir, {"inputs": [], "experiment_id": "exp"}).directory
+    sealed = write_attribution(run_dir, attribution_data([], [])).directory
     moved = outside(tmp_path) / sealed.name
     sealed.rename(moved)
     sealed.symlink_to(moved, target_is_directory=True)
