@@ -125,13 +125,17 @@ def write_case(
         "environment": ENVIRONMENT,
         "identity": identity,
         "requested": knobs,
+        "materialization": {},
+        "scorer": {},
+        "operators": [],
+        "fingerprints": {},
         "runtime": "synthetic-bench",
         "version": "cross_config.execution_key.v1",
     }
     writer = store.new_attempt(case_id, execution_key(payload))
     writer.write_json(
         "requested.json",
-        {"case_id": case_id, "label": label, "knobs": knobs, "changed": changed},
+        {"case_id": case_id, "label": label, "knobs": knobs, "changed": changed, "binding": {}},
     )
     materialized = {
         k: {"value": v, "status": "applied", "evidence": "synthetic"} for k, v in knobs.items()
