@@ -6,15 +6,12 @@ on (neither side can capture: every cell ``n/a``, nothing drawn, the cases named
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from drift_testing import S0
+from drift_testing import S0, cli
 
 from pytest_logprob_drift.numerics import layer_text
 from pytest_logprob_drift.numerics.comparison import (
@@ -272,30 +269,27 @@ def test_the_page_has_the_section_only_with_layers_and_escapes_the_left_out_labe
 # ---------------------------------------------------------------- a real run, no capture
 
 
-def _cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest_logprob_drift", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
-
-
 def test_a_run_whose_sides_cannot_capture_says_n_a_and_draws_nothing(tmp_path: Path) -> None:
     config = json.loads(S0.read_text())
     config["diagnostics"] = {"layers": True}
     path = tmp_path / "s0.json"
     path.write_text(json.dumps(config))
-    run = ("run", path, "--runtime", "cpu-smoke", "--artifacts", "runs", "--allow-smoke-operators")
-    text = _cli(*run, cwd=tmp_path)
-    assert text.returncode == 1, text.stderr[-2000:]  # the offset case MISMATCHes unexpectedly
-    lines = text.stdout.splitlines()
+    artifacts = tmp_path / "runs"
+    run = (
+        "run",
+        path,
+        "--runtime",
+        "cpu-smoke",
+        "--artifacts",
+        artifacts,
+        "--allow-smoke-operators",
+    )
+    code, stdout, stderr = cli(*run)  # in this process: the test reads what it prints and seals
+    assert code == 1, stderr[-2000:]  # the offset case MISMATCHes unexpectedly
+    lines = stdout.splitlines()
     header = next(ln for ln in lines if ln.startswith("case_id "))
     assert header.rstrip().endswith("layers differ at  max rel (logits)")
-    run_dir = tmp_path / "runs" / config["experiment_id"]
+    run_dir = artifacts / config["experiment_id"]
     sealed = {
         (c := json.loads(p.read_text()))["label"]: c
         for p in run_dir.glob("cases/*/*/comparison.json")
@@ -307,14 +301,14 @@ def test_a_run_whose_sides_cannot_capture_says_n_a_and_draws_nothing(tmp_path: P
         assert {layers[s]["status"] for s in ("training", "rollout")} == {"layers_unavailable"}
         row = next(ln for ln in lines if ln.startswith(comparison["case_id"] + " "))
         assert row.split()[-2:] == ["n/a", "n/a"], row
-    as_json = _cli(*run, "--json", cwd=tmp_path)
-    results = json.loads(as_json.stdout)["results"]
+    _, as_json, _ = cli(*run, "--json")
+    results = json.loads(as_json)["results"]
     assert {r["label"]: r["layers"] for r in results} == {
         label: c["diagnostics"]["layers"] for label, c in sealed.items()
     }
     page = tmp_path / "report.html"
-    report = _cli("report", run_dir, "--html", page, cwd=tmp_path)
-    assert report.returncode == 0, report.stderr[-2000:]
+    code, _, stderr = cli("report", run_dir, "--html", page)
+    assert code == 0, stderr[-2000:]
     html = page.read_text()
     assert "id='layers'" in html and "data-plot='layers-all'" not in html
     note = "Not drawn, no layer figures (a side did not capture its layers): "

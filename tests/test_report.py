@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from drift_testing import S0, S0_HF, pytest_drift
+from drift_testing import cli as in_process
 from report_browser import PageCheck, open_page
 
 from pytest_logprob_drift.report import plots
@@ -56,27 +57,27 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def s0_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One real S0 run through the CLI, and its report."""
+    """One real S0 run through the CLI, and its report (both in this process: the tests read
+    them; the commands as processes are ``test_cli_run``'s)."""
     cwd = tmp_path_factory.mktemp("report-s0")
     artifacts = cwd / "runs"
-    run = cli(
+    code, out, err = in_process(
         "run",
-        str(S0),
+        S0,
         "--runtime",
         "cpu-smoke",
         "--allow-smoke-operators",
         "--artifacts",
-        str(artifacts),
+        artifacts,
         "--expect",
         EXPECT,
-        cwd=cwd,
     )
-    assert run.returncode == 0, run.stdout + run.stderr
+    assert code == 0, out + err
     run_dir = artifacts / "s0-cpu-smoke"
     page = cwd / "pages" / "s0.html"
-    report = cli("report", str(run_dir), "--html", str(page), cwd=cwd)
-    assert report.returncode == 0, report.stdout + report.stderr
-    return {"cwd": cwd, "run_dir": run_dir, "page": page, "report": report}
+    code, out, err = in_process("report", run_dir, "--html", page)
+    assert code == 0, out + err
+    return {"cwd": cwd, "run_dir": run_dir, "page": page, "report": out}
 
 
 def assert_page_reads_well(check: PageCheck, page: Path, cases: int, detailed: int) -> None:
@@ -157,16 +158,14 @@ def test_page_is_self_contained(s0_run: dict[str, Any]) -> None:
 
 
 def test_terminal_report_shows_table_ranking_and_json(s0_run: dict[str, Any]) -> None:
-    out = s0_run["report"].stdout
+    out = s0_run["report"]
     for word in ("baseline", "batch.size=1", OFFSET, "MISMATCH", "PASS"):
         assert word in out
     assert f"ranked by effect on the drift: {OFFSET} > batch.size=1" in out
     assert f"HTML report: {s0_run['page']}" in out
-    again = cli(
-        "report", str(s0_run["run_dir"]), "--html", str(s0_run["page"]), "--json", cwd=s0_run["cwd"]
-    )
-    assert again.returncode == 0
-    document = json.loads(again.stdout)
+    code, stdout, _ = in_process("report", s0_run["run_dir"], "--html", s0_run["page"], "--json")
+    assert code == 0
+    document = json.loads(stdout)
     assert document["ranking"] == [OFFSET, "batch.size=1"]
     assert {c["label"]: c["outcome"] for c in document["cases"]} == {
         "baseline": "PASS",
@@ -175,8 +174,8 @@ def test_terminal_report_shows_table_ranking_and_json(s0_run: dict[str, Any]) ->
     }
     assert document["invalid"] == 0
     # The page existed: it is left as it was.
-    second = cli("report", str(s0_run["run_dir"]), "--html", str(s0_run["page"]), cwd=s0_run["cwd"])
-    assert "already exists; not overwritten" in second.stdout
+    code, stdout, _ = in_process("report", s0_run["run_dir"], "--html", s0_run["page"])
+    assert code == 0 and "already exists; not overwritten" in stdout
 
 
 class _Figures(HTMLParser):

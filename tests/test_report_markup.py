@@ -4,6 +4,7 @@ plots draw a case label as the plain text it is (never mathtext)."""
 
 from __future__ import annotations
 
+import os
 import re
 from html.parser import HTMLParser
 
@@ -127,6 +128,12 @@ def test_a_relative_file_path_becomes_a_relative_link() -> None:
     assert el("a", "x", href=page_link("javascript:x")) == "<a href='./javascript%3Ax'>x</a>"
     with pytest.raises(ValueError):
         page_link("/etc/hostname")
+
+
+def test_a_name_whose_bytes_are_not_utf8_links_by_its_bytes() -> None:
+    """Python holds the byte 0xff of a file name as the lone surrogate U+DCFF: the link names
+    the byte (``%FF``), as a UTF-8 name's link names its UTF-8 bytes."""
+    assert page_link(os.fsdecode(b"../run-\xff/\xc3\xa9/COMPLETE")) == "../run-%FF/%C3%A9/COMPLETE"
 
 
 # --------------------------------------------------------------------------- plot labels

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from pytest_logprob_drift.errors import ExitCode, UsageError
+from pytest_logprob_drift.errors import ExitCode, UsageError, one_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -84,12 +84,14 @@ def init_command(args: argparse.Namespace, out: TextIO) -> int:
     if errors:
         raise UsageError(f"{output}: the starter does not plan: {render_issue(errors[0], FLAGS)}")
     _write_new(output, json.dumps(document, indent=2) + "\n")
-    print(f"wrote {output}: {len(plan.cases)} case(s) on runtime {runtime.name}", file=out)
+    cases = len(plan.cases)
+    print(one_line(f"wrote {output}: {cases} case(s) on runtime {runtime.name}"), file=out)
     if not runtime.executes(config.scenario):
         print(
-            f"note: every case is plan-only: {runtime.plan_only_reason(config.scenario)}", file=out
+            one_line(f"note: every case is plan-only: {runtime.plan_only_reason(config.scenario)}"),
+            file=out,
         )
-    print(f"next: logprob-drift run {output} --runtime {runtime.name}", file=out)
+    print(one_line(f"next: logprob-drift run {output} --runtime {runtime.name}"), file=out)
     return ExitCode.OK
 
 

@@ -83,7 +83,7 @@ def plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if execution_plan.has_errors:
         errors = [i for i in execution_plan.issues if i.severity is IssueSeverity.ERROR]
         print(
-            f"logprob-drift: error: {args.config}: {errors[0].render()}"
+            f"logprob-drift: error: {one_line(args.config)}: {errors[0].render()}"
             + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
             file=err,
         )

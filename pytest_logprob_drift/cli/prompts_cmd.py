@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from pytest_logprob_drift.errors import ExitCode, UsageError
+from pytest_logprob_drift.errors import ExitCode, UsageError, one_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def prompts_command(args: argparse.Namespace, out: TextIO) -> int:
     _write(output, frozen.to_json())
     cut = len(frozen.source.truncated)
     note = f", {cut} truncated to {args.max_prompt_tokens} tokens" if cut else ""
-    print(f"wrote {len(frozen.token_ids)} prompt(s) to {output}{note}", file=out)
+    print(one_line(f"wrote {len(frozen.token_ids)} prompt(s) to {output}{note}"), file=out)
     return ExitCode.OK
 
 

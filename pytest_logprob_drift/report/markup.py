@@ -9,16 +9,17 @@ children and attributes: every text child and attribute value is escaped, tag an
 names are checked, raw-text elements (whose content escaping cannot protect), event-handler and
 ``style`` attributes are refused, and a link may only be in-page (``#``) or relative to the
 page (``./``, ``../``), so no text can turn into a URL scheme. ``join`` escapes and joins.
-``page_link`` writes a relative file path as such a link. ``json_script`` writes data for the
-page's fixed script as a ``<script type="application/json">`` block whose JSON has every ``<``,
-``>`` and ``&`` written as a ``\\u`` escape (so no text can end the block). Knows nothing about
-the report or where its text comes from.
+``page_link`` writes a relative file path as such a link (by its file-system bytes).
+``json_script`` writes data for the page's fixed script as a ``<script type="application/json">``
+block whose JSON has every ``<``, ``>`` and ``&`` written as a ``\\u`` escape (so no text can
+end the block). Knows nothing about the report or where its text comes from.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import os
 import re
 from collections.abc import Iterable
 from typing import TypeAlias
@@ -124,11 +125,13 @@ def el(tag: str, *children: Child, **attributes: AttributeValue) -> Markup:
 
 
 def page_link(path: str) -> str:
-    """A file path relative to the page as a link: percent-encoded (no character of a name can
-    end the path or start a query, a fragment or a scheme) and starting ``./`` or ``../``."""
+    """A file path relative to the page as a link: its file-system bytes percent-encoded (no
+    character of a name can end the path or start a query, a fragment or a scheme; a name whose
+    bytes are not UTF-8, held as lone surrogates, links by those bytes: ``%FF``) and starting
+    ``./`` or ``../``."""
     if path.startswith("/"):
         raise ValueError(f"not a relative path: {path!r}")
-    encoded = quote(path, safe="/")
+    encoded = quote(os.fsencode(path), safe="/")
     return encoded if encoded.startswith("../") else f"./{encoded}"
 
 

@@ -1,0 +1,138 @@
+"""Paths whose bytes are not UTF-8 (a directory named ``b"drift-\\xff"``, which Python holds as
+the lone surrogate ``\\udcff``): the real commands show every such path escaped (``\\udcff``,
+as ``errors.one_line`` writes it) in their lines, their error messages and the HTML page, link
+to the files by their bytes (``%FF``), and never end in an internal error or a traceback.
+
+The commands run as real processes whose standard output is strict UTF-8 (what a UTF-8
+terminal gets, ``PYTHONIOENCODING=utf-8:strict``): an unescaped path there is an encoding
+error, where the C locale would write the raw byte; the test also reads the bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+import pytest
+from drift_testing import OFFSET_EXPECT, S0
+
+BAD = os.fsdecode(b"drift-\xff")
+"""A file name whose bytes are not UTF-8."""
+SHOWN = "drift-\\udcff"
+"""How the terminal and the page show it."""
+
+
+def command(*args: str | Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """``python -m pytest_logprob_drift ARGS`` started, its standard streams strict UTF-8."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8:strict"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest_logprob_drift", *map(os.fsencode, args)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
+def finished(proc: subprocess.Popen[bytes]) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of ``proc``; neither holds the raw byte, nor a
+    traceback, nor an internal error."""
+    stdout, stderr = proc.communicate(timeout=180)
+    assert b"\xff" not in stdout + stderr
+    out, err = stdout.decode(), stderr.decode()
+    assert "Traceback" not in out + err and "internal error" not in err, err[-2000:]
+    return proc.returncode, out, err
+
+
+@pytest.fixture(scope="module")
+def bad_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The S0 run made by the real ``run`` command with its artifacts under ``drift-\\xff``."""
+    root = tmp_path_factory.mktemp("non-utf8")
+    base = root / BAD
+    base.mkdir()
+    config = base / S0.name
+    shutil.copy(S0, config)
+    run = command(
+        "run",
+        config,
+        "--runtime",
+        "cpu-smoke",
+        "--allow-smoke-operators",
+        "--expect",
+        OFFSET_EXPECT,
+        "--artifacts",
+        base / "runs",
+        cwd=root,
+    )
+    return {"root": root, "base": base, "run_dir": base / "runs" / "s0-cpu-smoke", "run": run}
+
+
+def test_run_prints_the_artifacts_path_escaped(bad_run: dict[str, Any]) -> None:
+    code, out, _ = finished(bad_run["run"])
+    assert code == 0
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("drift attribution (")]
+    shown = str(bad_run["run_dir"]).replace(BAD, SHOWN)
+    assert line.startswith(f"drift attribution (sealed: {shown}/attributions/"), line
+
+
+def test_report_writes_the_page_and_one_line_with_the_paths_escaped(
+    bad_run: dict[str, Any],
+) -> None:
+    finished(bad_run["run"])
+    root, run_dir = bad_run["root"], bad_run["run_dir"]
+    # the page outside the run (its links pass through drift-\xff) and in the run's default place
+    outside = root / "pages" / "s0.html"
+    elsewhere = command("report", run_dir, "--html", outside, cwd=root)
+    beside = command("report", run_dir, cwd=root)  # both at once: each its own interpreter
+    code, out, _ = finished(elsewhere)
+    assert code == 0
+    assert re.search(rf"^HTML report: {re.escape(str(outside))} \(\d+\.\d\d MB\)$", out, re.M)
+    code, out, _ = finished(beside)
+    assert code == 0
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("HTML report: ")]
+    (inside,) = run_dir.glob("report-*.html")
+    assert line.startswith(f"HTML report: {str(inside).replace(BAD, SHOWN)} (")
+
+    for page in (outside, inside):
+        html = page.read_text(encoding="utf-8")  # strict: the page is UTF-8
+        assert f"<code>{str(run_dir).replace(BAD, SHOWN)}</code>" in html
+        links = re.findall(r"href='(\.{1,2}/[^']*)'", html)
+        assert len(links) > 3
+        for link in links:  # each names the file by its bytes, %FF for the byte 0xff
+            assert (page.parent / os.fsdecode(unquote_to_bytes(link))).is_file(), link
+    assert any("/drift-%FF/" in link for link in re.findall(r"href='([^']*)'", outside.read_text()))
+
+
+def test_verify_and_report_errors_show_the_path_escaped(bad_run: dict[str, Any]) -> None:
+    finished(bad_run["run"])
+    root, base, run_dir = bad_run["root"], bad_run["base"], bad_run["run_dir"]
+    verify = command("verify", run_dir, cwd=root)
+    not_a_run = command("report", base, cwd=root)
+    code, out, _ = finished(verify)
+    assert code == 0 and out.splitlines()[-1] == "3 attempt(s), 1 attribution(s), 0 invalid"
+    code, out, err = finished(not_a_run)
+    assert code == 2 and out == ""
+    (line,) = err.splitlines()
+    assert line.startswith("logprob-drift: error: ") and f"{SHOWN}" in line, line
+
+
+def test_plan_errors_show_the_config_path_escaped(tmp_path: Path) -> None:
+    """A config refused when loaded, and one whose plan has an error (a knob given twice)."""
+    base = tmp_path / BAD
+    base.mkdir()
+    refused, duplicated = json.loads(S0.read_text()), json.loads(S0.read_text())
+    refused["scenario"]["expected"] = "PASS"
+    duplicated["interventions"].append(duplicated["interventions"][0])
+    for name, document in (("refused.json", refused), ("duplicated.json", duplicated)):
+        config = base / name
+        config.write_text(json.dumps(document))
+        code, out, err = finished(command("plan", config, cwd=tmp_path))
+        assert code == 2, out + err
+        (line,) = err.splitlines()
+        assert line.startswith(f"logprob-drift: error: {str(config).replace(BAD, SHOWN)}: "), line
