@@ -16,7 +16,7 @@ and, as the user runs them (a fresh interpreter), ``verify RUN --json`` and ``re
 --json``, and ``plan`` of the shipped S3 experiment against ``python -c pass``.
 
     .venv/bin/python benchmarks/bench_decode.py [--cases 256] [--samples 8] [--response 64]
-        [--rounds 3]
+        [--rounds 3] [--decode-only]
 """
 
 from __future__ import annotations
@@ -136,6 +136,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--response", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--decode-only", action="store_true", help="skip the verify, report and plan timings"
+    )
     args = parser.parse_args()
     new = importlib.util.find_spec("pytest_logprob_drift.store.decode") is not None
     with tempfile.TemporaryDirectory() as scratch:
@@ -160,6 +163,8 @@ def main() -> None:
             decoder = decoders[kind]
             part = _best(args.rounds, lambda d=decoder, i=items: [d(x) for x in i])
             print(f"  {kind:18} {len(items):4} docs {part:.4f} s")
+        if args.decode_only:
+            return
         verify = _best(args.rounds, _command("verify", run_dir, "--json"))
         report = _best(args.rounds, _command("report", run_dir, "--json"))
         print(f"verify: {verify:.2f} s; report --json: {report:.2f} s")

@@ -62,7 +62,7 @@ def decode(data: bytes | str, kind: type[T]) -> T:
         raise JSONDocumentError(_syntax_problem(data, str(exc))) from None
     except RecursionError:
         raise JSONDocumentError(f"nested deeper than {MAX_JSON_NESTING} levels") from None
-    problem = _bounds_problem(value)
+    problem = _bounds_problem(value, data)
     if problem is not None:
         raise JSONDocumentError(problem)
     return value
@@ -88,36 +88,78 @@ def _validation_message(text: str) -> str:
     return f"{path}: {message}"
 
 
-def _bounds_problem(root: Any) -> str | None:
+_LEAVES = (str, float, bool, type(None))
+_BIG_INTEGER = re.compile(rb"[0-9]{20}")
+"""Twenty digits in a row: the shortest literal that can be an integer of 2**64 or more."""
+
+
+def _bounds_problem(root: Any, data: bytes | str) -> str | None:
     """The first integer beyond 64 bits or the first nesting deeper than MAX_JSON_NESTING in a
-    decoded value (structs walked by their fields; arrays of numbers checked at C speed)."""
-    stack: list[tuple[Any, str, int]] = [(root, "$", 0)]
+    decoded value. Containers only are walked (structs by their fields, arrays of numbers at C
+    speed); integers only when ``data`` holds twenty digits in a row (else none can be out of
+    range); a path is built only for the value at fault."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    check_ints = _BIG_INTEGER.search(raw) is not None
+    if not check_ints and type(root) is int:
+        return None
+    # (value, depth, index of the parent entry, key in the parent)
+    entries: list[tuple[Any, int, int, str | int | None]] = [(root, 0, -1, None)]
+    stack = [0]
     while stack:
-        value, path, depth = stack.pop()
-        kind = type(value)
-        if kind is int:
+        at = stack.pop()
+        value, depth, _, _ = entries[at]
+        if type(value) is int:
             if not -MAX_JSON_INT < value < MAX_JSON_INT:
-                return f"{path}: integer {str(value)[:40]} is out of range (at most 2**64)"
-            continue
-        if kind in (str, float, bool) or value is None:
+                where = _path(entries, at)
+                return f"{where}: integer {str(value)[:40]} is out of range (at most 2**64)"
             continue
         if depth >= MAX_JSON_NESTING:
-            return f"{path}: nested deeper than {MAX_JSON_NESTING} levels"
+            return f"{_path(entries, at)}: nested deeper than {MAX_JSON_NESTING} levels"
         if isinstance(value, msgspec.Struct):
-            for name in value.__struct_fields__:
-                stack.append((getattr(value, name), json_member(path, name), depth + 1))
+            children: Any = zip(
+                value.__struct_encode_fields__,
+                (getattr(value, name) for name in value.__struct_fields__),
+                strict=True,
+            )
         elif isinstance(value, dict):
-            for key, child in value.items():
-                stack.append((child, json_member(path, key), depth + 1))
+            children = value.items()
         elif isinstance(value, (list, tuple)):
-            index = _numbers_problem(value)
+            index = _numbers_problem(value) if check_ints else _plain_array(value)
             if index is None:
                 continue
             if index >= 0:
-                return f"{path}[{index}]: integer out of range (at most 2**64)"
-            for position, child in enumerate(value):
-                stack.append((child, f"{path}[{position}]", depth + 1))
+                return f"{_path(entries, at)}[{index}]: integer out of range (at most 2**64)"
+            children = enumerate(value)
+        else:
+            continue
+        for key, child in children:
+            if isinstance(child, _LEAVES) or (type(child) is int and not check_ints):
+                continue
+            entries.append((child, depth + 1, at, key))
+            stack.append(len(entries) - 1)
     return None
+
+
+def _plain_array(value: list[Any] | tuple[Any, ...]) -> int | None:
+    """None when no item of ``value`` is an array, object or struct (nothing to walk), else -1."""
+    for item in value:
+        if not isinstance(item, _LEAVES) and type(item) is not int:
+            return -1
+    return None
+
+
+def _path(entries: list[tuple[Any, int, int, str | int | None]], at: int) -> str:
+    """The JSON path of entry ``at``, built from its parents."""
+    keys: list[str | int] = []
+    while at > 0:
+        _, _, parent, key = entries[at]
+        assert key is not None
+        keys.append(key)
+        at = parent
+    path = "$"
+    for key in reversed(keys):
+        path = f"{path}[{key}]" if isinstance(key, int) else json_member(path, key)
+    return path
 
 
 def _numbers_problem(value: list[Any] | tuple[Any, ...]) -> int | None:
