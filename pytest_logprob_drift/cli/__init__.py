@@ -53,6 +53,10 @@ class _Formatter(argparse.HelpFormatter):
         super().__init__(prog, width=max(columns - 2, 20))
 
 
+class RawDescriptionFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
+    """The CLI's formatter, keeping a command's description as written (its lines, lists)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Formatter)

@@ -1,8 +1,9 @@
 """The ``import`` command: judge what a production RL run already logged, by the contract.
 
 Owns the command line of ``logprob-drift import --format nemo-rl|slime|jsonl PATH...
---artifacts DIR [--experiment-id ID] [--json]``, a line per step as it is sealed, the final
-table (or ``--json``, the shape of ``run``'s) and the exit code, as ``run``'s: 0 every step
+--artifacts DIR [--experiment-id ID] [--json]``, the table of the steps once the run is
+published (or ``--json``, the shape of ``run``'s; nothing is printed before, so a refusal is
+the only line) and the exit code, as ``run``'s: 0 every step
 PASS, 1 some step has another outcome, 2 bad input (one line naming the file and the line or
 sample; nothing published), 3 a runtime failure. The work is ``production.importer``'s,
 imported when the command runs (it loads torch); this module's top is torch-free, so building
@@ -48,11 +49,13 @@ has another outcome, 2 bad input (nothing published), 3 runtime failure."""
 
 
 def add_import_parser(sub: Any) -> None:
+    from pytest_logprob_drift.cli import RawDescriptionFormatter
+
     command = sub.add_parser(
         "import",
         help="judge the logprobs a production RL run logged (NeMo-RL, slime, neutral JSONL)",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionFormatter,
     )
     command.add_argument(
         "--format", required=True, choices=("nemo-rl", "slime", "jsonl"), dest="input_format"
@@ -101,22 +104,12 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from pytest_logprob_drift.production.importer import import_run
     from pytest_logprob_drift.tables import render_table
 
-    live = err if args.json else out  # with --json, stdout carries only the document
-
-    def progress(case: ImportedCase) -> None:
-        c = case.comparison
-        line = (
-            f"{case.case_id} {case.label} ({case.samples} samples) -> {c.outcome.value} {c.reason}"
-        )
-        print(one_line(line), file=live, flush=True)
-
     result = import_run(
         args.input_format,
         args.paths,
         artifacts=Path(args.artifacts),
         contract=resolve_contract(CONTRACT_SOURCE, "current"),
         experiment_id=args.experiment_id,
-        progress=progress,
     )
     if args.json:
         json.dump(

@@ -231,14 +231,15 @@ def _response_row(
     )
 
 
-def _line_object(line: bytes, kind: type[Any], decoder: Any, where: _Where) -> Any:
-    """A JSONL line decoded into ``kind`` (msgspec; unknown members skipped): a line with
-    NaN or Infinity, which Python's ``json`` writes and msgspec refuses, is read again with
-    the standard library."""
+def _line_object(line: bytes, kind: type[Any], decoder: Any, where: _Where, own: str) -> Any:
+    """A JSONL line of format ``own`` decoded into ``kind`` (msgspec; unknown members
+    skipped): a line with NaN or Infinity, which Python's ``json`` writes and msgspec refuses,
+    is read again with the standard library. A member of the wrong type is refused with its
+    JSON path (and the format the line looks like, when it is another)."""
     try:
         return decoder.decode(line)
     except msgspec.ValidationError as exc:
-        raise where.error(_validation(exc)) from None
+        raise where.error(_validation(exc) + _other_format(_keys(line), own)) from None
     except msgspec.DecodeError:
         pass
     try:
@@ -250,7 +251,7 @@ def _line_object(line: bytes, kind: type[Any], decoder: Any, where: _Where) -> A
     try:
         return msgspec.convert(value, kind)
     except msgspec.ValidationError as exc:
-        raise where.error(_validation(exc)) from None
+        raise where.error(_validation(exc) + _other_format(set(value), own)) from None
 
 
 def _validation(exc: msgspec.ValidationError) -> str:
@@ -267,10 +268,11 @@ def _keys(line: bytes) -> set[str]:
     return set(value) if isinstance(value, dict) else set()
 
 
-def _other_format(keys: set[str]) -> str:
-    if {"rollout_logprobs", "training_logprobs"} <= keys:
+def _other_format(keys: set[str], own: str) -> str:
+    """A hint naming the format whose fields ``keys`` has, when it is not ``own``."""
+    if own != "jsonl" and {"rollout_logprobs", "training_logprobs"} <= keys:
         return " (it looks like the neutral format: --format jsonl)"
-    if {"generation_logprobs", "prev_logprobs"} & keys:
+    if own != "nemo-rl" and {"generation_logprobs", "prev_logprobs"} & keys:
         return " (it looks like NeMo-RL's train_data_step file: --format nemo-rl)"
     return ""
 
@@ -322,7 +324,7 @@ def _nemo_missing(row: _NemoRow, line: bytes, where: _Where) -> None:
         raise where.error(
             "not a NeMo-RL train_data row: none of its fields "
             f"({', '.join((*_NEMO_TOKEN_FIELDS, *_NEMO_LOGPROB_FIELDS))}) is there; does "
-            f"--format nemo-rl match the file?{_other_format(_keys(line))}"
+            f"--format nemo-rl match the file?{_other_format(_keys(line), 'nemo-rl')}"
         )
     if set(missing) <= set(_NEMO_TOKEN_FIELDS):
         raise where.error(
@@ -390,7 +392,7 @@ def read_nemo_rl(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Ste
         step = Step(step=nemo_rl_step(file.path), inputs=[index])
         for number, line in file.lines():
             where = _Where(file.path, line=number)
-            row = _line_object(line, _NemoRow, _NEMO_DECODER, where)
+            row = _line_object(line, _NemoRow, _NEMO_DECODER, where, "nemo-rl")
             sample = row.idx if isinstance(row.idx, int) and row.idx >= 0 else None
             source = ImportedRow(input=index, line=number, sample=sample)
             step.rows.append(_nemo_row(row, line, where, source))
@@ -542,11 +544,11 @@ def _neutral_row(row: _NeutralRow, keys: Any, where: _Where, source: ImportedRow
         if len(missing) == len(NEUTRAL.fields):
             raise where.error(
                 f"not a row of the neutral format ({NEUTRAL_DOCS}): none of its fields is there"
-                f"{_other_format(keys())}"
+                f"{_other_format(keys(), 'jsonl')}"
             )
         raise where.error(
             f"missing field(s) {', '.join(missing)} of the neutral format ({NEUTRAL_DOCS})"
-            f"{_other_format(keys())}"
+            f"{_other_format(keys(), 'jsonl')}"
         )
     ids = _ids(row.token_ids, "token_ids", where)
     mask = _mask(row.mask, "mask", where)
@@ -579,7 +581,7 @@ def _neutral_records(file: InputFile) -> Iterator[tuple[int, _NeutralRow, Any, b
     _not_zip(file, "neutral")
     for number, line in file.lines():
         where = _Where(file.path, line=number)
-        row = _line_object(line, _NeutralRow, _NEUTRAL_DECODER, where)
+        row = _line_object(line, _NeutralRow, _NEUTRAL_DECODER, where, "jsonl")
         yield number, row, (lambda line=line: _keys(line)), line
 
 

@@ -112,9 +112,6 @@ class ImportResult:
     cases: tuple[ImportedCase, ...]
 
 
-Progress = Callable[[ImportedCase], None]
-
-
 def _environment() -> dict[str, str | None]:
     try:
         version: str | None = importlib.metadata.version("pytest-logprob-drift")
@@ -426,7 +423,6 @@ def import_run(
     artifacts: Path,
     contract: ResolvedContract,
     experiment_id: str | None = None,
-    progress: Progress | None = None,
 ) -> ImportResult:
     """Import ``paths`` of format ``fmt`` as a sealed run under ``artifacts`` (an
     ``ImportInputError``/``UsageError`` for bad input, nothing published)."""
@@ -449,9 +445,7 @@ def import_run(
         opened: list[InputFile] = []
         try:
             for step in READERS[fmt](files, opened):
-                case = run.add(step, opened)
-                if progress is not None:
-                    progress(case)
+                run.add(step, opened)
                 del step
         finally:
             for file in opened:
