@@ -35,6 +35,7 @@ verdict makes the step INVALID_ARTIFACT. Knows nothing about seals, verdicts or 
 
 from __future__ import annotations
 
+import array
 import hashlib
 import io
 import json
@@ -161,9 +162,21 @@ class _Where:
         return ImportInputError(str(self.file), message, line=self.line, sample=self.sample)
 
 
+def _tensor(values: Any, code: str, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` as a 1-D tensor of ``dtype`` (a JSON list through ``array.array``, several
+    times faster than ``torch.as_tensor`` of a list; a tensor as it is)."""
+    if isinstance(values, list):
+        return (
+            torch.frombuffer(array.array(code, values), dtype=dtype)
+            if values
+            else (torch.zeros(0, dtype=dtype))
+        )
+    return torch.as_tensor(values, dtype=dtype)
+
+
 def _ids(values: Any, name: str, where: _Where) -> torch.Tensor:
     try:
-        ids = torch.as_tensor(values, dtype=torch.int64)
+        ids = _tensor(values, "q", torch.int64)
     except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
         raise where.error(f"{name}: not token ids ({exc})") from None
     if ids.dim() != 1:
@@ -175,7 +188,7 @@ def _ids(values: Any, name: str, where: _Where) -> torch.Tensor:
 
 def _floats(values: Any, name: str, where: _Where) -> torch.Tensor:
     try:
-        scores = torch.as_tensor(values, dtype=torch.float64)
+        scores = _tensor(values, "d", torch.float64)
     except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
         raise where.error(f"{name}: not numbers ({exc})") from None
     if scores.dim() != 1:
