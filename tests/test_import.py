@@ -434,6 +434,26 @@ def test_parquet_without_the_extra_is_one_line(tmp_path: Path) -> None:
         pytest.skip("pyarrow is installed")
 
 
+def test_parquet_rows_are_judged_like_the_same_jsonl_rows(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = np.random.default_rng(8)
+    steps = {3: make_samples(rng, 3), 4: make_samples(rng, 2, planted=[(1, 0, 0.01)])}
+    rows = neutral_rows(3, steps[3]) + neutral_rows(4, steps[4])
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    code, document, err = _import("jsonl", tmp_path / "runs", path)
+    assert code == 1, err
+    for result in document["results"]:
+        _check_step(result, expected(steps[result["step"]]))
+    code, _ = _verify(Path(document["run_dir"]))
+    assert code == 0
+    rows[1]["mask"] = [2] * len(rows[1]["mask"])
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    err = _refused(tmp_path / "bad", "jsonl", path, match="mask holds 2.0 at position 0")
+    assert f"{path}:2:" in err
+
+
 def test_the_nemo_rl_logger_round_trip_writes_what_the_importer_reads(tmp_path: Path) -> None:
     """The hand-written logger writes NaN as NeMo-RL's json.dumps does: a bare word."""
     samples = make_samples(np.random.default_rng(0), 1)
