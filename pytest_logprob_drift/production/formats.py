@@ -342,8 +342,8 @@ def _nemo_missing(row: _NemoRow, line: bytes, where: _Where) -> None:
     if set(missing) <= set(_NEMO_TOKEN_FIELDS):
         raise where.error(
             f"no {', '.join(missing)}: written by an older NeMo-RL that logged no token fields; "
-            "its logprobs cannot be placed on tokens (NeMo-RL logs token_ids, token_loss_mask "
-            "and sample_loss_mask in train_data_step<N>.jsonl since it added them to GRPO's dump)"
+            "its logprobs cannot be placed on tokens or masked (a current NeMo-RL's GRPO logs "
+            "token_ids, token_loss_mask and sample_loss_mask in train_data_step<N>.jsonl)"
         )
     raise where.error(f"missing NeMo-RL field(s) {', '.join(missing)}")
 
