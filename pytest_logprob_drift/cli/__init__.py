@@ -1,4 +1,5 @@
-"""The command line: ``plan``, ``run``, ``verify``, ``report``, ``prompts`` and ``init``.
+"""The command line: ``plan``, ``run``, ``verify``, ``report``, ``prompts``, ``init`` and
+``import``.
 
 Owns argument parsing, the CLI's spelling of execution-policy flags (``--allow-smoke-operators``,
 ``--expect``, ``--seal-key-file``/``--seal-key-env``: the key made active around ``run`` and
@@ -50,6 +51,10 @@ class _Formatter(argparse.HelpFormatter):
             except (AttributeError, OSError, ValueError):
                 columns = 80
         super().__init__(prog, width=max(columns - 2, 20))
+
+
+class RawDescriptionFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
+    """The CLI's formatter, keeping a command's description as written (its lines, lists)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -159,11 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--json", action="store_true", help="print the report's rows as JSON")
 
+    from pytest_logprob_drift.cli.import_cmd import add_import_parser
     from pytest_logprob_drift.cli.init_cmd import add_init_parser
     from pytest_logprob_drift.cli.prompts_cmd import add_prompts_parser
 
     add_prompts_parser(sub)
     add_init_parser(sub)
+    add_import_parser(sub)
     return parser
 
 
@@ -283,6 +290,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from pytest_logprob_drift.cli.init_cmd import init_command
 
         return init_command(args, out)
+    if args.command == "import":
+        from pytest_logprob_drift.cli.import_cmd import import_command
+
+        return import_command(args, out, err)
     raise UsageError(f"unhandled command {args.command}")
 
 

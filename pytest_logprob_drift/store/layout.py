@@ -51,6 +51,10 @@ LAYERS_TRAINING = "layers_training.pt"
 LAYERS_ROLLOUT = "layers_rollout.pt"
 """Opt-in layer diagnostics: the rollout side's reduced states, from its prefill path."""
 LAYER_FILES = (LAYERS_TRAINING, LAYERS_ROLLOUT)
+IMPORTED = "imported.json"
+"""An imported step (``logprob-drift import``): where each row of the token grid came from in
+the production run's own files (``store.documents.ImportedStep``); absent from executed
+attempts."""
 
 RECORD_FILES = (REQUESTED, MATERIALIZED, ACTUAL, IDENTITY)
 """The JSON records every attempt seals beside its comparison (requested -> materialized ->
@@ -59,7 +63,9 @@ SCORE_FILES = (SCORE_ROLLOUT, SCORE_TRAINING, TOKEN_DIFFS)
 """The tensors of an attempt that has scores (PASS, MISMATCH, ZERO_ACTIVE_TOKENS)."""
 DIAGNOSTIC_FILES = (DIVERGENCE, *REPLAY_FILES, *LAYER_FILES)
 """Tensor files of opt-in diagnostics: sealed when the diagnostic ran, absent otherwise."""
-JSON_FILES = (COMPARISON, *RECORD_FILES)
+OPTIONAL_DOCUMENTS = (IMPORTED,)
+"""JSON documents an attempt seals only when it is of their kind (an imported step)."""
+JSON_FILES = (COMPARISON, *RECORD_FILES, *OPTIONAL_DOCUMENTS)
 TENSOR_FILES = (*SCORE_FILES, *DIAGNOSTIC_FILES)
 ATTEMPT_FILES = frozenset((*JSON_FILES, *TENSOR_FILES))
 """Every name an attempt's COMPLETE may cover."""

@@ -8,7 +8,8 @@ equals the current one, the tensor payloads load with ``weights_only=True`` from
 bytes that were hashed (each byte read and hashed once), ``token_diffs.pt`` holds exactly the
 logprobs and mask of ``score_rollout.pt`` and ``score_training.pt``, and the verdict
 recomputed offline from it agrees with ``comparison.json``, and so do the importance-sampling
-figures (``store.importance_check``).
+figures (``store.importance_check``); an imported step's ``imported.json`` names one source
+row per row of the token grid.
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
 still be reused. Used by the runner, ``store.verify`` and the report. Never writes anything;
 knows nothing about engines or runtimes.
@@ -30,7 +31,11 @@ from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.divergence_check import check_divergence
-from pytest_logprob_drift.store.documents import ATTEMPT_DOCUMENTS, IdentityDocument
+from pytest_logprob_drift.store.documents import (
+    ATTEMPT_DOCUMENTS,
+    IdentityDocument,
+    ImportedStep,
+)
 from pytest_logprob_drift.store.importance_check import check_importance_sampling, with_figures
 from pytest_logprob_drift.store.layers_check import check_layers
 from pytest_logprob_drift.store.path_split_check import check_path_split
@@ -43,6 +48,7 @@ T = TypeVar("T")
 TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
 TOKEN_DIFF_KEYS = {"training_logprobs", "rollout_logprobs", "active_mask", "threshold"}
 JSON_FILES = (layout.REQUESTED, layout.MATERIALIZED, layout.ACTUAL, layout.IDENTITY)
+"""The documents every attempt seals (``layout.OPTIONAL_DOCUMENTS`` are checked where sealed)."""
 TENSOR_FILES = (layout.SCORE_ROLLOUT, layout.SCORE_TRAINING, layout.TOKEN_DIFFS)
 CROSS_CHECKS = (
     ("rollout_logprobs", layout.SCORE_ROLLOUT, "logprobs"),
@@ -164,7 +170,10 @@ def _sealed_if_present(
 
 def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttempt:
     """Raise SealError naming the file at fault unless the attempt is complete and consistent."""
-    seal = read_seal(directory, keep=(layout.COMPARISON, *JSON_FILES, *TENSOR_FILES))
+    seal = read_seal(
+        directory,
+        keep=(layout.COMPARISON, *JSON_FILES, *layout.OPTIONAL_DOCUMENTS, *TENSOR_FILES),
+    )
     if expected_key is not None and seal.execution_key != expected_key:
         raise SealError(
             layout.COMPLETE,
@@ -175,10 +184,15 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
     outcome = comparison.outcome
     if comparison.case_id != seal.case_id:
         raise SealError(layout.COMPARISON, "case id differs from the seal")
-    for name in JSON_FILES:
+    imported: ImportedStep | None = None
+    for name, kind in ATTEMPT_DOCUMENTS.items():
         if name not in seal.files:
-            raise SealError(name, "required file is not sealed")
-        document = load_sealed_document(directory, name, seal, ATTEMPT_DOCUMENTS[name])
+            if name in JSON_FILES:
+                raise SealError(name, "required file is not sealed")
+            continue
+        document = load_sealed_document(directory, name, seal, kind)
+        if isinstance(document, ImportedStep):
+            imported = document
         if (
             isinstance(document, IdentityDocument)
             and execution_key(document.execution_key_payload.payload()) != seal.execution_key
@@ -199,6 +213,12 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         numeric = recompute(directory, seal)
         diffs = load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal)
         cross_check(diffs, scored)
+        if imported is not None and imported.samples != diffs["active_mask"].shape[0]:
+            raise SealError(
+                layout.IMPORTED,
+                f"names {imported.samples} source rows, the token grid has "
+                f"{diffs['active_mask'].shape[0]}",
+            )
         full = layout.DIVERGENCE in seal.files
         check_divergence(
             comparison.diagnostics,

@@ -1,0 +1,693 @@
+"""The formats an import reads, each turned into training steps of per-sample rows.
+
+Owns what each framework writes and how it maps onto one token row per sample (the full
+sequence, prompt and response, with each side's logprob of ``token_ids[t]`` at column ``t`` and
+the active mask the contract's rule is applied on), and refusing, in one line naming the file
+and the line or sample, every record that does not fit: a logprob array of another length than
+its mask or tokens, a mask that is not 0/1, a response longer than its sequence, a record that
+is not of the format asked for, an older NeMo-RL file without the token fields.
+
+- **NeMo-RL** (``train_data_step<N>.jsonl``, GRPO's default dump; ``Logger.
+  log_batched_dict_as_jsonl`` writes one row per sample of ``make_microbatch_iterator(1)``, so
+  a 2-D field is ``[[...]]`` and a 1-D one ``[x]``, plus the logger's ``idx``): ``token_ids``,
+  ``token_loss_mask``, ``sample_loss_mask``, ``generation_logprobs`` (the rollout),
+  ``prev_logprobs`` (the trainer), ``input_lengths``; full sequences padded to the batch
+  maximum, the logprob at ``t`` that of ``token_ids[t]``, column 0 is 0 by convention and never
+  active. Active: ``token_loss_mask`` 1, ``sample_loss_mask`` 1, ``1 <= t < input_lengths``.
+  The step is the file name's. Other fields (``content``, ``rewards``, ``advantages``...) are
+  skipped unread. Python's ``json`` writes NaN and Infinity as bare words: such a line is read
+  again with the standard library.
+- **slime** (``--save-debug-train-data`` / ``--dump-details DIR``'s ``train_data/<id>.pt``, a
+  ``torch.save`` dict loaded with ``weights_only=True``; its rollout dumps need full
+  unpickling and are never read): ``format_version`` 2, ``rollout_id`` (the step),
+  ``samples``, each with ``tokens`` (prompt and response), ``total_lengths``,
+  ``response_lengths``, and response-aligned ``loss_masks``, ``rollout_log_probs`` and
+  ``log_probs`` (the trainer), ``sample_index``. Active: ``loss_masks`` 1.
+- **neutral** (``jsonl``: one JSON object per sample; Parquet with the same columns through
+  the ``parquet`` extra): ``step``, ``sample``, ``token_ids`` (prompt and response),
+  ``prompt_length``, and response-aligned ``rollout_logprobs``, ``training_logprobs``,
+  ``mask`` (``prompt_length + len(mask) == len(token_ids)``). A step's samples are written
+  together (one step at a time is held); a step that reappears later is refused.
+
+NaN or infinity at an inactive position is kept as read and never judged; at an active one the
+verdict makes the step INVALID_ARTIFACT. Knows nothing about seals, verdicts or the store.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import io
+import json
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from pytest_logprob_drift.production.sources import (
+    NEUTRAL_DOCS,
+    ImportInputError,
+    InputFile,
+    nemo_rl_step,
+)
+from pytest_logprob_drift.store.documents import ImportedRow
+
+UNSET = msgspec.UNSET
+_Unset = msgspec.UnsetType
+MAX_TOKEN_ID = 2**63 - 1
+
+
+@dataclass(slots=True, kw_only=True)
+class Row:
+    """One sample on its own token row: ids, both sides' logprobs (float64, 0 where the
+    format logs none), the active mask, where its response starts, where it came from."""
+
+    token_ids: torch.Tensor
+    rollout: torch.Tensor
+    training: torch.Tensor
+    active: torch.Tensor
+    start: int
+    source: ImportedRow
+
+
+@dataclass(slots=True, kw_only=True)
+class Step:
+    """One training step: its rows in source order, the inputs they came from (indices into
+    the import's input list) and the SHA-256 of the step's own source bytes."""
+
+    step: int
+    rows: list[Row] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)
+    digest: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Format:
+    """A format's name, the source fields each side's logprobs come from, the rule of its
+    active mask, and every field it reads."""
+
+    name: str
+    rollout: str
+    training: str
+    active: str
+    fields: tuple[str, ...]
+
+
+NEMO_RL = Format(
+    name="nemo-rl",
+    rollout="generation_logprobs",
+    training="prev_logprobs",
+    active="token_loss_mask == 1 and sample_loss_mask == 1 and 1 <= t < input_lengths",
+    fields=(
+        "token_ids",
+        "token_loss_mask",
+        "sample_loss_mask",
+        "generation_logprobs",
+        "prev_logprobs",
+        "input_lengths",
+        "idx",
+    ),
+)
+SLIME = Format(
+    name="slime",
+    rollout="rollout_log_probs",
+    training="log_probs",
+    active="loss_masks == 1 (response-aligned, after total_lengths - response_lengths)",
+    fields=(
+        "format_version",
+        "rollout_id",
+        "samples[].tokens",
+        "samples[].total_lengths",
+        "samples[].response_lengths",
+        "samples[].loss_masks",
+        "samples[].rollout_log_probs",
+        "samples[].log_probs",
+        "samples[].sample_index",
+    ),
+)
+NEUTRAL = Format(
+    name="jsonl",
+    rollout="rollout_logprobs",
+    training="training_logprobs",
+    active="mask == 1 (response-aligned, after prompt_length)",
+    fields=(
+        "step",
+        "sample",
+        "token_ids",
+        "prompt_length",
+        "rollout_logprobs",
+        "training_logprobs",
+        "mask",
+    ),
+)
+FORMATS: Mapping[str, Format] = {f.name: f for f in (NEMO_RL, SLIME, NEUTRAL)}
+
+
+# --------------------------------------------------------------------------- shared checks
+
+
+class _Where:
+    """Where a record is, for its refusal: the file and the line or the sample."""
+
+    __slots__ = ("file", "line", "sample")
+
+    def __init__(self, file: object, *, line: int | None = None, sample: int | None = None):
+        self.file, self.line, self.sample = file, line, sample
+
+    def error(self, message: str) -> ImportInputError:
+        return ImportInputError(str(self.file), message, line=self.line, sample=self.sample)
+
+
+def _tensor(values: Any, code: str, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` as a 1-D tensor of ``dtype`` (a JSON list through ``array.array``, several
+    times faster than ``torch.as_tensor`` of a list; a tensor as it is)."""
+    if isinstance(values, list):
+        return (
+            torch.frombuffer(array.array(code, values), dtype=dtype)
+            if values
+            else (torch.zeros(0, dtype=dtype))
+        )
+    return torch.as_tensor(values, dtype=dtype)
+
+
+def _ids(values: Any, name: str, where: _Where) -> torch.Tensor:
+    try:
+        ids = _tensor(values, "q", torch.int64)
+    except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
+        raise where.error(f"{name}: not token ids ({exc})") from None
+    if ids.dim() != 1:
+        raise where.error(f"{name}: expected one list of token ids, got {ids.dim()} dimensions")
+    if ids.numel() and int(ids.min()) < 0:
+        raise where.error(f"{name}: negative token id {int(ids.min())}")
+    return ids
+
+
+def _floats(values: Any, name: str, where: _Where) -> torch.Tensor:
+    try:
+        scores = _tensor(values, "d", torch.float64)
+    except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
+        raise where.error(f"{name}: not numbers ({exc})") from None
+    if scores.dim() != 1:
+        raise where.error(f"{name}: expected one list of numbers, got {scores.dim()} dimensions")
+    return scores
+
+
+def _mask(values: Any, name: str, where: _Where) -> torch.Tensor:
+    mask = _floats(values, name, where)
+    bad = (mask != 0) & (mask != 1)
+    if bool(bad.any()):
+        at = int(bad.nonzero()[0][0])
+        raise where.error(f"{name} holds {float(mask[at])!r} at position {at}: a mask is 0 or 1")
+    return mask == 1
+
+
+def _same_length(
+    reference: tuple[str, torch.Tensor], others: Sequence[tuple[str, torch.Tensor]], where: _Where
+) -> None:
+    name, tensor = reference
+    for other, values in others:
+        if values.numel() != tensor.numel():
+            raise where.error(
+                f"{other} has {values.numel()} values, {name} has {tensor.numel()}: "
+                "each logprob belongs to one token"
+            )
+
+
+def _response_row(
+    *,
+    ids: torch.Tensor,
+    prompt: int,
+    rollout: torch.Tensor,
+    training: torch.Tensor,
+    mask: torch.Tensor,
+    source: ImportedRow,
+) -> Row:
+    """A row from response-aligned logprobs and mask placed after ``prompt`` tokens."""
+    length = ids.numel()
+    full_rollout = torch.zeros(length, dtype=torch.float64)
+    full_training = torch.zeros(length, dtype=torch.float64)
+    active = torch.zeros(length, dtype=torch.bool)
+    full_rollout[prompt:] = rollout
+    full_training[prompt:] = training
+    active[prompt:] = mask
+    return Row(
+        token_ids=ids,
+        rollout=full_rollout,
+        training=full_training,
+        active=active,
+        start=prompt,
+        source=source,
+    )
+
+
+def _line_object(line: bytes, kind: type[Any], decoder: Any, where: _Where, own: str) -> Any:
+    """A JSONL line of format ``own`` decoded into ``kind`` (msgspec; unknown members
+    skipped): a line with NaN or Infinity, which Python's ``json`` writes and msgspec refuses,
+    is read again with the standard library. A member of the wrong type is refused with its
+    JSON path (and the format the line looks like, when it is another)."""
+    try:
+        return decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        raise where.error(_validation(exc) + _other_format(_keys(line), own)) from None
+    except msgspec.DecodeError:
+        pass
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise where.error(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise where.error(f"not a JSON object but {type(value).__name__}")
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        raise where.error(_validation(exc) + _other_format(set(value), own)) from None
+
+
+def _validation(exc: msgspec.ValidationError) -> str:
+    message, marker, path = str(exc).rpartition(" - at `")
+    return f"{path.rstrip('`')}: {message}" if marker else str(exc)
+
+
+def _keys(line: bytes) -> set[str]:
+    """The member names of a JSON object line (only to word a refusal)."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return set()
+    return set(value) if isinstance(value, dict) else set()
+
+
+def _other_format(keys: set[str], own: str) -> str:
+    """A hint naming the format whose fields ``keys`` has, when it is not ``own``."""
+    if own != "jsonl" and {"rollout_logprobs", "training_logprobs"} <= keys:
+        return " (it looks like the neutral format: --format jsonl)"
+    if own != "nemo-rl" and {"generation_logprobs", "prev_logprobs"} & keys:
+        return " (it looks like NeMo-RL's train_data_step file: --format nemo-rl)"
+    return ""
+
+
+def _not_zip(file: InputFile, fmt: str) -> None:
+    if file.is_zip:
+        raise ImportInputError(
+            file.path,
+            f"a zip archive (a torch.save file), not the {fmt} JSONL format: --format slime?",
+        )
+
+
+# --------------------------------------------------------------------------- NeMo-RL
+
+
+class _NemoRow(msgspec.Struct):
+    """The members of a NeMo-RL train_data row that are read (the others are skipped)."""
+
+    token_ids: list[list[int]] | _Unset = UNSET
+    token_loss_mask: list[list[float]] | _Unset = UNSET
+    sample_loss_mask: list[float] | _Unset = UNSET
+    generation_logprobs: list[list[float]] | _Unset = UNSET
+    prev_logprobs: list[list[float]] | _Unset = UNSET
+    input_lengths: list[int] | _Unset = UNSET
+    idx: int | _Unset = UNSET
+
+
+_NEMO_DECODER = msgspec.json.Decoder(_NemoRow)
+_NEMO_TOKEN_FIELDS = ("token_ids", "token_loss_mask", "sample_loss_mask")
+_NEMO_LOGPROB_FIELDS = ("generation_logprobs", "prev_logprobs", "input_lengths")
+
+
+def _nemo_one(row: _NemoRow, name: str, where: _Where) -> Any:
+    value = getattr(row, name)
+    if len(value) != 1:
+        raise where.error(
+            f"{name} holds {len(value)} rows, not one (NeMo-RL's logger writes each sample's "
+            "fields as a batch of one: [[...]] or [x])"
+        )
+    return value[0]
+
+
+def _nemo_missing(row: _NemoRow, line: bytes, where: _Where) -> None:
+    missing = [n for n in (*_NEMO_TOKEN_FIELDS, *_NEMO_LOGPROB_FIELDS) if getattr(row, n) is UNSET]
+    if not missing:
+        return
+    present = [n for n in (*_NEMO_TOKEN_FIELDS, *_NEMO_LOGPROB_FIELDS) if n not in missing]
+    if not present:
+        raise where.error(
+            "not a NeMo-RL train_data row: none of its fields "
+            f"({', '.join((*_NEMO_TOKEN_FIELDS, *_NEMO_LOGPROB_FIELDS))}) is there; does "
+            f"--format nemo-rl match the file?{_other_format(_keys(line), 'nemo-rl')}"
+        )
+    if set(missing) <= set(_NEMO_TOKEN_FIELDS):
+        raise where.error(
+            f"no {', '.join(missing)}: written by an older NeMo-RL that logged no token fields; "
+            "its logprobs cannot be placed on tokens or masked (a current NeMo-RL's GRPO logs "
+            "token_ids, token_loss_mask and sample_loss_mask in train_data_step<N>.jsonl)"
+        )
+    raise where.error(f"missing NeMo-RL field(s) {', '.join(missing)}")
+
+
+def _nemo_row(row: _NemoRow, line: bytes, where: _Where, source: ImportedRow) -> Row:
+    _nemo_missing(row, line, where)
+    ids = _ids(_nemo_one(row, "token_ids", where), "token_ids", where)
+    token_mask = _mask(_nemo_one(row, "token_loss_mask", where), "token_loss_mask", where)
+    sample_masks = _mask(row.sample_loss_mask, "sample_loss_mask", where)
+    if sample_masks.numel() != 1:
+        raise where.error(f"sample_loss_mask holds {sample_masks.numel()} values, not one ([x])")
+    sample_mask = bool(sample_masks[0])
+    rollout = _floats(_nemo_one(row, "generation_logprobs", where), "generation_logprobs", where)
+    training = _floats(_nemo_one(row, "prev_logprobs", where), "prev_logprobs", where)
+    _same_length(
+        ("token_ids", ids),
+        (("token_loss_mask", token_mask), ("generation_logprobs", rollout)),
+        where,
+    )
+    _same_length(("token_ids", ids), (("prev_logprobs", training),), where)
+    length = _nemo_one(row, "input_lengths", where)
+    if length < 0 or length > ids.numel():
+        raise where.error(
+            f"input_lengths {length} is longer than its sequence ({ids.numel()} token_ids)"
+            if length > 0
+            else f"input_lengths {length} is negative"
+        )
+    beyond = token_mask[length:]
+    if bool(beyond.any()):
+        at = length + int(beyond.nonzero()[0][0])
+        raise where.error(f"token_loss_mask is 1 at position {at}, beyond input_lengths {length}")
+    active = token_mask.clone()
+    active[:1] = False  # column 0: no logprob (0 by NeMo-RL's convention)
+    if not sample_mask:
+        active[:] = False
+    first = token_mask.nonzero()
+    start = int(first[0][0]) if first.numel() else length
+    return Row(
+        token_ids=ids,
+        rollout=rollout,
+        training=training,
+        active=active,
+        start=start,
+        source=source,
+    )
+
+
+def _open(path: Path, opened: list[InputFile]) -> tuple[int, InputFile]:
+    file = InputFile(path)
+    opened.append(file)
+    return len(opened) - 1, file
+
+
+def read_nemo_rl(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Step]:
+    """One step per ``train_data_step<N>.jsonl`` (files in step order)."""
+    for path in paths:
+        index, file = _open(path, opened)
+        _not_zip(file, "NeMo-RL")
+        step = Step(step=nemo_rl_step(file.path), inputs=[index])
+        for number, line in file.lines():
+            where = _Where(file.path, line=number)
+            row = _line_object(line, _NemoRow, _NEMO_DECODER, where, "nemo-rl")
+            sample = row.idx if isinstance(row.idx, int) and row.idx >= 0 else None
+            source = ImportedRow(input=index, line=number, sample=sample)
+            step.rows.append(_nemo_row(row, line, where, source))
+        if not step.rows:
+            raise ImportInputError(file.path, "holds no rows: nothing to import")
+        step.digest = file.record().sha256
+        yield step
+
+
+# --------------------------------------------------------------------------- slime
+
+
+def _torch_load(file: InputFile) -> Any:
+    """A slime train dump: ``torch.load(..., weights_only=True)`` of the file's bytes."""
+    if not file.is_zip:
+        raise ImportInputError(
+            file.path,
+            "not a torch.save file (slime's train dumps are zip archives): --format nemo-rl "
+            "or jsonl?",
+        )
+    data = file.read_all()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ImportInputError(
+            file.path,
+            "does not load with torch.load(weights_only=True), the only way a dump is read "
+            "(slime's rollout dumps, rollout_data/<id>.pt, need full unpickling and are never "
+            f"read: pass its train_data/<id>.pt): {reason[:300]}",
+        ) from None
+
+
+def _sample_field(sample: Mapping[str, Any], name: str, where: _Where) -> Any:
+    if name not in sample or sample[name] is None:
+        hint = (
+            " (the rollout returned no logprobs: slime records rollout_log_probs only when its "
+            "engine returns them)"
+            if name == "rollout_log_probs"
+            else ""
+        )
+        raise where.error(f"no {name}{hint}")
+    return sample[name]
+
+
+def _integer(value: Any, name: str, where: _Where) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = int(value.item())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise where.error(f"{name} is {type(value).__name__}, not an integer")
+    return value
+
+
+def _slime_row(sample: Any, where: _Where, source: ImportedRow) -> Row:
+    if not isinstance(sample, dict):
+        raise where.error(f"not a sample dict but {type(sample).__name__}")
+    tokens = _sample_field(sample, "tokens", where)
+    if isinstance(tokens, torch.Tensor) and tokens.is_floating_point():
+        raise where.error(f"tokens has dtype {tokens.dtype}, not token ids")
+    ids = _ids(tokens, "tokens", where)
+    total = _integer(_sample_field(sample, "total_lengths", where), "total_lengths", where)
+    response = _integer(_sample_field(sample, "response_lengths", where), "response_lengths", where)
+    if total != ids.numel():
+        raise where.error(f"tokens has {ids.numel()} ids, total_lengths says {total}")
+    if response < 0 or response > total:
+        raise where.error(
+            f"response_lengths {response} is longer than its sequence (total_lengths {total})"
+            if response > total
+            else f"response_lengths {response} is negative"
+        )
+    mask = _mask(_sample_field(sample, "loss_masks", where), "loss_masks", where)
+    rollout = _floats(_sample_field(sample, "rollout_log_probs", where), "rollout_log_probs", where)
+    training = _floats(_sample_field(sample, "log_probs", where), "log_probs", where)
+    if mask.numel() != response:
+        raise where.error(f"loss_masks has {mask.numel()} values, response_lengths is {response}")
+    _same_length(
+        ("loss_masks", mask), (("rollout_log_probs", rollout), ("log_probs", training)), where
+    )
+    return _response_row(
+        ids=ids,
+        prompt=total - response,
+        rollout=rollout,
+        training=training,
+        mask=mask,
+        source=source,
+    )
+
+
+def read_slime(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Step]:
+    """One step per slime train dump (``rollout_id``)."""
+    for path in paths:
+        index, file = _open(path, opened)
+        dump = _torch_load(file)
+        if not isinstance(dump, dict) or "samples" not in dump:
+            raise ImportInputError(
+                file.path,
+                "not a slime train dump (a dict with format_version, rollout_id, samples)",
+            )
+        version = dump.get("format_version")
+        if version != 2:
+            raise ImportInputError(
+                file.path, f"slime train dump format_version {version!r}: only 2 is read"
+            )
+        step_id = _integer(dump.get("rollout_id"), "rollout_id", _Where(file.path))
+        if step_id < 0:
+            raise ImportInputError(file.path, f"rollout_id {step_id} is negative")
+        samples = dump["samples"]
+        if not isinstance(samples, list) or not samples:
+            raise ImportInputError(file.path, "samples is empty: nothing to import")
+        step = Step(step=step_id, inputs=[index], digest=file.record().sha256)
+        for position, sample in enumerate(samples):
+            where = _Where(file.path, sample=position)
+            sample_index = sample.get("sample_index") if isinstance(sample, dict) else None
+            source = ImportedRow(
+                input=index,
+                index=position,
+                sample=sample_index
+                if isinstance(sample_index, int) and sample_index >= 0
+                else None,
+            )
+            step.rows.append(_slime_row(sample, where, source))
+        del dump, samples
+        yield step
+
+
+# --------------------------------------------------------------------------- neutral
+
+
+class _NeutralRow(msgspec.Struct):
+    """One sample of the neutral format (other members are skipped)."""
+
+    step: int | _Unset = UNSET
+    sample: int | _Unset = UNSET
+    token_ids: list[int] | _Unset = UNSET
+    prompt_length: int | _Unset = UNSET
+    rollout_logprobs: list[float] | _Unset = UNSET
+    training_logprobs: list[float] | _Unset = UNSET
+    mask: list[float | bool] | _Unset = UNSET
+
+
+_NEUTRAL_DECODER = msgspec.json.Decoder(_NeutralRow)
+
+
+def _neutral_row(row: _NeutralRow, keys: Any, where: _Where, source: ImportedRow) -> Row:
+    missing = [n for n in NEUTRAL.fields if getattr(row, n) is UNSET]
+    if missing:
+        if len(missing) == len(NEUTRAL.fields):
+            raise where.error(
+                f"not a row of the neutral format ({NEUTRAL_DOCS}): none of its fields is there"
+                f"{_other_format(keys(), 'jsonl')}"
+            )
+        raise where.error(
+            f"missing field(s) {', '.join(missing)} of the neutral format ({NEUTRAL_DOCS})"
+            f"{_other_format(keys(), 'jsonl')}"
+        )
+    ids = _ids(row.token_ids, "token_ids", where)
+    mask = _mask(row.mask, "mask", where)
+    rollout = _floats(row.rollout_logprobs, "rollout_logprobs", where)
+    training = _floats(row.training_logprobs, "training_logprobs", where)
+    _same_length(
+        ("mask", mask), (("rollout_logprobs", rollout), ("training_logprobs", training)), where
+    )
+    prompt = row.prompt_length
+    assert isinstance(prompt, int)
+    if prompt < 0:
+        raise where.error(f"prompt_length {prompt} is negative")
+    if prompt + mask.numel() != ids.numel():
+        longer = prompt + mask.numel() > ids.numel()
+        raise where.error(
+            f"the response ({mask.numel()} tokens after prompt_length {prompt}) is "
+            f"{'longer' if longer else 'shorter'} than its sequence ({ids.numel()} token_ids); "
+            "the response runs to the end of token_ids"
+        )
+    return _response_row(
+        ids=ids, prompt=prompt, rollout=rollout, training=training, mask=mask, source=source
+    )
+
+
+def _neutral_records(file: InputFile) -> Iterator[tuple[int, _NeutralRow, Any, bytes]]:
+    """``(line or row, record, its keys on demand, its bytes)`` of a JSONL or Parquet file."""
+    if file.path.suffix.lower() in (".parquet", ".pq"):
+        yield from _parquet_records(file)
+        return
+    _not_zip(file, "neutral")
+    for number, line in file.lines():
+        where = _Where(file.path, line=number)
+        row = _line_object(line, _NeutralRow, _NEUTRAL_DECODER, where, "jsonl")
+        yield number, row, (lambda line=line: _keys(line)), line
+
+
+def _parquet_records(file: InputFile) -> Iterator[tuple[int, _NeutralRow, Any, bytes]]:
+    """Parquet rows with the neutral format's columns (pyarrow, the ``parquet`` extra),
+    read in record batches from the bytes read (and hashed) once."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportInputError(
+            file.path,
+            "Parquet input needs pyarrow: install the 'parquet' extra "
+            "(pip install 'pytest-logprob-drift[parquet]') or write JSONL",
+        ) from None
+    data = file.read_all()
+    try:
+        reader = pq.ParquetFile(io.BytesIO(data))
+        columns = [c for c in NEUTRAL.fields if c in reader.schema_arrow.names]
+        number = 0
+        for batch in reader.iter_batches(batch_size=64, columns=columns):
+            for record in batch.to_pylist():
+                number += 1
+                where = _Where(file.path, line=number)
+                try:
+                    row = msgspec.convert(record, _NeutralRow)
+                except msgspec.ValidationError as exc:
+                    raise where.error(_validation(exc)) from None
+                yield (
+                    number,
+                    row,
+                    (lambda record=record: set(record)),
+                    json.dumps(record, sort_keys=True).encode(),
+                )
+    except ImportInputError:
+        raise
+    except Exception as exc:
+        raise ImportInputError(file.path, f"not a readable Parquet file: {exc}") from None
+
+
+def read_neutral(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Step]:
+    """Steps of the neutral format, each yielded when the next one starts (a step's samples
+    are written together)."""
+    done: dict[int, str] = {}
+    current: Step | None = None
+    hasher = hashlib.sha256()
+    seen: dict[int, int] = {}
+    for path in paths:
+        index, file = _open(path, opened)
+        rows = 0
+        for number, row, keys, data in _neutral_records(file):
+            rows += 1
+            where = _Where(file.path, line=number)
+            step_id = row.step
+            if isinstance(step_id, int) and step_id < 0:
+                raise where.error(f"step {step_id} is negative")
+            if isinstance(row.sample, int) and row.sample < 0:
+                raise where.error(f"sample {row.sample} is negative")
+            source = ImportedRow(
+                input=index, line=number, sample=row.sample if isinstance(row.sample, int) else None
+            )
+            parsed = _neutral_row(row, keys, where, source)
+            assert isinstance(step_id, int)
+            if current is None or current.step != step_id:
+                if step_id in done:
+                    raise where.error(
+                        f"step {step_id} again, after other steps (first at {done[step_id]}): "
+                        "write each step's samples together"
+                    )
+                if current is not None:
+                    current.digest = hasher.hexdigest()
+                    yield current
+                current = Step(step=step_id)
+                done[step_id] = f"{file.path}:{number}"
+                hasher = hashlib.sha256()
+                seen = {}
+            sample = source.sample
+            if sample is not None:
+                if sample in seen:
+                    raise where.error(
+                        f"sample {sample} of step {step_id} again (also line {seen[sample]})"
+                    )
+                seen[sample] = number
+            if index not in current.inputs:
+                current.inputs.append(index)
+            hasher.update(data)
+            current.rows.append(parsed)
+        if not rows:
+            raise ImportInputError(file.path, "holds no rows: nothing to import")
+    if current is not None:
+        current.digest = hasher.hexdigest()
+        yield current
+
+
+READERS = {"nemo-rl": read_nemo_rl, "slime": read_slime, "jsonl": read_neutral}
+"""Each format's reader: its input paths (in order) -> steps; every file it opens is appended
+to ``opened`` (its SHA-256 and size once read)."""
