@@ -348,6 +348,11 @@ class FullVocabularySpec(Record):
     worst_positions: int = 5
 
 
+LAYER_POSITIONS_LIMIT = 1 << 20
+"""Most positions per row a layer diagnostic may ask for (the config's limit, and the range
+comparison.json's ``diagnostics.layers.reduction.positions_per_row`` is read in)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class LayerSpec(Record):
     """Opt-in layer diagnostics (``$.diagnostics.layers``: ``true`` or an object): which

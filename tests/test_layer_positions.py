@@ -119,9 +119,14 @@ def test_the_reduction_may_name_its_positions_per_row() -> None:
         },
         "figures": None,
     }
-    assert from_builtins(entry, LayerDiagnostics).reduction["positions_per_row"] == 3
+    assert from_builtins(entry, LayerDiagnostics).reduction.positions_per_row == 3
     assert from_builtins(entry, LayerDiagnostics).to_json() == entry
-    bad = {**entry, "reduction": {**entry["reduction"], "positions_per_row": -3}}
-    with pytest.raises(JSONDocumentError) as refused:
-        decode(json_bytes(bad), LayerDiagnostics)
-    assert str(refused.value) == "$.reduction[...]: Expected `int` >= 0"
+    for bad_value, expected in (
+        (-3, "Expected `int` >= 1"),
+        (0, "Expected `int` >= 1"),
+        ((1 << 20) + 1, "Expected `int` <= 1048576"),
+    ):
+        bad = {**entry, "reduction": {**entry["reduction"], "positions_per_row": bad_value}}
+        with pytest.raises(JSONDocumentError) as refused:
+            decode(json_bytes(bad), LayerDiagnostics)
+        assert str(refused.value) == f"$.reduction.positions_per_row: {expected}"

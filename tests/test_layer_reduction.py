@@ -133,6 +133,18 @@ def test_compare_finds_the_first_unequal_state_and_reads_back_strictly() -> None
             {**entry, "rollout": {"status": "layers_unavailable"}},
             "$.layers.rollout: layers_unavailable has no reason",
         ),
+        (
+            {**entry, "reduction": {"projection_dim": 64, "projection_seed": 1}},
+            "$.layers.reduction: Object missing required field `digest_bytes`",
+        ),
+        (
+            {**entry, "reduction": {**entry["reduction"], "projection_dim": 0}},
+            "$.layers.reduction.projection_dim: Expected `int` >= 1",
+        ),
+        (
+            {**entry, "reduction": {**entry["reduction"], "positions_per_row": 0}},
+            "$.layers.reduction.positions_per_row: Expected `int` >= 1",
+        ),
     ):
         with pytest.raises(JSONDocumentError) as refused:
             decode(json_bytes({"layers": bad}), Diagnostics)

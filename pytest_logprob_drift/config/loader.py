@@ -32,6 +32,7 @@ from pytest_logprob_drift.config.input_file import InputFileError, read_input
 from pytest_logprob_drift.errors import ConfigError, ConfigErrors, json_member
 from pytest_logprob_drift.records import (
     CONFIG_SCHEMA_VERSION,
+    LAYER_POSITIONS_LIMIT,
     BackendSelection,
     CheckpointIdentity,
     ExperimentConfig,
@@ -950,8 +951,6 @@ def _scenario(c: _Collector, value: Any, path: str) -> Scenario | None:
 
 DIAGNOSTIC_LIMIT = 64
 """Most top tokens or worst positions a full-vocabulary diagnostic may ask for."""
-LAYER_POSITIONS_LIMIT = 1 << 20
-"""Most positions per row a layer diagnostic may ask for."""
 
 
 def _diagnostics(

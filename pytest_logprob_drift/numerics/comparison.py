@@ -7,12 +7,14 @@ missing or unknown member is refused there with its JSON path): the verdict's st
 summary or why it is unavailable (one JSON member of two shapes, decoded by variant), the
 optional semantic-offset diagnosis, path split, importance-sampling figures and layer
 diagnostics, the knob records, the contract, and the numeric re-check that execution and
-resume both build. What is not a type (a replay's status and which members it has, the
-statistics all or none, a first unequal state that names a state) is a ``__post_init__`` rule,
-which msgspec reports with the JSON path too. ``to_json`` gives back the document a record was
-decoded from, value for value (an integer stays one: numbers are ``int | float``).
-``from_builtins`` makes a record of plain JSON data a numerics function computed. Knows nothing
-about torch, files, seals or how any number was computed.
+resume both build. A sealed number outside its documented range (a layer reduction's
+``positions_per_row`` below 1, say) is refused by its type. What is not a type (a replay's
+status and which members it has, the statistics all or none, a first unequal state that
+names a state) is a ``__post_init__`` rule, which msgspec reports with the JSON path too.
+``to_json`` gives back the document a record was decoded from, value for value (an integer
+stays one: numbers are ``int | float``). ``from_builtins`` makes a record of plain JSON data a
+numerics function computed. Knows nothing about torch, files, seals or how any number was
+computed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import msgspec
 
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import (
+    LAYER_POSITIONS_LIMIT,
     ApplicationStatus,
     JSONScalar,
     KnobApplication,
@@ -412,7 +415,21 @@ class LayerFigures(Record, frozen=True):
             raise ValueError(f"first_unequal_state names no state: {first!r:.40}")
 
 
-REDUCTION_REQUIRED = ("projection_dim", "projection_seed", "digest_bytes")
+Positive: TypeAlias = Annotated[int, msgspec.Meta(ge=1)]
+"""A positive integer."""
+
+
+class LayerReduction(Record, frozen=True):
+    """``diagnostics.layers.reduction``: the parameters the sides' states were reduced with
+    (``numerics.layer_reduction``; ``store.layers_check`` compares them with those of the
+    sealed reductions), and ``positions_per_row`` when the capture read at most that many
+    positions per row (``numerics.layer_reduction.capture_mask``; the config's range,
+    1 .. ``LAYER_POSITIONS_LIMIT``)."""
+
+    projection_dim: Positive
+    projection_seed: Count
+    digest_bytes: Positive
+    positions_per_row: Absent[Annotated[int, msgspec.Meta(ge=1, le=LAYER_POSITIONS_LIMIT)]] = None
 
 
 class LayerDiagnostics(Record, frozen=True):
@@ -421,13 +438,8 @@ class LayerDiagnostics(Record, frozen=True):
 
     training: LayerStatus
     rollout: LayerStatus
-    reduction: dict[str, Count]
-    """``projection_dim``, ``projection_seed``, ``digest_bytes``, and ``positions_per_row``
-    when the capture read a subset of the positions (``numerics.layer_reduction.capture_mask``)."""
+    reduction: LayerReduction
     figures: LayerFigures | None
-
-    def __post_init__(self) -> None:
-        _keys("reduction", self.reduction, REDUCTION_REQUIRED, ("positions_per_row",))
 
     def side(self, name: str) -> LayerStatus:
         return self.training if name == "training" else self.rollout

@@ -7,12 +7,12 @@ median and max over positions of the rollout-vs-training relative error), which 
 the x axis (the state list most cases have: networks of other depths cannot share it and are
 named as left out, as are cases whose layer figures are missing because a side did not
 capture), and the figure: states on x, the relative error on a log y axis (0 drawn at
-``HEAT_LOW``), one colour per case, the median solid and the max dashed, a legend by case
-label (the first ``LEGEND_MAX`` cases; the page says so past that). Also the log scale's fixed
-range (``HEAT_LOW`` .. ``HEAT_HIGH``) and the states' tick names, which the per-case figures
-(``report.layers``) share. Drawn with ``report.plots``' figure set-up (Agg, SVG); case labels
-are plain text, never mathtext. Knows nothing about the page around the figure, files or how
-the states were captured.
+``HEAT_LOW``, above ``HEAT_HIGH`` at ``HEAT_HIGH``), one colour per case, the median solid and
+the max dashed, a legend by case label (the first ``LEGEND_MAX`` cases; the page says so past
+that). Also the log scale's fixed range (``HEAT_LOW`` .. ``HEAT_HIGH``) and the states' tick
+names, which the per-case figures (``report.layers``) share. Drawn with ``report.plots``'
+figure set-up (Agg, SVG); case labels are plain text, never mathtext. Knows nothing about the
+page around the figure, files or how the states were captured.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pytest_logprob_drift.report.plots import (
 
 HEAT_LOW, HEAT_HIGH = 1e-8, 1.0
 """The layer figures' log range, the same for every case (relative errors below are drawn at
-the low end: bitwise equal states are 0)."""
+the low end: bitwise equal states are 0; above, at the high end)."""
 LEGEND_LINE: Final = 36
 """A case label in the legend: wrapped into at most two lines of this many characters."""
 LEGEND_MAX: Final = 24
@@ -120,9 +120,10 @@ def all_layers_plot(cases: Sequence[CaseView]) -> AllLayersPlot | None:
 
 
 def drawn(values: Sequence[float]) -> np.ndarray:
-    """A line's y values as plotted: the sealed values, 0 (and anything below) at
-    ``HEAT_LOW``."""
-    return np.maximum(np.asarray(values, dtype=np.float64), HEAT_LOW)
+    """A line's y values as plotted: the sealed values within the fixed range, 0 (and anything
+    below) at ``HEAT_LOW``, anything above at ``HEAT_HIGH`` (a reference state of norm 0 makes
+    a relative error of about 1e300: matplotlib's log axis overflows on such a value)."""
+    return np.clip(np.asarray(values, dtype=np.float64), HEAT_LOW, HEAT_HIGH)
 
 
 def left_out_text(plot: AllLayersPlot) -> list[str]:

@@ -5,8 +5,9 @@ reductions (``layers_training.pt``, ``layers_rollout.pt``, digest checked by the
 loader): the rollout-vs-training relative error per state and captured position
 (``numerics.layer_reduction.relative_errors``), and its two figures: a state x position
 heatmap on a log colour scale fixed for every case (``HEAT_LOW`` .. ``HEAT_HIGH``, shared with
-the run-level plot of ``report.layer_lines``; a bitwise equal state drawn at the low end), and
-the per-state median and max over positions. Drawn with ``report.plots``' figure set-up (Agg,
+the run-level plot of ``report.layer_lines``; a bitwise equal state drawn at the low end, a
+relative error above the range at the high end), and the per-state median and max over
+positions on the same range. Drawn with ``report.plots``' figure set-up (Agg,
 SVG, plain-text labels). Knows nothing about the page around the figures or how the states
 were captured.
 """
@@ -22,6 +23,7 @@ from pytest_logprob_drift.numerics.comparison import LayerDiagnostics
 from pytest_logprob_drift.numerics.layer_reduction import relative_errors, state_names
 from pytest_logprob_drift.report.layer_lines import HEAT_HIGH as HEAT_HIGH
 from pytest_logprob_drift.report.layer_lines import HEAT_LOW as HEAT_LOW
+from pytest_logprob_drift.report.layer_lines import drawn
 from pytest_logprob_drift.report.layer_lines import state_tick as _label
 from pytest_logprob_drift.report.markup import Markup
 from pytest_logprob_drift.report.plots import LINE_COLOURS, log_ticks, new_figure, to_svg
@@ -72,7 +74,8 @@ def heatmap_svg(plot: LayerPlot) -> Markup:
 
 
 def by_state_svg(plot: LayerPlot) -> Markup:
-    """Per state: median and max relative error over positions (0 drawn at ``HEAT_LOW``)."""
+    """Per state: median and max relative error over positions, drawn within ``HEAT_LOW`` ..
+    ``HEAT_HIGH`` as the heatmap is (``report.layer_lines.drawn``)."""
     with new_figure(3.6, 2.3) as (figure, axes):
         x = np.arange(len(plot.states))
         for i, (name, values) in enumerate(
@@ -80,7 +83,7 @@ def by_state_svg(plot: LayerPlot) -> Markup:
         ):
             axes.plot(
                 x,
-                np.maximum(values, HEAT_LOW),
+                drawn(values),
                 color=LINE_COLOURS[i],
                 marker="o",
                 markersize=2,

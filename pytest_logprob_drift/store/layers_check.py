@@ -5,10 +5,11 @@ Owns deciding whether ``layers_training.pt`` / ``layers_rollout.pt`` and compari
 ``layers_captured``; it holds a well-formed reduction (``numerics.layer_reduction``) of the
 states at exactly the positions that score ``score_rollout.pt``'s active tokens (``t - 1``
 for every active ``t``, row-major; the ``positions_per_row`` subset when comparison.json's
-``reduction`` names one) with the recorded state and position counts; and the
-figures recomputed from the sealed reductions equal the recorded ones. Used by
-``store.resume`` (so resume, ``verify`` and the report all apply it). Never writes anything;
-knows nothing about engines.
+``reduction`` names one) with the recorded state, decoder layer and position counts; the
+reduction's recorded parameters (``projection_dim``, ``projection_seed``, ``digest_bytes``)
+are the ones the sealed reductions were made with; and the figures recomputed from the sealed
+reductions equal the recorded ones. Used by ``store.resume`` (so resume, ``verify`` and the
+report all apply it). Never writes anything; knows nothing about engines.
 """
 
 from __future__ import annotations
@@ -21,10 +22,16 @@ import torch
 from pytest_logprob_drift.numerics.comparison import (
     Diagnostics,
     LayerFigures,
+    LayerReduction,
     LayerStatus,
     from_builtins,
 )
-from pytest_logprob_drift.numerics.layer_reduction import capture_mask, check_reduction, compare
+from pytest_logprob_drift.numerics.layer_reduction import (
+    PROJECTION_SEED,
+    capture_mask,
+    check_reduction,
+    compare,
+)
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.seal import SealError
 
@@ -52,8 +59,36 @@ def _check_file(
         )
     evidence = status.evidence or {}
     states, positions = (int(n) for n in sealed["digests"].shape[:2])
-    if evidence.get("states") != states or evidence.get("positions") != positions:
-        raise SealError(name, "state or position count differs from comparison.json's")
+    if (evidence.get("states"), evidence.get("decoder_layers"), evidence.get("positions")) != (
+        states,
+        states - 3,
+        positions,
+    ):
+        raise SealError(
+            name, "state, decoder layer or position count differs from comparison.json's"
+        )
+
+
+REDUCTION_PATH = "$.diagnostics.layers.reduction"
+
+
+def _check_parameters(recorded: LayerReduction, sealed: Tensors) -> None:
+    """comparison.json's reduction parameters must be those ``sealed`` was made with: the
+    projection's width and the digests' length as its tensors have them, and the seed every
+    reduction's projection is drawn from (``numerics.layer_reduction.PROJECTION_SEED``; the
+    tensors cannot show it)."""
+    made_with = (
+        ("projection_dim", int(sealed["projections"].shape[-1])),
+        ("projection_seed", PROJECTION_SEED),
+        ("digest_bytes", int(sealed["digests"].shape[-1])),
+    )
+    for key, value in made_with:
+        if getattr(recorded, key) != value:
+            raise SealError(
+                layout.COMPARISON,
+                f"{REDUCTION_PATH}.{key}: recorded {getattr(recorded, key)}, the sealed "
+                f"reductions were made with {value}",
+            )
 
 
 def _close(recorded: LayerFigures, recomputed: LayerFigures) -> bool:
@@ -100,7 +135,8 @@ def check_layers(
         if not status.captured and sealed is not None:
             raise SealError(name, f"sealed, but comparison.json records {status.status}")
         if sealed is not None:
-            _check_file(name, status, sealed, rollout, layers.reduction.get("positions_per_row"))
+            _check_file(name, status, sealed, rollout, layers.reduction.positions_per_row)
+            _check_parameters(layers.reduction, sealed)
     if training_layers is None or rollout_layers is None:
         if layers.figures is not None:
             raise SealError(layout.COMPARISON, "layer figures recorded without both captures")
