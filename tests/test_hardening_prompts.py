@@ -385,7 +385,7 @@ def test_a_lone_surrogate_is_refused_at_reading_naming_the_field(
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "config.json"])
 def test_a_deeply_nested_tokenizer_file_is_one_line(llama: Path, tmp_path: Path, name: str) -> None:
     checkpoint = tokenizer_copy(llama, tmp_path / "ckpt", **{name: "[" * 100_000 + "]" * 100_000})
     source = tmp_path / "p.txt"

@@ -74,16 +74,21 @@ class ChatRenderer:
         self.template_file = str(template_file)
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-P", "-m", __name__],  # -P: nothing from the working directory
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             close_fds=True,
+            env=_child_environment(),
         )
         self._buffer = b""
         self._started = False
-        self._send({"template": template, "variables": dict(variables)})
-        self._answer(None, compiling=True)
+        try:
+            self._send({"template": template, "variables": dict(variables)})
+            self._answer(None, compiling=True)
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> ChatRenderer:
         return self
@@ -179,6 +184,14 @@ class ChatRenderer:
         self._stderr.seek(0)
         lines = self._stderr.read()[-4096:].decode("utf-8", "replace").strip().splitlines()
         return f": {one_line(lines[-1])}" if lines else ""
+
+
+def _child_environment() -> dict[str, str]:
+    """The environment, with this package's own directory first on ``PYTHONPATH`` (so the
+    child imports the package the parent runs, however it was installed)."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}
 
 
 def _ended(code: int) -> str:
