@@ -3,8 +3,10 @@
 Owns the record (``PromptSource``: the input file's SHA-256 and format, the field read, the
 chat template's SHA-256 when one was applied, the SHA-256 of each tokenizer file of the
 checkpoint, ``add_special_tokens``, the caps asked for and the input line of every prompt),
-its JSON form and its strict reading (a fault names the JSON path inside the prompt file),
-the tokenizer files that count (``TOKENIZER_FILES``) and their digests, and the check planning
+its JSON form and its strict reading (a fault names the JSON path inside the prompt file; the
+caps within ``MAX_SOURCE_COUNT``, the bound ``prompts`` parses them with), the tokenizer files
+that count (``TOKENIZER_FILES``) and their digests (each file size-checked before it is read;
+for ``prompts``, a JSON file's nesting checked too, ``json_nesting_fault``), and the check planning
 makes: the tokenizer files of the config's checkpoint directory must be those the prompts were
 tokenized with (a changed tokenizer is refused at ``plan``, in one line). A prompt file without
 ``source`` (token ids written by hand) has nothing to check. Imports no engine; hashlib only
