@@ -4,7 +4,9 @@ Owns wiring the command line to ``plan.starter`` with the named runtime's record
 catalog the frontends assemble (its declared baseline knobs and standard interventions),
 checking the document as ``plan`` would (loaded strictly, planned and operator-bound; an error
 is one line and nothing is written) and writing it to a file that does not exist yet (an
-existing file is never overwritten: exit 2). Prints where it wrote and how many cases it plans.
+existing file is never overwritten: exit 2). ``--seed`` and ``--max-new-tokens`` are bounded
+where they are parsed by what a config may hold (``cli.options``). Prints where it wrote (the
+path escaped, as every message shows input text) and how many cases it plans.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from pytest_logprob_drift.cli.options import int_option
+from pytest_logprob_drift.config.limits import MAX_JSON_INT, MAX_SEED
 from pytest_logprob_drift.errors import ExitCode, UsageError, one_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
@@ -30,8 +34,13 @@ def add_init_parser(sub: Any) -> None:
     init.add_argument("--runtime", required=True, metavar="NAME")
     init.add_argument("--output", required=True, metavar="FILE", help="never overwritten")
     init.add_argument("--experiment-id", default=None)
-    init.add_argument("--max-new-tokens", type=int, default=None, metavar="N")
-    init.add_argument("--seed", type=int, default=None)
+    init.add_argument(
+        "--max-new-tokens",
+        type=int_option(1, MAX_JSON_INT, high_text="2**64 - 1"),
+        default=None,
+        metavar="N",
+    )
+    init.add_argument("--seed", type=int_option(0, MAX_SEED), default=None)
     init.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="the scenario's device"
     )
@@ -84,14 +93,14 @@ def init_command(args: argparse.Namespace, out: TextIO) -> int:
     if errors:
         raise UsageError(f"{output}: the starter does not plan: {render_issue(errors[0], FLAGS)}")
     _write_new(output, json.dumps(document, indent=2) + "\n")
-    cases = len(plan.cases)
-    print(one_line(f"wrote {output}: {cases} case(s) on runtime {runtime.name}"), file=out)
+    shown = one_line(str(output))
+    print(f"wrote {shown}: {len(plan.cases)} case(s) on runtime {runtime.name}", file=out)
     if not runtime.executes(config.scenario):
         print(
-            one_line(f"note: every case is plan-only: {runtime.plan_only_reason(config.scenario)}"),
+            f"note: every case is plan-only: {one_line(runtime.plan_only_reason(config.scenario))}",
             file=out,
         )
-    print(one_line(f"next: logprob-drift run {output} --runtime {runtime.name}"), file=out)
+    print(f"next: logprob-drift run {shown} --runtime {runtime.name}", file=out)
     return ExitCode.OK
 
 

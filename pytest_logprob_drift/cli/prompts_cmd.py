@@ -4,7 +4,9 @@ Owns wiring the command line to reading the input (``config.prompt_input``), tok
 the checkpoint's own tokenizer (``runtimes.prompt_tokens``, imported only here, when the
 command runs) and writing the prompt file ``identity.prompts.file`` accepts: one token-id row
 per line and the ``source`` record (``config.prompt_source``), written to a temporary file
-and renamed into place. Prints where it wrote and how many prompts.
+and renamed into place. ``--limit`` and ``--max-prompt-tokens`` are bounded where they are
+parsed by what the ``source`` record may hold (``cli.options``). Prints where it wrote (the
+path escaped, as every message shows input text) and how many prompts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from pytest_logprob_drift.cli.options import int_option
+from pytest_logprob_drift.config.prompt_source import MAX_SOURCE_COUNT
 from pytest_logprob_drift.errors import ExitCode, UsageError, one_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
@@ -47,8 +51,9 @@ def add_prompts_parser(sub: Any) -> None:
         action="store_true",
         help="let the tokenizer add its special tokens to a plain text prompt",
     )
-    prompts.add_argument("--limit", type=int, default=None, metavar="N")
-    prompts.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N")
+    count = int_option(1, MAX_SOURCE_COUNT, high_text="2**64 - 1")  # what the source holds
+    prompts.add_argument("--limit", type=count, default=None, metavar="N")
+    prompts.add_argument("--max-prompt-tokens", type=count, default=None, metavar="N")
     prompts.add_argument(
         "--truncate",
         action="store_true",
@@ -81,7 +86,7 @@ def prompts_command(args: argparse.Namespace, out: TextIO) -> int:
     _write(output, frozen.to_json())
     cut = len(frozen.source.truncated)
     note = f", {cut} truncated to {args.max_prompt_tokens} tokens" if cut else ""
-    print(one_line(f"wrote {len(frozen.token_ids)} prompt(s) to {output}{note}"), file=out)
+    print(f"wrote {len(frozen.token_ids)} prompt(s) to {one_line(str(output))}{note}", file=out)
     return ExitCode.OK
 
 

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 MAX_EXPERIMENT_ID_BYTES = 200
 """UTF-8 bytes of an experiment id: a directory name (255 bytes on common file systems)
 with room for suffixes."""
+MAX_JSON_INT = 2**64 - 1
+"""The largest integer a config or prompt file may hold (``config.loader`` reads no integer
+beyond it): the bound of every numeric command-line option that ends up in one."""
 MAX_SEED = 2**32 - 1
 """numpy's seed range, which vLLM seeds with ``sampling.seed``."""
 MAX_GENERATOR_SEED = 2**64 - 1

@@ -303,7 +303,7 @@ def _parse_int(literal: str) -> Any:
     if digits > MAX_INT_DIGITS:
         return _Rejected(f"an integer literal of {digits} digits is out of range (at most 2**64)")
     value = int(literal)
-    if not -(2**64) < value < 2**64:
+    if not -limits.MAX_JSON_INT <= value <= limits.MAX_JSON_INT:
         return _Rejected(f"integer {value} is out of range (at most 2**64)")
     return value
 

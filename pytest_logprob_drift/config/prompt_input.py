@@ -5,8 +5,13 @@ Owns what one input prompt is (its 1-based line or row number, and either a text
 chat messages ``[{"role", "content"}]``), which format a file is read as (``.jsonl``/
 ``.ndjson`` and ``.parquet`` by their suffix, anything else as plain text), and refusing every
 bad input in one line naming the file and the line: not UTF-8, not JSON, a missing or
-non-string field, an empty prompt, a messages array of the wrong shape. The file is read as
-``config.input_file`` reads every input (a regular file within ``PROMPT_INPUT_LIMIT``).
+non-string field, an empty prompt, a messages array of the wrong shape, a lone surrogate
+(``"\\ud800"`` in JSON: not Unicode, so no tokenizer can encode it), a prompt larger than
+``MAX_PROMPT_BYTES`` (what one prompt is tokenized under: the tokenizer's memory grows with a
+prompt's length, about 300 bytes per byte of text). A UTF-8 byte-order mark at the start of a
+plain-text or JSONL file is dropped (an encoding mark, never part of prompt 1; the input's
+SHA-256 is still of the file's bytes as they are). The file is read as ``config.input_file``
+reads every input (a regular file within ``PROMPT_INPUT_LIMIT``).
 Knows nothing about tokenizers, checkpoints or configs; imports no engine (pyarrow only when
 a Parquet file is read).
 """
@@ -18,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_logprob_drift.config.input_file import InputFileError, read_input
+from pytest_logprob_drift.config.input_file import InputFileError, read_input, size_text
 from pytest_logprob_drift.errors import UsageError, json_type_name
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
@@ -27,6 +32,10 @@ if TYPE_CHECKING:
 
 PROMPT_INPUT_LIMIT = 64 * 2**20
 """Largest prompt input file read, in bytes (64 MiB, like a prompt file of token ids)."""
+MAX_PROMPT_BYTES = 2**20
+"""Largest prompt, in bytes of UTF-8: a text, the messages of a chat, and what a chat template
+renders them to (1 MiB: about 250,000 tokens of English; tokenizing it takes about 300 MiB)."""
+UTF8_BOM = "\ufeff"
 DEFAULT_FIELD = "text"
 """The field a JSONL or Parquet row's text prompt is read from when ``--field`` is not given."""
 PARQUET_EXTRA = "parquet"
@@ -146,8 +155,9 @@ def read_prompt_inputs(
 
 
 def _decoded(file: Path, data: bytes) -> str:
+    """The text of ``data`` (UTF-8, without a leading byte-order mark)."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix(UTF8_BOM)
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise PromptInputError(
@@ -168,6 +178,7 @@ def _text_rows(file: Path, data: bytes) -> Iterator[PromptInput]:
     for number, line in lines:
         if not line.strip():
             raise PromptInputError(file, number, "empty prompt (a blank line)")
+        _check_text(file, number, "the line", line)
         yield PromptInput(line=number, text=line)
 
 
@@ -225,8 +236,48 @@ def _prompt_of(
             )
         if not value.strip():
             raise PromptInputError(file, line, f"empty prompt (field {name!r})")
+        _check_text(file, line, f"field {name!r}", value)
         return PromptInput(line=line, text=value)
-    return PromptInput(line=line, messages=_messages(file, line, name, value))
+    messages = _messages(file, line, name, value)
+    size = 0
+    for i, message in enumerate(messages):
+        for key in ("role", "content"):
+            size += _check_text(file, line, f"field {name!r}[{i}].{key}", getattr(message, key))
+    if size > MAX_PROMPT_BYTES:
+        raise PromptInputError(file, line, _too_large(f"the messages of field {name!r}", size))
+    return PromptInput(line=line, messages=messages)
+
+
+def _check_text(file: Path, line: int, what: str, text: str) -> int:
+    """The UTF-8 size of ``text`` (a prompt, or part of one); ``PromptInputError`` for a lone
+    surrogate or a text over ``MAX_PROMPT_BYTES``."""
+    if len(text) > MAX_PROMPT_BYTES:  # every character is at least one byte
+        raise PromptInputError(file, line, _too_large(what, len(text), unit="characters"))
+    if text.isascii():
+        return len(text)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise PromptInputError(
+            file,
+            line,
+            f"{what} holds a lone surrogate ({_escaped(text[exc.start])} at character "
+            f"{exc.start}): not Unicode text",
+        ) from None
+    if size > MAX_PROMPT_BYTES:
+        raise PromptInputError(file, line, _too_large(what, size))
+    return size
+
+
+def _escaped(ch: str) -> str:
+    return f"\\u{ord(ch):04x}"
+
+
+def _too_large(what: str, size: int, unit: str = "bytes of UTF-8") -> str:
+    return (
+        f"{what} is {size} {unit}, larger than the bound of {size_text(MAX_PROMPT_BYTES)} "
+        "for one prompt"
+    )
 
 
 def _messages(file: Path, line: int, name: str, value: object) -> tuple[ChatMessage, ...]:

@@ -3,8 +3,10 @@
 Owns the record (``PromptSource``: the input file's SHA-256 and format, the field read, the
 chat template's SHA-256 when one was applied, the SHA-256 of each tokenizer file of the
 checkpoint, ``add_special_tokens``, the caps asked for and the input line of every prompt),
-its JSON form and its strict reading (a fault names the JSON path inside the prompt file),
-the tokenizer files that count (``TOKENIZER_FILES``) and their digests, and the check planning
+its JSON form and its strict reading (a fault names the JSON path inside the prompt file; the
+caps within ``MAX_SOURCE_COUNT``, the bound ``prompts`` parses them with), the tokenizer files
+that count (``TOKENIZER_FILES``) and their digests (each file size-checked before it is read;
+for ``prompts``, a JSON file's nesting checked too, ``json_nesting_fault``), and the check planning
 makes: the tokenizer files of the config's checkpoint directory must be those the prompts were
 tokenized with (a changed tokenizer is refused at ``plan``, in one line). A prompt file without
 ``source`` (token ids written by hand) has nothing to check. Imports no engine; hashlib only
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_logprob_drift.config.input_file import InputFileError, read_input
+from pytest_logprob_drift.config.limits import MAX_JSON_INT
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -40,6 +43,13 @@ TOKENIZER_FILES = (
 template; those present are hashed."""
 TOKENIZER_FILE_LIMIT = 512 * 2**20
 """Largest tokenizer file hashed (512 MiB; the largest released ones are tens of MiB)."""
+MAX_TOKENIZER_NESTING = 128
+"""Deepest nesting of arrays and objects a JSON tokenizer file may have (released ones have
+fewer than 10): the tokenizers library's own limit (serde_json's), and far below what makes
+Python's JSON reader, which transformers reads them with, run out of recursion."""
+MAX_SOURCE_COUNT = MAX_JSON_INT
+"""Largest ``limit`` and ``max_prompt_tokens`` a record holds: a prompt file's integers are
+read within 2**64 (``config.loader``), and ``prompts`` bounds its options to the same."""
 
 
 class SourceShapeError(ValueError):
@@ -100,20 +110,73 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def tokenizer_file_digests(checkpoint_dir: Path | str) -> dict[str, str]:
+def tokenizer_file_digests(
+    checkpoint_dir: Path | str, *, check_nesting: bool = False
+) -> dict[str, str]:
     """SHA-256 of each tokenizer file present in ``checkpoint_dir`` (regular files only, each
-    at most ``TOKENIZER_FILE_LIMIT`` bytes; ``InputFileError``/``OSError`` otherwise)."""
+    at most ``TOKENIZER_FILE_LIMIT`` bytes; ``InputFileError``/``OSError`` otherwise: a size is
+    checked before a byte is read). ``check_nesting``: also refuse a ``.json`` file nested
+    deeper than ``MAX_TOKENIZER_NESTING`` (``InputFileError`` naming its line and column), as
+    ``prompts`` does before transformers reads the files."""
     import hashlib
 
     directory = Path(checkpoint_dir)
     digests: dict[str, str] = {}
     for name in TOKENIZER_FILES:
+        path = directory / name
         try:
-            data = read_input(directory / name, TOKENIZER_FILE_LIMIT)
+            data = read_input(path, TOKENIZER_FILE_LIMIT)
         except FileNotFoundError:
             continue
+        except InputFileError as exc:
+            raise InputFileError(f"{path}: {exc}") from None
+        if check_nesting and name.endswith(".json"):
+            fault = json_nesting_fault(data, MAX_TOKENIZER_NESTING)
+            if fault is not None:
+                raise InputFileError(f"{path}: {fault}")
         digests[name] = hashlib.sha256(data).hexdigest()
     return digests
+
+
+def json_nesting_fault(data: bytes, limit: int) -> str | None:
+    """Where the JSON text ``data`` nests arrays and objects deeper than ``limit`` (None when
+    it does not). Counts brackets outside strings, without parsing (nor recursing): the strings
+    are cut out, then each pass takes away the innermost bracket pairs (all in C), so a real
+    tokenizer.json of tens of MiB costs a few passes."""
+    import re
+
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return None
+    brackets = re.sub(_JSON_STRING, b"", data).translate(None, _NOT_BRACKETS)
+    levels = 0
+    while brackets:
+        inner = re.sub(rb"\[\]|\{\}", b"", brackets)
+        if len(inner) == len(brackets):  # unbalanced: count what stays open as nested
+            levels += inner.count(b"[") + inner.count(b"{")
+            break
+        levels += 1
+        brackets = inner
+        if levels > limit:
+            break
+    if levels <= limit:
+        return None
+    depth = 0
+    for match in re.finditer(_JSON_STRING + rb"|[\[\]{}]", data):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                at = match.start()
+                line = data.count(b"\n", 0, at) + 1
+                column = at - data.rfind(b"\n", 0, at)
+                return f"nested deeper than {limit} levels (line {line}, column {column})"
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return f"nested deeper than {limit} levels"
+
+
+_JSON_STRING = rb'"(?:[^"\\]|\\.)*"'
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 def _is_hex64(value: object) -> bool:
@@ -123,7 +186,7 @@ def _is_hex64(value: object) -> bool:
 
 
 def _optional_positive(value: object) -> bool:
-    return value is None or (type(value) is int and value > 0)
+    return value is None or (type(value) is int and 0 < value <= MAX_SOURCE_COUNT)
 
 
 def _lines_of(value: object) -> bool:
@@ -174,7 +237,9 @@ def parse_source(value: object, prompts: int) -> PromptSource:
             )
     for key in ("limit", "max_prompt_tokens"):
         if not _optional_positive(value.get(key)):
-            raise SourceShapeError(f"source.{key}", "expected null or a positive integer")
+            raise SourceShapeError(
+                f"source.{key}", f"expected null or an integer 1 .. {MAX_SOURCE_COUNT}"
+            )
     for key in ("truncated", "lines"):
         if not _lines_of(value.get(key)):
             raise SourceShapeError(f"source.{key}", "expected an array of line numbers")
