@@ -279,9 +279,13 @@ def _fixtures(sandbox: Path, *, models: bool) -> None:
         [*neutral_rows(1, make_samples(rng, 4)), *neutral_rows(2, make_samples(rng, 4))],
     )
     if models:
-        from pytest_logprob_drift.runtimes.tiny_model import build_tiny_checkpoint
+        from pytest_logprob_drift.runtimes.tiny_model import (
+            TINY_ARCHITECTURES,
+            build_tiny_architecture,
+        )
 
-        build_tiny_checkpoint(sandbox / "my-model")
+        llama = next(a for a in TINY_ARCHITECTURES if a.name.startswith("llama"))
+        build_tiny_architecture(llama, sandbox / "my-model")  # it has a chat template
         with open(sandbox / "prompts.jsonl", "w", encoding="utf-8") as f:
             for text in ("What is 2 + 2?", "Name a prime number.", "Say hello."):
                 f.write(json.dumps({"messages": [{"role": "user", "content": text}]}) + "\n")
