@@ -320,6 +320,10 @@ class LivePage:
                 errors.append(str(params["entry"].get("text")))
         return errors
 
+    def viewport_png(self, width: int, height: int) -> bytes:
+        """The top ``width`` x ``height`` CSS pixels of the page, as PNG bytes."""
+        return self._browser.screenshot({"x": 0, "y": 0, "width": width, "height": height})
+
     def screenshot(self, name: str) -> Path:
         """The whole page as a PNG kept under ``SCREENSHOTS``."""
         size = self.evaluate(

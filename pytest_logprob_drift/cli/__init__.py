@@ -36,9 +36,37 @@ FLAGS: Mapping[Remedy, str] = {
 """How the CLI spells each execution-policy remedy."""
 
 
+RUNTIME_NAMES = "{runtime names}"
+"""Placeholder in a help text or epilog for the runtimes a run may name, filled in from the
+catalog the frontends assemble only when help is shown (building the parser costs ``plan``
+no catalog)."""
+
+
+def runtime_names() -> str:
+    """The runtimes ``--runtime`` accepts, as the catalog names them."""
+    from pytest_logprob_drift.policy import runtime_catalog
+
+    return ", ".join(runtime_catalog().names)
+
+
+def runtime_lines() -> str:
+    """One line per runtime: its name, what it executes (levels, devices) and what it pairs."""
+    from pytest_logprob_drift.policy import runtime_catalog
+
+    catalog = runtime_catalog()
+    lines = []
+    for name in catalog.names:
+        info = catalog.get(name)
+        where = f"{'/'.join(level.value for level in info.levels)} on {'/'.join(info.devices)}"
+        extra = f"; extra '{info.extra}'" if info.extra else ""
+        lines.append(f"  {name:<10} {where}{extra}:\n             {info.summary}")
+    return "\n".join(lines)
+
+
 class _Formatter(argparse.HelpFormatter):
     """argparse's formatter with the terminal width taken from ``os`` (argparse asks
-    ``shutil``, whose import with its compression modules cost ``plan`` more than planning)."""
+    ``shutil``, whose import with its compression modules cost ``plan`` more than planning),
+    and the runtime names filled in where a text holds ``RUNTIME_NAMES``."""
 
     def __init__(self, prog: str) -> None:
         try:
@@ -52,9 +80,26 @@ class _Formatter(argparse.HelpFormatter):
                 columns = 80
         super().__init__(prog, width=max(columns - 2, 20))
 
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = super()._get_help_string(action)
+        if text is not None and RUNTIME_NAMES in text:
+            text = text.replace(RUNTIME_NAMES, runtime_names())
+        return text
+
 
 class RawDescriptionFormatter(_Formatter, argparse.RawDescriptionHelpFormatter):
-    """The CLI's formatter, keeping a command's description as written (its lines, lists)."""
+    """The CLI's formatter, keeping a command's description and epilog as written (its lines,
+    lists), with ``RUNTIME_NAMES`` replaced by one line per runtime."""
+
+    def _format_text(self, text: str) -> str:
+        if RUNTIME_NAMES in text:
+            text = text.replace(RUNTIME_NAMES, runtime_lines())
+        return super()._format_text(text)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" not in text:  # one paragraph: wrapped to the terminal
+            return argparse.HelpFormatter._fill_text(self, text, width, indent)
+        return super()._fill_text(text, width, indent)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,30 +111,130 @@ class _Parser(argparse.ArgumentParser):
         self.exit(ExitCode.USAGE_ERROR, f"{self.prog}: error: {message}\n")
 
 
+EXIT_CODES = """\
+exit codes:
+  0  every case had its expected outcome (PASS unless --expect says otherwise)
+  1  some case had another outcome (verify: some attempt or run file is invalid)
+  2  usage or config error: one line naming the JSON path or the flag (also an --expect
+     selector that matches no planned case, an artifacts location that cannot hold a run)
+  3  runtime failure (an engine failed, an I/O failure such as a full disk, a bug)
+Every error is one line on stderr, never a traceback."""
+
+EXPECT_SYNTAX = """\
+--expect SELECTOR=OUTCOME (repeatable; the last match wins; unmatched cases expect PASS):
+  SELECTOR  a case label as `plan` prints it (baseline, rollout.dtype=bfloat16,
+            batch.size=1,training.sharding=fsdp), a case id or a prefix of it (4+ hex
+            digits), or * for every case; the selector is everything before the last '='
+  OUTCOME   PASS, MISMATCH, ZERO_ACTIVE_TOKENS, INVALID_IDENTITY, INVALID_ARTIFACT,
+            STRICT_REJECTED or PLAN_ONLY
+  A selector that matches no planned case is a usage error (exit 2)."""
+
+MAIN_EPILOG = f"""\
+runtimes (run --runtime NAME):
+{RUNTIME_NAMES}
+
+{EXIT_CODES}
+
+examples:
+  logprob-drift plan experiments/cross_config_s3_qwen3_8b_tp4_cp4_bf16.json
+  logprob-drift run experiments/cross_config_s1_vllm_cpu_tiny.json --runtime vllm-hf \\
+      --expect rollout.dtype=bfloat16=MISMATCH
+
+`logprob-drift COMMAND --help` describes each command; the documentation is in docs/."""
+
+RUN_EPILOG = f"""\
+runtimes:
+{RUNTIME_NAMES}
+A case whose scenario (level, device) the runtime does not execute is PLAN_ONLY.
+
+{EXPECT_SYNTAX}
+
+{EXIT_CODES}
+
+examples:
+  logprob-drift run experiments/cross_config_s1_vllm_cpu_tiny.json --runtime vllm-hf \\
+      --expect rollout.dtype=bfloat16=MISMATCH
+  logprob-drift run experiments/cross_config_s0_cpu_smoke.json --runtime cpu-smoke \\
+      --allow-smoke-operators --expect logp.backend=smoke_only.logp_offset=MISMATCH"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="logprob-drift",
-        description="Isolate which configuration change "
-        "makes rollout and training log-probabilities disagree.",
+        description="Isolate which configuration change makes rollout and training "
+        "log-probabilities disagree: plan cases from one baseline and declared interventions, "
+        "run paired scoring on real engines, judge every active token by "
+        "abs(training_logprob - rollout_logprob) > threshold (the versioned numerical "
+        "contract's), and seal the evidence on disk.",
+        epilog=MAIN_EPILOG,
+        formatter_class=RawDescriptionFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
+    )
 
-    plan = sub.add_parser("plan", help="plan the cases of a config (no engine is created)")
-    plan.add_argument("config")
-    plan.add_argument("--pairwise", action="store_true", help="also expand the listed pairs")
+    config_help = "an experiment config (JSON): one baseline plus declared interventions"
+    plan = sub.add_parser(
+        "plan",
+        help="plan the cases of a config (no engine is created)",
+        description="Load a config strictly, plan its cases (one change at a time; listed "
+        "pairs with --pairwise) and bind each side's selected_logprob backend, without "
+        "importing an engine. Prints one row per case: its id, label and lifecycle. Exit 0 "
+        "when it plans, 2 with one line per fault (each naming its JSON path).",
+        epilog="example:\n"
+        "  logprob-drift plan experiments/cross_config_s3_qwen3_8b_tp4_cp4_bf16.json",
+        formatter_class=RawDescriptionFormatter,
+    )
+    plan.add_argument("config", metavar="CONFIG", help=config_help)
+    plan.add_argument(
+        "--pairwise",
+        action="store_true",
+        help="also expand the pairs the config lists under 'pairs' (default: one change at a "
+        "time only)",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    run = sub.add_parser("run", help="execute every case and seal its artifacts")
-    run.add_argument("config")
-    run.add_argument("--runtime", required=True)
+    run = sub.add_parser(
+        "run",
+        help="execute every case and seal its artifacts",
+        description="Execute every planned case on a runtime: sample with the rollout engine, "
+        "recompute with the trainer, judge every active token, seal the attempt under "
+        "ARTIFACTS/<experiment_id>/, attribute each case against the baseline, and print the "
+        "case table. Sealed attempts that match are reused (a rerun resumes).",
+        epilog=RUN_EPILOG,
+        formatter_class=RawDescriptionFormatter,
+    )
+    run.add_argument("config", metavar="CONFIG", help=config_help)
+    run.add_argument(
+        "--runtime",
+        required=True,
+        metavar="NAME",
+        help=f"the runtime that executes the cases: one of {RUNTIME_NAMES}",
+    )
     run.add_argument(
         "--allow-smoke-operators",
         action="store_true",
         help="register and authorize the smoke-only selected_logprob backends",
     )
-    run.add_argument("--artifacts", default="runs")
-    run.add_argument("--expect", action="append", default=[], metavar="SELECTOR=OUTCOME")
-    run.add_argument("--pairwise", action="store_true")
+    run.add_argument(
+        "--artifacts",
+        default="runs",
+        metavar="DIR",
+        help="the artifact root; the run is DIR/<experiment_id>/ (default: runs)",
+    )
+    run.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="SELECTOR=OUTCOME",
+        help="the outcome a case is expected to have (repeatable; see below); exit 0 when "
+        "every case has its expected outcome",
+    )
+    run.add_argument(
+        "--pairwise",
+        action="store_true",
+        help="also run the pairs the config lists under 'pairs'",
+    )
     run.add_argument(
         "--replay",
         action="store_true",
@@ -148,21 +293,50 @@ def build_parser() -> argparse.ArgumentParser:
         "ARTIFACTS/<experiment>/engine-logs/)",
     )
 
-    verify = sub.add_parser("verify", help="re-check seals and recompute every verdict")
-    verify.add_argument("run_dir")
-    verify.add_argument("--json", action="store_true")
+    verify = sub.add_parser(
+        "verify",
+        help="re-check seals and recompute every verdict",
+        description="Re-hash every sealed file of a run directory, recompute every verdict "
+        "from token_diffs.pt (and check it holds exactly the logprobs and mask of both "
+        "score files), recompute the diagnostics and the sealed attribution, and list every "
+        "invalid attempt or run file. Reads only; nothing is written.",
+        epilog="exit codes: 0 everything verifies, 1 some attempt or run file is invalid, "
+        "2 usage error (not a run directory, a bad key option), 3 runtime failure.\n\n"
+        "example:\n  logprob-drift verify runs/s1-vllm-cpu-tiny",
+        formatter_class=RawDescriptionFormatter,
+    )
+    verify.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a run directory (ARTIFACTS/<experiment_id>)"
+    )
+    verify.add_argument("--json", action="store_true", help="print the findings as JSON")
     for command in (run, verify):
         _add_seal_key_options(command)
 
-    report = sub.add_parser("report", help="human report of a run directory (terminal + HTML)")
-    report.add_argument("run_dir")
+    report = sub.add_parser(
+        "report",
+        help="human report of a run directory (terminal + HTML)",
+        description="Print the findings, the case table and the attribution ranking of a run "
+        "directory, and write one self-contained HTML page (no network: plots as inline SVG, "
+        "the 'report' extra; without it the page says so). Every attempt is verified first; "
+        "invalid ones are listed, never plotted.",
+        epilog="exit codes: 0 the report was written, 2 usage error (not a run directory, an "
+        "HTML path inside the sealed tree or one that exists), 3 runtime failure.\n\n"
+        "example:\n  logprob-drift report runs/s1-vllm-cpu-tiny --html s1.html",
+        formatter_class=RawDescriptionFormatter,
+    )
+    report.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a run directory (ARTIFACTS/<experiment_id>)"
+    )
     report.add_argument(
         "--html",
         default=None,
+        metavar="PATH",
         help="HTML output path, never overwritten "
         "(default: RUN_DIR/report-<newest attempt id>.html)",
     )
-    report.add_argument("--json", action="store_true", help="print the report's rows as JSON")
+    report.add_argument(
+        "--json", action="store_true", help="print the report (findings, rows) as JSON"
+    )
 
     from pytest_logprob_drift.cli.import_cmd import add_import_parser
     from pytest_logprob_drift.cli.init_cmd import add_init_parser

@@ -58,11 +58,18 @@ def add_import_parser(sub: Any) -> None:
         formatter_class=RawDescriptionFormatter,
     )
     command.add_argument(
-        "--format", required=True, choices=("nemo-rl", "slime", "jsonl"), dest="input_format"
+        "--format",
+        required=True,
+        choices=("nemo-rl", "slime", "jsonl"),
+        dest="input_format",
+        help="the input format (see formats above)",
     )
     command.add_argument("paths", nargs="+", metavar="PATH", help="input files or directories")
     command.add_argument(
-        "--artifacts", default="runs", help="where the run is published (default: runs)"
+        "--artifacts",
+        default="runs",
+        metavar="DIR",
+        help="where the run is published: DIR/<experiment id>/ (default: runs)",
     )
     command.add_argument(
         "--experiment-id",

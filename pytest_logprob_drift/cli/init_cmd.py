@@ -26,23 +26,65 @@ if TYPE_CHECKING:
 
 
 def add_init_parser(sub: Any) -> None:
+    from pytest_logprob_drift.cli import RUNTIME_NAMES, RawDescriptionFormatter
+
     init = sub.add_parser(
-        "init", help="write a starter experiment for a checkpoint directory and a prompt file"
+        "init",
+        help="write a starter experiment for a checkpoint directory and a prompt file",
+        description="Write a starter experiment: a baseline in the checkpoint's own dtype on "
+        "both sides (prefix caching off, an eager rollout, one rollout rank, unsharded SDPA "
+        "training, the native kernel, a batch of up to 4 prompts) and the standard "
+        "one-at-a-time interventions the runtime executes, each with a description. The "
+        "document is checked as `plan` would check it before it is written.",
+        epilog="example:\n  logprob-drift init --checkpoint ./my-model --prompts prompts.json "
+        "--runtime vllm-hf \\\n      --output experiment.json",
+        formatter_class=RawDescriptionFormatter,
     )
-    init.add_argument("--checkpoint", required=True, metavar="DIR")
-    init.add_argument("--prompts", required=True, metavar="FILE", help="a prompt file")
-    init.add_argument("--runtime", required=True, metavar="NAME")
-    init.add_argument("--output", required=True, metavar="FILE", help="never overwritten")
-    init.add_argument("--experiment-id", default=None)
+    init.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="a Hugging Face checkpoint directory (config.json, weights, tokenizer)",
+    )
+    init.add_argument(
+        "--prompts", required=True, metavar="FILE", help="a prompt file (`prompts` writes one)"
+    )
+    init.add_argument(
+        "--runtime",
+        required=True,
+        metavar="NAME",
+        help=f"the runtime whose standard interventions to write: one of {RUNTIME_NAMES}",
+    )
+    init.add_argument(
+        "--output", required=True, metavar="FILE", help="the experiment file, never overwritten"
+    )
+    init.add_argument(
+        "--experiment-id",
+        default=None,
+        metavar="ID",
+        help="the experiment id, which names the run directory (default: <checkpoint "
+        "directory name>-<runtime>)",
+    )
     init.add_argument(
         "--max-new-tokens",
         type=int_option(1, MAX_JSON_INT, high_text="2**64 - 1"),
         default=None,
         metavar="N",
+        help="tokens sampled per prompt (default: 16)",
     )
-    init.add_argument("--seed", type=int_option(0, MAX_SEED), default=None)
     init.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="the scenario's device"
+        "--seed",
+        type=int_option(0, MAX_SEED),
+        default=None,
+        metavar="N",
+        help="the sampling seed (default: 20261129)",
+    )
+    init.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="the scenario's device (default: cpu); a runtime that does not execute it plans "
+        "every case PLAN_ONLY",
     )
 
 

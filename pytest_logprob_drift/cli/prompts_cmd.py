@@ -26,12 +26,29 @@ if TYPE_CHECKING:
 
 
 def add_prompts_parser(sub: Any) -> None:
+    from pytest_logprob_drift.cli import RawDescriptionFormatter
+
     prompts = sub.add_parser(
-        "prompts", help="tokenize text or chat prompts into a prompt file of token ids"
+        "prompts",
+        help="tokenize text or chat prompts into a prompt file of token ids",
+        description="Freeze prompts into the token ids a config's identity.prompts.file takes, "
+        "with the checkpoint's own tokenizer (nothing is downloaded), and record where they "
+        "came from (the input's and every tokenizer file's SHA-256) so that `plan` refuses a "
+        "tokenizer changed since. Each bad input is one line naming the file and line, exit 2.",
+        epilog="example:\n  logprob-drift prompts --checkpoint ./my-model prompts.jsonl "
+        "--messages-field messages \\\n      --output prompts.json",
+        formatter_class=RawDescriptionFormatter,
     )
     prompts.add_argument("input", help="JSONL, plain text (one prompt per line) or Parquet")
-    prompts.add_argument("--checkpoint", required=True, metavar="DIR")
-    prompts.add_argument("--output", required=True, metavar="FILE")
+    prompts.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="the checkpoint directory whose own tokenizer (and chat template) is used",
+    )
+    prompts.add_argument(
+        "--output", required=True, metavar="FILE", help="the prompt file, never overwritten"
+    )
     fields = prompts.add_mutually_exclusive_group()
     fields.add_argument("--field", default=None, help="the text field of a row (default: text)")
     fields.add_argument(
@@ -52,8 +69,16 @@ def add_prompts_parser(sub: Any) -> None:
         help="let the tokenizer add its special tokens to a plain text prompt",
     )
     count = int_option(1, MAX_SOURCE_COUNT, high_text="2**64 - 1")  # what the source holds
-    prompts.add_argument("--limit", type=count, default=None, metavar="N")
-    prompts.add_argument("--max-prompt-tokens", type=count, default=None, metavar="N")
+    prompts.add_argument(
+        "--limit", type=count, default=None, metavar="N", help="keep the first N prompts"
+    )
+    prompts.add_argument(
+        "--max-prompt-tokens",
+        type=count,
+        default=None,
+        metavar="N",
+        help="refuse prompts longer than N tokens, listing their lines (see --truncate)",
+    )
     prompts.add_argument(
         "--truncate",
         action="store_true",

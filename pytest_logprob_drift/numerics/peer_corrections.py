@@ -117,7 +117,7 @@ PEER_CORRECTIONS: tuple[PeerCorrection, ...] = (
             "NeMo-RL loss_fn.truncated_importance_sampling_type=seq-mask-tis, "
             "truncated_importance_sampling_ratio_min / truncated_importance_sampling_ratio"
         ),
-        default="[0.999, 1.001] (issue 24's symmetric variant of NeMo-RL's band)",
+        default="[0.999, 1.001] (a symmetric variant of NeMo-RL's band)",
         measures="fraction of sequences whose geometric ratio exp(mean r) is outside the band",
         statistic=Statistic.GEOMETRIC_RATIO,
         low=0.999,
