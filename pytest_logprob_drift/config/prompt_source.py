@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pytest_logprob_drift.config.input_file import InputFileError, read_input
 from pytest_logprob_drift.config.limits import MAX_JSON_INT
+from pytest_logprob_drift.jsontext import json_nesting_fault
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -136,47 +137,6 @@ def tokenizer_file_digests(
                 raise InputFileError(f"{path}: {fault}")
         digests[name] = hashlib.sha256(data).hexdigest()
     return digests
-
-
-def json_nesting_fault(data: bytes, limit: int) -> str | None:
-    """Where the JSON text ``data`` nests arrays and objects deeper than ``limit`` (None when
-    it does not). Counts brackets outside strings, without parsing (nor recursing): the strings
-    are cut out, then each pass takes away the innermost bracket pairs (all in C), so a real
-    tokenizer.json of tens of MiB costs a few passes."""
-    import re
-
-    if data.count(b"[") + data.count(b"{") <= limit:
-        return None
-    brackets = re.sub(_JSON_STRING, b"", data).translate(None, _NOT_BRACKETS)
-    levels = 0
-    while brackets:
-        inner = re.sub(rb"\[\]|\{\}", b"", brackets)
-        if len(inner) == len(brackets):  # unbalanced: count what stays open as nested
-            levels += inner.count(b"[") + inner.count(b"{")
-            break
-        levels += 1
-        brackets = inner
-        if levels > limit:
-            break
-    if levels <= limit:
-        return None
-    depth = 0
-    for match in re.finditer(_JSON_STRING + rb"|[\[\]{}]", data):
-        token = match.group()
-        if token in (b"[", b"{"):
-            depth += 1
-            if depth > limit:
-                at = match.start()
-                line = data.count(b"\n", 0, at) + 1
-                column = at - data.rfind(b"\n", 0, at)
-                return f"nested deeper than {limit} levels (line {line}, column {column})"
-        elif token in (b"]", b"}"):
-            depth -= 1
-    return f"nested deeper than {limit} levels"
-
-
-_JSON_STRING = rb'"(?:[^"\\]|\\.)*"'
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 def _is_hex64(value: object) -> bool:

@@ -28,11 +28,11 @@ from pytest_logprob_drift.config.prompt_input import PromptInput, PromptInputErr
 from pytest_logprob_drift.config.prompt_source import (
     MAX_TOKENIZER_NESTING,
     PromptSource,
-    json_nesting_fault,
     sha256_text,
     tokenizer_file_digests,
 )
 from pytest_logprob_drift.errors import UsageError
+from pytest_logprob_drift.jsontext import json_nesting_fault
 from pytest_logprob_drift.runtimes.chat_template import ChatRenderer
 
 LISTED_LINES = 20

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from pytest_logprob_drift.errors import json_member
+from pytest_logprob_drift.jsontext import nested_deeper_than, strings_cut
 
 T = TypeVar("T")
 
@@ -95,13 +96,17 @@ _BIG_INTEGER = re.compile(rb"[0-9]{20}")
 
 def _bounds_problem(root: Any, data: bytes | str) -> str | None:
     """The first integer beyond 64 bits or the first nesting deeper than MAX_JSON_NESTING in a
-    decoded value. Containers only are walked (structs by their fields, arrays of numbers at C
-    speed); integers only when ``data`` holds twenty digits in a row (else none can be out of
-    range); a path is built only for the value at fault."""
+    decoded value. The bytes tell first, in C (``jsontext``): without twenty digits in a row
+    outside strings no integer can be out of range, and the bracket passes tell the depth; only
+    when either bound may be exceeded is the value walked (containers only: structs by their
+    fields, arrays of numbers at C speed), to name the path at fault."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    check_ints = _BIG_INTEGER.search(raw) is not None
-    if not check_ints and type(root) is int:
-        return None
+    if _BIG_INTEGER.search(raw) is None and raw.count(b"[") + raw.count(b"{") <= MAX_JSON_NESTING:
+        return None  # no literal long enough, too few brackets: no bound can be exceeded
+    cut = strings_cut(raw)  # what stays is structure and numbers
+    check_ints = _BIG_INTEGER.search(cut) is not None
+    if not check_ints and not nested_deeper_than(cut, MAX_JSON_NESTING):
+        return None  # nothing to walk
     # (value, depth, index of the parent entry, key in the parent)
     entries: list[tuple[Any, int, int, str | int | None]] = [(root, 0, -1, None)]
     stack = [0]
