@@ -19,7 +19,9 @@ artifacts directory and published by one rename once every input was read to its
 ``experiment.json`` (``store.documents.ImportSource``: the format, each input's SHA-256 and
 size, the fields read) and ``plan.jsonl`` (one row per step, in step order) sealed by the
 store; on any refusal or failure the temporary directory is removed and nothing is published.
-An existing run directory is never written into. Knows nothing about engines or frontends.
+An existing run directory is never written into. With ``import --worst K``, each judged step's
+grid is also handed to ``production.worst.WorstSamples`` (the run's K worst samples and their
+logged prompts). Knows nothing about engines or frontends.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ plot. Knows nothing about files, seals, torch or how the view is drawn.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,7 +286,3 @@ def steps_view(rows: Sequence[StepRow], threshold: float) -> StepsView:
         )
         crossings.append(Crossing(figure=figure, line=line, step=first))
     return StepsView(rows=ordered, threshold=threshold, crossings=tuple(crossings))
-
-
-SampleSource = Callable[[int], tuple[int | None, str]]
-"""A grid row to the framework's sample id and its ``file:line`` / ``file[index]``."""
