@@ -1,7 +1,10 @@
 """The ``import`` command: judge what a production RL run already logged, by the contract.
 
 Owns the command line of ``logprob-drift import --format nemo-rl|slime|jsonl PATH...
---artifacts DIR [--experiment-id ID] [--json]``, the table of the steps once the run is
+--artifacts DIR [--experiment-id ID] [--json] [--worst K --prompts-out FILE [--checkpoint
+DIR]]`` (the K samples with the most drift written as a prompt file ``init --prompts``
+accepts, ``production.worst``; refused before any work when FILE exists, its directory does
+not, or DIR has no tokenizer files), the table of the steps once the run is
 published (or ``--json``, the shape of ``run``'s; nothing is printed before, so a refusal is
 the only line) and the exit code, as ``run``'s: 0 every step
 PASS, 1 some step has another outcome, 2 bad input (one line naming the file and the line or
@@ -16,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pytest_logprob_drift.errors import ExitCode, one_line
+from pytest_logprob_drift.errors import ExitCode, UsageError, one_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -45,7 +48,13 @@ formats:
 
 PATH is a file or a directory (its files of the format, not recursively). Input files are at
 most 2 GiB; pickles are refused, never unpickled. Exit codes: 0 every step PASS, 1 some step
-has another outcome, 2 bad input (nothing published), 3 runtime failure."""
+has another outcome, 2 bad input (nothing published), 3 runtime failure.
+
+--worst K --prompts-out FILE writes the K samples with the most drift (most mismatching
+active tokens, then largest max |diff|, over the steps judged PASS or MISMATCH) as a prompt
+file for `init --prompts FILE`: their prompts' token ids as logged, and a source record
+naming the run, step and sample of each; --checkpoint DIR adds DIR's tokenizer digests, which
+planning then checks."""
 
 
 def add_import_parser(sub: Any) -> None:
@@ -79,6 +88,25 @@ def add_import_parser(sub: Any) -> None:
         "existing run is never written into",
     )
     command.add_argument("--json", action="store_true", help="print the final table as JSON")
+    command.add_argument(
+        "--worst",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --prompts-out: write the K samples with the most drift as a prompt file",
+    )
+    command.add_argument(
+        "--prompts-out",
+        default=None,
+        metavar="FILE",
+        help="the prompt file --worst writes (never overwritten)",
+    )
+    command.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="DIR",
+        help="with --prompts-out: record DIR's tokenizer digests (planning checks them)",
+    )
 
 
 def _max_diff(case: ImportedCase) -> str:
@@ -108,16 +136,32 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from pytest_logprob_drift.config.contract import resolve_contract
     from pytest_logprob_drift.numerics import importance_text
     from pytest_logprob_drift.outcomes import Outcome
+    from pytest_logprob_drift.production import worst as worst_samples
     from pytest_logprob_drift.production.importer import import_run
     from pytest_logprob_drift.tables import render_table
 
+    contract = resolve_contract(CONTRACT_SOURCE, "current")
+    worst, tokenizer_files = _worst_options(args)
     result = import_run(
         args.input_format,
         args.paths,
         artifacts=Path(args.artifacts),
-        contract=resolve_contract(CONTRACT_SOURCE, "current"),
+        contract=contract,
         experiment_id=args.experiment_id,
+        worst=worst,
     )
+    written: dict[str, Any] | None = None
+    if worst is not None:
+        document = worst_samples.prompt_document(
+            worst,
+            experiment_id=result.experiment_id,
+            fmt=result.format,
+            inputs=result.inputs,
+            threshold=contract.threshold,
+            tokenizer_files=tokenizer_files,
+        )
+        worst_samples.write_prompt_file(Path(args.prompts_out), document)
+        written = {"path": args.prompts_out, **document}
     if args.json:
         json.dump(
             {
@@ -128,6 +172,7 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     {"path": r.path, "sha256": r.sha256, "size": r.size} for r in result.inputs
                 ],
                 "results": [_case_json(c, result.run_dir) for c in result.cases],
+                **({} if written is None else {"prompts_out": written}),
             },
             out,
             indent=2,
@@ -166,5 +211,70 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             ),
             file=out,
         )
+        if written is not None:
+            _print_worst(written, args, out)
     passed = all(c.outcome is Outcome.PASS for c in result.cases)
     return ExitCode.OK if passed else ExitCode.UNEXPECTED_OUTCOME
+
+
+def _worst_options(args: argparse.Namespace) -> tuple[Any, dict[str, str] | None]:
+    """The worst-sample collector and the checkpoint's tokenizer digests (None, None without
+    ``--worst``); every option refused before the import reads anything."""
+    from pytest_logprob_drift.production.worst import WorstSamples, refuse_existing
+
+    if (args.worst is None) != (args.prompts_out is None):
+        raise UsageError("--worst K and --prompts-out FILE go together")
+    if args.worst is None:
+        if args.checkpoint is not None:
+            raise UsageError("--checkpoint DIR goes with --worst K --prompts-out FILE")
+        return None, None
+    worst = WorstSamples(args.worst)
+    refuse_existing(Path(args.prompts_out))
+    digests = None
+    if args.checkpoint is not None:
+        from pytest_logprob_drift.config.input_file import InputFileError
+        from pytest_logprob_drift.config.prompt_source import tokenizer_file_digests
+
+        directory = Path(args.checkpoint)
+        if not directory.is_dir():
+            raise UsageError(f"--checkpoint {args.checkpoint}: not a directory")
+        try:
+            digests = tokenizer_file_digests(directory)
+        except (OSError, InputFileError) as exc:
+            raise UsageError(
+                f"--checkpoint {args.checkpoint}: cannot hash its tokenizer files ({exc})"
+            ) from None
+        if not digests:
+            raise UsageError(
+                f"--checkpoint {args.checkpoint}: no tokenizer file (tokenizer.json, "
+                "tokenizer_config.json, ...) in the directory"
+            )
+    return worst, digests
+
+
+def _print_worst(written: dict[str, Any], args: argparse.Namespace, out: TextIO) -> None:
+    prompts = written["source"]["prompts"]
+    print(
+        one_line(
+            f"wrote the {len(prompts)} sample(s) with the most drift as prompts to "
+            f"{written['path']}:"
+        ),
+        file=out,
+    )
+    for p in prompts:
+        sample = "-" if p["sample"] is None else p["sample"]
+        print(
+            one_line(
+                f"  step {p['step']} sample {sample} (row {p['row']}): {p['mismatches']}/"
+                f"{p['active']} mismatching, max |diff| {p['max_abs_diff']:.3e}"
+            ),
+            file=out,
+        )
+    checkpoint = args.checkpoint if args.checkpoint is not None else "DIR"
+    print(
+        one_line(
+            f"next: logprob-drift init --checkpoint {checkpoint} --prompts {written['path']} "
+            "--runtime hf --output experiment.json"
+        ),
+        file=out,
+    )

@@ -1,6 +1,8 @@
 """The ``report`` command: a run's report in the terminal and as one self-contained HTML file.
 
-Owns printing the findings first (``report.findings``), then the summary table, the attribution
+Owns printing the findings first (``report.findings``), for an imported run the steps view
+(``report.steps``: the per-step figures, the first step each crossed the contract, each
+step's worst samples), then the summary table, the attribution
 ranking in text and the invalid attempts (or ``--json``), saying when the shown attribution
 does not verify, and publishing the HTML page next to the run (or at ``--html``; created
 exclusively, never overwritten, refused inside the run's sealed tree or on a directory) through
@@ -38,6 +40,12 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
         return ExitCode.OK
     for line in findings(data).lines():
         print(one_line(line), file=out)
+    if data.steps is not None:
+        print("drift over training steps (from each step's sealed comparison):", file=out)
+        headers, rows = data.steps.table()
+        print(render_table(headers, rows), file=out)
+        for line in data.steps.lines():
+            print(one_line(line), file=out)
     print(render_table(HEADERS, summary_rows(data)), file=out)
     for view in data.cases:
         for line in importance_text.lines(view.diagnostics):

@@ -698,7 +698,9 @@ def _token_rows(c: _Collector, value: Any, path: str) -> tuple[tuple[int, ...], 
 
 def _prompts(
     c: _Collector, value: Any, path: str, base_dir: Path | None
-) -> tuple[PromptSet | None, prompt_source.PromptSource | None]:
+) -> tuple[
+    PromptSet | None, prompt_source.PromptSource | prompt_source.ImportedPromptSource | None
+]:
     """The prompt set, and the ``source`` record of a prompt file ``logprob-drift prompts``
     wrote (None for inline token ids and for a file of token ids alone)."""
     obj = _object(c, value, path, ("token_ids", "file"))
@@ -748,14 +750,18 @@ def _prompts(
 
 def _source_checks(
     c: _Collector,
-    source: prompt_source.PromptSource,
+    source: prompt_source.PromptSource | prompt_source.ImportedPromptSource,
     checkpoint: CheckpointIdentity,
     tokenizer: TokenizerIdentity,
     path: str,
 ) -> None:
-    """A prompt file's ``source`` against the identity: the same ``add_special_tokens``, and,
+    """A prompt file's ``source`` against the identity: the same ``add_special_tokens`` (for
+    prompts tokenized here; prompts taken from an imported run were tokenized as logged), and,
     for a local checkpoint directory, the same tokenizer files (``config.prompt_source``)."""
-    if source.add_special_tokens != tokenizer.add_special_tokens:
+    if (
+        source.add_special_tokens is not None
+        and source.add_special_tokens != tokenizer.add_special_tokens
+    ):
         c.fail(
             f"{path}.add_special_tokens",
             f"the prompts were tokenized with add_special_tokens="

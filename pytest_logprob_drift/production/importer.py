@@ -19,7 +19,9 @@ artifacts directory and published by one rename once every input was read to its
 ``experiment.json`` (``store.documents.ImportSource``: the format, each input's SHA-256 and
 size, the fields read) and ``plan.jsonl`` (one row per step, in step order) sealed by the
 store; on any refusal or failure the temporary directory is removed and nothing is published.
-An existing run directory is never written into. Knows nothing about engines or frontends.
+An existing run directory is never written into. With ``import --worst K``, each judged step's
+grid is also handed to ``production.worst.WorstSamples`` (the run's K worst samples and their
+logged prompts). Knows nothing about engines or frontends.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from pytest_logprob_drift.production.sources import (
     InputRecord,
     input_paths,
 )
+from pytest_logprob_drift.production.worst import WorstSamples
 from pytest_logprob_drift.records import ResolvedContract, canonical, canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import execution_key
@@ -208,8 +211,15 @@ def _comparison(
 class _Run:
     """The run being written under a temporary directory."""
 
-    def __init__(self, fmt: Format, contract: ResolvedContract, staging: Path) -> None:
+    def __init__(
+        self,
+        fmt: Format,
+        contract: ResolvedContract,
+        staging: Path,
+        worst: WorstSamples | None = None,
+    ) -> None:
         self.format = fmt
+        self.worst = worst
         self.contract = contract
         self.store = ArtifactStore(staging, "run")
         self.environment = _environment()
@@ -244,6 +254,18 @@ class _Run:
         label = f"step={step.step}"
         verdict = judge(grid.training, grid.rollout, grid.active, contract.threshold)
         comparison = _comparison(case_id, label, contract, verdict, grid)
+        if self.worst is not None and verdict.outcome in SCORED_OUTCOMES:
+            self.worst.add(
+                step=step.step,
+                case_id=case_id,
+                training=grid.training,
+                rollout=grid.rollout,
+                active=grid.active,
+                threshold=contract.threshold,
+                token_ids=grid.token_ids,
+                starts=grid.starts,
+                sources=[r.source for r in step.rows],
+            )
         imported = ImportedStep(
             schema_version=STEP_SCHEMA,
             format=fmt.name,  # type: ignore[arg-type]
@@ -423,9 +445,11 @@ def import_run(
     artifacts: Path,
     contract: ResolvedContract,
     experiment_id: str | None = None,
+    worst: WorstSamples | None = None,
 ) -> ImportResult:
     """Import ``paths`` of format ``fmt`` as a sealed run under ``artifacts`` (an
-    ``ImportInputError``/``UsageError`` for bad input, nothing published)."""
+    ``ImportInputError``/``UsageError`` for bad input, nothing published); ``worst``, when
+    given, collects the worst samples of the judged steps (``production.worst``)."""
     form = FORMATS[fmt]
     files = input_paths(fmt, list(paths))
     for path in files:  # refuse what can be refused before anything is read
@@ -441,7 +465,7 @@ def import_run(
     except OSError as exc:
         raise StorageError(artifacts, "create a directory to import into", exc) from None
     try:
-        run = _Run(form, contract, staging)
+        run = _Run(form, contract, staging, worst)
         opened: list[InputFile] = []
         try:
             for step in READERS[fmt](files, opened):

@@ -1,6 +1,8 @@
 """The report's findings: the answer first, in words a reader can paste into an issue.
 
-Owns turning a loaded run (``model.ReportData``) into ``Findings``: the verdict counts, then
+Owns turning a loaded run (``model.ReportData``) into ``Findings``: for an imported
+production run first the trend over its training steps in one sentence (``report.steps``),
+then the verdict counts, then
 the interventions whose sealed attribution document says they moved a side (the rollout side,
 the training side or both moved beyond the document's noise floor on the tokens they share
 with the baseline; the rule ``attribution.analysis.classify`` writes in words), in the
@@ -174,6 +176,9 @@ class Findings:
     """In ranking order."""
     unmoved: tuple[str, ...]
     """Attributed interventions that moved neither side, in ranking order."""
+    trend: str | None = None
+    """For an imported run, drift over its training steps in one sentence
+    (``report.steps``); the findings lead with it."""
 
     def counts_words(self) -> str:
         counts = ", ".join(f"{n} {outcome}" for outcome, n in self.counts)
@@ -203,6 +208,8 @@ class Findings:
     def lines(self) -> list[str]:
         """The terminal's findings: counts, the sentence, one line per finding."""
         lines = [self.counts_words(), self.moved_words()]
+        if self.trend is not None:
+            lines.insert(0, self.trend)
         lines.extend(f"  {f.rank}. {f.words()}" for f in self.moved[:SHOWN])
         if len(self.moved) > SHOWN:
             lines.append(f"  ... {len(self.moved) - SHOWN} more (report --json lists every one)")
@@ -218,6 +225,7 @@ class Findings:
             "moved": [f.to_json() for f in self.moved],
             "unmoved": list(self.unmoved),
             "sentence": self.moved_words(),
+            "trend": self.trend,
         }
 
 
@@ -273,6 +281,7 @@ def findings(data: ReportData) -> Findings:
     """The findings of a loaded run."""
     counts = _counts([v.outcome for v in data.cases])
     document = data.attribution
+    trend = None if data.steps is None else data.steps.trend()
     if document is None:
         return Findings(
             cases=len(data.cases),
@@ -282,6 +291,7 @@ def findings(data: ReportData) -> Findings:
             interventions=0,
             moved=(),
             unmoved=(),
+            trend=trend,
         )
     ordered = document.ranked()
     ordered += [e for e in document.cases if e.label not in document.ranking]
@@ -301,4 +311,5 @@ def findings(data: ReportData) -> Findings:
         interventions=len(ordered),
         moved=tuple(moved),
         unmoved=tuple(unmoved),
+        trend=trend,
     )

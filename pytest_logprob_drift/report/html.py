@@ -1,8 +1,11 @@
 """The HTML page of a report: one self-contained file, opened straight from disk.
 
-Owns laying out ``model.ReportData`` as a page, top to bottom: the findings (``findings``), the
+Owns laying out ``model.ReportData`` as a page, top to bottom: the findings (``findings``; for
+an imported run led by the trend over its training steps), the
 header (experiment, scenario, contract, run time, runtime, package and engine versions, the
-verify status of every attempt), the overview plot, the case table (outcome coloured, changed
+verify status of every attempt), the overview plot, for an imported run the drift over its
+training steps (``steps``: the plot, the first crossings, each step's figures and worst samples
+linked to their tokens), the case table (outcome coloured, changed
 knobs, active tokens, mismatches, max/p99/mean |diff|, the peer metrics other RL frameworks
 log, KL both ways, TV and the semantic offset when some case has full-vocabulary diagnostics,
 and the attribution columns when a sealed attribution exists, as ``columns`` declares them: the
@@ -35,10 +38,12 @@ from pytest_logprob_drift.report.markup import (
     Child,
     Markup,
     el,
+    fragment_link,
     join,
     page_link,
 )
 from pytest_logprob_drift.report.model import CaseView, ReportData, WorstToken
+from pytest_logprob_drift.report.steps import FIGURES, StepSample, StepsView, format_value
 from pytest_logprob_drift.report.summary import (
     STATISTICS,
     fmt_diff,
@@ -289,6 +294,7 @@ def _findings(found: Findings) -> Markup:
     return el(
         "section",
         el("h2", "Findings"),
+        el("p", el("b", found.trend), class_="trend") if found.trend is not None else None,
         el("p", f"{found.cases} case(s): ", counts, class_="counts"),
         el("p", found.moved_words(), class_="sentence bad" if found.rejected else "sentence"),
         el("ol", items) if found.moved else None,
@@ -296,6 +302,86 @@ def _findings(found: Findings) -> Markup:
         if more > 0
         else None,
         id="findings",
+    )
+
+
+# --------------------------------------------------------------------------- training steps
+
+
+def _step_sample(sample: StepSample) -> Markup:
+    text = sample.words()
+    if sample.anchor is None:
+        return el("span", text, " ", el("span", "(tokens not shown)", class_="muted"))
+    return el("a", text, href=fragment_link(sample.anchor), class_="worst-sample")
+
+
+def _steps(view: StepsView | None, draw: bool) -> Markup | None:
+    """Drift over the training steps of an imported run: the plot, the first step each figure
+    crossed the contract, and per step its figures and worst samples, each linked to its
+    tokens."""
+    if view is None:
+        return None
+    svg = plots.steps_svg(view) if draw else None
+    figure = None if svg is None else el("figure", svg, class_="plot wide", data_plot="steps")
+    crossings = el(
+        "ul",
+        (el("li", c.words(), data_figure=c.figure.key) for c in view.crossings),
+        class_="crossings",
+    )
+    headers = ["step", "outcome", "samples", "active", "mismatches"] + [f.name for f in FIGURES]
+    body = []
+    for row in view.rows:
+        step: Child = (
+            el("a", str(row.step), href=fragment_link(row.anchor))
+            if row.anchor is not None
+            else str(row.step)
+        )
+        worst = (
+            el("ul", (el("li", _step_sample(w)) for w in row.worst), class_="worst-samples")
+            if row.worst
+            else "-"
+        )
+        body.append(
+            el(
+                "tr",
+                el("td", step, class_="n", data_v=str(row.step)),
+                el("td", _badge(row.outcome)),
+                _td(_show(row.samples), cls="n"),
+                _td(_show(row.active_tokens), cls="n"),
+                _td(_show(row.mismatches), cls="n"),
+                (
+                    _td(format_value(f, row.values.get(f.key)), num=row.values.get(f.key), cls="n")
+                    for f in FIGURES
+                ),
+                class_=f"o-{row.outcome}",
+                data_step=str(row.step),
+                data_case=row.case_id,
+            )
+        )
+        body.append(
+            el(
+                "tr",
+                el("td", "worst samples:", class_="muted"),
+                el("td", worst, colspan=str(len(headers) - 1)),
+                class_="worst-row",
+            )
+        )
+    return el(
+        "section",
+        el("h2", f"Drift over training steps ({len(view.rows)})"),
+        el(
+            "p",
+            "Figures from each step's sealed comparison (verify recomputes them from the "
+            "sealed tensors); a step's worst samples rank by their mismatching active tokens, "
+            "then their max |diff|. A figure crosses the contract where no step whose every "
+            "active token is within the threshold could reach it.",
+            class_="muted",
+        ),
+        figure,
+        el("h3", "First step each figure crossed the contract"),
+        crossings,
+        el("div", el("table", _head(headers), el("tbody", body), class_="steps"), class_="scroll"),
+        id="steps",
     )
 
 
@@ -822,7 +908,7 @@ def render_page(data: ReportData) -> str:
         [float(v.threshold) for v in detailed if v.threshold],
     )
     threshold = _num(data.header.contract.get("threshold"))
-    body: list[Child] = [_header(data)]
+    body: list[Child] = [_header(data), _steps(data.steps, draw)]
     if not draw:
         body.append(
             el(
@@ -845,7 +931,12 @@ def render_page(data: ReportData) -> str:
                     id="overview",
                 )
             )
-    body += [_case_table(data), _attribution(data, draw), _layers(data, draw), _invalid(data)]
+    body += [
+        _case_table(data),
+        _attribution(data, draw),
+        _layers(data, draw),
+        _invalid(data),
+    ]
     if detailed:
         body.append(
             el("section", (_case_section(v, decades, draw) for v in detailed), id="details")

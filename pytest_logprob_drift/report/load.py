@@ -23,6 +23,7 @@ import math
 import os
 import re
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ from pytest_logprob_drift.attribution.sealed import (
 )
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
+from pytest_logprob_drift.numerics.sample_drift import SampleDrift, sample_drift
+from pytest_logprob_drift.report.columns import case_anchor
 from pytest_logprob_drift.report.importance import with_read_time_figures
 from pytest_logprob_drift.report.layers import load_layer_plot
 from pytest_logprob_drift.report.model import (
@@ -57,6 +60,15 @@ from pytest_logprob_drift.report.model import (
     WorstToken,
 )
 from pytest_logprob_drift.report.path_split import load_plot
+from pytest_logprob_drift.report.steps import (
+    WORST_PER_STEP,
+    StepRow,
+    StepSample,
+    StepsView,
+    figure_values,
+    steps_view,
+)
+from pytest_logprob_drift.report.token_html import sample_anchor
 from pytest_logprob_drift.report.token_view import limits_note, token_view
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import read_seal
@@ -66,6 +78,7 @@ from pytest_logprob_drift.store.documents import (
     Actual,
     ExperimentDocument,
     IdentityDocument,
+    ImportedStep,
     PlanRow,
     Requested,
 )
@@ -345,9 +358,13 @@ def _full_vocabulary_token_ids(comparison: Comparison) -> list[int]:
 
 
 def case_detail(
-    shown: _Shown, factory: DecoderFactory | None, cache: dict[str, TokenDecoder | None]
+    shown: _Shown,
+    factory: DecoderFactory | None,
+    cache: dict[str, TokenDecoder | None],
+    required: Sequence[int] = (),
 ) -> CaseDetail | None:
-    """The plot data of a case whose scores are sealed (None otherwise)."""
+    """The plot data of a case whose scores are sealed (None otherwise); ``required``: the
+    samples its token view shows whatever their max |diff|."""
     seal = shown.seal
     if layout.TOKEN_DIFFS not in seal.files or layout.SCORE_ROLLOUT not in seal.files:
         return None
@@ -389,6 +406,7 @@ def case_detail(
             starts=starts,
             threshold=threshold,
             texts=lambda ids: _texts(decoder, ids),
+            required=required,
         )
         if "token_ids" in batch
         else None
@@ -440,14 +458,27 @@ def usable_attribution(
     )
 
 
-def _detail_order(views: Sequence[CaseView], attribution: Attribution | None) -> list[CaseView]:
+def _detail_order(
+    views: Sequence[CaseView],
+    attribution: Attribution | None,
+    steps: Mapping[str, _StepWorst] | None = None,
+) -> list[CaseView]:
+    """Failing cases first, then by attribution rank and max |diff|; for an imported run,
+    the steps holding the run's worst samples first (``report.steps``' ranking)."""
     rank = {label: i for i, label in enumerate(attribution.ranking if attribution else ())}
+    worst = sorted(
+        (w.drift.rank_key(), case_id)
+        for case_id, info in (steps or {}).items()
+        for w in info.worst[:1]
+    )
+    by_worst = {case_id: i for i, (_, case_id) in enumerate(worst)}
 
-    def key(view: CaseView) -> tuple[int, int, float, str]:
+    def key(view: CaseView) -> tuple[int, int, int, float, str]:
         failing = view.outcome != "PASS"
         baseline = not view.changed
         max_diff = view.diagnostics.max_abs_diff
         return (
+            by_worst.get(view.case_id, len(by_worst)),
             0 if failing else (1 if baseline else 2),
             rank.get(view.label, len(rank)),
             -(max_diff if max_diff is not None else -1.0),
@@ -553,9 +584,11 @@ def load_report(
                 invalid_attempts=invalid,
             )
         )
+    imported = experiment is not None and experiment.imported is not msgspec.UNSET
+    steps = _step_worst(shown, late_problems) if imported else None
     chosen = {
         v.case_id
-        for v in _detail_order([v for v in views if v.case_id in shown], attribution)[
+        for v in _detail_order([v for v in views if v.case_id in shown], attribution, steps)[
             :detailed_limit
         ]
     }
@@ -564,7 +597,12 @@ def load_report(
     for view in views:
         if view.case_id in chosen:
             try:
-                detail = case_detail(shown[view.case_id], decoder_factory, cache)
+                required = (
+                    [w.drift.row for w in steps[view.case_id].worst]
+                    if steps is not None and view.case_id in steps
+                    else []
+                )
+                detail = case_detail(shown[view.case_id], decoder_factory, cache, required)
             except SealError as exc:
                 late_problems.append(
                     AttemptStatus(
@@ -587,7 +625,133 @@ def load_report(
         detailed_limit=detailed_limit,
         notes=aggregation_notes(detailed_limit) + left_out,
         attribution_problems=rejected if attribution is not None else (),
+        steps=None if steps is None else _steps_view(final, steps, experiment),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Worst:
+    drift: SampleDrift
+    sample: int | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _StepWorst:
+    """An imported step's sealed ``imported.json`` facts and its worst samples."""
+
+    step: int
+    samples: int
+    worst: tuple[_Worst, ...]
+
+
+def _row_source(imported: ImportedStep, row: int) -> tuple[int | None, str]:
+    """A grid row's framework sample id and ``file:line`` / ``file[index]``."""
+    entry = imported.rows[row]
+    name = Path(imported.inputs[entry.input]).name
+    where = (
+        f"{name}:{entry.line}"
+        if entry.line is not None
+        else f"{name}[{entry.index}]"
+        if entry.index is not None
+        else name
+    )
+    return entry.sample, where
+
+
+def _step_worst(
+    shown: Mapping[str, _Shown], problems: list[AttemptStatus]
+) -> dict[str, _StepWorst]:
+    """Each imported step's worst samples (``WORST_PER_STEP``), ranked from its sealed
+    tensors by ``numerics.sample_drift`` (judged steps only; one step's tensors at a time)."""
+    out: dict[str, _StepWorst] = {}
+    for case_id, picked in shown.items():
+        seal = picked.seal
+        if layout.IMPORTED not in seal.files:
+            continue
+        try:
+            imported = load_sealed_document(picked.directory, layout.IMPORTED, seal, ImportedStep)
+            ranked: list[SampleDrift] = []
+            if picked.comparison.outcome.value in ("PASS", "MISMATCH"):
+                diffs = load_sealed_tensors(picked.directory, layout.TOKEN_DIFFS, seal)
+                ranked = sorted(
+                    sample_drift(
+                        diffs["training_logprobs"],
+                        diffs["rollout_logprobs"],
+                        diffs["active_mask"],
+                        float(diffs["threshold"].item()),
+                        step=imported.step,
+                    ),
+                    key=SampleDrift.rank_key,
+                )[:WORST_PER_STEP]
+        except SealError as exc:  # changed since verify_run checked it
+            problems.append(
+                AttemptStatus(
+                    case_id=case_id,
+                    attempt_id=seal.attempt_id,
+                    status="invalid",
+                    file=exc.file,
+                    detail=exc.message,
+                )
+            )
+            continue
+        except ValueError:  # tensors a verdict would not judge: no ranking
+            ranked = []
+        worst = []
+        for drift in ranked:
+            sample, source = _row_source(imported, drift.row)
+            worst.append(_Worst(drift=drift, sample=sample, source=source))
+        out[case_id] = _StepWorst(step=imported.step, samples=imported.samples, worst=tuple(worst))
+    return out
+
+
+def _steps_view(
+    views: Sequence[CaseView],
+    steps: Mapping[str, _StepWorst],
+    experiment: ExperimentDocument | None,
+) -> StepsView:
+    """The steps view of an imported run: figures from each step's sealed comparison, worst
+    samples from its sealed tensors, each linked to its tokens when the step is detailed."""
+    rows = []
+    threshold = 0.0
+    for view in views:
+        info = steps.get(view.case_id)
+        if info is None:
+            continue
+        if view.threshold is not None:
+            threshold = view.threshold
+        tokens = view.detail.tokens if view.detail is not None else None
+        shown = {s.sample for s in tokens.samples} if tokens is not None else set()
+        rows.append(
+            StepRow(
+                step=info.step,
+                case_id=view.case_id,
+                label=view.label,
+                outcome=view.outcome,
+                samples=info.samples,
+                active_tokens=view.active_tokens,
+                mismatches=view.mismatches,
+                values=figure_values(view.diagnostics, view.active_tokens, view.mismatches),
+                worst=tuple(
+                    StepSample(
+                        row=w.drift.row,
+                        sample=w.sample,
+                        source=w.source,
+                        active=w.drift.active,
+                        mismatches=w.drift.mismatches,
+                        max_abs_diff=w.drift.max_abs_diff,
+                        anchor=sample_anchor(view.case_id, w.drift.row)
+                        if w.drift.row in shown
+                        else None,
+                    )
+                    for w in info.worst
+                ),
+                anchor=case_anchor(view) if view.detail is not None else None,
+            )
+        )
+    if experiment is not None and isinstance(experiment.contract.get("threshold"), (int, float)):
+        threshold = float(experiment.contract["threshold"])
+    return steps_view(rows, threshold)
 
 
 def _checked_attribution(run_dir: Path) -> tuple[Attribution | None, tuple[str, ...]]:

@@ -24,6 +24,7 @@ from pytest_logprob_drift.numerics.comparison import Diagnostics, KnobRecord
 if TYPE_CHECKING:  # the record only; importing the store would import torch
     from pytest_logprob_drift.report.layers import LayerPlot
     from pytest_logprob_drift.report.path_split import PathSplitPlot
+    from pytest_logprob_drift.report.steps import StepsView
     from pytest_logprob_drift.store.verify import AttemptStatus
 
 FloatArray = npt.NDArray[np.float64]
@@ -127,6 +128,8 @@ class TokenView:
     texts: Mapping[int, str]
     """The decoded text of each shown token id (empty without a tokenizer: ids are shown)."""
     threshold: float
+    required: tuple[int, ...] = ()
+    """Samples shown whatever their max |diff| (an imported step's worst samples)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,6 +205,8 @@ class ReportData:
     notes: tuple[str, ...] = field(default=())
     attribution_problems: tuple[str, ...] = field(default=())
     """Why ``verify`` rejects the shown attribution (empty when it holds)."""
+    steps: StepsView | None = None
+    """Drift over training steps, for a run ``logprob-drift import`` wrote (None otherwise)."""
 
     @property
     def invalid(self) -> tuple[AttemptStatus, ...]:

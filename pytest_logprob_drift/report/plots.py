@@ -3,7 +3,8 @@
 Owns drawing, from the report's already aggregated data (``model``): the overview of every
 case's max/p99/mean |diff|, the attribution chart (one row per intervention: effect on mean
 |diff| relative to the baseline with its bootstrap interval on a log axis, and how far each
-side moved against the noise floor), and per case the |diff| histogram on a log axis, |diff| by
+side moved against the noise floor), drift over the training steps of an imported run
+(``steps_svg``), and per case the |diff| histogram on a log axis, |diff| by
 response position, and the rollout vs training logprob scatter, each with the contract
 threshold where it applies. Every figure is small, uses the browser's own sans-serif font
 (``svg.fonttype`` ``none``: text stays text, no font is embedded or fetched; a label from a
@@ -22,7 +23,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from msgspec import UNSET
@@ -37,6 +38,9 @@ from pytest_logprob_drift.report.model import (
     PositionProfile,
     Scatter,
 )
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.report.steps import StepsView
 
 RASTERIZE_ABOVE = 400
 """Scatter layers with more points than this are embedded as a PNG inside the SVG."""
@@ -80,9 +84,10 @@ def new_figure(
     ncols: int = 1,
     margins: tuple[float, float] = (0.55, 0.42),
     right: float = 0.12,
+    nrows: int = 1,
 ) -> Iterator[tuple[Any, Any]]:
     """A figure of ``width`` x ``height`` inches; ``margins`` (left, bottom) and ``right`` in
-    inches."""
+    inches; ``nrows`` rows of axes share their x axis."""
     import matplotlib
     from matplotlib.figure import Figure
 
@@ -101,7 +106,7 @@ def new_figure(
         }
     ):
         figure = Figure(figsize=(width, height))
-        axes = figure.subplots(1, ncols, sharey=ncols > 1)
+        axes = figure.subplots(nrows, ncols, sharey=ncols > 1, sharex=nrows > 1)
         # Fixed margins (in inches): a layout engine costs more than the drawing itself.
         left = margins[0] / width
         figure.subplots_adjust(
@@ -110,6 +115,7 @@ def new_figure(
             bottom=margins[1] / height,
             top=1 - 0.28 / height,
             wspace=0.08 if ncols > 1 else 0.2,
+            hspace=0.12,
         )
         yield figure, axes
 
@@ -560,3 +566,69 @@ def attribution_svg(document: Attribution) -> Markup | None:
         moved.legend(fontsize=6, loc="lower right", frameon=False)
         _fit_labels(figure, effect.get_yticklabels())
         return _with_titles(to_svg(figure), titled)
+
+
+# --------------------------------------------------------------------------- training steps
+
+STEP_LINE_COLOURS = {
+    "mismatch_share": "#cc0000",
+    "max_abs_diff": "#1f77b4",
+    "p99_abs_diff": "#6baed6",
+    "ess": "#2ca02c",
+    "tis_cap_2": "#ff7f0e",
+    "icepop": "#9467bd",
+    "seq_mask_tis": "#8c564b",
+}
+
+
+def steps_svg(view: StepsView) -> Markup | None:
+    """Drift over training steps, one line per figure (``report.steps.FIGURES``): steps on
+    x; above, max and p99 |diff| on a log axis with the contract threshold dashed; below, the
+    mismatch share, the token ESS and the shares TIS cap 2, IcePop and seq-mask-tis would clip
+    (0 to 1); the first MISMATCH step dotted on both. A step without figures is a gap."""
+    if not view.rows:
+        return None
+    from pytest_logprob_drift.report.steps import FIGURES
+
+    steps = np.array([r.step for r in view.rows], dtype=np.float64)
+
+    def series(key: str) -> np.ndarray[Any, Any]:
+        return np.array(
+            [np.nan if r.values.get(key) is None else float(r.values[key]) for r in view.rows]  # type: ignore[arg-type]
+        )
+
+    width = min(9.0, max(5.0, 3.0 + 0.08 * len(view.rows)))
+    marker = "o" if len(view.rows) <= 40 else None
+    with new_figure(width + 1.6, 4.2, margins=(0.65, 0.45), right=1.9, nrows=2) as (
+        figure,
+        (top, bottom),
+    ):
+        floor = 1e-12
+        for figure_def in FIGURES:
+            values = series(figure_def.key)
+            colour = STEP_LINE_COLOURS[figure_def.key]
+            axes = top if figure_def.kind == "diff" else bottom
+            if figure_def.kind == "diff":
+                values = np.where(np.isnan(values), np.nan, np.maximum(values, floor))
+            axes.plot(
+                steps, values, color=colour, lw=1.1, marker=marker, ms=2.5, label=figure_def.name
+            )
+        top.axhline(view.threshold or floor, color=COLOURS["threshold"], lw=1.0, ls="--",
+                    label=f"threshold {view.threshold:g}")  # fmt: skip
+        top.set_yscale("log")
+        log_ticks(top.yaxis)
+        top.set_ylabel("|diff| (nats)")
+        bottom.set_ylim(-0.03, 1.03)
+        bottom.set_ylabel("share / ESS")
+        bottom.set_xlabel("training step")
+        first = view.first_mismatch
+        if first is not None:
+            for axes in (top, bottom):
+                axes.axvline(first, color="#555", lw=0.8, ls=":")
+        top.set_title(
+            "drift over training steps"
+            + ("" if first is None else f" (dotted: first MISMATCH, step {first})")
+        )
+        for axes in (top, bottom):
+            axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        return to_svg(figure)

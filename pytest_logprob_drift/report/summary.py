@@ -3,7 +3,8 @@
 Owns the summary row of each case (shared by the terminal table, ``--json`` and the page's
 formats), the peer metrics other RL frameworks log that the table shows, the attribution's
 ranking in text (``attribution.text``'s rows and lines, from the sealed document), and the JSON
-document of ``report --json`` (each case's sealed attribution entry and the findings); and the
+document of ``report --json`` (each case's sealed attribution entry, the findings and, for an
+imported run, the steps view of ``report.steps``); and the
 full-vocabulary columns (KL both ways, TV) and the semantic-offset cell a page shows when some
 case has those diagnostics. Knows nothing about files, seals or how a table is printed.
 """
@@ -188,4 +189,5 @@ def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
         "invalid": len(data.invalid),
         "ranking": [] if document is None else list(document.ranking),
         "findings": findings(data).to_json(),
+        "steps": None if data.steps is None else data.steps.to_json(),
     }

@@ -186,6 +186,11 @@ def data_block(cases: Sequence[CaseView], decades: tuple[int, int]) -> Markup | 
     return json_script(DATA_ID, document) if document else None
 
 
+def sample_anchor(case_id: str, sample: int) -> str:
+    """The id of a sample's line in a case's token view (a link target)."""
+    return f"tokens-{case_id}-{sample}"
+
+
 def _caption(sample: SampleTokens) -> str:
     shown = sample.positions.size
     where = (
@@ -212,7 +217,9 @@ def token_section(view: CaseView, decades: tuple[int, int]) -> Markup | None:
     which = (
         f"all {shown} samples"
         if shown == tokens.total_samples
-        else f"{shown} of {tokens.total_samples} samples (largest max |diff|)"
+        else f"{shown} of {tokens.total_samples} samples ("
+        + ("an imported step's worst, then " if tokens.required else "")
+        + "largest max |diff|)"
     )
     lines = (
         el(
@@ -220,6 +227,7 @@ def token_section(view: CaseView, decades: tuple[int, int]) -> Markup | None:
             el("div", _caption(s), class_="muted"),
             el("div", class_="line", data_sample=s.sample, role="group", aria_label=_caption(s)),
             class_="sample",
+            id=sample_anchor(view.case_id, s.sample),
         )
         for s in tokens.samples
     )

@@ -1,15 +1,16 @@
 """Which tokens a detailed case's per-sample token view shows, read from its sealed tensors.
 
 Owns the view's limits and choosing within them: at most ``MAX_SAMPLES`` samples per case
-(every sample when there are no more; else those with the largest max |diff|, shown in sample
-order) and at most ``MAX_TOKENS`` of each sample's response (active) tokens: all of them when
-they fit, else a window that starts ``LEAD`` tokens before the sample's first mismatch (from
-the first token when it has none, never past its last). Each shown token keeps its id and both
-sides' logprobs as sealed: ``float32`` when both sides' dtypes are exact in it (float32,
-bfloat16, float16), else ``float64``, so the page recomputes |diff| and the mismatch rule
-(|training - rollout| > threshold, in float64) from exactly the values the verdict judged.
-The decoded text of each shown id comes through the decoder the frontend hands in. Knows
-nothing about how the view is drawn.
+(every sample when there are no more; else the samples a caller requires, an imported step's
+worst, then those with the largest max |diff|, shown in sample order) and at most
+``MAX_TOKENS`` of each sample's response (active) tokens: all of them when they fit, else a
+window that starts ``LEAD`` tokens before the sample's first mismatch (from the first token
+when it has none, never past its last). Each shown token keeps its id and both sides' logprobs
+as sealed: ``float32`` when both sides' dtypes are exact in it (float32, bfloat16, float16),
+else ``float64``, so the page recomputes |diff| and the mismatch rule (|training - rollout| >
+threshold, in float64) from exactly the values the verdict judged. The decoded text of each
+shown id comes through the decoder the frontend hands in. Knows nothing about how the view is
+drawn.
 """
 
 from __future__ import annotations
@@ -58,10 +59,13 @@ def token_view(
     starts: torch.Tensor,
     threshold: float,
     texts: Callable[[Sequence[int]], list[str] | None],
+    required: Sequence[int] = (),
 ) -> TokenView | None:
     """The view of one case: ``rollout``/``training`` the sealed logprobs ``[B, T]`` in their
     sealed dtype; ``starts`` each sample's first response column; ``texts`` the decoded text
-    of distinct ids (None: ids are shown)."""
+    of distinct ids (None: ids are shown); ``required`` samples shown whatever their max
+    |diff| (an imported step's worst samples, ``report.steps``), the others chosen as
+    always."""
     if not math.isfinite(threshold):  # nothing to colour or judge against
         return None
     exact32 = rollout.dtype in EXACT_IN_FLOAT32 and training.dtype in EXACT_IN_FLOAT32
@@ -71,7 +75,9 @@ def token_view(
     present = [i for i in range(int(active.shape[0])) if bool(active[i].any())]
     if not present:
         return None
-    chosen = sorted(present, key=lambda i: (-float(peaks[i]), i))[:MAX_SAMPLES]
+    must = [i for i in dict.fromkeys(required) if i in present][:MAX_SAMPLES]
+    others = sorted((i for i in present if i not in must), key=lambda i: (-float(peaks[i]), i))
+    chosen = [*must, *others][:MAX_SAMPLES]
     samples = []
     for i in sorted(chosen):
         columns = active[i].nonzero().flatten()
@@ -100,4 +106,5 @@ def token_view(
         total_samples=len(present),
         texts=dict(zip(distinct, map(str, decoded), strict=True)) if decoded is not None else {},
         threshold=threshold,
+        required=tuple(must),
     )
