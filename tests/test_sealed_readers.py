@@ -42,6 +42,8 @@ def _nested(depth: int) -> bytes:
         b"[" + b",".join([b"7"] * 100_000) + b"]",
         b'[[1, 2], [3, 18446744073709551615], ["\\u00e9"]]',
         b"[1e-400, -0.0, 1.7976931348623157e308]",
+        b'{"digest": "00000000000000000000000", "n": 18446744073709551615, "f": 0.000116467475891}',
+        b'{"text": "a 123456789012345678901234 b", "x": -18446744073709551615}',
         json.dumps({"\u2603": "\u202e"}).encode(),
     ],
 )
@@ -62,6 +64,8 @@ def test_what_the_store_writes_reads_back_as_json_loads_reads_it(data: bytes) ->
             "$.a[1][1]: integer out of range (at most 2**64)",
         ),
         (b"[" + b"9" * 5000 + b"]", "$[0]: Integer value out of range"),
+        (b'{"a": {"b":\n 18446744073709551616}}', "$.a.b: integer 18446744073709551616 is out of"),
+        (b'{"s": "0.5", "n": -18446744073709551616}', "$.n: integer -18446744073709551616 is out"),
         (b'["a", "\\udc00"]', "$[1]: a string holds a lone surrogate (not Unicode)"),
         (b'{"\\ud800": 1}', "$.<key>: a string holds a lone surrogate (not Unicode)"),
         (b'{"a": "\xff\xfe"}', "not UTF-8 (invalid start byte at byte 7)"),

@@ -90,8 +90,22 @@ def _validation_message(text: str) -> str:
 
 
 _LEAVES = (str, float, bool, type(None))
-_BIG_INTEGER = re.compile(rb"[0-9]{20}")
-"""Twenty digits in a row: the shortest literal that can be an integer of 2**64 or more."""
+_CLASSES = bytes(
+    ord("d") if chr(b).isdigit() and b < 128 else ord(" ") if b in b"[,:- \t\r\n" else ord(".")
+    for b in range(256)
+)
+"""JSON text as classes, for ``bytes.translate``: a digit ``d``; what may stand before an
+integer literal (``[``, ``,``, ``:``, ``-``, white space) a space; anything else (a fraction's
+``.``, an exponent's ``e``, a quote, a letter) ``.``."""
+_INTEGER_OF_20 = b" " + b"d" * 20
+"""Twenty digits where an integer literal may start: the shortest that can be 2**64 or more."""
+
+
+def _long_integer(data: bytes) -> bool:
+    """Whether ``data`` may hold an integer literal of 2**64 or more: twenty digits in a row
+    that start where an integer may (never the digits of a fraction, an exponent, or a string
+    right after its quote or a letter). In C: one ``translate``, one ``find``."""
+    return _INTEGER_OF_20 in b" " + data.translate(_CLASSES)
 
 
 def _bounds_problem(root: Any, data: bytes | str) -> str | None:
@@ -101,10 +115,10 @@ def _bounds_problem(root: Any, data: bytes | str) -> str | None:
     when either bound may be exceeded is the value walked (containers only: structs by their
     fields, arrays of numbers at C speed), to name the path at fault."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    if _BIG_INTEGER.search(raw) is None and raw.count(b"[") + raw.count(b"{") <= MAX_JSON_NESTING:
+    if not _long_integer(raw) and raw.count(b"[") + raw.count(b"{") <= MAX_JSON_NESTING:
         return None  # no literal long enough, too few brackets: no bound can be exceeded
     cut = strings_cut(raw)  # what stays is structure and numbers
-    check_ints = _BIG_INTEGER.search(cut) is not None
+    check_ints = _long_integer(cut)
     if not check_ints and not nested_deeper_than(cut, MAX_JSON_NESTING):
         return None  # nothing to walk
     # (value, depth, index of the parent entry, key in the parent)
