@@ -1,5 +1,12 @@
-"""The ``run``, ``verify`` and ``report`` commands as real subprocesses: exit codes, messages,
-resume, tamper detection per sealed file, and the HTML report."""
+"""The ``run``, ``verify`` and ``report`` commands: exit codes, messages, resume, tamper
+detection per sealed file, and the HTML report.
+
+The interpreter's side of it runs as real subprocesses: ``run`` exiting 0 (the shared run), 1
+with ``--json`` leaving stdout to the document, 2 with one error line; ``verify --json`` exiting
+0 with stdout the document only. What is then asked of the same commands (a malformed
+``--expect``, the HTML report, tamper detection and the run after it) runs in this process
+(``drift_testing.cli``), an interpreter start each saved; the report as a real process is
+``tests/test_non_utf8_paths``."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from typing import Any
 
 import pytest
 from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0
+from drift_testing import cli as in_process
 
 from pytest_logprob_drift.cli import main
 from pytest_logprob_drift.store.layout import COMPLETE
@@ -35,25 +43,29 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def cli_parallel(*commands: list[str], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
-    """Start every command at once (each is a separate interpreter), then wait for all."""
+def cli_started(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    """``cli`` started, not waited for (``finished`` waits): this process works meanwhile."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "pytest_logprob_drift", *args],
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for args in commands
-    ]
-    done = []
-    for args, proc in zip(commands, procs, strict=True):
-        stdout, stderr = proc.communicate(timeout=120)
-        done.append(subprocess.CompletedProcess(args, proc.returncode, stdout, stderr))
-    return done
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest_logprob_drift", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def finished(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    stdout, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def in_process_completed(*args: str) -> subprocess.CompletedProcess[str]:
+    """``logprob-drift ARGS`` in this process (``drift_testing.cli``), shaped like ``cli``'s
+    result."""
+    code, out, err = in_process(*args)
+    return subprocess.CompletedProcess(list(args), code, out, err)
 
 
 def run_args(artifacts: Path, *extra: str, config: Path = S0) -> list[str]:
@@ -111,12 +123,13 @@ def test_second_run_without_expectation_reuses_everything_and_exits_1(
 
 
 def test_refusals_exit_2_with_one_clear_line(tmp_path: Path) -> None:
-    """Without --allow-smoke-operators, and with a malformed --expect (two processes)."""
-    unauthorized, bad_expect = cli_parallel(
-        run_args(tmp_path / "a"),
-        run_args(tmp_path / "b", "--allow-smoke-operators", "--expect", "no-outcome-here"),
-        cwd=tmp_path,
+    """Without --allow-smoke-operators (a process), and with a malformed --expect (in this
+    process: the same exit 2 and one line, from the same ``main``)."""
+    started = cli_started(*run_args(tmp_path / "a"), cwd=tmp_path)
+    bad_expect = in_process_completed(
+        *run_args(tmp_path / "b", "--allow-smoke-operators", "--expect", "no-outcome-here")
     )
+    unauthorized = finished(started)
 
     assert unauthorized.returncode == 2
     assert "Traceback" not in unauthorized.stderr + unauthorized.stdout
@@ -151,11 +164,9 @@ def test_verify_agrees_with_every_comparison_and_report_writes_html(
 ) -> None:
     run_dir = s0_run["run_dir"]
     target = s0_run["cwd"] / "report" / "s0.html"
-    verify, report = cli_parallel(
-        ["verify", str(run_dir), "--json"],
-        ["report", str(run_dir), "--html", str(target)],
-        cwd=s0_run["cwd"],
-    )
+    started = cli_started("verify", str(run_dir), "--json", cwd=s0_run["cwd"])
+    report = in_process_completed("report", str(run_dir), "--html", str(target))
+    verify = finished(started)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     document = json.loads(verify.stdout)
     assert document["invalid"] == 0
@@ -234,14 +245,14 @@ def test_flipping_one_byte_in_each_sealed_file(tmp_path: Path) -> None:
         tampered[case_id] = (name, path, path.read_bytes())
     assert untouched_case not in tampered and len(tampered) == len(SEALED_FILES)
 
-    # verify names each tampered file (in-process check first, then the real command)
+    # verify names each tampered file (check_attempt first, then the command)
     for case_id, (name, _, _) in tampered.items():
         with pytest.raises(SealError) as info:
             check_attempt(by_case[case_id], expected_key=None)
         assert info.value.file == name, (name, str(info.value))
-    proc = cli("verify", str(run_dir), "--json", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    document = json.loads(proc.stdout)
+    code, out, err = in_process("verify", str(run_dir), "--json")
+    assert code == 1, out + err
+    document = json.loads(out)
     report = {e["case_id"]: e for e in document["attempts"]}
     # ...and the run's sealed attribution, computed from attempts that were since tampered with
     assert [bool(a["problems"]) for a in document["attributions"]] == [True]
@@ -252,15 +263,15 @@ def test_flipping_one_byte_in_each_sealed_file(tmp_path: Path) -> None:
     assert report[untouched_case]["status"] == "ok"
 
     # a following run ignores each tampered attempt, makes a new one, and touches nothing
-    proc = cli(*args, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    results = {r["case_id"]: r for r in json.loads(proc.stdout)["results"]}
+    code, out, err = in_process(*args)
+    assert code == 0, err
+    results = {r["case_id"]: r for r in json.loads(out)["results"]}
     for case_id, (name, path, data) in tampered.items():
         result = results[case_id]
         assert not result["reused"]
         assert Path(result["attempt_dir"]) != by_case[case_id]
         check_attempt(Path(result["attempt_dir"]), expected_key=None)
         assert path.read_bytes() == data  # left untouched, byte for byte
-        assert f"skipped attempt {by_case[case_id].name}: {name}:" in proc.stderr
+        assert f"skipped attempt {by_case[case_id].name}: {name}:" in err
     assert results[untouched_case]["reused"]
     assert len(attempts(run_dir)) == 10 + len(SEALED_FILES)

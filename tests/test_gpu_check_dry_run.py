@@ -6,6 +6,10 @@ is present with its keys (``SECTION_KEYS``, one table for both devices), each
 baseline repeats; a section the deadline does not reach is ``not_run``, never dropped; a
 machine without CUDA records every section ``not_run`` with the reason. The kit never imports
 vLLM. Its ulp measure is checked against numpy's float32 spacing.
+
+The kit runs as the script it is (``python scripts/gpu_check.py``, a process) in the dry run
+and in the deadline test, which runs on every machine; the no-CUDA test calls its ``main`` in
+this process (an interpreter start saved), with the same check of stdout against the file.
 """
 
 from __future__ import annotations
@@ -46,6 +50,18 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     summary = json.loads(out.read_text())
     assert json.loads(done.stdout) == summary  # printed and written: the same document
     return done.returncode, summary, done.stderr
+
+
+def _run_in_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[int, dict[str, Any]]:
+    """``_run`` through the kit's ``main`` in this process."""
+    out = tmp_path / "summary.json"
+    capsys.readouterr()
+    code = _kit().main(["--out", str(out), *args])
+    summary = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == summary  # printed and written: the same
+    return code, summary
 
 
 def _assert_every_section_recorded(summary: dict[str, Any], kit: ModuleType) -> None:
@@ -119,12 +135,14 @@ def test_a_deadline_too_short_records_every_section_not_run(tmp_path: Path) -> N
     assert code == 1 and summary["ok"] is False
 
 
-def test_without_cuda_the_gpu_run_says_so_for_every_section(tmp_path: Path) -> None:
+def test_without_cuda_the_gpu_run_says_so_for_every_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     kit = _kit()
-    code, summary, _ = _run(tmp_path, "--device", "cuda")
+    code, summary = _run_in_process(tmp_path, capsys, "--device", "cuda")
     _assert_every_section_recorded(summary, kit)
     assert {s["status"] for s in summary["sections"].values()} == {"not_run"}
     assert all("no CUDA device" in s["reason"] for s in summary["sections"].values())

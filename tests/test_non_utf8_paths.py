@@ -3,9 +3,15 @@ the lone surrogate ``\\udcff``): the real commands show every such path escaped 
 as ``errors.one_line`` writes it) in their lines, their error messages and the HTML page, link
 to the files by their bytes (``%FF``), and never end in an internal error or a traceback.
 
-The commands run as real processes whose standard output is strict UTF-8 (what a UTF-8
-terminal gets, ``PYTHONIOENCODING=utf-8:strict``): an unescaped path there is an encoding
-error, where the C locale would write the raw byte; the test also reads the bytes."""
+``run`` and one ``report`` (the page outside the run) run as real processes whose standard
+output is strict UTF-8 (what a UTF-8 terminal gets, ``PYTHONIOENCODING=utf-8:strict``): an
+unescaped path there is an encoding error, where the C locale would write the raw byte; the
+test also reads the bytes. ``plan``'s error lines come from real processes as well. The other
+commands (the report beside the run, ``verify``, ``report`` of a directory that is not a run)
+run in this process (``drift_testing.cli``), an interpreter start each saved: what they write
+must encode as strict UTF-8 and hold no lone surrogate, the same check the strict stream makes
+for stdout and a stricter one for stderr (a process's stderr is ``backslashreplace`` whatever
+``PYTHONIOENCODING`` says, which writes a lone ``\\udcff`` exactly as the escape looks)."""
 
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import pytest
-from drift_testing import OFFSET_EXPECT, S0
+from drift_testing import OFFSET_EXPECT, S0, cli
 
 BAD = os.fsdecode(b"drift-\xff")
 """A file name whose bytes are not UTF-8."""
@@ -48,6 +54,21 @@ def finished(proc: subprocess.Popen[bytes]) -> tuple[int, str, str]:
     out, err = stdout.decode(), stderr.decode()
     assert "Traceback" not in out + err and "internal error" not in err, err[-2000:]
     return proc.returncode, out, err
+
+
+def in_process(*args: str | Path, capfd: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``logprob-drift ARGS`` in this process (``drift_testing.cli``): exit code, stdout and
+    stderr; like ``finished``, neither holds the raw byte (here the lone surrogate that stands
+    for it), each encodes as strict UTF-8, no traceback, no internal error; nor does anything
+    the command wrote to this process's own streams."""
+    capfd.readouterr()
+    code, out, err = cli(*args)
+    stray = capfd.readouterr()
+    for text in (out, err, stray.out, stray.err):
+        assert "\udcff" not in text
+        text.encode("utf-8")  # strict: a lone surrogate anywhere raises
+    assert "Traceback" not in out + err + stray.err and "internal error" not in err, err[-2000:]
+    return code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -82,22 +103,22 @@ def test_run_prints_the_artifacts_path_escaped(bad_run: dict[str, Any]) -> None:
 
 
 def test_report_writes_the_page_and_one_line_with_the_paths_escaped(
-    bad_run: dict[str, Any],
+    bad_run: dict[str, Any], capfd: pytest.CaptureFixture[str]
 ) -> None:
     finished(bad_run["run"])
     root, run_dir = bad_run["root"], bad_run["run_dir"]
-    # the page outside the run (its links pass through drift-\xff) and in the run's default place
+    # the page outside the run (its links pass through drift-\xff): a real process; the page
+    # in the run's default place: in this process, meanwhile
     outside = root / "pages" / "s0.html"
     elsewhere = command("report", run_dir, "--html", outside, cwd=root)
-    beside = command("report", run_dir, cwd=root)  # both at once: each its own interpreter
-    code, out, _ = finished(elsewhere)
-    assert code == 0
-    assert re.search(rf"^HTML report: {re.escape(str(outside))} \(\d+\.\d\d MB\)$", out, re.M)
-    code, out, _ = finished(beside)
+    code, out, _ = in_process("report", run_dir, capfd=capfd)
     assert code == 0
     (line,) = [ln for ln in out.splitlines() if ln.startswith("HTML report: ")]
     (inside,) = run_dir.glob("report-*.html")
     assert line.startswith(f"HTML report: {str(inside).replace(BAD, SHOWN)} (")
+    code, out, _ = finished(elsewhere)
+    assert code == 0
+    assert re.search(rf"^HTML report: {re.escape(str(outside))} \(\d+\.\d\d MB\)$", out, re.M)
 
     for page in (outside, inside):
         html = page.read_text(encoding="utf-8")  # strict: the page is UTF-8
@@ -109,14 +130,14 @@ def test_report_writes_the_page_and_one_line_with_the_paths_escaped(
     assert any("/drift-%FF/" in link for link in re.findall(r"href='([^']*)'", outside.read_text()))
 
 
-def test_verify_and_report_errors_show_the_path_escaped(bad_run: dict[str, Any]) -> None:
+def test_verify_and_report_errors_show_the_path_escaped(
+    bad_run: dict[str, Any], capfd: pytest.CaptureFixture[str]
+) -> None:
     finished(bad_run["run"])
-    root, base, run_dir = bad_run["root"], bad_run["base"], bad_run["run_dir"]
-    verify = command("verify", run_dir, cwd=root)
-    not_a_run = command("report", base, cwd=root)
-    code, out, _ = finished(verify)
+    base, run_dir = bad_run["base"], bad_run["run_dir"]
+    code, out, _ = in_process("verify", run_dir, capfd=capfd)
     assert code == 0 and out.splitlines()[-1] == "3 attempt(s), 1 attribution(s), 0 invalid"
-    code, out, err = finished(not_a_run)
+    code, out, err = in_process("report", base, capfd=capfd)
     assert code == 2 and out == ""
     (line,) = err.splitlines()
     assert line.startswith("logprob-drift: error: ") and f"{SHOWN}" in line, line
