@@ -18,6 +18,14 @@ from pathlib import Path
 
 import pytest
 
+# The suite keeps Python's compiled-module cache on (``__pycache__``, git-ignored) even where the
+# environment turns it off (``PYTHONDONTWRITEBYTECODE``): without it every test process, and
+# every CLI or pytest subprocess a test starts, compiles the package and pytest rewrites each
+# test module again (collect-only measured 23.4 s of CPU without the cache, 7.7 s with it).
+# Nothing a test asserts depends on it.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 @pytest.fixture(autouse=True)
 def torch_threads_kept() -> Iterator[None]:

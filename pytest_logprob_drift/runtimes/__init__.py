@@ -22,6 +22,9 @@ from pytest_logprob_drift.records import (
     ScenarioLevel,
 )
 
+TINY_SCHEME = "tiny://"
+"""The URI scheme of the checkpoints ``tiny_model`` builds from code (torch-free here, so a
+reader can tell a tiny URI without importing the builder)."""
 TINY_QWEN3 = BuiltinCheckpoint(uri="tiny://qwen3-h64-v1", vocab_size=1024, max_positions=512)
 """The tiny Qwen3 checkpoint ``tiny_model`` builds from code (its ``TINY_SCHEME`` +
 ``TINY_QWEN3_NAME``, ``VOCAB_SIZE`` and ``MAX_POSITIONS``; a test keeps them equal). Both

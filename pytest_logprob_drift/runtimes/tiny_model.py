@@ -36,6 +36,7 @@ import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from pytest_logprob_drift.errors import DriftError, ExitCode
+from pytest_logprob_drift.runtimes import TINY_SCHEME
 from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_bars, tf
 
 __all__ = [
@@ -54,7 +55,6 @@ __all__ = [
     "special_token_ids",
 ]
 
-TINY_SCHEME: Final = "tiny://"
 TINY_QWEN3_NAME: Final = "qwen3-h64-v1"
 TINY_QWEN3_DEEP_NAME: Final = "qwen3-deep-l8-h64-v1"
 """The deep tiny Qwen3: the same tokenizer, widths and seed with 8 decoder layers, so the

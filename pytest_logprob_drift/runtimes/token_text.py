@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_logprob_drift.runtimes import TINY_SCHEME
+
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -23,9 +25,9 @@ def checkpoint_directory(checkpoint: Mapping[str, Any]) -> Path | None:
     """The local directory of the checkpoint (None when it has none)."""
     uri = str(checkpoint.get("uri") or "")
     digest = checkpoint.get("digest")
-    from pytest_logprob_drift.runtimes.tiny_model import TINY_SCHEME, resolve_checkpoint
+    if uri.startswith(TINY_SCHEME):  # the builder (torch, transformers) only for a tiny URI
+        from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 
-    if uri.startswith(TINY_SCHEME):
         return resolve_checkpoint(uri, expected_digest=digest if digest else None).path
     path = Path(uri)
     return path if uri and path.is_dir() else None
