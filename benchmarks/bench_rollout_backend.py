@@ -123,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-goal", action="store_true", help="report only; never exit 1")
     args = parser.parse_args(argv)
     missed = []
-    print(f"{'shape':>12} {'dtype':>9} {'mode':>19} {'method':>24} {'best ms':>9} "
-          f"{'median ms':>10} {'x native':>9}")
+    print(
+        f"{'shape':>12} {'dtype':>9} {'mode':>19} {'method':>24} {'best ms':>9} "
+        f"{'median ms':>10} {'x native':>9}"
+    )
     for shape in args.shapes:
         rows, vocab = (int(part) for part in shape.split("x"))
         for dtype in args.dtypes:

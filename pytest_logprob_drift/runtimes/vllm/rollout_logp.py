@@ -143,6 +143,25 @@ def sampler_untouched(sampler: Any) -> bool:
     return not getattr(forward, "_drift_logp", False)
 
 
+_PROBE_COLUMNS: Final = 64
+
+
+def _snapshot(logits: Any) -> Any:
+    """A copy of ``_PROBE_COLUMNS`` evenly spaced columns of ``logits``: vLLM's workers run
+    under ``torch.inference_mode``, whose tensors keep no version counter, so an in-place
+    write into logits the kernel still has to read is detected by comparing these columns
+    (a cheap probe, not a proof: the writes vLLM is known to make are kept off the logits)."""
+    step = max(1, int(logits.shape[-1]) // _PROBE_COLUMNS)
+    return logits[..., ::step].clone()
+
+
+def _unchanged(logits: Any, snapshot: Any) -> bool:
+    import torch
+
+    step = max(1, int(logits.shape[-1]) // _PROBE_COLUMNS)
+    return bool(torch.equal(logits[..., ::step], snapshot))
+
+
 def _check_kernel_output(state: _State, values: Any, rows: int) -> Any:
     import torch
 
@@ -227,13 +246,13 @@ def install_on_sampler(sampler: Any, spec: dict[str, Any], kernel: Any) -> list[
     def topk_forward(logits: Any, generators: Any, k: Any, p: Any) -> Any:
         # vLLM's own top-k/top-p, then vLLM's own sampling of exactly those logits.
         processed = topk_module.apply_top_k_top_p(logits, k, p)
-        state.processed = (processed, processed._version)
+        state.processed = (processed, _snapshot(processed))
         return original_topk(processed, generators, None, None)
 
     topk_forward._drift_logp = True  # type: ignore[attr-defined]
 
     def sample(logits: Any, sampling_metadata: Any, logprobs_mode_override: Any = None) -> Any:
-        state.processed = (logits, logits._version) if sampling_metadata.all_greedy else None
+        state.processed = (logits, _snapshot(logits)) if sampling_metadata.all_greedy else None
         return original_sample(logits, sampling_metadata, logprobs_mode_override)
 
     def forward(
@@ -258,14 +277,14 @@ def install_on_sampler(sampler: Any, spec: dict[str, Any], kernel: Any) -> list[
             # vLLM upcasts with .to(float32), the same tensor when it is float32 already; the
             # temperature is divided out of place (``temperature_out_of_place``); what else
             # writes into the logits in place (allowed-token masks, bad words, penalties) is
-            # kept off them by a copy, and anything left shows in the version counter.
+            # kept off them by a copy, and anything left shows in a probe of its columns (``_snapshot``).
             in_place = (
                 sampling_metadata.allowed_token_ids_mask is not None
                 or bool(sampling_metadata.bad_words_token_ids)
                 or not sampling_metadata.no_penalties
             )
             raw = logits.clone() if in_place and logits.dtype == torch.float32 else logits
-            raw_version = raw._version
+            raw_snapshot = _snapshot(raw)
         state.processed = None
         out = original_forward(
             logits,
@@ -276,7 +295,7 @@ def install_on_sampler(sampler: Any, spec: dict[str, Any], kernel: Any) -> list[
         sampled = out.sampled_token_ids[:, 0].long()
         if raw is not None:
             source = raw
-            if raw._version != raw_version:
+            if not _unchanged(raw, raw_snapshot):
                 state.counts["logits_modified"] += 1
         else:
             captured, state.processed = state.processed, None
@@ -284,8 +303,8 @@ def install_on_sampler(sampler: Any, spec: dict[str, Any], kernel: Any) -> list[
                 state.counts["processed_missing"] += 1
                 source = logits.to(torch.float32)
             else:
-                source, version = captured
-                if source._version != version:
+                source, snapshot = captured
+                if not _unchanged(source, snapshot):
                     state.counts["logits_modified"] += 1
         values = _score(state, source, sampled)
         if values is None:
@@ -313,7 +332,7 @@ def install_on_sampler(sampler: Any, spec: dict[str, Any], kernel: Any) -> list[
 
     def compute_logprobs(logits: Any) -> Any:
         scores = cls.compute_logprobs(logits)
-        state.pending = {"scores": scores, "logits": logits, "version": logits._version}
+        state.pending = {"scores": scores, "logits": logits, "snapshot": _snapshot(logits)}
         return scores
 
     def gather_logprobs(logprobs: Any, num_logprobs: int, token_ids: Any) -> Any:
@@ -323,7 +342,7 @@ def install_on_sampler(sampler: Any, spec: dict[str, Any], kernel: Any) -> list[
             state.counts["unpaired_gather"] += 1
             return gathered
         logits = pending["logits"]
-        if logits._version != pending["version"]:
+        if not _unchanged(logits, pending["snapshot"]):
             state.counts["logits_modified"] += 1
         values = _score(state, logits, token_ids.long())
         if values is None:
