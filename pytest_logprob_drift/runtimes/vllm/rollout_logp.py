@@ -277,7 +277,8 @@ def install_on_sampler(sampler: Any, spec: dict[str, Any], kernel: Any) -> list[
             # vLLM upcasts with .to(float32), the same tensor when it is float32 already; the
             # temperature is divided out of place (``temperature_out_of_place``); what else
             # writes into the logits in place (allowed-token masks, bad words, penalties) is
-            # kept off them by a copy, and anything left shows in a probe of its columns (``_snapshot``).
+            # kept off them by a copy, and anything left shows in a probe of its columns
+            # (``_snapshot``).
             in_place = (
                 sampling_metadata.allowed_token_ids_mask is not None
                 or bool(sampling_metadata.bad_words_token_ids)
