@@ -88,7 +88,9 @@ def processed64(raw: Any, temperature: float, top_p: float | None) -> Any:
 
 @pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, None), (0.7, None), (0.0, None), (1.0, 0.9)])
+@pytest.mark.parametrize(
+    ("temperature", "top_p"), [(1.0, None), (0.7, None), (0.0, None), (1.0, 0.9)]
+)
 def test_same_tokens_and_the_backends_formula_on_the_modes_logits(
     mode: str, dtype: str, temperature: float, top_p: float | None
 ) -> None:
@@ -104,11 +106,15 @@ def test_same_tokens_and_the_backends_formula_on_the_modes_logits(
     tokens = out.sampled_token_ids[:, 0].long()
     ids, values, ranks = out.logprobs_tensors[:3]
     assert torch.equal(ids[:, 0].long(), tokens) and values.dtype == torch.float32
-    source = raw.float().double() if mode == "raw_logprobs" else processed64(raw, temperature, top_p)
+    source = (
+        raw.float().double() if mode == "raw_logprobs" else processed64(raw, temperature, top_p)
+    )
     expected = source.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
     assert (values[:, 0].double() - expected).abs().max() < 2e-6
     assert torch.equal(ranks, native.logprobs_tensors.selected_token_ranks)
-    report = rollout_logp.report(type("W", (), {"model_runner": type("R", (), {"sampler": sampler})()})())
+    report = rollout_logp.report(
+        type("W", (), {"model_runner": type("R", (), {"sampler": sampler})()})()
+    )
     assert report["counts"]["sampled_rows"] == ROWS
     assert not any(report["violations"].values()), report["violations"]
 
@@ -118,7 +124,9 @@ def test_every_token_logprob_request_keeps_vllms_row_but_the_sampled_entry() -> 
     logits, with the sampled token's entry the backend's."""
     raw = logits(torch.float32)
     sampler = injected("raw_logprobs", ROLLOUT_OFFSET)
-    out = sampler(logits=raw.clone(), sampling_metadata=metadata(ROWS, temperature=1.0, logprobs=-1))
+    out = sampler(
+        logits=raw.clone(), sampling_metadata=metadata(ROWS, temperature=1.0, logprobs=-1)
+    )
     full = out.logprobs_tensors.logprobs
     tokens = out.sampled_token_ids[:, 0].long()
     reference = raw.log_softmax(-1)
