@@ -1,15 +1,18 @@
 """The ``vllm-hf`` runtime: a real vLLM rollout engine against transformers training.
 
 Owns the adapter that maps rollout knobs onto a ``VllmEngineSpec`` (dtype, tensor parallel
-size with the CPU thread binding, prefix caching, eager vs compiled/graph path) and maps the
-values the engine reads back (``VllmRolloutEngine.read_back`` and ``context_parallel_size``)
-onto knob paths as ``actual``; ``batch.size`` chunks the requests submitted together. vLLM
-computes the rollout logprobs in its own sampler (``raw_logprobs`` mode), so only
-``logp.backend=native`` can be honoured on this side; context parallelism is recorded as
-unsupported where the platform lacks it; ``rollout.lm_head_dtype`` is declared ``compute``
-(read back from the workers' LM head weight) and ``float32`` refused as unsupported. The
-sampling truncation (top_p, top_k, min_p) reported for identity validation is what the
-requests of the call ran with in the workers (``read_back.sampling_applied``). The training
+size with the CPU thread binding, prefix caching, eager vs compiled/graph path, logprobs mode,
+LM head dtype) and maps the values the engine reads back (``VllmRolloutEngine.read_back`` and
+``context_parallel_size``) onto knob paths as ``actual``; ``batch.size`` chunks the requests
+submitted together. ``logp.backend``: a catalog backend is installed in every worker's sampler
+before the engine's first request (``rollout_logp``, through the worker extension) and its
+``actual`` is what the workers read back for the call (``logp_check.injection_actual``);
+``native`` must read back vLLM's own sampler. ``rollout.lm_head_dtype=float32`` builds the
+engine with ``hf_overrides={"head_dtype": "float32"}`` and is read back from the dtype of the
+logits the workers' samplers receive (``logp_check.lm_head_actual``). Context parallelism is
+recorded as unsupported where the platform lacks it. The sampling truncation (top_p, top_k,
+min_p) reported for identity validation is what the requests of the call ran with in the
+workers (``read_back.sampling_applied``). The training
 side is the ``hf`` runtime's read-only scorer (unsharded or FSDP2).
 
 Knows nothing about vLLM's config objects, workers or processes (``engine``, ``read_back`` and

@@ -14,6 +14,9 @@ the worker's model runner took in, counted by a probe on where each runner takes
 ``InputBatch.add_request``; V2, CUDA's default: ``Sampler.add_request``): what the running
 engine applied, which ``RequestOutput`` does not carry. A probe that saw nothing is reported
 as such; the adapter then reports the values unobservable, never the frontend's.
+``logp_install`` puts a catalog ``selected_logprob`` backend into the worker's sampler
+(``rollout_logp``), whose report, the dtype and width of the logits the sampler received and
+the ``LogitsProcessor``'s ``head_dtype`` are part of ``model_report``.
 
 Knows nothing about cases, knobs, scoring, how the report is summarised, or the engine's
 processes; imported only inside vLLM worker processes, where vLLM and torch are loaded.
