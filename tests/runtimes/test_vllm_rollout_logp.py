@@ -17,6 +17,7 @@ hidden states (and not the bfloat16 head), and the attribution says it moved the
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -187,21 +188,37 @@ def _prompt_path_captures(llm: Any, rows: list[list[int]]) -> list[tuple[Any, An
             model.__dict__["_test_hooked"] = True
         return int(wtorch.tensor(0).item())
 
-    def collect(worker: Any) -> dict[str, Any]:
+    def collect(worker: Any) -> bytes:
+        import io
+
+        import torch as wtorch
+
         model = worker.get_model()
-        return {
-            "calls": [(h, o) for h, o in model.__dict__["_test_captures"]],
-            "weight": model.lm_head.weight.detach().clone(),
-        }
+        buffer = io.BytesIO()
+        wtorch.save(
+            {
+                "calls": list(model.__dict__["_test_captures"]),
+                "weight": model.lm_head.weight.detach().clone(),
+            },
+            buffer,
+        )
+        return buffer.getvalue()
 
     llm.collective_rpc(arm)
     params = SamplingParams(n=1, max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
     llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], [params] * len(rows))
-    (got,) = llm.collective_rpc(collect)
-    # One step: the sampled positions' logits ([rows, V]) first, then each request's prompt
-    # positions in submission order.
-    calls = [c for c in got["calls"]]
-    prompt_calls = calls[1 : 1 + len(rows)]
+    (sent,) = llm.collective_rpc(collect)
+    got = torch.load(io.BytesIO(sent), weights_only=True)
+    # Each engine step: the sampled positions' logits (``[k, V]``, one row per request of the
+    # step) first, then each of those k requests' prompt positions, requests in submission
+    # order (the scheduler is first come, first served).
+    calls = list(got["calls"])
+    prompt_calls = []
+    at = 0
+    while at < len(calls):
+        step = int(calls[at][0].shape[0])
+        prompt_calls += calls[at + 1 : at + 1 + step]
+        at += 1 + step
     for row, (hidden, _logits) in zip(rows, prompt_calls, strict=True):
         assert hidden.shape[0] == len(row) - 1, (hidden.shape, len(row))
     return [(h, o, got["weight"]) for h, o in prompt_calls]
