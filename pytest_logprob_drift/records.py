@@ -534,9 +534,25 @@ class RuntimeInfo(Record):
     sides): what ``logprob-drift init`` writes."""
     interventions: tuple[KnobTrial, ...] = ()
     """The standard interventions it executes, one knob at a time (``logprob-drift init``)."""
+    logp_refusals: tuple[tuple[str, str, str], ...] = ()
+    """``(target, alignment property, reason)``: on that side this runtime cannot inject a
+    ``selected_logprob`` backend whose descriptor declares that alignment property, and why.
+    A case binding one there is not executable by this runtime (planning drops it from the
+    case's ``executable_by``; the runner refuses it before any engine is built)."""
 
     def executes(self, scenario: Scenario) -> bool:
         return scenario.level in self.levels and scenario.device in self.devices
+
+    def logp_refusal(self, target: str, backend: str, properties: tuple[str, ...]) -> str | None:
+        """Why this runtime cannot inject ``backend`` (declaring ``properties``) on the
+        ``target`` side; None when it can."""
+        for side, prop, reason in self.logp_refusals:
+            if side == target and prop in properties:
+                return (
+                    f"runtime {self.name!r} cannot inject {backend} ({prop}) on the {target} "
+                    f"side: {reason}"
+                )
+        return None
 
     def plan_only_reason(self, scenario: Scenario) -> str:
         levels = "/".join(level.value for level in self.levels)

@@ -1,8 +1,8 @@
 """``rollout.lm_head_dtype`` (issue 13): the knob, how each runtime declares it, case ids.
 
-The transformers rollout applies both values; the vLLM rollout declares ``compute`` only and
-refuses ``float32`` as unsupported (its read-back reads the LM head weight the workers
-loaded). Configs without the field keep their case ids (``case_ids_before_issue13.json``,
+Both rollouts apply both values (vLLM's ``float32`` through ``hf_overrides={"head_dtype":
+"float32"}`` since issue 33; its read-back reads the dtype of the logits the workers' samplers
+receive). Configs without the field keep their case ids (``case_ids_before_issue13.json``,
 checked by ``test_sampling_semantics``); a config that names it gets its own.
 """
 
@@ -63,18 +63,18 @@ def test_transformers_rollout_applies_both_values() -> None:
         assert record.value == value
 
 
-def test_vllm_rollout_declares_compute_and_refuses_float32() -> None:
+def test_vllm_rollout_applies_both_values() -> None:
+    """``float32`` through vLLM's ``hf_overrides={"head_dtype": "float32"}`` (issue 33)."""
     pytest.importorskip("transformers")
     from pytest_logprob_drift.runtimes.vllm.adapter import VllmHfAdapter
 
     adapter = VllmHfAdapter()
     compute = adapter.materialize({"rollout.lm_head_dtype": "compute"})["rollout.lm_head_dtype"]
     assert compute.status is ApplicationStatus.APPLIED
-    refused = adapter.materialize({"rollout.lm_head_dtype": "float32"})["rollout.lm_head_dtype"]
-    assert refused.status is ApplicationStatus.UNSUPPORTED
-    assert refused.value is None
-    assert "rollout.lm_head_dtype='float32'" in refused.evidence
-    assert "vLLM declares only 'compute'" in refused.evidence
+    head = adapter.materialize({"rollout.lm_head_dtype": "float32"})["rollout.lm_head_dtype"]
+    assert head.status is ApplicationStatus.APPLIED
+    assert head.value == "float32"
+    assert "hf_overrides={'head_dtype': 'float32'}" in head.evidence
 
 
 def test_vllm_read_back_of_the_lm_head_dtype() -> None:

@@ -129,14 +129,19 @@ class CaseExecution:
     store: ArtifactStore
     execution_key: str
     key_payload: Mapping[str, Any]
+    refusals: tuple[str, ...] = ()
+    """Why the runtime cannot execute this case at all, known before any engine is built
+    (``ExecutionCase.runtime_refusals``): the attempt is sealed STRICT_REJECTED with them."""
 
 
 def execute_case(run: CaseExecution) -> ExecutedAttempt:
     """Strict pre-checks, paired scoring, the verdict, and the sealed attempt."""
     case = run.ec.case
     scored = _Scored(records=application_records(case.requested, run.materialized, None))
-    reasons = _stale_registry(run) + strict_violations(
-        scored.records, changed=case.changed, strict=run.strict
+    reasons = (
+        list(run.refusals)
+        + _stale_registry(run)
+        + strict_violations(scored.records, changed=case.changed, strict=run.strict)
     )
     if not reasons:
         with OperatorSession(
@@ -187,7 +192,10 @@ def _resolve_kernels(
                 None
                 if kernel is None
                 else BoundKernel(
-                    b.backend, kernel, resolved.descriptor.factory if by_name else None
+                    b.backend,
+                    kernel,
+                    resolved.descriptor.factory if by_name else None,
+                    resolved.reference(),
                 )
             )
     except OperatorResolutionError as exc:

@@ -73,6 +73,11 @@ class BoundKernel:
     kernel: Callable[..., Any]
     factory: str | None = None
     """``module:attr`` of the kernel when it can be imported by name (e.g. in a rank process)."""
+    reference: Mapping[str, Any] | None = None
+    """What another process needs to build the same kernel and prove it did
+    (``ResolvedOperator.reference``: backend, factory, factory style, target, options,
+    version, build fingerprint), for runtimes that run the kernel outside this process (vLLM
+    workers); None when the kernel has no importable factory."""
 
     def __call__(self, logits: Any, token_ids: Any) -> Any:
         return self.kernel(logits, token_ids)

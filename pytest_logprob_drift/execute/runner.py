@@ -302,6 +302,7 @@ class Runner:
                 store=self.store,
                 execution_key=key,
                 key_payload=payload,
+                refusals=tuple(ec.runtime_refusals(self.info)),
             )
         )
         attempt_dir = self.store.case_dir(ec.case.case_id) / executed.seal.attempt_id

@@ -67,6 +67,19 @@ class ExecutionCase(Record):
 
     case: Case
     bindings: tuple[OperatorBinding, ...]
+    alignment: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Per target, the alignment properties the bound backend's descriptor declares (what a
+    runtime's ``logp_refusals`` are checked against); not part of any row or fingerprint."""
+
+    def runtime_refusals(self, runtime: RuntimeInfo) -> list[str]:
+        """Why ``runtime`` cannot inject this case's backends (empty when it can)."""
+        properties = dict(self.alignment)
+        reasons = []
+        for b in self.bindings:
+            why = runtime.logp_refusal(b.target, b.backend, properties.get(b.target, ()))
+            if why is not None:
+                reasons.append(why)
+        return reasons
 
     def binding(self, target: str, operation: str = SELECTED_LOGPROB) -> OperatorBinding:
         for b in self.bindings:
@@ -93,9 +106,15 @@ class ExecutionPlan(Record):
         return any(i.severity is IssueSeverity.ERROR for i in self.issues)
 
     def rows(self, runtimes: Sequence[RuntimeInfo]) -> list[dict[str, Any]]:
-        """Canonical rows; ``executable_by`` names those of ``runtimes`` that execute it."""
-        executable = sorted(r.name for r in runtimes if r.executes(self.plan.scenario))
-        return [case_row(self, ec, executable) for ec in self.cases]
+        """Canonical rows; ``executable_by`` names those of ``runtimes`` that execute it: its
+        scenario, and the backends it binds (``ExecutionCase.runtime_refusals``)."""
+        executable = sorted(
+            (r for r in runtimes if r.executes(self.plan.scenario)), key=lambda r: r.name
+        )
+        return [
+            case_row(self, ec, [r.name for r in executable if not ec.runtime_refusals(r)])
+            for ec in self.cases
+        ]
 
 
 def side_topology(requested: Mapping[str, KnobValue], target: str) -> dict[str, int]:
@@ -153,7 +172,12 @@ def build_execution_plan(
             b for target in TARGETS if (b := binder.bind(case, target, explicit, paths)) is not None
         ]
         if len(bindings) == len(TARGETS):
-            bound.append(ExecutionCase(case=case, bindings=tuple(bindings)))
+            alignment = tuple(
+                (b.target, d.alignment_properties)
+                for b in bindings
+                if (d := catalog.get(SELECTED_LOGPROB, b.backend)) is not None
+            )
+            bound.append(ExecutionCase(case=case, bindings=tuple(bindings), alignment=alignment))
     return ExecutionPlan(
         plan=plan, cases=tuple(bound), issues=tuple(issues), catalog_fingerprint=catalog.fingerprint
     )

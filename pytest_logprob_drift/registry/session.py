@@ -49,6 +49,24 @@ class ResolvedOperator(Record):
             "options": dict(self.options),
         }
 
+    def reference(self) -> dict[str, Any] | None:
+        """What another process needs to build this side's kernel by name and prove which it
+        built (None for the runtime's native path): the backend id, the factory
+        (``module:attr``) and its style, the target and options a builder is called with, and
+        the descriptor's version and build fingerprint."""
+        d = self.descriptor
+        if d.factory is None:
+            return None
+        return {
+            "backend": d.backend_id,
+            "factory": d.factory,
+            "factory_style": d.factory_style.value,
+            "target": self.target,
+            "options": dict(self.options),
+            "version": d.version,
+            "build_fingerprint": d.build_fingerprint,
+        }
+
 
 class OperatorSession:
     """Per-case resolution, instantiation, cache and provenance. Use as a context manager."""

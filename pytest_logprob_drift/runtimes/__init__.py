@@ -108,6 +108,30 @@ TINY_QWEN3_DEEP = BuiltinCheckpoint(
 tiny one's tokenizer and widths), for the layer diagnostics."""
 TINY_CHECKPOINTS = (TINY_QWEN3, *TINY_ARCHITECTURES, TINY_QWEN3_DEEP)
 
+VOCAB_PARALLEL = "vocab_parallel_collectives"
+"""The alignment property of a backend that combines vocabulary shards with collectives
+(``rlkernel.vocab_parallel_logp``)."""
+
+HF_LOGP_REFUSALS = (
+    (
+        "rollout",
+        VOCAB_PARALLEL,
+        "the transformers rollout is one unsharded model in this process: there is no "
+        "process group to combine vocabulary shards over",
+    ),
+)
+VLLM_LOGP_REFUSALS = (
+    (
+        "rollout",
+        VOCAB_PARALLEL,
+        "vLLM's LogitsProcessor all-gathers the logits over the TP ranks before its sampler, "
+        "so every rank's sampler (where the backend is injected) already holds the full "
+        "vocabulary; a vocabulary-parallel backend would issue its collectives inside vLLM's "
+        "sampler step, on a process group vLLM does not hand out, to re-combine logits that "
+        "are already whole",
+    ),
+)
+
 HF = RuntimeInfo(
     name="hf",
     levels=(ScenarioLevel.S0,),
@@ -118,6 +142,7 @@ HF = RuntimeInfo(
     checkpoints=TINY_CHECKPOINTS,
     baseline=BASELINE,
     interventions=HF_TRIALS,
+    logp_refusals=HF_LOGP_REFUSALS,
 )
 VLLM_HF = RuntimeInfo(
     name="vllm-hf",
@@ -129,6 +154,7 @@ VLLM_HF = RuntimeInfo(
     checkpoints=TINY_CHECKPOINTS,
     baseline=BASELINE,
     interventions=VLLM_TRIALS,
+    logp_refusals=VLLM_LOGP_REFUSALS,
 )
 
 PRODUCTION_RUNTIMES: tuple[RuntimeInfo, ...] = (HF, VLLM_HF)

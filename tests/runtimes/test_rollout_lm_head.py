@@ -1,6 +1,6 @@
 """``rollout.lm_head_dtype`` on real engines: the transformers rollout applies ``float32``
-(read back from its live LM head), vLLM declares ``compute`` (read back from the LM head
-weight its workers loaded) and a ``float32`` request is refused before any engine is built.
+(read back from its live LM head), and so does vLLM (``hf_overrides={"head_dtype":
+"float32"}``, read back from the logits its workers' samplers receive; issue 33).
 On the same vLLM engine, the identity's ``min_p`` is observed in the requests the worker ran.
 """
 
@@ -51,7 +51,7 @@ def test_transformers_rollout_runs_its_lm_head_in_float32(tmp_path: Path) -> Non
         assert _knobs(result)["rollout.dtype"]["actual"] == "bfloat16"
 
 
-def test_vllm_declares_compute_and_refuses_a_float32_head(tmp_path: Path) -> None:
+def test_vllm_runs_compute_and_a_float32_head(tmp_path: Path) -> None:
     """Also: the identity's min_p (and top_p) observed on the running engine, in the requests
     its worker's batch took in, and reported for identity validation."""
     pytest.importorskip("vllm")
@@ -68,10 +68,12 @@ def test_vllm_declares_compute_and_refuses_a_float32_head(tmp_path: Path) -> Non
     knobs = _knobs(baseline)
     assert knobs["rollout.lm_head_dtype"]["actual"] == "compute"
     assert knobs["rollout.lm_head_dtype"]["status"] == "applied"
-    refused = results[CASE]
-    assert refused.outcome is Outcome.STRICT_REJECTED, refused.reason
-    assert "rollout.lm_head_dtype='float32': unsupported" in refused.reason
-    assert constructions == 1  # the refused case built no engine
+    # Since issue 33: vLLM's hf_overrides={"head_dtype": "float32"}, its own engine.
+    head = results[CASE]
+    assert head.outcome is Outcome.PASS, head.reason
+    record = _knobs(head)["rollout.lm_head_dtype"]
+    assert (record["status"], record["actual"]) == ("applied", "float32"), record
+    assert constructions == 2
     # The workers' LM head weight, read back from the live engine: the model's dtype.
     read_back = json.loads((baseline.attempt_dir / "actual.json").read_text())["read_back"]
     assert read_back["vllm.lm_head_dtype"] == read_back["vllm.dtype"] == "float32"

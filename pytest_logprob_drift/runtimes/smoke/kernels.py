@@ -1,8 +1,10 @@
 """Kernels of the smoke-only selected-logprob backends (torch).
 
-Owns ``smoke_only.logp_reference`` (PyTorch log_softmax plus gather, in float32) and
+Owns ``smoke_only.logp_reference`` (PyTorch log_softmax plus gather, in float32),
 ``smoke_only.logp_offset`` (the same, plus an authorized deterministic offset on the training
-side that exceeds the contract threshold, to prove mismatch detection). Knows nothing about
+side that exceeds the contract threshold, to prove mismatch detection) and
+``smoke_only.logp_rollout_offset`` (the same offset on the rollout side only, to prove that a
+backend injected into a rollout engine produced the rollout's logprobs). Knows nothing about
 registration or authorization: that is the descriptors' and the session's job.
 """
 
@@ -39,3 +41,21 @@ def build_offset_selected_logprob(
         return reference_selected_logprob(logits, token_ids) - offset
 
     return offset_selected_logprob
+
+
+def build_rollout_offset_selected_logprob(
+    *, target: str, options: Mapping[str, Any]
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Reference minus a fixed offset (8x the ws1 threshold, in float32) on the rollout side;
+    reference on the training side."""
+    if options:
+        raise ValueError(f"smoke_only.logp_rollout_offset takes no options, got {sorted(options)}")
+    threshold = resolve_contract("ws1", "current").threshold
+    offset = OFFSET_MULTIPLE_OF_THRESHOLD * threshold if target == "rollout" else 0.0
+
+    def rollout_offset_selected_logprob(
+        logits: torch.Tensor, token_ids: torch.Tensor
+    ) -> torch.Tensor:
+        return reference_selected_logprob(logits, token_ids) - offset
+
+    return rollout_offset_selected_logprob

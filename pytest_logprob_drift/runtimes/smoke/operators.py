@@ -1,6 +1,7 @@
 """Descriptors of the temporary smoke-only selected-logprob backends.
 
-Owns the static descriptors of ``smoke_only.logp_reference`` and ``smoke_only.logp_offset``.
+Owns the static descriptors of ``smoke_only.logp_reference``, ``smoke_only.logp_offset`` (moves
+the training side) and ``smoke_only.logp_rollout_offset`` (moves the rollout side).
 They are CPU-only and ``test_only``; they are published only through the
 ``pytest_logprob_drift.smoke`` entry-point group (never the production operators group), which
 only the frontends load, and executing them needs ``--allow-smoke-operators``. Their kernels
@@ -20,6 +21,10 @@ from pytest_logprob_drift.registry.catalog import (
 
 SMOKE_REFERENCE = "smoke_only.logp_reference"
 SMOKE_OFFSET = "smoke_only.logp_offset"
+SMOKE_ROLLOUT_OFFSET = "smoke_only.logp_rollout_offset"
+"""Moves the rollout side only (the offset above moves the training side only): proves that a
+backend injected into a rollout engine's sampler (vLLM's, in its workers) is what produced the
+rollout's logprobs."""
 OFFSET_MULTIPLE_OF_THRESHOLD = 8.0
 """The offset backend moves training-side logprobs by this multiple of the threshold."""
 
@@ -48,6 +53,21 @@ SMOKE_DESCRIPTORS: tuple[OperatorDescriptor, ...] = (
         alignment_properties=("deliberate_training_side_offset",),
         lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
         factory="pytest_logprob_drift.runtimes.smoke.kernels:build_offset_selected_logprob",
+        version="smoke-1",
+        build_fingerprint="smoke-1",
+        test_only=True,
+        factory_style=FactoryStyle.BUILDER,
+    ),
+    OperatorDescriptor(
+        operation=SELECTED_LOGPROB,
+        backend_id=SMOKE_ROLLOUT_OFFSET,
+        target_tags=("rollout", "training"),
+        devices=("cpu",),
+        dtypes=("float32", "bfloat16", "float16"),
+        required_topology=frozen_mapping({}),
+        alignment_properties=("deliberate_rollout_side_offset",),
+        lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+        factory="pytest_logprob_drift.runtimes.smoke.kernels:build_rollout_offset_selected_logprob",
         version="smoke-1",
         build_fingerprint="smoke-1",
         test_only=True,

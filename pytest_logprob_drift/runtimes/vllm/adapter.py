@@ -1,15 +1,18 @@
 """The ``vllm-hf`` runtime: a real vLLM rollout engine against transformers training.
 
 Owns the adapter that maps rollout knobs onto a ``VllmEngineSpec`` (dtype, tensor parallel
-size with the CPU thread binding, prefix caching, eager vs compiled/graph path) and maps the
-values the engine reads back (``VllmRolloutEngine.read_back`` and ``context_parallel_size``)
-onto knob paths as ``actual``; ``batch.size`` chunks the requests submitted together. vLLM
-computes the rollout logprobs in its own sampler (``raw_logprobs`` mode), so only
-``logp.backend=native`` can be honoured on this side; context parallelism is recorded as
-unsupported where the platform lacks it; ``rollout.lm_head_dtype`` is declared ``compute``
-(read back from the workers' LM head weight) and ``float32`` refused as unsupported. The
-sampling truncation (top_p, top_k, min_p) reported for identity validation is what the
-requests of the call ran with in the workers (``read_back.sampling_applied``). The training
+size with the CPU thread binding, prefix caching, eager vs compiled/graph path, logprobs mode,
+LM head dtype) and maps the values the engine reads back (``VllmRolloutEngine.read_back`` and
+``context_parallel_size``) onto knob paths as ``actual``; ``batch.size`` chunks the requests
+submitted together. ``logp.backend``: a catalog backend is installed in every worker's sampler
+before the engine's first request (``rollout_logp``, through the worker extension) and its
+``actual`` is what the workers read back for the call (``logp_check.injection_actual``);
+``native`` must read back vLLM's own sampler. ``rollout.lm_head_dtype=float32`` builds the
+engine with ``hf_overrides={"head_dtype": "float32"}`` and is read back from the dtype of the
+logits the workers' samplers receive (``logp_check.lm_head_actual``). Context parallelism is
+recorded as unsupported where the platform lacks it. The sampling truncation (top_p, top_k,
+min_p) reported for identity validation is what the requests of the call ran with in the
+workers (``read_back.sampling_applied``). The training
 side is the ``hf`` runtime's read-only scorer (unsharded or FSDP2).
 
 Knows nothing about vLLM's config objects, workers or processes (``engine``, ``read_back`` and
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.execute.protocol import (
+    BoundKernel,
     LayersUnavailable,
     LogpKernel,
     Materialized,
@@ -42,9 +46,14 @@ from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, special
 from pytest_logprob_drift.runtimes.transformers.adapter import (
     TransformersTrainingAdapter,
     applied,
-    lm_head_knob,
     side_identity,
     unsupported,
+)
+from pytest_logprob_drift.runtimes.vllm.logp_check import (
+    PROMPT,
+    SAMPLED,
+    injection_actual,
+    lm_head_actual,
 )
 from pytest_logprob_drift.runtimes.vllm.logs import prepare_vllm_logging
 from pytest_logprob_drift.runtimes.vllm.platform import rollout_sampler
@@ -96,6 +105,18 @@ def _observed_truncation(
     )
 
 
+def _reference(logp: LogpKernel | None) -> Mapping[str, Any] | None:
+    """What a vLLM worker needs to build the case's rollout kernel (None for native, or for a
+    kernel with no importable factory, which ``injection_actual`` then reports as not
+    injected)."""
+    return logp.reference if isinstance(logp, BoundKernel) else None
+
+
+def _injection(live: Mapping[str, Any]) -> list[dict[str, Any]]:
+    reports = live.get("logp_injection")
+    return [dict(r) for r in reports] if isinstance(reports, list) else []
+
+
 def vllm_platform_is_cpu() -> bool:
     """Whether the installed vLLM build runs on its CPU platform (imports vLLM once)."""
     prepare_vllm_logging()
@@ -131,6 +152,7 @@ class VllmRollout:
             seed=identity.sampling.seed,
             max_model_len=_model_len(identity),
             logprobs_mode=str(rollout.get("logprobs_mode", "raw_logprobs")),
+            lm_head_dtype=str(rollout.get("lm_head_dtype", "compute")),
             full_vocabulary=binding.full_vocabulary is not None,
             distributed_executor_backend="ray" if launcher == "ray" else None,
             ray_address=ray_address,
@@ -144,8 +166,10 @@ class VllmRollout:
             self.engine = self.build_engine(spec)
         except PlatformMismatch as exc:
             raise UsageError(f"scenario.device: {exc}") from None
+        self.lm_head_requested = spec.lm_head_dtype
         self.batch_size = 0
         self.backend_used = ""
+        self.logp_evidence = ""
         self.sampling_observed: dict[str, Any] = {"observed": False, "values": []}
         self._layer_evidence: dict[str, JSONScalar] = {}
         self._special = special_token_ids(self.checkpoint.path)
@@ -160,12 +184,17 @@ class VllmRollout:
         self, identity: ScoringIdentity, *, batch_size: int, logp: LogpKernel | None
     ) -> RolloutOutput:
         self.batch_size = batch_size
-        # vLLM's sampler computes the rollout logprobs; no kernel can be injected here.
-        self.backend_used = "native" if logp is None else f"native (ignored {backend_of(logp)})"
+        reference = _reference(logp)
+        if reference is not None:
+            # Before the engine's first request of the case; the engine serves one rollout
+            # operator binding (its construction fingerprint), so this installs once.
+            self.engine.install_logp(reference)
         eos, pad = self._special
         sampling = identity.sampling
         steps: list[list[torch.Tensor]] | None = [] if self.full_vocabulary else None
-        before = self._sampling_seen()
+        earlier = self.engine.read_back()
+        seen_before = earlier.get("sampling_seen")
+        before = list(seen_before) if isinstance(seen_before, list) else []
         tensors = self.engine.generate(
             identity.prompts.token_ids,
             max_new_tokens=sampling.max_new_tokens,
@@ -184,6 +213,15 @@ class VllmRollout:
         seen = live.get("sampling_seen")
         self.sampling_observed = sampling_applied(
             before, list(seen) if isinstance(seen, list) else []
+        )
+        self.backend_used, self.logp_evidence = injection_actual(
+            asked=backend_of(logp),
+            reference=reference,
+            before=_injection(earlier),
+            after=_injection(live),
+            rows=self.engine.generated_tokens,
+            site=SAMPLED,
+            tp_size=int(str(live["tensor_parallel_size"])),
         )
         truncation = _observed_truncation(self.sampling_observed, self.engine.applied_sampling)
         return RolloutOutput(
@@ -205,9 +243,26 @@ class VllmRollout:
         raw logprobs), in the case's own chunks of ``batch_size`` (``execute.protocol.
         PrefillReplay``)."""
         _eos, pad = self._special
+        reference = _reference(logp)
+        if reference is not None:
+            self.engine.install_logp(reference)
+        earlier = self.engine.read_back()
         values, scored, evidence = self.engine.replay_prefill(
             sequences(rollout), batch_size=batch_size
         )
+        live = self.engine.read_back()
+        asked = backend_of(logp)
+        ran, how = injection_actual(
+            asked=asked,
+            reference=reference,
+            before=_injection(earlier),
+            after=_injection(live),
+            rows=int(evidence["prompt_tokens_scored"]),
+            site=PROMPT,
+            tp_size=int(str(live["tensor_parallel_size"])),
+        )
+        if ran != asked:
+            raise ReplayUnavailable(f"the prompt logprobs of the replay did not run {asked}: {ran}")
         logprobs, token_ids = replay_grid(rollout, values, scored, pad)
         return ReplayOutput(
             logprobs=logprobs,
@@ -216,6 +271,8 @@ class VllmRollout:
                 "path": "vllm prompt_logprobs=0, max_tokens=1",
                 "logprob_semantics": "raw",
                 "batch_size": batch_size,
+                "logp_backend": asked,
+                "logp_evidence": how,
                 **evidence,
             },
         )
@@ -261,10 +318,6 @@ class VllmRollout:
         ``ReplayUnavailable`` with the live engine's reason (``execute.protocol.DecodeReplay``)."""
         raise ReplayUnavailable(self.engine.trace_replay_refusal())
 
-    def _sampling_seen(self) -> list[dict[str, Any]]:
-        seen = self.engine.read_back().get("sampling_seen")
-        return list(seen) if isinstance(seen, list) else []
-
     def read_back(self) -> Mapping[str, JSONScalar]:
         live = self.engine.read_back()
         actual: dict[str, JSONScalar] = {
@@ -275,11 +328,16 @@ class VllmRollout:
             "rollout.enforce_eager": bool(live["enforce_eager"]),
             "batch.size": self.batch_size,
             "logp.backend": self.backend_used,
+            "vllm.logp_evidence": self.logp_evidence,
             "rollout.logprobs_mode": str(live["logprobs_mode"]),
-            # The LM head weight the workers loaded: vLLM has no setting for it, so it is the
-            # model's dtype ("compute"), and a float32 request was refused at materialization.
-            "rollout.lm_head_dtype": lm_head_knob(
-                str(live["lm_head_dtype"]), str(live["dtype"]), "compute"
+            # The dtype of the logits the workers' samplers received (the LM head's output),
+            # checked against the LogitsProcessor's head_dtype; the head weight stays in the
+            # model's dtype either way (vllm.lm_head_dtype).
+            "rollout.lm_head_dtype": lm_head_actual(
+                requested=self.lm_head_requested,
+                model_dtype=str(live["dtype"]),
+                compute_dtype=str(live["lm_head_compute_dtype"]),
+                logits_dtype=str(live["sampler_logits_dtype"]),
             ),
             # The sampling parameters the last call's requests ran with in the workers.
             "vllm.sampling_applied": json.dumps(self.sampling_observed, sort_keys=True),
@@ -289,6 +347,9 @@ class VllmRollout:
             "vllm.executor_reason": self.engine.executor_reason,
         }
         for key, value in live.items():
+            if key == "logp_injection":
+                actual["vllm.logp_injection"] = json.dumps(value, sort_keys=True)
+                continue
             actual[f"vllm.{key}"] = (
                 value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
             )
@@ -336,14 +397,15 @@ class VllmHfAdapter(TransformersTrainingAdapter):
                 return applied(
                     value,
                     "vLLM's LM head (ParallelLMHead) is loaded and run in rollout.dtype "
-                    "(vllm.LLM(dtype=...)); read back from the workers' LM head weight",
+                    "(vllm.LLM(dtype=...)); read back from the dtype of the logits the "
+                    "workers' samplers receive",
                 )
-            return unsupported(
-                path,
+            return applied(
                 value,
-                "vLLM declares only 'compute': it has no setting to run the LM head (and the "
-                "logits it samples from) in float32 while the model runs in rollout.dtype; "
-                "rollout.dtype=float32 with rollout.lm_head_dtype=compute gives float32 logits",
+                "vllm.LLM(hf_overrides={'head_dtype': 'float32'}): the LogitsProcessor casts "
+                "the final hidden states and the LM head weight (kept in rollout.dtype) to "
+                "float32, so the sampler receives float32 logits; read back from the dtype of "
+                "the logits the workers' samplers receive and the LogitsProcessor's head_dtype",
             )
         if path == "rollout.context_parallel_size":
             if value == 1:
@@ -363,11 +425,15 @@ class VllmHfAdapter(TransformersTrainingAdapter):
                     "vLLM sampler logprobs (in its logprobs_mode) and the trainer's native "
                     "log_softmax",
                 )
-            return unsupported(
-                path,
+            return applied(
                 value,
-                "vLLM computes rollout logprobs in its sampler; a "
-                "selected-logprob backend cannot be injected on the rollout side",
+                f"{value} on both sides: in every vLLM worker's V1 sampler (worker extension, "
+                "runtimes.vllm.rollout_logp) the sampled token's logprob is "
+                "kernel(logits, sampled ids), the logits being the raw LM head output in the "
+                "model's dtype (raw_logprobs) or the float32 processed logits vLLM sampled "
+                "from (processed_logprobs), and a prompt token's logprob is kernel(raw "
+                "logits, prompt ids); read back from every worker's sampler; the trainer "
+                "calls it on its logits",
             )
         return unsupported(path, value, "no vLLM setting for it")
 

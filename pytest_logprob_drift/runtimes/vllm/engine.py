@@ -75,6 +75,9 @@ LOGPROBS_MODES: Final = ("raw_logprobs", "processed_logprobs")
 """The ``logprobs_mode`` values the engine is built with: the raw logits' logprobs, or those of
 the processed logits vLLM samples from (temperature, min_p, top_k, top_p)."""
 
+LM_HEAD_DTYPES: Final = ("compute", "float32")
+"""What the engine's LM head computes in: the model's dtype, or float32 (``head_dtype``)."""
+
 VLLM_MAX_LOGPROBS: Final = 20
 """vLLM 0.32's own ``max_logprobs`` default (``ModelConfig``), kept unless every token's logprob
 is asked for (``-1``: the vocabulary size)."""
@@ -110,6 +113,11 @@ class VllmEngineSpec:
     logprobs_mode: str = LOGPROBS_MODE
     full_vocabulary: bool = False
     """Built with ``max_logprobs=-1``, so that a request may ask for every token's logprob."""
+    lm_head_dtype: str = "compute"
+    """``compute``: the LM head runs in ``dtype`` (vLLM's default for a generation model);
+    ``float32``: ``hf_overrides={"head_dtype": "float32"}``, vLLM's ``LogitsProcessor`` casts
+    the hidden states and the (model-dtype) head weight to float32, so the logits the sampler
+    receives are float32."""
     device: str = "cpu"
     """The scenario device the engine must run on; a vLLM platform that is another device is
     refused before anything is built (``platform.platform_refusal``)."""
@@ -132,6 +140,8 @@ class VllmEngineSpec:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.lm_head_dtype not in LM_HEAD_DTYPES:
+            raise ValueError(f"lm_head_dtype must be one of {', '.join(LM_HEAD_DTYPES)}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}")
         if not Path(self.model_dir).is_dir():
@@ -256,6 +266,12 @@ class VllmRolloutEngine:
         executor_kwargs: dict[str, Any] = (
             {"distributed_executor_backend": executor} if executor else {}
         )
+        if spec.lm_head_dtype == "float32":
+            executor_kwargs["hf_overrides"] = {"head_dtype": "float32"}
+        self.generated_tokens = 0
+        """The tokens vLLM sampled in the last ``generate`` (every output token, before the
+        cut after EOS): the rows its sampler scored."""
+        self.logp_installed: list[dict[str, Any]] | None = None
         try:
             with (
                 engine_output(),
@@ -331,6 +347,18 @@ class VllmRolloutEngine:
             amx_enabled=self.amx_enabled,
         )
 
+    def install_logp(self, reference: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Install the catalog ``selected_logprob`` backend ``reference`` names in every worker's
+        sampler (``DriftWorkerExtension.logp_install``), before the engine's first request of
+        the case; returns each worker's report (TP rank order). Installed once per engine: the
+        engine is built for one rollout operator binding (its construction fingerprint)."""
+        if self.logp_installed is None:
+            self.logp_installed = [
+                dict(r)
+                for r in self._live().collective_rpc("logp_install", args=(dict(reference),))
+            ]
+        return self.logp_installed
+
     def _vocab_size(self) -> int:
         return int(self._live().llm_engine.vllm_config.model_config.get_vocab_size())
 
@@ -386,6 +414,7 @@ class VllmRolloutEngine:
                 )
         llm = self._live()
         responses: list[tuple[list[int], list[float]]] = []
+        self.generated_tokens = 0
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start : start + batch_size]
             requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in chunk]
@@ -409,6 +438,7 @@ class VllmRolloutEngine:
             if len(outputs) != len(chunk):
                 raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(chunk)}")
             for j, out in enumerate(outputs):
+                self.generated_tokens += len(out.outputs[0].token_ids)
                 responses.append(_response(out, start + j, eos_token_id))
                 if steps is not None:
                     steps.append(_full_rows(out, len(responses[-1][0]), self._vocab_size()))
@@ -483,6 +513,7 @@ class VllmRolloutEngine:
             "enable_prefix_caching": caching,
             "prefix_cache_reset_after": reset,
             "requests": len(sequences),
+            "prompt_tokens_scored": sum(len(s) - 1 for s in sequences),
         }
         return logprobs, scored, evidence
 

@@ -25,7 +25,9 @@ __all__ = [
     "MODEL_REPORT",
     "attention_backend",
     "context_parallel_size",
+    "joined",
     "lm_head_dtype",
+    "logp_injection",
     "model_runner",
     "read_back",
     "sampling_applied",
@@ -88,6 +90,27 @@ def lm_head_dtype(reports: Sequence[Mapping[str, Any]]) -> str:
     when no worker reported one."""
     dtypes = sorted({str(r["lm_head_dtype"]) for r in reports if "lm_head_dtype" in r})
     return ",".join(dtypes) if dtypes else "unknown"
+
+
+def joined(reports: Sequence[Mapping[str, Any]], key: str) -> str:
+    """The workers' values of ``key`` (a string, or a list of strings), sorted and joined;
+    ``unknown`` when no worker reported one."""
+    values: set[str] = set()
+    for report in reports:
+        value = report.get(key)
+        if isinstance(value, list):
+            values.update(str(v) for v in value)
+        elif value is not None:
+            values.add(str(value))
+    return ",".join(sorted(values)) if values else "unknown"
+
+
+def logp_injection(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each worker's ``selected_logprob`` injection report (``rollout_logp.report``), in TP rank
+    order: whether a backend is installed, which (id, version, build fingerprint, factory,
+    the kernel and its source's SHA-256), the sites patched, the model runner and sampler
+    classes, the rows scored per site and the violations counted."""
+    return [dict(r.get("logp") or {"installed": "unreported"}) for r in reports]
 
 
 def model_runner(reports: Sequence[Mapping[str, Any]]) -> str:
@@ -202,6 +225,11 @@ def read_back(
         "attention_backend": attention_backend(reports),
         "vocab_layout": vocab_layout(reports),
         "lm_head_dtype": lm_head_dtype(reports),
+        "lm_head_compute_dtype": joined(reports, "lm_head_compute_dtype"),
+        "sampler_logits_dtype": joined(reports, "sampler_logits_dtypes"),
+        "sampler_logits_width": joined(reports, "sampler_logits_width"),
+        "worker_extension_file": joined(reports, "extension_file"),
+        "logp_injection": logp_injection(reports),
         "sampling_seen": sampling_seen(reports),
         "model_runner": model_runner(reports),
         "num_engine_core_processes": len(process_ids["engine_core"]),

@@ -14,6 +14,9 @@ the worker's model runner took in, counted by a probe on where each runner takes
 ``InputBatch.add_request``; V2, CUDA's default: ``Sampler.add_request``): what the running
 engine applied, which ``RequestOutput`` does not carry. A probe that saw nothing is reported
 as such; the adapter then reports the values unobservable, never the frontend's.
+``logp_install`` puts a catalog ``selected_logprob`` backend into the worker's sampler
+(``rollout_logp``), whose report, the dtype and width of the logits the sampler received and
+the ``LogitsProcessor``'s ``head_dtype`` are part of ``model_report``.
 
 Knows nothing about cases, knobs, scoring, how the report is summarised, or the engine's
 processes; imported only inside vLLM worker processes, where vLLM and torch are loaded.
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 from collections import Counter
 from typing import Any
+
+from pytest_logprob_drift.runtimes.vllm import rollout_logp
 
 _VOCAB_LAYERS = ("embed_tokens", "lm_head")
 
@@ -154,11 +159,21 @@ class DriftWorkerExtension:
         from vllm.platforms import current_platform
 
         _install_sampling_probe()
+        worker: Any = self
+        sampler = getattr(getattr(worker, "model_runner", None), "sampler", None)
+        if sampler is not None:
+            rollout_logp.observe_logits(sampler)
         if not current_platform.is_cpu():
             return False
         if not torch.cpu._is_amx_tile_supported():
             return False
         return bool(torch.cpu._init_amx())
+
+    def logp_install(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Install the catalog ``selected_logprob`` backend ``spec`` names in this worker's
+        sampler (``rollout_logp.install``); returns what the worker then runs
+        (``rollout_logp.report``, with ``error`` when nothing was installed)."""
+        return rollout_logp.install(self, dict(spec))
 
     def layers_arm(self, tokens: int, positions: list[int]) -> int:
         """Arm the layer hooks for the next request of ``tokens`` prompt tokens: states at
@@ -257,7 +272,15 @@ class DriftWorkerExtension:
         weight = getattr(head, "weight", None)
         head_dtype = str(weight.dtype).removeprefix("torch.") if weight is not None else "none"
         probed = _install_sampling_probe()
+        processor = getattr(model, "logits_processor", None)
+        compute = getattr(processor, "head_dtype", None)
         return {
+            "extension_file": __file__,
+            "logp": rollout_logp.report(worker),
+            "lm_head_compute_dtype": (
+                str(compute).removeprefix("torch.") if compute is not None else "model"
+            ),
+            **rollout_logp.logits_seen(),
             "sampling_probe": model_runner(worker) in probed,
             "model_runner": model_runner(worker),
             "sampling_probes": list(probed),

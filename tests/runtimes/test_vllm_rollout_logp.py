@@ -1,0 +1,306 @@
+"""``logp.backend`` on the vLLM rollout side and vLLM's float32 LM head (issue 33), on real
+engines: the shipped S1 experiment run on ``vllm-hf`` with the contract's ``logp.backend``
+interventions added (``rlkernel.reference_logp``, ``rlkernel.chunked_logp`` and the test-only
+``smoke_only.logp_rollout_offset``) and ``rollout.lm_head_dtype=float32`` (alone, and paired
+with ``rollout.dtype=bfloat16``), with the prefill replay on (so the prompt-logprobs path
+runs the backend too).
+
+What must show: no case is STRICT_REJECTED; the rollout offset moves the rollout side's sealed
+scores by exactly the offset against the same float32 formula (the reference case's sealed
+scores) and nothing else, which proves the injection is live; the production backends'
+rollout logprobs equal the backend's formula applied here to logits taken from a plain
+``vllm.LLM`` through its own ``collective_rpc`` (not from the project's engine); the float32
+head executes, every worker reads back float32 logits at the sampler over a bfloat16 head
+weight, its prefill replay equals a float32 head computed here from the plain engine's final
+hidden states (and not the bfloat16 head), and the attribution says it moved the rollout side.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("vllm")
+
+from drift_testing import S1, cli  # noqa: E402
+
+from pytest_logprob_drift.runtimes.batch import sequences  # noqa: E402
+from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint  # noqa: E402
+from pytest_logprob_drift.tensorio import tensors_from_bytes  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+REFERENCE = "rlkernel.reference_logp"
+CHUNKED = "rlkernel.chunked_logp"
+OFFSET = "smoke_only.logp_rollout_offset"
+HEAD = "rollout.lm_head_dtype=float32"
+PAIR = "rollout.dtype=bfloat16,rollout.lm_head_dtype=float32"
+OFFSET_NATS = 0.008  # 8x the ws1 threshold
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("rollout-logp")
+    document: dict[str, Any] = json.loads(S1.read_text())
+    document["experiment_id"] = "s1-rollout-logp"
+    document["strategy"] = "pairwise"
+    document["baseline"]["rollout"]["lm_head_dtype"] = "compute"
+    document["interventions"] += [
+        {"path": "logp.backend", "values": [REFERENCE, CHUNKED, OFFSET]},
+        {"path": "rollout.lm_head_dtype", "values": ["float32"]},
+    ]
+    document["pairs"] = [["rollout.dtype", "rollout.lm_head_dtype"]]
+    document["diagnostics"] = {"replay": True}
+    config = work / "s1.json"
+    config.write_text(json.dumps(document))
+    artifacts = work / "runs"
+    code, out, err = cli(
+        "run",
+        config,
+        "--runtime",
+        "vllm-hf",
+        "--allow-smoke-operators",
+        "--artifacts",
+        artifacts,
+    )
+    root = artifacts / "s1-rollout-logp"
+    cases: dict[str, Path] = {}
+    for attempt in sorted(root.glob("cases/*/*/comparison.json")):
+        label = json.loads(attempt.read_text())["label"]
+        cases[label] = attempt.parent
+    (attribution,) = root.glob("attributions/*/attribution.json")
+    return {
+        "code": code,
+        "out": out,
+        "err": err,
+        "cases": cases,
+        "identity": document["identity"],
+        "attribution": json.loads(attribution.read_text()),
+    }
+
+
+def _outcome(attempt: Path) -> tuple[str, str]:
+    comparison = json.loads((attempt / "comparison.json").read_text())
+    return str(comparison["outcome"]), str(comparison["reason"])
+
+
+def _actual(attempt: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((attempt / "actual.json").read_text())
+    return document
+
+
+def _rollout(attempt: Path, name: str = "score_rollout.pt") -> dict[str, Any]:
+    return tensors_from_bytes((attempt / name).read_bytes())
+
+
+def test_every_case_executes_and_the_backends_are_what_ran(run: dict[str, Any]) -> None:
+    # 1: some case is not PASS (rollout.dtype=bfloat16, the rollout offset, maybe the pair)
+    assert run["code"] in (0, 1), run["out"][-3000:] + run["err"][-3000:]
+    cases = run["cases"]
+    assert len(cases) == 12, sorted(cases)
+    for label, attempt in cases.items():
+        outcome, reason = _outcome(attempt)
+        assert outcome != "STRICT_REJECTED", (label, reason)
+    for backend in (REFERENCE, CHUNKED):
+        attempt = cases[f"logp.backend={backend}"]
+        assert _outcome(attempt)[0] == "PASS"
+        actual = _actual(attempt)
+        record = actual["knobs"]["logp.backend"]
+        assert (record["status"], record["actual"]) == ("applied", backend)
+        evidence = actual["read_back"]["vllm.logp_evidence"]
+        assert "installed in the sampler of all 1 worker(s)" in evidence, evidence
+        (worker,) = json.loads(actual["read_back"]["vllm.logp_injection"])
+        assert worker["backend"] == backend and worker["installed"] is True
+        assert worker["model_runner"] == "CPUModelRunner" and worker["sampler_class"] == "Sampler"
+        assert not any(worker["violations"].values())
+        # the prefill replay's prompt logprobs ran the backend too
+        diagnostics = json.loads((attempt / "comparison.json").read_text())["diagnostics"]
+        prefill = diagnostics["path_split"]["prefill"]
+        assert prefill["status"] == "replay_ran", prefill
+        assert prefill["evidence"]["logp_backend"] == backend
+    baseline = _actual(cases["baseline"])
+    assert baseline["knobs"]["logp.backend"]["actual"] == "native"
+    (worker,) = json.loads(baseline["read_back"]["vllm.logp_injection"])
+    assert worker == {**worker, "installed": False, "untouched": True}
+
+
+def test_the_rollout_offset_is_exactly_the_offset_on_the_rollout_side(run: dict[str, Any]) -> None:
+    cases = run["cases"]
+    offset, reference = cases[f"logp.backend={OFFSET}"], cases[f"logp.backend={REFERENCE}"]
+    assert _outcome(offset)[0] == "MISMATCH"
+    moved, same = _rollout(offset), _rollout(reference)
+    assert torch.equal(moved["token_ids"], same["token_ids"])
+    active = moved["active_mask"].bool()
+    # the same float32 formula (log_softmax(logits.float()) gathered), minus the offset
+    assert torch.equal(moved["logprobs"][active], same["logprobs"][active] - OFFSET_NATS)
+    for replay in ("score_rollout_prefill.pt",):
+        assert torch.equal(
+            _rollout(offset, replay)["logprobs"][active],
+            _rollout(reference, replay)["logprobs"][active] - OFFSET_NATS,
+        )
+    trained = tensors_from_bytes((offset / "score_training.pt").read_bytes())["logprobs"]
+    trained_ref = tensors_from_bytes((reference / "score_training.pt").read_bytes())["logprobs"]
+    assert torch.equal(trained[active], trained_ref[active])  # the training side never moved
+
+
+def _plain_engine(model_dir: Path, dtype: str, seed: int) -> Any:
+    from vllm import LLM
+
+    return LLM(
+        model=str(model_dir),
+        tokenizer=str(model_dir),
+        skip_tokenizer_init=True,
+        dtype=dtype,  # type: ignore[arg-type]
+        seed=seed,
+        max_model_len=64,
+        kv_cache_memory_bytes=64 * 1024 * 1024,
+        enforce_eager=True,
+    )
+
+
+def _prompt_path_captures(llm: Any, rows: list[list[int]]) -> list[tuple[Any, Any, Any]]:
+    """``(hidden states, logits, lm_head weight)`` of each row's prompt positions, from a plain
+    engine: a forward hook on the model's ``logits_processor`` installed through the engine's
+    own ``collective_rpc``, the rows submitted together as prompt-logprobs requests
+    (``prompt_logprobs=0``, ``max_tokens=1``, as the prefill replay submits them)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    def arm(worker: Any) -> int:
+        import torch as wtorch
+
+        model = worker.get_model()
+        store = model.__dict__.setdefault("_test_captures", [])
+        store.clear()
+        if not model.__dict__.get("_test_hooked"):
+
+            def hook(_module: Any, args: Any, out: Any) -> None:
+                store.append((args[1].detach().clone(), out.detach().clone()))
+
+            model.logits_processor.register_forward_hook(hook)
+            model.__dict__["_test_hooked"] = True
+        return int(wtorch.tensor(0).item())
+
+    def collect(worker: Any) -> bytes:
+        import io
+
+        import torch as wtorch
+
+        model = worker.get_model()
+        buffer = io.BytesIO()
+        wtorch.save(
+            {
+                "calls": list(model.__dict__["_test_captures"]),
+                "weight": model.lm_head.weight.detach().clone(),
+            },
+            buffer,
+        )
+        return buffer.getvalue()
+
+    llm.collective_rpc(arm)
+    params = SamplingParams(n=1, max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+    llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], [params] * len(rows))
+    (sent,) = llm.collective_rpc(collect)
+    got = torch.load(io.BytesIO(sent), weights_only=True)
+    # Each engine step: the sampled positions' logits (``[k, V]``, one row per request of the
+    # step) first, then each of those k requests' prompt positions, requests in submission
+    # order (the scheduler is first come, first served).
+    calls = list(got["calls"])
+    prompt_calls = []
+    at = 0
+    while at < len(calls):
+        step = int(calls[at][0].shape[0])
+        prompt_calls += calls[at + 1 : at + 1 + step]
+        at += 1 + step
+    for row, (hidden, _logits) in zip(rows, prompt_calls, strict=True):
+        assert hidden.shape[0] == len(row) - 1, (hidden.shape, len(row))
+    return [(h, o, got["weight"]) for h, o in prompt_calls]
+
+
+def _sealed_rows(attempt: Path, name: str) -> tuple[list[list[int]], Any, Any]:
+    tensors = _rollout(attempt, name)
+    rollout = _rollout(attempt)
+    return sequences(rollout), tensors["logprobs"], rollout
+
+
+def test_production_backends_match_their_formula_on_a_plain_engines_logits(
+    run: dict[str, Any],
+) -> None:
+    from logprob_drift_operators.selected_logprob.chunked import chunked_selected_logprob
+    from logprob_drift_operators.selected_logprob.reference import reference_selected_logprob
+
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    checkpoint = resolve_checkpoint(run["identity"]["checkpoint"]["uri"], expected_digest=None)
+    llm = _plain_engine(checkpoint.path, "float32", int(run["identity"]["sampling"]["seed"]))
+    try:
+        for backend, formula in (
+            (REFERENCE, reference_selected_logprob),
+            (CHUNKED, chunked_selected_logprob),
+        ):
+            attempt = run["cases"][f"logp.backend={backend}"]
+            rows, sealed, rollout = _sealed_rows(attempt, "score_rollout.pt")
+            captures = _prompt_path_captures(llm, rows)
+            active = rollout["active_mask"].bool()
+            worst = 0.0
+            for i, (row, (_hidden, logits, _w)) in enumerate(zip(rows, captures, strict=True)):
+                ids = torch.tensor(row[1:], dtype=torch.long)
+                expected = formula(logits, ids)  # position t scores token t + 1
+                start = int(rollout["attention_mask"][i].nonzero()[0])
+                for t in active[i].nonzero().flatten().tolist():
+                    got = float(sealed[i, t])
+                    worst = max(worst, abs(got - float(expected[t - start - 1])))
+            assert worst < 1e-5, (backend, worst)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+
+
+def test_the_float32_head_is_read_back_and_matches_one_computed_here(run: dict[str, Any]) -> None:
+    cases = run["cases"]
+    for label, model_dtype in ((HEAD, "float32"), (PAIR, "bfloat16")):
+        actual = _actual(cases[label])
+        record = actual["knobs"]["rollout.lm_head_dtype"]
+        assert (record["status"], record["actual"]) == ("applied", "float32"), record
+        read_back = actual["read_back"]
+        assert read_back["vllm.sampler_logits_dtype"] == "float32"
+        assert read_back["vllm.lm_head_compute_dtype"] == "float32"
+        assert read_back["vllm.lm_head_dtype"] == read_back["vllm.dtype"] == model_dtype
+    bf16 = _actual(cases["rollout.dtype=bfloat16"])
+    assert bf16["knobs"]["rollout.lm_head_dtype"]["actual"] == "compute"
+    assert bf16["read_back"]["vllm.sampler_logits_dtype"] == "bfloat16"
+
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    checkpoint = resolve_checkpoint(run["identity"]["checkpoint"]["uri"], expected_digest=None)
+    llm = _plain_engine(checkpoint.path, "bfloat16", int(run["identity"]["sampling"]["seed"]))
+    try:
+        rows, prefill, rollout = _sealed_rows(cases[PAIR], "score_rollout_prefill.pt")
+        captures = _prompt_path_captures(llm, rows)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+    active = rollout["active_mask"].bool()
+    worst32 = worst16 = 0.0
+    for i, (row, (hidden, logits16, weight)) in enumerate(zip(rows, captures, strict=True)):
+        assert hidden.dtype == weight.dtype == logits16.dtype == torch.bfloat16
+        ids = torch.tensor(row[1:], dtype=torch.long)
+        head32 = torch.nn.functional.linear(hidden.float(), weight.float()).double()
+        lp32 = head32.log_softmax(-1).gather(-1, ids[:, None])[:, 0]
+        lp16 = logits16.double().log_softmax(-1).gather(-1, ids[:, None])[:, 0]
+        start = int(rollout["attention_mask"][i].nonzero()[0])
+        for t in active[i].nonzero().flatten().tolist():
+            got = float(prefill[i, t])
+            worst32 = max(worst32, abs(got - float(lp32[t - start - 1])))
+            worst16 = max(worst16, abs(got - float(lp16[t - start - 1])))
+    assert worst32 < 1e-5, worst32
+    assert worst16 > 10 * max(worst32, 1e-6), (worst16, worst32)  # the check tells them apart
+
+    entries = {c["label"]: c for c in run["attribution"]["cases"]}
+    assert "rollout" in entries[PAIR]["classification"], entries[PAIR]["classification"]
+    assert "training" not in entries[PAIR]["classification"]
