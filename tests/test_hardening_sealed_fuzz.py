@@ -459,7 +459,16 @@ def exercise(draw: st.DrawFn, server: ForkServer, pristine: Path) -> None:
         for line in verified.stdout.splitlines()
     )
 
+    # a re-sealed plan.jsonl line that is no plan row makes the run invalid for every reader
+    plan_invalid = target.name == "plan.jsonl" and verified.code == 1
+
     def resumed_verdict(finished: Finished) -> None:
+        if plan_invalid:
+            assert finished.code == 1
+            assert ONE_ERROR_LINE.fullmatch(finished.stderr)
+            assert "plan.jsonl: sealed line" in finished.stderr
+            assert "is not a plan row" in finished.stderr
+            return
         assert finished.code == 0
         document = json.loads(finished.stdout)
         assert document["failures"] == []

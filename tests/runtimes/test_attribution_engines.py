@@ -15,6 +15,7 @@ from drift_testing import EXPERIMENTS, make_runner
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.attribution.analysis import NO_EFFECT
+from pytest_logprob_drift.attribution.document import document_json
 from pytest_logprob_drift.attribution.sealed import attribute_and_seal, verify_attribution
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,8 @@ def attribution(
         [r.attempt_dir for r in results if r is not baseline and r.attempt_dir is not None],
     )
     assert verify_attribution(run_dir, sealed.directory) == []
-    return {c["label"]: c for c in sealed.document["cases"]} | {"_doc": sealed.document}
+    document = document_json(sealed.document)  # the sealed record as its JSON data
+    return {c["label"]: c for c in document["cases"]} | {"_doc": document}
 
 
 def assert_structure(
