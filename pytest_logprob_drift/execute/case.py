@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 import torch
 
 from pytest_logprob_drift.execute.diagnostics import full_vocabulary
@@ -38,12 +37,8 @@ from pytest_logprob_drift.execute.protocol import (
 from pytest_logprob_drift.execute.replay import ReplayResult, replay_diagnostics
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
-    Contract,
-    Diagnostics,
     KnobRecord,
     NumericCheck,
-    WorstToken,
-    from_builtins,
 )
 from pytest_logprob_drift.numerics.verdict import Verdict, identity_violations, judge
 from pytest_logprob_drift.outcomes import Outcome
@@ -63,7 +58,7 @@ from pytest_logprob_drift.registry.catalog import (
 from pytest_logprob_drift.registry.session import OperatorSession
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
-from pytest_logprob_drift.store.importance_check import SCORED_OUTCOMES, figures
+from pytest_logprob_drift.store.importance_check import comparison_of
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes
 
@@ -378,26 +373,18 @@ def _comparison(
     figures of a judged case (from the very tensors token_diffs.pt seals; never a verdict),
     and the numeric re-check."""
     case = run.ec.case
-    diagnostics = from_builtins({**verdict.diagnostics, **entries}, Diagnostics)
-    if verdict.outcome in SCORED_OUTCOMES and scored.rollout and scored.training:
-        part = figures(
-            scored.training.logprobs,
-            scored.rollout.tensors["logprobs"],
-            scored.rollout.tensors["active_mask"],
-        )
-        diagnostics = msgspec.structs.replace(diagnostics, importance_sampling=part)
-    return Comparison(
+    rollout, training = scored.rollout, scored.training
+    return comparison_of(
+        verdict,
         case_id=case.case_id,
         label=case.label,
-        contract=Contract.of(run.contract),
-        outcome=verdict.outcome,
-        reason=verdict.reason,
-        threshold=verdict.threshold,
-        active_tokens=verdict.active_tokens,
-        mismatches=verdict.mismatches,
-        diagnostics=diagnostics,
-        worst_tokens=tuple(WorstToken(**w) for w in verdict.worst_tokens),
-        identity_violations=verdict.identity_violations,
-        records=tuple(KnobRecord.of(r) for r in scored.records),
+        contract=run.contract,
+        scores=(
+            None
+            if rollout is None or training is None
+            else (training.logprobs, rollout.tensors["logprobs"], rollout.tensors["active_mask"])
+        ),
+        entries=entries,
+        records=[KnobRecord.of(r) for r in scored.records],
         numerical=numeric,
     )

@@ -45,10 +45,6 @@ from pytest_logprob_drift.config.limits import experiment_id_fault
 from pytest_logprob_drift.errors import StorageError, UsageError
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
-    Contract,
-    Diagnostics,
-    WorstToken,
-    from_builtins,
 )
 from pytest_logprob_drift.numerics.verdict import Verdict, judge
 from pytest_logprob_drift.outcomes import Outcome
@@ -70,7 +66,7 @@ from pytest_logprob_drift.store.documents import (
     ImportSource,
 )
 from pytest_logprob_drift.store.files import fsync_dir, plain_name
-from pytest_logprob_drift.store.importance_check import SCORED_OUTCOMES, figures
+from pytest_logprob_drift.store.importance_check import SCORED_OUTCOMES, comparison_of
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes
 
@@ -187,23 +183,12 @@ def _comparison(
     """comparison.json's record, as ``execute.case`` builds it for an executed case: the
     verdict, its statistics, the importance-sampling figures of a judged step, the re-check;
     no knob records (nothing was configured)."""
-    diagnostics = from_builtins(dict(verdict.diagnostics), Diagnostics)
-    if verdict.outcome in SCORED_OUTCOMES:
-        part = figures(grid.training, grid.rollout, grid.active)
-        diagnostics = msgspec.structs.replace(diagnostics, importance_sampling=part)
-    return Comparison(
+    return comparison_of(
+        verdict,
         case_id=case_id,
         label=label,
-        contract=Contract.of(contract),
-        outcome=verdict.outcome,
-        reason=verdict.reason,
-        threshold=verdict.threshold,
-        active_tokens=verdict.active_tokens,
-        mismatches=verdict.mismatches,
-        diagnostics=diagnostics,
-        worst_tokens=tuple(WorstToken(**w) for w in verdict.worst_tokens),
-        identity_violations=(),
-        records=(),
+        contract=contract,
+        scores=(grid.training, grid.rollout, grid.active),
         numerical=verdict.numeric_check(),
     )
 
