@@ -29,6 +29,8 @@ from pytest_logprob_drift.execute.protocol import (
     RuntimeAdapter,
     RuntimeBinding,
     TrainingOutput,
+    WeightReceiver,
+    WeightSource,
     application_records,
     expected_identity,
     merge_read_back,
@@ -222,6 +224,16 @@ def _score(
             )
     if reasons:
         return
+    if isinstance(engine, WeightReceiver) and engine.awaits_weights:
+        # The trainer-to-rollout push happens once per rollout engine construction, before
+        # its first request; the engine reads back how the weights arrived.
+        if not isinstance(scorer, WeightSource):
+            reasons.append(
+                "rollout.weight_sync: the training side cannot hand its weights over "
+                f"({type(scorer).__name__} has no weight_state)"
+            )
+            return
+        engine.receive_weights(scorer, identity)
     batch_size = int(binding.batch["size"])
     scored.rollout = engine.generate(identity, batch_size=batch_size, logp=kernels["rollout"])
     scored.training = scorer.score(

@@ -49,6 +49,7 @@ ROLLOUT_KNOBS = (
     "rollout.enforce_eager",
     "rollout.logprobs_mode",
     "rollout.lm_head_dtype",
+    "rollout.weight_sync",
 )
 TRAINING_KNOBS = (
     "training.attention_backend",
@@ -282,6 +283,28 @@ class TrainingScorer(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class WeightSource(Protocol):
+    """A training side that can hand its weights over, as an RL trainer pushes them into its
+    rollout engine: every parameter and persistent buffer by checkpoint name, each whole
+    (gathered under FSDP), in the side's own dtype; tied names share one tensor."""
+
+    def weight_state(self) -> Mapping[str, Any]: ...
+
+
+@runtime_checkable
+class WeightReceiver(Protocol):
+    """A rollout engine built without the checkpoint's weights (``rollout.weight_sync`` other
+    than ``checkpoint``): before its first request it must receive them from the training
+    side (``receive_weights``, once per engine construction; ``awaits_weights`` says whether
+    it still does)."""
+
+    @property
+    def awaits_weights(self) -> bool: ...
+
+    def receive_weights(self, source: WeightSource, identity: ScoringIdentity) -> None: ...
+
+
 class RuntimeAdapter(Protocol):
     """What a runtime implements. Constructed once per run; engines via the factories."""
 
@@ -390,16 +413,6 @@ def bind_case(
     # Full distributions change how an engine is built (vLLM: max_logprobs=-1): only then
     # part of the fingerprints, so that experiments without them keep theirs.
     extra = {} if full_vocabulary is None else {"full_vocabulary": True}
-    rollout_fp = _fp(
-        {
-            "process": rollout_process,
-            "side": "rollout",
-            "settings": rollout,
-            "operator": bindings.get("rollout"),
-            "checkpoint": checkpoint,
-            **extra,
-        }
-    )
     training_fp = _fp(
         {
             "process": training_process,
@@ -408,6 +421,21 @@ def bind_case(
             "operator": bindings.get("training"),
             "checkpoint": checkpoint,
             **extra,
+        }
+    )
+    # A rollout that receives its weights from the training side (rollout.weight_sync other
+    # than checkpoint) is built from that training side too: only then part of its
+    # fingerprint, so that every other case keeps its own.
+    pushed = rollout.get("weight_sync", "checkpoint") != "checkpoint"
+    rollout_fp = _fp(
+        {
+            "process": rollout_process,
+            "side": "rollout",
+            "settings": rollout,
+            "operator": bindings.get("rollout"),
+            "checkpoint": checkpoint,
+            **extra,
+            **({"weights_from": training_fp} if pushed else {}),
         }
     )
     return RuntimeBinding(

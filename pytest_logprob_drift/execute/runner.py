@@ -37,6 +37,7 @@ from pytest_logprob_drift.execute.settings import MAX_BASELINE_REPEATS, RunSetti
 from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
+from pytest_logprob_drift.plan.knobs import is_planted_sync
 from pytest_logprob_drift.records import CaseKind, canonical
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.store.attempt import execution_key
@@ -107,6 +108,17 @@ class Runner:
             raise UsageError(
                 f"case(s) {', '.join(test_only)} bind test-only selected_logprob "
                 "backends, which need registration and authorization",
+                remedy=Remedy.AUTHORIZE_TEST_OPERATORS,
+            )
+        planted = [
+            ec.case.label
+            for ec in execution_plan.cases
+            if is_planted_sync(ec.case.requested.get("rollout.weight_sync"))
+        ]
+        if planted and not allow_test_only:
+            raise UsageError(
+                f"case(s) {', '.join(planted)} name a planted (test-only) rollout.weight_sync "
+                "variant, which needs the test-only authorization",
                 remedy=Remedy.AUTHORIZE_TEST_OPERATORS,
             )
         self.catalog = catalog if allow_test_only else catalog.without_test_only()

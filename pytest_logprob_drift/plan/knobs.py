@@ -2,7 +2,8 @@
 
 Owns the allowlisted knob paths (the contract's ten, then the sampling-semantics four:
 ``rollout.logprobs_mode``, ``training.logprob_semantics``, ``training.lm_head_dtype``,
-``rollout.lm_head_dtype``) with their lifecycles and meanings, path and value aliases
+``rollout.lm_head_dtype``, then ``rollout.weight_sync``) with their lifecycles and meanings,
+path and value aliases
 (``rollout.tp``, ``bf16``, ``fa2``), normalizing a raw value into a canonical ``KnobValue``
 (``InvalidKnobValue`` otherwise), the dtypes and attention backends each device supports, and
 how a knob value is spelled in a case label. Knows nothing about configs, cases or runtimes.
@@ -25,6 +26,10 @@ SHARDINGS = ("none", "fsdp")
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 LOGPROB_SEMANTICS = ("raw", "processed")
 LM_HEAD_DTYPES = ("float32", "compute")
+WEIGHT_SYNCS = ("checkpoint", "trainer", "trainer_refit")
+PLANTED_SYNC_PREFIX = "planted:"
+"""``rollout.weight_sync=planted:NAME``: a test-only planted sync bug (its registry is the
+runtimes' ``planted_sync``); executing one needs the test-only authorization."""
 
 DEVICE_DTYPES: Mapping[str, tuple[str, ...]] = {
     "cpu": ("float32", "bfloat16", "float16"),
@@ -94,6 +99,7 @@ PATH_ALIASES: Mapping[str, str] = {
     "training.semantics": "training.logprob_semantics",
     "training.cast_lm_head_to_fp32": "training.lm_head_dtype",
     "rollout.cast_lm_head_to_fp32": "rollout.lm_head_dtype",
+    "rollout.weights": "rollout.weight_sync",
 }
 
 
@@ -128,6 +134,30 @@ def _choice(choices: tuple[str, ...], aliases: Mapping[str, str]) -> Callable[[A
         return value
 
     return normalize
+
+
+_WEIGHT_SYNC_ALIASES = {
+    "disk": "checkpoint",
+    "load": "checkpoint",
+    "push": "trainer",
+    "trainer_push": "trainer",
+    "refit": "trainer_refit",
+}
+
+
+def _weight_sync(raw: Any) -> KnobValue:
+    """One of ``WEIGHT_SYNCS`` (or an alias), or a test-only ``planted:NAME``."""
+    if isinstance(raw, str) and raw.strip().startswith(PLANTED_SYNC_PREFIX):
+        name = raw.strip()[len(PLANTED_SYNC_PREFIX) :]
+        if not name.isidentifier():
+            raise InvalidKnobValue(f"expected {PLANTED_SYNC_PREFIX}NAME, got {raw!r}")
+        return raw.strip()
+    return _choice(WEIGHT_SYNCS, _WEIGHT_SYNC_ALIASES)(raw)
+
+
+def is_planted_sync(value: KnobValue | None) -> bool:
+    """Whether a ``rollout.weight_sync`` value names a test-only planted sync bug."""
+    return isinstance(value, str) and value.startswith(PLANTED_SYNC_PREFIX)
 
 
 def _backend_id(raw: Any) -> KnobValue:
@@ -259,6 +289,17 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             "that cannot run its LM head in float32 declares so and refuses it.",
         ),
         normalize=_choice(LM_HEAD_DTYPES, _LM_HEAD_ALIASES),
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="rollout.weight_sync",
+            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+            meaning="How the rollout engine gets the checkpoint's weights: loaded from disk "
+            "(checkpoint), pushed from the training side into an engine started without "
+            "them (trainer), or pushed under a warm engine that served a previous policy "
+            "first (trainer_refit); never which weights.",
+        ),
+        normalize=_weight_sync,
     ),
 )
 KNOBS: Mapping[str, KnobSpec] = {spec.knob.path: spec for spec in KNOB_CATALOG}

@@ -65,6 +65,7 @@ HF_INHERENT: Mapping[str, KnobValue] = {
     "rollout.context_parallel_size": 1,
     "rollout.enable_prefix_caching": False,
     "rollout.enforce_eager": True,
+    "rollout.weight_sync": "checkpoint",
 }
 
 
@@ -464,6 +465,21 @@ class HfTrainingScorer:
         self._layer_evidence = {}
         return capture_layers(self.model, consumed, batch_size=batch_size)
 
+    def weight_state(self) -> Mapping[str, torch.Tensor]:
+        """The training model's parameters and persistent buffers by checkpoint name, whole
+        and in the side's dtype (``execute.protocol.WeightSource``): unsharded, the live
+        module's; under FSDP2 every rank gathers them with ``full_tensor()`` and rank 0's copy
+        crosses back (``FsdpScorerGroup.gather_weights``; its evidence is kept in
+        ``weight_gather``)."""
+        from pytest_logprob_drift.runtimes.weight_push import gathered_state
+
+        if self.group is not None:
+            state, evidence = self.group.gather_weights()
+            self.weight_gather = dict(evidence)
+            return state
+        self.weight_gather = {"world_size": 1}
+        return gathered_state(self.model)
+
     def layer_capture_evidence(self) -> Mapping[str, JSONScalar]:
         """How the last layer capture ran (``execute.protocol.LayerCaptureEvidence``): under
         FSDP, the ranks' ``world_size`` and ``ranks_agree``; nothing in process."""
@@ -682,6 +698,14 @@ class HfAdapter(TransformersTrainingAdapter):
                     "states are upcast on their way in, so the sampled logits are float32",
                 )
             return applied(value, "the rollout's LM head runs in rollout.dtype")
+        if path == "rollout.weight_sync" and value != "checkpoint":
+            return unsupported(
+                path,
+                value,
+                "the hf rollout is a second transformers model in this process, loaded with "
+                "from_pretrained; it has no engine load path a push could exercise (a push "
+                "would be load_state_dict of the same tensors), so only checkpoint applies",
+            )
         if path in HF_INHERENT and HF_INHERENT[path] == value:
             return applied(value, "the only value transformers generation has here")
         return unsupported(path, value, "transformers generation cannot apply it")

@@ -50,7 +50,7 @@ __all__ = [
 _RANK_ENTRY: Final = "from pytest_logprob_drift.runtimes.transformers.fsdp_rank import main; main()"
 _LOG_TAIL: Final = 4000
 
-_R = TypeVar("_R", wire.Ready, wire.Scored, wire.LayersCaptured)
+_R = TypeVar("_R", wire.Ready, wire.Scored, wire.LayersCaptured, wire.WeightsGathered)
 
 
 class FsdpScorerError(RuntimeFailure):
@@ -455,6 +455,32 @@ class FsdpScorerGroup:
             except (wire.ProtocolError, TensorFormatError) as exc:
                 raise self._rank_failure(0, f"sent a bad layer reduction: {exc}") from None
         return tensors, layers_evidence(replies)
+
+    # -- weight push ---------------------------------------------------------------------
+
+    def gather_weights(self) -> tuple[dict[str, Tensor], dict[str, object]]:
+        """The sharded model's whole state (every rank gathers it with ``full_tensor()``; rank
+        0's copy is returned) + evidence (``world_size``, ``gather_s`` per rank,
+        ``ranks_agree``: every rank gathered the same bytes). ``FsdpScorerError`` when a rank
+        fails or the ranks disagree."""
+        if self._state.closed:
+            raise FsdpScorerError("the FSDP scorer group is closed")
+        with self._closed_on_failure():
+            for conn in self._state.conns:
+                wire.send(conn, wire.GatherWeights())
+            replies = self._collect(wire.WeightsGathered, self._op_timeout_s)
+            digests = {r.state_sha256 for r in replies}
+            if len(digests) != 1:
+                raise self._rank_failure(0, "gathered a state other ranks did not")
+            try:
+                state = replies[0].tensors()
+            except (wire.ProtocolError, TensorFormatError) as exc:
+                raise self._rank_failure(0, f"sent a bad gathered state: {exc}") from None
+        return state, {
+            "world_size": self._world_size,
+            "gather_s": [round(r.gather_s, 6) for r in replies],
+            "ranks_agree": True,
+        }
 
 
 def layers_evidence(replies: list[wire.LayersCaptured]) -> dict[str, object]:

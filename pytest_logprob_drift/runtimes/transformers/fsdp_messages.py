@@ -1,8 +1,9 @@
 """The protocol between the FSDP scorer group (parent) and its rank processes.
 
 Owns every message that crosses a rank's private channel, as named frozen records: the
-parent's requests (``Init``, ``Score``, ``CaptureLayers``, ``Close``) and the ranks' replies
-(``Ready``, ``Scored``, ``LayersCaptured``, ``Failed``) with their evidence, and how they
+parent's requests (``Init``, ``Score``, ``CaptureLayers``, ``GatherWeights``, ``Close``) and
+the ranks' replies (``Ready``, ``Scored``, ``LayersCaptured``, ``WeightsGathered``,
+``Failed``) with their evidence, and how they
 cross: each rank has its own duplex ``multiprocessing`` channel, inherited as the file
 descriptor that ``CHANNEL_FD_ENV`` names (POSIX); the records themselves travel over it,
 tensors inside them as bytes of the project's one tensor wire format (``tensorio``, read back
@@ -29,6 +30,7 @@ __all__ = [
     "CaptureLayers",
     "Close",
     "Failed",
+    "GatherWeights",
     "Init",
     "LayersCaptured",
     "ProtocolError",
@@ -39,6 +41,7 @@ __all__ = [
     "Score",
     "ScoreEvidence",
     "Scored",
+    "WeightsGathered",
     "full_vocab_bytes",
     "layers_bytes",
     "receive_reply",
@@ -133,11 +136,17 @@ class CaptureLayers:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GatherWeights:
+    """Gather the sharded model's parameters and persistent buffers whole (``full_tensor()``
+    on every rank, a collective) for a push into the rollout engine."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Close:
     """Leave the process group and exit."""
 
 
-Request = Init | Score | CaptureLayers | Close
+Request = Init | Score | CaptureLayers | GatherWeights | Close
 
 # --------------------------------------------------------------------------- rank -> parent
 
@@ -236,6 +245,27 @@ class LayersCaptured(_FromRank):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WeightsGathered(_FromRank):
+    """One rank's gathered state: ``state`` holds its wire bytes on rank 0 only (``None``
+    elsewhere); ``state_sha256`` is, on every rank, the SHA-256 of the bytes that rank
+    gathered (every rank holds the whole state after ``full_tensor()``)."""
+
+    KIND: ClassVar[str] = "weights"
+
+    state: bytes | None
+    state_sha256: str
+    gather_s: float
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The state rank 0 sent, after checking its bytes against its own digest."""
+        if self.state is None:
+            raise ProtocolError(f"rank {self.rank} sent no gathered state")
+        if hashlib.sha256(self.state).hexdigest() != self.state_sha256:
+            raise ProtocolError(f"rank {self.rank}'s gathered state differs from its digest")
+        return tensors_from_bytes(self.state)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Failed(_FromRank):
     """The rank's request failed; ``traceback`` is its own text."""
 
@@ -244,7 +274,7 @@ class Failed(_FromRank):
     traceback: str
 
 
-Reply = Ready | Scored | LayersCaptured | Failed
+Reply = Ready | Scored | LayersCaptured | WeightsGathered | Failed
 
 
 def result_bytes(logprobs: Tensor) -> bytes:
@@ -271,13 +301,13 @@ def send(conn: Connection, message: Request | Reply) -> None:
 
 def receive_request(conn: Connection) -> Request:
     message = conn.recv()
-    if not isinstance(message, Init | Score | CaptureLayers | Close):
+    if not isinstance(message, Init | Score | CaptureLayers | GatherWeights | Close):
         raise ProtocolError(f"expected a request, got {type(message).__name__}")
     return message
 
 
 def receive_reply(conn: Connection) -> Reply:
     message = conn.recv()
-    if not isinstance(message, Ready | Scored | LayersCaptured | Failed):
+    if not isinstance(message, Ready | Scored | LayersCaptured | WeightsGathered | Failed):
         raise ProtocolError(f"expected a reply, got {type(message).__name__}")
     return message

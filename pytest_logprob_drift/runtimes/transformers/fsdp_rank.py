@@ -264,6 +264,25 @@ def _layers_captured(
     )
 
 
+def _weights_gathered(model: Any, rank: int, pid: int) -> wire.WeightsGathered:
+    """Every rank gathers the whole state (``weight_push.gathered_state``: ``full_tensor()``
+    per sharded tensor, in state order, a collective); rank 0 sends it, every rank its
+    digest."""
+    from pytest_logprob_drift.runtimes.weight_push import gathered_state
+    from pytest_logprob_drift.tensorio import tensor_bytes
+
+    t0 = time.perf_counter()
+    state = gathered_state(model)
+    data = tensor_bytes(state)
+    return wire.WeightsGathered(
+        rank=rank,
+        pid=pid,
+        state=data if rank == 0 else None,
+        state_sha256=hashlib.sha256(data).hexdigest(),
+        gather_s=time.perf_counter() - t0,
+    )
+
+
 def failed(rank: int, pid: int) -> wire.Failed:
     """The exception being handled, as this rank's reply."""
     return wire.Failed(rank=rank, pid=pid, traceback=traceback.format_exc())
@@ -274,12 +293,15 @@ def handle(model: Any, request: wire.Request, rank: int, pid: int) -> wire.Reply
     or ``LayersCaptured``, or ``Failed`` with the rank's own traceback (also for anything but
     ``Score`` and ``CaptureLayers``)."""
     try:
-        if not isinstance(request, wire.Score | wire.CaptureLayers):
+        if not isinstance(request, wire.Score | wire.CaptureLayers | wire.GatherWeights):
             raise wire.ProtocolError(
-                f"expected 'score' or 'capture layers', got {type(request).__name__!r}"
+                "expected 'score', 'capture layers' or 'gather weights', got "
+                f"{type(request).__name__!r}"
             )
         if model is None:
             raise wire.ProtocolError(f"{type(request).__name__!r} before a successful 'init'")
+        if isinstance(request, wire.GatherWeights):
+            return _weights_gathered(model, rank, pid)
         if isinstance(request, wire.CaptureLayers):
             return _layers_captured(model, request, rank, pid)
         return _scored(model, request, rank, pid)

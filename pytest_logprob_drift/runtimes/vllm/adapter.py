@@ -37,9 +37,11 @@ from pytest_logprob_drift.execute.protocol import (
     RolloutOutput,
     RuntimeBinding,
     TensorBatch,
+    WeightSource,
     applied_sampling,
     backend_of,
 )
+from pytest_logprob_drift.plan.knobs import PLANTED_SYNC_PREFIX, is_planted_sync
 from pytest_logprob_drift.records import JSONScalar, KnobValue, ScoringIdentity
 from pytest_logprob_drift.runtimes.batch import active_rows, replay_grid, sequences
 from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, special_token_ids
@@ -62,6 +64,7 @@ from pytest_logprob_drift.runtimes.vllm.read_back import sampling_applied
 if TYPE_CHECKING:
     import torch
 
+    from pytest_logprob_drift.runtimes.planted_sync import SyncVariant
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 
 MODEL_LEN_QUANTUM = 64
@@ -125,6 +128,43 @@ def vllm_platform_is_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
+def planted_sync(value: str) -> SyncVariant | None:
+    """The planted (test-only) sync variant a ``rollout.weight_sync`` value names, None for a
+    production value; a name no variant has is a UsageError naming the known ones."""
+    if not is_planted_sync(value):
+        return None
+    from pytest_logprob_drift.runtimes.planted_sync import sync_variant
+
+    try:
+        return sync_variant(value[len(PLANTED_SYNC_PREFIX) :])
+    except ValueError as exc:
+        raise UsageError(f"rollout.weight_sync: {exc}") from None
+
+
+def _weight_sync_materialized(value: KnobValue) -> Materialized:
+    if value == "checkpoint":
+        return applied(value, "vllm.LLM(model=...) loads the checkpoint's safetensors from disk")
+    push = (
+        "vllm.LLM(load_format='dummy'); then the training side's parameters and persistent "
+        "buffers (gathered whole, FSDP2 with full_tensor()), cast to rollout.dtype, in chunks "
+        "that keep tied tensors together, are loaded in place in every worker through the "
+        "worker extension (collective_rpc: vLLM's layerwise reload, "
+        "initialize_layerwise_reload / model.load_weights / finalize_layerwise_reload, "
+        "which re-runs process_weights_after_loading), then LLM.reset_prefix_cache()"
+    )
+    if value == "trainer":
+        return applied(value, push)
+    if value == "trainer_refit":
+        return applied(
+            value,
+            "the engine first receives a seeded previous policy the same way and serves the "
+            f"case's prompts; then: {push}",
+        )
+    variant = planted_sync(str(value))
+    assert variant is not None
+    return applied(value, f"test-only planted sync bug: {variant.description}")
+
+
 class VllmRollout:
     """One vLLM engine per rollout construction fingerprint."""
 
@@ -143,6 +183,11 @@ class VllmRollout:
         self.construction_fingerprint = binding.rollout_construction_fingerprint
         self.checkpoint = checkpoint
         rollout = binding.rollout
+        self.weight_sync = str(rollout.get("weight_sync", "checkpoint"))
+        self.planted = planted_sync(self.weight_sync)
+        self.weights_arrived: dict[str, Any] = {}
+        """How the weights arrived (``receive_weights``); empty while none were pushed."""
+        self.sync_done = "checkpoint" if self.weight_sync == "checkpoint" else ""
         spec = VllmEngineSpec(
             model_dir=str(self.checkpoint.path),
             dtype=str(rollout.get("dtype", "float32")),
@@ -157,6 +202,7 @@ class VllmRollout:
             distributed_executor_backend="ray" if launcher == "ray" else None,
             ray_address=ray_address,
             device=str(binding.scorer["device"]),
+            load_format="auto" if self.weight_sync == "checkpoint" else "dummy",
         )
         self.launcher = launcher
         self.full_vocabulary = spec.full_vocabulary
@@ -173,6 +219,88 @@ class VllmRollout:
         self.sampling_observed: dict[str, Any] = {"observed": False, "values": []}
         self._layer_evidence: dict[str, JSONScalar] = {}
         self._special = special_token_ids(self.checkpoint.path)
+
+    @property
+    def awaits_weights(self) -> bool:
+        """Whether this engine was started without the checkpoint's weights and has not yet
+        received the trainer's (``execute.protocol.WeightReceiver``)."""
+        return self.weight_sync != "checkpoint" and not self.sync_done
+
+    def receive_weights(self, source: WeightSource, identity: ScoringIdentity) -> None:
+        """The trainer-to-rollout push, once per engine construction, before its first
+        request. ``trainer``: the training side's state (``source.weight_state``), cast to
+        the rollout dtype and chunked with every tie group in one chunk
+        (``runtimes.weight_push``), is loaded into the live engine in place
+        (``VllmRolloutEngine.push_weights``), then the prefix cache is reset. ``trainer_refit``:
+        first the deterministic previous policy is pushed the same way, the case's prompts
+        are served with the case's sampling and prefix-caching setting, and only then the
+        trainer's state is pushed and the prefix cache reset. A planted variant
+        (``planted:NAME``, test-only) gets one step wrong on purpose. What happened is kept
+        in ``weights_arrived`` and read back."""
+        import time
+
+        from pytest_logprob_drift.runtimes import weight_push
+
+        t0 = time.perf_counter()
+        state = source.weight_state()
+        gathered_s = time.perf_counter() - t0
+        dtype = self.engine.spec.dtype
+        mode = self.planted.push if self.planted is not None else self.weight_sync
+        arrived: dict[str, Any] = {
+            "weight_sync": self.weight_sync,
+            "source_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),
+            "rollout_dtype": dtype,
+            "gather_s": gathered_s,
+            "source_evidence": dict(getattr(source, "weight_gather", {}) or {}),
+        }
+        if mode == "trainer_refit":
+            before = weight_push.previous_policy(state)
+            first = list(weight_push.chunks(before, dtype))
+            previous = self.engine.push_weights([c.payload for c in first])
+            previous["loaded_by_vllm"] = [len(n) for n in previous.pop("loaded_per_worker")]
+            arrived["previous_policy"] = {
+                **previous,
+                "seed": weight_push.PREVIOUS_POLICY_SEED,
+                "scale": weight_push.PREVIOUS_POLICY_SCALE,
+            }
+            eos, pad = self._special
+            sampling = identity.sampling
+            self.engine.generate(
+                identity.prompts.token_ids,
+                max_new_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                seed=sampling.seed,
+                batch_size=len(identity.prompts.token_ids),
+                eos_token_id=eos,
+                pad_token_id=pad,
+                mask_policy=identity.mask_policy,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                min_p=sampling.min_p,
+            )
+            arrived["previous_policy"]["served_prompts"] = len(identity.prompts.token_ids)
+            arrived["previous_policy"]["generated_tokens"] = self.engine.generated_tokens
+        pushed_state, skipped = weight_push.planted_state(state, self.planted)
+        pushed = list(weight_push.chunks(pushed_state, dtype, skip=skipped))
+        keep_cache = self.planted is not None and self.planted.keep_prefix_cache
+        report = self.engine.push_weights(
+            [c.payload for c in pushed], reset_prefix_cache=not keep_cache
+        )
+        loaded = report.pop("loaded_per_worker")
+        arrived.update(
+            {
+                **report,
+                "tensor_bytes": weight_push.total_bytes(pushed),
+                "tensors": len(weight_push.names_of(pushed)),
+                "left_out": list(skipped),
+                "loaded_by_vllm": [len(names) for names in loaded],
+                "tie_groups": [g for g in weight_push.tie_groups(state) if len(g) > 1],
+            }
+        )
+        if self.planted is not None:
+            arrived["planted"] = self.planted.description
+        self.weights_arrived = arrived
+        self.sync_done = self.weight_sync
 
     def build_engine(self, spec: VllmEngineSpec) -> VllmRolloutEngine:
         """The engine this rollout samples with (a new one, built from ``spec``)."""
@@ -345,6 +473,11 @@ class VllmRollout:
             "launcher": self.launcher,
             "vllm.executor_requested": self.engine.executor_requested,
             "vllm.executor_reason": self.engine.executor_reason,
+            # How the weights arrived: the push that really happened (empty while an engine
+            # started without the checkpoint's weights has received none).
+            "rollout.weight_sync": self.sync_done or "none: dummy weights, nothing pushed",
+            "vllm.weights_arrived": json.dumps(self.weights_arrived, sort_keys=True),
+            "vllm.prompt_tokens_cached": self.engine.prompt_tokens_cached,
         }
         for key, value in live.items():
             if key == "logp_injection":
@@ -407,6 +540,8 @@ class VllmHfAdapter(TransformersTrainingAdapter):
                 "float32, so the sampler receives float32 logits; read back from the dtype of "
                 "the logits the workers' samplers receive and the LogitsProcessor's head_dtype",
             )
+        if path == "rollout.weight_sync":
+            return _weight_sync_materialized(value)
         if path == "rollout.context_parallel_size":
             if value == 1:
                 return applied(value, "no context parallelism")

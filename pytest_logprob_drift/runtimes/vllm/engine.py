@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -78,6 +78,9 @@ the processed logits vLLM samples from (temperature, min_p, top_k, top_p)."""
 LM_HEAD_DTYPES: Final = ("compute", "float32")
 """What the engine's LM head computes in: the model's dtype, or float32 (``head_dtype``)."""
 
+LOAD_FORMATS: Final = ("auto", "dummy")
+"""How the engine gets its first weights: the checkpoint's files, or vLLM's random ones."""
+
 VLLM_MAX_LOGPROBS: Final = 20
 """vLLM 0.32's own ``max_logprobs`` default (``ModelConfig``), kept unless every token's logprob
 is asked for (``-1``: the vocabulary size)."""
@@ -118,6 +121,10 @@ class VllmEngineSpec:
     ``float32``: ``hf_overrides={"head_dtype": "float32"}``, vLLM's ``LogitsProcessor`` casts
     the hidden states and the (model-dtype) head weight to float32, so the logits the sampler
     receives are float32."""
+    load_format: str = "auto"
+    """``auto``: vLLM loads the checkpoint's weights from ``model_dir``; ``dummy``: vLLM
+    builds the model with random weights (``load_format="dummy"``), which a push
+    (``push_weights``) then replaces."""
     device: str = "cpu"
     """The scenario device the engine must run on; a vLLM platform that is another device is
     refused before anything is built (``platform.platform_refusal``)."""
@@ -146,6 +153,8 @@ class VllmEngineSpec:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}")
         if not Path(self.model_dir).is_dir():
             raise ValueError(f"model_dir {self.model_dir!r} is not a directory")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}")
         if self.distributed_executor_backend not in (None, "ray"):
             raise ValueError("distributed_executor_backend must be None or 'ray'")
         if self.device not in SCENARIO_DEVICES:
@@ -271,6 +280,9 @@ class VllmRolloutEngine:
         self.generated_tokens = 0
         """The tokens vLLM sampled in the last ``generate`` (every output token, before the
         cut after EOS): the rows its sampler scored."""
+        self.prompt_tokens_cached = 0
+        """The prompt tokens of the last ``generate`` vLLM served from its prefix cache
+        (``RequestOutput.num_cached_tokens``, summed): blocks computed before this call."""
         self.logp_installed: list[dict[str, Any]] | None = None
         try:
             with (
@@ -295,6 +307,7 @@ class VllmRolloutEngine:
                     kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
                     logprobs_mode=spec.logprobs_mode,
                     worker_extension_cls=WORKER_EXTENSION,
+                    load_format=spec.load_format,
                     max_logprobs=-1 if spec.full_vocabulary else VLLM_MAX_LOGPROBS,
                     **device_kwargs(spec, self._is_cpu),
                     **executor_kwargs,
@@ -359,6 +372,56 @@ class VllmRolloutEngine:
             ]
         return self.logp_installed
 
+    def push_weights(
+        self, chunks: Iterable[bytes], *, reset_prefix_cache: bool = True
+    ) -> dict[str, Any]:
+        """Replace every worker's weights in place with the pushed ones: each chunk (the
+        ``tensorio`` wire format, checkpoint names, the rollout dtype) goes to every worker
+        through ``collective_rpc`` (``DriftWorkerExtension.weights_begin`` / ``weights_load`` /
+        ``weights_end``: vLLM's layerwise reload, which re-runs each layer's
+        ``process_weights_after_loading``), then, unless told otherwise, the prefix cache is
+        reset (``LLM.reset_prefix_cache``), since blocks computed under the old weights would
+        otherwise serve later prompts. Returns how the weights arrived: chunks, payload
+        bytes, the names vLLM reported loaded per worker, seconds, and whether the reset
+        happened (and was accepted)."""
+        import time
+
+        llm = self._live()
+        t0 = time.perf_counter()
+        sent = payload = 0
+        loaded: list[set[str]] = []
+        llm.collective_rpc("weights_begin")
+        try:
+            for chunk in chunks:
+                per_worker = llm.collective_rpc("weights_load", args=(chunk,))
+                if not loaded:
+                    loaded = [set() for _ in per_worker]
+                for seen, names in zip(loaded, per_worker, strict=True):
+                    seen.update(str(n) for n in names)
+                sent += 1
+                payload += len(chunk)
+        finally:
+            llm.collective_rpc("weights_end")
+        pushed_s = time.perf_counter() - t0
+        caching = bool(llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
+        reset = bool(llm.reset_prefix_cache()) if reset_prefix_cache and caching else False
+        return {
+            "chunks": sent,
+            "payload_bytes": payload,
+            "seconds": pushed_s,
+            "loaded_per_worker": [sorted(names) for names in loaded],
+            "enable_prefix_caching": caching,
+            "prefix_cache_reset": reset,
+        }
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache's blocks (``LLM.reset_prefix_cache``); False when the engine
+        has no prefix caching or vLLM refused (requests still running)."""
+        llm = self._live()
+        if not bool(llm.llm_engine.vllm_config.cache_config.enable_prefix_caching):
+            return False
+        return bool(llm.reset_prefix_cache())
+
     def _vocab_size(self) -> int:
         return int(self._live().llm_engine.vllm_config.model_config.get_vocab_size())
 
@@ -415,6 +478,7 @@ class VllmRolloutEngine:
         llm = self._live()
         responses: list[tuple[list[int], list[float]]] = []
         self.generated_tokens = 0
+        self.prompt_tokens_cached = 0
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start : start + batch_size]
             requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in chunk]
@@ -439,6 +503,7 @@ class VllmRolloutEngine:
                 raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(chunk)}")
             for j, out in enumerate(outputs):
                 self.generated_tokens += len(out.outputs[0].token_ids)
+                self.prompt_tokens_cached += int(out.num_cached_tokens or 0)
                 responses.append(_response(out, start + j, eos_token_id))
                 if steps is not None:
                     steps.append(_full_rows(out, len(responses[-1][0]), self._vocab_size()))

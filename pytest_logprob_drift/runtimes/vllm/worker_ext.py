@@ -175,6 +175,57 @@ class DriftWorkerExtension:
         (``rollout_logp.report``, with ``error`` when nothing was installed)."""
         return rollout_logp.install(self, dict(spec))
 
+    def weights_begin(self) -> bool:
+        """Open an in-place weight update of this worker's model in checkpoint format, as
+        vLLM's own checkpoint-format weight-transfer engines open one (``start_weight_update``:
+        ``initialize_layerwise_reload``): each layer's live tensors are kept, the layer is put
+        back on the meta device and its weight loaders buffer what arrives until the layer has
+        all of it."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        worker: Any = self
+        with set_current_vllm_config(worker.vllm_config):
+            initialize_layerwise_reload(worker.get_model())
+        return True
+
+    def weights_load(self, payload: bytes) -> list[str]:
+        """One chunk of an open update (``tensorio`` wire format, checkpoint names, the
+        rollout dtype) through the model's own ``load_weights`` (vLLM's ``update_weights``);
+        a layer whose tensors are all in is materialized, loaded and processed at once
+        (``process_weights_after_loading``: on the CPU build this re-packs the linear weights
+        for oneDNN, so the engine computes with what arrived). Returns the parameter names
+        vLLM reports loaded."""
+        from vllm.config import set_current_vllm_config
+
+        from pytest_logprob_drift.tensorio import tensors_from_bytes
+
+        worker: Any = self
+        tensors = tensors_from_bytes(payload)
+        with set_current_vllm_config(worker.vllm_config):
+            loaded = worker.get_model().load_weights(iter(tensors.items()))
+        return sorted(str(n) for n in (loaded or ()))
+
+    def weights_end(self) -> bool:
+        """Close the update (vLLM's ``finish_weight_update``: ``finalize_layerwise_reload``):
+        layers not fully loaded are processed, the attention layers last, a layer that got
+        nothing keeps its previous tensors; then the runner's caches derived from weights are
+        dropped, as ``GPUModelRunner.reload_weights`` drops them."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        worker: Any = self
+        runner = worker.model_runner
+        with set_current_vllm_config(worker.vllm_config):
+            finalize_layerwise_reload(  # type: ignore[no-untyped-call]
+                worker.get_model(), worker.vllm_config.model_config
+            )
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            method = getattr(runner, reset, None)
+            if callable(method):
+                method()
+        return True
+
     def layers_arm(self, tokens: int, positions: list[int]) -> int:
         """Arm the layer hooks for the next request of ``tokens`` prompt tokens: states at
         ``positions`` (the ones that score the active tokens) are kept. Returns the decoder

@@ -1,0 +1,75 @@
+"""The planted weight-sync bugs: test-only ways of getting the trainer-to-rollout push wrong.
+
+Owns the registry of planted variants a case names as ``rollout.weight_sync=planted:NAME``
+(``plan.knobs.PLANTED_SYNC_PREFIX``): each says what the push leaves out, the dtype it pushes
+through, the tensors it sends from the previous policy, and whether the refit skips the prefix
+cache reset, and which push it plants into (``trainer`` or ``trainer_refit``). The runner
+refuses such a case unless the execution policy authorizes test-only backends, exactly as it
+refuses a test-only ``selected_logprob`` backend (the same flag: ``--allow-smoke-operators``).
+It lives beside the runtimes, not in the smoke package, because the vLLM runtime resolves the
+names and only the frontends may import the smoke package. Torch-free; knows nothing about engines
+(``runtimes.weight_push`` applies the variant, ``runtimes.vllm.adapter`` resolves the name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+EMBEDDING: Final = "model.embed_tokens.weight"
+LM_HEAD: Final = "lm_head.weight"
+STALE_TENSOR: Final = "model.layers.0.mlp.down_proj.weight"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncVariant:
+    """One planted sync bug (see the module docstring)."""
+
+    name: str
+    description: str
+    push: str = "trainer"
+    """The production value it plants into: ``trainer`` or ``trainer_refit``."""
+    skip: tuple[str, ...] = ()
+    through: str | None = None
+    stale: tuple[str, ...] = ()
+    keep_prefix_cache: bool = False
+
+
+SYNC_VARIANTS: Final[Mapping[str, SyncVariant]] = {
+    v.name: v
+    for v in (
+        SyncVariant(
+            name="drop_tied_embedding",
+            description=f"the input embedding {EMBEDDING} (and the LM head tied to it) is "
+            "left out of the push",
+            skip=(EMBEDDING, LM_HEAD),
+        ),
+        SyncVariant(
+            name="through_float16",
+            description="every tensor is pushed through float16 before the rollout dtype",
+            through="float16",
+        ),
+        SyncVariant(
+            name="stale_tensor",
+            description=f"{STALE_TENSOR} is pushed from the previous policy",
+            stale=(STALE_TENSOR,),
+        ),
+        SyncVariant(
+            name="keep_prefix_cache",
+            description="the prefix cache is not reset after the refit's push",
+            push="trainer_refit",
+            keep_prefix_cache=True,
+        ),
+    )
+}
+
+
+def sync_variant(name: str) -> SyncVariant:
+    """The planted variant ``name``; ValueError naming the known ones otherwise."""
+    try:
+        return SYNC_VARIANTS[name]
+    except KeyError:
+        raise ValueError(
+            f"no planted weight-sync variant {name!r} (known: {', '.join(sorted(SYNC_VARIANTS))})"
+        ) from None

@@ -1,0 +1,203 @@
+"""``rollout.weight_sync`` on real runs of the ``vllm-hf`` runtime.
+
+Agreement: the shipped experiment (``cross_config_s1_vllm_cpu_weight_sync.json``, tiny Qwen2
+with its LM head tied to the embedding; TP 1 and 2, unsharded and FSDP2 trainers, float32 and
+bfloat16 rollouts) is run once for the module with ``--pairwise``. Every push case
+(``trainer``, ``trainer_refit``) must have the verdict of, and seal bitwise the rollout scores
+of, the case that loads the checkpoint from disk with the same other knobs; the scores are
+read here from the sealed tensors (``torch.load(weights_only=True)``), never from the tool's
+own comparison. ``verify`` passes on the run.
+
+The stale prefix cache: prompts longer than one KV-cache block (128 tokens on the CPU build),
+prefix caching on, a correct refit against the planted one that skips the reset after the
+push; run with ``--replay`` so that the path split is there to read. The planted case is not a
+PASS; the prefill replay (which never reads the prefix cache) agrees with the trainer as the
+correct refit does, the decode path does not, and the read-back says how many prompt tokens
+were served from cache blocks computed under the previous policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from drift_testing import EXPERIMENTS, cli
+
+from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+
+pytestmark = pytest.mark.slow
+
+SHIPPED = EXPERIMENTS / "cross_config_s1_vllm_cpu_weight_sync.json"
+PUSHES = ("trainer", "trainer_refit")
+OTHERS = (
+    None,
+    "rollout.tensor_parallel_size=2",
+    "training.sharding=fsdp",
+    "rollout.dtype=bfloat16",
+)
+
+
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    loaded = torch.load(path, weights_only=True, map_location="cpu")
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _label(other: str | None, sync: str | None) -> str:
+    parts = [p for p in (other, None if sync is None else f"rollout.weight_sync={sync}") if p]
+    return ",".join(parts) if parts else "baseline"
+
+
+def _run(config: Path, artifacts: Path, *extra: str) -> dict[str, Any]:
+    code, out, err = cli(
+        "run", config, "--runtime", "vllm-hf", "--artifacts", artifacts, "--json", *extra
+    )
+    table = json.loads(out)
+    results = {r["label"]: r for r in table["results"]}
+    return {"code": code, "err": err, "results": results, "artifacts": artifacts}
+
+
+def _actual(result: Mapping[str, Any]) -> dict[str, Any]:
+    document = json.loads((Path(result["attempt_dir"]) / "actual.json").read_text())
+    read_back: dict[str, Any] = document["read_back"]
+    return read_back
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _run(SHIPPED, tmp_path_factory.mktemp("weight-sync"), "--pairwise")
+
+
+def test_every_case_ran_and_verify_passes(shipped: dict[str, Any]) -> None:
+    results = shipped["results"]
+    assert len(results) == 12
+    for other in OTHERS:
+        for sync in (None, *PUSHES):
+            assert results[_label(other, sync)]["attempt_dir"], _label(other, sync)
+    code, out, err = cli("verify", shipped["artifacts"] / "s1-vllm-cpu-weight-sync")
+    assert code == 0, out + err
+
+
+def test_push_cases_agree_bitwise_with_the_checkpoint_case(shipped: dict[str, Any]) -> None:
+    results = shipped["results"]
+    for other in OTHERS:
+        loaded = results[_label(other, None)]
+        reference = _load(Path(loaded["attempt_dir"]) / "score_rollout.pt")
+        for sync in PUSHES:
+            pushed = results[_label(other, sync)]
+            assert pushed["outcome"] == loaded["outcome"], _label(other, sync)
+            assert pushed["mismatches"] == loaded["mismatches"]
+            scores = _load(Path(pushed["attempt_dir"]) / "score_rollout.pt")
+            assert set(scores) == set(reference)
+            for name, tensor in reference.items():
+                assert torch.equal(scores[name], tensor), (_label(other, sync), name)
+
+
+def test_the_read_back_says_how_the_weights_arrived(shipped: dict[str, Any]) -> None:
+    from safetensors import safe_open
+
+    path = resolve_checkpoint("tiny://qwen2-h64-v1", expected_digest=None).path
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        stored = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    assert "lm_head.weight" not in stored  # tied: the file holds the embedding once
+    numel = sum(int(torch.tensor(shape).prod()) for shape in stored.values())
+    numel += int(torch.tensor(stored["model.embed_tokens.weight"]).prod())  # the tied head
+    results = shipped["results"]
+    for other in OTHERS:
+        assert _actual(results[_label(other, None)])["rollout.weight_sync"] == "checkpoint"
+        for sync in PUSHES:
+            actual = _actual(results[_label(other, sync)])
+            assert actual["rollout.weight_sync"] == sync
+            arrived = json.loads(actual["vllm.weights_arrived"])
+            dtype = "bfloat16" if other == "rollout.dtype=bfloat16" else "float32"
+            assert arrived["rollout_dtype"] == dtype
+            assert arrived["tensor_bytes"] == numel * (2 if dtype == "bfloat16" else 4)
+            assert arrived["tensors"] == len(stored) + 1
+            assert arrived["chunks"] > 1 and arrived["seconds"] > 0
+            assert arrived["tie_groups"] == [["model.embed_tokens.weight", "lm_head.weight"]]
+            assert arrived["left_out"] == []
+            tp = 2 if other == "rollout.tensor_parallel_size=2" else 1
+            assert len(arrived["loaded_by_vllm"]) == tp
+            world = 2 if other == "training.sharding=fsdp" else 1
+            assert arrived["source_evidence"]["world_size"] == world
+            if world == 2:
+                assert arrived["source_evidence"]["ranks_agree"] is True
+            assert ("previous_policy" in arrived) == (sync == "trainer_refit")
+
+
+# --------------------------------------------------------------------------- stale prefix cache
+
+LONG = 150
+"""Prompt tokens: more than one 128-token KV-cache block, so a block can be cached."""
+
+
+def _stale_config(work: Path) -> Path:
+    document: dict[str, Any] = copy.deepcopy(json.loads(SHIPPED.read_text()))
+    document["experiment_id"] = "weight-sync-stale-cache"
+    document["identity"]["prompts"] = {
+        "token_ids": [
+            [300 + (7 * i) % 600 for i in range(LONG)],
+            [310 + (11 * i) % 600 for i in range(LONG + 9)],
+        ]
+    }
+    document["baseline"]["batch"]["size"] = 2
+    document["baseline"]["rollout"]["enable_prefix_caching"] = True
+    document["interventions"] = [
+        {"path": "rollout.weight_sync", "values": ["trainer_refit", "planted:keep_prefix_cache"]}
+    ]
+    document.pop("pairs")
+    document["strategy"] = "one_at_a_time"
+    path = work / "stale.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stale(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("stale-cache")
+    return _run(_stale_config(work), work / "runs", "--replay", "--allow-smoke-operators")
+
+
+def test_a_skipped_reset_after_a_refit_serves_stale_cache_and_the_report_shows_it(
+    stale: dict[str, Any],
+) -> None:
+    results = stale["results"]
+    base = results["baseline"]
+    refit = results["rollout.weight_sync=trainer_refit"]
+    planted = results["rollout.weight_sync=planted:keep_prefix_cache"]
+    assert base["outcome"] == refit["outcome"] == "PASS"
+    assert planted["outcome"] != "PASS"
+    # The correct refit seals bitwise what the checkpoint engine seals; the planted one not.
+    reference = _load(Path(base["attempt_dir"]) / "score_rollout.pt")
+    correct = _load(Path(refit["attempt_dir"]) / "score_rollout.pt")
+    wrong = _load(Path(planted["attempt_dir"]) / "score_rollout.pt")
+    assert torch.equal(correct["logprobs"], reference["logprobs"])
+    assert not torch.equal(wrong["logprobs"], reference["logprobs"])
+    # What the read-back says: the weights were pushed, the reset was skipped, and the scored
+    # rollout's prompts were served from cache blocks (computed under the previous policy).
+    for result, reset in ((refit, True), (planted, False)):
+        actual = _actual(result)
+        arrived = json.loads(actual["vllm.weights_arrived"])
+        assert arrived["enable_prefix_caching"] is True
+        assert arrived["prefix_cache_reset"] is reset
+        assert arrived["previous_policy"]["served_prompts"] == 2
+        assert actual["vllm.prompt_tokens_cached"] == (0 if reset else 2 * 128)
+    assert "not reset" in json.loads(_actual(planted)["vllm.weights_arrived"])["planted"]
+    # The path split: the prefill replay (which never reads the prefix cache) agrees with the
+    # trainer on the planted case as on the correct one; the decode path does not.
+    comparison = json.loads((Path(planted["attempt_dir"]) / "comparison.json").read_text())
+    split = comparison["diagnostics"]["path_split"]
+    good = json.loads((Path(refit["attempt_dir"]) / "comparison.json").read_text())
+    good_split = good["diagnostics"]["path_split"]
+    assert split["prefill_vs_training"]["max"] == good_split["prefill_vs_training"]["max"]
+    assert split["decode_vs_prefill"]["max"] > 1e-3
+    assert good_split["decode_vs_prefill"]["max"] == 0
+    assert any(p is not None for p in split["first_differing_position"])
