@@ -74,6 +74,14 @@ def _values(path: str, normalize: Callable[[Any], Any]) -> tuple[str, str]:
             for b in ids
         ]
         return "a selected_logprob backend id: " + ", ".join(shown), ""
+    if normalize is knobs._weight_sync:
+        aliases = ", ".join(f"`{k}` = `{v}`" for k, v in knobs._WEIGHT_SYNC_ALIASES.items())
+        return (
+            _code(knobs.WEIGHT_SYNCS)
+            + f"; test-only: `{knobs.PLANTED_SYNC_PREFIX}NAME` (a planted sync bug, "
+            "executed only with the test-only authorization)",
+            aliases,
+        )
     captured = inspect.getclosurevars(normalize).nonlocals
     if "choices" in captured:
         aliases: Mapping[str, str] = captured.get("aliases", {})

@@ -248,3 +248,37 @@ def test_planted_states_get_exactly_their_bug() -> None:
     assert torch.equal(pushed[differs[0]], before[differs[0]])
     with pytest.raises(KeyError, match="not in the state"):
         weight_push.planted_state({"x": torch.ones(2)}, SYNC_VARIANTS["stale_tensor"])
+
+
+# --------------------------------------------------------------------------- the report's words
+
+
+def test_the_report_says_how_pushed_weights_arrived() -> None:
+    from pytest_logprob_drift.report.findings import weights_fact
+
+    arrived = {"enable_prefix_caching": True, "prefix_cache_reset": False}
+    stale = weights_fact(
+        {
+            "rollout.weight_sync": "trainer_refit",
+            "vllm.weights_arrived": json.dumps(arrived),
+            "vllm.prompt_tokens_cached": 256,
+        }
+    )
+    assert stale == (
+        "pushed from the trainer (trainer_refit); prefix cache NOT reset after the push; 256 "
+        "prompt tokens of the scored rollout read from the prefix cache, blocks computed "
+        "before the push: stale cached state, not the weights"
+    )
+    arrived["prefix_cache_reset"] = True
+    fresh = weights_fact(
+        {
+            "rollout.weight_sync": "trainer",
+            "vllm.weights_arrived": json.dumps(arrived),
+            "vllm.prompt_tokens_cached": 0,
+        }
+    )
+    assert fresh == "pushed from the trainer (trainer); prefix cache reset after the push"
+    assert weights_fact({"rollout.weight_sync": "checkpoint"}) is None
+    assert weights_fact({}) is None
+    broken = weights_fact({"rollout.weight_sync": "trainer", "vllm.weights_arrived": "{"})
+    assert broken == "pushed from the trainer (trainer)"

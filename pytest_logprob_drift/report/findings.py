@@ -11,16 +11,19 @@ where it first moved, where the sampled tokens first diverged and its effect wit
 interval. Not "the cases that mismatch": with bfloat16 on both sides every case mismatches.
 
 More facts about a finding (its path, the layer it starts in, its importance-sampling cost)
-are added as ``FACTS`` entries: a name and a function from the sealed entry to a short text
-(or None), shown after the effect by the text, JSON and HTML renderings alike. Reads the
-decoded document's records (``attribution.document``: a document of the wrong form is never
-shown). Knows nothing about files, seals or how the findings are drawn.
+are added as ``FACTS`` entries, plus how the rollout got its weights when they were pushed
+from the trainer (``weights_fact``, from the case's read-back: a prefix cache not reset
+after the push shows as stale cached state): a name and a function from the sealed entry to
+a short text (or None), shown after the effect by the text, JSON and HTML renderings alike.
+Reads the decoded document's records (``attribution.document``: a document of the wrong form
+is never shown). Knows nothing about files, seals or how the findings are drawn.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +96,34 @@ FACTS: tuple[tuple[str, FactSource], ...] = (
 )
 """``(name, source)`` of the facts a finding carries beyond its side and effect, in the order
 they are shown; a diagnostic that lands (path, layer, ESS) adds one entry here."""
+
+
+def weights_fact(read_back: Mapping[str, Any]) -> str | None:
+    """How the rollout got its weights, from the case's read-back, when it did not load the
+    checkpoint from disk (``rollout.weight_sync``): pushed from the trainer, whether the prefix
+    cache was reset after the push, and how many prompt tokens of the scored rollout were read
+    from prefix-cache blocks (``vllm.prompt_tokens_cached``); blocks read after a push without
+    a reset were computed under the previous weights: stale cached state."""
+    sync = read_back.get("rollout.weight_sync")
+    if not isinstance(sync, str) or sync == "checkpoint":
+        return None
+    try:
+        arrived = json.loads(str(read_back.get("vllm.weights_arrived") or "{}"))
+    except ValueError:
+        arrived = {}
+    if not isinstance(arrived, dict):
+        arrived = {}
+    parts = [f"pushed from the trainer ({sync})"]
+    reset = bool(arrived.get("prefix_cache_reset"))
+    if arrived.get("enable_prefix_caching"):
+        parts.append(f"prefix cache {'reset' if reset else 'NOT reset'} after the push")
+    cached = read_back.get("vllm.prompt_tokens_cached")
+    if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0:
+        text = f"{cached} prompt tokens of the scored rollout read from the prefix cache"
+        if arrived.get("enable_prefix_caching") and not reset:
+            text += ", blocks computed before the push: stale cached state, not the weights"
+        parts.append(text)
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,13 +280,18 @@ def _first_moved(entry: Case, side: Side) -> int | None:
     return min(known) if known else None
 
 
-def _finding(rank: int, entry: Case, side: Side) -> Finding:
+def _finding(
+    rank: int, entry: Case, side: Side, read_back: Mapping[str, Any] | None = None
+) -> Finding:
     ratio = entry.effect.mean_ratio
     facts = []
     for name, source in FACTS:
         text = source(entry)
         if text is not None:
             facts.append(Fact(name=name, text=text))
+    weights = None if read_back is None else weights_fact(read_back)
+    if weights is not None:
+        facts.append(Fact(name="weights:", text=weights))
     return Finding(
         rank=rank,
         label=entry.label,
@@ -275,6 +311,12 @@ def _counts(outcomes: Sequence[str]) -> tuple[tuple[str, int], ...]:
     order = [o.value for o in Outcome]
     seen = sorted(set(outcomes), key=lambda o: (order.index(o) if o in order else len(order), o))
     return tuple((o, outcomes.count(o)) for o in seen)
+
+
+def _read_back(data: ReportData, label: str) -> Mapping[str, Any] | None:
+    """The case's read-back when the report loaded its detail (None otherwise)."""
+    view = next((c for c in data.cases if c.label == label), None)
+    return None if view is None or view.detail is None else view.detail.read_back
 
 
 def findings(data: ReportData) -> Findings:
@@ -302,7 +344,7 @@ def findings(data: ReportData) -> Findings:
         if side is None:
             unmoved.append(entry.label)
         else:
-            moved.append(_finding(rank, entry, side))
+            moved.append(_finding(rank, entry, side, _read_back(data, entry.label)))
     return Findings(
         cases=len(data.cases),
         counts=counts,
