@@ -12,7 +12,11 @@ engine with ``hf_overrides={"head_dtype": "float32"}`` and is read back from the
 logits the workers' samplers receive (``logp_check.lm_head_actual``). Context parallelism is
 recorded as unsupported where the platform lacks it. The sampling truncation (top_p, top_k,
 min_p) reported for identity validation is what the requests of the call ran with in the
-workers (``read_back.sampling_applied``). The training
+workers (``read_back.sampling_applied``). ``rollout.weight_sync``: ``checkpoint`` loads
+from disk; ``trainer`` and ``trainer_refit`` build the engine with dummy weights and receive
+the training side's before the first request (``VllmRollout.receive_weights``;
+``runtimes.weight_push``), a planted (test-only) variant resolved from
+``runtimes.planted_sync``; the read-back says how the weights arrived. The training
 side is the ``hf`` runtime's read-only scorer (unsharded or FSDP2).
 
 Knows nothing about vLLM's config objects, workers or processes (``engine``, ``read_back`` and

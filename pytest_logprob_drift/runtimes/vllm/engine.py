@@ -8,7 +8,9 @@ another device is refused before anything is built; on a GPU each engine asks fo
 of the device, ``platform``); the executor (``executor_backend``: vLLM's Ray executor
 for TP > 1 when the spec asks for it and the platform has one, else vLLM's default);
 sampling token-id prompts into the project's canonical batch (``runtimes.batch``), reporting
-vLLM's raw selected-token logprobs; and shutting the engine down so that no engine-core or
+vLLM's raw selected-token logprobs; an engine started with vLLM's dummy weights
+(``load_format``) and the in-place push of other weights into every worker followed by a
+prefix-cache reset (``push_weights``); and shutting the engine down so that no engine-core or
 worker process remains (``close``, also run by a finalizer). Its ``read_back`` and
 ``engine_process_ids`` delegate to ``read_back`` (vLLM's own objects) and ``processes``
 (/proc); where vLLM's own output goes (a log file or the terminal,

@@ -16,7 +16,10 @@ engine applied, which ``RequestOutput`` does not carry. A probe that saw nothing
 as such; the adapter then reports the values unobservable, never the frontend's.
 ``logp_install`` puts a catalog ``selected_logprob`` backend into the worker's sampler
 (``rollout_logp``), whose report, the dtype and width of the logits the sampler received and
-the ``LogitsProcessor``'s ``head_dtype`` are part of ``model_report``.
+the ``LogitsProcessor``'s ``head_dtype`` are part of ``model_report``. ``weights_begin`` /
+``weights_load`` / ``weights_end`` load pushed weights in place (vLLM's layerwise reload, which
+re-runs each layer's ``process_weights_after_loading``: on the CPU build the linear weights
+are re-packed for oneDNN, which a plain ``model.load_weights`` would not do).
 
 Knows nothing about cases, knobs, scoring, how the report is summarised, or the engine's
 processes; imported only inside vLLM worker processes, where vLLM and torch are loaded.
