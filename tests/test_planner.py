@@ -27,6 +27,7 @@ from pytest_logprob_drift.plan.knobs import (
     LOGPROB_SEMANTICS,
     LOGPROBS_MODES,
     SHARDINGS,
+    WEIGHT_SYNCS,
 )
 from pytest_logprob_drift.plan.planner import CASE_CAP, case_id, case_label
 from pytest_logprob_drift.records import (
@@ -76,6 +77,7 @@ def make_config(*, attention: str = "sdpa", device: str = "cuda") -> dict[str, A
                 "enforce_eager": False,
                 "logprobs_mode": "raw_logprobs",
                 "lm_head_dtype": "compute",
+                "weight_sync": "checkpoint",
             },
             "training": {
                 "attention_backend": attention,
@@ -165,6 +167,8 @@ def test_knob_allowlist_is_exactly_the_contracts() -> None:
         "training.logprob_semantics": Lifecycle.ENGINE_CONSTRUCTION,
         "training.lm_head_dtype": Lifecycle.ENGINE_CONSTRUCTION,
         "rollout.lm_head_dtype": Lifecycle.ENGINE_CONSTRUCTION,
+        # How the rollout gets its weights (docs/WEIGHT_SYNC.md).
+        "rollout.weight_sync": Lifecycle.ENGINE_CONSTRUCTION,
     }
 
 
@@ -214,6 +218,9 @@ def alias_spellings(draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, 
     )
     rollout[_spelled(draw, ["lm_head_dtype", "cast_lm_head_to_fp32"])] = _spelled(
         draw, ["compute", "compute_dtype", "model"]
+    )
+    rollout[_spelled(draw, ["weight_sync", "weights"])] = _spelled(
+        draw, ["checkpoint", "disk", "load", "Checkpoint"]
     )
     training: dict[str, Any] = {}
     training[_spelled(draw, ["attention_backend", "attn", "attn_implementation"])] = _spelled(
@@ -451,6 +458,8 @@ def _valid_values(path: str) -> st.SearchStrategy[Any]:
         return st.sampled_from(LOGPROB_SEMANTICS)
     if path in ("training.lm_head_dtype", "rollout.lm_head_dtype"):
         return st.sampled_from(LM_HEAD_DTYPES)
+    if path == "rollout.weight_sync":
+        return st.sampled_from(WEIGHT_SYNCS)
     return st.sampled_from(BACKENDS)
 
 
