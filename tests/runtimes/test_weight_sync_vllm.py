@@ -13,6 +13,7 @@ Two engine starts for the module.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -145,9 +146,11 @@ def _pushes() -> Mapping[str, Any]:
         steps["drop_tied_embedding"] = score()
         steps["push_report"] = push(None)
         steps["push"] = score()
+        steps["push_held"] = engine._live().collective_rpc("weights_pushed")[0]
         for name in ("through_float16", "stale_tensor"):
             steps[f"{name}_report"] = push(name)
             steps[name] = score()
+            steps[f"{name}_held"] = engine._live().collective_rpc("weights_pushed")[0]
         steps["again_report"] = push(None)
         steps["again"] = score()
         steps["vllm_params"] = engine._live().collective_rpc(
@@ -201,3 +204,48 @@ def test_every_planted_push_changes_what_the_engine_computes(pushes: Mapping[str
     # After the dropped push the embedding still holds the dummy weights, so the engine
     # computes neither the dummy model nor the checkpoint's.
     assert not torch.equal(pushes["drop_tied_embedding"], pushes["dummy"])
+
+
+def _sha(tensor: torch.Tensor) -> str:
+    data = tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_what_each_linear_held_before_packing_is_what_was_pushed(
+    pushes: Mapping[str, Any],
+) -> None:
+    """The worker keeps, per processed layer, its parameters at the one point where the CPU
+    build still has them as plain tensors (before ``process_weights_after_loading`` packs
+    them); their SHA-256, recomputed here with hashlib from the transformers state in vLLM's
+    fused layout (``qkv_proj`` = q, k, v rows; ``gate_up_proj`` = gate, up rows)."""
+    state = pushes["state"]
+    held = pushes["push_held"]
+    for layer in (0, 1):
+        prefix = f"model.layers.{layer}"
+        attention, mlp = f"{prefix}.self_attn", f"{prefix}.mlp"
+        qkv = torch.cat([state[f"{attention}.{p}_proj.weight"] for p in "qkv"])
+        assert held[f"{attention}.qkv_proj"]["weight"]["sha256"] == _sha(qkv)
+        bias = torch.cat([state[f"{attention}.{p}_proj.bias"] for p in "qkv"])
+        assert held[f"{attention}.qkv_proj"]["bias"]["sha256"] == _sha(bias)
+        assert held[f"{attention}.o_proj"]["weight"]["sha256"] == _sha(
+            state[f"{attention}.o_proj.weight"]
+        )
+        gate_up = torch.cat([state[f"{mlp}.gate_proj.weight"], state[f"{mlp}.up_proj.weight"]])
+        assert held[f"{mlp}.gate_up_proj"]["weight"]["sha256"] == _sha(gate_up)
+        down = state[f"{mlp}.down_proj.weight"]
+        assert held[f"{mlp}.down_proj"]["weight"]["sha256"] == _sha(down)
+    # The planted bugs are visible at that point: the stale tensor is the previous policy's,
+    # every other one the trainer's; pushed through float16 the tensor is its float16 rounding.
+    stale = SYNC_VARIANTS["stale_tensor"].stale[0]
+    module = stale.removesuffix(".weight")
+    before = weight_push.previous_policy(state)[stale]
+    assert pushes["stale_tensor_held"][module]["weight"]["sha256"] == _sha(before)
+    assert (
+        pushes["stale_tensor_held"]["model.layers.1.mlp.down_proj"]
+        == held["model.layers.1.mlp.down_proj"]
+    )
+    half = pushes["through_float16_held"]
+    assert half[module]["weight"]["sha256"] == _sha(
+        state[stale].to(torch.float16).to(torch.float32)
+    )
+    assert half[module]["weight"]["sha256"] != held[module]["weight"]["sha256"]

@@ -151,6 +151,56 @@ def _install_layer_hooks(model: Any) -> int:
     return len(layers)
 
 
+_PUSHED: dict[str, Any] = {}
+"""The last push's tensors as each layer held them once loaded and before its post-load
+processing (``tensors``: module name -> parameter name -> a copy), and the layerwise reload's
+own ``_layerwise_process`` while a push is open (``original``)."""
+
+
+def _capture_pushed(model: Any) -> None:
+    """While a push is open, copy each layer's parameters just before its quantization
+    method's ``process_weights_after_loading`` runs (the point where, on the CPU build, a
+    linear weight still exists as a plain tensor: processing packs it and empties
+    ``layer.weight``), by wrapping the layerwise reload's ``_layerwise_process`` (looked up
+    by name when a layer completes, and at finalize). Layers without a quantization method
+    (norms) are not processed; their parameters stay readable on the live model."""
+    from vllm.model_executor.model_loader.reload import layerwise
+
+    names = {id(m): n for n, m in model.named_modules()}
+    captured: dict[str, dict[str, Any]] = {}
+    original = layerwise._layerwise_process
+
+    def process(layer: Any, info: Any) -> Any:
+        method: Any = getattr(layer, "quant_method", None)
+        inner = getattr(method, "process_weights_after_loading", None)
+        if inner is None:
+            return original(layer, info)
+
+        def snapshot(target: Any) -> Any:
+            captured[names.get(id(target), type(target).__name__)] = {
+                n: p.detach().clone() for n, p in target.named_parameters(recurse=False)
+            }
+            return inner(target)
+
+        method.process_weights_after_loading = snapshot
+        try:
+            return original(layer, info)
+        finally:
+            del method.process_weights_after_loading
+
+    layerwise._layerwise_process = process
+    _PUSHED.update(tensors=captured, original=original)
+
+
+def _release_capture() -> None:
+    """Put the layerwise reload's ``_layerwise_process`` back (idempotent)."""
+    from vllm.model_executor.model_loader.reload import layerwise
+
+    original = _PUSHED.pop("original", None)
+    if original is not None:
+        layerwise._layerwise_process = original
+
+
 class DriftWorkerExtension:
     """Methods vLLM adds to each worker (called by name through ``collective_rpc``)."""
 
@@ -188,8 +238,10 @@ class DriftWorkerExtension:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         worker: Any = self
+        _release_capture()
         with set_current_vllm_config(worker.vllm_config):
             initialize_layerwise_reload(worker.get_model())
+        _capture_pushed(worker.get_model())
         return True
 
     def weights_load(self, payload: bytes) -> list[str]:
@@ -219,15 +271,40 @@ class DriftWorkerExtension:
 
         worker: Any = self
         runner = worker.model_runner
-        with set_current_vllm_config(worker.vllm_config):
-            finalize_layerwise_reload(  # type: ignore[no-untyped-call]
-                worker.get_model(), worker.vllm_config.model_config
-            )
+        try:
+            with set_current_vllm_config(worker.vllm_config):
+                finalize_layerwise_reload(  # type: ignore[no-untyped-call]
+                    worker.get_model(), worker.vllm_config.model_config
+                )
+        finally:
+            _release_capture()
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
             method = getattr(runner, reset, None)
             if callable(method):
                 method()
         return True
+
+    def weights_pushed(self) -> dict[str, dict[str, Any]]:
+        """What the last push left in each processed layer just before its post-load
+        processing (``_capture_pushed``): module name -> parameter name -> shape, dtype and
+        the SHA-256 of its bytes. Empty before any push."""
+        import hashlib
+
+        import torch
+
+        out: dict[str, dict[str, Any]] = {}
+        for module, params in dict(_PUSHED.get("tensors") or {}).items():
+            out[module] = {
+                name: {
+                    "shape": [int(d) for d in tensor.shape],
+                    "dtype": str(tensor.dtype).removeprefix("torch."),
+                    "sha256": hashlib.sha256(
+                        tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                    ).hexdigest(),
+                }
+                for name, tensor in params.items()
+            }
+        return out
 
     def layers_arm(self, tokens: int, positions: list[int]) -> int:
         """Arm the layer hooks for the next request of ``tokens`` prompt tokens: states at
