@@ -10,7 +10,10 @@ before the engine's first request (``rollout_logp``, through the worker extensio
 ``native`` must read back vLLM's own sampler. ``rollout.lm_head_dtype=float32`` builds the
 engine with ``hf_overrides={"head_dtype": "float32"}`` and is read back from the dtype of the
 logits the workers' samplers receive (``logp_check.lm_head_actual``). Context parallelism is
-recorded as unsupported where the platform lacks it. The sampling truncation (top_p, top_k,
+mapped to vLLM's ``prefill_context_parallel_size`` on CUDA (for an MLA checkpoint, which
+``plan.context_parallel`` checks before any engine starts) and recorded as unsupported on
+vLLM's CPU platform; it is read back from the engine's parallel config, and a decode context
+parallel size other than 1 reads back as a mismatch, never as this knob. The sampling truncation (top_p, top_k,
 min_p) reported for identity validation is what the requests of the call ran with in the
 workers (``read_back.sampling_applied``). The training
 side is the ``hf`` runtime's read-only scorer (unsharded or FSDP2).
@@ -147,6 +150,7 @@ class VllmRollout:
             model_dir=str(self.checkpoint.path),
             dtype=str(rollout.get("dtype", "float32")),
             tensor_parallel_size=int(str(rollout.get("tensor_parallel_size", 1))),
+            prefill_context_parallel_size=int(str(rollout.get("context_parallel_size", 1))),
             enable_prefix_caching=bool(rollout.get("enable_prefix_caching", False)),
             enforce_eager=bool(rollout.get("enforce_eager", True)),
             seed=identity.sampling.seed,
@@ -412,11 +416,14 @@ class VllmHfAdapter(TransformersTrainingAdapter):
                 return applied(value, "no context parallelism")
             if vllm_platform_is_cpu():
                 return unsupported(path, value, "the vLLM CPU platform has no context parallelism")
-            return unsupported(
-                path,
+            return applied(
                 value,
-                "the engine spec sets no context parallelism (vLLM's "
-                "decode_context_parallel_size is not wired to this knob)",
+                "vllm.LLM(prefill_context_parallel_size=...): prefill split over that many "
+                "more GPUs (TP x CP in all); vLLM 0.32 runs it only for an MLA checkpoint on "
+                "model runner V2, which planning and the runner check from the checkpoint's "
+                "config.json before any engine starts and vLLM's PCPManager checks again; read "
+                "back from the engine's parallel config, with decode_context_parallel_size "
+                "required to be 1",
             )
         if path == "logp.backend":
             if value == "native":

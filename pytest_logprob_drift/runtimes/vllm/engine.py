@@ -118,6 +118,9 @@ class VllmEngineSpec:
     ``float32``: ``hf_overrides={"head_dtype": "float32"}``, vLLM's ``LogitsProcessor`` casts
     the hidden states and the (model-dtype) head weight to float32, so the logits the sampler
     receives are float32."""
+    prefill_context_parallel_size: int = 1
+    """vLLM's ``prefill_context_parallel_size`` (``rollout.context_parallel_size``): passed only
+    when above 1; vLLM 0.32 runs it only for an MLA model on model runner V2 (CUDA)."""
     device: str = "cpu"
     """The scenario device the engine must run on; a vLLM platform that is another device is
     refused before anything is built (``platform.platform_refusal``)."""
@@ -136,6 +139,11 @@ class VllmEngineSpec:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.prefill_context_parallel_size < 1:
+            raise ValueError(
+                "prefill_context_parallel_size must be >= 1, got "
+                f"{self.prefill_context_parallel_size}"
+            )
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.kv_cache_memory_bytes < 1:
@@ -268,6 +276,8 @@ class VllmRolloutEngine:
         )
         if spec.lm_head_dtype == "float32":
             executor_kwargs["hf_overrides"] = {"head_dtype": "float32"}
+        if spec.prefill_context_parallel_size > 1:
+            executor_kwargs["prefill_context_parallel_size"] = spec.prefill_context_parallel_size
         self.generated_tokens = 0
         """The tokens vLLM sampled in the last ``generate`` (every output token, before the
         cut after EOS): the rows its sampler scored."""
@@ -362,8 +372,9 @@ class VllmRolloutEngine:
     def _vocab_size(self) -> int:
         return int(self._live().llm_engine.vllm_config.model_config.get_vocab_size())
 
-    def context_parallel_size(self) -> int:
-        """The context-parallel size the live engine runs with (from its parallel config)."""
+    def context_parallel_size(self) -> int | str:
+        """The context-parallel size the live engine runs with (``read_back.
+        context_parallel_size``: its prefill size, or a mismatch naming a decode size)."""
         return _read_back.context_parallel_size(self._live())
 
     # -- rollout

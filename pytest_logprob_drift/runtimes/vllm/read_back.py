@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MODEL_REPORT",
     "attention_backend",
+    "context_parallel_of",
     "context_parallel_size",
     "joined",
     "lm_head_dtype",
@@ -161,18 +162,26 @@ def sampling_applied(
     }
 
 
-def context_parallel_size(llm: LLM) -> int:
-    """The context-parallel size the engine runs with.
-
-    vLLM 0.32's ``ParallelConfig`` has no single ``context_parallel_size``; it holds
-    ``decode_context_parallel_size`` (read here) next to ``prefill_context_parallel_size``.
-    A release that has ``context_parallel_size`` is read by that name.
-    """
+def context_parallel_size(llm: LLM) -> int | str:
+    """What ``rollout.context_parallel_size`` reads back as: vLLM 0.32's
+    ``parallel_config.prefill_context_parallel_size`` (the setting the knob becomes), when its
+    ``decode_context_parallel_size`` is 1. A decode size other than 1 is another setting (it
+    shards only the decode KV cache over the TP ranks), never read as this knob: the value is
+    then a string naming both sizes, which matches no requested size."""
     parallel: Any = llm.llm_engine.vllm_config.parallel_config
-    size: Any = getattr(parallel, "context_parallel_size", None)
-    if size is None:
-        size = parallel.decode_context_parallel_size
-    return int(size)
+    return context_parallel_of(
+        int(parallel.prefill_context_parallel_size), int(parallel.decode_context_parallel_size)
+    )
+
+
+def context_parallel_of(prefill: int, decode: int) -> int | str:
+    """``context_parallel_size``'s rule on the two sizes (pure)."""
+    if decode != 1:
+        return (
+            f"mismatch: decode_context_parallel_size={decode} "
+            f"(prefill_context_parallel_size={prefill}); this knob is the prefill size"
+        )
+    return prefill
 
 
 def _enum_name(value: object) -> str:
@@ -213,6 +222,8 @@ def read_back(
         "max_logprobs": int(model.max_logprobs),
         "enforce_eager": bool(model.enforce_eager),
         "tensor_parallel_size": int(parallel.tensor_parallel_size),
+        "prefill_context_parallel_size": int(parallel.prefill_context_parallel_size),
+        "decode_context_parallel_size": int(parallel.decode_context_parallel_size),
         "world_size": int(parallel.world_size),
         "distributed_executor_backend": str(parallel.distributed_executor_backend),
         "enable_prefix_caching": bool(cache.enable_prefix_caching),
