@@ -60,7 +60,7 @@ from pytest_logprob_drift.runtimes.vllm.logp_check import (
 )
 from pytest_logprob_drift.runtimes.vllm.logs import prepare_vllm_logging
 from pytest_logprob_drift.runtimes.vllm.platform import rollout_sampler
-from pytest_logprob_drift.runtimes.vllm.read_back import sampling_applied
+from pytest_logprob_drift.runtimes.vllm.read_back import eager_of, sampling_applied
 
 if TYPE_CHECKING:
     import torch
@@ -158,6 +158,7 @@ class VllmRollout:
             logprobs_mode=str(rollout.get("logprobs_mode", "raw_logprobs")),
             lm_head_dtype=str(rollout.get("lm_head_dtype", "compute")),
             full_vocabulary=binding.full_vocabulary is not None,
+            trace_replay=binding.replay,
             distributed_executor_backend="ray" if launcher == "ray" else None,
             ray_address=ray_address,
             device=str(binding.scorer["device"]),
@@ -317,10 +318,58 @@ class VllmRollout:
         batch_size: int,
         logp: LogpKernel | None,
     ) -> ReplayOutput:
-        """vLLM's decode replay (``trace_decode_token_ids``) needs an engine built with
-        ``enable_trace_replay``, which vLLM 0.32 refuses without model runner V2: always
-        ``ReplayUnavailable`` with the live engine's reason (``execute.protocol.DecodeReplay``)."""
-        raise ReplayUnavailable(self.engine.trace_replay_refusal())
+        """vLLM's decode replay (``engine.replay_decode``: trace replay, model runner V2, the
+        engine built with ``enable_trace_replay`` because the run asked for replay), in the
+        case's chunks, with the rollout's temperature and seeds; ``ReplayUnavailable`` with the
+        engine's reason where it has no trace replay (vLLM's CPU platform, model runner V1),
+        or when the workers did not run the case's ``logp.backend`` on the replayed tokens
+        (``execute.protocol.DecodeReplay``). Never run on a GPU here."""
+        if not self.engine.trace_replay:
+            raise ReplayUnavailable(self.engine.trace_replay_refusal())
+        reference = _reference(logp)
+        if reference is not None:
+            self.engine.install_logp(reference)
+        prompts = [list(p) for p in identity.prompts.token_ids]
+        rows = sequences(rollout)
+        responses = [row[len(prompt) :] for row, prompt in zip(rows, prompts, strict=True)]
+        earlier = self.engine.read_back()
+        try:
+            values, scored, evidence = self.engine.replay_decode(
+                prompts,
+                responses,
+                batch_size=batch_size,
+                temperature=identity.sampling.temperature,
+                seed=identity.sampling.seed,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ReplayUnavailable(str(exc)) from None
+        live = self.engine.read_back()
+        asked = backend_of(logp)
+        ran, how = injection_actual(
+            asked=asked,
+            reference=reference,
+            before=_injection(earlier),
+            after=_injection(live),
+            rows=int(evidence["decoded_tokens"]),
+            site=SAMPLED,
+            tp_size=int(str(live["tensor_parallel_size"])),
+        )
+        if ran != asked:
+            raise ReplayUnavailable(f"the decode replay did not run {asked}: {ran}")
+        _eos, pad = self._special
+        logprobs, token_ids = replay_grid(rollout, values, scored, pad)
+        return ReplayOutput(
+            logprobs=logprobs,
+            token_ids=token_ids,
+            evidence={
+                "path": "vllm trace replay (trace_decode_token_ids), model runner V2",
+                "logprob_semantics": str(live["logprobs_mode"]),
+                "batch_size": batch_size,
+                "logp_backend": asked,
+                "logp_evidence": how,
+                **evidence,
+            },
+        )
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         live = self.engine.read_back()
@@ -329,7 +378,11 @@ class VllmRollout:
             "rollout.tensor_parallel_size": int(str(live["tensor_parallel_size"])),
             "rollout.context_parallel_size": self.engine.context_parallel_size(),
             "rollout.enable_prefix_caching": bool(live["enable_prefix_caching"]),
-            "rollout.enforce_eager": bool(live["enforce_eager"]),
+            "rollout.enforce_eager": eager_of(
+                enforce_eager=bool(live["enforce_eager"]),
+                compilation_mode=str(live["compilation_mode"]),
+                cudagraph_mode=str(live["cudagraph_mode"]),
+            ),
             "batch.size": self.batch_size,
             "logp.backend": self.backend_used,
             "vllm.logp_evidence": self.logp_evidence,
@@ -349,6 +402,8 @@ class VllmRollout:
             "launcher": self.launcher,
             "vllm.executor_requested": self.engine.executor_requested,
             "vllm.executor_reason": self.engine.executor_reason,
+            "vllm.trace_replay": self.engine.trace_replay,
+            "vllm.trace_replay_reason": self.engine.trace_replay_reason,
         }
         for key, value in live.items():
             if key == "logp_injection":
@@ -434,8 +489,9 @@ class VllmHfAdapter(TransformersTrainingAdapter):
                 )
             return applied(
                 value,
-                f"{value} on both sides: in every vLLM worker's V1 sampler (worker extension, "
-                "runtimes.vllm.rollout_logp) the sampled token's logprob is "
+                f"{value} on both sides: in every vLLM worker's sampler (worker extension; "
+                "model runner V1: runtimes.vllm.rollout_logp, V2: runtimes.vllm."
+                "rollout_logp_v2, never run on a GPU here) the sampled token's logprob is "
                 "kernel(logits, sampled ids), the logits being the raw LM head output in the "
                 "model's dtype (raw_logprobs) or the float32 processed logits vLLM sampled "
                 "from (processed_logprobs), and a prompt token's logprob is kernel(raw "

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 __all__ = [
     "MODEL_REPORT",
     "attention_backend",
+    "attention_layers",
+    "eager_of",
     "context_parallel_of",
     "context_parallel_size",
     "joined",
@@ -184,6 +186,36 @@ def context_parallel_of(prefill: int, decode: int) -> int | str:
     return prefill
 
 
+def eager_of(*, enforce_eager: bool, compilation_mode: str, cudagraph_mode: str) -> bool | str:
+    """What ``rollout.enforce_eager`` reads back as, from what the engine resolved rather than
+    the flag alone: eager when no compilation (``compilation_mode`` NONE) and no CUDA graphs
+    (``cudagraph_mode`` NONE) run. vLLM 0.32 resolves ``enforce_eager=False`` to
+    torch.compile (CPU: mode 2; CUDA: ``VLLM_COMPILE`` with CUDA graphs) and
+    ``enforce_eager=True`` to neither; anything else (a flag that says eager over a compiled
+    engine, or compiled over an eager one, e.g. under batch-invariant mode) is a string naming
+    both, which matches no requested value."""
+    compiled = compilation_mode not in ("NONE", "0") or cudagraph_mode not in ("NONE", "0")
+    if enforce_eager == (not compiled):
+        return enforce_eager
+    return (
+        f"mismatch: enforce_eager={enforce_eager} but compilation mode {compilation_mode}, "
+        f"cudagraph_mode {cudagraph_mode}"
+    )
+
+
+def attention_layers(reports: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How many attention layers run each implementation class, on the first worker that
+    reports it (every TP rank builds the same layers)."""
+    for report in reports:
+        per_layer = report.get("attention_layers")
+        if isinstance(per_layer, Mapping) and per_layer:
+            counts: dict[str, int] = {}
+            for impl in per_layer.values():
+                counts[str(impl)] = counts.get(str(impl), 0) + 1
+            return dict(sorted(counts.items()))
+    return {}
+
+
 def _enum_name(value: object) -> str:
     name = getattr(value, "name", None)
     return str(name) if name is not None else str(value)
@@ -234,6 +266,11 @@ def read_back(
         "compilation_backend": str(compilation.backend),
         "cudagraph_mode": _enum_name(compilation.cudagraph_mode),
         "attention_backend": attention_backend(reports),
+        "attention_layers": attention_layers(reports),
+        "attention_backend_requested": str(
+            getattr(getattr(config, "attention_config", None), "backend", None)
+        ),
+        "enable_trace_replay": bool(getattr(model, "enable_trace_replay", False)),
         "vocab_layout": vocab_layout(reports),
         "lm_head_dtype": lm_head_dtype(reports),
         "lm_head_compute_dtype": joined(reports, "lm_head_compute_dtype"),
