@@ -16,9 +16,10 @@ one spec):
   rejection sampler of speculative decoding) vLLM's own value is kept and counted as an
   ``unsupported_request``;
 - ``sampler.compute_topk_scores`` and ``prompt_logprob.compute_topk_scores``: the call site
-  (``sampled_rows`` / ``prompt_rows``) around vLLM's own function; a request with custom
-  ``logprob_token_ids`` or a ``*_logits`` logprobs mode is counted (``unsupported_request`` /
-  ``unsupported_mode``) and left to vLLM;
+  (``sampled_rows`` / ``prompt_rows``) around vLLM's own function; a ``*_logits`` logprobs
+  mode is counted (``unsupported_mode``) and a batch with custom ``logprob_token_ids`` runs
+  with no site (its ``compute_token_logprobs`` call counts an ``unsupported_request``), both
+  left to vLLM;
 - ``prompt_logprob.compute_token_logprobs`` (the name imported by value): vLLM's own, counted
   as an ``unsupported_request`` (only custom-token-id requests reach it; the project sends
   none).
@@ -170,8 +171,7 @@ def topk_scores_wrapper(original: Any, current: _State, site: str) -> Any:
         if logits_mode or current.mode not in ("raw_logprobs", "processed_logprobs"):
             current.counts["unsupported_mode"] += 1
             return original(logits, num_logprobs, *args, **kwargs)
-        if custom:
-            current.counts["unsupported_request"] += 1
+        if custom:  # no site: the compute_token_logprobs it reaches counts the request
             return original(logits, num_logprobs, *args, **kwargs)
         with _site(current, site):
             return original(logits, num_logprobs, *args, **kwargs)
