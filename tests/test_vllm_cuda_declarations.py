@@ -222,10 +222,16 @@ def test_a_tiny_checkpoint_with_context_parallelism_is_refused_on_both_devices(
     doc["baseline"].setdefault("rollout", {})["context_parallel_size"] = 1
     doc["interventions"] = [{"path": "rollout.context_parallel_size", "values": [2]}]
     for device, needle in (
-        ("cuda", "tiny://qwen3-h64-v1 (declared): model_type 'qwen3', 2 attention heads, "
-         "1 KV heads (MQA), no kv_lora_rank (not MLA)"),
-        ("cpu", "rollout.context_parallel_size=2 on cpu: it becomes vLLM's "
-         "prefill_context_parallel_size only on cuda"),
+        (
+            "cuda",
+            "tiny://qwen3-h64-v1 (declared): model_type 'qwen3', 2 attention heads, "
+            "1 KV heads (MQA), no kv_lora_rank (not MLA)",
+        ),
+        (
+            "cpu",
+            "rollout.context_parallel_size=2 on cpu: it becomes vLLM's "
+            "prefill_context_parallel_size only on cuda",
+        ),
     ):
         doc["scenario"] = {"level": "S1", "device": device}
         path = tmp_path / f"{device}.json"

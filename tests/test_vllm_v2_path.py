@@ -26,11 +26,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-import torch  # noqa: E402
+import torch
 
-from pytest_logprob_drift.runtimes import VLLM_HF  # noqa: E402
-from pytest_logprob_drift.runtimes.vllm import rollout_logp, rollout_logp_v2  # noqa: E402
-from pytest_logprob_drift.runtimes.vllm.read_back import (  # noqa: E402
+from pytest_logprob_drift.runtimes import VLLM_HF
+from pytest_logprob_drift.runtimes.vllm import rollout_logp, rollout_logp_v2
+from pytest_logprob_drift.runtimes.vllm.read_back import (
     context_parallel_of,
     eager_of,
 )
@@ -88,7 +88,9 @@ def test_decode_cp_is_another_setting_vllm_bounds_by_kv_heads(tiny: Path, tmp_pa
     config.update(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     (model / "config.json").write_text(json.dumps(config))
     model_config = ModelConfig(model=str(model), skip_tokenizer_init=True)
-    with pytest.raises(ValueError, match=r"greater than the model's total number of KV heads \(2\)"):
+    with pytest.raises(
+        ValueError, match=r"greater than the model's total number of KV heads \(2\)"
+    ):
         model_config.verify_with_parallel_config(
             ParallelConfig(tensor_parallel_size=2, decode_context_parallel_size=2)
         )
@@ -125,7 +127,9 @@ def test_enforce_eager_reads_back_from_what_vllm_resolved(tiny: Path) -> None:
     ).startswith("mismatch: enforce_eager=True")
     assert (
         eager_of(
-            enforce_eager=False, compilation_mode="VLLM_COMPILE", cudagraph_mode="FULL_AND_PIECEWISE"
+            enforce_eager=False,
+            compilation_mode="VLLM_COMPILE",
+            cudagraph_mode="FULL_AND_PIECEWISE",
         )
         is False
     )

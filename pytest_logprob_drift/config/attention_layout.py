@@ -66,9 +66,7 @@ class AttentionLayout:
             )
             parts.append(f"{self.kv_heads} KV heads ({kind})")
         parts.append(
-            f"kv_lora_rank {self.kv_lora_rank} (MLA)"
-            if self.mla
-            else "no kv_lora_rank (not MLA)"
+            f"kv_lora_rank {self.kv_lora_rank} (MLA)" if self.mla else "no kv_lora_rank (not MLA)"
         )
         return f"{self.source}: {', '.join(parts)}"
 
@@ -80,9 +78,7 @@ def _positive(section: Mapping[str, object], name: str) -> int | None:
     return value
 
 
-def attention_layout(
-    uri: str, builtin: Mapping[str, BuiltinCheckpoint]
-) -> AttentionLayout | str:
+def attention_layout(uri: str, builtin: Mapping[str, BuiltinCheckpoint]) -> AttentionLayout | str:
     """The attention layout of checkpoint ``uri``, or why it cannot be known now (a
     sentence naming the file). ``builtin``: the built-in checkpoints a runtime declares."""
     known = builtin.get(uri)

@@ -127,11 +127,11 @@ class ExecutionPlan(Record):
             for ec in self.cases
         ]
 
-
     def refusals(self, runtimes: Sequence[RuntimeInfo]) -> list[dict[str, Any]]:
         """Why each of ``runtimes`` that executes the scenario still cannot execute some cases
         (``ExecutionCase.runtime_refusals``): one entry per runtime and reason, with the case
-        ids and labels it holds for, in case order. What ``plan`` prints beside ``executable_by``."""
+        ids and labels it holds for, in case order: what ``plan`` prints beside
+        ``executable_by``."""
         device, checkpoint = self.plan.scenario.device, self.plan.identity.checkpoint.uri
         found: dict[tuple[str, str], dict[str, Any]] = {}
         for runtime in sorted(runtimes, key=lambda r: r.name):

@@ -26,9 +26,9 @@ def cuda_build(package: str, distributions: Mapping[str, list[str]] | None = Non
     """None when ``package``'s CUDA build is installed, else what is installed instead (a
     sentence). ``distributions``: ``importlib.metadata.packages_distributions()`` (given in
     tests)."""
-    found = (
-        metadata.packages_distributions() if distributions is None else distributions
-    ).get(package, [])
+    found = (metadata.packages_distributions() if distributions is None else distributions).get(
+        package, []
+    )
     if not found:
         return f"{package} is not installed"
     described = []
@@ -39,9 +39,7 @@ def cuda_build(package: str, distributions: Mapping[str, list[str]] | None = Non
             version = "unknown version"
         local = version.partition("+")[2].lower()
         suffix = name.lower().replace("_", "-").removeprefix(f"{package}-")
-        other = next(
-            (b for b in _OTHER_BUILDS if local.startswith(b) or suffix == b), None
-        )
+        other = next((b for b in _OTHER_BUILDS if local.startswith(b) or suffix == b), None)
         if name.lower() == package and other is None:
             return None
         described.append(f"{name} {version}" + (f" ({other} build)" if other else ""))
@@ -61,6 +59,4 @@ def visible_gpus() -> tuple[int, str]:
 
 def machine_facts(packages: Iterable[str]) -> MachineFacts:
     gpus, how = visible_gpus()
-    return MachineFacts(
-        gpus=gpus, gpus_read=how, cuda_builds={p: cuda_build(p) for p in packages}
-    )
+    return MachineFacts(gpus=gpus, gpus_read=how, cuda_builds={p: cuda_build(p) for p in packages})

@@ -13,9 +13,11 @@ logits the workers' samplers receive (``logp_check.lm_head_actual``). Context pa
 mapped to vLLM's ``prefill_context_parallel_size`` on CUDA (for an MLA checkpoint, which
 ``plan.context_parallel`` checks before any engine starts) and recorded as unsupported on
 vLLM's CPU platform; it is read back from the engine's parallel config, and a decode context
-parallel size other than 1 reads back as a mismatch, never as this knob. The sampling truncation (top_p, top_k,
-min_p) reported for identity validation is what the requests of the call ran with in the
-workers (``read_back.sampling_applied``). The training
+parallel size other than 1 reads back as a mismatch, never as this knob. The sampling
+truncation (top_p, top_k, min_p) reported for identity validation is what the requests of the
+call ran with in the workers (``read_back.sampling_applied``). ``rollout.enforce_eager`` reads
+back from the compilation and CUDA-graph modes vLLM resolved (``read_back.eager_of``). Decode
+replay runs through vLLM's trace replay where the engine has it (model runner V2). The training
 side is the ``hf`` runtime's read-only scorer (unsharded or FSDP2).
 
 Knows nothing about vLLM's config objects, workers or processes (``engine``, ``read_back`` and

@@ -95,7 +95,9 @@ def targets() -> dict[str, Any]:
 
 def _original(function: Any) -> Any:
     """vLLM's own function behind one of this module's wrappers (itself when unwrapped)."""
-    return getattr(function, "__wrapped__", function) if getattr(function, _MARK, False) else function
+    return (
+        getattr(function, "__wrapped__", function) if getattr(function, _MARK, False) else function
+    )
 
 
 class _State:
