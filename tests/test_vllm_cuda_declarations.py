@@ -347,3 +347,16 @@ def test_no_runtime_declares_s2_or_s3_on_cpu(level: ScenarioLevel) -> None:
     assert set(runtime_catalog().executing(scenario)) & {"hf", "vllm-hf"} == expected - {
         "cpu-smoke"
     }
+
+
+def test_the_plugin_refuses_the_same_machine_before_any_engine(tmp_path: Path) -> None:
+    from tests.drift_testing import plugin_run
+
+    run = plugin_run(tmp_path, S2, runtime="vllm-hf")
+    proc = run["proc"]
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("ERROR ")]
+    assert len(errors) == 6, proc.stdout[-3000:]
+    assert "this machine cannot run scenario S2 on cuda: " in proc.stdout
+    assert "no CUDA device" in proc.stdout and "Traceback" not in proc.stdout
+    assert run["cases"] == {}

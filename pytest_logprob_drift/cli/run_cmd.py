@@ -117,13 +117,11 @@ def _check_machine(plan: ExecutionPlan, runtime: RuntimeInfo, *, ray: bool) -> N
     """Refuse the whole run (UsageError, one line) when this machine cannot run its cases on
     ``runtime``: the GPUs and the engine's CUDA build a cuda scenario needs, before any engine
     starts (``execute.machine_fit``)."""
-    if plan.plan.scenario.device != "cuda" or not runtime.executes(plan.plan.scenario):
+    if plan.plan.scenario.device != "cuda":
         return
-    from pytest_logprob_drift.execute.machine_fit import machine_refusal
-    from pytest_logprob_drift.runtimes.machine import machine_facts
+    from pytest_logprob_drift.runtimes.machine import run_refusal
 
-    builds = [runtime.cuda_build] if runtime.cuda_build else []
-    refusal = machine_refusal(plan, runtime, machine_facts(builds), ray=ray)
+    refusal = run_refusal(plan, runtime, ray=ray)
     if refusal is not None:
         raise UsageError(refusal)
 

