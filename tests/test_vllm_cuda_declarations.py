@@ -360,3 +360,18 @@ def test_the_plugin_refuses_the_same_machine_before_any_engine(tmp_path: Path) -
     assert "this machine cannot run scenario S2 on cuda: " in proc.stdout
     assert "no CUDA device" in proc.stdout and "Traceback" not in proc.stdout
     assert run["cases"] == {}
+
+
+def test_ray_gives_a_context_parallel_engine_one_gpu_per_worker(tmp_path: Path) -> None:
+    from pytest_logprob_drift.execute.launch import Launch
+    from pytest_logprob_drift.execute.protocol import bind_case
+    from pytest_logprob_drift.runtimes.vllm.adapter import IN_PROCESS_ENGINE, VllmHfAdapter
+
+    model = _checkpoint(tmp_path, MLA_CONFIG)
+    plan = plan_file(str(_with(tmp_path, S3, identity__checkpoint__uri=str(model))))
+    baseline = bind_case(
+        plan.cases[0], runtime_kind="vllm-hf", identity=plan.plan.identity, device="cuda"
+    )
+    adapter = VllmHfAdapter()
+    adapter.launch = Launch(launcher="ray")  # the policy only: no cluster is started here
+    assert adapter.rollout_resources(baseline) == {IN_PROCESS_ENGINE: 1.0, "GPU": 16.0}

@@ -16,12 +16,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint  # noqa: E402
-from pytest_logprob_drift.runtimes.vllm.engine import (  # noqa: E402
+from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+from pytest_logprob_drift.runtimes.vllm.engine import (
     VllmEngineSpec,
     VllmRolloutEngine,
 )
-from pytest_logprob_drift.runtimes.vllm.read_back import eager_of  # noqa: E402
+from pytest_logprob_drift.runtimes.vllm.read_back import eager_of
 
 pytestmark = pytest.mark.slow
 

@@ -503,18 +503,18 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         return unsupported(path, value, "no vLLM setting for it")
 
     def rollout_resources(self, binding: RuntimeBinding) -> Mapping[str, float]:
-        """vLLM's Ray executor holds one GPU per TP worker; with TP 1 on CUDA the engine holds
-        one GPU in this process, declared too so that no rank actor is packed onto it. Every
-        engine is also built and
-        driven from this process (its construction patches this process's environment and
-        output), so at most one engine group with a vLLM engine runs at a time
-        (``IN_PROCESS_ENGINE``)."""
+        """vLLM's Ray executor holds one GPU per worker (TP x prefill CP); with one worker on
+        CUDA the engine holds one GPU in this process, declared too so that no rank actor is
+        packed onto it. Every engine is also built and driven from this process (its
+        construction patches this process's environment and output), so at most one engine
+        group with a vLLM engine runs at a time (``IN_PROCESS_ENGINE``)."""
         tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
+        cp = int(str(binding.rollout.get("context_parallel_size", 1)))
         demand = {IN_PROCESS_ENGINE: 1.0}
         if self.launch.is_ray and str(binding.scorer["device"]) == "cuda":
-            # TP > 1: one GPU per Ray worker; TP 1: the engine runs in this process, on a GPU
-            # Ray must not hand to a rank actor as well.
-            demand["GPU"] = float(tp)
+            # TP x CP > 1: one GPU per Ray worker (vLLM's world is TP x prefill CP); TP 1:
+            # the engine runs in this process, on a GPU Ray must not hand to a rank actor.
+            demand["GPU"] = float(tp * cp)
         return demand
 
     def local_resources(self) -> Mapping[str, float]:
@@ -522,12 +522,13 @@ class VllmHfAdapter(TransformersTrainingAdapter):
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> VllmRollout:
         tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
+        cp = int(str(binding.rollout.get("context_parallel_size", 1)))
         return VllmRollout(
             binding,
             identity,
             self.checkpoint(identity),
             launcher=self.launch.launcher,
-            ray_address=self.cluster_address() if tp > 1 else None,
+            ray_address=self.cluster_address() if tp * cp > 1 else None,
         )
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:

@@ -179,7 +179,7 @@ def executor_backend(spec: VllmEngineSpec, ray_device_key: str) -> tuple[str | N
     """
     if spec.distributed_executor_backend != "ray":
         return None, "vLLM's default executor"
-    if spec.tensor_parallel_size < 2:
+    if spec.tensor_parallel_size * spec.prefill_context_parallel_size < 2:
         return None, "TP 1 runs in the engine core (uni); the Ray executor is for TP > 1"
     if not ray_device_key:
         return None, (
