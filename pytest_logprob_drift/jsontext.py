@@ -20,7 +20,12 @@ _INNERMOST = re.compile(rb"\[\]|\{\}")
 
 
 def strings_cut(data: bytes) -> bytes:
-    """``data`` with every JSON string literal taken out (keys and values)."""
+    """``data`` with every JSON string literal taken out (keys and values). Without a
+    backslash and with an even count of quotes, every quote opens or closes a string, so a
+    split at the quotes keeps every other piece (a few times faster than the pattern, which
+    the text with escapes needs)."""
+    if b"\\" not in data and data.count(b'"') % 2 == 0:
+        return b"".join(data.split(b'"')[::2])
     return re.sub(_JSON_STRING, b"", data)
 
 

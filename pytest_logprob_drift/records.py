@@ -492,12 +492,32 @@ class BuiltinCheckpoint(Record):
     vocab_size: int
     max_positions: int | None = None
     seed_multiplier: int | None = None
+    model_type: str | None = None
+    attention_heads: int | None = None
+    kv_heads: int | None = None
+    """The attention layout it is built with (``config.attention_layout``; None: undeclared)."""
 
     @property
     def scheme(self) -> str:
         """The URI up to and including ``://`` (``tiny://``); empty when it has none."""
         end = self.uri.find("://")
         return self.uri[: end + 3] if end > 0 else ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class ContextParallelRule(Record):
+    """Where and for which checkpoints a runtime runs ``rollout.context_parallel_size`` > 1,
+    and the engine setting it becomes there; anywhere else the case is refused with ``rule``
+    (``plan.context_parallel``), never mapped onto another setting."""
+
+    devices: tuple[str, ...]
+    needs_mla: bool
+    setting: str
+    """The engine setting the knob becomes (e.g. vLLM's ``prefill_context_parallel_size``)."""
+    rule: str
+    """The engine's own rule, restated (what it runs, and which of its checks says so)."""
+    not_substituted: str = ""
+    """What the runtime does not turn the knob into instead, and why (stated in a refusal)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
@@ -514,14 +534,15 @@ class KnobTrial(Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class RuntimeInfo(Record):
-    """The static, torch-free description of one runtime: which scenario levels and devices it
-    executes, the ``module:attr`` of its adapter factory (imported only when a case executes) and
-    the built-in checkpoints it serves. A case whose scenario a runtime does not execute is
-    PLAN_ONLY for it."""
+    """The static, torch-free description of one runtime: which scenario levels it executes on
+    which device (``executes_on``: pairs, so that declaring a level on one device declares it
+    nowhere else), the ``module:attr`` of its adapter factory (imported only when a case
+    executes) and the built-in checkpoints it serves. A case whose scenario a runtime does not
+    execute is PLAN_ONLY for it."""
 
     name: str
-    levels: tuple[ScenarioLevel, ...]
-    devices: tuple[str, ...]
+    executes_on: tuple[tuple[str, tuple[ScenarioLevel, ...]], ...]
+    """``(device, levels)``: the scenario levels it executes on that device."""
     adapter: str
     """``module:attr`` of a zero-argument callable returning the RuntimeAdapter."""
     extra: str | None
@@ -534,14 +555,43 @@ class RuntimeInfo(Record):
     sides): what ``logprob-drift init`` writes."""
     interventions: tuple[KnobTrial, ...] = ()
     """The standard interventions it executes, one knob at a time (``logprob-drift init``)."""
+    context_parallel: ContextParallelRule | None = None
+    """Where it runs context parallelism (None: its adapter decides, as for any knob)."""
+    rollout_spreads: bool = False
+    """Its rollout runs on ``tensor_parallel_size`` x ``context_parallel_size`` devices (what a
+    case needs of a machine, ``execute.machine_fit``)."""
+    cuda_build: str | None = None
+    """The engine package whose CUDA build it needs on ``cuda`` (checked before any engine)."""
     logp_refusals: tuple[tuple[str, str, str], ...] = ()
     """``(target, alignment property, reason)``: on that side this runtime cannot inject a
     ``selected_logprob`` backend whose descriptor declares that alignment property, and why.
     A case binding one there is not executable by this runtime (planning drops it from the
     case's ``executable_by``; the runner refuses it before any engine is built)."""
 
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices it executes some level on, in declaration order."""
+        return tuple(device for device, _ in self.executes_on)
+
+    @property
+    def levels(self) -> tuple[ScenarioLevel, ...]:
+        """Every level it executes on some device, in level order."""
+        found = {level for _, levels in self.executes_on for level in levels}
+        return tuple(level for level in ScenarioLevel if level in found)
+
+    def levels_on(self, device: str) -> tuple[ScenarioLevel, ...]:
+        """The levels it executes on ``device`` (empty when none)."""
+        return next((levels for d, levels in self.executes_on if d == device), ())
+
+    def where(self) -> str:
+        """What it executes where, e.g. ``S0/S1 on cpu; S0/S1/S2/S3 on cuda``."""
+        return "; ".join(
+            f"{'/'.join(level.value for level in levels)} on {device}"
+            for device, levels in self.executes_on
+        )
+
     def executes(self, scenario: Scenario) -> bool:
-        return scenario.level in self.levels and scenario.device in self.devices
+        return scenario.level in self.levels_on(scenario.device)
 
     def logp_refusal(self, target: str, backend: str, properties: tuple[str, ...]) -> str | None:
         """Why this runtime cannot inject ``backend`` (declaring ``properties``) on the
@@ -555,10 +605,9 @@ class RuntimeInfo(Record):
         return None
 
     def plan_only_reason(self, scenario: Scenario) -> str:
-        levels = "/".join(level.value for level in self.levels)
         return (
             f"scenario {scenario.level.value} on {scenario.device} is plan-only for runtime "
-            f"{self.name!r} (it executes {levels} on {'/'.join(self.devices)})"
+            f"{self.name!r} (it executes {self.where()})"
         )
 
 

@@ -160,12 +160,11 @@ def knobs_page() -> str:
     )
     out.append(
         _table(
-            ("runtime", "levels", "devices", "install extra", "pairs", "built-in checkpoints"),
+            ("runtime", "executes", "install extra", "pairs", "built-in checkpoints"),
             (
                 (
                     f"`{r.name}`",
-                    ", ".join(level.value for level in r.levels),
-                    _code(r.devices),
+                    r.where(),
                     f"`{r.extra}`" if r.extra else "-",
                     r.summary,
                     _code(c.uri for c in r.checkpoints),

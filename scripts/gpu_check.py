@@ -2,10 +2,11 @@
 
 Runs from the source tree (the repository root goes first on ``sys.path``; nothing is
 installed, no package registry is needed) with what a CUDA image already has: Python, a CUDA
-build of torch, transformers, tokenizers, safetensors, numpy. It never imports vLLM. Sections,
-cheapest first, each under the kit's own deadline (``--deadline-s``, default 300 s); a
-section the deadline does not reach is recorded ``not_run``, never dropped, and a section
-that fails records its error and the kit goes on:
+build of torch, transformers, tokenizers, safetensors, numpy. It never imports vLLM itself
+(its vLLM section runs the CLI in a process of its own where vLLM's CUDA build is
+installed). Sections, cheapest first, each under the kit's own deadline (``--deadline-s``,
+default 300 s); a section the deadline does not reach is recorded ``not_run``, never
+dropped, and a section that fails records its error and the kit goes on:
 
 - ``environment``: device, driver, versions;
 - ``selected_logprob``: each backend (``native``: log-softmax in the logits' dtype;
@@ -20,14 +21,22 @@ that fails records its error and the kit goes on:
 - ``experiment``: ``experiments/cross_config_s0_hf_cuda_bf16.json`` through the CLI
   (``logprob-drift run --runtime hf --baseline-repeats 3 --json``): verdicts, the
   attribution (which knob moved which side, the baseline repeats' noise floor) and the
-  diagnostics the results carry.
+  diagnostics the results carry;
+- ``vllm``: where vLLM's CUDA build is installed (read from the installed distribution,
+  without importing it here), the shipped S2 experiment (``cross_config_s2_vllm_tp_vs_fsdp``)
+  on the tiny model through the CLI (``run --runtime vllm-hf --json``), its baseline fitted
+  to the visible GPUs and the cases that need more GPUs than the machine shows skipped with
+  their need; the verdicts and every attempt's read-back (the model runner, the attention
+  implementation per layer, compilation and CUDA-graph modes, ...) recorded. Elsewhere
+  ``not_run`` with the reason (``--device cpu``, or no CUDA build of vLLM): not a failure.
 
 Usage:
     python scripts/gpu_check.py                       # cuda, N=4096, V=151,936
     python scripts/gpu_check.py --device cpu --quick  # the CI dry run: tiny shapes, same keys
 
 Writes the JSON summary to ``--out`` (default ``gpu_check_summary.json``) and prints it.
-Exit code 0 when every section that ran is ``ok``, else 1.
+Exit code 0 when every section is ``ok`` (or ``not_run`` because it cannot apply on this
+machine: the vLLM section without vLLM's CUDA build), else 1.
 """
 
 from __future__ import annotations
@@ -51,8 +60,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SECTIONS = ("environment", "selected_logprob", "full_vocabulary", "experiment")
+SECTIONS = ("environment", "selected_logprob", "full_vocabulary", "experiment", "vllm")
 EXPERIMENT = REPO / "experiments" / "cross_config_s0_hf_cuda_bf16.json"
+VLLM_EXPERIMENT = REPO / "experiments" / "cross_config_s2_vllm_tp_vs_fsdp.json"
+VLLM_CHECKPOINT = "tiny://qwen3-h64-v1"
+VLLM_PROMPTS = [[300, 417, 529, 640], [301, 700, 7], [455, 556, 657, 758, 859, 960], [333, 444]]
+"""Token ids of the tiny model's vocabulary (the S2 experiment's own are Qwen3-1.7B's)."""
 BASELINE_REPEATS = 3
 FULL_SHAPE = (4096, 151_936)
 QUICK_SHAPE = (64, 4096)
@@ -88,6 +101,16 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
         "moved",
         "attribution",
         "diagnostics",
+    ),
+    "vllm": (
+        "config",
+        "build",
+        "gpus",
+        "cases",
+        "skipped",
+        "exit_code",
+        "verdicts",
+        "read_back",
     ),
 }
 BACKEND_KEYS = ("max_error_ulps", "seconds", "x_logsumexp", "x_floor", "peak_extra_mib")
@@ -489,6 +512,135 @@ def experiment(device_name: str, quick: bool, deadline: Deadline, folder: Path) 
     }
 
 
+def vllm_applicable(device_name: str) -> str | None:
+    """Why the vLLM section cannot run here (None when it can): it needs cuda and vLLM's
+    CUDA build (read from the installed distribution; vLLM is not imported here)."""
+    if device_name != "cuda":
+        return "the vLLM section runs on cuda only (vLLM's CUDA build); --device is cpu"
+    from pytest_logprob_drift.runtimes.machine import cuda_build
+
+    instead = cuda_build("vllm")
+    if instead is not None:
+        return f"vLLM's CUDA build is not installed: {instead}"
+    return None
+
+
+def _vllm_config(gpus: int, quick: bool, folder: Path) -> tuple[Path, dict[str, Any]]:
+    """The shipped S2 experiment on the tiny model, its baseline fitted to ``gpus`` (TP and
+    FSDP of 2 where two GPUs are visible, else 1 and none), and its interventions less the
+    values whose case needs more GPUs than visible (returned, with their need)."""
+    from pytest_logprob_drift.execute.machine_fit import case_gpus
+    from pytest_logprob_drift.runtimes import VLLM_HF
+
+    document = json.loads(VLLM_EXPERIMENT.read_text())
+    document["identity"]["checkpoint"] = {"uri": VLLM_CHECKPOINT, "model_version": "tiny"}
+    document["identity"]["tokenizer"] = {"id": VLLM_CHECKPOINT, "add_special_tokens": False}
+    document["identity"]["prompts"] = {"token_ids": VLLM_PROMPTS}
+    document["identity"]["sampling"]["max_new_tokens"] = 4 if quick else 16
+    baseline = document["baseline"]
+    baseline["batch"]["size"] = 2
+    # flash_attention_2 needs the flash-attn package, which a CUDA image may lack
+    baseline["training"]["attention_backend"] = "sdpa"
+    shipped = {f"{k}.{n}": v for k, section in baseline.items() for n, v in section.items()}
+    fits_two = gpus >= 2
+    baseline["rollout"]["tensor_parallel_size"] = 2 if fits_two else 1
+    baseline["training"]["sharding"] = "fsdp" if fits_two else "none"
+    flat = {f"{k}.{n}": v for k, section in baseline.items() for n, v in section.items()}
+    kept, skipped = [], {}
+    for path, value in shipped.items():  # the shipped baseline's values the fit gave up
+        need = case_gpus({**flat, path: value}, VLLM_HF)
+        if flat[path] != value and need > gpus:
+            skipped[f"{path}={str(value).lower()}"] = f"needs {need} GPUs; {gpus} visible"
+    for item in document["interventions"]:
+        values = []
+        for value in item["values"]:
+            need = case_gpus({**flat, item["path"]: value}, VLLM_HF)
+            if flat.get(item["path"]) == value:
+                continue
+            if need > gpus:
+                skipped[f"{item['path']}={str(value).lower()}"] = (
+                    f"needs {need} GPUs; {gpus} visible"
+                )
+            else:
+                values.append(value)
+        if values:
+            kept.append({"path": item["path"], "values": values})
+    document["interventions"] = kept
+    document["experiment_id"] = "gpu-check-s2-vllm-tiny"
+    path = folder / "experiment-vllm.json"
+    path.write_text(json.dumps(document, indent=2))
+    return path, skipped
+
+
+def vllm_section(quick: bool, deadline: Deadline, folder: Path) -> dict[str, Any]:
+    import torch
+
+    gpus = int(torch.cuda.device_count())
+    config, skipped = _vllm_config(gpus, quick, folder)
+    artifacts = folder / "vllm-artifacts"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "pytest_logprob_drift",
+        "run",
+        "--runtime",
+        "vllm-hf",
+        "--json",
+        "--artifacts",
+        str(artifacts),
+        str(config),
+    ]
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=max(1.0, deadline.left() - 5.0),
+            env=env,
+            cwd=REPO,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise TimeoutError(
+            f"the vLLM run ran past the kit's deadline ({exc.timeout:.0f} s)"
+        ) from None
+    try:
+        document = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(
+            f"logprob-drift run exited {done.returncode} without a JSON document: "
+            + " | ".join(done.stderr.strip().splitlines()[-3:])
+        ) from None
+    verdicts = [
+        {key: r.get(key) for key in ("label", "outcome", "max_abs_diff", "reason")}
+        for r in document["results"]
+    ]
+    read_back: dict[str, Any] = {}
+    for actual in sorted(artifacts.glob("*/cases/*/*/actual.json")):
+        record = json.loads(actual.read_text())
+        knobs = {k: v.get("actual") for k, v in (record.get("knobs") or {}).items()}
+        read_back[f"{actual.parent.parent.name}/{actual.parent.name}"] = {
+            "knobs": knobs,
+            "read_back": record.get("read_back"),
+        }
+    return {
+        "config": str(VLLM_EXPERIMENT.relative_to(REPO)),
+        "checkpoint": VLLM_CHECKPOINT,
+        "build": importlib.metadata.version("vllm"),
+        "gpus": gpus,
+        "cases": [v["label"] for v in verdicts],
+        "skipped": skipped,
+        "exit_code": done.returncode,
+        "verdicts": verdicts,
+        "read_back": read_back,
+        "failures": document.get("failures"),
+    }
+
+
 def headline(sections: dict[str, Any]) -> dict[str, Any]:
     """The figures a closing note quotes, from the sections that ran (None where one did
     not): the GPU noise floor (the baseline repeats), which knob moved which side, and each
@@ -572,9 +724,27 @@ def main(argv: list[str] | None = None) -> int:
                 30.0,
                 lambda: experiment(args.device, args.quick, deadline, Path(tmp)),
             )
+            why_not = vllm_applicable(args.device)
+            if why_not is not None and deadline.left() >= 60.0:
+                summary["sections"]["vllm"] = {
+                    "status": "not_run",
+                    "reason": why_not,
+                    "not_applicable": True,
+                }
+            else:
+                run_section(
+                    "vllm",
+                    summary,
+                    deadline,
+                    60.0,
+                    lambda: vllm_section(args.quick, deadline, Path(tmp)),
+                )
     summary["headline"] = headline(summary["sections"])
     summary["finished_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
-    summary["ok"] = all(s["status"] == "ok" for s in summary["sections"].values())
+    # a section that cannot apply here (vLLM without its CUDA build) is no failure
+    summary["ok"] = all(
+        s["status"] == "ok" or s.get("not_applicable") is True for s in summary["sections"].values()
+    )
     text = json.dumps(summary, indent=2, sort_keys=True, default=str)
     args.out.write_text(text + "\n")
     print(text)

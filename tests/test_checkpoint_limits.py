@@ -174,8 +174,7 @@ def test_a_config_json_over_the_cap_is_refused_before_reading(tmp_path: Path) ->
 def runtime(name: str, *checkpoints: BuiltinCheckpoint) -> RuntimeInfo:
     return RuntimeInfo(
         name=name,
-        levels=(ScenarioLevel.S0,),
-        devices=("cpu",),
+        executes_on=(("cpu", (ScenarioLevel.S0,)),),
         adapter="nowhere:Adapter",
         extra=None,
         summary="a test runtime",

@@ -84,9 +84,12 @@ def test_the_cpu_dry_run_fills_every_section(tmp_path: Path) -> None:
     code, summary, err = _run(tmp_path, "--device", "cpu", "--quick", "--deadline-s", "400")
     _assert_every_section_recorded(summary, kit)
     sections = summary["sections"]
-    assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(
-        kit.SECTIONS, "ok"
-    ), err
+    assert {name: s["status"] for name, s in sections.items()} == {
+        **dict.fromkeys(kit.SECTIONS, "ok"),
+        "vllm": "not_run",  # vLLM's CUDA build only: recorded with the reason, no failure
+    }, err
+    assert sections["vllm"]["reason"].startswith("the vLLM section runs on cuda only")
+    assert sections["vllm"]["not_applicable"] is True
     assert code == 0 and summary["ok"] is True
     assert sections["environment"]["device"] == "cpu"
     assert sections["environment"]["vllm_imported"] is False
@@ -147,6 +150,55 @@ def test_without_cuda_the_gpu_run_says_so_for_every_section(
     assert {s["status"] for s in summary["sections"].values()} == {"not_run"}
     assert all("no CUDA device" in s["reason"] for s in summary["sections"].values())
     assert code == 1
+
+
+def test_the_vllm_section_says_why_it_cannot_run_here() -> None:
+    kit = _kit()
+    assert kit.vllm_applicable("cpu") == (
+        "the vLLM section runs on cuda only (vLLM's CUDA build); --device is cpu"
+    )
+    reason = kit.vllm_applicable("cuda")
+    if importlib.util.find_spec("vllm") is None:
+        assert reason == "vLLM's CUDA build is not installed: vllm is not installed"
+    else:  # this machine: vLLM's CPU wheel
+        assert reason is not None
+        assert reason.startswith("vLLM's CUDA build is not installed: installed is vllm")
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_the_vllm_section_plans_the_s2_cases_the_gpus_hold(tmp_path: Path, gpus: int) -> None:
+    kit = _kit()
+    config, skipped = kit._vllm_config(gpus, True, tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_logprob_drift", "plan", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    planned = json.loads(done.stdout)
+    labels = [c["label"] for c in planned["cases"]]
+    assert all(c["executable_by"] == ["vllm-hf"] for c in planned["cases"])
+    assert all(c["requested"]["training.attention_backend"] == "sdpa" for c in planned["cases"])
+    shipped = json.loads(kit.VLLM_EXPERIMENT.read_text())
+    every = {f"{i['path']}={str(v).lower()}" for i in shipped["interventions"] for v in i["values"]}
+    if gpus == 1:  # TP 1, no FSDP: the baseline fits, and the values that need two GPUs do not
+        base = planned["cases"][0]["requested"]
+        assert (base["rollout.tensor_parallel_size"], base["training.sharding"]) == (1, "none")
+        # S2's own TP 2 and FSDP need two GPUs: skipped, with their need
+        assert skipped == {
+            "rollout.tensor_parallel_size=2": "needs 2 GPUs; 1 visible",
+            "training.sharding=fsdp": "needs 2 GPUs; 1 visible",
+        }
+        assert set(labels) == {"baseline"} | (
+            every - {"rollout.tensor_parallel_size=1", "training.sharding=none"}
+        )
+    else:
+        base = planned["cases"][0]["requested"]
+        assert (base["rollout.tensor_parallel_size"], base["training.sharding"]) == (2, "fsdp")
+        assert skipped == {}
+        assert set(labels) == {"baseline"} | every
 
 
 def test_ulps_are_float32_spacings_at_the_reference() -> None:

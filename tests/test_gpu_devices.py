@@ -86,10 +86,15 @@ def test_a_cuda_run_without_a_gpu_is_refused_in_one_line(tmp_path: Path) -> None
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("logprob-drift: error: scenario.device: device 'cuda' ")
+    # the machine check, before any engine: every case needs a GPU this machine lacks
+    assert lines[0].startswith(
+        "logprob-drift: error: this machine cannot run scenario S0 on cuda: cases need more "
+        "GPUs than this machine shows: baseline needs 1; "
+    ), lines[0]
+    assert "this machine has no CUDA device (torch " in lines[0]
     assert "Traceback" not in err + out
-    # nothing was sealed as a cuda result
-    assert not list(tmp_path.rglob("COMPLETE"))
+    # nothing was written, let alone sealed as a cuda result
+    assert not list(tmp_path.rglob("*"))
 
 
 @pytest.mark.slow

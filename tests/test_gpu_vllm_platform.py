@@ -165,9 +165,11 @@ def test_evidence_names_cpu_only_settings_only_on_the_cpu_platform() -> None:
     )
     tp, cp = done["rollout.tensor_parallel_size"], done["rollout.context_parallel_size"]
     assert tp.status is ApplicationStatus.APPLIED
-    assert cp.status is ApplicationStatus.UNSUPPORTED
     on_cpu = bool(current_platform.is_cpu())
+    # CPU: no context parallelism; GPU: vLLM's prefill CP (the checkpoint is checked first)
+    assert cp.status is (ApplicationStatus.UNSUPPORTED if on_cpu else ApplicationStatus.APPLIED)
     assert ("VLLM_CPU_OMP_THREADS_BIND" in tp.evidence) is on_cpu
     assert ("CPU platform" in cp.evidence) is on_cpu
+    assert ("prefill_context_parallel_size" in cp.evidence) is not on_cpu
     if not on_cpu:
         assert "one GPU per rank" in tp.evidence

@@ -25,6 +25,7 @@ from pytest_logprob_drift.policy import Catalogs, ExecutionPolicy, assemble
 from pytest_logprob_drift.records import (
     ApplicationStatus,
     BackendSelection,
+    ContextParallelRule,
     FullVocabularySpec,
     KnobApplication,
     Lifecycle,
@@ -91,6 +92,7 @@ def _instances() -> dict[type, list[Record]]:
         ),
         FullVocabularySpec(),
         FullVocabularySpec(top_k=3),
+        ContextParallelRule(devices=("cuda",), needs_mla=False, setting="s", rule="r"),
         KnobApplication(
             knob="rollout.dtype",
             lifecycle=Lifecycle.ENGINE_CONSTRUCTION,

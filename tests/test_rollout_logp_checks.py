@@ -240,3 +240,16 @@ def test_run_refuses_it_before_any_engine_starts(tmp_path: Path) -> None:
     assert "on the rollout side" in result.reason
     assert result.attempt_dir is not None
     assert not (result.attempt_dir / "score_rollout.pt").exists()
+
+
+def test_a_v2_worker_is_held_to_the_v2_sites() -> None:
+    from pytest_logprob_drift.runtimes.vllm.rollout_logp_v2 import SITES as V2_SITES
+
+    v2 = {"runner": "v2", "model_runner": "GPUModelRunner", "sites": list(V2_SITES)}
+    actual, evidence = _check([_worker(0, **v2)], [_worker(10, **v2)])
+    assert actual == CHUNKED and "GPUModelRunner" in evidence
+    # a V2 worker reporting V1's sites (or the reverse) did not patch what its runner calls
+    actual, _ = _check([_worker(0, runner="v2")], [_worker(10, runner="v2")])
+    assert actual.startswith(f"{CHUNKED} not applied: worker 0 patched "), actual
+    actual, _ = _check([_worker(0, sites=list(V2_SITES))], [_worker(10, sites=list(V2_SITES))])
+    assert actual.startswith(f"{CHUNKED} not applied: worker 0 patched "), actual

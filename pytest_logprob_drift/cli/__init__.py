@@ -57,7 +57,7 @@ def runtime_lines() -> str:
     lines = []
     for name in catalog.names:
         info = catalog.get(name)
-        where = f"{'/'.join(level.value for level in info.levels)} on {'/'.join(info.devices)}"
+        where = info.where()
         extra = f"; extra '{info.extra}'" if info.extra else ""
         lines.append(f"  {name:<10} {where}{extra}:\n             {info.summary}")
     return "\n".join(lines)

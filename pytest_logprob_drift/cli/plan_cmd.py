@@ -34,6 +34,7 @@ def plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     plan = execution_plan.plan
     rows = execution_plan.rows(catalogs.runtimes.runtimes)
+    refusals = execution_plan.refusals(catalogs.runtimes.runtimes)
     if args.json:
         json.dump(
             {
@@ -44,6 +45,7 @@ def plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 "strategy": plan.strategy.value,
                 "cases": rows,
                 "issues": [canonical(i) for i in execution_plan.issues],
+                "runtime_refusals": refusals,
             },
             out,
             indent=2,
@@ -78,6 +80,12 @@ def plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             file=out,
         )
         print(f"{len(rows)} case(s)", file=out)
+        for refusal in refusals:
+            print(
+                f"note: not executable by {refusal['runtime']} "
+                f"({', '.join(refusal['labels'])}): {one_line(refusal['reason'])}",
+                file=out,
+            )
         for issue in execution_plan.issues:
             print(render_issue(issue, FLAGS), file=out)
     if execution_plan.has_errors:

@@ -36,9 +36,10 @@ from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
 from pytest_logprob_drift.numerics import importance_text, layer_text, path_split_text
 from pytest_logprob_drift.numerics import text as divergence_text
-from pytest_logprob_drift.plan.binding import ExecutionCase
+from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
 from pytest_logprob_drift.policy import assemble, render_error, render_issue
+from pytest_logprob_drift.records import RuntimeInfo
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.run_attribution import seal_run_attribution
 from pytest_logprob_drift.runtimes.transformers.logs import transformers_log_file
@@ -112,6 +113,19 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return _run(args, settings, catalogs.runtimes, catalogs.operators, out, err)
 
 
+def _check_machine(plan: ExecutionPlan, runtime: RuntimeInfo, *, ray: bool) -> None:
+    """Refuse the whole run (UsageError, one line) when this machine cannot run its cases on
+    ``runtime``: the GPUs and the engine's CUDA build a cuda scenario needs, before any engine
+    starts (``execute.machine_fit``)."""
+    if plan.plan.scenario.device != "cuda":
+        return
+    from pytest_logprob_drift.runtimes.machine import run_refusal
+
+    refusal = run_refusal(plan, runtime, ray=ray)
+    if refusal is not None:
+        raise UsageError(refusal)
+
+
 def _run(
     args: argparse.Namespace,
     settings: RunSettings,
@@ -135,6 +149,8 @@ def _run(
     planned = execution_plan.plan.cases
     for unmatched in unmatched_expectations(expectations, planned):
         raise UsageError(describe_unmatched("--expect", unmatched, planned))
+    if settings.runtime is not None:
+        _check_machine(execution_plan, runtimes.get(settings.runtime), ray=settings.launch.is_ray)
     engine_logs = settings.artifacts / execution_plan.plan.experiment_id / layout.ENGINE_LOGS
     previous_logs = route_engine_logs(None if settings.show_engine_logs else engine_logs)
     with Runner.from_settings(

@@ -314,7 +314,11 @@ class Runner:
                 store=self.store,
                 execution_key=key,
                 key_payload=payload,
-                refusals=tuple(ec.runtime_refusals(self.info)),
+                refusals=tuple(
+                    ec.runtime_refusals(
+                        self.info, plan.scenario.device, plan.identity.checkpoint.uri
+                    )
+                ),
             )
         )
         attempt_dir = self.store.case_dir(ec.case.case_id) / executed.seal.attempt_id

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_logprob_drift.errors import Remedy
+from pytest_logprob_drift.plan.context_parallel import context_parallel_refusal
 from pytest_logprob_drift.plan.knobs import canonical_path
 from pytest_logprob_drift.records import (
     Case,
@@ -71,10 +72,15 @@ class ExecutionCase(Record):
     """Per target, the alignment properties the bound backend's descriptor declares (what a
     runtime's ``logp_refusals`` are checked against); not part of any row or fingerprint."""
 
-    def runtime_refusals(self, runtime: RuntimeInfo) -> list[str]:
-        """Why ``runtime`` cannot inject this case's backends (empty when it can)."""
+    def runtime_refusals(self, runtime: RuntimeInfo, device: str, checkpoint: str) -> list[str]:
+        """Why ``runtime`` cannot execute this case on ``device`` for ``checkpoint`` (its URI),
+        known before any engine: the backends it cannot inject, and context parallelism it
+        cannot run for that checkpoint (``plan.context_parallel``). Empty when it can."""
         properties = dict(self.alignment)
         reasons = []
+        cp = context_parallel_refusal(runtime, self.case.requested, device, checkpoint)
+        if cp is not None:
+            reasons.append(cp)
         for b in self.bindings:
             why = runtime.logp_refusal(b.target, b.backend, properties.get(b.target, ()))
             if why is not None:
@@ -111,10 +117,35 @@ class ExecutionPlan(Record):
         executable = sorted(
             (r for r in runtimes if r.executes(self.plan.scenario)), key=lambda r: r.name
         )
+        device, checkpoint = self.plan.scenario.device, self.plan.identity.checkpoint.uri
         return [
-            case_row(self, ec, [r.name for r in executable if not ec.runtime_refusals(r)])
+            case_row(
+                self,
+                ec,
+                [r.name for r in executable if not ec.runtime_refusals(r, device, checkpoint)],
+            )
             for ec in self.cases
         ]
+
+    def refusals(self, runtimes: Sequence[RuntimeInfo]) -> list[dict[str, Any]]:
+        """Why each of ``runtimes`` that executes the scenario still cannot execute some cases
+        (``ExecutionCase.runtime_refusals``): one entry per runtime and reason, with the case
+        ids and labels it holds for, in case order: what ``plan`` prints beside
+        ``executable_by``."""
+        device, checkpoint = self.plan.scenario.device, self.plan.identity.checkpoint.uri
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        for runtime in sorted(runtimes, key=lambda r: r.name):
+            if not runtime.executes(self.plan.scenario):
+                continue
+            for ec in self.cases:
+                for reason in ec.runtime_refusals(runtime, device, checkpoint):
+                    entry = found.setdefault(
+                        (runtime.name, reason),
+                        {"runtime": runtime.name, "reason": reason, "case_ids": [], "labels": []},
+                    )
+                    entry["case_ids"].append(ec.case.case_id)
+                    entry["labels"].append(ec.case.label)
+        return list(found.values())
 
 
 def side_topology(requested: Mapping[str, KnobValue], target: str) -> dict[str, int]:

@@ -20,7 +20,12 @@ from pytest_logprob_drift.config.input_file import InputFileError, read_input
 from pytest_logprob_drift.config.limits import CONFIG_JSON_LIMIT
 from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.plan.knobs import KNOBS, InvalidKnobValue
-from pytest_logprob_drift.records import CONFIG_SCHEMA_VERSION, KnobValue, RuntimeInfo
+from pytest_logprob_drift.records import (
+    CONFIG_SCHEMA_VERSION,
+    KnobValue,
+    RuntimeInfo,
+    ScenarioLevel,
+)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -112,6 +117,21 @@ def _values(path: str, values: tuple[KnobValue, ...], baseline: KnobValue | None
     return kept
 
 
+STARTER_LEVELS = (ScenarioLevel.S0, ScenarioLevel.S1)
+"""The levels a starter experiment is written at: S2 and S3 name the contract's milestone
+experiments (shipped under experiments/), not a user's own model."""
+
+
+def starter_level(runtime: RuntimeInfo, device: str) -> ScenarioLevel:
+    """The highest starter level ``runtime`` executes on ``device``; where it executes none
+    there, the highest starter level it executes anywhere (the note says it is plan-only)."""
+    for levels in (runtime.levels_on(device), runtime.levels):
+        kept = [level for level in levels if level in STARTER_LEVELS]
+        if kept:
+            return kept[-1]
+    return STARTER_LEVELS[0]
+
+
 def starter_experiment(
     *,
     checkpoint_dir: Path,
@@ -149,7 +169,7 @@ def starter_experiment(
                 {"path": trial.path, "values": values, "description": trial.description}
             )
     prompt_ref = _relative(prompt_file.absolute(), output.absolute().parent)
-    level = runtime.levels[-1].value
+    level = starter_level(runtime, device).value
     return {
         "schema_version": CONFIG_SCHEMA_VERSION,
         "experiment_id": _safe_id(experiment_id or f"{name}-{runtime.name}"),

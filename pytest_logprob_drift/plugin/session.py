@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_logprob_drift.attribution.document import Case, read_case_bytes
+from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.plugin.options import DriftOptions
 from pytest_logprob_drift.policy import operator_catalog
@@ -86,6 +87,17 @@ class DriftSession:
         from pytest_logprob_drift.execute.runner import Runner
 
         if key not in self.runners:
+            if execution_plan.plan.scenario.device == "cuda":
+                from pytest_logprob_drift.runtimes.machine import run_refusal
+
+                assert self.options.run.runtime is not None
+                refusal = run_refusal(
+                    execution_plan,
+                    self.runtimes.get(self.options.run.runtime),
+                    ray=self.options.run.launch.is_ray,
+                )
+                if refusal is not None:  # every case of the file errors with it
+                    raise UsageError(refusal)
             self.runners[key] = Runner.from_settings(
                 execution_plan, self.options.run, runtimes=self.runtimes, catalog=self.catalog
             )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pytest_logprob_drift.records import (
     BuiltinCheckpoint,
+    ContextParallelRule,
     KnobTrial,
     KnobValue,
     RuntimeInfo,
@@ -25,7 +26,16 @@ from pytest_logprob_drift.records import (
 TINY_SCHEME = "tiny://"
 """The URI scheme of the checkpoints ``tiny_model`` builds from code (torch-free here, so a
 reader can tell a tiny URI without importing the builder)."""
-TINY_QWEN3 = BuiltinCheckpoint(uri="tiny://qwen3-h64-v1", vocab_size=1024, max_positions=512)
+_TINY_ATTENTION = {"attention_heads": 2, "kv_heads": 1}
+"""The attention heads and KV heads every tiny build has (``tiny_model``; a test keeps them
+equal): planning restates them when it refuses context parallelism for a tiny checkpoint."""
+TINY_QWEN3 = BuiltinCheckpoint(
+    uri="tiny://qwen3-h64-v1",
+    vocab_size=1024,
+    max_positions=512,
+    model_type="qwen3",
+    **_TINY_ATTENTION,
+)
 """The tiny Qwen3 checkpoint ``tiny_model`` builds from code (its ``TINY_SCHEME`` +
 ``TINY_QWEN3_NAME``, ``VOCAB_SIZE`` and ``MAX_POSITIONS``; a test keeps them equal). Both
 runtimes load it through transformers; vLLM's ``seed + index`` request seeds need no rule of
@@ -96,13 +106,23 @@ VLLM_TRIALS = (
 )
 
 TINY_ARCHITECTURES = tuple(
-    BuiltinCheckpoint(uri=f"tiny://{name}", vocab_size=1024, max_positions=512)
-    for name in ("llama-h64-v1", "qwen2-h64-v1", "mistral-h64-v1")
+    BuiltinCheckpoint(
+        uri=f"tiny://{name}-h64-v1",
+        vocab_size=1024,
+        max_positions=512,
+        model_type=name,
+        **_TINY_ATTENTION,
+    )
+    for name in ("llama", "qwen2", "mistral")
 )
 """The tiny Llama, Qwen2 and Mistral builds of ``tiny_model.TINY_ARCHITECTURES`` (same
 vocabulary and context as the tiny Qwen3; a test keeps them equal)."""
 TINY_QWEN3_DEEP = BuiltinCheckpoint(
-    uri="tiny://qwen3-deep-l8-h64-v1", vocab_size=1024, max_positions=512
+    uri="tiny://qwen3-deep-l8-h64-v1",
+    vocab_size=1024,
+    max_positions=512,
+    model_type="qwen3",
+    **_TINY_ATTENTION,
 )
 """The deep tiny Qwen3 (``tiny_model.TINY_QWEN3_DEEP_NAME``: 8 decoder layers, otherwise the
 tiny one's tokenizer and widths), for the layer diagnostics."""
@@ -132,10 +152,37 @@ VLLM_LOGP_REFUSALS = (
     ),
 )
 
+VLLM_EXECUTES_ON = (
+    ("cpu", (ScenarioLevel.S0, ScenarioLevel.S1)),
+    ("cuda", (ScenarioLevel.S0, ScenarioLevel.S1, ScenarioLevel.S2, ScenarioLevel.S3)),
+)
+"""Where the ``vllm-hf`` runtime executes. On cpu: S0 and S1 (tensor parallelism over CPU
+ranks and FSDP over gloo, which run here). S2 and S3 name accelerator milestones (vLLM TP
+against FSDP on GPUs; Qwen3-8B TP=4 CP=4) and are not meant to execute on cpu: the same
+comparisons at CPU scale are S1. On cuda every level is declared executable; what a case
+needs beyond its level (GPUs for its TP and FSDP sizes, vLLM's CUDA build, a checkpoint vLLM
+can run context parallelism for) is checked per case, at planning where it can be and before
+any engine starts otherwise. None of it has run on a GPU here (docs/GPU.md)."""
+
+VLLM_CONTEXT_PARALLEL = ContextParallelRule(
+    devices=("cuda",),
+    needs_mla=True,
+    setting="vLLM's prefill_context_parallel_size",
+    rule="it becomes vLLM's prefill_context_parallel_size, which vLLM 0.32 runs only on CUDA, "
+    "on model runner V2 ('Model Runner V1 does not support: prefill context parallel') and "
+    "only for MLA models (PCPManager.validate_config: 'MRV2 PCP currently supports MLA "
+    "models only')",
+    not_substituted="vLLM's decode_context_parallel_size is a different setting (it reuses the "
+    "TP ranks, shards only the decode KV cache, and for a GQA model needs TP > KV heads) and "
+    "is not put in its place",
+)
+"""How ``vllm-hf`` runs ``rollout.context_parallel_size`` (read from vLLM 0.32's source and its
+config validation on CPU; never run on a GPU here)."""
+
 HF = RuntimeInfo(
     name="hf",
-    levels=(ScenarioLevel.S0,),
-    devices=("cpu", "cuda"),  # cuda: one GPU, both models on it (FSDP there needs two)
+    # cuda: one GPU, both models on it (FSDP there needs two)
+    executes_on=(("cpu", (ScenarioLevel.S0,)), ("cuda", (ScenarioLevel.S0,))),
     adapter="pytest_logprob_drift.runtimes.transformers.adapter:HfAdapter",
     extra="hf",
     summary="transformers KV-cache generation vs transformers teacher-forced (FSDP opt.)",
@@ -146,8 +193,10 @@ HF = RuntimeInfo(
 )
 VLLM_HF = RuntimeInfo(
     name="vllm-hf",
-    levels=(ScenarioLevel.S0, ScenarioLevel.S1),
-    devices=("cpu",),
+    executes_on=VLLM_EXECUTES_ON,
+    context_parallel=VLLM_CONTEXT_PARALLEL,
+    rollout_spreads=True,
+    cuda_build="vllm",
     adapter="pytest_logprob_drift.runtimes.vllm.adapter:VllmHfAdapter",
     extra="vllm",
     summary="vLLM rollout engine vs transformers teacher-forced (FSDP opt.)",

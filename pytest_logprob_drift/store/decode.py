@@ -105,7 +105,8 @@ def _long_integer(data: bytes) -> bool:
     """Whether ``data`` may hold an integer literal of 2**64 or more: twenty digits in a row
     that start where an integer may (never the digits of a fraction, an exponent, or a string
     right after its quote or a letter). In C: one ``translate``, one ``find``."""
-    return _INTEGER_OF_20 in b" " + data.translate(_CLASSES)
+    classes = data.translate(_CLASSES)
+    return classes.startswith(_INTEGER_OF_20[1:]) or _INTEGER_OF_20 in classes
 
 
 def _bounds_problem(root: Any, data: bytes | str) -> str | None:

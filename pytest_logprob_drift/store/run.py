@@ -90,12 +90,15 @@ class PlanLog:
     data: bytes = b""
     rows: tuple[PlanRow, ...] = ()
     """Every complete line that is a plan row, in file order."""
-    canonical: tuple[str, ...] = ()
-    """The same rows in canonical JSON (how a run compares the rows it wants with them)."""
     torn: int = 0
     """Bytes after the last newline: a write that never completed (0: none)."""
     bad_lines: tuple[tuple[int, int, str], ...] = ()
     """``(1-based line, offset of its end, why)`` of each complete line that is not a row."""
+
+    def canonical(self) -> frozenset[str]:
+        """The rows in canonical JSON (how a run compares the rows it wants with them), built
+        when asked: only a run that appends needs them, never a reader."""
+        return frozenset(canonical_json(msgspec.to_builtins(row)) for row in self.rows)
 
     def invalid_lines(self, sealed: int) -> tuple[tuple[int, str], ...]:
         """``(line, why)`` of the lines that are not rows inside the first ``sealed`` bytes:
@@ -134,7 +137,6 @@ def parse_plan_log(data: bytes) -> PlanLog:
     where they end, so a reader can tell a sealed line from an unsealed one."""
     complete, newline, tail = data.rpartition(b"\n")
     rows: list[PlanRow] = []
-    canonical: list[str] = []
     bad: list[tuple[int, int, str]] = []
     end = 0
     for number, line in enumerate(complete.split(b"\n") if newline else [], start=1):
@@ -145,11 +147,9 @@ def parse_plan_log(data: bytes) -> PlanLog:
             bad.append((number, end, str(exc)))
             continue
         rows.append(row)
-        canonical.append(canonical_json(msgspec.to_builtins(row)))
     return PlanLog(
         data=data,
         rows=tuple(rows),
-        canonical=tuple(canonical),
         torn=len(tail),
         bad_lines=tuple(bad),
     )
@@ -321,7 +321,7 @@ class ArtifactStore:
         if self.directory.is_dir() and self.cases_dir.is_dir():
             existing = self._experiment_bytes()
             log = self._checked_plan_log()
-            if existing is not None and set(wanted) <= set(log.canonical):
+            if existing is not None and set(wanted) <= log.canonical():
                 notes = self._experiment_note(existing, experiment)
                 notes += log.notes(self.directory / layout.PLAN, self._sealed_length())
                 if self._sealed_through() != log.clean_length(self._sealed_length()):
@@ -369,7 +369,7 @@ class ArtifactStore:
         log = self._checked_plan_log()
         notes += log.notes(self.directory / layout.PLAN, self._sealed_length())
         log = self._cut_back(log)
-        known = set(log.canonical)
+        known = log.canonical()
         new = [row for row in dict.fromkeys(wanted) if row not in known]
         if new:
             self._append(("\n".join(new) + "\n").encode("utf-8"))

@@ -199,10 +199,11 @@ def parse_manifest(data: bytes, form: SealForm, name: str) -> Manifest:
     """The manifest in ``data`` (the bytes of file ``name``), decoded into its form's type
     (``store.decode``): SealError naming the JSON path otherwise."""
     try:
-        decoded = decode(data, form.document)
+        decode(data, form.document)  # the form's type checks it; its values are read below
     except JSONDocumentError as exc:
         raise SealError(name, f"malformed {form.what}: {exc}") from None
-    document: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(decoded))  # JSON values
+    # the JSON values of the same bytes, untyped, in C (the typed record keeps tuples)
+    document: dict[str, Any] = msgspec.json.decode(data)
     if form.files_key is None:
         entries: dict[str, Any] = {n: document[n] for n in sorted(form.covers or ())}
     else:

@@ -24,8 +24,7 @@ with ``seed * 1_000_003 + index``."""
 
 CPU_SMOKE = RuntimeInfo(
     name="cpu-smoke",
-    levels=(ScenarioLevel.S0,),
-    devices=("cpu",),
+    executes_on=(("cpu", (ScenarioLevel.S0,)),),
     adapter="pytest_logprob_drift.runtimes.smoke.runtime:CpuSmokeAdapter",
     extra=None,
     summary="deterministic synthetic model + read-only stateless scorer",

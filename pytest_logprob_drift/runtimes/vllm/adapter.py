@@ -10,13 +10,19 @@ before the engine's first request (``rollout_logp``, through the worker extensio
 ``native`` must read back vLLM's own sampler. ``rollout.lm_head_dtype=float32`` builds the
 engine with ``hf_overrides={"head_dtype": "float32"}`` and is read back from the dtype of the
 logits the workers' samplers receive (``logp_check.lm_head_actual``). Context parallelism is
-recorded as unsupported where the platform lacks it. The sampling truncation (top_p, top_k,
-min_p) reported for identity validation is what the requests of the call ran with in the
-workers (``read_back.sampling_applied``). ``rollout.weight_sync``: ``checkpoint`` loads
-from disk; ``trainer`` and ``trainer_refit`` build the engine with dummy weights and receive
-the training side's before the first request (``VllmRollout.receive_weights``;
-``runtimes.weight_push``), a planted (test-only) variant resolved from
-``runtimes.planted_sync``; the read-back says how the weights arrived. The training
+mapped to vLLM's ``prefill_context_parallel_size`` on CUDA (for an MLA checkpoint, which
+``plan.context_parallel`` checks before any engine starts) and recorded as unsupported on
+vLLM's CPU platform; it is read back from the engine's parallel config, and a decode context
+parallel size other than 1 reads back as a mismatch, never as this knob. The sampling
+truncation (top_p, top_k, min_p) reported for identity validation is what the requests of the
+call ran with in the workers (``read_back.sampling_applied``). ``rollout.enforce_eager`` reads
+back from the compilation and CUDA-graph modes vLLM resolved (``read_back.eager_of``). Decode
+replay runs through vLLM's trace replay where the engine has it (model runner V2).
+``rollout.weight_sync``: ``checkpoint`` loads from disk; ``trainer`` and ``trainer_refit``
+build the engine with dummy weights and receive the training side's before the first
+request (``VllmRollout.receive_weights``; ``runtimes.weight_push``), a planted (test-only)
+variant resolved from ``runtimes.planted_sync``; the read-back says how the weights
+arrived. The training
 side is the ``hf`` runtime's read-only scorer (unsharded or FSDP2).
 
 Knows nothing about vLLM's config objects, workers or processes (``engine``, ``read_back`` and
@@ -63,7 +69,7 @@ from pytest_logprob_drift.runtimes.vllm.logp_check import (
 )
 from pytest_logprob_drift.runtimes.vllm.logs import prepare_vllm_logging
 from pytest_logprob_drift.runtimes.vllm.platform import rollout_sampler
-from pytest_logprob_drift.runtimes.vllm.read_back import sampling_applied
+from pytest_logprob_drift.runtimes.vllm.read_back import eager_of, sampling_applied
 
 if TYPE_CHECKING:
     import torch
@@ -196,6 +202,7 @@ class VllmRollout:
             model_dir=str(self.checkpoint.path),
             dtype=str(rollout.get("dtype", "float32")),
             tensor_parallel_size=int(str(rollout.get("tensor_parallel_size", 1))),
+            prefill_context_parallel_size=int(str(rollout.get("context_parallel_size", 1))),
             enable_prefix_caching=bool(rollout.get("enable_prefix_caching", False)),
             enforce_eager=bool(rollout.get("enforce_eager", True)),
             seed=identity.sampling.seed,
@@ -203,6 +210,7 @@ class VllmRollout:
             logprobs_mode=str(rollout.get("logprobs_mode", "raw_logprobs")),
             lm_head_dtype=str(rollout.get("lm_head_dtype", "compute")),
             full_vocabulary=binding.full_vocabulary is not None,
+            trace_replay=binding.replay,
             distributed_executor_backend="ray" if launcher == "ray" else None,
             ray_address=ray_address,
             device=str(binding.scorer["device"]),
@@ -445,10 +453,58 @@ class VllmRollout:
         batch_size: int,
         logp: LogpKernel | None,
     ) -> ReplayOutput:
-        """vLLM's decode replay (``trace_decode_token_ids``) needs an engine built with
-        ``enable_trace_replay``, which vLLM 0.32 refuses without model runner V2: always
-        ``ReplayUnavailable`` with the live engine's reason (``execute.protocol.DecodeReplay``)."""
-        raise ReplayUnavailable(self.engine.trace_replay_refusal())
+        """vLLM's decode replay (``engine.replay_decode``: trace replay, model runner V2, the
+        engine built with ``enable_trace_replay`` because the run asked for replay), in the
+        case's chunks, with the rollout's temperature and seeds; ``ReplayUnavailable`` with the
+        engine's reason where it has no trace replay (vLLM's CPU platform, model runner V1),
+        or when the workers did not run the case's ``logp.backend`` on the replayed tokens
+        (``execute.protocol.DecodeReplay``). Never run on a GPU here."""
+        if not self.engine.trace_replay:
+            raise ReplayUnavailable(self.engine.trace_replay_refusal())
+        reference = _reference(logp)
+        if reference is not None:
+            self.engine.install_logp(reference)
+        prompts = [list(p) for p in identity.prompts.token_ids]
+        rows = sequences(rollout)
+        responses = [row[len(prompt) :] for row, prompt in zip(rows, prompts, strict=True)]
+        earlier = self.engine.read_back()
+        try:
+            values, scored, evidence = self.engine.replay_decode(
+                prompts,
+                responses,
+                batch_size=batch_size,
+                temperature=identity.sampling.temperature,
+                seed=identity.sampling.seed,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ReplayUnavailable(str(exc)) from None
+        live = self.engine.read_back()
+        asked = backend_of(logp)
+        ran, how = injection_actual(
+            asked=asked,
+            reference=reference,
+            before=_injection(earlier),
+            after=_injection(live),
+            rows=int(evidence["decoded_tokens"]),
+            site=SAMPLED,
+            tp_size=int(str(live["tensor_parallel_size"])),
+        )
+        if ran != asked:
+            raise ReplayUnavailable(f"the decode replay did not run {asked}: {ran}")
+        _eos, pad = self._special
+        logprobs, token_ids = replay_grid(rollout, values, scored, pad)
+        return ReplayOutput(
+            logprobs=logprobs,
+            token_ids=token_ids,
+            evidence={
+                "path": "vllm trace replay (trace_decode_token_ids), model runner V2",
+                "logprob_semantics": str(live["logprobs_mode"]),
+                "batch_size": batch_size,
+                "logp_backend": asked,
+                "logp_evidence": how,
+                **evidence,
+            },
+        )
 
     def read_back(self) -> Mapping[str, JSONScalar]:
         live = self.engine.read_back()
@@ -457,7 +513,11 @@ class VllmRollout:
             "rollout.tensor_parallel_size": int(str(live["tensor_parallel_size"])),
             "rollout.context_parallel_size": self.engine.context_parallel_size(),
             "rollout.enable_prefix_caching": bool(live["enable_prefix_caching"]),
-            "rollout.enforce_eager": bool(live["enforce_eager"]),
+            "rollout.enforce_eager": eager_of(
+                enforce_eager=bool(live["enforce_eager"]),
+                compilation_mode=str(live["compilation_mode"]),
+                cudagraph_mode=str(live["cudagraph_mode"]),
+            ),
             "batch.size": self.batch_size,
             "logp.backend": self.backend_used,
             "vllm.logp_evidence": self.logp_evidence,
@@ -477,6 +537,8 @@ class VllmRollout:
             "launcher": self.launcher,
             "vllm.executor_requested": self.engine.executor_requested,
             "vllm.executor_reason": self.engine.executor_reason,
+            "vllm.trace_replay": self.engine.trace_replay,
+            "vllm.trace_replay_reason": self.engine.trace_replay_reason,
             # How the weights arrived: the push that really happened (empty while an engine
             # started without the checkpoint's weights has received none).
             "rollout.weight_sync": self.sync_done or "none: dummy weights, nothing pushed",
@@ -551,11 +613,14 @@ class VllmHfAdapter(TransformersTrainingAdapter):
                 return applied(value, "no context parallelism")
             if vllm_platform_is_cpu():
                 return unsupported(path, value, "the vLLM CPU platform has no context parallelism")
-            return unsupported(
-                path,
+            return applied(
                 value,
-                "the engine spec sets no context parallelism (vLLM's "
-                "decode_context_parallel_size is not wired to this knob)",
+                "vllm.LLM(prefill_context_parallel_size=...): prefill split over that many "
+                "more GPUs (TP x CP in all); vLLM 0.32 runs it only for an MLA checkpoint on "
+                "model runner V2, which planning and the runner check from the checkpoint's "
+                "config.json before any engine starts and vLLM's PCPManager checks again; read "
+                "back from the engine's parallel config, with decode_context_parallel_size "
+                "required to be 1",
             )
         if path == "logp.backend":
             if value == "native":
@@ -566,8 +631,9 @@ class VllmHfAdapter(TransformersTrainingAdapter):
                 )
             return applied(
                 value,
-                f"{value} on both sides: in every vLLM worker's V1 sampler (worker extension, "
-                "runtimes.vllm.rollout_logp) the sampled token's logprob is "
+                f"{value} on both sides: in every vLLM worker's sampler (worker extension; "
+                "model runner V1: runtimes.vllm.rollout_logp, V2: runtimes.vllm."
+                "rollout_logp_v2, never run on a GPU here) the sampled token's logprob is "
                 "kernel(logits, sampled ids), the logits being the raw LM head output in the "
                 "model's dtype (raw_logprobs) or the float32 processed logits vLLM sampled "
                 "from (processed_logprobs), and a prompt token's logprob is kernel(raw "
@@ -577,18 +643,18 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         return unsupported(path, value, "no vLLM setting for it")
 
     def rollout_resources(self, binding: RuntimeBinding) -> Mapping[str, float]:
-        """vLLM's Ray executor holds one GPU per TP worker; with TP 1 on CUDA the engine holds
-        one GPU in this process, declared too so that no rank actor is packed onto it. Every
-        engine is also built and
-        driven from this process (its construction patches this process's environment and
-        output), so at most one engine group with a vLLM engine runs at a time
-        (``IN_PROCESS_ENGINE``)."""
+        """vLLM's Ray executor holds one GPU per worker (TP x prefill CP); with one worker on
+        CUDA the engine holds one GPU in this process, declared too so that no rank actor is
+        packed onto it. Every engine is also built and driven from this process (its
+        construction patches this process's environment and output), so at most one engine
+        group with a vLLM engine runs at a time (``IN_PROCESS_ENGINE``)."""
         tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
+        cp = int(str(binding.rollout.get("context_parallel_size", 1)))
         demand = {IN_PROCESS_ENGINE: 1.0}
         if self.launch.is_ray and str(binding.scorer["device"]) == "cuda":
-            # TP > 1: one GPU per Ray worker; TP 1: the engine runs in this process, on a GPU
-            # Ray must not hand to a rank actor as well.
-            demand["GPU"] = float(tp)
+            # TP x CP > 1: one GPU per Ray worker (vLLM's world is TP x prefill CP); TP 1:
+            # the engine runs in this process, on a GPU Ray must not hand to a rank actor.
+            demand["GPU"] = float(tp * cp)
         return demand
 
     def local_resources(self) -> Mapping[str, float]:
@@ -596,12 +662,13 @@ class VllmHfAdapter(TransformersTrainingAdapter):
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> VllmRollout:
         tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
+        cp = int(str(binding.rollout.get("context_parallel_size", 1)))
         return VllmRollout(
             binding,
             identity,
             self.checkpoint(identity),
             launcher=self.launch.launcher,
-            ray_address=self.cluster_address() if tp > 1 else None,
+            ray_address=self.cluster_address() if tp * cp > 1 else None,
         )
 
     def environment(self, identity: ScoringIdentity) -> Mapping[str, str]:

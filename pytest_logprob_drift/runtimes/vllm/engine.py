@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from pytest_logprob_drift.errors import one_line
 from pytest_logprob_drift.records import MaskPolicy
 from pytest_logprob_drift.runtimes.vllm import read_back as _read_back
 from pytest_logprob_drift.runtimes.vllm.layer_ranks import READ_RANK, rank_zero_reduction
@@ -123,6 +124,14 @@ class VllmEngineSpec:
     ``float32``: ``hf_overrides={"head_dtype": "float32"}``, vLLM's ``LogitsProcessor`` casts
     the hidden states and the (model-dtype) head weight to float32, so the logits the sampler
     receives are float32."""
+    prefill_context_parallel_size: int = 1
+    """vLLM's ``prefill_context_parallel_size`` (``rollout.context_parallel_size``): passed only
+    when above 1; vLLM 0.32 runs it only for an MLA model on model runner V2 (CUDA)."""
+    trace_replay: bool = False
+    """Ask vLLM for decode trace replay (``enable_trace_replay``: a per-request trace buffer,
+    so that ``replay_decode`` can force the sampled tokens through the decode path). Only
+    off the CPU platform, and only where vLLM accepts it (model runner V2): where it refuses,
+    the engine is built without it and ``trace_replay_reason`` says why."""
     load_format: str = "auto"
     """``auto``: vLLM loads the checkpoint's weights from ``model_dir``; ``dummy``: vLLM
     builds the model with random weights (``load_format="dummy"``), which a push
@@ -145,6 +154,11 @@ class VllmEngineSpec:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.prefill_context_parallel_size < 1:
+            raise ValueError(
+                "prefill_context_parallel_size must be >= 1, got "
+                f"{self.prefill_context_parallel_size}"
+            )
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.kv_cache_memory_bytes < 1:
@@ -176,7 +190,7 @@ def executor_backend(spec: VllmEngineSpec, ray_device_key: str) -> tuple[str | N
     """
     if spec.distributed_executor_backend != "ray":
         return None, "vLLM's default executor"
-    if spec.tensor_parallel_size < 2:
+    if spec.tensor_parallel_size * spec.prefill_context_parallel_size < 2:
         return None, "TP 1 runs in the engine core (uni); the Ray executor is for TP > 1"
     if not ray_device_key:
         return None, (
@@ -279,6 +293,8 @@ class VllmRolloutEngine:
         )
         if spec.lm_head_dtype == "float32":
             executor_kwargs["hf_overrides"] = {"head_dtype": "float32"}
+        if spec.prefill_context_parallel_size > 1:
+            executor_kwargs["prefill_context_parallel_size"] = spec.prefill_context_parallel_size
         self.generated_tokens = 0
         """The tokens vLLM sampled in the last ``generate`` (every output token, before the
         cut after EOS): the rows its sampler scored."""
@@ -286,6 +302,14 @@ class VllmRolloutEngine:
         """The prompt tokens of the last ``generate`` vLLM served from its prefix cache
         (``RequestOutput.num_cached_tokens``, summed): blocks computed before this call."""
         self.logp_installed: list[dict[str, Any]] | None = None
+        self.trace_replay = bool(spec.trace_replay and not self._is_cpu)
+        self.trace_replay_reason = (
+            "not asked for"
+            if not spec.trace_replay
+            else "vLLM's CPU platform runs model runner V1, which has no trace replay"
+            if self._is_cpu
+            else "enable_trace_replay=True"
+        )
         try:
             with (
                 engine_output(),
@@ -296,11 +320,11 @@ class VllmRolloutEngine:
                 ) as applied,
             ):
                 self.construction_env: Mapping[str, str | None] = dict(applied)
-                llm = LLM(
+                arguments: dict[str, Any] = dict(
                     model=spec.model_dir,
                     tokenizer=spec.model_dir,
                     skip_tokenizer_init=True,  # token-id prompts in, token ids out
-                    dtype=spec.dtype,  # type: ignore[arg-type]
+                    dtype=spec.dtype,
                     tensor_parallel_size=spec.tensor_parallel_size,
                     enable_prefix_caching=spec.enable_prefix_caching,
                     enforce_eager=spec.enforce_eager,
@@ -314,6 +338,7 @@ class VllmRolloutEngine:
                     **device_kwargs(spec, self._is_cpu),
                     **executor_kwargs,
                 )
+                llm = self._construct(LLM, arguments)
                 self._handle.llm = llm
                 # Before any request: AMX permission in every worker (see worker_ext).
                 self.amx_enabled = [bool(r) for r in llm.collective_rpc("enable_amx")]
@@ -322,6 +347,24 @@ class VllmRolloutEngine:
         except BaseException:
             self.close()
             raise
+
+    def _construct(self, llm_class: Any, arguments: dict[str, Any]) -> LLM:
+        """``LLM(**arguments)``, with ``enable_trace_replay`` when ``trace_replay`` holds; when
+        vLLM refuses it at configuration ("trace replay requires Model Runner V2", raised
+        before any engine process starts), built again without it, the refusal recorded in
+        ``trace_replay_reason``."""
+        if not self.trace_replay:
+            built: LLM = llm_class(**arguments)
+            return built
+        try:
+            built = llm_class(**arguments, enable_trace_replay=True)
+        except ValueError as exc:
+            if "trace replay requires" not in str(exc):
+                raise
+            self.trace_replay = False
+            self.trace_replay_reason = f"vLLM refused enable_trace_replay: {one_line(str(exc))}"
+            built = llm_class(**arguments)
+        return built
 
     # -- lifecycle
 
@@ -427,8 +470,9 @@ class VllmRolloutEngine:
     def _vocab_size(self) -> int:
         return int(self._live().llm_engine.vllm_config.model_config.get_vocab_size())
 
-    def context_parallel_size(self) -> int:
-        """The context-parallel size the live engine runs with (from its parallel config)."""
+    def context_parallel_size(self) -> int | str:
+        """The context-parallel size the live engine runs with (``read_back.
+        context_parallel_size``: its prefill size, or a mismatch naming a decode size)."""
         return _read_back.context_parallel_size(self._live())
 
     # -- rollout
@@ -650,13 +694,95 @@ class VllmRolloutEngine:
         }
         return per_state, layers, evidence
 
+    def replay_decode(
+        self,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        *,
+        batch_size: int,
+        temperature: float,
+        seed: int,
+    ) -> tuple[list[list[float | None]], list[list[int]], dict[str, int | bool | str]]:
+        """Force each response through vLLM's decode path again after its prompt (vLLM's
+        trace replay, ``SamplingParams(trace_decode_token_ids=response)``, model runner V2):
+        chunks of ``batch_size``, the rollout's temperature and request seeds, EOS ignored so
+        that exactly the response is decoded, ``logprobs=0`` (the forced token's logprob in
+        the engine's ``logprobs_mode``). Returns per sequence the logprobs on the sequence's
+        positions (None over the prompt), the tokens vLLM reports it decoded after the prompt,
+        and the evidence. A decoded token that is not the trace's is a RuntimeError: the
+        replay did not follow the trace. ValueError when the engine was built without trace
+        replay (``trace_replay_refusal``)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not self.trace_replay:
+            raise ValueError(self.trace_replay_refusal())
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
+        llm = self._live()
+        values: list[list[float | None]] = []
+        scored: list[list[int]] = []
+        for start in range(0, len(prompts), batch_size):
+            chunk = range(start, min(start + batch_size, len(prompts)))
+            requests = [TokensPrompt(prompt_token_ids=[int(t) for t in prompts[i]]) for i in chunk]
+            params = [
+                SamplingParams(
+                    n=1,
+                    max_tokens=len(responses[i]),
+                    temperature=float(temperature),
+                    seed=request_seed(seed, i),
+                    logprobs=0,
+                    detokenize=False,
+                    ignore_eos=True,
+                    trace_decode_token_ids=[int(t) for t in responses[i]],
+                )
+                for i in chunk
+            ]
+            outputs = llm.generate(requests, params, use_tqdm=False)
+            if len(outputs) != len(chunk):
+                raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(chunk)}")
+            for i, out in zip(chunk, outputs, strict=True):
+                trace = [int(t) for t in responses[i]]
+                decoded = [int(t) for t in out.outputs[0].token_ids]
+                if decoded != trace:
+                    raise RuntimeError(
+                        f"vLLM's trace replay of sequence {i} decoded {decoded[:8]}..., not "
+                        f"the trace {trace[:8]}...: the replay did not follow it"
+                    )
+                per_position = out.outputs[0].logprobs
+                if per_position is None or len(per_position) < len(trace):
+                    raise RuntimeError(f"vLLM returned no logprobs for sequence {i}'s trace")
+                row: list[float | None] = [None] * len(prompts[i])
+                for j, token in enumerate(trace):
+                    entry = per_position[j]
+                    if entry is None or token not in entry:
+                        raise RuntimeError(
+                            f"vLLM did not report the traced token's logprob (sequence {i}, "
+                            f"step {j})"
+                        )
+                    row.append(float(entry[token].logprob))
+                values.append(row)
+                scored.append([*(int(t) for t in prompts[i]), *decoded])
+        evidence: dict[str, int | bool | str] = {
+            "requests": len(prompts),
+            "decoded_tokens": sum(len(r) for r in responses),
+            "trace_followed": True,
+            "enable_trace_replay": True,
+        }
+        return values, scored, evidence
+
     def trace_replay_refusal(self) -> str:
         """Why this engine cannot replay its decode path (``trace_decode_token_ids``), in
         vLLM's own words: its construction check (``VllmConfig._verify_trace_replay_config``)
-        run against the live engine's config with trace replay asked for. This engine was not
-        built with ``enable_trace_replay``; where vLLM would accept it, that is the reason."""
+        run against the live engine's config with trace replay asked for; where vLLM refused
+        it at construction, that refusal (``trace_replay_reason``); where vLLM would accept it,
+        that this engine was built without it."""
         import copy
 
+        if self.spec.trace_replay and not self._is_cpu and not self.trace_replay:
+            return self.trace_replay_reason
         config = self._live().llm_engine.vllm_config
         v2 = bool(getattr(config, "use_v2_model_runner", False))
         check = getattr(config, "_verify_trace_replay_config", None)
@@ -670,8 +796,8 @@ class VllmRolloutEngine:
             except ValueError as exc:
                 return f"vLLM refuses enable_trace_replay: {exc} (use_v2_model_runner={v2})"
         return (
-            f"the engine was built without enable_trace_replay (use_v2_model_runner={v2}); "
-            "this project has no vLLM trace-replay path"
+            f"the engine was built without enable_trace_replay (use_v2_model_runner={v2}): "
+            f"{self.trace_replay_reason}"
         )
 
 

@@ -7,7 +7,8 @@ execution refuses (STRICT_REJECTED, with the reason) whatever is not what was as
 - ``injection_actual``: which ``selected_logprob`` implementation the workers' samplers ran
   for one call, from each worker's report (``rollout_logp.report``) before and after it. A
   catalog backend counts only when every TP worker installed exactly the backend, version,
-  build fingerprint and factory asked for, on vLLM's V1 model runner with every site patched,
+  build fingerprint and factory asked for, with every site of its model runner patched (V1:
+  the sampler's attributes, ``rollout_logp``; V2: the logprob functions, ``rollout_logp_v2``),
   scored exactly the rows the engine returned at the call's site, and counted no violation;
   ``native`` only when no worker's sampler carries any replaced attribute.
 - ``lm_head_actual``: ``compute`` or ``float32`` from the dtype of the logits the sampler
@@ -23,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_logprob_drift.runtimes.vllm.rollout_logp import SITES, VIOLATIONS
+from pytest_logprob_drift.runtimes.vllm.rollout_logp_v2 import SITES as V2_SITES
 
 __all__ = ["PROMPT", "SAMPLED", "injection_actual", "lm_head_actual"]
 
@@ -86,8 +88,9 @@ def injection_actual(
                 problems.append(
                     f"worker {rank} runs {key} {new.get(key)!r}, asked {reference.get(key)!r}"
                 )
-        if list(new.get("sites") or []) != list(SITES):
-            problems.append(f"worker {rank} patched {new.get('sites')!r}, not {list(SITES)!r}")
+        sites = list(V2_SITES if new.get("runner") == "v2" else SITES)
+        if list(new.get("sites") or []) != sites:
+            problems.append(f"worker {rank} patched {new.get('sites')!r}, not {sites!r}")
         scored = _count(new, "counts", site) - _count(old, "counts", site)
         if scored != rows:
             problems.append(

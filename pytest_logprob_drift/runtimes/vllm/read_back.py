@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 __all__ = [
     "MODEL_REPORT",
     "attention_backend",
+    "attention_layers",
+    "context_parallel_of",
     "context_parallel_size",
+    "eager_of",
     "joined",
     "lm_head_dtype",
     "logp_injection",
@@ -161,18 +164,56 @@ def sampling_applied(
     }
 
 
-def context_parallel_size(llm: LLM) -> int:
-    """The context-parallel size the engine runs with.
-
-    vLLM 0.32's ``ParallelConfig`` has no single ``context_parallel_size``; it holds
-    ``decode_context_parallel_size`` (read here) next to ``prefill_context_parallel_size``.
-    A release that has ``context_parallel_size`` is read by that name.
-    """
+def context_parallel_size(llm: LLM) -> int | str:
+    """What ``rollout.context_parallel_size`` reads back as: vLLM 0.32's
+    ``parallel_config.prefill_context_parallel_size`` (the setting the knob becomes), when its
+    ``decode_context_parallel_size`` is 1. A decode size other than 1 is another setting (it
+    shards only the decode KV cache over the TP ranks), never read as this knob: the value is
+    then a string naming both sizes, which matches no requested size."""
     parallel: Any = llm.llm_engine.vllm_config.parallel_config
-    size: Any = getattr(parallel, "context_parallel_size", None)
-    if size is None:
-        size = parallel.decode_context_parallel_size
-    return int(size)
+    return context_parallel_of(
+        int(parallel.prefill_context_parallel_size), int(parallel.decode_context_parallel_size)
+    )
+
+
+def context_parallel_of(prefill: int, decode: int) -> int | str:
+    """``context_parallel_size``'s rule on the two sizes (pure)."""
+    if decode != 1:
+        return (
+            f"mismatch: decode_context_parallel_size={decode} "
+            f"(prefill_context_parallel_size={prefill}); this knob is the prefill size"
+        )
+    return prefill
+
+
+def eager_of(*, enforce_eager: bool, compilation_mode: str, cudagraph_mode: str) -> bool | str:
+    """What ``rollout.enforce_eager`` reads back as, from what the engine resolved rather than
+    the flag alone: eager when no compilation (``compilation_mode`` NONE) and no CUDA graphs
+    (``cudagraph_mode`` NONE) run. vLLM 0.32 resolves ``enforce_eager=False`` to
+    torch.compile (CPU: mode 2; CUDA: ``VLLM_COMPILE`` with CUDA graphs) and
+    ``enforce_eager=True`` to neither; anything else (a flag that says eager over a compiled
+    engine, or compiled over an eager one, e.g. under batch-invariant mode) is a string naming
+    both, which matches no requested value."""
+    compiled = compilation_mode not in ("NONE", "0") or cudagraph_mode not in ("NONE", "0")
+    if enforce_eager == (not compiled):
+        return enforce_eager
+    return (
+        f"mismatch: enforce_eager={enforce_eager} but compilation mode {compilation_mode}, "
+        f"cudagraph_mode {cudagraph_mode}"
+    )
+
+
+def attention_layers(reports: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How many attention layers run each implementation class, on the first worker that
+    reports it (every TP rank builds the same layers)."""
+    for report in reports:
+        per_layer = report.get("attention_layers")
+        if isinstance(per_layer, Mapping) and per_layer:
+            counts: dict[str, int] = {}
+            for impl in per_layer.values():
+                counts[str(impl)] = counts.get(str(impl), 0) + 1
+            return dict(sorted(counts.items()))
+    return {}
 
 
 def _enum_name(value: object) -> str:
@@ -213,6 +254,8 @@ def read_back(
         "max_logprobs": int(model.max_logprobs),
         "enforce_eager": bool(model.enforce_eager),
         "tensor_parallel_size": int(parallel.tensor_parallel_size),
+        "prefill_context_parallel_size": int(parallel.prefill_context_parallel_size),
+        "decode_context_parallel_size": int(parallel.decode_context_parallel_size),
         "world_size": int(parallel.world_size),
         "distributed_executor_backend": str(parallel.distributed_executor_backend),
         "enable_prefix_caching": bool(cache.enable_prefix_caching),
@@ -223,6 +266,11 @@ def read_back(
         "compilation_backend": str(compilation.backend),
         "cudagraph_mode": _enum_name(compilation.cudagraph_mode),
         "attention_backend": attention_backend(reports),
+        "attention_layers": attention_layers(reports),
+        "attention_backend_requested": str(
+            getattr(getattr(config, "attention_config", None), "backend", None)
+        ),
+        "enable_trace_replay": bool(getattr(model, "enable_trace_replay", False)),
         "vocab_layout": vocab_layout(reports),
         "lm_head_dtype": lm_head_dtype(reports),
         "lm_head_compute_dtype": joined(reports, "lm_head_compute_dtype"),

@@ -57,6 +57,7 @@ __all__ = [
     "build_kernel",
     "install",
     "install_on_sampler",
+    "observe_logits",
     "report",
     "sampler_untouched",
 ]
@@ -387,7 +388,19 @@ def observe_logits(sampler: Any) -> None:
             _LOGITS_SEEN["dtypes"][str(logits.dtype).removeprefix("torch.")] += 1
             _LOGITS_SEEN["width"] = int(logits.shape[-1])
 
-    sampler.register_forward_pre_hook(hook, with_kwargs=True)
+    if hasattr(sampler, "register_forward_pre_hook"):  # V1's Sampler is a torch Module
+        sampler.register_forward_pre_hook(hook, with_kwargs=True)
+    else:  # V2's Sampler is a plain class called as sampler(logits, input_batch)
+        cls = type(sampler)
+        original = cls.__call__
+        if not getattr(original, "_drift_logits_observed", False):
+
+            def observed(self: Any, *args: Any, **kwargs: Any) -> Any:
+                hook(self, args, kwargs)
+                return original(self, *args, **kwargs)
+
+            observed._drift_logits_observed = True  # type: ignore[attr-defined]
+            cls.__call__ = observed
     sampler._drift_logits_observed = True
 
 
@@ -400,16 +413,18 @@ def logits_seen() -> dict[str, Any]:
 
 def install(worker: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """Install ``spec``'s kernel in this worker's sampler; returns ``report(worker)`` with
-    ``error`` set when nothing was installed (a model runner other than V1's, a sampler of
-    another class, a kernel that cannot be built here)."""
+    ``error`` set when nothing was installed (a sampler of another class, a kernel that cannot
+    be built here). Model runner V1: the sampler instance's attributes (``install_on_sampler``);
+    model runner V2: the module functions its sampler and prompt-logprobs path compute
+    logprobs with (``rollout_logp_v2``)."""
+    runner = getattr(worker, "model_runner", None)
+    if bool(getattr(worker, "use_v2_model_runner", False)):
+        return _install_v2(worker, runner, spec)
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    runner = getattr(worker, "model_runner", None)
     error = None
-    if bool(getattr(worker, "use_v2_model_runner", False)) or not isinstance(
-        runner, GPUModelRunner
-    ):
+    if not isinstance(runner, GPUModelRunner):
         error = (
             f"model runner {type(runner).__name__} is not vLLM's V1 GPUModelRunner (or its CPU "
             "subclass), whose Sampler the injection patches"
@@ -425,17 +440,54 @@ def install(worker: Any, spec: dict[str, Any]) -> dict[str, Any]:
     return {**report(worker), **({"error": error} if error else {})}
 
 
+def _install_v2(worker: Any, runner: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    from vllm.v1.worker.gpu.sample.sampler import Sampler as V2Sampler
+
+    from pytest_logprob_drift.runtimes.vllm import rollout_logp_v2
+
+    sampler = getattr(runner, "sampler", None)
+    error = None
+    if type(sampler) is not V2Sampler:
+        error = (
+            f"the V2 runner's sampler is {type(sampler).__name__}, not vLLM's V2 Sampler "
+            "(a watermark or model-specific sampler)"
+        )
+    else:
+        try:
+            kernel = build_kernel(spec)
+            rollout_logp_v2.install(dict(spec), kernel, str(sampler.logprobs_mode), _score)
+        except Exception as exc:  # reported; the adapter refuses the case
+            error = f"{type(exc).__name__}: {exc}"
+    return {**report(worker), **({"error": error} if error else {})}
+
+
+def _runner_kind(worker: Any) -> str:
+    return "v2" if bool(getattr(worker, "use_v2_model_runner", False)) else "v1"
+
+
 def report(worker: Any) -> dict[str, Any]:
     """What this worker's sampler runs: the installed backend and its provenance, the sites
-    patched, the model runner, the counters, and whether the sampler is vLLM's own."""
+    patched, the model runner (its class and ``runner``: ``v1``/``v2``), the counters, and
+    whether the sampler is vLLM's own."""
     runner = getattr(worker, "model_runner", None)
     sampler = getattr(runner, "sampler", None)
-    state = vars(sampler).get("_drift_logp") if sampler is not None else None
+    kind = _runner_kind(worker)
+    if kind == "v2":
+        from pytest_logprob_drift.runtimes.vllm import rollout_logp_v2
+
+        state = rollout_logp_v2.state()
+        sites = list(rollout_logp_v2.SITES)
+        untouched = rollout_logp_v2.untouched()
+    else:
+        state = vars(sampler).get("_drift_logp") if sampler is not None else None
+        sites = list(SITES)
+        untouched = sampler is not None and sampler_untouched(sampler)
     base: dict[str, Any] = {
         "model_runner": type(runner).__name__,
+        "runner": kind,
         "sampler_class": type(sampler).__name__,
         "logprobs_mode": str(getattr(sampler, "logprobs_mode", "")),
-        "untouched": sampler is not None and sampler_untouched(sampler),
+        "untouched": untouched,
     }
     if state is None:
         return {**base, "installed": False}
@@ -450,7 +502,7 @@ def report(worker: Any) -> dict[str, Any]:
         "kernel": f"{getattr(state.kernel, '__module__', '?')}."
         f"{getattr(state.kernel, '__qualname__', type(state.kernel).__name__)}",
         "kernel_source_sha256": _source_sha256(state.kernel),
-        "sites": list(SITES),
+        "sites": sites,
         "counts": counts,
         "violations": {name: int(state.counts[name]) for name in VIOLATIONS},
     }

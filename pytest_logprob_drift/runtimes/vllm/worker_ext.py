@@ -376,12 +376,14 @@ class DriftWorkerExtension:
         worker: Any = self  # the vLLM worker this class is mixed into
         model = worker.get_model()
         backends: set[str] = set()
+        layers: dict[str, str] = {}
         vocab: dict[str, dict[str, int]] = {}
         for name, module in model.named_modules():
             if isinstance(module, AttentionLayerBase):
                 impl = getattr(module, "impl", None)
                 if impl is not None:
                     backends.add(type(impl).__name__)
+                    layers[name] = type(impl).__name__
             leaf = name.rsplit(".", 1)[-1]
             if leaf in _VOCAB_LAYERS and leaf not in vocab:
                 if isinstance(module, VocabParallelEmbedding):
@@ -420,6 +422,7 @@ class DriftWorkerExtension:
                 for (t, p, k, m), n in sorted(_SAMPLING_SEEN.items())
             ],
             "attention_backends": sorted(backends),
+            "attention_layers": layers,
             "vocab": vocab,
             "lm_head_dtype": head_dtype,
         }
