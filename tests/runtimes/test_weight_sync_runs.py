@@ -124,6 +124,7 @@ def test_the_read_back_says_how_the_weights_arrived(shipped: dict[str, Any]) -> 
             assert arrived["chunks"] > 1 and arrived["seconds"] > 0
             assert arrived["tie_groups"] == [["model.embed_tokens.weight", "lm_head.weight"]]
             assert arrived["left_out"] == []
+            assert arrived["not_loaded_by_vllm"] == []
             tp = 2 if other == "rollout.tensor_parallel_size=2" else 1
             assert len(arrived["loaded_by_vllm"]) == tp
             world = 2 if other == "training.sharding=fsdp" else 1

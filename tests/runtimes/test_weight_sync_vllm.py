@@ -191,6 +191,7 @@ def test_the_push_makes_the_engine_compute_bitwise_what_the_checkpoint_engine_do
     # vLLM's own names after its fusions: every parameter it holds was loaded (it also names
     # the tied lm_head.weight, which it holds as the embedding).
     assert set(pushes["vllm_params"]) <= set(report["loaded_per_worker"][0])
+    assert report["not_loaded_per_worker"] == [[]]
 
 
 def test_every_planted_push_changes_what_the_engine_computes(pushes: Mapping[str, Any]) -> None:
@@ -201,6 +202,8 @@ def test_every_planted_push_changes_what_the_engine_computes(pushes: Mapping[str
     assert "model.embed_tokens.weight" not in dropped["names"]
     assert "lm_head.weight" not in dropped["names"]
     assert "model.embed_tokens.weight" not in dropped["loaded_per_worker"][0]
+    # The push's own record names what it left in the engine unchanged.
+    assert dropped["not_loaded_per_worker"] == [["model.embed_tokens.weight"]]
     # After the dropped push the embedding still holds the dummy weights, so the engine
     # computes neither the dummy model nor the checkpoint's.
     assert not torch.equal(pushes["drop_tied_embedding"], pushes["dummy"])

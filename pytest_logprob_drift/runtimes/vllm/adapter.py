@@ -270,6 +270,7 @@ class VllmRollout:
             first = list(weight_push.chunks(before, dtype))
             previous = self.engine.push_weights([c.payload for c in first])
             previous["loaded_by_vllm"] = [len(n) for n in previous.pop("loaded_per_worker")]
+            previous.pop("not_loaded_per_worker")
             arrived["previous_policy"] = {
                 **previous,
                 "seed": weight_push.PREVIOUS_POLICY_SEED,
@@ -299,6 +300,9 @@ class VllmRollout:
             [c.payload for c in pushed], reset_prefix_cache=not keep_cache
         )
         loaded = report.pop("loaded_per_worker")
+        report["not_loaded_by_vllm"] = sorted(
+            {n for names in report.pop("not_loaded_per_worker") for n in names}
+        )
         arrived.update(
             {
                 **report,

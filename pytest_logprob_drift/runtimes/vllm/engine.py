@@ -427,8 +427,9 @@ class VllmRolloutEngine:
         ``process_weights_after_loading``), then, unless told otherwise, the prefix cache is
         reset (``LLM.reset_prefix_cache``), since blocks computed under the old weights would
         otherwise serve later prompts. Returns how the weights arrived: chunks, payload
-        bytes, the names vLLM reported loaded per worker, seconds, and whether the reset
-        happened (and was accepted)."""
+        bytes, the names vLLM reported loaded per worker and the parameters each worker holds
+        that the push did not load (they keep their previous values), seconds, and whether
+        the reset happened (and was accepted)."""
         import time
 
         llm = self._live()
@@ -436,6 +437,7 @@ class VllmRolloutEngine:
         sent = payload = 0
         loaded: list[set[str]] = []
         llm.collective_rpc("weights_begin")
+        held: list[list[str]] = []
         try:
             for chunk in chunks:
                 per_worker = llm.collective_rpc("weights_load", args=(chunk,))
@@ -446,8 +448,10 @@ class VllmRolloutEngine:
                 sent += 1
                 payload += len(chunk)
         finally:
-            llm.collective_rpc("weights_end")
+            held = [list(names) for names in llm.collective_rpc("weights_end")]
         pushed_s = time.perf_counter() - t0
+        if not loaded:
+            loaded = [set() for _ in held]
         caching = bool(llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
         reset = bool(llm.reset_prefix_cache()) if reset_prefix_cache and caching else False
         return {
@@ -455,6 +459,9 @@ class VllmRolloutEngine:
             "payload_bytes": payload,
             "seconds": pushed_s,
             "loaded_per_worker": [sorted(names) for names in loaded],
+            "not_loaded_per_worker": [
+                sorted(set(names) - seen) for names, seen in zip(held, loaded, strict=True)
+            ],
             "enable_prefix_caching": caching,
             "prefix_cache_reset": reset,
         }

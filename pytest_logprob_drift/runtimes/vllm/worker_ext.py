@@ -261,11 +261,13 @@ class DriftWorkerExtension:
             loaded = worker.get_model().load_weights(iter(tensors.items()))
         return sorted(str(n) for n in (loaded or ()))
 
-    def weights_end(self) -> bool:
+    def weights_end(self) -> list[str]:
         """Close the update (vLLM's ``finish_weight_update``: ``finalize_layerwise_reload``):
         layers not fully loaded are processed, the attention layers last, a layer that got
         nothing keeps its previous tensors; then the runner's caches derived from weights are
-        dropped, as ``GPUModelRunner.reload_weights`` drops them."""
+        dropped, as ``GPUModelRunner.reload_weights`` drops them. Returns the names of the
+        parameters the model holds (vLLM's layout), for the caller to name any the push did
+        not load."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
@@ -282,7 +284,7 @@ class DriftWorkerExtension:
             method = getattr(runner, reset, None)
             if callable(method):
                 method()
-        return True
+        return sorted(name for name, _ in worker.get_model().named_parameters())
 
     def weights_pushed(self) -> dict[str, dict[str, Any]]:
         """What the last push left in each processed layer just before its post-load
