@@ -1,7 +1,7 @@
 """Benchmark of the trainer-to-rollout push (``rollout.weight_sync``): its cost per engine.
 
 Owns how the push's cost is measured; knows nothing else of the framework. The experiment
-(default: the shipped ``cross_config_s1_vllm_cpu_weight_sync.json`` with ``--pairwise``) runs
+(default: the shipped ``cross_config_s1_vllm_cpu_weight_sync.json``, whose pairs it lists) runs
 through ``logprob-drift run`` in this process into a fresh artifact directory. Timers wrapped
 around the vLLM rollout's ``build_engine`` (the engine's construction: vLLM's own load, from
 disk or dummy) and ``receive_weights`` (the whole push: the trainer's gather, the previous
@@ -12,7 +12,7 @@ methods unchanged.
 
 Usage:
     python benchmarks/bench_weight_sync.py
-    python benchmarks/bench_weight_sync.py --config OTHER.json [--no-pairwise]
+    python benchmarks/bench_weight_sync.py --config OTHER.json
 
 Prints one JSON document (and a table on stderr).
 """
@@ -58,7 +58,6 @@ def _timed(owner: Any, name: str, log: list[tuple[str, str, float]]) -> Callable
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    parser.add_argument("--no-pairwise", action="store_true")
     args = parser.parse_args()
     log: list[tuple[str, str, float]] = []
     undo = [
@@ -69,9 +68,7 @@ def main() -> int:
         out, err = io.StringIO(), io.StringIO()
         argv = [str(args.config), "--runtime", "vllm-hf", "--artifacts", tmp, "--json"]
         t0 = time.perf_counter()
-        code = cli_main(
-            ["run", *argv, *([] if args.no_pairwise else ["--pairwise"])], out=out, err=err
-        )
+        code = cli_main(["run", *argv, "--pairwise"], out=out, err=err)
         wall = time.perf_counter() - t0
         for u in undo:
             u()
