@@ -58,6 +58,7 @@ from pytest_logprob_drift.runtimes.vllm.logp_check import (
 from pytest_logprob_drift.runtimes.vllm.logs import prepare_vllm_logging
 from pytest_logprob_drift.runtimes.vllm.platform import rollout_sampler
 from pytest_logprob_drift.runtimes.vllm.read_back import sampling_applied
+from pytest_logprob_drift.store.documents import WeightsDocument
 
 if TYPE_CHECKING:
     import torch
@@ -173,6 +174,7 @@ class VllmRollout:
         self.sampling_observed: dict[str, Any] = {"observed": False, "values": []}
         self._layer_evidence: dict[str, JSONScalar] = {}
         self._special = special_token_ids(self.checkpoint.path)
+        self._weights: WeightsDocument | None = None
 
     def build_engine(self, spec: VllmEngineSpec) -> VllmRolloutEngine:
         """The engine this rollout samples with (a new one, built from ``spec``)."""
@@ -354,6 +356,21 @@ class VllmRollout:
                 value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
             )
         return actual
+
+    def weights(self) -> WeightsDocument:
+        """The weight digests the workers took while loading, beside the checkpoint's cast to
+        the engine's dtype (built once per engine; every case on it seals the same)."""
+        if self._weights is None:
+            from pytest_logprob_drift.runtimes.weights.side_document import side_document
+
+            self._weights = side_document(
+                side="rollout",
+                runtime="vllm",
+                declared_dtype=self.engine.spec.dtype,
+                report=self.engine.loaded_weights,
+                model_dir=self.checkpoint.path,
+            )
+        return self._weights
 
     def close(self) -> None:
         self.engine.close()
