@@ -1,12 +1,17 @@
-"""The weight check's comparison and its offline re-check (``store.weights_check``), torch-free.
+"""The weight check's comparison and its offline re-check (``store.weights_check``).
 
 Documents are built by hand here, so every kind of difference is produced on purpose; each
-expected line is written out in the test, not derived from the module under test.
+expected line is written out in the test, not derived from the module under test. The last
+tests seal such a document into a ``cpu-smoke`` attempt, re-seal it as anyone who can write an
+unkeyed run can, and run ``verify``: it must name the weights file and what is wrong.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -153,3 +158,85 @@ def test_the_document_decodes_strictly() -> None:
     broken = data.replace(b'"side_dtype"', b'"side_dtyp"')
     with pytest.raises(JSONDocumentError):
         decode(broken, WeightsDocument)
+
+
+# --------------------------------------------------------------------------- verify, end to end
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from drift_testing import run_s0
+
+    artifacts = tmp_path_factory.mktemp("weights-verify") / "runs"
+    code, _, err = run_s0(artifacts)
+    assert code == 0, err
+    return artifacts / "s0-cpu-smoke"
+
+
+def _with_weights(smoke_run: Path, tmp_path: Path, document: WeightsDocument, name: str) -> Path:
+    """A copy of the smoke run whose baseline attempt also seals ``document`` as ``name``,
+    re-sealed as anyone who can write an unkeyed run can."""
+    from resealing import reseal
+
+    run_dir = tmp_path / "runs" / smoke_run.name
+    shutil.copytree(smoke_run, run_dir)
+    [attempt] = [
+        p.parent
+        for p in run_dir.glob("cases/*/*/comparison.json")
+        if json.loads(p.read_text())["label"] == "baseline"
+    ]
+    (attempt / name).write_bytes(msgspec.json.encode(document))
+    reseal(run_dir, attempt / name)
+    return attempt
+
+
+def _verify(run_dir: Path) -> dict[str, object]:
+    from drift_testing import cli
+
+    code, out, _ = cli("verify", run_dir, "--json")
+    document: dict[str, object] = json.loads(out)
+    document["code"] = code
+    return document
+
+
+def test_verify_accepts_a_sealed_weights_document_that_agrees(
+    smoke_run: Path, tmp_path: Path
+) -> None:
+    attempt = _with_weights(
+        smoke_run, tmp_path, _document(_tensor("x.weight")), "weights_rollout.json"
+    )
+    result = _verify(attempt.parents[2])
+    assert result["code"] == 0, result
+
+
+def test_verify_names_a_tampered_digest_in_a_resealed_weights_document(
+    smoke_run: Path, tmp_path: Path
+) -> None:
+    tampered = _document(_tensor("x.weight", side=B))  # the digest differs, none recorded
+    attempt = _with_weights(smoke_run, tmp_path, tampered, "weights_rollout.json")
+    result = _verify(attempt.parents[2])
+    assert result["code"] == 1
+    [entry] = [a for a in result["attempts"] if a["attempt_id"] == attempt.name]  # type: ignore[union-attr]
+    assert entry["status"] == "invalid"
+    assert entry["file"] == "weights_rollout.json"
+    assert "recorded differences disagree with the sealed digests" in entry["detail"]
+
+
+def test_verify_refuses_recorded_differences_on_a_passing_attempt(
+    smoke_run: Path, tmp_path: Path
+) -> None:
+    bad = _document(_tensor("x.weight", side=B), side="training")
+    recorded = msgspec.structs.replace(bad, differences=tuple(differences(bad)))
+    attempt = _with_weights(smoke_run, tmp_path, recorded, "weights_training.json")
+    result = _verify(attempt.parents[2])
+    [entry] = [a for a in result["attempts"] if a["attempt_id"] == attempt.name]  # type: ignore[union-attr]
+    assert (entry["status"], entry["file"]) == ("invalid", "weights_training.json")
+    assert "not INVALID_IDENTITY" in entry["detail"]
+
+
+def test_verify_names_a_weights_document_of_the_wrong_side(smoke_run: Path, tmp_path: Path) -> None:
+    attempt = _with_weights(smoke_run, tmp_path, _document(), "weights_training.json")
+    result = _verify(attempt.parents[2])
+    [entry] = [a for a in result["attempts"] if a["attempt_id"] == attempt.name]  # type: ignore[union-attr]
+    assert (entry["status"], entry["file"]) == ("invalid", "weights_training.json")
+    assert entry["detail"] == "holds the rollout side's digests, not the training side's"

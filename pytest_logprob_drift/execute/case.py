@@ -229,17 +229,19 @@ def _score(
             )
     if reasons:
         return
+    batch_size = int(binding.batch["size"])
+    scored.rollout = engine.generate(identity, batch_size=batch_size, logp=kernels["rollout"])
+    scored.training = scorer.score(
+        identity, scored.rollout.tensors, batch_size=batch_size, logp=kernels["training"]
+    )
+    # Each engine's weights once per construction, after its first case (an operator installed
+    # into an engine's processes runs before this).
     for side, held in (("rollout", engine), ("training", scorer)):
         if isinstance(held, WeightDigests):
             document = held.weights()
             scored.weights[side] = document
             if document.refused is not None and run.strict:
                 reasons.append(f"weights ({side}) not checked: {document.refused}")
-    batch_size = int(binding.batch["size"])
-    scored.rollout = engine.generate(identity, batch_size=batch_size, logp=kernels["rollout"])
-    scored.training = scorer.score(
-        identity, scored.rollout.tensors, batch_size=batch_size, logp=kernels["training"]
-    )
     actual = merge_read_back(engine.read_back(), scorer.read_back())
     scored.read_back = dict(actual)
     if binding.replay:  # never changes the verdict

@@ -44,7 +44,14 @@ LOAD_POINT = (
 )
 LIVE_POINT = "vLLM worker, the live model when asked"
 _WEIGHTS: dict[str, Any] = {}
-"""This worker's load-time weight report (``loaded``), or why it could not be taken (``error``)."""
+"""This worker's load-time weight report (``loaded``), or why it could not be taken (``error``),
+and a weak reference to the model it was taken from (``model``)."""
+
+
+def loaded_model() -> Any:
+    """The model this worker process loaded (None before a load, or outside a worker)."""
+    ref = _WEIGHTS.get("model")
+    return None if ref is None else ref()
 
 
 def _install_weight_digests() -> bool:
@@ -52,18 +59,21 @@ def _install_weight_digests() -> bool:
     that every model this worker loads is digested just before it. False when vLLM's loader
     is not importable here (the module is imported outside a worker)."""
     try:
-        from vllm.model_executor.model_loader import base_loader
+        from vllm.model_executor.model_loader import base_loader as loader_module
     except ImportError:
         return False
+    base_loader: Any = loader_module
     original = base_loader.process_weights_after_loading
     if getattr(original, "_drift_weights", False):
         return True
 
     def digest_then_process(model: Any, model_config: Any, target_device: Any) -> Any:
+        import weakref
         from pathlib import Path
 
         from pytest_logprob_drift.runtimes.weights.vllm_layout import rank_report
 
+        _WEIGHTS["model"] = weakref.ref(model)
         try:
             _WEIGHTS["loaded"] = rank_report(model, Path(str(model_config.model)), point=LOAD_POINT)
             _WEIGHTS.pop("error", None)
@@ -72,7 +82,7 @@ def _install_weight_digests() -> bool:
         return original(model, model_config, target_device)
 
     digest_then_process._drift_weights = True  # type: ignore[attr-defined]
-    base_loader.process_weights_after_loading = digest_then_process  # type: ignore[assignment]
+    base_loader.process_weights_after_loading = digest_then_process
     return True
 
 

@@ -38,7 +38,7 @@ def torch_dtype(name: str) -> torch.dtype:
 def tensor_sha256(tensor: torch.Tensor) -> str:
     """SHA-256 (hex) of ``tensor``'s bytes, row-major, in its own dtype, on the CPU."""
     data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    return hashlib.sha256(memoryview(data.numpy())).hexdigest()
+    return hashlib.sha256(data.numpy().data).hexdigest()
 
 
 def cast_sha256(tensor: torch.Tensor, dtype: torch.dtype) -> str:

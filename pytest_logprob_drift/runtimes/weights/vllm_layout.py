@@ -249,9 +249,13 @@ def rank_report(model: Any, model_dir: Path, *, point: str) -> dict[str, Any]:
     ``tensors`` (per checkpoint name: ``shape``/``dtype`` as held, the whole tensor's
     ``sha256`` on TP rank 0 only, and this rank's ``slice``: dim, start, stop, sha256),
     ``tied`` (vLLM parameter name -> checkpoint name it shares), ``skipped`` and ``extra``
-    (name -> reason), ``refused`` (None, or why the layout is not covered)."""
+    (name -> reason), ``refused`` (None, or why the layout is not covered), ``seconds`` (what
+    taking them cost this rank)."""
+    import time
+
     from vllm.distributed.parallel_state import get_tp_group
 
+    started = time.perf_counter()
     group = get_tp_group()
     rank, size = int(group.rank_in_group), int(group.world_size)
     base: dict[str, Any] = {"tp_rank": rank, "tp_size": size, "point": point}
@@ -308,6 +312,7 @@ def rank_report(model: Any, model_dir: Path, *, point: str) -> dict[str, Any]:
         "skipped": skipped,
         "extra": extra,
         "refused": None,
+        "seconds": round(time.perf_counter() - started, 6),
     }
 
 
@@ -385,9 +390,29 @@ def merge_ranks(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "point": head["point"],
         "dtype": head["dtype"],
         "tp_size": size,
+        "seconds": max(float(r.get("seconds", 0.0)) for r in ordered),
         "tensors": tensors,
         "tied": dict(head["tied"]),
         "skipped": dict(head["skipped"]),
         "extra": dict(head["extra"]),
         "refused": refused,
+    }
+
+
+def overlay(loaded: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    """The load-time side report with every tensor the live model still holds readably taken
+    from ``live`` instead (``merge_ranks`` reports both): what the workers hold now where it
+    can be read, what they loaded where it cannot (a linear packed by the CPU build). An
+    error in either is the result's error."""
+    for report in (loaded, live):
+        if "error" in report:
+            return {"error": str(report["error"])}
+    tensors = dict(loaded["tensors"])
+    tensors.update({n: e for n, e in live["tensors"].items() if e.get("held")})
+    return {
+        **loaded,
+        "point": f"{loaded['point']}; re-read from the live model after an operator was "
+        "installed in the workers, where still readable",
+        "tensors": tensors,
+        "refused": loaded.get("refused") or live.get("refused"),
     }
