@@ -174,6 +174,9 @@ class TensorDigest(Document, frozen=True, kw_only=True):
     dtype: str | None = None
     """The dtype the side declares for this tensor, when not the document's (a float32 LM
     head)."""
+    via: str | None = None
+    """A dtype the checkpoint tensor is cast to before ``dtype`` (a float32 LM head copied from
+    a bfloat16 body: the checkpoint cast to bfloat16, then to float32)."""
 
 
 class NamedReason(Document, frozen=True, kw_only=True):

@@ -47,12 +47,13 @@ def differences(document: WeightsDocument) -> list[WeightDifference]:
             continue
         if t.side != t.checkpoint:
             source = f" ({t.source})" if t.source else ""
+            cast = declared if t.via is None else f"{t.via} then {declared}"
             add(
                 t.name,
                 None,
                 "values",
                 f"sha256 {t.side[:12]} differs from the checkpoint's{source} "
-                f"{t.checkpoint[:12]} cast to {declared}",
+                f"{t.checkpoint[:12]} cast to {cast}",
             )
         for s in t.slices:
             if s.side != s.checkpoint:
@@ -87,7 +88,12 @@ def summary(document: WeightsDocument) -> str:
     tied and skipped), the refusal, or the differences."""
     if document.refused is not None:
         return f"not checked: {document.refused}"
-    extras = []
+    extras = [
+        f"{t.name}{f' (from {t.source})' if t.source else ''} cast to "
+        f"{f'{t.via} then ' if t.via else ''}{t.dtype}"
+        for t in document.tensors
+        if t.dtype is not None or t.source is not None
+    ]
     if document.tied:
         extras.append(", ".join(f"{t.name} tied to {t.shares}" for t in document.tied))
     if document.skipped:

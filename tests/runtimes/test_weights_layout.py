@@ -126,3 +126,27 @@ def test_module_digests_equal_hashlib_over_the_safetensors_file(
     assert "lm_head.weight" not in stored
     assert any(name.endswith("rotary_emb.inv_freq") for name in report["skipped"])
     assert report["extra"] == {}
+
+
+@pytest.mark.parametrize("uri", ["tiny://qwen2-h64-v1", "tiny://qwen3-h64-v1"])
+def test_a_float32_head_over_a_bfloat16_body_is_the_checkpoint_through_bfloat16(uri: str) -> None:
+    """``lm_head_dtype=float32`` copies the bfloat16-loaded head to float32: its digest is the
+    checkpoint's head (or, tied, embedding) cast to bfloat16 and then float32, and the document
+    says so; a head that held the checkpoint's float32 values would differ."""
+    from pytest_logprob_drift.runtimes.transformers.adapter import module_weights
+    from pytest_logprob_drift.runtimes.transformers.engine import load_model
+    from pytest_logprob_drift.store.weights_check import summary
+
+    path = resolve_checkpoint(uri, expected_digest=None).path
+    model = load_model(path, dtype="bfloat16", attn_implementation="sdpa", lm_head_dtype="float32")
+    document = module_weights(
+        model, path, side="training", dtype="bfloat16", lm_head_dtype="float32"
+    )
+    stored = load_file(str(path / "model.safetensors"))
+    source = "lm_head.weight" if "lm_head.weight" in stored else "model.embed_tokens.weight"
+    head = next(t for t in document.tensors if t.name == "lm_head.weight")
+    assert (head.dtype, head.via, head.side_dtype) == ("float32", "bfloat16", "float32")
+    assert head.checkpoint == _sha(stored[source].to(torch.bfloat16).to(torch.float32))
+    assert head.checkpoint != _sha(stored[source].to(torch.float32))
+    assert document.differences == ()
+    assert "lm_head.weight" in summary(document)

@@ -206,10 +206,12 @@ def _read_worker(self: Any) -> dict[str, Any]:
 
 
 def test_a_plain_vllm_engine_holds_the_rows_the_sealed_slices_describe(
-    run: dict[str, Any], checkpoint: Path
+    run: dict[str, Any], checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vllm import LLM
 
+    # A function (not a method name) goes to the workers pickled.
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     # Only the environment a CPU TP-2 build needs (one CPU group per rank), nothing of the
     # project's engine or weight code.
     with construction_env(tensor_parallel_size=2, is_cpu=True):

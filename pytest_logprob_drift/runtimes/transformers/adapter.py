@@ -204,9 +204,10 @@ def side_identity(
 def module_weights(
     model: Any, model_dir: Path, *, side: str, dtype: str, lm_head_dtype: str
 ) -> WeightsDocument:
-    """A module's weight document (``module_digests``): the checkpoint cast to ``dtype``, an
-    LM head held in float32 by ``lm_head_dtype`` declared float32 and, where the checkpoint
-    ties it (holds no ``lm_head.weight``), compared with the embedding it was copied from."""
+    """A module's weight document (``module_digests``): the checkpoint cast to ``dtype``; an
+    LM head held in float32 by ``lm_head_dtype`` declared float32, through ``dtype`` (it is a
+    float32 copy of the head the body's dtype loaded) and, where the checkpoint ties it (holds
+    no ``lm_head.weight``), compared with the embedding it was copied from."""
     names = set(checkpoint_names(model_dir))
     head = "lm_head.weight"
     upcast = lm_head_dtype == "float32" and hf_engine.dtype_name(_head_weight(model).dtype) == (
@@ -226,6 +227,7 @@ def module_weights(
         report=report,
         model_dir=model_dir,
         declared={head: "float32"} if upcast else None,
+        via={head: dtype} if upcast and dtype != "float32" else None,
         derived=derived,
         side_tensor=state.get,
     )

@@ -79,6 +79,9 @@ class Wanted:
     source: str
     dtype: torch.dtype
     spans: tuple[SliceSpan, ...] = ()
+    via: torch.dtype | None = None
+    """A dtype the tensor passes through first (a float32 LM head copied from a bfloat16
+    body holds the checkpoint cast to bfloat16, then to float32)."""
 
 
 def checkpoint_digests(model_dir: Path, wanted: Sequence[Wanted]) -> dict[str, CheckpointTensor]:
@@ -90,7 +93,7 @@ def checkpoint_digests(model_dir: Path, wanted: Sequence[Wanted]) -> dict[str, C
     out: dict[str, CheckpointTensor] = {}
     for source, tensor in checkpoint_tensors(model_dir):
         for want in by_source.get(source, ()):
-            cast = tensor.to(want.dtype)
+            cast = (tensor if want.via is None else tensor.to(want.via)).to(want.dtype)
             out[want.name] = CheckpointTensor(
                 name=want.name,
                 shape=tuple(int(n) for n in tensor.shape),

@@ -63,6 +63,7 @@ def side_document(
     report: Mapping[str, Any],
     model_dir: Path,
     declared: Mapping[str, str] | None = None,
+    via: Mapping[str, str] | None = None,
     derived: Mapping[str, str] | None = None,
     side_tensor: SideTensor | None = None,
 ) -> WeightsDocument:
@@ -78,6 +79,7 @@ def side_document(
         return refused_document(side, runtime, declared_dtype, point, str(report["refused"]))
     held: Mapping[str, Any] = report["tensors"]
     own = declared or {}
+    through = via or {}
     copies = dict(derived or {})
     skipped = dict(report.get("skipped", {}))
     extra = {k: v for k, v in dict(report.get("extra", {})).items() if k not in copies}
@@ -87,6 +89,7 @@ def side_document(
             name=name,
             source=copies.get(name, name),
             dtype=torch_dtype(own.get(name, declared_dtype)),
+            via=torch_dtype(through[name]) if name in through else None,
             spans=tuple(
                 SliceSpan(dim=int(s["dim"]), start=int(s["start"]), stop=int(s["stop"]))
                 for s in held.get(name, {}).get("slices", [])
@@ -125,6 +128,7 @@ def side_document(
                 else (),
                 source=want.source if want.source != want.name else None,
                 dtype=own.get(want.name),
+                via=through.get(want.name),
             )
         )
     extra.update(
@@ -178,7 +182,8 @@ def _with_figures(
         if held is None:
             continue
         dtype = torch_dtype(by_name[name].dtype or document.dtype)
-        ref = tensor.to(dtype).double()
+        via = by_name[name].via
+        ref = (tensor if via is None else tensor.to(torch_dtype(via))).to(dtype).double()
         got = held.detach().to("cpu").double()
         if got.shape != ref.shape:
             continue
