@@ -68,6 +68,58 @@ def hashing(gib: float, repeats: int) -> float:
     return gbps
 
 
+def reference(gib: float, tp: int) -> tuple[float, float]:
+    """The checkpoint reference (``checkpoint_digests``: whole tensors and ``tp`` row slices
+    each, bfloat16 stored, cast to bfloat16) over a synthetic ``gib`` GiB safetensors file, on
+    one thread and on the default pool; returns their GB/s (model bytes per second)."""
+    import tempfile
+
+    import torch
+    from safetensors.torch import save_file
+
+    from pytest_logprob_drift.runtimes.weights.checkpoint import (
+        SliceSpan,
+        Wanted,
+        checkpoint_digests,
+    )
+
+    count = 64
+    rows = int(gib * 2**30) // count // 2 // 1024
+    generator = torch.Generator().manual_seed(1)
+    tensors = {
+        f"t{i}": torch.randint(
+            -(2**15), 2**15, (rows, 1024), dtype=torch.int16, generator=generator
+        ).view(torch.bfloat16)
+        for i in range(count)
+    }
+    size = sum(t.numel() * 2 for t in tensors.values())
+    step = rows // tp
+    wanted = [
+        Wanted(
+            name=name,
+            source=name,
+            dtype=torch.bfloat16,
+            spans=tuple(SliceSpan(dim=0, start=r * step, stop=(r + 1) * step) for r in range(tp)),
+        )
+        for name in tensors
+    ]
+    rates = []
+    with tempfile.TemporaryDirectory() as directory:
+        save_file(tensors, str(Path(directory) / "model.safetensors"))
+        del tensors
+        for threads in (1, None):
+            start = time.perf_counter()
+            checkpoint_digests(Path(directory), wanted, threads=threads)
+            seconds = time.perf_counter() - start
+            rates.append(size / seconds / 1e9)
+            label = "1 thread" if threads == 1 else "default threads"
+            print(
+                f"checkpoint reference: {size / 2**30:.3f} GiB, whole + {tp} slices each, "
+                f"{label}: {seconds:.3f} s, {rates[-1]:.2f} GB/s of model"
+            )
+    return rates[0], rates[1]
+
+
 def vllm_share(uri: str, tp: int, dtype: str) -> float:
     from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
@@ -136,12 +188,15 @@ def main() -> int:
     parser.add_argument("--no-goal", action="store_true")
     args = parser.parse_args()
     gbps = hashing(args.gib, args.repeats)
-    side_s = EIGHT_B_BYTES / (gbps * 1e9)
+    one, pooled = reference(args.gib, args.tp)
+    side_s = EIGHT_B_BYTES * (1 + 1 / args.tp) / (gbps * 1e9)
+    ref_s = EIGHT_B_BYTES / (pooled * 1e9)
     print(
-        f"8B bfloat16 estimate: {side_s:.1f} s hashing on TP rank 0 (the whole model once) + "
-        f"{side_s:.1f} s for the checkpoint reference (one pass, plus the cast) = "
-        f"{2 * side_s:.1f} s, {2 * side_s / args.load_8b_s:.2f}x of a {args.load_8b_s:.0f} s load "
-        f"(goal {GOAL}x)"
+        f"8B bfloat16 estimate at TP {args.tp}: {side_s:.1f} s on TP rank 0 (the whole model "
+        f"once + its slice, at {gbps:.2f} GB/s) + {ref_s:.1f} s for the checkpoint reference "
+        f"(at the pooled {pooled:.2f} GB/s measured here; 1 thread: {one:.2f} GB/s) = "
+        f"{side_s + ref_s:.1f} s, {(side_s + ref_s) / args.load_8b_s:.2f}x of a "
+        f"{args.load_8b_s:.0f} s load (goal {GOAL}x)"
     )
     shares = []
     for uri in args.models:

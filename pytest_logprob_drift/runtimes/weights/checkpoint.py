@@ -10,7 +10,9 @@ engines, layouts or comparison.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,24 +86,46 @@ class Wanted:
     body holds the checkpoint cast to bfloat16, then to float32)."""
 
 
-def checkpoint_digests(model_dir: Path, wanted: Sequence[Wanted]) -> dict[str, CheckpointTensor]:
+def checkpoint_digests(
+    model_dir: Path, wanted: Sequence[Wanted], *, threads: int | None = None
+) -> dict[str, CheckpointTensor]:
     """Each ``Wanted`` reference, keyed by its name, reading each checkpoint tensor once.
-    A source the checkpoint lacks is absent from the result."""
+    A source the checkpoint lacks is absent from the result. Tensors are cast and hashed on
+    ``threads`` threads (default: up to 8, one per CPU; ``hashlib`` and torch's casts release
+    the GIL), one tensor per task."""
+
     by_source: dict[str, list[Wanted]] = {}
     for want in wanted:
         by_source.setdefault(want.source, []).append(want)
+
+    def digest(want: Wanted, tensor: torch.Tensor) -> CheckpointTensor:
+        cast = (tensor if want.via is None else tensor.to(want.via)).to(want.dtype)
+        whole = cast_sha256(cast, want.dtype)
+        shape = tuple(int(n) for n in tensor.shape)
+        return CheckpointTensor(
+            name=want.name,
+            shape=shape,
+            stored_dtype=dtype_name(tensor.dtype),
+            sha256=whole,
+            slices=tuple(
+                whole  # a span over the whole tensor (a replicated one) is the tensor
+                if s.dim < len(shape) and (s.start, s.stop) == (0, shape[s.dim])
+                else cast_sha256(slice_of(cast, s.dim, s.start, s.stop), want.dtype)
+                for s in want.spans
+            ),
+        )
+
+    workers = threads or max(1, min(8, os.cpu_count() or 1))
     out: dict[str, CheckpointTensor] = {}
-    for source, tensor in checkpoint_tensors(model_dir):
-        for want in by_source.get(source, ()):
-            cast = (tensor if want.via is None else tensor.to(want.via)).to(want.dtype)
-            out[want.name] = CheckpointTensor(
-                name=want.name,
-                shape=tuple(int(n) for n in tensor.shape),
-                stored_dtype=dtype_name(tensor.dtype),
-                sha256=cast_sha256(cast, want.dtype),
-                slices=tuple(
-                    cast_sha256(slice_of(cast, s.dim, s.start, s.stop), want.dtype)
-                    for s in want.spans
-                ),
-            )
+    pending: list[Future[CheckpointTensor]] = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for source, tensor in checkpoint_tensors(model_dir):
+            for want in by_source.get(source, ()):
+                pending.append(pool.submit(digest, want, tensor))
+            while len(pending) > 2 * workers:  # at most 2 tensors per thread in memory
+                done = pending.pop(0).result()
+                out[done.name] = done
+        for future in pending:
+            done = future.result()
+            out[done.name] = done
     return out
