@@ -141,13 +141,19 @@ def _refusal(model: Any) -> str | None:
         return "pipeline parallelism: the layers are spread over stages"
     for name, module in model.named_modules():
         kind = type(module).__name__
-        if "MoE" in kind or "Expert" in kind:
+        if "MoE" in kind or "Expert" in kind:  # vLLM's MoE layers, whatever their class
             return f"{name} is a {kind} (fused MoE experts: the mapping covers dense layers only)"
         method = getattr(module, "quant_method", None)
         if method is not None and not type(method).__name__.startswith("Unquantized"):
             return f"{name} is quantized ({type(method).__name__})"
         if int(getattr(module, "num_added_embeddings", 0) or 0) > 0:
             return f"{name} has added (LoRA) vocabulary rows"
+    for name, param in model.named_parameters():
+        if param.ndim >= 3:
+            return (
+                f"{name} is a {param.ndim}-D parameter {list(param.shape)} (fused experts or a "
+                "convolution: the mapping covers dense 1-D and 2-D weights only)"
+            )
     return None
 
 
