@@ -43,6 +43,7 @@ from pytest_logprob_drift.runtimes.smoke.operators import (
     SMOKE_OFFSET,
     SMOKE_REFERENCE,
     SMOKE_ROLLOUT_OFFSET,
+    SMOKE_ROLLOUT_WEIGHT,
 )
 
 
@@ -157,7 +158,12 @@ def test_entry_point_descriptors_are_published_under_the_group() -> None:
 def test_smoke_backends_are_not_in_the_default_catalog() -> None:
     assert not SMOKE_BACKEND_IDS & set(CATALOG.backend_ids(SELECTED_LOGPROB))
     assert not any(d.test_only for d in CATALOG.descriptors)
-    assert {SMOKE_REFERENCE, SMOKE_OFFSET, SMOKE_ROLLOUT_OFFSET} == SMOKE_BACKEND_IDS
+    assert {
+        SMOKE_REFERENCE,
+        SMOKE_OFFSET,
+        SMOKE_ROLLOUT_OFFSET,
+        SMOKE_ROLLOUT_WEIGHT,
+    } == SMOKE_BACKEND_IDS
     assert all(d.test_only and d.devices == ("cpu",) for d in SMOKE_DESCRIPTORS)
 
 

@@ -50,6 +50,8 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
     for view in data.cases:
         for line in importance_text.lines(view.diagnostics):
             print(one_line(f"{view.label}: {line}"), file=out)
+        for side, line in view.weights:
+            print(one_line(f"{view.label}: weights ({side}): {line}"), file=out)
     ranking = ranking_table(data)
     if ranking is not None:
         headers, rows, lines = ranking

@@ -5,7 +5,9 @@ Owns the steps between "this case must run" and "its attempt is sealed": strict 
 ``OperatorSession``, rollout then read-only training scoring on engines from the
 fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, the
 opt-in full-vocabulary diagnostics (``execute.diagnostics``, sealed as ``divergence.pt``), the
-importance-sampling figures of a judged case (``store.importance_check``), the opt-in replay
+importance-sampling figures of a judged case (``store.importance_check``), each side's weight
+digests where its engine reports them (a difference is an identity violation, a side whose
+layout is not covered is STRICT_REJECTED under strict execution), the opt-in replay
 (``execute.replay``, after the read-back so it cannot change what is read back), and writing every
 payload before COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
 about which operator backends exist.
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import torch
 
 from pytest_logprob_drift.execute.diagnostics import full_vocabulary
@@ -29,6 +32,7 @@ from pytest_logprob_drift.execute.protocol import (
     RuntimeAdapter,
     RuntimeBinding,
     TrainingOutput,
+    WeightDigests,
     WeightReceiver,
     WeightSource,
     application_records,
@@ -58,8 +62,9 @@ from pytest_logprob_drift.registry.catalog import (
     SemanticOperatorCatalog,
 )
 from pytest_logprob_drift.registry.session import OperatorSession
-from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store import layout, weights_check
 from pytest_logprob_drift.store.attempt import Seal
+from pytest_logprob_drift.store.documents import WeightsDocument
 from pytest_logprob_drift.store.importance_check import comparison_of
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes
@@ -107,6 +112,8 @@ class _Scored:
     layers: LayersResult | None = None
     provenance: list[dict[str, Any]] = field(default_factory=list)
     records: tuple[KnobApplication, ...] = ()
+    weights: dict[str, WeightsDocument] = field(default_factory=dict)
+    """Each side's weight digests beside the checkpoint's, where its engine reports them."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -239,6 +246,14 @@ def _score(
     scored.training = scorer.score(
         identity, scored.rollout.tensors, batch_size=batch_size, logp=kernels["training"]
     )
+    # Each engine's weights once per construction, after its first case (an operator installed
+    # into an engine's processes runs before this).
+    for side, held in (("rollout", engine), ("training", scorer)):
+        if isinstance(held, WeightDigests):
+            document = held.weights()
+            scored.weights[side] = document
+            if document.refused is not None and run.strict:
+                reasons.append(f"weights ({side}) not checked: {document.refused}")
     actual = merge_read_back(engine.read_back(), scorer.read_back())
     scored.read_back = dict(actual)
     if binding.replay:  # never changes the verdict
@@ -277,6 +292,8 @@ def _judge(
         training.consumed,
         training.readonly_violations,
     )
+    for side in sorted(scored.weights):
+        violations.extend(weights_check.violations(scored.weights[side]))
     active = rollout.tensors["active_mask"]
     numeric = judge(
         training.logprobs, rollout.tensors["logprobs"], active, threshold
@@ -334,6 +351,9 @@ def _write_attempt(
             "execution_key_payload": dict(run.key_payload),
         },
     )
+    for side, document in sorted(scored.weights.items()):
+        name = layout.WEIGHTS_ROLLOUT if side == "rollout" else layout.WEIGHTS_TRAINING
+        writer.write_json(name, msgspec.to_builtins(document))
     if rollout is not None and training is not None:
         writer.write_bytes(layout.SCORE_ROLLOUT, tensor_bytes(rollout.tensors))
         writer.write_bytes(

@@ -35,6 +35,8 @@ from pytest_logprob_drift.records import (
 if TYPE_CHECKING:
     import torch
 
+    from pytest_logprob_drift.store.documents import WeightsDocument
+
     LogpKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     TensorBatch = Mapping[str, torch.Tensor]
 else:
@@ -262,6 +264,15 @@ class LayerCaptureEvidence(Protocol):
     evidence."""
 
     def layer_capture_evidence(self) -> Mapping[str, JSONScalar]: ...
+
+
+@runtime_checkable
+class WeightDigests(Protocol):
+    """An engine that reports the weights it holds, per checkpoint tensor, beside the
+    checkpoint's (``store.documents.WeightsDocument``, differences already found by
+    ``store.weights_check``); taken once per engine construction."""
+
+    def weights(self) -> WeightsDocument: ...
 
 
 class TrainingScorer(Protocol):

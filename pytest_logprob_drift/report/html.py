@@ -782,6 +782,21 @@ def _identity(view: CaseView) -> Markup:
             "all matched.",
             class_="good",
         )
+    weights = (
+        el(
+            "ul",
+            (
+                el(
+                    "li",
+                    f"Weights ({side}): {line}",
+                    class_="good" if "all equal to the checkpoint" in line else "bad",
+                )
+                for side, line in view.weights
+            ),
+        )
+        if view.weights
+        else None
+    )
     evidence = detail.training_evidence
     before, after = evidence.get("state_digest_before"), evidence.get("state_digest_after")
     readonly = (
@@ -803,6 +818,7 @@ def _identity(view: CaseView) -> Markup:
         [
             el("h3", "Identity checks"),
             verdict,
+            weights,
             readonly,
             el(
                 "table",

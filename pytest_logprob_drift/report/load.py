@@ -70,7 +70,7 @@ from pytest_logprob_drift.report.steps import (
 )
 from pytest_logprob_drift.report.token_html import sample_anchor
 from pytest_logprob_drift.report.token_view import limits_note, token_view
-from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store import layout, weights_check
 from pytest_logprob_drift.store.attempt import read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
@@ -81,6 +81,7 @@ from pytest_logprob_drift.store.documents import (
     ImportedStep,
     PlanRow,
     Requested,
+    WeightsDocument,
 )
 from pytest_logprob_drift.store.files import read_regular
 from pytest_logprob_drift.store.resume import load_sealed_document, load_sealed_tensors
@@ -160,6 +161,19 @@ class _Shown:
         )
         self.requested = load_sealed_document(attempt, layout.REQUESTED, self.seal, Requested)
         self.identity = load_sealed_document(attempt, layout.IDENTITY, self.seal, IdentityDocument)
+        self.weights = tuple(
+            (
+                side,
+                weights_check.summary(
+                    load_sealed_document(attempt, name, self.seal, WeightsDocument)
+                ),
+            )
+            for side, name in (
+                ("rollout", layout.WEIGHTS_ROLLOUT),
+                ("training", layout.WEIGHTS_TRAINING),
+            )
+            if name in self.seal.files
+        )
 
 
 # --------------------------------------------------------------------------- plot data
@@ -582,6 +596,7 @@ def load_report(
                 attribution=entries.get(case_id),
                 detail=None,
                 invalid_attempts=invalid,
+                weights=picked.weights,
             )
         )
     imported = experiment is not None and experiment.imported is not msgspec.UNSET

@@ -178,6 +178,9 @@ class CaseView:
     """The case's entry in the shown attribution (None without one)."""
     detail: CaseDetail | None
     invalid_attempts: int = 0
+    weights: tuple[tuple[str, str], ...] = ()
+    """``(side, one line)`` of each side's sealed weight check (``store.weights_check.summary``):
+    ``N tensors, all equal to the checkpoint cast to bfloat16``, or the differences."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -182,6 +182,7 @@ def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
                 "detailed": v.detail is not None,
                 "attribution": None if v.attribution is None else document_json(v.attribution),
                 "side_moved": side(v.attribution),
+                "weights": dict(v.weights),
             }
             for v in data.cases
         ],

@@ -136,12 +136,107 @@ class ImportedStep(Document, frozen=True, kw_only=True):
                 )
 
 
+WeightSide = Literal["rollout", "training"]
+DifferenceKind = Literal["missing", "shape", "dtype", "values", "slice", "unexpected"]
+"""How a side's tensor differs from the checkpoint's: not held at all, another shape, another
+dtype than the side declares, other values (whole tensor), other values in one
+tensor-parallel rank's slice, or a tensor the side holds that no checkpoint tensor maps to."""
+
+
+class SliceDigest(Document, frozen=True, kw_only=True):
+    """One tensor-parallel rank's slice of a checkpoint tensor (rows ``dim`` 0 or columns
+    ``dim`` 1, ``[start, stop)`` in the checkpoint's layout): the checkpoint's digest of it and
+    the digest of what that rank holds."""
+
+    rank: Index
+    dim: Index
+    start: Index
+    stop: Index
+    checkpoint: str
+    side: str
+
+
+class TensorDigest(Document, frozen=True, kw_only=True):
+    """One checkpoint tensor: its shape, the checkpoint's digest cast to the side's dtype,
+    the side's digest of what it holds under that name (None: not held), the side's shape and
+    dtype, and per-rank slice digests where the side shards it."""
+
+    name: str
+    shape: tuple[Index, ...]
+    checkpoint: str
+    side: str | None
+    side_shape: tuple[Index, ...] | None
+    side_dtype: str | None
+    slices: tuple[SliceDigest, ...] = ()
+    source: str | None = None
+    """The checkpoint tensor compared with, when not ``name`` itself (an untied copy of a tied
+    LM head is compared with the embedding it was copied from)."""
+    dtype: str | None = None
+    """The dtype the side declares for this tensor, when not the document's (a float32 LM
+    head)."""
+    via: str | None = None
+    """A dtype the checkpoint tensor is cast to before ``dtype`` (a float32 LM head copied from
+    a bfloat16 body: the checkpoint cast to bfloat16, then to float32)."""
+
+
+class NamedReason(Document, frozen=True, kw_only=True):
+    """A tensor name and why it is listed (skipped, or held without a checkpoint source)."""
+
+    name: str
+    reason: str
+
+
+class TiedTensor(Document, frozen=True, kw_only=True):
+    """A tensor the side holds as the very storage of checkpoint tensor ``shares`` (a tied LM
+    head), with no checkpoint tensor of its own name."""
+
+    name: str
+    shares: str
+
+
+class WeightDifference(Document, frozen=True, kw_only=True):
+    """One way a side's weights differ from the checkpoint's (``store.weights_check``):
+    the tensor, the side, the tensor-parallel rank (None: the whole tensor), the kind, and
+    how (shapes, dtypes, or digests and, where the tensor was at hand, the max |difference|
+    and the share of elements that differ)."""
+
+    name: str
+    side: WeightSide
+    rank: Index | None
+    kind: DifferenceKind
+    detail: str
+
+
+class WeightsDocument(Document, frozen=True, kw_only=True):
+    """``weights_rollout.json`` / ``weights_training.json``: one side's weight digests, per
+    checkpoint tensor, after its engine was built, with the checkpoint's digests beside them
+    (``sha256sum``-style hex), what was skipped and why, tied tensors, tensors held that no
+    checkpoint tensor maps to, a refusal (a layout the mapping does not cover) and the
+    differences found (``store.weights_check`` recomputes them)."""
+
+    schema_version: Literal["cross_config.weights.v1"]
+    side: WeightSide
+    runtime: str
+    dtype: str
+    point: str
+    """Where the weights were read (e.g. before vLLM's post-load processing)."""
+    tensor_parallel_size: Index
+    tensors: tuple[TensorDigest, ...]
+    tied: tuple[TiedTensor, ...] = ()
+    skipped: tuple[NamedReason, ...] = ()
+    extra: tuple[NamedReason, ...] = ()
+    refused: str | None = None
+    differences: tuple[WeightDifference, ...] = ()
+
+
 ATTEMPT_DOCUMENTS: Mapping[str, type[Document]] = {
     layout.REQUESTED: Requested,
     layout.MATERIALIZED: Materialized,
     layout.ACTUAL: Actual,
     layout.IDENTITY: IdentityDocument,
     layout.IMPORTED: ImportedStep,
+    layout.WEIGHTS_ROLLOUT: WeightsDocument,
+    layout.WEIGHTS_TRAINING: WeightsDocument,
 }
 """Each sealed JSON document of an attempt beside ``comparison.json``, and its type (those of
 ``layout.RECORD_FILES`` in every attempt, ``layout.OPTIONAL_DOCUMENTS`` where sealed)."""

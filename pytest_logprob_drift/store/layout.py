@@ -56,6 +56,13 @@ IMPORTED = "imported.json"
 the production run's own files (``store.documents.ImportedStep``); absent from executed
 attempts."""
 
+WEIGHTS_ROLLOUT = "weights_rollout.json"
+"""The rollout side's weight digests per checkpoint tensor (``store.documents.WeightsDocument``),
+sealed where the runtime reports them."""
+WEIGHTS_TRAINING = "weights_training.json"
+"""The training side's weight digests per checkpoint tensor."""
+WEIGHTS_FILES = (WEIGHTS_ROLLOUT, WEIGHTS_TRAINING)
+
 RECORD_FILES = (REQUESTED, MATERIALIZED, ACTUAL, IDENTITY)
 """The JSON records every attempt seals beside its comparison (requested -> materialized ->
 actual, and the identity both sides scored)."""
@@ -63,8 +70,9 @@ SCORE_FILES = (SCORE_ROLLOUT, SCORE_TRAINING, TOKEN_DIFFS)
 """The tensors of an attempt that has scores (PASS, MISMATCH, ZERO_ACTIVE_TOKENS)."""
 DIAGNOSTIC_FILES = (DIVERGENCE, *REPLAY_FILES, *LAYER_FILES)
 """Tensor files of opt-in diagnostics: sealed when the diagnostic ran, absent otherwise."""
-OPTIONAL_DOCUMENTS = (IMPORTED,)
-"""JSON documents an attempt seals only when it is of their kind (an imported step)."""
+OPTIONAL_DOCUMENTS = (IMPORTED, *WEIGHTS_FILES)
+"""JSON documents an attempt seals only when it is of their kind (an imported step) or its
+runtime reports them (weight digests)."""
 JSON_FILES = (COMPARISON, *RECORD_FILES, *OPTIONAL_DOCUMENTS)
 TENSOR_FILES = (*SCORE_FILES, *DIAGNOSTIC_FILES)
 ATTEMPT_FILES = frozenset((*JSON_FILES, *TENSOR_FILES))

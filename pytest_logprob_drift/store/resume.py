@@ -8,8 +8,9 @@ equals the current one, the tensor payloads load with ``weights_only=True`` from
 bytes that were hashed (each byte read and hashed once), ``token_diffs.pt`` holds exactly the
 logprobs and mask of ``score_rollout.pt`` and ``score_training.pt``, and the verdict
 recomputed offline from it agrees with ``comparison.json``, and so do the importance-sampling
-figures (``store.importance_check``); an imported step's ``imported.json`` names one source
-row per row of the token grid.
+figures (``store.importance_check``), and each side's sealed weight digests show exactly the
+differences recorded (``store.weights_check``); an imported step's ``imported.json`` names one
+source row per row of the token grid.
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
 still be reused. Used by the runner, ``store.verify`` and the report. Never writes anything;
 knows nothing about engines or runtimes.
@@ -35,12 +36,14 @@ from pytest_logprob_drift.store.documents import (
     ATTEMPT_DOCUMENTS,
     IdentityDocument,
     ImportedStep,
+    WeightsDocument,
 )
 from pytest_logprob_drift.store.importance_check import check_importance_sampling, with_figures
 from pytest_logprob_drift.store.layers_check import check_layers
 from pytest_logprob_drift.store.path_split_check import check_path_split
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
+from pytest_logprob_drift.store.weights_check import check_weights
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 
 T = TypeVar("T")
@@ -193,6 +196,9 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         document = load_sealed_document(directory, name, seal, kind)
         if isinstance(document, ImportedStep):
             imported = document
+        if isinstance(document, WeightsDocument):
+            side = "rollout" if name == layout.WEIGHTS_ROLLOUT else "training"
+            check_weights(name, document, side, outcome)
         if (
             isinstance(document, IdentityDocument)
             and execution_key(document.execution_key_payload.payload()) != seal.execution_key

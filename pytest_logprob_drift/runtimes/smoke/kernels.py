@@ -2,9 +2,13 @@
 
 Owns ``smoke_only.logp_reference`` (PyTorch log_softmax plus gather, in float32),
 ``smoke_only.logp_offset`` (the same, plus an authorized deterministic offset on the training
-side that exceeds the contract threshold, to prove mismatch detection) and
+side that exceeds the contract threshold, to prove mismatch detection),
 ``smoke_only.logp_rollout_offset`` (the same offset on the rollout side only, to prove that a
-backend injected into a rollout engine produced the rollout's logprobs). Knows nothing about
+backend injected into a rollout engine produced the rollout's logprobs) and
+``smoke_only.rollout_weight_perturbation`` (the reference formula; built inside a vLLM worker
+on the last tensor-parallel rank, it adds 1 to element [0, 0] of that rank's
+``model.embed_tokens.weight`` shard, to prove that the weight check names the tensor, the side
+and the rank). Knows nothing about
 registration or authorization: that is the descriptors' and the session's job.
 """
 
@@ -59,3 +63,35 @@ def build_rollout_offset_selected_logprob(
         return reference_selected_logprob(logits, token_ids) - offset
 
     return rollout_offset_selected_logprob
+
+
+def build_rollout_weight_perturbation(
+    *, target: str, options: Mapping[str, Any]
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The reference formula on both sides; on the rollout side, inside a vLLM worker whose
+    model the worker extension saw loaded, on the last TP rank: element [0, 0] of that rank's
+    ``model.embed_tokens.weight`` shard plus 1, in place (elsewhere, e.g. when the catalog
+    builds it in the frontend's process, nothing is changed)."""
+    if options:
+        raise ValueError(
+            f"smoke_only.rollout_weight_perturbation takes no options, got {sorted(options)}"
+        )
+    if target == "rollout":
+        _perturb_last_rank_embedding()
+    return reference_selected_logprob
+
+
+def _perturb_last_rank_embedding() -> None:
+    import sys
+
+    worker_ext = sys.modules.get("pytest_logprob_drift.runtimes.vllm.worker_ext")
+    model = worker_ext.loaded_model() if worker_ext is not None else None
+    if model is None:
+        return
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    if int(group.rank_in_group) != int(group.world_size) - 1:
+        return
+    with torch.no_grad():
+        model.model.embed_tokens.weight[0, 0] += 1.0

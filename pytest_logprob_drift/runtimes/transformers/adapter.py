@@ -57,6 +57,10 @@ from pytest_logprob_drift.runtimes.tiny_model import (
 )
 from pytest_logprob_drift.runtimes.transformers import engine as hf_engine
 from pytest_logprob_drift.runtimes.transformers.fsdp import FsdpScorerError, FsdpScorerGroup
+from pytest_logprob_drift.runtimes.weights.checkpoint import checkpoint_names
+from pytest_logprob_drift.runtimes.weights.module_digests import module_report
+from pytest_logprob_drift.runtimes.weights.side_document import side_document
+from pytest_logprob_drift.store.documents import WeightsDocument
 
 ROLLOUT_ATTENTION = "sdpa"
 
@@ -198,6 +202,43 @@ def side_identity(
     )
 
 
+def module_weights(
+    model: Any, model_dir: Path, *, side: str, dtype: str, lm_head_dtype: str
+) -> WeightsDocument:
+    """A module's weight document (``module_digests``): the checkpoint cast to ``dtype``; an
+    LM head held in float32 by ``lm_head_dtype`` declared float32, through ``dtype`` (it is a
+    float32 copy of the head the body's dtype loaded) and, where the checkpoint ties it (holds
+    no ``lm_head.weight``), compared with the embedding it was copied from."""
+    names = set(checkpoint_names(model_dir))
+    head = "lm_head.weight"
+    upcast = lm_head_dtype == "float32" and hf_engine.dtype_name(_head_weight(model).dtype) == (
+        "float32"
+    )
+    derived = (
+        {head: "model.embed_tokens.weight"}
+        if upcast and head not in names and "model.embed_tokens.weight" in names
+        else {}
+    )
+    report = module_report(model, names | set(derived))
+    state = dict(model.named_parameters(remove_duplicate=False))
+    return side_document(
+        side=side,
+        runtime="transformers",
+        declared_dtype=dtype,
+        report=report,
+        model_dir=model_dir,
+        declared={head: "float32"} if upcast else None,
+        via={head: dtype} if upcast and dtype != "float32" else None,
+        derived=derived,
+        side_tensor=state.get,
+    )
+
+
+def _head_weight(model: Any) -> Any:
+    head = model.get_output_embeddings()
+    return getattr(head, "weight", torch.empty(0))
+
+
 class HfRollout:
     """transformers generation on the KV-cache decode path."""
 
@@ -218,6 +259,8 @@ class HfRollout:
         self.batch_size = 0
         self.backend_used = ""
         self.mode_used = ""
+        self.dtype = str(binding.rollout.get("dtype", "float32"))
+        self._weights: WeightsDocument | None = None
 
     def generate(
         self, identity: ScoringIdentity, *, batch_size: int, logp: LogpKernel | None
@@ -343,6 +386,18 @@ class HfRollout:
             "rollout.device": str(live["device"]),
         }
 
+    def weights(self) -> WeightsDocument:
+        """The rollout model's weight digests beside the checkpoint's (once per engine)."""
+        if self._weights is None:
+            self._weights = module_weights(
+                self.model,
+                self.checkpoint.path,
+                side="rollout",
+                dtype=self.dtype,
+                lm_head_dtype=self.lm_head_dtype,
+            )
+        return self._weights
+
     def close(self) -> None:
         del self.model
 
@@ -404,6 +459,7 @@ class HfTrainingScorer:
         self._layer_evidence: dict[str, JSONScalar] = {}
         self._truncation = Truncation(temperature=1.0)
         self._full: list[torch.Tensor] | None = None
+        self._weights: WeightsDocument | None = None
 
     def score(
         self,
@@ -573,6 +629,31 @@ class HfTrainingScorer:
             "launcher": self.launcher,
             "training.device": device,
         }
+
+    def weights(self) -> WeightsDocument:
+        """The scorer's weight digests beside the checkpoint's cast to its compute dtype (once
+        per scorer): in process, the module as loaded (a float32 LM head declared float32,
+        compared with the embedding it copies when the checkpoint ties them); under FSDP,
+        what the ranks gathered right after sharding."""
+        if self._weights is None:
+            self._weights = (
+                module_weights(
+                    self.model,
+                    self.checkpoint.path,
+                    side="training",
+                    dtype=self.dtype,
+                    lm_head_dtype=self.lm_head_dtype,
+                )
+                if self.group is None
+                else side_document(
+                    side="training",
+                    runtime="transformers-fsdp",
+                    declared_dtype=self.dtype,
+                    report=self.group.weights_report(),
+                    model_dir=self.checkpoint.path,
+                )
+            )
+        return self._weights
 
     def close(self) -> None:
         if self.group is not None:

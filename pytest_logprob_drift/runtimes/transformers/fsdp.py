@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import torch
 from torch import Tensor
@@ -270,6 +270,12 @@ class FsdpScorerGroup:
                 f"world_size {world_size} needs {world_size} CUDA devices, "
                 f"found {torch.cuda.device_count()}"
             )
+
+    def weights_report(self) -> Mapping[str, Any]:
+        """Rank 0's gathered weight digests, taken by every rank right after sharding
+        (``fsdp_rank``; ``{"error": ...}`` when a rank could not take them)."""
+        report = self._ready[0].weights if self._ready else None
+        return report if report is not None else {"error": "the ranks reported no weights"}
 
     def launch_evidence(self) -> dict[str, object]:
         """How the ranks were launched, for the ``actual`` record: the launcher and the node

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor
 
@@ -174,6 +174,9 @@ class ReadyEvidence:
     world_size: int
     backend: str
     startup_s: Mapping[str, float]
+    weights: Mapping[str, Any] | None = None
+    """The rank's digests of its model, gathered (``runtimes.weights.module_digests``): whole
+    digests on rank 0 only."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,7 @@ cases, plans, knobs, thresholds, comparison, artifacts or pytest.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sys
@@ -142,7 +143,23 @@ def start(
         "shard": round(time.monotonic() - t2, 3),
     }
     evidence = _ready_evidence(model, mesh, sharded, startup_s)
+    t3 = time.monotonic()
+    weights = _weights(model, Path(init.model_dir), rank)
+    startup_s["weights"] = round(time.monotonic() - t3, 3)
+    evidence = dataclasses.replace(evidence, weights=weights, startup_s=dict(startup_s))
     return model, wire.Ready(rank=rank, pid=pid, evidence=evidence)
+
+
+def _weights(model: Any, model_dir: Path, rank: int) -> dict[str, Any]:
+    """This rank's part of the gathered weight digests (collective: every rank calls it right
+    after sharding); a failure is reported, never raised past the group."""
+    from pytest_logprob_drift.runtimes.weights.checkpoint import checkpoint_names
+    from pytest_logprob_drift.runtimes.weights.module_digests import FSDP_POINT, module_report
+
+    try:
+        return module_report(model, checkpoint_names(model_dir), point=FSDP_POINT, rank=rank)
+    except Exception as exc:  # the side's weight check reports it as not checked
+        return {"error": f"{type(exc).__name__}: {exc}", "point": FSDP_POINT}
 
 
 def _start(conn: Connection, rank: int, pid: int, t0: float) -> Any:

@@ -70,6 +70,7 @@ from pytest_logprob_drift.runtimes.vllm.logp_check import (
 from pytest_logprob_drift.runtimes.vllm.logs import prepare_vllm_logging
 from pytest_logprob_drift.runtimes.vllm.platform import rollout_sampler
 from pytest_logprob_drift.runtimes.vllm.read_back import eager_of, sampling_applied
+from pytest_logprob_drift.store.documents import WeightsDocument
 
 if TYPE_CHECKING:
     import torch
@@ -231,6 +232,8 @@ class VllmRollout:
         self.sampling_observed: dict[str, Any] = {"observed": False, "values": []}
         self._layer_evidence: dict[str, JSONScalar] = {}
         self._special = special_token_ids(self.checkpoint.path)
+        self._weights: WeightsDocument | None = None
+        self._installed = False
 
     @property
     def awaits_weights(self) -> bool:
@@ -333,6 +336,7 @@ class VllmRollout:
             # Before the engine's first request of the case; the engine serves one rollout
             # operator binding (its construction fingerprint), so this installs once.
             self.engine.install_logp(reference)
+            self._installed = True
         eos, pad = self._special
         sampling = identity.sampling
         steps: list[list[torch.Tensor]] | None = [] if self.full_vocabulary else None
@@ -557,6 +561,27 @@ class VllmRollout:
                 value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
             )
         return actual
+
+    def weights(self) -> WeightsDocument:
+        """The weight digests the workers took while loading, beside the checkpoint's cast to
+        the engine's dtype (built once per engine, after its first case; every case on it
+        seals the same). Once an operator was installed in the workers (code that runs in
+        them), every tensor they still hold readably is read again from the live model."""
+        if self._weights is None:
+            from pytest_logprob_drift.runtimes.weights.side_document import side_document
+            from pytest_logprob_drift.runtimes.weights.vllm_layout import overlay
+
+            report = self.engine.loaded_weights
+            if self._installed:
+                report = overlay(report, self.engine.live_weights())
+            self._weights = side_document(
+                side="rollout",
+                runtime="vllm",
+                declared_dtype=self.engine.spec.dtype,
+                report=report,
+                model_dir=self.checkpoint.path,
+            )
+        return self._weights
 
     def close(self) -> None:
         self.engine.close()

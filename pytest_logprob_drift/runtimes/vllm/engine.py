@@ -11,7 +11,9 @@ sampling token-id prompts into the project's canonical batch (``runtimes.batch``
 vLLM's raw selected-token logprobs; an engine started with vLLM's dummy weights
 (``load_format``) and the in-place push of other weights into every worker followed by a
 prefix-cache reset (``push_weights``); and shutting the engine down so that no engine-core or
-worker process remains (``close``, also run by a finalizer). Its ``read_back`` and
+worker process remains (``close``, also run by a finalizer); the weight digests each worker
+took while loading (``loaded_weights``, gathered once after construction), after a push
+(``pushed_weights``) and, on demand, of the live model (``live_weights``). Its ``read_back`` and
 ``engine_process_ids`` delegate to ``read_back`` (vLLM's own objects) and ``processes``
 (/proc); where vLLM's own output goes (a log file or the terminal,
 the engine processes' included) is decided by ``logs``.
@@ -342,6 +344,7 @@ class VllmRolloutEngine:
                 self._handle.llm = llm
                 # Before any request: AMX permission in every worker (see worker_ext).
                 self.amx_enabled = [bool(r) for r in llm.collective_rpc("enable_amx")]
+                self.loaded_weights = self._weights("weights_loaded")
                 self._handle.engine_processes = _engine_processes(llm)
                 self._handle.note_shm_segments()
         except BaseException:
@@ -387,6 +390,24 @@ class VllmRolloutEngine:
         if llm is None:
             raise RuntimeError("the vLLM engine is closed")
         return llm
+
+    # -- weights
+
+    def _weights(self, method: str) -> dict[str, Any]:
+        """Every worker's ``method`` report merged into one side report
+        (``vllm_layout.merge_ranks``); ``{"error": ...}`` when a worker took none."""
+        from pytest_logprob_drift.runtimes.weights.vllm_layout import merge_ranks
+
+        reports = self._live().collective_rpc(method)
+        errors = [str(r["error"]) for r in reports if "error" in r]
+        if errors:
+            return {"error": "; ".join(sorted(set(errors)))}
+        return merge_ranks(reports)
+
+    def live_weights(self) -> dict[str, Any]:
+        """The workers' digests of the model as it is now (``DriftWorkerExtension.weights_live``),
+        merged; ``loaded_weights`` holds those taken at load, after construction."""
+        return self._weights("weights_live")
 
     # -- read-back
 

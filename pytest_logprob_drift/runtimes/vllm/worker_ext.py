@@ -20,6 +20,13 @@ the ``LogitsProcessor``'s ``head_dtype`` are part of ``model_report``. ``weights
 ``weights_load`` / ``weights_end`` load pushed weights in place (vLLM's layerwise reload, which
 re-runs each layer's ``process_weights_after_loading``: on the CPU build the linear weights
 are re-packed for oneDNN, which a plain ``model.load_weights`` would not do).
+``weights_loaded`` returns this worker's digests of the weights it loaded, per checkpoint
+tensor (``runtimes.weights.vllm_layout``), taken at the one point where they exist as plain
+tensors on every platform: importing this module (which vLLM does in ``init_worker``, before
+it loads the model) wraps the model loader's ``process_weights_after_loading`` so that the
+digests are taken after ``load_weights`` and before it (the CPU build packs each linear weight
+there and leaves an empty ``layer.weight``). ``weights_live`` digests the model as it is now
+(after a weight update, say), naming every tensor vLLM no longer holds readably.
 
 Knows nothing about cases, knobs, scoring, how the report is summarised, or the engine's
 processes; imported only inside vLLM worker processes, where vLLM and torch are loaded.
@@ -33,6 +40,56 @@ from typing import Any
 from pytest_logprob_drift.runtimes.vllm import rollout_logp
 
 _VOCAB_LAYERS = ("embed_tokens", "lm_head")
+
+LOAD_POINT = (
+    "vLLM worker, after load_weights and before process_weights_after_loading (where the CPU "
+    "build packs linear weights)"
+)
+LIVE_POINT = "vLLM worker, the live model when asked"
+_WEIGHTS: dict[str, Any] = {}
+"""This worker's load-time weight report (``loaded``), or why it could not be taken (``error``),
+and a weak reference to the model it was taken from (``model``)."""
+
+
+def loaded_model() -> Any:
+    """The model this worker process loaded (None before a load, or outside a worker)."""
+    ref = _WEIGHTS.get("model")
+    return None if ref is None else ref()
+
+
+def _install_weight_digests() -> bool:
+    """Wrap (once, in this process) the model loader's ``process_weights_after_loading`` so
+    that every model this worker loads is digested just before it. False when vLLM's loader
+    is not importable here (the module is imported outside a worker)."""
+    try:
+        from vllm.model_executor.model_loader import base_loader as loader_module
+    except ImportError:
+        return False
+    base_loader: Any = loader_module
+    original = base_loader.process_weights_after_loading
+    if getattr(original, "_drift_weights", False):
+        return True
+
+    def digest_then_process(model: Any, model_config: Any, target_device: Any) -> Any:
+        import weakref
+        from pathlib import Path
+
+        from pytest_logprob_drift.runtimes.weights.vllm_layout import rank_report
+
+        _WEIGHTS["model"] = weakref.ref(model)
+        try:
+            _WEIGHTS["loaded"] = rank_report(model, Path(str(model_config.model)), point=LOAD_POINT)
+            _WEIGHTS.pop("error", None)
+        except Exception as exc:  # reported, never silently: weights_loaded returns it
+            _WEIGHTS["error"] = f"{type(exc).__name__}: {exc}"
+        return original(model, model_config, target_device)
+
+    digest_then_process._drift_weights = True  # type: ignore[attr-defined]
+    base_loader.process_weights_after_loading = digest_then_process
+    return True
+
+
+_install_weight_digests()
 
 _SAMPLING_SEEN: Counter[tuple[float, float, int, float]] = Counter()
 """``(temperature, top_p, top_k, min_p)`` of every request this worker's input batch took in
@@ -221,6 +278,24 @@ class DriftWorkerExtension:
         if not torch.cpu._is_amx_tile_supported():
             return False
         return bool(torch.cpu._init_amx())
+
+    def weights_loaded(self) -> dict[str, Any]:
+        """This worker's digests of the weights it loaded (``vllm_layout.rank_report``, taken
+        before post-load processing), or ``{"error": ...}`` when none were taken."""
+        if "loaded" in _WEIGHTS:
+            return dict(_WEIGHTS["loaded"])
+        return {"error": _WEIGHTS.get("error", "the model was loaded before the digest hook")}
+
+    def weights_live(self) -> dict[str, Any]:
+        """This worker's digests of its model as it is now (collective over the TP group:
+        ask every worker at once, as ``collective_rpc`` does)."""
+        from pathlib import Path
+
+        from pytest_logprob_drift.runtimes.weights.vllm_layout import rank_report
+
+        worker: Any = self
+        model_dir = Path(str(worker.vllm_config.model_config.model))
+        return rank_report(worker.get_model(), model_dir, point=LIVE_POINT)
 
     def logp_install(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Install the catalog ``selected_logprob`` backend ``spec`` names in this worker's

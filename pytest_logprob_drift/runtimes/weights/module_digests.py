@@ -1,0 +1,95 @@
+"""The training side's weight digests: a live torch module, per state-dict name.
+
+Owns digesting a transformers module as it is held for scoring: every parameter and persistent
+buffer under its state-dict name (the checkpoint's names for a Hugging Face model), whole, in
+the dtype it is held in. Under FSDP2 each parameter is a sharded ``DTensor``: it is gathered
+with ``full_tensor()`` (an all-gather over the group, so every rank must call this at the same
+moment; each rank briefly holds one whole parameter at a time, and the whole model crosses the
+network once per rank: the cost is one all-gather of the model plus one SHA-256 pass over it
+on rank 0) and rank 0 digests it. A name that is the very same parameter object as an
+earlier one (a tied LM head) and that the checkpoint does not hold is reported tied;
+non-persistent buffers (``rotary_emb.inv_freq``) are named and skipped with the reason.
+Knows nothing about engines, processes, comparison or sealing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from pytest_logprob_drift.runtimes.weights.digest import dtype_name, tensor_sha256
+
+MODULE_POINT = "transformers module as loaded for scoring"
+FSDP_POINT = "FSDP2 ranks after sharding, each parameter gathered with full_tensor()"
+
+
+def _non_persistent(model: Any) -> set[str]:
+    names: set[str] = set()
+    for prefix, module in model.named_modules():
+        for buffer in getattr(module, "_non_persistent_buffers_set", ()):
+            names.add(f"{prefix}.{buffer}" if prefix else buffer)
+    return names
+
+
+def module_report(
+    model: Any, checkpoint_names: Collection[str], *, point: str = MODULE_POINT, rank: int = 0
+) -> dict[str, Any]:
+    """``model``'s digests as a side report (the form ``side_document`` reads): per name,
+    ``held``, ``shape``, ``dtype`` and ``sha256`` (None on ranks other than 0), plus ``tied``,
+    ``skipped`` and ``extra``. Collective under FSDP (see the module docstring)."""
+    from torch.distributed.tensor import DTensor
+
+    wanted = set(checkpoint_names)
+    tensors: dict[str, Any] = {}
+    tied: dict[str, str] = {}
+    extra: dict[str, str] = {}
+    seen: dict[int, str] = {}
+    dtypes: list[str] = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        first = seen.setdefault(id(param), name)
+        if first != name and name not in wanted:
+            tied[name] = first
+            continue
+        full = param.full_tensor() if isinstance(param, DTensor) else param
+        dtypes.append(dtype_name(full.dtype))
+        entry = {
+            "held": True,
+            "shape": [int(n) for n in full.shape],
+            "dtype": dtype_name(full.dtype),
+            "sha256": tensor_sha256(full) if rank == 0 else None,
+        }
+        del full
+        if name in wanted:
+            tensors[name] = entry
+        else:
+            extra[name] = "held by the module; the checkpoint has no tensor of this name"
+    non_persistent = _non_persistent(model)
+    skipped: dict[str, str] = {}
+    for name, buffer in model.named_buffers(remove_duplicate=False):
+        if name in non_persistent:
+            skipped[name] = (
+                "non-persistent buffer: not in the state dict or the checkpoint (recomputed "
+                "from the config)"
+            )
+            continue
+        full = buffer.full_tensor() if isinstance(buffer, DTensor) else buffer
+        entry = {
+            "held": True,
+            "shape": [int(n) for n in full.shape],
+            "dtype": dtype_name(full.dtype),
+            "sha256": tensor_sha256(full) if rank == 0 else None,
+        }
+        if name in wanted:
+            tensors[name] = entry
+        else:
+            extra[name] = "persistent buffer the checkpoint does not hold"
+    return {
+        "point": point,
+        "dtype": dtypes[0] if dtypes else "none",
+        "tp_size": 1,
+        "tensors": tensors,
+        "tied": tied,
+        "skipped": skipped,
+        "extra": extra,
+        "refused": None,
+    }

@@ -1,0 +1,145 @@
+"""The weight check: a side's digests against the checkpoint's, and its offline re-check.
+
+Owns turning one side's ``WeightsDocument`` tensors into the differences they show
+(``differences``: a tensor not held, another shape, another dtype than the side declares,
+another whole-tensor digest, another digest of one tensor-parallel rank's slice, a tensor held
+that no checkpoint tensor maps to), the one-line summary the report shows per side, the
+identity-violation lines the verdict receives, and the offline check ``verify`` runs on sealed
+documents (``check_weights``): the recorded differences must be exactly those the sealed
+digests show, the document must be the side its file names, and an attempt whose weights
+differ must be INVALID_IDENTITY. Torch-free; used by the execution path (through the
+runtimes, which build the documents) and by ``store.resume``. Knows nothing about engines,
+how digests are computed, or files other than the document it is given.
+"""
+
+from __future__ import annotations
+
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.store.documents import WeightDifference, WeightsDocument
+from pytest_logprob_drift.store.seal import SealError
+
+DifferenceKey = tuple[str, str, int | None, str]
+"""``(name, side, rank, kind)``: what identifies a difference (its detail may carry figures
+that only the live tensor gave)."""
+
+
+def differences(document: WeightsDocument) -> list[WeightDifference]:
+    """Every difference ``document``'s digests show, in tensor order, slices after their
+    tensor, then unexpected tensors. Details name shapes, dtypes or digest prefixes only."""
+    side = document.side
+    found: list[WeightDifference] = []
+
+    def add(name: str, rank: int | None, kind: str, detail: str) -> None:
+        found.append(
+            WeightDifference(name=name, side=side, rank=rank, kind=kind, detail=detail)  # type: ignore[arg-type]
+        )
+
+    for t in document.tensors:
+        if t.side is None:
+            add(t.name, None, "missing", "the side holds no tensor of this checkpoint name")
+            continue
+        if t.side_shape is not None and tuple(t.side_shape) != tuple(t.shape):
+            add(t.name, None, "shape", f"checkpoint {list(t.shape)}, side {list(t.side_shape)}")
+            continue
+        declared = t.dtype or document.dtype
+        if t.side_dtype != declared:
+            add(t.name, None, "dtype", f"side holds {t.side_dtype}, declares {declared}")
+            continue
+        if t.side != t.checkpoint:
+            source = f" ({t.source})" if t.source else ""
+            cast = declared if t.via is None else f"{t.via} then {declared}"
+            add(
+                t.name,
+                None,
+                "values",
+                f"sha256 {t.side[:12]} differs from the checkpoint's{source} "
+                f"{t.checkpoint[:12]} cast to {cast}",
+            )
+        for s in t.slices:
+            if s.side != s.checkpoint:
+                axis = "rows" if s.dim == 0 else "columns"
+                add(
+                    t.name,
+                    s.rank,
+                    "slice",
+                    f"{axis} [{s.start}, {s.stop}) held by rank {s.rank}: sha256 {s.side[:12]} "
+                    f"differs from the checkpoint's {s.checkpoint[:12]}",
+                )
+    for extra in document.extra:
+        add(extra.name, None, "unexpected", extra.reason)
+    return found
+
+
+def key(difference: WeightDifference) -> DifferenceKey:
+    return (difference.name, difference.side, difference.rank, difference.kind)
+
+
+def violations(document: WeightsDocument) -> list[str]:
+    """The identity-violation lines of ``document``'s recorded differences (none: equal)."""
+    return [
+        f"weights ({d.side}{'' if d.rank is None else f', TP rank {d.rank}'}): {d.name}: "
+        f"{d.kind}: {d.detail}"
+        for d in document.differences
+    ]
+
+
+def summary(document: WeightsDocument) -> str:
+    """One line: ``N tensors, all equal to the checkpoint cast to bfloat16`` (with what is
+    tied and skipped), the refusal, or the differences."""
+    if document.refused is not None:
+        return f"not checked: {document.refused}"
+    extras = [
+        f"{t.name}{f' (from {t.source})' if t.source else ''} cast to "
+        f"{f'{t.via} then ' if t.via else ''}{t.dtype}"
+        for t in document.tensors
+        if t.dtype is not None or t.source is not None
+    ]
+    if document.tied:
+        extras.append(", ".join(f"{t.name} tied to {t.shares}" for t in document.tied))
+    if document.skipped:
+        extras.append(
+            f"{len(document.skipped)} skipped ({', '.join(s.name for s in document.skipped)})"
+        )
+    tail = f"; {'; '.join(extras)}" if extras else ""
+    if not document.differences:
+        return (
+            f"{len(document.tensors)} tensors, all equal to the checkpoint cast to "
+            f"{document.dtype}{tail}"
+        )
+    shown = "; ".join(
+        f"{d.name}{'' if d.rank is None else f' (TP rank {d.rank})'}: {d.kind}: {d.detail}"
+        for d in document.differences[:3]
+    )
+    more = len(document.differences) - 3
+    return (
+        f"{len(document.differences)} difference(s) in {len(document.tensors)} tensors: {shown}"
+        + (f"; and {more} more" if more > 0 else "")
+    )
+
+
+def check_weights(name: str, document: WeightsDocument, side: str, outcome: Outcome) -> None:
+    """The offline re-check of one sealed weights document (``name``): a SealError naming the
+    file unless it is ``side``'s, its recorded differences are exactly those its digests
+    show, and an attempt with differences is INVALID_IDENTITY."""
+    if document.side != side:
+        raise SealError(name, f"holds the {document.side} side's digests, not the {side} side's")
+    recorded = [key(d) for d in document.differences]
+    recomputed = [key(d) for d in differences(document)]
+    if document.refused is not None:
+        recomputed = []
+    if recorded != recomputed:
+        missing = [k for k in recomputed if k not in recorded]
+        invented = [k for k in recorded if k not in recomputed]
+        shown = missing[:1] or invented[:1]
+        raise SealError(
+            name,
+            f"recorded differences disagree with the sealed digests "
+            f"({len(recomputed)} recomputed, {len(recorded)} recorded; first: "
+            f"{shown[0][0] if shown else '?'} {shown[0][3] if shown else ''})",
+        )
+    if recorded and outcome is not Outcome.INVALID_IDENTITY:
+        raise SealError(
+            name,
+            f"records {len(recorded)} weight difference(s) but the outcome is {outcome.value}, "
+            "not INVALID_IDENTITY",
+        )

@@ -1,0 +1,242 @@
+"""The weight check's comparison and its offline re-check (``store.weights_check``).
+
+Documents are built by hand here, so every kind of difference is produced on purpose; each
+expected line is written out in the test, not derived from the module under test. The last
+tests seal such a document into a ``cpu-smoke`` attempt, re-seal it as anyone who can write an
+unkeyed run can, and run ``verify``: it must name the weights file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode
+from pytest_logprob_drift.store.documents import (
+    NamedReason,
+    SliceDigest,
+    TensorDigest,
+    TiedTensor,
+    WeightsDocument,
+)
+from pytest_logprob_drift.store.seal import SealError
+from pytest_logprob_drift.store.weights_check import (
+    check_weights,
+    differences,
+    summary,
+    violations,
+)
+
+
+def _hex(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+A, B, C = _hex("a"), _hex("b"), _hex("c")
+
+
+def _tensor(name: str, *, side: str | None = A, **changes: object) -> TensorDigest:
+    fields: dict[str, object] = {
+        "name": name,
+        "shape": (4, 2),
+        "checkpoint": A,
+        "side": side,
+        "side_shape": (4, 2) if side is not None else None,
+        "side_dtype": "bfloat16" if side is not None else None,
+    }
+    fields.update(changes)
+    return TensorDigest(**fields)  # type: ignore[arg-type]
+
+
+def _document(*tensors: TensorDigest, **changes: object) -> WeightsDocument:
+    fields: dict[str, object] = {
+        "schema_version": "cross_config.weights.v1",
+        "side": "rollout",
+        "runtime": "vllm",
+        "dtype": "bfloat16",
+        "point": "test",
+        "tensor_parallel_size": 2,
+        "tensors": tensors,
+    }
+    fields.update(changes)
+    return WeightsDocument(**fields)  # type: ignore[arg-type]
+
+
+def _slices(rank1: str) -> tuple[SliceDigest, ...]:
+    return (
+        SliceDigest(rank=0, dim=0, start=0, stop=2, checkpoint=B, side=B),
+        SliceDigest(rank=1, dim=0, start=2, stop=4, checkpoint=C, side=rank1),
+    )
+
+
+def test_equal_digests_show_no_difference_and_the_summary_says_so() -> None:
+    document = _document(
+        _tensor("model.embed_tokens.weight", slices=_slices(C)),
+        _tensor("model.norm.weight"),
+        tied=(TiedTensor(name="lm_head.weight", shares="model.embed_tokens.weight"),),
+        skipped=(NamedReason(name="model.rotary_emb.inv_freq", reason="non-persistent"),),
+    )
+    assert differences(document) == []
+    assert summary(document) == (
+        "2 tensors, all equal to the checkpoint cast to bfloat16; lm_head.weight tied to "
+        "model.embed_tokens.weight; 1 skipped (model.rotary_emb.inv_freq)"
+    )
+    assert violations(document) == []
+
+
+def test_every_kind_of_difference_is_named_with_side_and_rank() -> None:
+    document = _document(
+        _tensor("a.missing", side=None),
+        _tensor("b.shape", side_shape=(2, 4)),
+        _tensor("c.dtype", side_dtype="float32"),
+        _tensor("d.values", side=B),
+        _tensor("e.stale_rank", slices=_slices(A)),
+        _tensor("f.head", side=A, dtype="float32", side_dtype="float32"),
+        extra=(NamedReason(name="g.extra", reason="held by vLLM; no checkpoint tensor"),),
+    )
+    found = [(d.name, d.side, d.rank, d.kind) for d in differences(document)]
+    assert found == [
+        ("a.missing", "rollout", None, "missing"),
+        ("b.shape", "rollout", None, "shape"),
+        ("c.dtype", "rollout", None, "dtype"),
+        ("d.values", "rollout", None, "values"),
+        ("e.stale_rank", "rollout", 1, "slice"),
+        ("g.extra", "rollout", None, "unexpected"),
+    ]
+    details = {d.name: d.detail for d in differences(document)}
+    assert details["b.shape"] == "checkpoint [4, 2], side [2, 4]"
+    assert details["c.dtype"] == "side holds float32, declares bfloat16"
+    assert details["e.stale_rank"].startswith("rows [2, 4) held by rank 1: sha256 ")
+    recorded = msgspec.structs.replace(document, differences=tuple(differences(document)))
+    lines = violations(recorded)
+    assert lines[4].startswith("weights (rollout, TP rank 1): e.stale_rank: slice: rows [2, 4)")
+    assert summary(recorded).startswith("6 difference(s) in 6 tensors: a.missing: missing")
+    assert summary(recorded).endswith("and 3 more")
+
+
+def test_a_refused_side_is_summarised_with_its_reason() -> None:
+    document = _document(refused="model.layers.0.mlp is a FusedMoE (fused MoE experts)")
+    assert summary(document) == "not checked: model.layers.0.mlp is a FusedMoE (fused MoE experts)"
+
+
+def test_check_weights_refuses_recorded_differences_the_digests_do_not_show() -> None:
+    clean = _document(_tensor("x.weight"))
+    check_weights("weights_rollout.json", clean, "rollout", Outcome.PASS)
+    tampered = msgspec.structs.replace(clean, tensors=(_tensor("x.weight", side=B),))
+    with pytest.raises(SealError) as info:
+        check_weights("weights_rollout.json", tampered, "rollout", Outcome.PASS)
+    assert info.value.file == "weights_rollout.json"
+    assert "1 recomputed, 0 recorded; first: x.weight values" in info.value.message
+
+
+def test_check_weights_refuses_differences_under_an_outcome_other_than_invalid_identity() -> None:
+    bad = _document(_tensor("x.weight", side=B), side="training")
+    recorded = msgspec.structs.replace(bad, differences=tuple(differences(bad)))
+    check_weights("weights_training.json", recorded, "training", Outcome.INVALID_IDENTITY)
+    with pytest.raises(SealError) as info:
+        check_weights("weights_training.json", recorded, "training", Outcome.PASS)
+    assert info.value.file == "weights_training.json"
+    assert "the outcome is PASS, not INVALID_IDENTITY" in info.value.message
+
+
+def test_check_weights_refuses_the_other_sides_document() -> None:
+    with pytest.raises(SealError) as info:
+        check_weights("weights_training.json", _document(), "training", Outcome.PASS)
+    assert info.value.message == "holds the rollout side's digests, not the training side's"
+
+
+def test_the_document_decodes_strictly() -> None:
+    document = _document(_tensor("x.weight"))
+    data = msgspec.json.encode(document)
+    assert decode(data, WeightsDocument) == document
+    broken = data.replace(b'"side_dtype"', b'"side_dtyp"')
+    with pytest.raises(JSONDocumentError):
+        decode(broken, WeightsDocument)
+
+
+# --------------------------------------------------------------------------- verify, end to end
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from drift_testing import run_s0
+
+    artifacts = tmp_path_factory.mktemp("weights-verify") / "runs"
+    code, _, err = run_s0(artifacts)
+    assert code == 0, err
+    return artifacts / "s0-cpu-smoke"
+
+
+def _with_weights(smoke_run: Path, tmp_path: Path, document: WeightsDocument, name: str) -> Path:
+    """A copy of the smoke run whose baseline attempt also seals ``document`` as ``name``,
+    re-sealed as anyone who can write an unkeyed run can."""
+    from resealing import reseal
+
+    run_dir = tmp_path / "runs" / smoke_run.name
+    shutil.copytree(smoke_run, run_dir)
+    [attempt] = [
+        p.parent
+        for p in run_dir.glob("cases/*/*/comparison.json")
+        if json.loads(p.read_text())["label"] == "baseline"
+    ]
+    (attempt / name).write_bytes(msgspec.json.encode(document))
+    reseal(run_dir, attempt / name)
+    return attempt
+
+
+def _verify(run_dir: Path) -> dict[str, object]:
+    from drift_testing import cli
+
+    code, out, _ = cli("verify", run_dir, "--json")
+    document: dict[str, object] = json.loads(out)
+    document["code"] = code
+    return document
+
+
+def test_verify_accepts_a_sealed_weights_document_that_agrees(
+    smoke_run: Path, tmp_path: Path
+) -> None:
+    attempt = _with_weights(
+        smoke_run, tmp_path, _document(_tensor("x.weight")), "weights_rollout.json"
+    )
+    result = _verify(attempt.parents[2])
+    assert result["code"] == 0, result
+
+
+def test_verify_names_a_tampered_digest_in_a_resealed_weights_document(
+    smoke_run: Path, tmp_path: Path
+) -> None:
+    tampered = _document(_tensor("x.weight", side=B))  # the digest differs, none recorded
+    attempt = _with_weights(smoke_run, tmp_path, tampered, "weights_rollout.json")
+    result = _verify(attempt.parents[2])
+    assert result["code"] == 1
+    [entry] = [a for a in result["attempts"] if a["attempt_id"] == attempt.name]  # type: ignore[union-attr]
+    assert entry["status"] == "invalid"
+    assert entry["file"] == "weights_rollout.json"
+    assert "recorded differences disagree with the sealed digests" in entry["detail"]
+
+
+def test_verify_refuses_recorded_differences_on_a_passing_attempt(
+    smoke_run: Path, tmp_path: Path
+) -> None:
+    bad = _document(_tensor("x.weight", side=B), side="training")
+    recorded = msgspec.structs.replace(bad, differences=tuple(differences(bad)))
+    attempt = _with_weights(smoke_run, tmp_path, recorded, "weights_training.json")
+    result = _verify(attempt.parents[2])
+    [entry] = [a for a in result["attempts"] if a["attempt_id"] == attempt.name]  # type: ignore[union-attr]
+    assert (entry["status"], entry["file"]) == ("invalid", "weights_training.json")
+    assert "not INVALID_IDENTITY" in entry["detail"]
+
+
+def test_verify_names_a_weights_document_of_the_wrong_side(smoke_run: Path, tmp_path: Path) -> None:
+    attempt = _with_weights(smoke_run, tmp_path, _document(), "weights_training.json")
+    result = _verify(attempt.parents[2])
+    [entry] = [a for a in result["attempts"] if a["attempt_id"] == attempt.name]  # type: ignore[union-attr]
+    assert (entry["status"], entry["file"]) == ("invalid", "weights_training.json")
+    assert entry["detail"] == "holds the rollout side's digests, not the training side's"
