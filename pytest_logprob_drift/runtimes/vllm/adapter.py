@@ -563,15 +563,22 @@ class VllmRollout:
         return actual
 
     def weights(self) -> WeightsDocument:
-        """The weight digests the workers took while loading, beside the checkpoint's cast to
-        the engine's dtype (built once per engine, after its first case; every case on it
-        seals the same). Once an operator was installed in the workers (code that runs in
-        them), every tensor they still hold readably is read again from the live model."""
+        """The weight digests the workers took while loading (after the trainer's push, for a
+        ``rollout.weight_sync`` push: ``VllmRolloutEngine.pushed_weights``), beside the
+        checkpoint's cast to the engine's dtype (built once per engine, after its first case;
+        every case on it seals the same). Once an operator was installed in the workers (code
+        that runs in them), every tensor they still hold readably is read again from the live
+        model."""
         if self._weights is None:
             from pytest_logprob_drift.runtimes.weights.side_document import side_document
             from pytest_logprob_drift.runtimes.weights.vllm_layout import overlay
 
             report = self.engine.loaded_weights
+            if self.sync_done not in ("", "checkpoint"):
+                # Pushed weights: digested after the push and the prefix-cache reset, never
+                # the dummy weights the engine was built with.
+                pushed = self.engine.pushed_weights
+                report = pushed if pushed is not None else {"error": "no push was digested"}
             if self._installed:
                 report = overlay(report, self.engine.live_weights())
             self._weights = side_document(

@@ -345,6 +345,8 @@ class VllmRolloutEngine:
                 # Before any request: AMX permission in every worker (see worker_ext).
                 self.amx_enabled = [bool(r) for r in llm.collective_rpc("enable_amx")]
                 self.loaded_weights = self._weights("weights_loaded")
+                self.pushed_weights: dict[str, Any] | None = None
+                """The workers' digests after the last ``push_weights`` (None before one)."""
                 self._handle.engine_processes = _engine_processes(llm)
                 self._handle.note_shm_segments()
         except BaseException:
@@ -475,6 +477,9 @@ class VllmRolloutEngine:
             loaded = [set() for _ in held]
         caching = bool(llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
         reset = bool(llm.reset_prefix_cache()) if reset_prefix_cache and caching else False
+        # What the workers now hold, digested after the push and the reset (a load-time
+        # digest would describe the weights they started with).
+        self.pushed_weights = self._weights("weights_after_push")
         return {
             "chunks": sent,
             "payload_bytes": payload,

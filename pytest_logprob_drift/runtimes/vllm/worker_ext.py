@@ -46,6 +46,10 @@ LOAD_POINT = (
     "build packs linear weights)"
 )
 LIVE_POINT = "vLLM worker, the live model when asked"
+PUSH_POINT = (
+    "vLLM worker, after the trainer's push: each layer as loaded by vLLM's layerwise reload, "
+    "before process_weights_after_loading (where the CPU build packs linear weights)"
+)
 _WEIGHTS: dict[str, Any] = {}
 """This worker's load-time weight report (``loaded``), or why it could not be taken (``error``),
 and a weak reference to the model it was taken from (``model``)."""
@@ -360,6 +364,38 @@ class DriftWorkerExtension:
             if callable(method):
                 method()
         return sorted(name for name, _ in worker.get_model().named_parameters())
+
+    def weights_after_push(self) -> dict[str, Any]:
+        """This worker's digests of the weights the last push left it
+        (``vllm_layout.rank_report``, collective over the TP group): every layer the push
+        processed is read with the tensors it held just before ``process_weights_after_loading``
+        (``_capture_pushed``: where the CPU build still has its linear weights as tensors),
+        swapped in for the duration; every other tensor as the live model holds it (a layer the
+        push never reached shows what it held before: vLLM's dummy weights, for a tensor left
+        out). ``{"error": ...}`` before any push."""
+        from pathlib import Path
+
+        import torch
+
+        from pytest_logprob_drift.runtimes.weights.vllm_layout import rank_report
+
+        captured: dict[str, dict[str, Any]] = dict(_PUSHED.get("tensors") or {})
+        if not captured:
+            return {"error": "no push has run in this worker"}
+        worker: Any = self
+        model = worker.get_model()
+        swapped: list[tuple[Any, str, Any]] = []
+        try:
+            for module_name, params in captured.items():
+                module = model.get_submodule(module_name)
+                for name, tensor in params.items():
+                    swapped.append((module, name, module._parameters[name]))
+                    module._parameters[name] = torch.nn.Parameter(tensor, requires_grad=False)
+            model_dir = Path(str(worker.vllm_config.model_config.model))
+            return rank_report(model, model_dir, point=PUSH_POINT)
+        finally:
+            for module, name, original in reversed(swapped):
+                module._parameters[name] = original
 
     def weights_pushed(self) -> dict[str, dict[str, Any]]:
         """What the last push left in each processed layer just before its post-load
