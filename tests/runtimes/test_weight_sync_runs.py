@@ -215,3 +215,78 @@ def test_a_skipped_reset_after_a_refit_serves_stale_cache_and_the_report_shows_i
     assert "prefix cache NOT reset after the push" in finding
     assert "256 prompt tokens of the scored rollout read from the prefix cache" in finding
     assert "stale cached state, not the weights" in finding
+
+
+# --------------------------------------------------------------------------- planted weights
+
+
+def _planted_config(work: Path) -> Path:
+    document: dict[str, Any] = copy.deepcopy(json.loads(SHIPPED.read_text()))
+    document["experiment_id"] = "weight-sync-planted"
+    document["interventions"] = [
+        {
+            "path": "rollout.weight_sync",
+            "values": [
+                "trainer",
+                "planted:drop_tied_embedding",
+                "planted:through_float16",
+                "planted:stale_tensor",
+            ],
+        }
+    ]
+    document.pop("pairs")
+    document["strategy"] = "one_at_a_time"
+    path = work / "planted.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("planted")
+    return _run(_planted_config(work), work / "runs", "--allow-smoke-operators")
+
+
+def _weights(result: Mapping[str, Any]) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(
+        (Path(result["attempt_dir"]) / "weights_rollout.json").read_text()
+    )
+    return document
+
+
+def test_a_correct_push_seals_digests_equal_to_the_checkpoint(planted: dict[str, Any]) -> None:
+    results = planted["results"]
+    for label in ("baseline", "rollout.weight_sync=trainer"):
+        assert results[label]["outcome"] == "PASS", results[label]["reason"]
+        document = _weights(results[label])
+        assert document["differences"] == [], label
+    pushed = _weights(results["rollout.weight_sync=trainer"])
+    loaded = _weights(results["baseline"])
+    assert "push" in pushed["point"] and "push" not in loaded["point"]
+    assert {t["name"]: t["side"] for t in pushed["tensors"]} == {
+        t["name"]: t["side"] for t in loaded["tensors"]
+    }
+
+
+def test_every_planted_push_ends_invalid_identity_naming_the_tensor(
+    planted: dict[str, Any],
+) -> None:
+    from pytest_logprob_drift.runtimes.planted_sync import EMBEDDING, STALE_TENSOR
+
+    results = planted["results"]
+    expected = {
+        "planted:drop_tied_embedding": {EMBEDDING},
+        "planted:stale_tensor": {STALE_TENSOR},
+    }
+    for name, tensors in expected.items():
+        result = results[f"rollout.weight_sync={name}"]
+        assert result["outcome"] == "INVALID_IDENTITY", name
+        named = {d["name"] for d in _weights(result)["differences"]}
+        assert named == tensors, name
+        assert all(t in result["reason"] for t in tensors)
+    half = results["rollout.weight_sync=planted:through_float16"]
+    assert half["outcome"] == "INVALID_IDENTITY"
+    named = {d["name"] for d in _weights(half)["differences"]}
+    assert STALE_TENSOR in named and len(named) > 10
+    code, out, err = cli("verify", planted["artifacts"] / "weight-sync-planted")
+    assert code == 0, out + err

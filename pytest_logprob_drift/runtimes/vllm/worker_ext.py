@@ -384,13 +384,21 @@ class DriftWorkerExtension:
             return {"error": "no push has run in this worker"}
         worker: Any = self
         model = worker.get_model()
+        # By parameter identity, so that a parameter two modules share (a tied LM head) is
+        # swapped in both and stays tied in the view.
+        replacement: dict[int, Any] = {}
+        for module_name, params in captured.items():
+            module = model.get_submodule(module_name)
+            for name, tensor in params.items():
+                held = module._parameters[name]
+                replacement[id(held)] = torch.nn.Parameter(tensor, requires_grad=False)
         swapped: list[tuple[Any, str, Any]] = []
         try:
-            for module_name, params in captured.items():
-                module = model.get_submodule(module_name)
-                for name, tensor in params.items():
-                    swapped.append((module, name, module._parameters[name]))
-                    module._parameters[name] = torch.nn.Parameter(tensor, requires_grad=False)
+            for module in model.modules():
+                for name, held in list(module._parameters.items()):
+                    if held is not None and id(held) in replacement:
+                        swapped.append((module, name, held))
+                        module._parameters[name] = replacement[id(held)]
             model_dir = Path(str(worker.vllm_config.model_config.model))
             return rank_report(model, model_dir, point=PUSH_POINT)
         finally:
