@@ -99,6 +99,10 @@ def test_push_cases_agree_bitwise_with_the_checkpoint_case(shipped: dict[str, An
             assert set(scores) == set(reference)
             for name, tensor in reference.items():
                 assert torch.equal(scores[name], tensor), (_label(other, sync), name)
+            # The pushed engine's weight digests (taken after the push) equal the checkpoint's.
+            document = _weights(pushed)
+            assert document["differences"] == [], _label(other, sync)
+            assert "push" in document["point"]
 
 
 def test_the_read_back_says_how_the_weights_arrived(shipped: dict[str, Any]) -> None:
