@@ -141,8 +141,10 @@ def test_run_hf_keeps_the_load_report_off_the_terminal(tmp_path: Path) -> None:
             check=False,
         )
 
+    # the model never loads extra.weight: the weight check names it (INVALID_IDENTITY, exit 1)
     quiet = run(tmp_path / "runs")
-    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.returncode == 1, quiet.stderr
+    assert "INVALID_IDENTITY" in quiet.stdout and "extra.weight" in quiet.stdout, quiet.stdout
     terminal = quiet.stdout + quiet.stderr
     assert "LOAD REPORT" not in terminal and "\x1b" not in terminal
     (log,) = (tmp_path / "runs" / config["experiment_id"] / "engine-logs").glob("transformers-*")
@@ -152,7 +154,7 @@ def test_run_hf_keeps_the_load_report_off_the_terminal(tmp_path: Path) -> None:
     assert "extra.weight" in text and "\x1b" not in text
 
     shown = run(tmp_path / "shown", "-v")
-    assert shown.returncode == 0, shown.stderr
+    assert shown.returncode == 1, shown.stderr
     assert "LOAD REPORT" in shown.stderr and "extra.weight" in shown.stderr
     assert not (tmp_path / "shown" / config["experiment_id"] / "engine-logs").exists()
 

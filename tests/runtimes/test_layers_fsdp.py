@@ -315,7 +315,7 @@ def test_a_rank_refuses_a_capture_before_init_with_its_traceback() -> None:
     assert "'CaptureLayers' before a successful 'init'" in reply.traceback
     reply = fsdp_rank.handle(None, wire.Close(), 0, 9)
     assert isinstance(reply, wire.Failed)
-    assert "expected 'score' or 'capture layers', got 'Close'" in reply.traceback
+    assert "expected 'score', 'capture layers' or 'gather weights', got 'Close'" in reply.traceback
 
 
 class _TamperingGroup(fsdp.FsdpScorerGroup):
