@@ -444,26 +444,15 @@ def _experiment_config(device_name: str, quick: bool, folder: Path) -> Path:
     return path
 
 
-def experiment(device_name: str, quick: bool, deadline: Deadline, folder: Path) -> dict[str, Any]:
-    config = _experiment_config(device_name, quick, folder)
+def _run_json(arguments: list[str], deadline: Deadline, what: str) -> tuple[int, dict[str, Any]]:
+    """``logprob-drift run ARGUMENTS --json`` in a child within the kit's deadline: its exit
+    code and JSON document (TimeoutError past the deadline, RuntimeError without a document,
+    naming ``what`` ran)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
-    command = [
-        sys.executable,
-        "-m",
-        "pytest_logprob_drift",
-        "run",
-        "--runtime",
-        "hf",
-        "--baseline-repeats",
-        str(BASELINE_REPEATS),
-        "--json",
-        "--artifacts",
-        str(folder / "artifacts"),
-        str(config),
-    ]
+    command = [sys.executable, "-m", "pytest_logprob_drift", "run", "--json", *arguments]
     try:
         done = subprocess.run(
             command,
@@ -475,9 +464,7 @@ def experiment(device_name: str, quick: bool, deadline: Deadline, folder: Path) 
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        raise TimeoutError(
-            f"the experiment ran past the kit's deadline ({exc.timeout:.0f} s)"
-        ) from None
+        raise TimeoutError(f"{what} ran past the kit's deadline ({exc.timeout:.0f} s)") from None
     try:
         document = json.loads(done.stdout)
     except json.JSONDecodeError:
@@ -485,6 +472,24 @@ def experiment(device_name: str, quick: bool, deadline: Deadline, folder: Path) 
             f"logprob-drift run exited {done.returncode} without a JSON document: "
             + " | ".join(done.stderr.strip().splitlines()[-3:])
         ) from None
+    return done.returncode, document
+
+
+def experiment(device_name: str, quick: bool, deadline: Deadline, folder: Path) -> dict[str, Any]:
+    config = _experiment_config(device_name, quick, folder)
+    returncode, document = _run_json(
+        [
+            "--runtime",
+            "hf",
+            "--baseline-repeats",
+            str(BASELINE_REPEATS),
+            "--artifacts",
+            str(folder / "artifacts"),
+            str(config),
+        ],
+        deadline,
+        "the experiment",
+    )
     verdicts = [
         {
             key: r.get(key)
@@ -503,7 +508,7 @@ def experiment(device_name: str, quick: bool, deadline: Deadline, folder: Path) 
         "config": str(EXPERIMENT.relative_to(REPO)),
         "device": device_name,
         "baseline_repeats": BASELINE_REPEATS,
-        "exit_code": done.returncode,
+        "exit_code": returncode,
         "verdicts": verdicts,
         "attribution": document.get("attribution"),
         "diagnostics": diagnostics,
@@ -578,43 +583,11 @@ def vllm_section(quick: bool, deadline: Deadline, folder: Path) -> dict[str, Any
     gpus = int(torch.cuda.device_count())
     config, skipped = _vllm_config(gpus, quick, folder)
     artifacts = folder / "vllm-artifacts"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "pytest_logprob_drift",
-        "run",
-        "--runtime",
-        "vllm-hf",
-        "--json",
-        "--artifacts",
-        str(artifacts),
-        str(config),
-    ]
-    try:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=max(1.0, deadline.left() - 5.0),
-            env=env,
-            cwd=REPO,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise TimeoutError(
-            f"the vLLM run ran past the kit's deadline ({exc.timeout:.0f} s)"
-        ) from None
-    try:
-        document = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        raise RuntimeError(
-            f"logprob-drift run exited {done.returncode} without a JSON document: "
-            + " | ".join(done.stderr.strip().splitlines()[-3:])
-        ) from None
+    returncode, document = _run_json(
+        ["--runtime", "vllm-hf", "--artifacts", str(artifacts), str(config)],
+        deadline,
+        "the vLLM run",
+    )
     verdicts = [
         {key: r.get(key) for key in ("label", "outcome", "max_abs_diff", "reason")}
         for r in document["results"]
@@ -634,7 +607,7 @@ def vllm_section(quick: bool, deadline: Deadline, folder: Path) -> dict[str, Any
         "gpus": gpus,
         "cases": [v["label"] for v in verdicts],
         "skipped": skipped,
-        "exit_code": done.returncode,
+        "exit_code": returncode,
         "verdicts": verdicts,
         "read_back": read_back,
         "failures": document.get("failures"),

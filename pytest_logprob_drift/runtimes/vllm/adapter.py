@@ -131,6 +131,28 @@ def _injection(live: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(r) for r in reports] if isinstance(reports, list) else []
 
 
+def _logp_ran(
+    logp: LogpKernel | None,
+    reference: Mapping[str, Any] | None,
+    earlier: Mapping[str, Any],
+    live: Mapping[str, Any],
+    *,
+    rows: int,
+    site: str,
+) -> tuple[str, str]:
+    """Which selected-logprob backend the workers ran on ``rows`` rows at ``site`` between
+    two read-backs (``earlier``, ``live``), and the evidence (``logp_check.injection_actual``)."""
+    return injection_actual(
+        asked=backend_of(logp),
+        reference=reference,
+        before=_injection(earlier),
+        after=_injection(live),
+        rows=rows,
+        site=site,
+        tp_size=int(str(live["tensor_parallel_size"])),
+    )
+
+
 def vllm_platform_is_cpu() -> bool:
     """Whether the installed vLLM build runs on its CPU platform (imports vLLM once)."""
     prepare_vllm_logging()
@@ -362,14 +384,8 @@ class VllmRollout:
         self.sampling_observed = sampling_applied(
             before, list(seen) if isinstance(seen, list) else []
         )
-        self.backend_used, self.logp_evidence = injection_actual(
-            asked=backend_of(logp),
-            reference=reference,
-            before=_injection(earlier),
-            after=_injection(live),
-            rows=self.engine.generated_tokens,
-            site=SAMPLED,
-            tp_size=int(str(live["tensor_parallel_size"])),
+        self.backend_used, self.logp_evidence = _logp_ran(
+            logp, reference, earlier, live, rows=self.engine.generated_tokens, site=SAMPLED
         )
         truncation = _observed_truncation(self.sampling_observed, self.engine.applied_sampling)
         return RolloutOutput(
@@ -400,14 +416,8 @@ class VllmRollout:
         )
         live = self.engine.read_back()
         asked = backend_of(logp)
-        ran, how = injection_actual(
-            asked=asked,
-            reference=reference,
-            before=_injection(earlier),
-            after=_injection(live),
-            rows=int(evidence["prompt_tokens_scored"]),
-            site=PROMPT,
-            tp_size=int(str(live["tensor_parallel_size"])),
+        ran, how = _logp_ran(
+            logp, reference, earlier, live, rows=int(evidence["prompt_tokens_scored"]), site=PROMPT
         )
         if ran != asked:
             raise ReplayUnavailable(f"the prompt logprobs of the replay did not run {asked}: {ran}")
@@ -488,14 +498,8 @@ class VllmRollout:
             raise ReplayUnavailable(str(exc)) from None
         live = self.engine.read_back()
         asked = backend_of(logp)
-        ran, how = injection_actual(
-            asked=asked,
-            reference=reference,
-            before=_injection(earlier),
-            after=_injection(live),
-            rows=int(evidence["decoded_tokens"]),
-            site=SAMPLED,
-            tp_size=int(str(live["tensor_parallel_size"])),
+        ran, how = _logp_ran(
+            logp, reference, earlier, live, rows=int(evidence["decoded_tokens"]), site=SAMPLED
         )
         if ran != asked:
             raise ReplayUnavailable(f"the decode replay did not run {asked}: {ran}")
