@@ -538,15 +538,7 @@ def load_report(
                 picked = _Shown(run_dir / layout.CASES / case_id / status.attempt_id)
                 break
             except SealError as exc:  # changed since verify_run checked it
-                late_problems.append(
-                    AttemptStatus(
-                        case_id=case_id,
-                        attempt_id=status.attempt_id,
-                        status="invalid",
-                        file=exc.file,
-                        detail=exc.message,
-                    )
-                )
+                late_problems.append(AttemptStatus.refused(case_id, status.attempt_id, exc))
         invalid = sum(1 for s in attempts if s.status != "ok")
         row = plan.get(case_id)
         if picked is None:
@@ -619,15 +611,7 @@ def load_report(
                 )
                 detail = case_detail(shown[view.case_id], decoder_factory, cache, required)
             except SealError as exc:
-                late_problems.append(
-                    AttemptStatus(
-                        case_id=view.case_id,
-                        attempt_id=str(view.attempt_id),
-                        status="invalid",
-                        file=exc.file,
-                        detail=exc.message,
-                    )
-                )
+                late_problems.append(AttemptStatus.refused(view.case_id, str(view.attempt_id), exc))
                 detail = None
             view = _with_detail(view, detail)
         final.append(view)
@@ -700,15 +684,7 @@ def _step_worst(
                     key=SampleDrift.rank_key,
                 )[:WORST_PER_STEP]
         except SealError as exc:  # changed since verify_run checked it
-            problems.append(
-                AttemptStatus(
-                    case_id=case_id,
-                    attempt_id=seal.attempt_id,
-                    status="invalid",
-                    file=exc.file,
-                    detail=exc.message,
-                )
-            )
+            problems.append(AttemptStatus.refused(case_id, seal.attempt_id, exc))
             continue
         except ValueError:  # tensors a verdict would not judge: no ranking
             ranked = []

@@ -49,6 +49,17 @@ class AttemptStatus:
     file: str | None = None
     detail: str = ""
 
+    @classmethod
+    def refused(cls, case_id: str, attempt_id: str, exc: SealError) -> AttemptStatus:
+        """The attempt is invalid for the reason ``exc`` gives, naming its file."""
+        return cls(
+            case_id=case_id,
+            attempt_id=attempt_id,
+            status="invalid",
+            file=exc.file,
+            detail=exc.message,
+        )
+
     def to_json(self) -> dict[str, str]:
         entry = {"case_id": self.case_id, "attempt_id": self.attempt_id, "status": self.status}
         if self.outcome is not None:
@@ -261,9 +272,7 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
                     unkeyed.add(len(statuses))  # intact, only made without the key
                 else:
                     exc = manifest_problem
-            statuses.append(
-                AttemptStatus(**ids, status="invalid", file=exc.file, detail=exc.message)
-            )
+            statuses.append(AttemptStatus.refused(ids["case_id"], ids["attempt_id"], exc))
             continue
         statuses.append(AttemptStatus(**ids, status="ok", outcome=checked.outcome.value))
     if active_key() is None:

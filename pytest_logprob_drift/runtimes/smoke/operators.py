@@ -33,65 +33,51 @@ plus 1): proves that the weight check names a tensor changed on one side on one 
 OFFSET_MULTIPLE_OF_THRESHOLD = 8.0
 """The offset backend moves training-side logprobs by this multiple of the threshold."""
 
+_KERNELS = "pytest_logprob_drift.runtimes.smoke.kernels"
+
+
+def _smoke(
+    backend_id: str, alignment: str, factory: str, style: FactoryStyle
+) -> OperatorDescriptor:
+    """One smoke backend: CPU-only, test-only, on both sides, version ``smoke-1``."""
+    return OperatorDescriptor(
+        operation=SELECTED_LOGPROB,
+        backend_id=backend_id,
+        target_tags=("rollout", "training"),
+        devices=("cpu",),
+        dtypes=("float32", "bfloat16", "float16"),
+        required_topology=frozen_mapping({}),
+        alignment_properties=(alignment,),
+        lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
+        factory=f"{_KERNELS}:{factory}",
+        version="smoke-1",
+        build_fingerprint="smoke-1",
+        test_only=True,
+        factory_style=style,
+    )
+
+
 SMOKE_DESCRIPTORS: tuple[OperatorDescriptor, ...] = (
-    OperatorDescriptor(
-        operation=SELECTED_LOGPROB,
-        backend_id=SMOKE_REFERENCE,
-        target_tags=("rollout", "training"),
-        devices=("cpu",),
-        dtypes=("float32", "bfloat16", "float16"),
-        required_topology=frozen_mapping({}),
-        alignment_properties=("log_softmax_gather",),
-        lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-        factory="pytest_logprob_drift.runtimes.smoke.kernels:reference_selected_logprob",
-        version="smoke-1",
-        build_fingerprint="smoke-1",
-        test_only=True,
+    _smoke(
+        SMOKE_REFERENCE, "log_softmax_gather", "reference_selected_logprob", FactoryStyle.KERNEL
     ),
-    OperatorDescriptor(
-        operation=SELECTED_LOGPROB,
-        backend_id=SMOKE_OFFSET,
-        target_tags=("rollout", "training"),
-        devices=("cpu",),
-        dtypes=("float32", "bfloat16", "float16"),
-        required_topology=frozen_mapping({}),
-        alignment_properties=("deliberate_training_side_offset",),
-        lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-        factory="pytest_logprob_drift.runtimes.smoke.kernels:build_offset_selected_logprob",
-        version="smoke-1",
-        build_fingerprint="smoke-1",
-        test_only=True,
-        factory_style=FactoryStyle.BUILDER,
+    _smoke(
+        SMOKE_OFFSET,
+        "deliberate_training_side_offset",
+        "build_offset_selected_logprob",
+        FactoryStyle.BUILDER,
     ),
-    OperatorDescriptor(
-        operation=SELECTED_LOGPROB,
-        backend_id=SMOKE_ROLLOUT_OFFSET,
-        target_tags=("rollout", "training"),
-        devices=("cpu",),
-        dtypes=("float32", "bfloat16", "float16"),
-        required_topology=frozen_mapping({}),
-        alignment_properties=("deliberate_rollout_side_offset",),
-        lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-        factory="pytest_logprob_drift.runtimes.smoke.kernels:build_rollout_offset_selected_logprob",
-        version="smoke-1",
-        build_fingerprint="smoke-1",
-        test_only=True,
-        factory_style=FactoryStyle.BUILDER,
+    _smoke(
+        SMOKE_ROLLOUT_OFFSET,
+        "deliberate_rollout_side_offset",
+        "build_rollout_offset_selected_logprob",
+        FactoryStyle.BUILDER,
     ),
-    OperatorDescriptor(
-        operation=SELECTED_LOGPROB,
-        backend_id=SMOKE_ROLLOUT_WEIGHT,
-        target_tags=("rollout", "training"),
-        devices=("cpu",),
-        dtypes=("float32", "bfloat16", "float16"),
-        required_topology=frozen_mapping({}),
-        alignment_properties=("deliberate_rollout_weight_perturbation",),
-        lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-        factory="pytest_logprob_drift.runtimes.smoke.kernels:build_rollout_weight_perturbation",
-        version="smoke-1",
-        build_fingerprint="smoke-1",
-        test_only=True,
-        factory_style=FactoryStyle.BUILDER,
+    _smoke(
+        SMOKE_ROLLOUT_WEIGHT,
+        "deliberate_rollout_weight_perturbation",
+        "build_rollout_weight_perturbation",
+        FactoryStyle.BUILDER,
     ),
 )
 SMOKE_BACKEND_IDS = frozenset(d.backend_id for d in SMOKE_DESCRIPTORS)
