@@ -202,12 +202,16 @@ def test_a_skipped_reset_after_a_refit_serves_stale_cache_and_the_report_shows_i
     figures = comparison["diagnostics"]["path_split"]["figures"]
     good = json.loads((Path(refit["attempt_dir"]) / "comparison.json").read_text())
     good_figures = good["diagnostics"]["path_split"]["figures"]
+    loaded = json.loads((Path(base["attempt_dir"]) / "comparison.json").read_text())
+    loaded_figures = loaded["diagnostics"]["path_split"]["figures"]
     threshold = comparison["threshold"]
     assert figures["prefill_training"]["max"] < threshold
     assert good_figures["prefill_training"]["max"] < threshold
     assert figures["decode_prefill"]["max"] > threshold
-    assert good_figures["decode_prefill"]["max"] == 0
-    assert good_figures["first_difference"] == [None, None]
+    # a correct refit's decode path is the checkpoint-loaded engine's, whatever this CPU's
+    # kernels make of decode against prefill
+    assert good_figures["decode_prefill"] == loaded_figures["decode_prefill"]
+    assert good_figures["first_difference"] == loaded_figures["first_difference"]
     # The very first sampled token already differs: its logits read the stale KV blocks.
     assert figures["first_difference"] == [0, 0]
     # What a reader of the report is told, in one finding: the decode path only, the reset
