@@ -81,6 +81,7 @@ def reference(gib: float, tp: int) -> tuple[float, float]:
         SliceSpan,
         Wanted,
         checkpoint_digests,
+        forget_references,
     )
 
     count = 64
@@ -108,6 +109,7 @@ def reference(gib: float, tp: int) -> tuple[float, float]:
         save_file(tensors, str(Path(directory) / "model.safetensors"))
         del tensors
         for threads in (1, None):
+            forget_references()  # cold: computed from the file, not kept from the last round
             start = time.perf_counter()
             checkpoint_digests(Path(directory), wanted, threads=threads)
             seconds = time.perf_counter() - start
@@ -117,10 +119,19 @@ def reference(gib: float, tp: int) -> tuple[float, float]:
                 f"checkpoint reference: {size / 2**30:.3f} GiB, whole + {tp} slices each, "
                 f"{label}: {seconds:.3f} s, {rates[-1]:.2f} GB/s of model"
             )
+        start = time.perf_counter()
+        checkpoint_digests(Path(directory), wanted)
+        print(
+            "checkpoint reference asked again (kept by the process, the files unchanged): "
+            f"{time.perf_counter() - start:.4f} s"
+        )
     return rates[0], rates[1]
 
 
 def vllm_share(uri: str, tp: int, dtype: str) -> float:
+    from pytest_logprob_drift.runtimes.weights.checkpoint import forget_references
+
+    forget_references()  # the first engine of a run: nothing kept yet
     from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
     from pytest_logprob_drift.runtimes.weights.side_document import side_document
@@ -158,6 +169,9 @@ def vllm_share(uri: str, tp: int, dtype: str) -> float:
 
 
 def transformers_share(uri: str, dtype: str) -> float:
+    from pytest_logprob_drift.runtimes.weights.checkpoint import forget_references
+
+    forget_references()  # the first engine of a run: nothing kept yet
     from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
     from pytest_logprob_drift.runtimes.transformers.adapter import module_weights
     from pytest_logprob_drift.runtimes.transformers.engine import load_model

@@ -150,3 +150,39 @@ def test_a_float32_head_over_a_bfloat16_body_is_the_checkpoint_through_bfloat16(
     assert head.checkpoint != _sha(stored[source].to(torch.float32))
     assert document.differences == ()
     assert "lm_head.weight" in summary(document)
+
+
+def test_a_kept_reference_is_the_files_and_a_rewritten_file_is_read_again(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint reference a process keeps equals hashlib over the file's cast tensor;
+    a file rewritten with other values is hashed again, never answered from what was kept."""
+    from safetensors.torch import save_file
+
+    from pytest_logprob_drift.runtimes.weights.checkpoint import (
+        SliceSpan,
+        Wanted,
+        checkpoint_digests,
+    )
+
+    first = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    save_file({"w": first}, str(tmp_path / "model.safetensors"))
+    want = Wanted(
+        name="w", source="w", dtype=torch.bfloat16, spans=(SliceSpan(dim=0, start=2, stop=4),)
+    )
+    absent = Wanted(name="x", source="x", dtype=torch.bfloat16)
+
+    def expected(tensor: torch.Tensor) -> tuple[str, tuple[str]]:
+        cast = tensor.to(torch.bfloat16)
+        return _sha(cast), (_sha(cast[2:4]),)
+
+    for _ in range(2):  # computed, then kept
+        found = checkpoint_digests(tmp_path, [want, absent])
+        assert set(found) == {"w"}
+        assert (found["w"].sha256, found["w"].slices) == expected(first)
+
+    second = first + 100
+    save_file({"w": second}, str(tmp_path / "model.safetensors"))
+    found = checkpoint_digests(tmp_path, [want])
+    assert (found["w"].sha256, found["w"].slices) == expected(second)
+    assert found["w"].sha256 != expected(first)[0]

@@ -4,8 +4,10 @@ Owns reading a local checkpoint directory's ``*.safetensors`` files (one tensor 
 memory-mapped by ``safetensors``) and returning, per tensor name, its shape, its stored dtype,
 the digest of the whole tensor cast to the side's declared dtype and the digest of each slice a
 side reports holding (one tensor-parallel rank's rows or columns). This is the reference each
-side is compared with; it is read from the files, never from an engine. Knows nothing about
-engines, layouts or comparison.
+side is compared with; it is read from the files, never from an engine. A process keeps each
+reference it computed, keyed by the files as they are (path, inode, size, modification time)
+and what was asked, so the cases and sides of a run that ask for the same reference hash the
+checkpoint once. Knows nothing about engines, layouts or comparison.
 """
 
 from __future__ import annotations
@@ -86,13 +88,47 @@ class Wanted:
     body holds the checkpoint cast to bfloat16, then to float32)."""
 
 
+_FilesKey = tuple[tuple[str, int, int, int], ...]
+_REFERENCES: dict[tuple[_FilesKey, Wanted], CheckpointTensor | None] = {}
+"""Every reference this process computed (None: the checkpoint lacks its source)."""
+
+
+def _files_key(model_dir: Path) -> _FilesKey:
+    """The checkpoint's files as they are now: a rewritten file is another key."""
+    key = []
+    for path in safetensors_files(model_dir):
+        status = path.stat()
+        key.append((str(path.resolve()), status.st_ino, status.st_size, status.st_mtime_ns))
+    return tuple(key)
+
+
+def forget_references() -> None:
+    """Drop every kept reference (the next call computes from the files again)."""
+    _REFERENCES.clear()
+
+
 def checkpoint_digests(
     model_dir: Path, wanted: Sequence[Wanted], *, threads: int | None = None
 ) -> dict[str, CheckpointTensor]:
+    """Each ``Wanted`` reference, keyed by its name: kept from an earlier call on the same
+    files, else computed (``_computed``). A source the checkpoint lacks is absent from the
+    result."""
+    files = _files_key(model_dir)
+    missing = [want for want in wanted if (files, want) not in _REFERENCES]
+    if missing:
+        computed = _computed(model_dir, missing, threads=threads)
+        for want in missing:
+            _REFERENCES[(files, want)] = computed.get(want.name)
+    found = ((want.name, _REFERENCES[(files, want)]) for want in wanted)
+    return {name: reference for name, reference in found if reference is not None}
+
+
+def _computed(
+    model_dir: Path, wanted: Sequence[Wanted], *, threads: int | None
+) -> dict[str, CheckpointTensor]:
     """Each ``Wanted`` reference, keyed by its name, reading each checkpoint tensor once.
-    A source the checkpoint lacks is absent from the result. Tensors are cast and hashed on
-    ``threads`` threads (default: up to 8, one per CPU; ``hashlib`` and torch's casts release
-    the GIL), one tensor per task."""
+    Tensors are cast and hashed on ``threads`` threads (default: up to 8, one per CPU;
+    ``hashlib`` and torch's casts release the GIL), one tensor per task."""
 
     by_source: dict[str, list[Wanted]] = {}
     for want in wanted:
