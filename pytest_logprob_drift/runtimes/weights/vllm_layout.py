@@ -51,16 +51,21 @@ class RankSpan:
 def merged_rows(output_sizes: Sequence[int], tp_size: int, tp_rank: int, shard: int) -> RankSpan:
     """A ``MergedColumnParallelLinear`` shard: its rows on this rank and its span of the
     checkpoint tensor (every shard split evenly over the TP ranks)."""
-    local = [int(n) // tp_size for n in output_sizes]
-    offset = sum(local[:shard])
-    size = local[shard]
+    return _fused_rows([int(n) // tp_size for n in output_sizes], shard, tp_rank)
+
+
+def _fused_rows(sizes: Sequence[int], index: int, block: int) -> RankSpan:
+    """Shard ``index`` of a fused parameter whose shards hold ``sizes`` rows on this rank, in
+    order: its rows there, and block ``block`` of its checkpoint tensor's rows."""
+    offset = sum(sizes[:index])
+    size = sizes[index]
     return RankSpan(
         local_dim=0,
         local_start=offset,
         local_stop=offset + size,
         dim=0,
-        start=tp_rank * size,
-        stop=(tp_rank + 1) * size,
+        start=block * size,
+        stop=(block + 1) * size,
     )
 
 
@@ -84,18 +89,8 @@ def qkv_rows(
         "k": num_kv_heads * head_size,
         "v": num_kv_heads * v_head_size,
     }
-    order = list(QKV_SHARDS)
-    offset = sum(sizes[s] for s in order[: order.index(shard)])
-    size = sizes[shard]
     block = tp_rank if shard == "q" else tp_rank // num_kv_head_replicas
-    return RankSpan(
-        local_dim=0,
-        local_start=offset,
-        local_stop=offset + size,
-        dim=0,
-        start=block * size,
-        stop=(block + 1) * size,
-    )
+    return _fused_rows([sizes[s] for s in QKV_SHARDS], list(QKV_SHARDS).index(shard), block)
 
 
 def split_rows(local: int, dim: int, tp_rank: int) -> RankSpan:
