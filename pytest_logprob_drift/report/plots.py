@@ -8,7 +8,8 @@ side moved against the noise floor), drift over the training steps of an importe
 response position, and the rollout vs training logprob scatter, each with the contract
 threshold where it applies. Every figure is small, uses the browser's own sans-serif font
 (``svg.fonttype`` ``none``: text stays text, no font is embedded or fetched; a label from a
-run is plain text, never mathtext or TeX), a distinct
+run is plain text, never mathtext or TeX; a log axis labels its decades as plain text too,
+``10⁻³``, since parsing mathtext for every tick cost more than drawing the figure), a distinct
 ``svg.hashsalt`` so that ids never collide between the figures of one page, and no date
 metadata; the SVG is returned as trusted ``markup.Markup`` (matplotlib escapes the text it
 writes). Dense point layers are rasterized into the SVG as an inline PNG. Uses pyplot
@@ -63,8 +64,21 @@ LINE_COLOURS = (
 _salts = itertools.count()
 PLAIN_TEXT: dict[str, Any] = {"parse_math": False}
 """Text properties of every label that comes from a run (case labels): drawn as the plain
-text it is, never parsed as mathtext (``$...$``) or TeX. The axes' own tick numbers stay
-mathtext."""
+text it is, never parsed as mathtext (``$...$``) or TeX."""
+_SUPERSCRIPT = str.maketrans(
+    "-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079"
+)
+
+
+def decade_label(value: float, _position: object = None) -> str:
+    """A log axis's tick label: ``10⁻³`` for a decade, in plain Unicode superscripts (no
+    mathtext); a value that is not a power of ten (not ticked by ``log_ticks``) as ``%g``."""
+    if value <= 0 or not math.isfinite(value):
+        return ""
+    exponent = round(math.log10(value))
+    if not math.isclose(value, 10.0**exponent, rel_tol=1e-9):
+        return f"{value:g}"
+    return "10" + str(exponent).translate(_SUPERSCRIPT)
 
 
 def available() -> bool:
@@ -121,10 +135,12 @@ def new_figure(
 
 
 def log_ticks(axis: Any) -> None:
-    """At most a handful of labelled decades and no minor labels on a log axis."""
-    from matplotlib.ticker import LogLocator, NullFormatter
+    """At most a handful of labelled decades, in plain text, and no minor labels on a log
+    axis."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     axis.set_major_locator(LogLocator(base=10, numticks=6))
+    axis.set_major_formatter(FuncFormatter(decade_label))
     axis.set_minor_locator(LogLocator(base=10, subs=(), numticks=1))
     axis.set_minor_formatter(NullFormatter())
 
