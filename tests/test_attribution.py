@@ -484,3 +484,38 @@ def test_exact_quantile_is_torchs_linear_quantile(values: list[float], q: float)
     assert _exact_quantile(tensor, q) == pytest.approx(
         float(torch.quantile(tensor, q)), rel=1e-12, abs=1e-12
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(min_value=0, max_value=1e3, allow_nan=False), max_size=40),
+        min_size=1,
+        max_size=24,
+    ),
+)
+def test_the_resampled_p99_is_the_one_over_every_bin(samples: list[list[float]]) -> None:
+    """Each bootstrap resample's binned p99 (read only from the bins some sample fills) is the
+    upper edge of the bin where the resample's cumulative count over all bins first reaches 99%
+    of its total, computed here with numpy in float64; an empty resample reads the first bin."""
+    import numpy as np
+
+    from pytest_logprob_drift.attribution.effect import _edges, _weights, prepare
+
+    rows = [torch.tensor(s, dtype=torch.float64) for s in samples]
+    edges = _edges().numpy()
+    bins = edges.size + 1
+    histograms = np.zeros((len(rows), bins))
+    for i, values in enumerate(samples):
+        for value in values:  # torch.bucketize's default: the first edge >= value
+            histograms[i, np.searchsorted(edges, value, side="left")] += 1
+    cumulative = np.cumsum(_weights(len(rows)).numpy() @ histograms, axis=1)
+    upper = np.append(edges, edges[-1])
+    expected = []
+    for row in cumulative:
+        # The resampled counts are integers below 2**24, exact in float32; the 99% target is
+        # one float32 product, as the library forms it (IEEE: the same on every CPU).
+        target = float(np.float32(row[-1]) * np.float32(0.99))
+        index = 0 if row[-1] == 0 else int(np.argmax(row >= target))
+        expected.append(upper[min(index, edges.size)])
+    assert prepare(rows).p99s.tolist() == expected

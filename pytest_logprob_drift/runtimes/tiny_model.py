@@ -235,12 +235,21 @@ def _learn_merges(
 
 
 def _build_tokenizer(vocab_size: int, specials: tuple[str, ...] = SPECIAL_TOKENS) -> Tokenizer:
+    """A fresh tiny tokenizer (the merges are learned once per process and arguments)."""
+    return Tokenizer.from_str(_tokenizer_json(vocab_size, specials))
+
+
+@functools.cache
+def _tokenizer_json(vocab_size: int, specials: tuple[str, ...]) -> str:
+    """The tiny tokenizer learned from the corpus, serialized: BPE learning is deterministic, so
+    every build of a process shares it (a run builds the same tokenizer for several sides)."""
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     words: Counter[tuple[str, ...]] = Counter()
     for line in _corpus():
         for piece, _ in pre.pre_tokenize_str(line):
             words[tuple(piece)] += 1
-    byte_chars = [_bytes_to_unicode()[b] for b in range(256)]
+    byte_map = _bytes_to_unicode()
+    byte_chars = [byte_map[b] for b in range(256)]
     vocab, merges = _learn_merges(words, [*specials, *byte_chars], vocab_size)
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
     tokenizer.pre_tokenizer = pre
@@ -248,7 +257,8 @@ def _build_tokenizer(vocab_size: int, specials: tuple[str, ...] = SPECIAL_TOKENS
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     if tokenizer.get_vocab_size(with_added_tokens=True) != vocab_size:
         raise RuntimeError("tiny tokenizer vocabulary size mismatch")
-    return tokenizer
+    text: str = tokenizer.to_str()
+    return text
 
 
 # --------------------------------------------------------------------------- checkpoint
