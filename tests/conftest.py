@@ -26,6 +26,14 @@ import pytest
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+# The suite runs torch on one intra-op thread (set before any test module imports torch, and
+# inherited by every process a test starts; vLLM's CPU workers pick their own): its tensors are
+# tiny, so a second thread costs more in synchronization than it saves, and the more so with
+# two xdist workers on two cores (a set of six files took 29.8 s instead of 46.6 s). A run in
+# this process and the same run in a subprocess agree bitwise only at the same thread count,
+# which this also keeps. Set ``OMP_NUM_THREADS`` to choose otherwise.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(autouse=True)
 def torch_threads_kept() -> Iterator[None]:
