@@ -7,7 +7,7 @@ directory whose name reads as a ``javascript:`` URL, and token text (from the to
 frontend hands in) holding markup, ``</script>``, bidi overrides and terminal escapes, and a case
 label holding markup (in its comparison.json and the attribution). The token view, the findings
 and the overview's hover text show them as text. Its page is loaded in
-headless Chromium: no script runs (the payloads would set ``document.title``, a global and
+headless Chromium (a slow test; the page's markup is also checked without one): no script runs (the payloads would set ``document.title``, a global and
 call ``console.error``), no element or handler is injected, no request leaves the page, every
 link resolves to a file of the run or to the page itself, and the page says that ``verify``
 rejects the attribution.
@@ -180,11 +180,29 @@ def hostile_run(clean_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return run_dir
 
 
-def test_a_hostile_run_runs_no_script_and_injects_nothing(hostile_run: Path) -> None:
+@pytest.fixture(scope="module")
+def hostile_page(hostile_run: Path) -> Path:
+    """The hostile run's page, written once (the browser test and the markup test read it)."""
     root = hostile_run.parents[len(SCHEME_DIR.parts)]
     page = root / "page.html"
     published = publish_report(hostile_run, page, decoder_factory=_hostile_decoder)
     assert published.written
+    return page
+
+
+def test_the_hostile_page_holds_the_payloads_only_as_escaped_text(hostile_page: Path) -> None:
+    """Without a browser: no raw bidi override or terminal escape, no payload's markup."""
+    html = hostile_page.read_text(encoding="utf-8")
+    assert "\u202e" not in html and "\x1b" not in html and "\\u202e" in html
+    assert "<script>window.pwned" not in html and "</b></script>" not in html
+    assert html.count("<script") == 2  # the token data and the page's one script
+
+
+@pytest.mark.slow  # a browser
+def test_a_hostile_run_runs_no_script_and_injects_nothing(
+    hostile_run: Path, hostile_page: Path
+) -> None:
+    page = hostile_page
     html = page.read_text(encoding="utf-8")
     assert "\u202e" not in html and "\x1b" not in html and "\\u202e" in html
     check = open_page(page, "report-hostile.png", probe=_PROBE)
