@@ -6,11 +6,11 @@ the sealed attribution rewritten to markup and the file re-sealed, the whole run
 directory whose name reads as a ``javascript:`` URL, and token text (from the tokenizer a
 frontend hands in) holding markup, ``</script>``, bidi overrides and terminal escapes, and a case
 label holding markup (in its comparison.json and the attribution). The token view, the findings
-and the overview's hover text show them as text. Its page is loaded in
-headless Chromium (a slow test; the page's markup is also checked without one): no script runs (the payloads would set ``document.title``, a global and
-call ``console.error``), no element or handler is injected, no request leaves the page, every
-link resolves to a file of the run or to the page itself, and the page says that ``verify``
-rejects the attribution.
+and the overview's hover text show them as text. The page's markup is checked without a
+browser; loaded in headless Chromium (a slow test): no script runs (the payloads would set
+``document.title``, a global and call ``console.error``), no element or handler is injected,
+no request leaves the page, every link resolves to a file of the run or to the page itself,
+and the page says that ``verify`` rejects the attribution.
 """
 
 from __future__ import annotations
