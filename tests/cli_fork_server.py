@@ -6,7 +6,8 @@ not what it proves (the client, and the session fixture ``cli_process``, are
 the command modules takes seconds, running one command on a small input a fraction of one, so
 this server imports them once and forks a child per command. The child is the CLI process of
 that command: its stdin is ``/dev/null``, its stdout and stderr go to files, its environment
-and working directory are those of the request, its address space is capped (``RLIMIT_AS``:
+and working directory are those of the request (the standard streams follow its
+``PYTHONIOENCODING``, as at an interpreter's start), its address space is capped (``RLIMIT_AS``:
 the server's own plus ``memory_bytes``), an interval timer kills it (``SIGALRM``) after
 ``seconds``, and it ends the way ``python -m pytest_logprob_drift`` ends: the exit code
 ``main`` returns (``SystemExit`` from argparse), or a Python traceback on stderr and exit 1 for
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import io
 import json
 import os
 import resource
@@ -67,6 +69,20 @@ def _peak_resident() -> int:
     return 0
 
 
+def _standard_streams(setting: str | None) -> None:
+    """The standard streams as an interpreter started with ``PYTHONIOENCODING=setting`` has
+    them (``ENCODING[:ERRORS]``; stderr keeps ``backslashreplace``); unset: the server's."""
+    if not setting:
+        return
+    encoding, _, errors = setting.partition(":")
+    for stream in (sys.stdout, sys.stderr):
+        assert isinstance(stream, io.TextIOWrapper)
+        stream.reconfigure(
+            encoding=encoding or None,
+            errors=(errors or None) if stream is sys.stdout else "backslashreplace",
+        )
+
+
 def _child(request: dict[str, Any], memory: int, seconds: float) -> None:
     code = 1
     start = _resident()
@@ -87,6 +103,7 @@ def _child(request: dict[str, Any], memory: int, seconds: float) -> None:
                 os.environ[name] = value
         if request.get("cwd") is not None:
             os.chdir(request["cwd"])
+        _standard_streams(os.environ.get("PYTHONIOENCODING"))
         limit = _address_space() + int(request.get("memory_bytes") or memory)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
