@@ -14,8 +14,9 @@ and transformers. Tests about the process start itself (which modules get import
 point, installed entry points) start a real interpreter.
 
 The child's environment is the one a ``subprocess`` started now would inherit (this process's
-``os.environ``, with ``OMP_NUM_THREADS=1`` kept from the server) plus the call's ``env``
-(None: removed); its working directory is ``cwd`` (default: this process's).
+``os.environ``, with the server's ``OMP_NUM_THREADS=1`` and ``PYTHONPATH`` kept) plus the call's
+``env`` (None: removed); its working directory is ``cwd`` (default: this process's). The
+server's own stderr goes to ``server.err`` in its scratch directory (named when it ends).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ DEFAULT_SECONDS = 120.0
 fast loop on a loaded machine; a hang still ends."""
 DEFAULT_MEMORY_BYTES = 4 << 30
 """Address-space growth a command may have unless the call states its own."""
-_KEPT = frozenset({"OMP_NUM_THREADS"})
-"""Set by the server for fork safety; a child keeps the server's value."""
+_KEPT = frozenset({"OMP_NUM_THREADS", "PYTHONPATH"})
+"""Set by the server (one torch thread for fork safety; this checkout first on the path, where
+the child's own subprocesses, such as the chat template renderer, import the package from); a
+child keeps the server's value unless the call's ``env`` names it."""
 
 
 @dataclass(frozen=True)
@@ -94,23 +97,28 @@ class ForkServer:
     ) -> None:
         self.scratch = scratch
         self.environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                str(SERVER),
-                "--memory-bytes",
-                str(memory_bytes),
-                "--seconds",
-                str(seconds),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=self.environment,
-            cwd=scratch,
-        )
+        self.errors = scratch / "server.err"
+        with self.errors.open("wb") as errors:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(SERVER),
+                    "--memory-bytes",
+                    str(memory_bytes),
+                    "--seconds",
+                    str(seconds),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                stderr=errors,
+                env=self.environment,
+                cwd=scratch,
+            )
         assert self.process.stdout is not None
-        assert json.loads(self.process.stdout.readline()) == {"ready": True}
+        ready = self.process.stdout.readline()
+        assert ready, f"the fork server did not start:\n{self.errors.read_text()[-3000:]}"
+        assert json.loads(ready) == {"ready": True}
         self.count = 0
 
     def _environment(self, env: Mapping[str, str | None]) -> dict[str, str | None]:
@@ -150,7 +158,7 @@ class ForkServer:
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
-        assert line, "the fork server ended"
+        assert line, f"the fork server ended:\n{self.errors.read_text()[-3000:]}"
         reply = json.loads(line)
         finished = Finished(
             argv=args,
