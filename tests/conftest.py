@@ -3,7 +3,9 @@
 ``slow`` marks every test that starts a real engine (a transformers model, FSDP rank
 processes, a vLLM engine), a browser, a pytest-xdist sub-session or the kill -9 loop;
 ``pytest -m "not slow"`` is the fast loop. Repository paths and the
-runner wiring live in ``drift_testing`` (importable because this directory is on sys.path).
+runner wiring live in ``drift_testing`` (importable because this directory is on sys.path);
+``cli_process`` runs ``logprob-drift`` commands as processes forked from one server per test
+process (``cli_processes``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_processes import ForkServer
 
 # The suite keeps Python's compiled-module cache on (``__pycache__``, git-ignored) even where the
 # environment turns it off (``PYTHONDONTWRITEBYTECODE``): without it every test process, and
@@ -82,3 +85,17 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture(scope="session")
+def cli_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """``cli_process(*argv, env=, cwd=, seconds=, memory_bytes=)``: ``logprob-drift ARGV`` as a
+    child forked from one server per test process (per xdist worker) that imported torch,
+    matplotlib, transformers' ``AutoTokenizer`` and the CLI once: a ``Finished`` (exit code,
+    stdout, stderr, wall time, peak resident growth). Started at the first test that asks for
+    it, closed at the end of the session. See ``cli_processes``."""
+    server = ForkServer(tmp_path_factory.mktemp("cli-process"))
+    try:
+        yield server
+    finally:
+        server.close()

@@ -1,23 +1,24 @@
 """The ``run``, ``verify`` and ``report`` commands: exit codes, messages, resume, tamper
 detection per sealed file, and the HTML report.
 
-The interpreter's side of it runs as real subprocesses: ``run`` exiting 0 (the shared run), 1
-with ``--json`` leaving stdout to the document, 2 with one error line; ``verify --json`` exiting
-0 with stdout the document only. What is then asked of the same commands (a malformed
-``--expect``, the HTML report, tamper detection and the run after it) runs in this process
-(``drift_testing.cli``), an interpreter start each saved; the report as a real process is
-``tests/test_non_utf8_paths``."""
+The process's side of it (exit code, the standard streams as a process has them) runs as
+children forked from the session's server that imported the CLI once (the ``cli_process``
+fixture, ``tests/cli_processes.py``): ``run`` exiting 0 (the shared run), 1 with ``--json``
+leaving stdout to the document, 2 with one error line; ``verify --json`` exiting 0 with stdout
+the document only. What is then asked of the same commands (a malformed ``--expect``, the HTML
+report, tamper detection and the run after it) runs in this process (``drift_testing.cli``);
+the real interpreter start of the CLI is ``tests/test_hardening_startup``."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_processes import ForkServer
 from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0
 from drift_testing import cli as in_process
 
@@ -29,36 +30,6 @@ from pytest_logprob_drift.store.seal import SealError
 
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
 SEALED_FILES = tuple(sorted(ATTEMPT_FILES))
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest_logprob_drift", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-
-
-def cli_started(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    """``cli`` started, not waited for (``finished`` waits): this process works meanwhile."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "pytest_logprob_drift", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-
-
-def finished(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
-    stdout, stderr = proc.communicate(timeout=120)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def in_process_completed(*args: str) -> subprocess.CompletedProcess[str]:
@@ -77,11 +48,11 @@ def attempts(run_dir: Path) -> set[Path]:
 
 
 @pytest.fixture(scope="module")
-def s0_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One S0 run through the CLI with the offset case expected to mismatch."""
+def s0_run(cli_process: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One S0 run through the CLI (a forked child) with the offset case expected to mismatch."""
     cwd = tmp_path_factory.mktemp("cli")
     artifacts = cwd / "runs"
-    proc = cli(*run_args(artifacts, "--allow-smoke-operators", "--expect", EXPECT), cwd=cwd)
+    proc = cli_process(*run_args(artifacts, "--allow-smoke-operators", "--expect", EXPECT), cwd=cwd)
     return {"cwd": cwd, "artifacts": artifacts, "run_dir": artifacts / "s0-cpu-smoke", "proc": proc}
 
 
@@ -104,10 +75,10 @@ def test_run_with_expectation_exits_0(s0_run: dict[str, Any]) -> None:
 
 
 def test_second_run_without_expectation_reuses_everything_and_exits_1(
-    s0_run: dict[str, Any],
+    s0_run: dict[str, Any], cli_process: ForkServer
 ) -> None:
     before = attempts(s0_run["run_dir"])
-    proc = cli(
+    proc = cli_process(
         *run_args(s0_run["artifacts"], "--allow-smoke-operators", "--json"), cwd=s0_run["cwd"]
     )
     assert proc.returncode == 1, proc.stderr
@@ -122,14 +93,13 @@ def test_second_run_without_expectation_reuses_everything_and_exits_1(
     assert "(reused)" in proc.stderr  # live progress goes to stderr under --json
 
 
-def test_refusals_exit_2_with_one_clear_line(tmp_path: Path) -> None:
+def test_refusals_exit_2_with_one_clear_line(tmp_path: Path, cli_process: ForkServer) -> None:
     """Without --allow-smoke-operators (a process), and with a malformed --expect (in this
     process: the same exit 2 and one line, from the same ``main``)."""
-    started = cli_started(*run_args(tmp_path / "a"), cwd=tmp_path)
+    unauthorized = cli_process(*run_args(tmp_path / "a"), cwd=tmp_path)
     bad_expect = in_process_completed(
         *run_args(tmp_path / "b", "--allow-smoke-operators", "--expect", "no-outcome-here")
     )
-    unauthorized = finished(started)
 
     assert unauthorized.returncode == 2
     assert "Traceback" not in unauthorized.stderr + unauthorized.stdout
@@ -160,13 +130,12 @@ def test_bad_expect_values_exit_2_in_process(
 
 
 def test_verify_agrees_with_every_comparison_and_report_writes_html(
-    s0_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    s0_run: dict[str, Any], cli_process: ForkServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = s0_run["run_dir"]
     target = s0_run["cwd"] / "report" / "s0.html"
-    started = cli_started("verify", str(run_dir), "--json", cwd=s0_run["cwd"])
+    verify = cli_process("verify", str(run_dir), "--json", cwd=s0_run["cwd"])
     report = in_process_completed("report", str(run_dir), "--html", str(target))
-    verify = finished(started)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     document = json.loads(verify.stdout)
     assert document["invalid"] == 0

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from cli_processes import ForkServer
 from drift_testing import EXPERIMENTS, S0, cli, run_s0
 
 from pytest_logprob_drift.errors import ExitCode, UsageError
@@ -174,7 +175,7 @@ def test_an_empty_seal_key_option_is_a_usage_error_in_the_plugin(
 
 
 def test_a_key_file_that_is_not_a_regular_file_is_refused_without_blocking(
-    tmp_path: Path, s0: pytest.Pytester
+    tmp_path: Path, s0: pytest.Pytester, cli_process: ForkServer
 ) -> None:
     fifo = tmp_path / "key.fifo"
     os.mkfifo(fifo)
@@ -200,21 +201,8 @@ def test_a_key_file_that_is_not_a_regular_file_is_refused_without_blocking(
     with pytest.raises(UsageError, match=r"--f .*: not a regular file"):
         load_seal_key(file=str(tmp_path), flags=("--f", "--e"))
 
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_logprob_drift",
-            "verify",
-            str(tmp_path),
-            "--seal-key-file",
-            str(fifo),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    # the command as a process (a child of the session's fork server): an alarm ends a hang
+    proc = cli_process("verify", tmp_path, "--seal-key-file", fifo, seconds=60)
     assert proc.returncode == ExitCode.USAGE_ERROR and proc.stderr.count("\n") == 1
     assert "--seal-key-file" in proc.stderr and "not a regular file" in proc.stderr
     result = s0.runpytest_subprocess(*RUN, "--drift-seal-key-file", str(fifo), timeout=120)
@@ -238,28 +226,21 @@ def test_baseline_repeats_are_bounded_in_the_settings() -> None:
 
 
 def test_a_huge_baseline_repeats_is_refused_before_anything_is_sealed(
-    tmp_path: Path, s0: pytest.Pytester
+    tmp_path: Path, s0: pytest.Pytester, cli_process: ForkServer
 ) -> None:
-    # in subprocesses with a timeout: unbounded, each of these seals until the disk is full
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_logprob_drift",
-            "run",
-            str(S0),
-            "--runtime",
-            "cpu-smoke",
-            "--allow-smoke-operators",
-            "--artifacts",
-            str(tmp_path / "runs"),
-            "--baseline-repeats",
-            "1000000000",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    # in processes with a time bound (the command: a child of the session's fork server):
+    # unbounded, each of these seals until the disk is full
+    proc = cli_process(
+        "run",
+        S0,
+        "--runtime",
+        "cpu-smoke",
+        "--allow-smoke-operators",
+        "--artifacts",
+        tmp_path / "runs",
+        "--baseline-repeats",
+        "1000000000",
+        seconds=120,
     )
     assert proc.returncode == ExitCode.USAGE_ERROR and proc.stderr.count("\n") == 1
     assert (

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_processes import ForkServer
 from drift_testing import OFFSET_EXPECT, S0, cli, run_s0
 
 from pytest_logprob_drift.errors import ExitCode
@@ -149,6 +150,8 @@ def test_a_full_disk_while_the_run_directory_is_set_up(tiny_tmpfs: Path, leave: 
 
 
 def test_a_full_disk_in_a_subprocess_has_no_traceback(tiny_tmpfs: Path) -> None:
+    """The real command (``python -m pytest_logprob_drift``, a fresh interpreter) on a full
+    disk: one line, exit 3."""
     stat_ = os.statvfs(tiny_tmpfs)
     (tiny_tmpfs / "filler").write_bytes(b"\0" * (stat_.f_bavail * stat_.f_frsize))
     command = [sys.executable, "-m", "pytest_logprob_drift", "run", str(S0), "--runtime"]
@@ -184,35 +187,19 @@ def test_expectations_that_select_cases_are_accepted(sealed: Path, tmp_path: Pat
     assert code == 0, err
 
 
-_OUT_OF_MEMORY = """
-import resource, sys
-from pytest_logprob_drift.cli import main
-pages = int(open("/proc/self/statm").read().split()[0])
-limit = pages * resource.getpagesize() + (64 << 20)  # 64 MiB more than the imported process
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-sys.exit(main(["plan", sys.argv[1]]))
-"""
-
-
-def test_running_out_of_memory_is_one_line_and_exit_3(tmp_path: Path) -> None:
+def test_running_out_of_memory_is_one_line_and_exit_3(
+    tmp_path: Path, cli_process: ForkServer
+) -> None:
     """An exception no module turns into a typed error (here MemoryError: a 16 MB prompt file,
     within its cap, planned with 64 MiB of address space to spare) is one line and exit 3,
-    never a traceback and exit 1."""
+    never a traceback and exit 1. The command is a child forked from the session's server that
+    imported the CLI (``cli_process``), its address space capped at 64 MiB above the server's."""
     config = json.loads(S0.read_text())
     config["identity"]["prompts"] = {"file": "prompts.json"}
     (tmp_path / "exp.json").write_text(json.dumps(config))
     rows = ",".join("[" + ",".join(["7"] * 1000) + "]" for _ in range(8000))
     (tmp_path / "prompts.json").write_text(f"[{rows}]")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    result = subprocess.run(
-        [sys.executable, "-c", _OUT_OF_MEMORY, "exp.json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == ExitCode.RUNTIME_FAILURE, result.stderr
+    result = cli_process("plan", "exp.json", cwd=tmp_path, memory_bytes=64 << 20)
+    assert result.returncode == ExitCode.RUNTIME_FAILURE, result.describe()
     assert result.stderr == "logprob-drift: error: out of memory\n"
     assert result.stdout == ""

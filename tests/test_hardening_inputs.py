@@ -5,21 +5,22 @@ A config (``plan``/``run`` CONFIG, the plugin's ``--drift-config``) and an
 (``CONFIG_FILE_LIMIT``, ``PROMPT_FILE_LIMIT``), checked before a byte is read: a FIFO, a
 device such as ``/dev/zero``, a directory or a huge sparse file is one line and exit 2 (in the
 plugin, a usage error or a collection error), never a hang or a whole-file read. Whatever
-could hang or exhaust memory if it regressed runs in a subprocess with a timeout (and, where
-it could read without end, an address-space limit).
+could hang or exhaust memory if it regressed runs as a process with a wall-time bound (and,
+where it could read without end, an address-space bound): a command is a child forked from
+the session's server that imported the CLI once (the ``cli_process`` fixture,
+``tests/cli_processes.py``; its alarm ends a hang), the plugin a ``pytest`` subprocess.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_processes import ForkServer
 from drift_testing import S0
 
 import pytest_logprob_drift
@@ -31,9 +32,9 @@ pytest_plugins = ["pytester"]
 
 TIMEOUT = 60.0
 """Seconds a command may take on a special file before the test calls it a hang."""
-MEMORY = 1 << 30
-"""Address space (bytes) of a ``plan`` subprocess: planning needs far less; an unbounded
-read of /dev/zero or of a 1 GiB sparse file does not fit."""
+MEMORY = 512 << 20
+"""Address space (bytes) a ``plan`` process may add to the fork server's: planning needs far
+less; an unbounded read of /dev/zero or of a 1 GiB sparse file does not fit."""
 
 
 def document() -> dict[str, Any]:
@@ -59,21 +60,22 @@ def _subprocesses_import_this_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", PACKAGE_ROOT)
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+Command = Callable[..., tuple[int | None, str]]
 
 
-def logprob_drift(*args: str | Path, memory_limit: bool = False) -> tuple[int, str]:
-    """``python -m pytest_logprob_drift ARGS`` in a subprocess: exit code and stderr."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest_logprob_drift", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-        preexec_fn=_limit_memory if memory_limit else None,
-    )
-    return proc.returncode, proc.stderr
+@pytest.fixture
+def logprob_drift(cli_process: ForkServer) -> Command:
+    """``logprob-drift ARGS`` as a forked child (``cli_process``) ending within ``TIMEOUT``
+    (``memory_limit``: its address space grows by at most ``MEMORY``): exit code (None:
+    killed) and stderr."""
+
+    def run(*args: str | Path, memory_limit: bool = False) -> tuple[int | None, str]:
+        finished = cli_process(
+            *args, seconds=TIMEOUT, memory_bytes=MEMORY if memory_limit else None
+        )
+        return finished.code, finished.stderr
+
+    return run
 
 
 def one_error_line(err: str) -> str:
@@ -99,7 +101,7 @@ def sparse(path: Path, size: int) -> Path:
 # ----------------------------------------------------------------------------- plan and run
 
 
-def test_plan_of_a_fifo_config_is_one_line_not_a_hang(fifo: Path) -> None:
+def test_plan_of_a_fifo_config_is_one_line_not_a_hang(logprob_drift: Command, fifo: Path) -> None:
     code, err = logprob_drift("plan", fifo)
     assert code == ExitCode.USAGE_ERROR
     assert one_error_line(err) == (
@@ -107,7 +109,9 @@ def test_plan_of_a_fifo_config_is_one_line_not_a_hang(fifo: Path) -> None:
     )
 
 
-def test_run_of_a_fifo_config_is_one_line_not_a_hang(fifo: Path, tmp_path: Path) -> None:
+def test_run_of_a_fifo_config_is_one_line_not_a_hang(
+    logprob_drift: Command, fifo: Path, tmp_path: Path
+) -> None:
     code, err = logprob_drift(
         "run", fifo, "--runtime", "cpu-smoke", "--artifacts", tmp_path / "runs"
     )
@@ -116,7 +120,9 @@ def test_run_of_a_fifo_config_is_one_line_not_a_hang(fifo: Path, tmp_path: Path)
     assert not (tmp_path / "runs").exists()
 
 
-def test_plan_of_dev_zero_is_refused_before_reading() -> None:
+def test_plan_of_dev_zero_is_refused_before_reading(
+    logprob_drift: Command,
+) -> None:
     code, err = logprob_drift("plan", "/dev/zero", memory_limit=True)
     assert code == ExitCode.USAGE_ERROR
     assert one_error_line(err).endswith(
@@ -124,7 +130,9 @@ def test_plan_of_dev_zero_is_refused_before_reading() -> None:
     )
 
 
-def test_a_huge_sparse_config_is_refused_before_reading(tmp_path: Path) -> None:
+def test_a_huge_sparse_config_is_refused_before_reading(
+    logprob_drift: Command, tmp_path: Path
+) -> None:
     config = sparse(tmp_path / "huge.json", 1 << 30)
     code, err = logprob_drift("plan", config, memory_limit=True)
     assert code == ExitCode.USAGE_ERROR
@@ -135,7 +143,7 @@ def test_a_huge_sparse_config_is_refused_before_reading(tmp_path: Path) -> None:
     ("target", "kind"), [("fifo", "a FIFO"), ("/dev/zero", "a character device")]
 )
 def test_a_prompt_file_that_is_a_special_file_is_one_line(
-    tmp_path: Path, target: str, kind: str
+    logprob_drift: Command, tmp_path: Path, target: str, kind: str
 ) -> None:
     if target == "fifo":
         os.mkfifo(tmp_path / "prompts.json")
@@ -148,7 +156,9 @@ def test_a_prompt_file_that_is_a_special_file_is_one_line(
     assert line.endswith(f": not a regular file ({kind})")
 
 
-def test_a_1_gib_sparse_prompt_file_is_refused_before_reading(tmp_path: Path) -> None:
+def test_a_1_gib_sparse_prompt_file_is_refused_before_reading(
+    logprob_drift: Command, tmp_path: Path
+) -> None:
     sparse(tmp_path / "prompts.json", 1 << 30)
     code, err = logprob_drift("plan", with_prompt_file(tmp_path, "prompts.json"), memory_limit=True)
     assert code == ExitCode.USAGE_ERROR

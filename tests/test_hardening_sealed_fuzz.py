@@ -20,24 +20,22 @@ and executes its case again instead of failing it.
 Stated bounds, per command on one hostile input: 30 s of wall time (an alarm kills the
 process) and 1 GiB of memory (``RLIMIT_AS`` at the address space of the process that imported
 torch plus 1 GiB; the peak resident growth is also checked). Each command is a child forked
-from ``tests/cli_fork_server.py``, which imported torch once (see there).
+from the session's ``tests/cli_fork_server.py`` (the ``cli_process`` fixture), which imported
+torch once (see there).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from cli_processes import Bounded, Finished, ForkServer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -53,7 +51,6 @@ EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
 WALL_SECONDS = 30
 MEMORY_BYTES = 1 << 30
 EXAMPLES = 25
-SERVER = ROOT / "tests" / "cli_fork_server.py"
 VERIFY_VERDICT = re.compile(r"^\d+ attempt\(s\), \d+ attribution\(s\), \d+ invalid$", re.M)
 ONE_ERROR_LINE = re.compile(r"^logprob-drift: error: [^\n]+\n$")
 PLACEHOLDER = "\u2603hostile\u2603"
@@ -62,100 +59,17 @@ PLACEHOLDER = "\u2603hostile\u2603"
 # --------------------------------------------------------------------------- the processes
 
 
-@dataclass(frozen=True)
-class Finished:
-    argv: tuple[str, ...]
-    code: int | None
-    signal: int | None
-    wall_s: float
-    rss_growth_bytes: int
-    """The peak resident set above the one at the fork (-1: killed before it could say)."""
-    stdout: str
-    stderr: str
-
-    def describe(self) -> str:
-        return (
-            f"{' '.join(self.argv)}: code {self.code} signal {self.signal} "
-            f"{self.wall_s:.1f}s +{self.rss_growth_bytes >> 20} MiB\n"
-            f"--- stdout ---\n{self.stdout[-3000:]}\n--- stderr ---\n{self.stderr[-3000:]}"
-        )
-
-
-class ForkServer:
-    """``tests/cli_fork_server.py``: each command a forked child under the stated bounds."""
-
-    def __init__(self, scratch: Path) -> None:
-        self.scratch = scratch
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                str(SERVER),
-                "--memory-bytes",
-                str(MEMORY_BYTES),
-                "--seconds",
-                str(WALL_SECONDS),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=scratch,
-        )
-        assert self.process.stdout is not None
-        assert json.loads(self.process.stdout.readline()) == {"ready": True}
-        self.count = 0
-        self.worst: dict[str, tuple[float, int]] = {}
-        """The longest wall time and largest resident growth seen, per command."""
-
-    def __call__(self, *argv: str | Path) -> Finished:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.count += 1
-        out = self.scratch / f"{self.count}.out"
-        err = self.scratch / f"{self.count}.err"
-        args = tuple(str(a) for a in argv)
-        request = {"argv": list(args), "stdout": str(out), "stderr": str(err)}
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        reply = json.loads(self.process.stdout.readline())
-        finished = Finished(
-            argv=args,
-            code=reply["code"],
-            signal=reply["signal"],
-            wall_s=reply["wall_s"],
-            rss_growth_bytes=-1 if reply["rss_growth_bytes"] is None else reply["rss_growth_bytes"],
-            stdout=out.read_text(errors="replace"),
-            stderr=err.read_text(errors="replace"),
-        )
-        out.unlink()
-        err.unlink()
-        wall, rss = self.worst.get(args[0], (0.0, 0))
-        self.worst[args[0]] = (max(wall, finished.wall_s), max(rss, finished.rss_growth_bytes))
-        return finished
-
-    def warm(self, *argv: str | Path) -> int:
-        """Run a command in the server itself (its caches are inherited by every child)."""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"warm": [str(a) for a in argv]}) + "\n")
-        self.process.stdin.flush()
-        code: int = json.loads(self.process.stdout.readline())["code"]
-        return code
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
-    serving = ForkServer(tmp_path_factory.mktemp("fork-server"))
-    try:
-        yield serving
-    finally:
-        serving.close()
-        for command, (wall, rss) in sorted(serving.worst.items()):  # shown with -s
-            print(f"{command}: at most {wall:.1f} s, {rss / 2**20:+.0f} MiB resident")
+def server(cli_process: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bounded]:
+    serving = Bounded(
+        cli_process,
+        tmp_path_factory.mktemp("fork-server"),
+        seconds=WALL_SECONDS,
+        memory_bytes=MEMORY_BYTES,
+    )
+    yield serving
+    for command, (wall, rss) in sorted(serving.worst.items()):  # shown with -s
+        print(f"{command}: at most {wall:.1f} s, {rss / 2**20:+.0f} MiB resident")
 
 
 def _run_command(artifacts: Path) -> tuple[str | Path, ...]:
@@ -176,7 +90,7 @@ def _run_command(artifacts: Path) -> tuple[str | Path, ...]:
 
 
 @pytest.fixture(scope="module")
-def pristine(server: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pristine(server: Bounded, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sealed run every example copies (built by the server, so a resume in a child sees
     the same environment and reuses every attempt an example left intact)."""
     artifacts = tmp_path_factory.mktemp("pristine") / "runs"
@@ -435,7 +349,7 @@ def _report_json_verdict(finished: Finished) -> None:
     assert "cases" in json.loads(finished.stdout)
 
 
-def exercise(draw: st.DrawFn, server: ForkServer, pristine: Path) -> None:
+def exercise(draw: st.DrawFn, server: Bounded, pristine: Path) -> None:
     """One hostile example: copy the sealed run, rewrite and re-seal one file, then verify,
     report (text; JSON with HTML) and resume it (AssertionError naming the file and change)."""
     example = server.scratch / f"example-{server.count}"
@@ -489,6 +403,6 @@ def exercise(draw: st.DrawFn, server: ForkServer, pristine: Path) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 def test_resealed_hostile_file_gives_a_verdict_or_one_line(
-    data: st.DataObject, server: ForkServer, pristine: Path
+    data: st.DataObject, server: Bounded, pristine: Path
 ) -> None:
     exercise(data.draw, server, pristine)

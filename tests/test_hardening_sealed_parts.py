@@ -5,7 +5,8 @@ module by the smoke runtime with a layer capture and replays (``tests/sealed_par
 seconds, no real engine). Each test copies it, rewrites comparison.json's
 ``diagnostics.layers`` or a layer file, re-seals it as anyone who can write an unkeyed run can
 (``tests/resealing.py``) and runs ``verify``, ``report`` (text, ``--json``) and ``run`` (a
-resume) as processes (``python -m pytest_logprob_drift``): a sealed value outside its
+resume) as processes: children forked from the session's server that imported the CLI once
+(the ``cli_process`` fixture, ``tests/cli_processes.py``). A sealed value outside its
 documented range or a reduction record that lies makes the attempt invalid, naming
 comparison.json and the JSON path, in one line; never exit 3 or a traceback; a resume executes
 the case again. A reduction that is valid but has a reference state of norm 0 is reported
@@ -15,15 +16,14 @@ without a warning on stderr.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from cli_processes import Finished, ForkServer
 
 from pytest_logprob_drift.numerics.layer_reduction import compare, state_digests
 from tests import sealed_parts
@@ -55,19 +55,11 @@ def _attempt(run_dir: Path, label: str = LABEL) -> Path:
     return found
 
 
-def _command(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m pytest_logprob_drift ARGS`` as a process (this checkout first on the path)."""
-    root = str(Path(__file__).resolve().parents[1])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "pytest_logprob_drift", *map(str, args)],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": path},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+@pytest.fixture
+def command(cli_process: ForkServer) -> Callable[..., Finished]:
+    """``logprob-drift ARGS`` as a process (``cli_process(*args, cwd=...)``): exit code,
+    stdout, stderr."""
+    return cli_process
 
 
 def _edit_reduction(attempt: Path, run_dir: Path, **changes: Any) -> None:
@@ -78,9 +70,11 @@ def _edit_reduction(attempt: Path, run_dir: Path, **changes: Any) -> None:
     reseal(run_dir, path)
 
 
-def _invalid_entry(run_dir: Path, attempt: Path) -> dict[str, Any]:
+def _invalid_entry(
+    command: Callable[..., Finished], run_dir: Path, attempt: Path
+) -> dict[str, Any]:
     """verify --json's entry for ``attempt``: exit 1, nothing on stderr, the attempt invalid."""
-    verified = _command("verify", run_dir, "--json", cwd=run_dir.parent)
+    verified = command("verify", run_dir, "--json", cwd=run_dir.parent)
     assert (verified.returncode, verified.stderr) == (1, ""), verified.stderr
     [entry] = [
         a for a in json.loads(verified.stdout)["attempts"] if a["attempt_id"] == attempt.name
@@ -92,30 +86,31 @@ def _invalid_entry(run_dir: Path, attempt: Path) -> dict[str, Any]:
 @pytest.mark.slow  # renders two report pages and resumes the run (tens of seconds)
 def test_positions_per_row_0_is_an_invalid_attempt_for_verify_report_and_resume(
     run_dir: Path,
+    command: Callable[..., Finished],
 ) -> None:
     """Issue 40, item 3: was ``ValueError: positions_per_row must be >= 1, got 0``, exit 3."""
     attempt = _attempt(run_dir)
     _edit_reduction(attempt, run_dir, positions_per_row=0)
     expected = f"{REDUCTION}.positions_per_row: Expected `int` >= 1"
 
-    entry = _invalid_entry(run_dir, attempt)
+    entry = _invalid_entry(command, run_dir, attempt)
     assert (entry["file"], entry["detail"]) == ("comparison.json", expected)
-    table = _command("verify", run_dir, cwd=run_dir.parent)
+    table = command("verify", run_dir, cwd=run_dir.parent)
     assert (table.returncode, table.stderr) == (1, "")
     [line] = [line for line in table.stdout.splitlines() if line.startswith(attempt.parent.name)]
     assert line.split()[2:] == ["invalid", "comparison.json", *expected.split()]
 
-    text = _command("report", run_dir, "--html", run_dir.parent / "page.html", cwd=run_dir.parent)
+    text = command("report", run_dir, "--html", run_dir.parent / "page.html", cwd=run_dir.parent)
     assert (text.returncode, text.stderr) == (0, ""), text.stderr
     assert f"invalid attempt (not shown): {attempt.parent.name}/{attempt.name}" in text.stdout
-    as_json = _command(
+    as_json = command(
         "report", run_dir, "--json", "--html", run_dir.parent / "page2.html", cwd=run_dir.parent
     )
     assert (as_json.returncode, as_json.stderr) == (0, ""), as_json.stderr
     assert expected in json.dumps(json.loads(as_json.stdout))
 
     config = run_dir.parent.parent / "sealed-parts.json"
-    resumed = _command(*sealed_parts.run_command(run_dir.parent, config), cwd=run_dir.parent)
+    resumed = command(*sealed_parts.run_command(run_dir.parent, config), cwd=run_dir.parent)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Traceback" not in resumed.stderr
     results = json.loads(resumed.stdout)["results"]
@@ -130,13 +125,13 @@ def test_positions_per_row_0_is_an_invalid_attempt_for_verify_report_and_resume(
     [("projection_dim", 7, 64), ("projection_seed", 0, 20261201), ("digest_bytes", 15, 16)],
 )
 def test_a_reduction_record_that_lies_is_an_invalid_attempt(
-    run_dir: Path, key: str, value: int, made_with: int
+    run_dir: Path, command: Callable[..., Finished], key: str, value: int, made_with: int
 ) -> None:
     """Issue 40, item 5: a re-sealed ``projection_dim: 7`` or ``projection_seed: 0`` verified
     as ok (the recorded parameters were never compared with the sealed reductions')."""
     attempt = _attempt(run_dir)
     _edit_reduction(attempt, run_dir, **{key: value})
-    entry = _invalid_entry(run_dir, attempt)
+    entry = _invalid_entry(command, run_dir, attempt)
     assert entry["file"] == "comparison.json"
     assert entry["detail"] == (
         f"{REDUCTION}.{key}: recorded {value}, the sealed reductions were made with {made_with}"
@@ -144,7 +139,9 @@ def test_a_reduction_record_that_lies_is_an_invalid_attempt(
 
 
 @pytest.mark.slow  # renders a report page (tens of seconds on a loaded machine)
-def test_a_reference_state_of_norm_0_is_reported_without_warnings(run_dir: Path) -> None:
+def test_a_reference_state_of_norm_0_is_reported_without_warnings(
+    run_dir: Path, command: Callable[..., Finished]
+) -> None:
     """Issue 40, item 6: the training side's embeddings all zero (norms and projections 0, the
     digests of zeros: a consistent reduction that verifies) make relative errors of about
     1e300; the report printed matplotlib's ``RuntimeWarning: overflow encountered in exp``."""
@@ -166,14 +163,14 @@ def test_a_reference_state_of_norm_0_is_reported_without_warnings(run_dir: Path)
     reseal(run_dir, training_path)
     reseal(run_dir, comparison_path)
 
-    verified = _command("verify", run_dir, "--json", cwd=run_dir.parent)
+    verified = command("verify", run_dir, "--json", cwd=run_dir.parent)
     assert verified.stderr == ""
     [entry] = [
         a for a in json.loads(verified.stdout)["attempts"] if a["attempt_id"] == attempt.name
     ]
     assert entry["status"] == "ok", entry
     page = run_dir.parent / "page.html"
-    reported = _command("report", run_dir, "--html", page, cwd=run_dir.parent)
+    reported = command("report", run_dir, "--html", page, cwd=run_dir.parent)
     assert reported.returncode == 0
     assert "RuntimeWarning" not in reported.stderr
     assert reported.stderr == ""

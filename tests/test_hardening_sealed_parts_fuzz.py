@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 import torch
+from cli_processes import Bounded, Finished, ForkServer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -45,9 +46,9 @@ from pytest_logprob_drift.numerics.path_split import path_split
 from tests import sealed_parts
 from tests.resealing import reseal
 from tests.test_hardening_sealed_fuzz import (
+    MEMORY_BYTES,
     PLACEHOLDER,
-    Finished,
-    ForkServer,
+    WALL_SECONDS,
     _nested,
     _paths,
     _set,
@@ -82,18 +83,20 @@ STRINGS = (
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
-    serving = ForkServer(tmp_path_factory.mktemp("fork-server"))
-    try:
-        yield serving
-    finally:
-        serving.close()
-        for command, (wall, rss) in sorted(serving.worst.items()):  # shown with -s
-            print(f"{command}: at most {wall:.1f} s, {rss / 2**20:+.0f} MiB resident")
+def server(cli_process: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bounded]:
+    serving = Bounded(
+        cli_process,
+        tmp_path_factory.mktemp("fork-server"),
+        seconds=WALL_SECONDS,
+        memory_bytes=MEMORY_BYTES,
+    )
+    yield serving
+    for command, (wall, rss) in sorted(serving.worst.items()):  # shown with -s
+        print(f"{command}: at most {wall:.1f} s, {rss / 2**20:+.0f} MiB resident")
 
 
 @pytest.fixture(scope="module")
-def pristine(server: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pristine(server: Bounded, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = sealed_parts.sealed_run(tmp_path_factory.mktemp("sealed-parts"))
     page = tmp_path_factory.mktemp("warm") / "page.html"
     assert server.warm("report", run_dir, "--html", page) == 0
@@ -315,7 +318,7 @@ def _check(note: str, finished: Finished, codes: tuple[int, ...]) -> None:
         raise AssertionError(f"{note}\n{finished.describe()}") from exc
 
 
-def exercise(draw: st.DrawFn, server: ForkServer, pristine: Path) -> None:
+def exercise(draw: st.DrawFn, server: Bounded, pristine: Path) -> None:
     example = Path(tempfile.mkdtemp(prefix="example-", dir=server.scratch))
     shutil.copytree(pristine.parent, example / "runs")
     run_dir = example / "runs" / sealed_parts.EXPERIMENT
@@ -367,6 +370,6 @@ def exercise(draw: st.DrawFn, server: ForkServer, pristine: Path) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 def test_resealed_hostile_part_gives_a_verdict_naming_a_file_or_recomputes_equal(
-    data: st.DataObject, server: ForkServer, pristine: Path
+    data: st.DataObject, server: Bounded, pristine: Path
 ) -> None:
     exercise(data.draw, server, pristine)

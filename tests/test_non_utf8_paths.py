@@ -3,10 +3,14 @@ the lone surrogate ``\\udcff``): the real commands show every such path escaped 
 as ``errors.one_line`` writes it) in their lines, their error messages and the HTML page, link
 to the files by their bytes (``%FF``), and never end in an internal error or a traceback.
 
-``run`` and one ``report`` (the page outside the run) run as real processes whose standard
-output is strict UTF-8 (what a UTF-8 terminal gets, ``PYTHONIOENCODING=utf-8:strict``): an
-unescaped path there is an encoding error, where the C locale would write the raw byte; the
-test also reads the bytes. ``plan``'s error lines come from real processes as well. The other
+``run`` and one ``report`` (the page outside the run) run as processes whose standard output
+is strict UTF-8 (what a UTF-8 terminal gets, ``PYTHONIOENCODING=utf-8:strict``): an unescaped
+path there is an encoding error, where the C locale would write the raw byte; the test also
+reads the bytes. Those two are children forked from the session's server that imported the CLI
+once (the ``cli_process`` fixture: their argv is what ``sys.argv`` holds for the path's bytes,
+their streams are set up from ``PYTHONIOENCODING`` as an interpreter's start does);
+``plan``'s error lines come from real ``python -m pytest_logprob_drift`` processes (a fresh
+interpreter decoding the bytes of its argv; ``plan`` never imports torch). The other
 commands (the report beside the run, ``verify``, ``report`` of a directory that is not a run)
 run in this process (``drift_testing.cli``), an interpreter start each saved: what they write
 must encode as strict UTF-8 and hold no lone surrogate, the same check the strict stream makes
@@ -26,6 +30,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import pytest
+from cli_processes import ForkServer
 from drift_testing import OFFSET_EXPECT, S0, cli
 
 BAD = os.fsdecode(b"drift-\xff")
@@ -34,26 +39,39 @@ SHOWN = "drift-\\udcff"
 """How the terminal and the page show it."""
 
 
-def command(*args: str | Path, cwd: Path) -> subprocess.Popen[bytes]:
-    """``python -m pytest_logprob_drift ARGS`` started, its standard streams strict UTF-8."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8:strict"}
-    return subprocess.Popen(
+STRICT = {"OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8:strict"}
+"""The environment of each command: its standard streams strict UTF-8."""
+
+
+def command(*args: str | Path, cwd: Path) -> tuple[int, bytes, bytes]:
+    """``python -m pytest_logprob_drift ARGS`` (the arguments as bytes) run to its end: exit
+    code, stdout and stderr."""
+    proc = subprocess.run(
         [sys.executable, "-m", "pytest_logprob_drift", *map(os.fsencode, args)],
         cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
+        capture_output=True,
+        env={**os.environ, **STRICT},
+        timeout=180,
+        check=False,
     )
+    return proc.returncode, proc.stdout, proc.stderr
 
 
-def finished(proc: subprocess.Popen[bytes]) -> tuple[int, str, str]:
-    """Exit code, stdout and stderr of ``proc``; neither holds the raw byte, nor a
+def forked(cli_process: ForkServer, *args: str | Path, cwd: Path) -> tuple[int, bytes, bytes]:
+    """``logprob-drift ARGS`` as a child of the session's fork server, like ``command``."""
+    done = cli_process(*args, cwd=cwd, env=STRICT, seconds=180)
+    assert done.code is not None, done.describe()
+    return done.code, done.stdout_bytes, done.stderr_bytes
+
+
+def finished(done: tuple[int, bytes, bytes]) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of a command; neither holds the raw byte, nor a
     traceback, nor an internal error."""
-    stdout, stderr = proc.communicate(timeout=180)
+    code, stdout, stderr = done
     assert b"\xff" not in stdout + stderr
     out, err = stdout.decode(), stderr.decode()
     assert "Traceback" not in out + err and "internal error" not in err, err[-2000:]
-    return proc.returncode, out, err
+    return code, out, err
 
 
 def in_process(*args: str | Path, capfd: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -72,14 +90,16 @@ def in_process(*args: str | Path, capfd: pytest.CaptureFixture[str]) -> tuple[in
 
 
 @pytest.fixture(scope="module")
-def bad_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The S0 run made by the real ``run`` command with its artifacts under ``drift-\\xff``."""
+def bad_run(cli_process: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The S0 run made by the ``run`` command (a forked child) with its artifacts under
+    ``drift-\\xff``."""
     root = tmp_path_factory.mktemp("non-utf8")
     base = root / BAD
     base.mkdir()
     config = base / S0.name
     shutil.copy(S0, config)
-    run = command(
+    run = forked(
+        cli_process,
         "run",
         config,
         "--runtime",
@@ -103,14 +123,14 @@ def test_run_prints_the_artifacts_path_escaped(bad_run: dict[str, Any]) -> None:
 
 
 def test_report_writes_the_page_and_one_line_with_the_paths_escaped(
-    bad_run: dict[str, Any], capfd: pytest.CaptureFixture[str]
+    bad_run: dict[str, Any], cli_process: ForkServer, capfd: pytest.CaptureFixture[str]
 ) -> None:
     finished(bad_run["run"])
     root, run_dir = bad_run["root"], bad_run["run_dir"]
-    # the page outside the run (its links pass through drift-\xff): a real process; the page
-    # in the run's default place: in this process, meanwhile
+    # the page outside the run (its links pass through drift-\xff): a process; the page in the
+    # run's default place: in this process
     outside = root / "pages" / "s0.html"
-    elsewhere = command("report", run_dir, "--html", outside, cwd=root)
+    elsewhere = forked(cli_process, "report", run_dir, "--html", outside, cwd=root)
     code, out, _ = in_process("report", run_dir, capfd=capfd)
     assert code == 0
     (line,) = [ln for ln in out.splitlines() if ln.startswith("HTML report: ")]
