@@ -8,7 +8,7 @@ regressed has its wall time and peak resident sets (the command's growth above t
 its chat template renderer's, a process of its own) compared with those of an ordinary
 ``prompts`` run measured the same way. One bomb (the 3 GB string) also runs as the real command
 (``python -m pytest_logprob_drift``) under a wrapper process that caps its address space and
-reads ``ru_maxrss``, compared with an ordinary run of the real command:
+reads ``ru_maxrss``, compared with an ordinary run of the real command (a slow test):
 
 1. a chat template that never finishes (a loop bomb) or makes a 3 GB string ends at its bound
    (``TEMPLATE_SECONDS``, the 1 MiB output bound) in one line naming the template's file, its
@@ -260,6 +260,7 @@ def test_a_template_bomb_ends_at_its_bound_in_one_line(
     assert not output.exists()
 
 
+@pytest.mark.slow  # two fresh interpreters importing transformers (about 11 s)
 def test_a_template_bomb_of_the_real_command_ends_at_its_bound(
     llama: Path, ordinary_process: dict[str, Any], tmp_path: Path
 ) -> None:

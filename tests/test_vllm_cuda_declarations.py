@@ -28,6 +28,8 @@ from pytest_logprob_drift.runtimes import HF, TINY_CHECKPOINTS, VLLM_HF
 from pytest_logprob_drift.runtimes.machine import cuda_build
 from tests.drift_testing import cli
 
+pytest_plugins = ["pytester"]
+
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 S2 = EXPERIMENTS / "cross_config_s2_vllm_tp_vs_fsdp.json"
@@ -349,17 +351,23 @@ def test_no_runtime_declares_s2_or_s3_on_cpu(level: ScenarioLevel) -> None:
     }
 
 
-def test_the_plugin_refuses_the_same_machine_before_any_engine(tmp_path: Path) -> None:
-    from tests.drift_testing import plugin_run
-
-    run = plugin_run(tmp_path, S2, runtime="vllm-hf")
-    proc = run["proc"]
-    assert proc.returncode == 1, proc.stdout[-3000:]
-    errors = [line for line in proc.stdout.splitlines() if line.startswith("ERROR ")]
-    assert len(errors) == 6, proc.stdout[-3000:]
-    assert "this machine cannot run scenario S2 on cuda: " in proc.stdout
-    assert "no CUDA device" in proc.stdout and "Traceback" not in proc.stdout
-    assert run["cases"] == {}
+def test_the_plugin_refuses_the_same_machine_before_any_engine(pytester: pytest.Pytester) -> None:
+    """A real pytest session (in this process: vLLM is imported here already) of the S2
+    experiment on vllm-hf: every case is an error item naming the machine, nothing is sealed."""
+    config = pytester.path / S2.name
+    config.write_text(S2.read_text())
+    artifacts = pytester.path / "runs"
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-q", "-rA", "--drift-config", config,
+        "--drift-runtime", "vllm-hf", "--drift-artifacts", artifacts,
+    )  # fmt: skip
+    out = "\n".join(result.outlines)
+    assert result.ret == 1, out[-3000:]
+    errors = [line for line in result.outlines if line.startswith("ERROR ")]
+    assert len(errors) == 6, out[-3000:]
+    assert "this machine cannot run scenario S2 on cuda: " in out
+    assert "no CUDA device" in out and "Traceback" not in out
+    assert not list(artifacts.glob("*/cases/*/*/comparison.json"))
 
 
 def test_ray_gives_a_context_parallel_engine_one_gpu_per_worker(tmp_path: Path) -> None:
