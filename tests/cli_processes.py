@@ -4,8 +4,9 @@ Owns the client of ``tests/cli_fork_server.py``: ``ForkServer`` (one server proc
 runs ``logprob-drift ARGV`` as a child forked from it, under a wall-time and an address-space
 bound) and ``Finished`` (what the child did: exit code or signal, stdout, stderr, wall time,
 peak resident growth). ``tests/conftest.py`` exposes one server per test process (per xdist
-worker) as the session fixture ``cli_process``, started at its first use and closed at the end
-of the session.
+worker) as the session fixture ``cli_process``: started as soon as the session's tests are
+collected when one of them uses it (its imports overlap the first tests), waited for at its first
+command and closed at the end of the session.
 
 Use it where a test needs a command as a process (its exit code, its streams, its bounds, a
 file system seen from another process) but not the start of a fresh interpreter: a child
@@ -115,11 +116,20 @@ class ForkServer:
                 env=self.environment,
                 cwd=scratch,
             )
+        self.ready = False
+        self.count = 0
+
+    def _await_ready(self) -> None:
+        """Wait, once, for the server's imports to finish: it is started before it is needed
+        (``tests/conftest.py`` starts it once the session's tests are collected, so its imports
+        overlap the first tests on another core) and waited for at its first command."""
+        if self.ready:
+            return
         assert self.process.stdout is not None
         ready = self.process.stdout.readline()
         assert ready, f"the fork server did not start:\n{self.errors.read_text()[-3000:]}"
         assert json.loads(ready) == {"ready": True}
-        self.count = 0
+        self.ready = True
 
     def _environment(self, env: Mapping[str, str | None]) -> dict[str, str | None]:
         """What to change in the server's environment: this process's now, then ``env``."""
@@ -142,6 +152,7 @@ class ForkServer:
         in ``cwd``, bounded by ``seconds`` of wall time and ``memory_bytes`` of address space
         above the server's (else the server's bounds)."""
         assert self.process.stdin is not None and self.process.stdout is not None
+        self._await_ready()
         self.count += 1
         out = self.scratch / f"{self.count}.out"
         err = self.scratch / f"{self.count}.err"
@@ -179,6 +190,7 @@ class ForkServer:
     def warm(self, *argv: str | Path) -> int:
         """Run a command in the server itself (its caches are inherited by every child)."""
         assert self.process.stdin is not None and self.process.stdout is not None
+        self._await_ready()
         self.process.stdin.write(json.dumps({"warm": [str(a) for a in argv]}) + "\n")
         self.process.stdin.flush()
         code: int = json.loads(self.process.stdout.readline())["code"]
@@ -186,6 +198,8 @@ class ForkServer:
 
     def close(self) -> None:
         assert self.process.stdin is not None
+        if not self.ready:  # never used: no need to let it finish its imports
+            self.process.kill()
         self.process.stdin.close()
         self.process.wait(timeout=60)
         if self.process.stdout is not None:

@@ -87,15 +87,46 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+_EARLY_SERVER: list[ForkServer] = []
+"""The fork server started once the session's tests are collected, if one of them uses it."""
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Start the ``cli_process`` server now when a collected test uses it: its imports (about
+    5 s of torch and transformers) then overlap the tests before its first use."""
+    if not _EARLY_SERVER and any(
+        "cli_process" in getattr(item, "fixturenames", ()) for item in items
+    ):
+        scratch = Path(tempfile.mkdtemp(prefix="logprob-drift-cli-process-"))
+        _EARLY_SERVER.append(ForkServer(scratch))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Close an early server no test ended up using (``-x``, a deselecting ``-k``)."""
+    while _EARLY_SERVER:
+        server = _EARLY_SERVER.pop()
+        server.close()
+        shutil.rmtree(server.scratch, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def cli_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+def cli_process() -> Iterator[ForkServer]:
     """``cli_process(*argv, env=, cwd=, seconds=, memory_bytes=)``: ``logprob-drift ARGV`` as a
     child forked from one server per test process (per xdist worker) that imported torch,
     matplotlib, transformers' ``AutoTokenizer`` and the CLI once: a ``Finished`` (exit code,
-    stdout, stderr, wall time, peak resident growth). Started at the first test that asks for
-    it, closed at the end of the session. See ``cli_processes``."""
-    server = ForkServer(tmp_path_factory.mktemp("cli-process"))
+    stdout, stderr, wall time, peak resident growth). Started once the tests are collected
+    (or at the first test that asks for it), closed at the end of the session. See
+    ``cli_processes``."""
+    server = (
+        _EARLY_SERVER.pop()
+        if _EARLY_SERVER
+        else ForkServer(Path(tempfile.mkdtemp(prefix="logprob-drift-cli-process-")))
+    )
     try:
         yield server
     finally:
         server.close()
+        shutil.rmtree(server.scratch, ignore_errors=True)
