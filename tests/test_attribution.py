@@ -422,7 +422,7 @@ def test_outcomes_are_identical_with_and_without_attribution(work: Path) -> None
 
 def test_plugin_summary_junit_properties_and_sealed_attribution(pytester: pytest.Pytester) -> None:
     pytester.path.joinpath("exp.json").write_text(S0.read_text())
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "--drift-config",
         "exp.json",
         "--drift-runtime",
@@ -458,7 +458,7 @@ def test_plugin_summary_junit_properties_and_sealed_attribution(pytester: pytest
 
 def test_plugin_refuses_a_bad_repeat_count(pytester: pytest.Pytester) -> None:
     pytester.path.joinpath("exp.json").write_text(S0.read_text())
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "--drift-config",
         "exp.json",
         "--drift-runtime",
