@@ -11,6 +11,7 @@ decides for a plan; both frontends ask it before any engine starts. Never builds
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from importlib import metadata
@@ -24,13 +25,19 @@ _OTHER_BUILDS = ("cpu", "rocm", "xpu", "tpu", "hpu", "neuron")
 build for another platform."""
 
 
+@functools.cache
+def _installed_packages() -> Mapping[str, list[str]]:
+    """``importlib.metadata.packages_distributions()``, read once per process: it reads the file
+    list of every installed distribution (about a second here), and what is installed does not
+    change under a running command."""
+    return metadata.packages_distributions()
+
+
 def cuda_build(package: str, distributions: Mapping[str, list[str]] | None = None) -> str | None:
     """None when ``package``'s CUDA build is installed, else what is installed instead (a
     sentence). ``distributions``: ``importlib.metadata.packages_distributions()`` (given in
     tests)."""
-    found = (metadata.packages_distributions() if distributions is None else distributions).get(
-        package, []
-    )
+    found = (_installed_packages() if distributions is None else distributions).get(package, [])
     if not found:
         return f"{package} is not installed"
     described = []
