@@ -133,7 +133,11 @@ def cross_check(diffs: dict[str, torch.Tensor], scored: dict[str, dict[str, torc
 
 def recompute(directory: Path, seal: Seal) -> NumericCheck:
     """The numerical verdict from token_diffs.pt alone."""
-    diffs = load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal)
+    return _verdict_of(load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal))
+
+
+def _verdict_of(diffs: dict[str, torch.Tensor]) -> NumericCheck:
+    """The numerical verdict from the tensors of token_diffs.pt."""
     if set(diffs) != TOKEN_DIFF_KEYS:
         raise SealError(
             layout.TOKEN_DIFFS, f"expected tensors {sorted(TOKEN_DIFF_KEYS)}, found {sorted(diffs)}"
@@ -216,8 +220,8 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             if name not in seal.files:
                 raise SealError(name, "required file is not sealed")
             scored[name] = load_sealed_tensors(directory, name, seal)
-        numeric = recompute(directory, seal)
         diffs = load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal)
+        numeric = _verdict_of(diffs)
         cross_check(diffs, scored)
         if imported is not None and imported.samples != diffs["active_mask"].shape[0]:
             raise SealError(
