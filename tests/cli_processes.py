@@ -26,7 +26,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,3 +231,15 @@ class Bounded:
 
     def warm(self, *argv: str | Path) -> int:
         return self.server.warm(*argv)
+
+
+@contextmanager
+def bounded(
+    server: ForkServer, scratch: Path, *, seconds: float, memory_bytes: int
+) -> Iterator[Bounded]:
+    """A module's ``Bounded`` commands on ``server``; at the end, the worst wall time and
+    resident growth of each command are printed (shown with ``-s``)."""
+    serving = Bounded(server, scratch, seconds=seconds, memory_bytes=memory_bytes)
+    yield serving
+    for command, (wall, rss) in sorted(serving.worst.items()):
+        print(f"{command}: at most {wall:.1f} s, {rss / 2**20:+.0f} MiB resident")

@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 import torch
-from cli_processes import Bounded, Finished, ForkServer
+from cli_processes import Bounded, Finished, ForkServer, bounded
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -84,15 +84,9 @@ STRINGS = (
 
 @pytest.fixture(scope="module")
 def server(cli_process: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bounded]:
-    serving = Bounded(
-        cli_process,
-        tmp_path_factory.mktemp("fork-server"),
-        seconds=WALL_SECONDS,
-        memory_bytes=MEMORY_BYTES,
-    )
-    yield serving
-    for command, (wall, rss) in sorted(serving.worst.items()):  # shown with -s
-        print(f"{command}: at most {wall:.1f} s, {rss / 2**20:+.0f} MiB resident")
+    scratch = tmp_path_factory.mktemp("fork-server")
+    with bounded(cli_process, scratch, seconds=WALL_SECONDS, memory_bytes=MEMORY_BYTES) as serving:
+        yield serving
 
 
 @pytest.fixture(scope="module")
