@@ -52,8 +52,11 @@ KEYS = ("token_ids", "attention_mask", "active_mask", "logprobs", "prompt_length
 
 
 def _is_helper(pid: int) -> bool:
-    """The one multiprocessing helper allowed to outlive an engine (the resource tracker)."""
-    return "multiprocessing.resource_tracker" in process_command_line(pid)
+    """A process allowed to outlive an engine: multiprocessing's resource tracker, or the
+    suite's CLI fork server (``tests/cli_fork_server.py``, a child of the test process for the
+    whole session; ``tests/cli_processes.py``)."""
+    command = process_command_line(pid)
+    return "multiprocessing.resource_tracker" in command or "cli_fork_server.py" in command
 
 
 @pytest.fixture(scope="module")
