@@ -243,11 +243,25 @@ def test_a_template_bomb_ends_at_its_bound_in_one_line(
     template: str,
     needles: list[str],
 ) -> None:
-    checkpoint = tokenizer_copy(llama, tmp_path / name, chat_template=template)
-    source = tmp_path / "p.jsonl"
+    assert_template_bomb_refused(logprob_drift, llama, tmp_path / name, template, needles, ordinary)
+
+
+def assert_template_bomb_refused(
+    command: Callable[..., dict[str, Any]],
+    llama: Path,
+    work: Path,
+    template: str,
+    needles: list[str],
+    ordinary: dict[str, Any],
+) -> None:
+    """``prompts --chat-template`` with ``template`` in the tokenizer, run by ``command``: one
+    error line naming the template's file, the prompt and ``needles``, bounded like
+    ``ordinary`` (measured the same way), nothing written."""
+    checkpoint = tokenizer_copy(llama, work, chat_template=template)
+    source = work.parent / f"{work.name}.jsonl"
     source.write_text('{"text": "hello"}\n')
-    output = tmp_path / "o.json"
-    result = logprob_drift(
+    output = work.parent / f"{work.name}.out.json"
+    result = command(
         "prompts", "--checkpoint", checkpoint, source, "--chat-template", "--output", output
     )
     one_error_line(
@@ -268,26 +282,14 @@ def test_a_template_bomb_of_the_real_command_ends_at_its_bound(
     address space is capped (``ADDRESS_SPACE``, by a wrapper process that also reads the peak
     resident set of it and its renderer): the same one line, bounded like an ordinary run of
     the real command."""
-    checkpoint = tokenizer_copy(
+    assert_template_bomb_refused(
+        logprob_drift_process,
         llama,
         tmp_path / "multiplication",
-        chat_template="{{ bos_token }}\n\n{{ 'x' * 3000000000 }}",
+        "{{ bos_token }}\n\n{{ 'x' * 3000000000 }}",
+        ["makes a value of 3000000000 characters (over the bound of 1 MiB)", "at template line 3"],
+        ordinary_process,
     )
-    source = tmp_path / "p.jsonl"
-    source.write_text('{"text": "hello"}\n')
-    output = tmp_path / "o.json"
-    result = logprob_drift_process(
-        "prompts", "--checkpoint", checkpoint, source, "--chat-template", "--output", output
-    )
-    one_error_line(
-        result,
-        f"{checkpoint / 'tokenizer_config.json'}: the chat template ",
-        f"rendering the prompt of {source}:1",
-        "makes a value of 3000000000 characters (over the bound of 1 MiB)",
-        "at template line 3",
-    )
-    assert_bounded(result, ordinary_process)
-    assert not output.exists()
 
 
 def _rendered(template: str, content: str = "hi") -> str:
