@@ -37,7 +37,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from pytest_logprob_drift.errors import DriftError, ExitCode
 from pytest_logprob_drift.runtimes import TINY_SCHEME
-from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_bars, tf
+from pytest_logprob_drift.runtimes.transformers.library import model_construction, tf
 
 __all__ = [
     "TINY_ARCHITECTURES",
@@ -296,16 +296,16 @@ def _save_checkpoint(
     """Seeded float32 weights of ``model_class(config)`` and the tokenizer, saved into
     ``target_dir`` (a chat template, when given, in tokenizer_config.json). The one writer of
     every tiny build; the torch RNG is left untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(WEIGHT_SEED)
-        model = model_class(config).to(torch.float32)
-    model.eval()
-    model.generation_config = tf.GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )
-    with quiet_progress_bars():
+    with model_construction():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(WEIGHT_SEED)
+            model = model_class(config).to(torch.float32)
+        model.eval()
+        model.generation_config = tf.GenerationConfig(
+            bos_token_id=config.bos_token_id,
+            eos_token_id=config.eos_token_id,
+            pad_token_id=config.pad_token_id,
+        )
         model.save_pretrained(target_dir, safe_serialization=True)
     options: dict[str, Any] = {} if chat_template is None else {"chat_template": chat_template}
     fast = tf.PreTrainedTokenizerFast(

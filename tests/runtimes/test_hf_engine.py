@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,65 @@ def test_load_model_errors_and_readback(tiny: ResolvedCheckpoint, fp32: object) 
     assert back["device"] == "cpu"
     assert back["num_parameters"] == 557952
     assert back["training"] is False
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory: pytest.TempPathFactory) -> ResolvedCheckpoint:
+    """The tiny Qwen2: its config ties the LM head to the input embedding, and its files hold
+    no ``lm_head.weight`` (transformers ties it after loading)."""
+    return resolve_checkpoint(
+        "tiny://qwen2-h64-v1", expected_digest=None, cache_root=tmp_path_factory.mktemp("tied")
+    )
+
+
+def _is_tied(model: Any) -> bool:
+    return model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_threads_loading_at_once_leave_every_tied_head_tied(tied: ResolvedCheckpoint) -> None:
+    # transformers 5 swaps PreTrainedModel.tie_weights for a no-op while it builds a model; two
+    # threads at once used to leave the no-op in place for good (found as meta-device LM heads
+    # in a later test of the same worker).
+    from transformers.modeling_utils import PreTrainedModel
+
+    original = PreTrainedModel.tie_weights
+    models: list[Any] = []
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            for _ in range(3):
+                models.append(
+                    hf_engine.load_model(tied.path, dtype="float32", attn_implementation="sdpa")
+                )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(models) == 12
+    assert PreTrainedModel.tie_weights is original
+    after = hf_engine.load_model(tied.path, dtype="float32", attn_implementation="sdpa")
+    assert all(_is_tied(model) for model in [*models, after])
+
+
+def test_a_load_that_leaves_the_tied_head_empty_is_refused(tied: ResolvedCheckpoint) -> None:
+    # The state the race left, made on purpose with transformers' own context manager.
+    from transformers.initialization import no_tie_weights
+
+    with (
+        no_tie_weights(),
+        pytest.raises(
+            ValueError,
+            match=r"qwen2.* did not load whole: parameter 'lm_head\.weight' holds no data "
+            r"\(left on the meta device\)",
+        ),
+    ):
+        hf_engine.load_model(tied.path, dtype="float32", attn_implementation="sdpa")
+    assert _is_tied(hf_engine.load_model(tied.path, dtype="float32", attn_implementation="sdpa"))
 
 
 @pytest.mark.slow

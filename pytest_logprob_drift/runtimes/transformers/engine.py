@@ -32,7 +32,7 @@ from pytest_logprob_drift.runtimes.batch import (
     canonical_batch,
     validate_rollout_request,
 )
-from pytest_logprob_drift.runtimes.transformers.library import quiet_progress_bars, tf
+from pytest_logprob_drift.runtimes.transformers.library import model_construction, tf
 from pytest_logprob_drift.runtimes.transformers.logs import transformers_output
 
 __all__ = [
@@ -168,6 +168,20 @@ def _lm_head(model: Any) -> Any:
     return get() if callable(get) else None
 
 
+def _unloaded(model: Any) -> str | None:
+    """Why the loaded model is not whole (None: it is): a parameter left on the meta device
+    (transformers builds there and fills from the files), or a head the config ties that is
+    not the input embedding."""
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if param.device.type == "meta":
+            return f"parameter {name!r} holds no data (left on the meta device)"
+    if getattr(model.config, "tie_word_embeddings", False):
+        head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+        if head is not None and embedding is not None and head.weight is not embedding.weight:
+            return "the config ties the LM head to the input embedding, but they are not tied"
+    return None
+
+
 def read_back(model: Any) -> dict[str, object]:
     """What the live model actually has (never what was asked for): ``param_dtype`` is the
     body's (every parameter but the LM head's), ``lm_head_dtype`` the LM head weight's."""
@@ -290,7 +304,7 @@ def load_model(
             "(use 'eager' or 'sdpa' on CPU)"
         )
     try:
-        with quiet_progress_bars(), transformers_output():
+        with model_construction(), transformers_output():
             model = tf.AutoModelForCausalLM.from_pretrained(
                 Path(model_dir),
                 dtype=DTYPES[dtype],
@@ -302,6 +316,8 @@ def load_model(
             f"cannot load {model_dir} with dtype {dtype!r} and attn_implementation "
             f"{attn_implementation!r}: {exc}"
         ) from exc
+    if (why := _unloaded(model)) is not None:
+        raise ValueError(f"{model_dir} did not load whole: {why}")
     if lm_head_dtype not in LM_HEAD_DTYPES:
         raise ValueError(f"lm_head_dtype must be one of {', '.join(LM_HEAD_DTYPES)}")
     if lm_head_dtype == "float32" and dtype != "float32":
