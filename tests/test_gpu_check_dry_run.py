@@ -122,10 +122,15 @@ def test_the_cpu_dry_run_fills_every_section(tmp_path: Path) -> None:
     assert all(v["outcome"] in ("PASS", "MISMATCH") for v in run["verdicts"])
 
 
-def test_a_deadline_too_short_records_every_section_not_run(tmp_path: Path) -> None:
+def test_a_deadline_too_short_records_every_section_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # in this process: the kit as a process is test_the_cpu_dry_run_fills_every_section's
     pytest.importorskip("torch")
     kit = _kit()
-    code, summary, _ = _run(tmp_path, "--device", "cpu", "--quick", "--deadline-s", "0")
+    code, summary = _run_in_process(
+        tmp_path, capsys, "--device", "cpu", "--quick", "--deadline-s", "0"
+    )
     _assert_every_section_recorded(summary, kit)
     assert {s["status"] for s in summary["sections"].values()} == {"not_run"}
     assert all(s["reason"].startswith("deadline: ") for s in summary["sections"].values())

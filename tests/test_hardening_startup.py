@@ -119,46 +119,64 @@ def test_the_package_root_loads_its_names_on_first_use() -> None:
         facade.nope  # noqa: B018
 
 
+def _side_by_side(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
+    """Each command as a fresh interpreter, all started at once (this machine's cores run
+    them side by side), each bounded to 120 s: what each did, in the order given."""
+    started = [
+        subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for c in commands
+    ]
+    try:
+        streams = [process.communicate(timeout=120) for process in started]
+    finally:  # a hang or an error: none is left running
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [
+        subprocess.CompletedProcess(command, process.returncode, out, err)
+        for command, process, (out, err) in zip(commands, started, streams, strict=True)
+    ]
+
+
 def test_the_process_entry_point_leaves_the_heap_to_the_os_only_without_engine_code() -> None:
     scripts = importlib.metadata.entry_points(group="console_scripts", name="logprob-drift")
     assert [e.value for e in scripts] == ["pytest_logprob_drift.cli:entry"]
     preloads = [("", True), ("import torch\n", False)]
     if importlib.util.find_spec("triton") is not None:  # its nanobind reports leaks at exit
         preloads.append(("import triton\n", False))
-    for preload, frozen in preloads:
-        code = (
-            "import gc, sys\n"
-            f"{preload}"
-            "from pytest_logprob_drift.cli import entry\n"
-            f"sys.argv = ['logprob-drift', 'plan', {str(S3)!r}]\n"
-            "code = entry()\n"
-            "print('exit', code, 'frozen', gc.get_freeze_count() > 0)\n"
+    entries = [
+        (
+            [
+                sys.executable,
+                "-c",
+                "import gc, sys\n"
+                f"{preload}"
+                "from pytest_logprob_drift.cli import entry\n"
+                f"sys.argv = ['logprob-drift', 'plan', {str(S3)!r}]\n"
+                "code = entry()\n"
+                "print('exit', code, 'frozen', gc.get_freeze_count() > 0)\n",
+            ],
+            preload,
+            frozen,
         )
-        result = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-        )
+        for preload, frozen in preloads
+    ]
+    # ``python -m``: the whole table reaches a pipe, and exit codes are main's
+    module = [sys.executable, "-m", "pytest_logprob_drift", "plan"]
+    # the interpreters are independent: they run side by side
+    *results, planned, missing = _side_by_side(
+        [argv for argv, _, _ in entries]
+        + [[*module, str(S3), "--json"]]
+        + [[*module, "no-such-config.json"]]
+    )
+    for result, (_, preload, frozen) in zip(results, entries, strict=True):
         assert result.returncode == 0, result.stderr
         # with a native extension loaded the heap is torn down as usual: no leak report
         assert result.stdout.splitlines()[-1] == f"exit 0 frozen {frozen}", preload
         assert result.stderr == "", preload
-
-    # ``python -m``: the whole table reaches a pipe, and exit codes are main's
-    planned = subprocess.run(
-        [sys.executable, "-m", "pytest_logprob_drift", "plan", str(S3), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
     assert planned.returncode == 0, planned.stderr
     cases = json.loads(planned.stdout)["cases"]
     assert cases and all(len(c["case_id"]) == 16 for c in cases)
-    missing = subprocess.run(
-        [sys.executable, "-m", "pytest_logprob_drift", "plan", "no-such-config.json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
     assert missing.returncode == 2
     assert missing.stderr.count("\n") == 1 and "no-such-config.json" in missing.stderr

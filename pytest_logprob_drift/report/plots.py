@@ -112,6 +112,7 @@ def new_figure(
             "font.family": "sans-serif",
             "font.size": 7.5,
             "axes.titlesize": 8.5,
+            "axes.titley": 1.0,
             "axes.linewidth": 0.6,
             "xtick.major.width": 0.6,
             "ytick.major.width": 0.6,
