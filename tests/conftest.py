@@ -18,9 +18,11 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_processes import ForkServer
+from early import EarlyWork, marked_work
 
 # The suite keeps Python's compiled-module cache on (``__pycache__``, git-ignored) even where the
 # environment turns it off (``PYTHONDONTWRITEBYTECODE``): without it every test process, and
@@ -92,17 +94,32 @@ _EARLY_SERVER: list[ForkServer] = []
 """The fork server started once the session's tests are collected, if one of them uses it."""
 
 
+_EARLY_WORK = EarlyWork()
+
+
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """Start the ``cli_process`` server now when a collected test uses it: its imports (about
-    5 s of torch and transformers) then overlap the tests before its first use."""
+    5 s of torch and transformers) then overlap the tests before its first use. Then start the
+    selected tests' ``early`` work (``tests/early.py``) on one background thread."""
     if not _EARLY_SERVER and any(
         "cli_process" in getattr(item, "fixturenames", ()) for item in items
     ):
         scratch = Path(tempfile.mkdtemp(prefix="logprob-drift-cli-process-"))
         _EARLY_SERVER.append(ForkServer(scratch))
+    _EARLY_WORK.start(work for item in items if (work := marked_work(item)) is not None)
+
+
+@pytest.fixture
+def early(request: pytest.FixtureRequest) -> Any:
+    """What the test's ``pytest.mark.early(work)`` gave: ``work()``'s value, computed in the
+    background since collection ended (``tests/early.py``), or here if it had not started."""
+    work = marked_work(request.node)
+    if work is None:
+        raise pytest.UsageError(f"{request.node.nodeid} asks for 'early' without an early mark")
+    return _EARLY_WORK.result(work)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -117,7 +134,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Close an early server no test ended up using (``-x``, a deselecting ``-k``)."""
+    """Close an early server no test ended up using (``-x``, a deselecting ``-k``), and end the
+    early work (what has not started is dropped)."""
+    _EARLY_WORK.finish()
     while _EARLY_SERVER:
         server = _EARLY_SERVER.pop()
         server.close()

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from cli_processes import ForkServer
 from drift_testing import EXPERIMENTS, S0, cli, run_s0
+from early import scratch, starts_early
 
 from pytest_logprob_drift.errors import ExitCode, UsageError
 from pytest_logprob_drift.execute.settings import (
@@ -80,29 +81,49 @@ def heavy_modules_at_exit(cwd: Path, *args: str) -> tuple[int, list[str], str]:
     return rc, json.loads(heavy.split(" ", 1)[1].replace("'", '"')), proc.stdout + proc.stderr
 
 
-def test_a_session_without_a_drift_config_imports_no_engine(tmp_path: Path) -> None:
-    (tmp_path / "test_trivial.py").write_text("def test_one():\n    assert True\n")
-    rc, heavy, output = heavy_modules_at_exit(
-        tmp_path, "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)
-    )
+def _a_session_without_a_drift_config() -> tuple[int, list[str], str]:
+    """A pytest session of one trivial test, in a fresh interpreter: early work
+    (``tests/early.py``)."""
+    with scratch() as directory:
+        (directory / "test_trivial.py").write_text("def test_one():\n    assert True\n")
+        return heavy_modules_at_exit(
+            directory, "-q", "-p", "no:cacheprovider", "--rootdir", str(directory)
+        )
+
+
+@starts_early(_a_session_without_a_drift_config)
+def test_a_session_without_a_drift_config_imports_no_engine(
+    early: tuple[int, list[str], str],
+) -> None:
+    rc, heavy, output = early
     assert rc == 0 and "1 passed" in output, output
     assert heavy == [], output
 
 
-def test_collecting_every_shipped_config_imports_no_engine(tmp_path: Path) -> None:
+def _collecting_every_shipped_config() -> tuple[int, list[str], str]:
+    """``--collect-only`` with every shipped experiment as a drift config, in a fresh
+    interpreter: early work (``tests/early.py``)."""
     configs = [
         arg for path in sorted(EXPERIMENTS.glob("*.json")) for arg in ("--drift-config", str(path))
     ]
-    rc, heavy, output = heavy_modules_at_exit(
-        tmp_path,
-        "-q",
-        "--collect-only",
-        "-p",
-        "no:cacheprovider",
-        "--rootdir",
-        str(tmp_path),
-        *configs,
-    )
+    with scratch() as directory:
+        return heavy_modules_at_exit(
+            directory,
+            "-q",
+            "--collect-only",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(directory),
+            *configs,
+        )
+
+
+@starts_early(_collecting_every_shipped_config)
+def test_collecting_every_shipped_config_imports_no_engine(
+    early: tuple[int, list[str], str],
+) -> None:
+    rc, heavy, output = early
     assert rc == 0 and "tests collected" in output, output
     assert heavy == [], output
 

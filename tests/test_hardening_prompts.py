@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 from cli_processes import ForkServer
+from early import starts_early
 
 transformers = pytest.importorskip("transformers")
 
@@ -297,48 +298,60 @@ def _rendered(template: str, content: str = "hi") -> str:
         return renderer.render([{"role": "user", "content": content}], "p.jsonl:1")
 
 
+def _refusal(template: str) -> str | None:
+    """The one-line refusal rendering ``template`` raises (None: it rendered): early work
+    (``tests/early.py``), each in its own renderer process."""
+    try:
+        _rendered(template)
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+BOMBS = [
+    ("{{ messages.__class__.__mro__ }}", ["p.jsonl:1: the chat template refused it", "unsafe"]),
+    ("{{ cycler.__init__.__globals__ }}", ["refused it", "'__init__'", "unsafe"]),
+    ("{{ lipsum.__globals__.os }}", ["refused it", "'__globals__'", "unsafe"]),
+    (
+        "{% set x = lipsum(n=10000000) %}x",
+        [f"ran longer than its bound of {TEMPLATE_SECONDS:g}"],
+    ),
+    (
+        "{% set ns = namespace(s='x') %}\n{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+        "{% endfor %}{{ ns.s|length }}",
+        [f"needs more memory than its bound of {TEMPLATE_MEMORY_BYTES >> 20} MiB", "line 2"],
+    ),
+    ("{{ 'x'|center(3000000000) }}", ["needs more memory than its bound"]),
+    (
+        "{{ (10 ** 100000) ** 100000 }}",
+        ["makes an integer of about", "over the bound of 1 MiB"],
+    ),
+    ("{{ [1] * 2000000 }}", ["makes a value of 2000000 items"]),
+    (
+        "x\n{% for i in range(100000) %}{{ 'y' * 100 }}{% endfor %}",
+        ["renders more than its output bound of 1 MiB at template line 2"],
+    ),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", ["recursed deeper"]),
+    (
+        "ok\n{% for %}",
+        ["tokenizer_config.json: the chat template does not compile at template line 2"],
+    ),
+    (
+        "\n\n{{ raise_exception('only user turns') }}",
+        ["p.jsonl:1: the chat template refused it at template line 3: only user turns"],
+    ),
+]
+
+
 @pytest.mark.parametrize(
     ("template", "needles"),
-    [
-        ("{{ messages.__class__.__mro__ }}", ["p.jsonl:1: the chat template refused it", "unsafe"]),
-        ("{{ cycler.__init__.__globals__ }}", ["refused it", "'__init__'", "unsafe"]),
-        ("{{ lipsum.__globals__.os }}", ["refused it", "'__globals__'", "unsafe"]),
-        (
-            "{% set x = lipsum(n=10000000) %}x",
-            [f"ran longer than its bound of {TEMPLATE_SECONDS:g}"],
-        ),
-        (
-            "{% set ns = namespace(s='x') %}\n{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
-            "{% endfor %}{{ ns.s|length }}",
-            [f"needs more memory than its bound of {TEMPLATE_MEMORY_BYTES >> 20} MiB", "line 2"],
-        ),
-        ("{{ 'x'|center(3000000000) }}", ["needs more memory than its bound"]),
-        (
-            "{{ (10 ** 100000) ** 100000 }}",
-            ["makes an integer of about", "over the bound of 1 MiB"],
-        ),
-        ("{{ [1] * 2000000 }}", ["makes a value of 2000000 items"]),
-        (
-            "x\n{% for i in range(100000) %}{{ 'y' * 100 }}{% endfor %}",
-            ["renders more than its output bound of 1 MiB at template line 2"],
-        ),
-        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", ["recursed deeper"]),
-        (
-            "ok\n{% for %}",
-            ["tokenizer_config.json: the chat template does not compile at template line 2"],
-        ),
-        (
-            "\n\n{{ raise_exception('only user turns') }}",
-            ["p.jsonl:1: the chat template refused it at template line 3: only user turns"],
-        ),
-    ],
+    [pytest.param(t, n, marks=starts_early(functools.partial(_refusal, t))) for t, n in BOMBS],
 )
 def test_the_sandbox_refuses_escapes_and_bounds_every_bomb(
-    template: str, needles: list[str]
+    template: str, needles: list[str], early: str | None
 ) -> None:
-    with pytest.raises(UsageError) as raised:
-        _rendered(template)
-    message = str(raised.value)
+    message = early
+    assert message is not None, f"{template!r} rendered"
     assert "\n" not in message
     for needle in needles:
         assert needle in message, (needle, message)

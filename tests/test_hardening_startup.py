@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from drift_testing import S3
+from early import starts_early
 
 from pytest_logprob_drift.registry import entry_points
 
@@ -119,58 +120,44 @@ def test_the_package_root_loads_its_names_on_first_use() -> None:
         facade.nope  # noqa: B018
 
 
-def _side_by_side(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
-    """Each command as a fresh interpreter, all started at once (this machine's cores run
-    them side by side), each bounded to 120 s: what each did, in the order given."""
-    started = [
-        subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for c in commands
+PRELOADS = [("", True), ("import torch\n", False)]
+if importlib.util.find_spec("triton") is not None:  # its nanobind reports leaks at exit
+    PRELOADS.append(("import triton\n", False))
+
+
+def _entry_point_interpreters() -> list[subprocess.CompletedProcess[str]]:
+    """``plan`` of S3 through the process entry point after each of ``PRELOADS``, then through
+    ``python -m`` (with and without a config there), one interpreter after the other: early
+    work (``tests/early.py``)."""
+    entries = [
+        [
+            sys.executable,
+            "-c",
+            "import gc, sys\n"
+            f"{preload}"
+            "from pytest_logprob_drift.cli import entry\n"
+            f"sys.argv = ['logprob-drift', 'plan', {str(S3)!r}]\n"
+            "code = entry()\n"
+            "print('exit', code, 'frozen', gc.get_freeze_count() > 0)\n",
+        ]
+        for preload, _ in PRELOADS
     ]
-    try:
-        streams = [process.communicate(timeout=120) for process in started]
-    finally:  # a hang or an error: none is left running
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    module = [sys.executable, "-m", "pytest_logprob_drift", "plan"]
     return [
-        subprocess.CompletedProcess(command, process.returncode, out, err)
-        for command, process, (out, err) in zip(commands, started, streams, strict=True)
+        subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        for argv in [*entries, [*module, str(S3), "--json"], [*module, "no-such-config.json"]]
     ]
 
 
-def test_the_process_entry_point_leaves_the_heap_to_the_os_only_without_engine_code() -> None:
+@starts_early(_entry_point_interpreters)
+def test_the_process_entry_point_leaves_the_heap_to_the_os_only_without_engine_code(
+    early: list[subprocess.CompletedProcess[str]],
+) -> None:
     scripts = importlib.metadata.entry_points(group="console_scripts", name="logprob-drift")
     assert [e.value for e in scripts] == ["pytest_logprob_drift.cli:entry"]
-    preloads = [("", True), ("import torch\n", False)]
-    if importlib.util.find_spec("triton") is not None:  # its nanobind reports leaks at exit
-        preloads.append(("import triton\n", False))
-    entries = [
-        (
-            [
-                sys.executable,
-                "-c",
-                "import gc, sys\n"
-                f"{preload}"
-                "from pytest_logprob_drift.cli import entry\n"
-                f"sys.argv = ['logprob-drift', 'plan', {str(S3)!r}]\n"
-                "code = entry()\n"
-                "print('exit', code, 'frozen', gc.get_freeze_count() > 0)\n",
-            ],
-            preload,
-            frozen,
-        )
-        for preload, frozen in preloads
-    ]
     # ``python -m``: the whole table reaches a pipe, and exit codes are main's
-    module = [sys.executable, "-m", "pytest_logprob_drift", "plan"]
-    # the interpreters are independent: they run side by side
-    *results, planned, missing = _side_by_side(
-        [argv for argv, _, _ in entries]
-        + [[*module, str(S3), "--json"]]
-        + [[*module, "no-such-config.json"]]
-    )
-    for result, (_, preload, frozen) in zip(results, entries, strict=True):
+    *results, planned, missing = early
+    for result, (preload, frozen) in zip(results, PRELOADS, strict=True):
         assert result.returncode == 0, result.stderr
         # with a native extension loaded the heap is torn down as usual: no leak report
         assert result.stdout.splitlines()[-1] == f"exit 0 frozen {frozen}", preload

@@ -9,6 +9,7 @@ the state after deleting the package and its pyproject entries.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from drift_testing import EXPERIMENTS, S0, S0_HF
+from early import scratch, starts_early
 
 import pytest_logprob_drift
 
@@ -56,11 +58,32 @@ def cli_without_smoke(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]
     )
 
 
-@pytest.mark.parametrize("config", sorted(EXPERIMENTS.glob("*.json")), ids=lambda p: p.stem)
+def _without_smoke_in_scratch(*args: str) -> subprocess.CompletedProcess[str]:
+    """``cli_without_smoke(*args)`` in a scratch directory of its own (``{scratch}`` in an
+    argument names it), removed afterwards: early work (``tests/early.py``)."""
+    with scratch() as directory:
+        return cli_without_smoke(
+            *(a.replace("{scratch}", str(directory)) for a in args), cwd=directory
+        )
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(
+            config,
+            id=config.stem,
+            marks=starts_early(
+                functools.partial(_without_smoke_in_scratch, "plan", str(config), "--json")
+            ),
+        )
+        for config in sorted(EXPERIMENTS.glob("*.json"))
+    ],
+)
 def test_every_experiment_but_s0_smoke_plans_without_the_smoke_group(
-    config: Path, tmp_path: Path
+    config: Path, early: subprocess.CompletedProcess[str]
 ) -> None:
-    result = cli_without_smoke("plan", str(config), "--json", cwd=tmp_path)
+    result = early
     if config == S0:
         assert result.returncode == 2
         assert "UNKNOWN_BACKEND" in result.stderr and "smoke_only.logp_reference" in result.stderr
@@ -73,18 +96,22 @@ def test_every_experiment_but_s0_smoke_plans_without_the_smoke_group(
         assert "cpu-smoke" not in row["executable_by"]
 
 
-def test_cpu_smoke_runtime_is_unknown_without_the_smoke_group(tmp_path: Path) -> None:
-    result = cli_without_smoke(
+@starts_early(
+    functools.partial(
+        _without_smoke_in_scratch,
         "run",
         str(S0_HF),
         "--runtime",
         "cpu-smoke",
         "--artifacts",
-        str(tmp_path / "runs"),
-        cwd=tmp_path,
+        "{scratch}/runs",
     )
-    assert result.returncode == 2
-    assert "unknown runtime 'cpu-smoke'; known: hf, vllm-hf" in result.stderr
+)
+def test_cpu_smoke_runtime_is_unknown_without_the_smoke_group(
+    early: subprocess.CompletedProcess[str],
+) -> None:
+    assert early.returncode == 2
+    assert "unknown runtime 'cpu-smoke'; known: hf, vllm-hf" in early.stderr
 
 
 @pytest.mark.slow

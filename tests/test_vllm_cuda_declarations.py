@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from early import scratch, starts_early
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.machine_fit import MachineFacts, case_gpus, machine_refusal
@@ -315,24 +316,40 @@ def test_cuda_build_is_read_from_the_installed_distribution() -> None:
     assert here is not None and here.startswith("installed is vllm") and "(cpu build)" in here
 
 
-def test_run_of_s2_here_is_refused_before_any_engine(tmp_path: Path) -> None:
-    artifacts = tmp_path / "runs"
-    script = (
-        "import sys\n"
-        "from pytest_logprob_drift.cli import main\n"
-        f"code = main(['run', {str(S2)!r}, '--runtime', 'vllm-hf', '--artifacts', "
-        f"{str(artifacts)!r}])\n"
-        "print('EXIT', code, 'vllm' in sys.modules)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
-    )
+def _run_s2_here() -> tuple[subprocess.CompletedProcess[str], bool]:
+    """``run`` of S2 with vllm-hf in a fresh interpreter, reporting whether it imported vllm,
+    and whether the artifacts directory exists afterwards: early work (``tests/early.py``)."""
+    with scratch() as directory:
+        artifacts = directory / "runs"
+        script = (
+            "import sys\n"
+            "from pytest_logprob_drift.cli import main\n"
+            f"code = main(['run', {str(S2)!r}, '--runtime', 'vllm-hf', '--artifacts', "
+            f"{str(artifacts)!r}])\n"
+            "print('EXIT', code, 'vllm' in sys.modules)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+            check=False,
+        )
+        return done, artifacts.exists()
+
+
+@starts_early(_run_s2_here)
+def test_run_of_s2_here_is_refused_before_any_engine(
+    early: tuple[subprocess.CompletedProcess[str], bool],
+) -> None:
+    done, sealed_something = early
     assert done.stdout.strip().splitlines()[-1] == "EXIT 2 False", done.stderr[-3000:]
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("logprob-drift: error: this machine cannot run scenario S2 on cuda: ")
     assert "runtime 'vllm-hf' needs vllm's CUDA build; installed is vllm" in line
     assert "baseline needs 2" in line and "this machine has no CUDA device (torch " in line
-    assert not artifacts.exists()
+    assert not sealed_something
 
 
 def test_the_catalog_hands_the_runtimes_their_pairs() -> None:

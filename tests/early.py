@@ -1,0 +1,127 @@
+"""Work a test only waits for, started on a spare core as soon as the session's tests are collected.
+
+Owns ``starts_early(work)`` (the mark ``pytest.mark.early`` with ``work`` as its argument) and
+what the ``early`` fixture reads. ``work`` is a callable without
+arguments that spends its time waiting for another process (a fresh interpreter, a chat
+template renderer that must run into its time bound); the test asks for the ``early`` fixture
+and gets ``work()``'s return value (or its exception, raised there). ``tests/conftest.py``
+hands the marked work of the selected tests (after ``-k`` and ``-m``) to one background thread
+once collection ends, in collection order, so that while the test process runs other tests,
+those processes run on the machine's other core; a test whose work has not started yet runs it
+at once. Under pytest-xdist nothing starts early (every worker collects every test, and both
+cores are busy anyway): the work runs when its test asks for it, as it would without this.
+
+Use it only for work whose inputs are fixed when the module is imported (its scratch space made
+by the work itself, as ``tempfile.mkdtemp``), that reads nothing a fixture or ``monkeypatch``
+sets up, and whose figures do not depend on the machine being otherwise idle.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+Work = Callable[[], Any]
+
+
+class EarlyWork:
+    """The session's early work: one future per distinct callable, run by one thread."""
+
+    def __init__(self) -> None:
+        self._futures: dict[Work, Future[Any]] = {}
+        self._queue: list[Work] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self, works: Iterable[Work]) -> None:
+        """Queue ``works`` (in order, each once) and start the background thread, unless this
+        process is a pytest-xdist worker."""
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            return
+        with self._lock:
+            for work in works:
+                if work not in self._futures:
+                    self._futures[work] = Future()
+                    self._queue.append(work)
+            if self._queue and self._thread is None:
+                self._thread = threading.Thread(target=self._drain, name="early-work", daemon=True)
+                self._thread.start()
+
+    def _next(self) -> tuple[Work, Future[Any]] | None:
+        with self._lock:
+            while self._queue:
+                work = self._queue.pop(0)
+                future = self._futures[work]
+                if future.set_running_or_notify_cancel():
+                    return work, future
+            self._thread = None
+            return None
+
+    def _drain(self) -> None:
+        while (item := self._next()) is not None:
+            _run(*item)
+
+    def result(self, work: Work) -> Any:
+        """``work()``'s value: waited for when it was started early, run here otherwise."""
+        with self._lock:
+            future = self._futures.setdefault(work, Future())
+            runs_here = not (future.running() or future.done())  # not started: start it here
+            if runs_here:
+                future.set_running_or_notify_cancel()
+                if work in self._queue:
+                    self._queue.remove(work)
+        if runs_here:
+            _run(work, future)
+        return future.result()
+
+    def finish(self) -> None:
+        """Drop what has not started and wait for what has (the session is ending)."""
+        with self._lock:
+            for work in self._queue:
+                self._futures[work].cancel()
+            self._queue.clear()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+
+def _run(work: Work, future: Future[Any]) -> None:
+    try:
+        future.set_result(work())
+    except BaseException as exc:  # raised again in the test that asks
+        future.set_exception(exc)
+
+
+@contextmanager
+def scratch() -> Iterator[Path]:
+    """A directory of the work's own (it runs before its test's ``tmp_path`` exists), removed
+    when the block ends: whatever the test asserts about it is measured inside the block."""
+    directory = Path(tempfile.mkdtemp(prefix="logprob-drift-early-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def starts_early(work: Work) -> pytest.MarkDecorator:
+    """The ``early`` mark carrying ``work`` (``pytest.mark.early(f)`` alone would decorate
+    ``f`` itself)."""
+    return pytest.mark.early.with_args(work)
+
+
+def marked_work(item: pytest.Item) -> Work | None:
+    """The work of an item's ``early`` mark (None: it has none)."""
+    mark = item.get_closest_marker("early")
+    if mark is None:
+        return None
+    (work,) = mark.args
+    return work  # type: ignore[no-any-return]
