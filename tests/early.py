@@ -18,8 +18,11 @@ sets up, and whose figures do not depend on the machine being otherwise idle.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -110,6 +113,20 @@ def scratch() -> Iterator[Path]:
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def python_process(code: str, *, cwd: Path | None = None, timeout: float = 120) -> Work:
+    """Work: ``python -c code`` in a fresh interpreter (its streams captured as text, no
+    exception for a non-zero exit), the ``subprocess.CompletedProcess`` its value."""
+    return functools.partial(
+        subprocess.run,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def starts_early(work: Work) -> pytest.MarkDecorator:

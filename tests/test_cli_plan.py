@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from drift_testing import EXPERIMENTS as EXPERIMENTS_DIR
 from drift_testing import REPO, S0, S3
+from early import python_process, starts_early
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.cli import main
@@ -323,16 +324,15 @@ def test_usage_errors_exit_2_without_traceback(args: list[str]) -> None:
 HEAVY = ("torch", "transformers", "vllm", "safetensors", "tokenizers", "numpy")
 
 
-def test_planning_never_imports_torch_transformers_or_vllm() -> None:
-    configs = [str(p) for p in EXPERIMENTS]
-    code = textwrap.dedent(f"""
+PLANNING_EVERY_EXPERIMENT = python_process(
+    textwrap.dedent(f"""
         import contextlib, io, sys
         import pytest_logprob_drift
         from pytest_logprob_drift.cli import main
         heavy = {HEAVY!r}
         assert not [m for m in heavy if m in sys.modules], "imported by the package"
         assert main(["plan", {str(S3)!r}]) == 0
-        for config in {configs!r}:
+        for config in {[str(p) for p in EXPERIMENTS]!r}:
             for extra in ([], ["--json"]):
                 with contextlib.redirect_stdout(io.StringIO()):
                     assert main(["plan", config, *extra]) == 0, config
@@ -340,15 +340,17 @@ def test_planning_never_imports_torch_transformers_or_vllm() -> None:
         loaded = [m for m in sys.modules if m.split(".")[0] in heavy]
         assert not loaded, loaded
         print("NO-HEAVY-IMPORTS")
-    """)
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-    )
+    """),
+    cwd=REPO,
+    timeout=60,
+)
+
+
+@starts_early(PLANNING_EVERY_EXPERIMENT)
+def test_planning_never_imports_torch_transformers_or_vllm(
+    early: subprocess.CompletedProcess[str],
+) -> None:
+    result = early
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 case(s)" in result.stdout
     assert result.stdout.strip().endswith("NO-HEAVY-IMPORTS")
