@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from early import scratch, starts_early
+from early import python_process, scratch, starts_early
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.machine_fit import MachineFacts, case_gpus, machine_refusal
@@ -328,14 +328,7 @@ def _run_s2_here() -> tuple[subprocess.CompletedProcess[str], bool]:
             f"{str(artifacts)!r}])\n"
             "print('EXIT', code, 'vllm' in sys.modules)\n"
         )
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=300,
-            check=False,
-        )
+        done: subprocess.CompletedProcess[str] = python_process(script, cwd=ROOT, timeout=300)()
         return done, artifacts.exists()
 
 
