@@ -115,7 +115,9 @@ def scratch() -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def python_process(code: str, *, cwd: Path | None = None, timeout: float = 120) -> Work:
+def python_process(
+    code: str, *, cwd: Path | None = None, timeout: float = 120
+) -> Callable[[], subprocess.CompletedProcess[str]]:
     """Work: ``python -c code`` in a fresh interpreter (its streams captured as text, no
     exception for a non-zero exit), the ``subprocess.CompletedProcess`` its value."""
     return functools.partial(

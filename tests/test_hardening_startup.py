@@ -155,13 +155,13 @@ def test_the_process_entry_point_leaves_the_heap_to_the_os_only_without_engine_c
 ) -> None:
     scripts = importlib.metadata.entry_points(group="console_scripts", name="logprob-drift")
     assert [e.value for e in scripts] == ["pytest_logprob_drift.cli:entry"]
-    # ``python -m``: the whole table reaches a pipe, and exit codes are main's
     *results, planned, missing = early
     for result, (preload, frozen) in zip(results, PRELOADS, strict=True):
         assert result.returncode == 0, result.stderr
         # with a native extension loaded the heap is torn down as usual: no leak report
         assert result.stdout.splitlines()[-1] == f"exit 0 frozen {frozen}", preload
         assert result.stderr == "", preload
+    # ``python -m``: the whole table reaches a pipe, and exit codes are main's
     assert planned.returncode == 0, planned.stderr
     cases = json.loads(planned.stdout)["cases"]
     assert cases and all(len(c["case_id"]) == 16 for c in cases)

@@ -328,7 +328,7 @@ def _run_s2_here() -> tuple[subprocess.CompletedProcess[str], bool]:
             f"{str(artifacts)!r}])\n"
             "print('EXIT', code, 'vllm' in sys.modules)\n"
         )
-        done: subprocess.CompletedProcess[str] = python_process(script, cwd=ROOT, timeout=300)()
+        done = python_process(script, cwd=ROOT, timeout=300)()
         return done, artifacts.exists()
 
 

@@ -231,7 +231,7 @@ def _collecting_s0_hf_for_ray() -> subprocess.CompletedProcess[str]:
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm'))\n"
             "print('RC', int(rc), 'BAD', bad[:5])\n"
         )
-        return python_process(script, cwd=directory, timeout=300)()  # type: ignore[no-any-return]
+        return python_process(script, cwd=directory, timeout=300)()
 
 
 @starts_early(_collecting_s0_hf_for_ray)
