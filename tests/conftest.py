@@ -10,10 +10,10 @@ process (``cli_processes``).
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 from cli_processes import ForkServer
-from early import EarlyWork, marked_work
+from early import SESSION, marked_work, value_for, yield_to_the_tests
+from tmpfs import small_tmpfs
 
 # The suite keeps Python's compiled-module cache on (``__pycache__``, git-ignored) even where the
 # environment turns it off (``PYTHONDONTWRITEBYTECODE``): without it every test process, and
@@ -71,30 +72,15 @@ def work(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs (root only): a disk that fills up."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs to fill needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
+    """A 64 KiB tmpfs (root only): a disk that fills up (``tmpfs.small_tmpfs``)."""
+    with small_tmpfs(tmp_path / "small") as mount:
+        if isinstance(mount, str):
+            pytest.skip(mount)
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 _EARLY_SERVER: list[ForkServer] = []
 """The fork server started once the session's tests are collected, if one of them uses it."""
-
-
-_EARLY_WORK = EarlyWork()
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
@@ -108,18 +94,18 @@ def pytest_collection_modifyitems(
         "cli_process" in getattr(item, "fixturenames", ()) for item in items
     ):
         scratch = Path(tempfile.mkdtemp(prefix="logprob-drift-cli-process-"))
-        _EARLY_SERVER.append(ForkServer(scratch))
-    _EARLY_WORK.start(work for item in items if (work := marked_work(item)) is not None)
+        server = ForkServer(scratch)
+        if not os.environ.get("PYTEST_XDIST_WORKER"):  # its imports, in the background
+            yield_to_the_tests(server.process.pid)
+        _EARLY_SERVER.append(server)
+    SESSION.start(work for item in items if (work := marked_work(item)) is not None)
 
 
 @pytest.fixture
 def early(request: pytest.FixtureRequest) -> Any:
     """What the test's ``pytest.mark.early(work)`` gave: ``work()``'s value, computed in the
     background since collection ended (``tests/early.py``), or here if it had not started."""
-    work = marked_work(request.node)
-    if work is None:
-        raise pytest.UsageError(f"{request.node.nodeid} asks for 'early' without an early mark")
-    return _EARLY_WORK.result(work)
+    return value_for(request)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -133,10 +119,39 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.set_threshold(young, middle, 100)
 
 
+_FINISHED: list[pytest.Session] = []
+"""The session, once it has finished (its exit status is the process's)."""
+
+
+def _exit_without_teardown() -> None:
+    """Run every other ``atexit`` handler, then end the process with the session's status,
+    skipping Python's finalization of its heap: what torch, transformers and vLLM leave (over
+    a million objects, native destructors) took 2-4 s of wall time after the last test, and
+    checks nothing. Registered last (at unconfigure), so it runs first and no handler runs
+    twice."""
+    atexit.unregister(_exit_without_teardown)
+    atexit._run_exitfuncs()  # the others, last registered first, as at any exit
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(_FINISHED[-1].exitstatus))
+
+
+def _pytest_is_the_program() -> bool:
+    """Whether this process is ``pytest`` or ``python -m pytest`` (whose exit status is the
+    session's), not a program that called ``pytest.main`` and goes on."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return getattr(spec, "name", None) == "pytest.__main__" or Path(sys.argv[0]).name in {
+        "pytest",
+        "py.test",
+    }
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Close an early server no test ended up using (``-x``, a deselecting ``-k``), and end the
     early work (what has not started is dropped)."""
-    _EARLY_WORK.finish()
+    _FINISHED.append(session)
+    SESSION.finish()
     while _EARLY_SERVER:
         server = _EARLY_SERVER.pop()
         server.close()
@@ -144,9 +159,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The heap is torn down as usual at exit (a native extension such as triton's reports
-    what was never finalized as leaks otherwise)."""
+    """Give the frozen heap back (a native extension such as triton's reports what was never
+    finalized as leaks when the heap is torn down). A test process of its own (``pytest``,
+    no pytest-xdist workers and not one of them) whose session finished then exits without
+    that teardown (``_exit_without_teardown``)."""
     gc.unfreeze()
+    alone = getattr(config.option, "dist", "no") == "no" and not os.environ.get(
+        "PYTEST_XDIST_WORKER"
+    )
+    if alone and _FINISHED and _pytest_is_the_program():
+        atexit.register(_exit_without_teardown)
 
 
 @pytest.fixture(scope="session")

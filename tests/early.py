@@ -1,14 +1,18 @@
 """Work a test only waits for, started on a spare core as soon as the session's tests are collected.
 
-Owns ``starts_early(work)`` (the mark ``pytest.mark.early`` with ``work`` as its argument) and
-what the ``early`` fixture reads. ``work`` is a callable without
+Owns ``starts_early(work)`` (the mark ``pytest.mark.early`` with ``work`` as its argument),
+the session's ``EarlyWork`` (``SESSION``), what the ``early`` fixture reads (``value_for``;
+``early_value`` for a module fixture) and the lower priority of background processes
+(``yield_to_the_tests``). ``work`` is a callable without
 arguments that spends its time waiting for another process (a fresh interpreter, a chat
 template renderer that must run into its time bound); the test asks for the ``early`` fixture
 and gets ``work()``'s return value (or its exception, raised there). ``tests/conftest.py``
 hands the marked work of the selected tests (after ``-k`` and ``-m``) to one background thread
 once collection ends, in collection order, so that while the test process runs other tests,
 those processes run on the machine's other core; a test whose work has not started yet runs it
-at once. Under pytest-xdist nothing starts early (every worker collects every test, and both
+at once. The background thread, and every process it starts, runs ``BACKGROUND_NICENESS``
+levels lower than the tests, so it takes a core only where the tests leave one idle. Under
+pytest-xdist nothing starts early (every worker collects every test, and both
 cores are busy anyway): the work runs when its test asks for it, as it would without this.
 
 Use it only for work whose inputs are fixed when the module is imported (its scratch space made
@@ -70,6 +74,7 @@ class EarlyWork:
             return None
 
     def _drain(self) -> None:
+        yield_to_the_tests()  # this thread and the processes it starts
         while (item := self._next()) is not None:
             _run(*item)
 
@@ -95,6 +100,20 @@ class EarlyWork:
             thread = self._thread
         if thread is not None:
             thread.join()
+
+
+BACKGROUND_NICENESS = 10
+"""How much lower than the tests' the priority of background work is: the scheduler gives a
+busy test process about ten times its share of a core, so a background process slows no test
+(torch's threads in the test process stall when one of them waits for a core) and still
+uses whatever core the tests leave idle."""
+
+
+def yield_to_the_tests(pid: int | None = None) -> None:
+    """Lower the priority of process ``pid`` (None: the calling thread; on Linux the nice
+    value is a thread's, and a process it starts inherits it) by ``BACKGROUND_NICENESS``."""
+    who = threading.get_native_id() if pid is None else pid
+    os.setpriority(os.PRIO_PROCESS, who, os.getpriority(os.PRIO_PROCESS, who) + BACKGROUND_NICENESS)
 
 
 def _run(work: Work, future: Future[Any]) -> None:
@@ -129,6 +148,26 @@ def python_process(
         timeout=timeout,
         check=False,
     )
+
+
+SESSION = EarlyWork()
+"""This test process's early work (``tests/conftest.py`` starts it and ends it)."""
+
+
+def early_value(work: Work) -> Any:
+    """``work()``'s value for a fixture wider than a test (a module's pair of processes): the
+    one started once collection ended when a selected test carries ``starts_early(work)``, or
+    computed here. The ``early`` fixture is this for a test's own mark."""
+    return SESSION.result(work)
+
+
+def value_for(request: pytest.FixtureRequest) -> Any:
+    """The ``early`` fixture's value: the work of the test's ``early`` mark, its value (a
+    ``pytest.UsageError`` naming the test when it has no such mark)."""
+    work = marked_work(request.node)
+    if work is None:
+        raise pytest.UsageError(f"{request.node.nodeid} asks for 'early' without an early mark")
+    return SESSION.result(work)
 
 
 def starts_early(work: Work) -> pytest.MarkDecorator:

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from cli_processes import ForkServer
 from drift_testing import OFFSET_EXPECT, S0, cli, run_s0
+from early import scratch, starts_early
+from tmpfs import fill, small_tmpfs
 
 from pytest_logprob_drift.errors import ExitCode
 
@@ -138,8 +140,7 @@ def test_verify_or_report_of_a_missing_run_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("leave", [0, 2048, 6144])
 def test_a_full_disk_while_the_run_directory_is_set_up(tiny_tmpfs: Path, leave: int) -> None:
-    stat_ = os.statvfs(tiny_tmpfs)
-    (tiny_tmpfs / "filler").write_bytes(b"\0" * max(stat_.f_bavail * stat_.f_frsize - leave, 0))
+    fill(tiny_tmpfs, leave)
     code, _, err = run_s0(tiny_tmpfs / "runs")
     assert code == ExitCode.RUNTIME_FAILURE, err
     assert "No space left on device" in one_error_line(err)
@@ -149,22 +150,30 @@ def test_a_full_disk_while_the_run_directory_is_set_up(tiny_tmpfs: Path, leave: 
     assert leftovers == []
 
 
-def test_a_full_disk_in_a_subprocess_has_no_traceback(tiny_tmpfs: Path) -> None:
-    """The real command (``python -m pytest_logprob_drift``, a fresh interpreter) on a full
-    disk: one line, exit 3."""
-    stat_ = os.statvfs(tiny_tmpfs)
-    (tiny_tmpfs / "filler").write_bytes(b"\0" * (stat_.f_bavail * stat_.f_frsize))
-    command = [sys.executable, "-m", "pytest_logprob_drift", "run", str(S0), "--runtime"]
-    options = ["cpu-smoke", "--allow-smoke-operators", "--artifacts", str(tiny_tmpfs / "runs")]
-    result = subprocess.run(
-        [*command, *options],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == ExitCode.RUNTIME_FAILURE
-    assert "No space left on device" in one_error_line(result.stderr)
+def _s0_on_a_full_disk() -> subprocess.CompletedProcess[str] | str:
+    """The real command (``python -m pytest_logprob_drift``, a fresh interpreter) running S0
+    onto a full 64 KiB tmpfs, or why no tmpfs could be mounted: early work
+    (``tests/early.py``)."""
+    with scratch() as directory, small_tmpfs(directory / "small") as mount:
+        if isinstance(mount, str):
+            return mount
+        fill(mount)
+        command = [sys.executable, "-m", "pytest_logprob_drift", "run", str(S0), "--runtime"]
+        options = ["cpu-smoke", "--allow-smoke-operators", "--artifacts", str(mount / "runs")]
+        return subprocess.run(
+            [*command, *options], capture_output=True, text=True, timeout=120, check=False
+        )
+
+
+@starts_early(_s0_on_a_full_disk)
+def test_a_full_disk_in_a_subprocess_has_no_traceback(
+    early: subprocess.CompletedProcess[str] | str,
+) -> None:
+    """The real command on a full disk: one line, exit 3."""
+    if isinstance(early, str):
+        pytest.skip(early)
+    assert early.returncode == ExitCode.RUNTIME_FAILURE
+    assert "No space left on device" in one_error_line(early.stderr)
 
 
 # ----------------------------------------------------------------------------- class 7

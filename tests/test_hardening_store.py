@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from drift_testing import OFFSET_EXPECT, cli, plan_row, run_s0
+from tmpfs import fill
 
 from pytest_logprob_drift.errors import ExitCode, InvalidRunError, StorageError
 from pytest_logprob_drift.store.attempt import read_seal
@@ -451,14 +452,6 @@ def test_a_sealed_line_that_is_no_row_makes_the_run_invalid_for_every_reader(
     assert refused.value.exit_code == ExitCode.UNEXPECTED_OUTCOME
     assert "sealed line 2 is not a plan row" in str(refused.value)
     assert plan.read_bytes() == data  # nothing cut, nothing appended
-
-
-def fill(directory: Path, leave: int) -> Path:
-    """Fill the file system of ``directory`` up to ``leave`` free bytes."""
-    filler = directory / "filler"
-    stat = os.statvfs(directory)
-    filler.write_bytes(b"\0" * max(stat.f_bavail * stat.f_frsize - leave, 0))
-    return filler
 
 
 def test_a_short_plan_append_on_a_full_disk_is_rolled_back(tiny_tmpfs: Path) -> None:
