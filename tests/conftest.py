@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from cli_processes import ForkServer
-from early import SESSION, marked_work, value_for, yield_to_the_tests
+from early import SESSION, in_an_xdist_worker, marked_work, value_for, yield_to_the_tests
 from tmpfs import small_tmpfs
 
 # The suite keeps Python's compiled-module cache on (``__pycache__``, git-ignored) even where the
@@ -95,7 +95,7 @@ def pytest_collection_modifyitems(
     ):
         scratch = Path(tempfile.mkdtemp(prefix="logprob-drift-cli-process-"))
         server = ForkServer(scratch)
-        if not os.environ.get("PYTEST_XDIST_WORKER"):  # its imports, in the background
+        if not in_an_xdist_worker():  # its imports, in the background
             yield_to_the_tests(server.process.pid)
         _EARLY_SERVER.append(server)
     SESSION.start(work for item in items if (work := marked_work(item)) is not None)
@@ -164,9 +164,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     no pytest-xdist workers and not one of them) whose session finished then exits without
     that teardown (``_exit_without_teardown``)."""
     gc.unfreeze()
-    alone = getattr(config.option, "dist", "no") == "no" and not os.environ.get(
-        "PYTEST_XDIST_WORKER"
-    )
+    alone = getattr(config.option, "dist", "no") == "no" and not in_an_xdist_worker()
     if alone and _FINISHED and _pytest_is_the_program():
         atexit.register(_exit_without_teardown)
 

@@ -52,7 +52,7 @@ class EarlyWork:
     def start(self, works: Iterable[Work]) -> None:
         """Queue ``works`` (in order, each once) and start the background thread, unless this
         process is a pytest-xdist worker."""
-        if os.environ.get("PYTEST_XDIST_WORKER"):
+        if in_an_xdist_worker():
             return
         with self._lock:
             for work in works:
@@ -102,11 +102,17 @@ class EarlyWork:
             thread.join()
 
 
+def in_an_xdist_worker() -> bool:
+    """Whether this process is a pytest-xdist worker (its peer keeps the other core busy: no
+    work starts early and nothing is given a lower priority)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
 BACKGROUND_NICENESS = 10
 """How much lower than the tests' the priority of background work is: the scheduler gives a
-busy test process about ten times its share of a core, so a background process slows no test
-(torch's threads in the test process stall when one of them waits for a core) and still
-uses whatever core the tests leave idle."""
+busy test process about ten times a background process's share of a core, so background work
+no longer takes the core a test runs on (three busy processes on two cores made the first
+tests twice as slow) and still uses whatever core the tests leave idle."""
 
 
 def yield_to_the_tests(pid: int | None = None) -> None:
@@ -167,7 +173,7 @@ def value_for(request: pytest.FixtureRequest) -> Any:
     work = marked_work(request.node)
     if work is None:
         raise pytest.UsageError(f"{request.node.nodeid} asks for 'early' without an early mark")
-    return SESSION.result(work)
+    return early_value(work)
 
 
 def starts_early(work: Work) -> pytest.MarkDecorator:

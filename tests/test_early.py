@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import CancelledError
 
 import pytest
@@ -61,22 +62,32 @@ def test_work_not_started_runs_where_its_test_asks_and_the_rest_is_dropped_at_th
     def queued() -> str:
         return threading.current_thread().name
 
-    def never() -> str:  # pragma: no cover - dropped before it starts
+    ran: list[str] = []
+
+    def never() -> str:
+        ran.append("never")
         return "never"
 
     work = EarlyWork()
     work.start([blocker, queued, never])
     assert started.wait(30)
     assert work.result(queued) == threading.current_thread().name  # not started: run here
+    # the session ends while 'blocker' runs and 'never' waits: 'never' is dropped, 'blocker'
+    # is waited for
+    finisher = threading.Thread(target=work.finish)
+    finisher.start()
+    deadline = time.monotonic() + 30
+    while not work._futures[never].cancelled():  # finish has dropped what waits
+        assert time.monotonic() < deadline, "finish did not drop the waiting work"
+        time.sleep(0.01)
+    assert finisher.is_alive()  # still waiting for 'blocker'
     release.set()
+    finisher.join(30)
+    assert not finisher.is_alive()
     assert work.result(blocker) == "blocker"
-    work.start([])  # nothing new; the thread may still be about to take 'never'
-    work.finish()
-    try:
-        value = work.result(never)
-    except CancelledError:
-        value = "dropped"
-    assert value in ("dropped", "never")
+    with pytest.raises(CancelledError):
+        work.result(never)
+    assert ran == []
 
 
 def test_nothing_starts_early_in_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
