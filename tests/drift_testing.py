@@ -254,3 +254,18 @@ def plan_row(case_id: str, **changes: Any) -> dict[str, Any]:
     }
     row.update(changes)
     return row
+
+
+def experiment_document(experiment_id: str) -> dict[str, Any]:
+    """An ``experiment.json`` with every member ``store.documents.ExperimentDocument``
+    requires (verify decodes it as the report does), for tests of the store that need no real
+    experiment."""
+    return {
+        "experiment_id": experiment_id,
+        "scenario_id": "test",
+        "scenario": {"level": "S0"},
+        "contract": {},
+        "strategy": "one_at_a_time",
+        "strict_fallback": True,
+        "identity": {},
+    }

@@ -56,6 +56,8 @@ def _reseal_directory(directory: Path, name: str) -> None:
 
 def _reseal_attributions(run_dir: Path, attempt: Path) -> None:
     digest = _sha256(attempt / "COMPLETE")
+    if not (run_dir / "attributions").is_dir():  # an imported run has none
+        return
     for attribution in (run_dir / "attributions").iterdir():
         seal = json.loads((attribution / "COMPLETE").read_text())
         document = json.loads((attribution / "attribution.json").read_text())

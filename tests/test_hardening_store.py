@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import OFFSET_EXPECT, cli, plan_row, run_s0
+from drift_testing import OFFSET_EXPECT, cli, experiment_document, plan_row, run_s0
 from tmpfs import fill
 
 from pytest_logprob_drift.errors import ExitCode, InvalidRunError, StorageError
@@ -380,9 +380,9 @@ def test_a_rewritten_or_truncated_plan_is_invalid_and_an_appended_row_incomplete
 
 def test_plan_appends_add_a_seal_and_keep_every_older_one(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path, "exp")
-    store.initialize({"experiment_id": "exp"}, [plan_row("a")])
-    store.initialize({"experiment_id": "exp"}, [plan_row("a"), plan_row("b")])
-    store.initialize({"experiment_id": "exp"}, [plan_row("b")])  # nothing new: no seal
+    store.initialize(experiment_document("exp"), [plan_row("a")])
+    store.initialize(experiment_document("exp"), [plan_row("a"), plan_row("b")])
+    store.initialize(experiment_document("exp"), [plan_row("b")])  # nothing new: no seal
     seals = run_seals(store.directory)
     assert len(seals) == 2 and seals[-1][0] == len((store.directory / PLAN_FILE).read_bytes())
     (store.directory / "cases").mkdir(exist_ok=True)
@@ -394,14 +394,14 @@ def test_plan_appends_add_a_seal_and_keep_every_older_one(tmp_path: Path) -> Non
 
 def test_a_torn_plan_tail_is_reported_then_cut_back_never_glued_to(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path, "exp")
-    store.initialize({"experiment_id": "exp"}, [plan_row("a")])
+    store.initialize(experiment_document("exp"), [plan_row("a")])
     plan = store.directory / PLAN_FILE
     sealed = plan.read_bytes()
     with plan.open("ab") as handle:
         handle.write(b'{"case_id": "tor')  # what a crash in the middle of an append leaves
     log = read_plan_log(store.directory)
     assert log.torn == len(b'{"case_id": "tor') and log.bad_lines == ()
-    notes = store.initialize({"experiment_id": "exp"}, [plan_row("a"), plan_row("b")])
+    notes = store.initialize(experiment_document("exp"), [plan_row("a"), plan_row("b")])
     assert any("torn last line" in n for n in notes)
     data = plan.read_bytes()
     assert data.startswith(sealed) and b'"tor' not in data  # cut back to the sealed bytes
@@ -416,13 +416,13 @@ def test_an_unsealed_line_that_is_no_row_is_cut_back_before_the_next_append(
     tmp_path: Path,
 ) -> None:
     store = ArtifactStore(tmp_path, "exp")
-    store.initialize({"experiment_id": "exp"}, [plan_row("a")])
+    store.initialize(experiment_document("exp"), [plan_row("a")])
     plan = store.directory / PLAN_FILE
     sealed = plan.read_bytes()
     with plan.open("ab") as handle:  # a torn line an older version terminated, never sealed
         handle.write(b'{"case_id": "tor\n')
     assert [line for line, _, _ in read_plan_log(store.directory).bad_lines] == [2]
-    store.initialize({"experiment_id": "exp"}, [plan_row("b")])
+    store.initialize(experiment_document("exp"), [plan_row("b")])
     data = plan.read_bytes()
     assert data.startswith(sealed) and json.loads(data[len(sealed) :]) == plan_row("b")
     assert run_file_problems(store.directory) == {}
@@ -432,7 +432,7 @@ def test_a_sealed_line_that_is_no_row_makes_the_run_invalid_for_every_reader(
     tmp_path: Path,
 ) -> None:
     store = ArtifactStore(tmp_path, "exp")
-    store.initialize({"experiment_id": "exp"}, [plan_row("a")])
+    store.initialize(experiment_document("exp"), [plan_row("a")])
     plan = store.directory / PLAN_FILE
     with plan.open("ab") as handle:  # what an older version terminated and then sealed
         handle.write(b'{"case_id": "tor\n')
@@ -448,7 +448,7 @@ def test_a_sealed_line_that_is_no_row_makes_the_run_invalid_for_every_reader(
     assert code == ExitCode.UNEXPECTED_OUTCOME, (out, err)
     assert "sealed line 2 is not a plan row" in out + err
     with pytest.raises(InvalidRunError) as refused:
-        store.initialize({"experiment_id": "exp"}, [plan_row("a"), plan_row("b")])
+        store.initialize(experiment_document("exp"), [plan_row("a"), plan_row("b")])
     assert refused.value.exit_code == ExitCode.UNEXPECTED_OUTCOME
     assert "sealed line 2 is not a plan row" in str(refused.value)
     assert plan.read_bytes() == data  # nothing cut, nothing appended
@@ -456,16 +456,16 @@ def test_a_sealed_line_that_is_no_row_makes_the_run_invalid_for_every_reader(
 
 def test_a_short_plan_append_on_a_full_disk_is_rolled_back(tiny_tmpfs: Path) -> None:
     store = ArtifactStore(tiny_tmpfs, "exp")
-    store.initialize({"experiment_id": "exp"}, [plan_row("a")])
+    store.initialize(experiment_document("exp"), [plan_row("a")])
     before = (store.directory / PLAN_FILE).read_bytes()
     filler = fill(tiny_tmpfs, 8192)
     rows = [plan_row(f"row-{i}") for i in range(160)]  # ~43 KiB
     with pytest.raises(StorageError, match="No space left") as caught:
-        store.initialize({"experiment_id": "exp"}, rows)
+        store.initialize(experiment_document("exp"), rows)
     assert caught.value.exit_code == ExitCode.RUNTIME_FAILURE
     assert (store.directory / PLAN_FILE).read_bytes() == before  # no torn tail left behind
     filler.unlink()
-    store.initialize({"experiment_id": "exp"}, rows)
+    store.initialize(experiment_document("exp"), rows)
     log = read_plan_log(store.directory)
     assert len(log.rows) == 161 and log.torn == 0 and log.bad_lines == ()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drift_testing import plan_row
+from drift_testing import experiment_document, plan_row
 
 from pytest_logprob_drift.attribution.document import document_json, read_attribution_bytes
 from pytest_logprob_drift.attribution.sealed import (
@@ -149,7 +149,7 @@ def test_sealed_attribution_bytes_are_the_writers_and_decode_to_one_record(tmp_p
 
 def test_a_run_seal_round_trips(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path, "exp")
-    store.initialize({"experiment_id": "exp"}, [plan_row("c1"), plan_row("c2")])
+    store.initialize(experiment_document("exp"), [plan_row("c1"), plan_row("c2")])
     [(length, path)] = run_seals(store.directory)
     manifest = read_run_seal(path)
     plan = (store.directory / layout.PLAN).read_bytes()
@@ -176,7 +176,7 @@ def test_each_kind_round_trips_under_a_key_and_only_under_it(tmp_path: Path, kin
 def test_a_keyed_run_seal_verifies_under_its_key_only(tmp_path: Path) -> None:
     with sealing_with(KEY):
         store = ArtifactStore(tmp_path, "exp")
-        store.initialize({"experiment_id": "exp"}, [plan_row("c1")])
+        store.initialize(experiment_document("exp"), [plan_row("c1")])
         assert {s.status for s in verify_run_files(store.directory)} == {"ok"}
     with sealing_with(OTHER_KEY):
         statuses = {s.file: s for s in verify_run_files(store.directory)}
@@ -420,7 +420,7 @@ def test_a_malformed_run_seal_is_invalid_naming_it(
 ) -> None:
     with sealing_with(key):
         store = ArtifactStore(tmp_path, "exp")
-        store.initialize({"experiment_id": "exp"}, [plan_row("c1")])
+        store.initialize(experiment_document("exp"), [plan_row("c1")])
         [(_, path)] = run_seals(store.directory)
         document = json.loads(path.read_bytes())
         os.chmod(path, 0o644)
@@ -436,7 +436,7 @@ def test_a_malformed_run_seal_is_invalid_naming_it(
 
 def test_a_flipped_byte_in_a_run_file_invalidates_its_seal(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path, "exp")
-    store.initialize({"experiment_id": "exp"}, [plan_row("c1")])
+    store.initialize(experiment_document("exp"), [plan_row("c1")])
     experiment = store.directory / layout.EXPERIMENT
     data = bytearray(experiment.read_bytes())
     data[2] ^= 0x01

@@ -57,7 +57,7 @@ from pytest_logprob_drift.production.sources import (
     input_paths,
 )
 from pytest_logprob_drift.production.worst import WorstSamples
-from pytest_logprob_drift.records import ResolvedContract, canonical, canonical_json, sha256_hex
+from pytest_logprob_drift.records import ResolvedContract, canonical, canonical_json
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import execution_key
 from pytest_logprob_drift.store.documents import (
@@ -67,6 +67,7 @@ from pytest_logprob_drift.store.documents import (
 )
 from pytest_logprob_drift.store.files import fsync_dir, plain_name
 from pytest_logprob_drift.store.importance_check import SCORED_OUTCOMES, comparison_of
+from pytest_logprob_drift.store.imported_check import imported_case_id, imported_label
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes
 
@@ -225,18 +226,10 @@ class _Run:
             )
         self.steps[step.step] = file_of(step.inputs[0])
         grid = _grid(step, file_of)
-        case_id = sha256_hex(
-            canonical_json(
-                {
-                    "schema": STEP_SCHEMA,
-                    "format": fmt.name,
-                    "step": step.step,
-                    "rows_sha256": step.digest,
-                    "contract": {"source": contract.source, "version": contract.version},
-                }
-            )
-        )[:16]
-        label = f"step={step.step}"
+        case_id = imported_case_id(
+            STEP_SCHEMA, fmt.name, step.step, step.digest, contract.source, contract.version
+        )
+        label = imported_label(step.step)
         verdict = judge(grid.training, grid.rollout, grid.active, contract.threshold)
         comparison = _comparison(case_id, label, contract, verdict, grid)
         if self.worst is not None and verdict.outcome in SCORED_OUTCOMES:

@@ -25,7 +25,6 @@ from typing import TypeVar
 import torch
 
 from pytest_logprob_drift.numerics.comparison import NUMERIC_CHECK_KEYS, Comparison, NumericCheck
-from pytest_logprob_drift.numerics.verdict import judge
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
@@ -39,8 +38,10 @@ from pytest_logprob_drift.store.documents import (
     WeightsDocument,
 )
 from pytest_logprob_drift.store.importance_check import check_importance_sampling, with_figures
+from pytest_logprob_drift.store.imported_check import check_imported
 from pytest_logprob_drift.store.layers_check import check_layers
 from pytest_logprob_drift.store.path_split_check import check_path_split
+from pytest_logprob_drift.store.rejudge import rejudge
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
 from pytest_logprob_drift.store.weights_check import check_weights
@@ -131,23 +132,14 @@ def cross_check(diffs: dict[str, torch.Tensor], scored: dict[str, dict[str, torc
             )
 
 
-def recompute(directory: Path, seal: Seal) -> NumericCheck:
-    """The numerical verdict from token_diffs.pt alone."""
-    return _verdict_of(load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal))
-
-
-def _verdict_of(diffs: dict[str, torch.Tensor]) -> NumericCheck:
-    """The numerical verdict from the tensors of token_diffs.pt."""
+def _token_diff_shape(diffs: dict[str, torch.Tensor]) -> None:
+    """token_diffs.pt holds its four tensors, the threshold one number."""
     if set(diffs) != TOKEN_DIFF_KEYS:
         raise SealError(
             layout.TOKEN_DIFFS, f"expected tensors {sorted(TOKEN_DIFF_KEYS)}, found {sorted(diffs)}"
         )
     if diffs["threshold"].numel() != 1:
         raise SealError(layout.TOKEN_DIFFS, "threshold must be a single number")
-    threshold = float(diffs["threshold"].item())
-    return judge(
-        diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"], threshold
-    ).numeric_check()
 
 
 def _same_numeric_check(recorded: NumericCheck | None, numeric: NumericCheck) -> None:
@@ -192,6 +184,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
     if comparison.case_id != seal.case_id:
         raise SealError(layout.COMPARISON, "case id differs from the seal")
     imported: ImportedStep | None = None
+    identity: IdentityDocument | None = None
     for name, kind in ATTEMPT_DOCUMENTS.items():
         if name not in seal.files:
             if name in JSON_FILES:
@@ -203,6 +196,8 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         if isinstance(document, WeightsDocument):
             side = "rollout" if name == layout.WEIGHTS_ROLLOUT else "training"
             check_weights(name, document, side, outcome)
+        if isinstance(document, IdentityDocument):
+            identity = document
         if (
             isinstance(document, IdentityDocument)
             and execution_key(document.execution_key_payload.payload()) != seal.execution_key
@@ -221,14 +216,11 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
                 raise SealError(name, "required file is not sealed")
             scored[name] = load_sealed_tensors(directory, name, seal)
         diffs = load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal)
-        numeric = _verdict_of(diffs)
+        _token_diff_shape(diffs)
+        numeric = rejudge(comparison, diffs)
         cross_check(diffs, scored)
-        if imported is not None and imported.samples != diffs["active_mask"].shape[0]:
-            raise SealError(
-                layout.IMPORTED,
-                f"names {imported.samples} source rows, the token grid has "
-                f"{diffs['active_mask'].shape[0]}",
-            )
+        if imported is not None and identity is not None:
+            check_imported(imported, comparison, identity.execution_key_payload.payload(), diffs)
         full = layout.DIVERGENCE in seal.files
         check_divergence(
             comparison.diagnostics,

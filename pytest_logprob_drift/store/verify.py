@@ -18,10 +18,17 @@ from pathlib import Path
 
 from pytest_logprob_drift.errors import StorageError, UsageError
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL
+from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL, read_seal
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode
+from pytest_logprob_drift.store.documents import (
+    ExperimentDocument,
+    ImportedStep,
+    ImportSource,
+    PlanRow,
+)
 from pytest_logprob_drift.store.files import check_directory, read_regular
 from pytest_logprob_drift.store.keys import active_key, sealing_with
-from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.store.resume import check_attempt, load_sealed_document
 from pytest_logprob_drift.store.run import (
     RUN_SEAL,
     iter_attempt_dirs,
@@ -166,6 +173,8 @@ def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
             )
         )
         return statuses
+    if experiment is not None:
+        statuses.extend(_experiment_problems(run_dir, experiment, log.rows))
     notes = log.notes(Path(layout.PLAN), covered)
     sealed = seals[-1][0] if seals else len(plan)
     if len(plan) > sealed:
@@ -173,6 +182,52 @@ def verify_run_files(run_dir: Path) -> list[RunFileStatus]:
     status = "incomplete" if notes else "ok"
     statuses.append(RunFileStatus(file=layout.PLAN, status=status, detail="; ".join(notes)))
     return statuses
+
+
+def _experiment_problems(
+    run_dir: Path, experiment: bytes, rows: tuple[PlanRow, ...]
+) -> list[RunFileStatus]:
+    """experiment.json as the read model decodes it (the report refuses what does not), and
+    an imported run's step and sample counts against its plan and its steps' imported.json."""
+    try:
+        document = decode(experiment, ExperimentDocument)
+    except JSONDocumentError as exc:
+        return [RunFileStatus(file=layout.EXPERIMENT, status="invalid", detail=str(exc))]
+    source = document.imported
+    if not isinstance(source, ImportSource):
+        return []
+    steps = len({row.case_id for row in rows})
+    if source.steps != steps:
+        return [
+            RunFileStatus(
+                file=layout.EXPERIMENT,
+                status="invalid",
+                detail=f"$.imported.steps is {source.steps}, plan.jsonl has {steps} step(s)",
+            )
+        ]
+    samples = sum(_imported_samples(attempt) for attempt in iter_attempt_dirs(run_dir))
+    if source.samples != samples:
+        return [
+            RunFileStatus(
+                file=layout.EXPERIMENT,
+                status="invalid",
+                detail=f"$.imported.samples is {source.samples}, the steps' imported.json name "
+                f"{samples}",
+            )
+        ]
+    return []
+
+
+def _imported_samples(attempt: Path) -> int:
+    """How many source rows a sealed imported step names (0 where it cannot be read: the
+    attempt's own check says why)."""
+    try:
+        seal = read_seal(attempt, keep=(layout.IMPORTED,), every=False)
+        if layout.IMPORTED not in seal.files:
+            return 0
+        return load_sealed_document(attempt, layout.IMPORTED, seal, ImportedStep).samples
+    except (SealError, OSError):
+        return 0
 
 
 def _unkeyed(path: Path, form: SealForm) -> bool:
@@ -224,13 +279,30 @@ def _seal_problem(path: Path, experiment: bytes | None) -> str | Manifest:
     return manifest
 
 
-def planned_cases(run_dir: Path) -> frozenset[str]:
-    """The case ids of every row of the run's ``plan.jsonl`` (none when it cannot be read)."""
+def planned_cases(run_dir: Path) -> dict[str, tuple[PlanRow, ...]]:
+    """The rows of the run's ``plan.jsonl`` by case id (none when it cannot be read)."""
     try:
         rows = read_plan_log(run_dir).rows
     except (OSError, StorageError):
-        return frozenset()
-    return frozenset(row.case_id for row in rows)
+        return {}
+    planned: dict[str, tuple[PlanRow, ...]] = {}
+    for row in rows:
+        planned[row.case_id] = (*planned.get(row.case_id, ()), row)
+    return planned
+
+
+def _plan_disagrees(rows: tuple[PlanRow, ...], label: str, threshold: float) -> str | None:
+    """How the plan's rows of a case disagree with its attempt's comparison (None: they do
+    not): the label and the threshold the plan promised."""
+    for row in rows:
+        if row.label != label:
+            return f"plan.jsonl labels case {row.case_id} {row.label!r}, its attempt {label!r}"
+        if row.threshold != threshold:
+            return (
+                f"plan.jsonl gives case {row.case_id} threshold {row.threshold!r}, its attempt "
+                f"was judged with {threshold!r}"
+            )
+    return None
 
 
 def verify_run(run_dir: Path) -> list[AttemptStatus]:
@@ -273,6 +345,14 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
                 else:
                     exc = manifest_problem
             statuses.append(AttemptStatus.refused(ids["case_id"], ids["attempt_id"], exc))
+            continue
+        disagreement = _plan_disagrees(
+            planned[attempt.parent.name], checked.comparison.label, checked.comparison.threshold
+        )
+        if disagreement is not None:
+            statuses.append(
+                AttemptStatus(**ids, status="invalid", file=layout.PLAN, detail=disagreement)
+            )
             continue
         statuses.append(AttemptStatus(**ids, status="ok", outcome=checked.outcome.value))
     if active_key() is None:

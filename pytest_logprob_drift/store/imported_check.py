@@ -1,0 +1,102 @@
+"""An imported step's ``imported.json`` against the attempt that seals it.
+
+Owns the case id of an imported step (the hash of the step schema, the format, the step, the
+SHA-256 of the step's own source bytes and the contract source and version: the importer names
+a case with it, verify recomputes it from ``imported.json``) and the cross-checks of
+``imported.json`` with the rest of its attempt: the case id, the label (``step=<step>``), the
+step the execution key payload names, one source row per grid row and the dtype the logprobs
+are sealed in. Knows nothing about the formats' bytes or how a step was judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from pytest_logprob_drift.numerics.comparison import Comparison
+from pytest_logprob_drift.records import canonical_json, sha256_hex
+from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.documents import ImportedStep
+from pytest_logprob_drift.store.seal import SealError
+
+LOGPROB_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def imported_case_id(
+    schema: str, fmt: str, step: int, rows_sha256: str, source: str, version: str
+) -> str:
+    """The case id of an imported step (16 hex digits)."""
+    return sha256_hex(
+        canonical_json(
+            {
+                "schema": schema,
+                "format": fmt,
+                "step": step,
+                "rows_sha256": rows_sha256,
+                "contract": {"source": source, "version": version},
+            }
+        )
+    )[:16]
+
+
+def imported_label(step: int) -> str:
+    """The label of an imported step's case."""
+    return f"step={step}"
+
+
+def check_imported(
+    imported: ImportedStep,
+    comparison: Comparison,
+    payload: Mapping[str, Any],
+    diffs: Mapping[str, torch.Tensor],
+) -> None:
+    """A SealError on imported.json naming the first thing of the attempt it disagrees with:
+    the case id it hashes to, the label, the source the execution key payload names
+    (``payload``: identity.json's), the grid's rows or the logprobs' dtype."""
+    case_id = imported_case_id(
+        imported.schema_version,
+        imported.format,
+        imported.step,
+        imported.rows_sha256,
+        comparison.contract.source,
+        comparison.contract.version,
+    )
+    if case_id != comparison.case_id:
+        raise SealError(
+            layout.IMPORTED,
+            f"step {imported.step} of {imported.format} with rows_sha256 "
+            f"{imported.rows_sha256[:16]}... hashes to case {case_id}, the attempt is case "
+            f"{comparison.case_id}",
+        )
+    if comparison.label != imported_label(imported.step):
+        raise SealError(
+            layout.COMPARISON,
+            f"label {comparison.label!r} is not that of step {imported.step} "
+            f"({imported_label(imported.step)!r})",
+        )
+    source = {
+        "format": imported.format,
+        "step": imported.step,
+        "rows_sha256": imported.rows_sha256,
+    }
+    if payload.get("identity") != {"imported": source}:
+        raise SealError(
+            layout.IMPORTED,
+            "format, step or rows_sha256 differ from the source identity.json's execution key "
+            "payload names",
+        )
+    rows = diffs["active_mask"].shape[0] if diffs["active_mask"].dim() else 0
+    if imported.samples != rows:
+        raise SealError(
+            layout.IMPORTED,
+            f"names {imported.samples} source rows, the token grid has {rows}",
+        )
+    for key in ("training_logprobs", "rollout_logprobs"):
+        if diffs[key].dtype != LOGPROB_DTYPES[imported.logprob_dtype]:
+            raise SealError(
+                layout.IMPORTED,
+                f"logprob_dtype is {imported.logprob_dtype}, token_diffs.pt's {key} are "
+                f"{diffs[key].dtype}",
+            )
