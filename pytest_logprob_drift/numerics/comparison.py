@@ -130,12 +130,21 @@ class Statistics(Record, frozen=True):
     max_abs_diff: Number
     mismatch_ratio: Number
     approx_kl_k1: Number
-    approx_kl_k3: Number
+    approx_kl_k3: Number | None
     slime_mean_abs_logprob_diff: Number
-    nemo_rl_token_mult_prob_error: Number
-    verl_rollout_probs_diff_max: Number
+    nemo_rl_token_mult_prob_error: Number | None
+    verl_rollout_probs_diff_max: Number | None
 
 
+OVERFLOWING_STATISTICS = (
+    "approx_kl_k3",
+    "nemo_rl_token_mult_prob_error",
+    "verl_rollout_probs_diff_max",
+)
+"""The statistics that exponentiate a logprob or a difference: null (None) where the result
+overflows float64 (a |diff| above about 709 nats), as the importance-sampling figures record
+theirs; the verdict, computed from the differences alone, is unaffected. Comparisons sealed
+before this was allowed hold a number here."""
 STATISTICS_KEYS: tuple[str, ...] = Statistics.__struct_fields__
 """The keys the verdict writes into comparison.json's diagnostics, all of them or none."""
 
@@ -527,10 +536,10 @@ class Diagnostics(Record, frozen=True):
     max_abs_diff: Absent[Number] = None
     mismatch_ratio: Absent[Number] = None
     approx_kl_k1: Absent[Number] = None
-    approx_kl_k3: Absent[Number] = None
+    approx_kl_k3: Number | msgspec.UnsetType | None = msgspec.UNSET
     slime_mean_abs_logprob_diff: Absent[Number] = None
-    nemo_rl_token_mult_prob_error: Absent[Number] = None
-    verl_rollout_probs_diff_max: Absent[Number] = None
+    nemo_rl_token_mult_prob_error: Number | msgspec.UnsetType | None = msgspec.UNSET
+    verl_rollout_probs_diff_max: Number | msgspec.UnsetType | None = msgspec.UNSET
     full_vocabulary: Absent[FullVocabularyEntry] = None
     semantic_offset: Absent[SemanticOffsetSummary] = None
     path_split: Absent[PathSplit] = None
@@ -538,10 +547,18 @@ class Diagnostics(Record, frozen=True):
     """Absent in comparisons sealed before it existed and for cases without scores."""
     layers: Absent[LayerDiagnostics] = None
 
+    def _has(self, key: str) -> bool:
+        """Whether statistic ``key`` is sealed (an ``OVERFLOWING_STATISTICS`` member may be
+        null: sealed, as an overflow)."""
+        value = getattr(self, key)
+        if key in OVERFLOWING_STATISTICS:
+            return value is not msgspec.UNSET
+        return value is not None
+
     def __post_init__(self) -> None:
-        present = [key for key in STATISTICS_KEYS if getattr(self, key) is not None]
+        present = [key for key in STATISTICS_KEYS if self._has(key)]
         if present and len(present) < len(STATISTICS_KEYS):
-            missing = next(key for key in STATISTICS_KEYS if getattr(self, key) is None)
+            missing = next(key for key in STATISTICS_KEYS if not self._has(key))
             raise ValueError(f"Object missing required field `{missing}` (statistics: all or none)")
         full: object = self.full_vocabulary
         if isinstance(full, dict):
@@ -579,6 +596,8 @@ class Diagnostics(Record, frozen=True):
         name them), None when the verdict has no statistics."""
         if key not in STATISTICS_KEYS:
             raise KeyError(key)
+        if not self._has(key):
+            return None
         value: float | None = getattr(self, key)
         return value
 

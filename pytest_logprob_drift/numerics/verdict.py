@@ -16,6 +16,7 @@ frameworks log) never change the verdict. Knows nothing about engines or files.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -165,6 +166,14 @@ def judge(
                 f"{name} logprob is non-finite at active position {where}",
                 threshold,
             )
+    overflow = _overflowing_difference(training, rollout, active)
+    if overflow is not None:
+        return _invalid(
+            Outcome.INVALID_ARTIFACT,
+            f"|training - rollout| overflows float64 at active position {overflow} (scores "
+            "of about 1e308: not logprobs)",
+            threshold,
+        )
     mask = mismatch_mask(training, rollout, active, threshold)
     mismatches = int(mask.sum())
     diagnostics, worst = _diagnostics(training, rollout, active)
@@ -195,6 +204,22 @@ def judge(
     )
 
 
+def _overflowing_difference(
+    training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor
+) -> list[int] | None:
+    """The first active position whose difference of two finite scores is not finite in
+    float64 (None: none is)."""
+    diff = training.to(torch.float64) - rollout.to(torch.float64)
+    bad = active & ~torch.isfinite(diff)
+    return bad.nonzero()[0].tolist() if bool(bad.any()) else None
+
+
+def _overflow_as_none(value: float) -> float | None:
+    """A figure that exponentiates: None where it overflows float64 (inf, or NaN from inf -
+    inf; ``numerics.comparison.OVERFLOWING_STATISTICS``)."""
+    return value if math.isfinite(value) else None
+
+
 def _diagnostics(
     training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -212,10 +237,12 @@ def _diagnostics(
         "max_abs_diff": float(diff.max()),
         "mismatch_ratio": None,
         "approx_kl_k1": approx_kl_k1(log_ratio),
-        "approx_kl_k3": approx_kl_k3(log_ratio),
+        "approx_kl_k3": _overflow_as_none(approx_kl_k3(log_ratio)),
         "slime_mean_abs_logprob_diff": float(diff.mean()),
-        "nemo_rl_token_mult_prob_error": float(torch.exp(diff).mean()),
-        "verl_rollout_probs_diff_max": float((torch.exp(t) - torch.exp(r)).abs().max()),
+        "nemo_rl_token_mult_prob_error": _overflow_as_none(float(torch.exp(diff).mean())),
+        "verl_rollout_probs_diff_max": _overflow_as_none(
+            float((torch.exp(t) - torch.exp(r)).abs().max())
+        ),
     }
     positions = active.nonzero()
     order = torch.argsort(diff, descending=True, stable=True)[:WORST_TOKENS]

@@ -244,6 +244,12 @@ def _response_row(
     )
 
 
+_TOO_DEEP = (
+    "a member is nested deeper than the JSON decoders go (Python's recursion limit); no "
+    "format nests its fields more than a few levels"
+)
+
+
 def _line_object(line: bytes, kind: type[Any], decoder: Any, where: _Where, own: str) -> Any:
     """A JSONL line of format ``own`` decoded into ``kind`` (msgspec; unknown members
     skipped): a line with NaN or Infinity, which Python's ``json`` writes and msgspec refuses,
@@ -255,9 +261,13 @@ def _line_object(line: bytes, kind: type[Any], decoder: Any, where: _Where, own:
         raise where.error(_validation(exc) + _other_format(_keys(line), own)) from None
     except msgspec.DecodeError:
         pass
+    except RecursionError:
+        raise where.error(_TOO_DEEP) from None
     try:
         value = json.loads(line)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise where.error(_TOO_DEEP) from None
+    except ValueError as exc:
         raise where.error(f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise where.error(f"not a JSON object but {type(value).__name__}")

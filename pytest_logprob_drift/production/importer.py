@@ -60,12 +60,14 @@ from pytest_logprob_drift.production.worst import WorstSamples
 from pytest_logprob_drift.records import ResolvedContract, canonical, canonical_json
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import execution_key
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
+    ExperimentDocument,
     ImportedInput,
     ImportedStep,
     ImportSource,
 )
-from pytest_logprob_drift.store.files import fsync_dir, plain_name
+from pytest_logprob_drift.store.files import fsync_dir, json_bytes, plain_name
 from pytest_logprob_drift.store.importance_check import SCORED_OUTCOMES, comparison_of
 from pytest_logprob_drift.store.imported_check import imported_case_id, imported_label
 from pytest_logprob_drift.store.run import ArtifactStore
@@ -260,6 +262,7 @@ class _Run:
                 for r in step.rows
             ),
         )
+        _decodes(imported, file_of(step.inputs[0]), f"step {step.step}: imported.json")
         attempt = self._write(case_id, label, step, grid, comparison, imported)
         case = ImportedCase(
             case_id=case_id,
@@ -391,8 +394,22 @@ class _Run:
             "identity": {},
             "imported": msgspec.to_builtins(source),
         }
+        _decodes(experiment, str(records[0].path) if records else "import", "experiment.json")
         order = sorted(range(len(self.rows)), key=lambda i: self.cases[i].step)
         self.store.initialize(experiment, [self.rows[i] for i in order])
+
+
+def _decodes(document: object, file: str, what: str) -> None:
+    """Refuse (an ``ImportInputError`` naming ``file``) a ``document`` the store's decoder
+    would not read back (an id of 64 bits or more, a file name that is not UTF-8, ...):
+    anything an import publishes verifies."""
+    kind = ImportedStep if isinstance(document, ImportedStep) else ExperimentDocument
+    try:
+        decode(json_bytes(msgspec.to_builtins(document)), kind)
+    except (JSONDocumentError, UnicodeError, ValueError) as exc:
+        raise ImportInputError(
+            file, f"{what} would not read back ({exc}); nothing is imported"
+        ) from None
 
 
 def default_experiment_id(fmt: str, records: Sequence[InputRecord]) -> str:
