@@ -152,7 +152,7 @@ def test_the_steps_view_equals_a_numpy_recompute_from_the_sealed_tensors(
     assert shares[:2] == [0.0, 0.0] and shares[2] > 0 and shares[-1] == max(shares)
     trend = (
         f"The mismatch share rose from 0% at step 1 to {100 * shares[-1]:.3g}% at step 6; "
-        "first MISMATCH at step 3."
+        f"first MISMATCH at step 3 ({sum(s > 0 for s in shares)} of 6 judged steps MISMATCH)."
     )
     assert steps["trend"] == trend
     assert report["findings"]["trend"] == trend

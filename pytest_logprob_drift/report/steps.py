@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from pytest_logprob_drift.numerics.comparison import Diagnostics
@@ -164,25 +165,41 @@ class StepsView:
 
     def trend(self) -> str:
         """The trend in one sentence: the mismatch share from the first judged step to the
-        last, and the first MISMATCH."""
+        last (rose or fell only when every step moved that way, stayed only when no step
+        moved; else its range and where it was reached), how many judged steps MISMATCH, and
+        the first."""
+        if not self.rows:
+            return "No step has a valid attempt (verify lists why each is invalid)."
         judged = [r for r in self.rows if r.values.get("mismatch_share") is not None]
-        first_mm = self.first_mismatch
-        tail = (
-            f"first MISMATCH at step {first_mm}" if first_mm is not None else "no step MISMATCHes"
-        )
         if not judged:
             return f"No step of the {len(self.rows)} was judged (no active tokens or invalid)."
+        first_mm = self.first_mismatch
+        count = sum(1 for r in judged if r.outcome == "MISMATCH")
+        tail = (
+            f"first MISMATCH at step {first_mm} ({count} of {len(judged)} judged steps MISMATCH)"
+            if first_mm is not None
+            else "no step MISMATCHes"
+        )
+        shares = [float(r.values["mismatch_share"] or 0.0) for r in judged]
         a, b = judged[0], judged[-1]
-        x, y = a.values["mismatch_share"], b.values["mismatch_share"]
-        assert x is not None and y is not None
+        x, y = shares[0], shares[-1]
         if a is b:
             return f"The mismatch share was {percent(x)} at step {a.step}; {tail}."
-        verb = "rose" if y > x else "fell" if y < x else "stayed"
-        span = (
-            f"stayed at {percent(x)} from step {a.step} to step {b.step}"
-            if verb == "stayed"
-            else f"{verb} from {percent(x)} at step {a.step} to {percent(y)} at step {b.step}"
-        )
+        steps = list(pairwise(shares))
+        if all(u == v for u, v in steps):
+            span = f"stayed at {percent(x)} from step {a.step} to step {b.step}"
+        elif all(u <= v for u, v in steps):
+            span = f"rose from {percent(x)} at step {a.step} to {percent(y)} at step {b.step}"
+        elif all(u >= v for u, v in steps):
+            span = f"fell from {percent(x)} at step {a.step} to {percent(y)} at step {b.step}"
+        else:
+            low = min(range(len(shares)), key=shares.__getitem__)
+            high = max(range(len(shares)), key=shares.__getitem__)
+            span = (
+                f"came and went between {percent(shares[low])} (step {judged[low].step}) and "
+                f"{percent(shares[high])} (step {judged[high].step}) from step {a.step} to "
+                f"step {b.step}"
+            )
         return f"The mismatch share {span}; {tail}."
 
     def to_json(self) -> dict[str, Any]:
