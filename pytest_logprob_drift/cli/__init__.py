@@ -345,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prompts_parser(sub)
     add_init_parser(sub)
     add_import_parser(sub)
+    _add_seal_key_options(sub.choices["import"])
     return parser
 
 
@@ -467,7 +468,8 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.command == "import":
         from pytest_logprob_drift.cli.import_cmd import import_command
 
-        return import_command(args, out, err)
+        with _seal_key(args):
+            return import_command(args, out, err)
     raise UsageError(f"unhandled command {args.command}")
 
 

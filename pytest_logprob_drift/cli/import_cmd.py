@@ -8,7 +8,11 @@ not, or DIR has no tokenizer files), the table of the steps once the run is
 published (or ``--json``, the shape of ``run``'s; nothing is printed before, so a refusal is
 the only line) and the exit code, as ``run``'s: 0 every step
 PASS, 1 some step has another outcome, 2 bad input (one line naming the file and the line or
-sample; nothing published), 3 a runtime failure. The work is ``production.importer``'s,
+sample; nothing published), 3 a runtime failure. Exit 2 only when nothing was published: a
+prompt file that cannot be written once the run is published (no sample to write, the file
+appeared meanwhile, a full disk) is one line on stderr and the run's own code. Under
+``--seal-key-file``/``--seal-key-env`` (made active by the CLI) every seal carries the keyed
+MAC, so a keyed ``verify`` accepts the run. The work is ``production.importer``'s,
 imported when the command runs (it loads torch); this module's top is torch-free, so building
 the parser costs ``plan`` nothing.
 """
@@ -19,7 +23,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pytest_logprob_drift.errors import ExitCode, UsageError, one_line
+from pytest_logprob_drift.errors import DriftError, ExitCode, UsageError, one_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -151,17 +155,22 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         worst=worst,
     )
     written: dict[str, Any] | None = None
+    not_written: str | None = None
     if worst is not None:
-        document = worst_samples.prompt_document(
-            worst,
-            experiment_id=result.experiment_id,
-            fmt=result.format,
-            inputs=result.inputs,
-            threshold=contract.threshold,
-            tokenizer_files=tokenizer_files,
-        )
-        worst_samples.write_prompt_file(Path(args.prompts_out), document)
-        written = {"path": args.prompts_out, **document}
+        try:
+            document = worst_samples.prompt_document(
+                worst,
+                experiment_id=result.experiment_id,
+                fmt=result.format,
+                inputs=result.inputs,
+                threshold=contract.threshold,
+                tokenizer_files=tokenizer_files,
+            )
+            worst_samples.write_prompt_file(Path(args.prompts_out), document)
+            written = {"path": args.prompts_out, **document}
+        except (DriftError, OSError) as exc:  # the run is published: say so, keep its code
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            not_written = f"{args.prompts_out} was not written ({why})"
     if args.json:
         json.dump(
             {
@@ -213,6 +222,18 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
         if written is not None:
             _print_worst(written, args, out)
+    for case in result.cases:
+        if case.positive:
+            print(
+                f"logprob-drift: note: step {case.step}: {case.positive} active logprob(s) "
+                "above 0 (a logprob is at most 0; judged as logged)",
+                file=err,
+            )
+    if not_written is not None:
+        print(
+            one_line(f"logprob-drift: {not_written}; the run is published at {result.run_dir}"),
+            file=err,
+        )
     passed = all(c.outcome is Outcome.PASS for c in result.cases)
     return ExitCode.OK if passed else ExitCode.UNEXPECTED_OUTCOME
 

@@ -18,7 +18,8 @@ One step is held at a time. Everything is written under a temporary directory in
 artifacts directory and published by one rename once every input was read to its end, with
 ``experiment.json`` (``store.documents.ImportSource``: the format, each input's SHA-256 and
 size, the fields read) and ``plan.jsonl`` (one row per step, in step order) sealed by the
-store; on any refusal or failure the temporary directory is removed and nothing is published.
+store; on any refusal or failure the temporary directory is removed and nothing is published
+(and the staging directory of an import whose process was killed is removed by the next).
 An existing run directory is never written into. With ``import --worst K``, each judged step's
 grid is also handed to ``production.worst.WorstSamples`` (the run's K worst samples and their
 logged prompts). Knows nothing about engines or frontends.
@@ -99,6 +100,9 @@ class ImportedCase:
     attempt: str
     """The attempt's directory relative to the run directory."""
     comparison: Comparison
+    positive: int = 0
+    """Active logprobs above 0 on either side (a logprob is at most 0): judged as logged,
+    and the command says so."""
 
     @property
     def outcome(self) -> Outcome:
@@ -271,6 +275,8 @@ class _Run:
             samples=len(step.rows),
             attempt=attempt,
             comparison=comparison,
+            positive=int(((grid.rollout > 0) & grid.active).sum())
+            + int(((grid.training > 0) & grid.active).sum()),
         )
         self.cases.append(case)
         self.samples += len(step.rows)
@@ -426,6 +432,28 @@ def _check_experiment_id(experiment_id: str) -> None:
         raise UsageError(f"--experiment-id {experiment_id!r}: {fault}")
 
 
+STAGING_PREFIX: Final = ".import-"
+"""A staging directory is ``.import-<pid>-<16 hex>``: the importing process and a nonce."""
+
+
+def _remove_abandoned_staging(artifacts: Path) -> None:
+    """Remove the staging directories of imports whose process no longer runs (killed before
+    they could clean up); never one of a running import, never anything else."""
+    for entry in os.scandir(artifacts):
+        name = entry.name
+        if not name.startswith(STAGING_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        pid, _, nonce = name[len(STAGING_PREFIX) :].partition("-")
+        if not (pid.isdigit() and len(nonce) == 16 and int(pid) > 0):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except (PermissionError, OverflowError):  # another user's live process / no pid
+            continue
+
+
 def _exists(target: Path) -> UsageError:
     return UsageError(
         f"{target}: a run directory of that name exists; an import never writes into one "
@@ -455,7 +483,8 @@ def import_run(
             raise _exists(artifacts / experiment_id)
     try:
         artifacts.mkdir(parents=True, exist_ok=True)
-        staging = artifacts / f".import-{secrets.token_hex(8)}"
+        _remove_abandoned_staging(artifacts)
+        staging = artifacts / f"{STAGING_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         staging.mkdir()
     except OSError as exc:
         raise StorageError(artifacts, "create a directory to import into", exc) from None
