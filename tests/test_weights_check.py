@@ -174,8 +174,9 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _with_weights(smoke_run: Path, tmp_path: Path, document: WeightsDocument, name: str) -> Path:
-    """A copy of the smoke run whose baseline attempt also seals ``document`` as ``name``,
-    re-sealed as anyone who can write an unkeyed run can."""
+    """A copy of the smoke run whose baseline attempt also seals ``document`` as ``name`` and
+    the other side's document agreeing with the checkpoint, re-sealed as anyone who can write
+    an unkeyed run can."""
     from resealing import reseal
 
     run_dir = tmp_path / "runs" / smoke_run.name
@@ -185,9 +186,34 @@ def _with_weights(smoke_run: Path, tmp_path: Path, document: WeightsDocument, na
         for p in run_dir.glob("cases/*/*/comparison.json")
         if json.loads(p.read_text())["label"] == "baseline"
     ]
+    document = _as_float32(document)  # the smoke run's dtype, which verify checks it against
     (attempt / name).write_bytes(msgspec.json.encode(document))
     reseal(run_dir, attempt / name)
+    other = "training" if name == "weights_rollout.json" else "rollout"
+    agreeing = msgspec.structs.replace(  # a weight check writes both sides
+        document,
+        side=other,
+        differences=(),
+        tensors=tuple(
+            msgspec.structs.replace(t, side=t.checkpoint, side_shape=t.shape, side_dtype="float32")
+            for t in document.tensors
+        ),
+    )
+    (attempt / f"weights_{other}.json").write_bytes(msgspec.json.encode(agreeing))
+    reseal(run_dir, attempt / f"weights_{other}.json")
     return attempt
+
+
+def _as_float32(document: WeightsDocument) -> WeightsDocument:
+    """``document`` declaring and holding float32 where it said bfloat16."""
+    return msgspec.structs.replace(
+        document,
+        dtype="float32",
+        tensors=tuple(
+            msgspec.structs.replace(t, side_dtype="float32") if t.side_dtype == "bfloat16" else t
+            for t in document.tensors
+        ),
+    )
 
 
 def _verify(run_dir: Path) -> dict[str, object]:

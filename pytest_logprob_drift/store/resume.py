@@ -44,7 +44,7 @@ from pytest_logprob_drift.store.path_split_check import check_path_split
 from pytest_logprob_drift.store.rejudge import rejudge
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
-from pytest_logprob_drift.store.weights_check import check_weights
+from pytest_logprob_drift.store.weights_check import check_document, check_pair, check_weights
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 
 T = TypeVar("T")
@@ -185,6 +185,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         raise SealError(layout.COMPARISON, "case id differs from the seal")
     imported: ImportedStep | None = None
     identity: IdentityDocument | None = None
+    weights: dict[str, WeightsDocument] = {}
     for name, kind in ATTEMPT_DOCUMENTS.items():
         if name not in seal.files:
             if name in JSON_FILES:
@@ -195,7 +196,9 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             imported = document
         if isinstance(document, WeightsDocument):
             side = "rollout" if name == layout.WEIGHTS_ROLLOUT else "training"
+            check_document(name, document)
             check_weights(name, document, side, outcome)
+            weights[name] = document
         if isinstance(document, IdentityDocument):
             identity = document
         if (
@@ -206,6 +209,11 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
                 layout.COMPLETE,
                 "execution key does not match the execution-key payload sealed in identity.json",
             )
+    check_pair(
+        weights,
+        None if identity is None else identity.execution_key_payload.materialization,
+        (layout.WEIGHTS_ROLLOUT, layout.WEIGHTS_TRAINING),
+    )
     has_tensors = layout.TOKEN_DIFFS in seal.files
     if outcome in TENSOR_OUTCOMES and not has_tensors:
         raise SealError(layout.TOKEN_DIFFS, f"required for outcome {outcome.value} but not sealed")

@@ -143,3 +143,95 @@ def check_weights(name: str, document: WeightsDocument, side: str, outcome: Outc
             f"records {len(recorded)} weight difference(s) but the outcome is {outcome.value}, "
             "not INVALID_IDENTITY",
         )
+
+
+FLOATING_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+"""The dtypes a side may declare (the document's, a tensor's ``dtype`` and ``via``)."""
+HELD_DTYPES = FLOATING_DTYPES | {"float8_e4m3fn", "float8_e5m2", "int8", "uint8", "int32"}
+"""The dtypes a side may hold a tensor in (``side_dtype``: quantized layouts included)."""
+DECLARED_BY = {"rollout": "rollout.dtype", "training": "training.compute_dtype"}
+"""The knob whose materialized value is the dtype each side's document declares."""
+
+
+def check_document(name: str, document: WeightsDocument) -> None:
+    """What one sealed weights document must be on its own: known dtypes, each checkpoint
+    tensor listed once, each slice a rank of the side's tensor-parallel world inside the
+    tensor's shape, each difference listed once; a SealError naming ``name`` otherwise."""
+    declared: list[tuple[str, str | None]] = [("dtype", document.dtype)]
+    for t in document.tensors:
+        declared += [(f"{t.name}: dtype", t.dtype), (f"{t.name}: via", t.via)]
+    for what, dtype in declared:
+        if dtype is not None and dtype not in FLOATING_DTYPES:
+            raise SealError(name, f"{what} {dtype!r} is not a floating dtype")
+    seen: set[str] = set()
+    for t in document.tensors:
+        if t.name in seen:
+            raise SealError(name, f"tensor {t.name} is listed twice")
+        seen.add(t.name)
+        if t.side_dtype is not None and t.side_dtype not in HELD_DTYPES:
+            raise SealError(name, f"{t.name}: side_dtype {t.side_dtype!r} is not a known dtype")
+        for s in t.slices:
+            if s.rank >= document.tensor_parallel_size:
+                raise SealError(
+                    name,
+                    f"{t.name}: a slice of rank {s.rank} at tensor-parallel size "
+                    f"{document.tensor_parallel_size}",
+                )
+            if s.dim >= len(t.shape) or not s.start < s.stop <= t.shape[s.dim]:
+                raise SealError(
+                    name,
+                    f"{t.name}: slice [{s.start}, {s.stop}) of dim {s.dim} is outside its "
+                    f"shape {list(t.shape)}",
+                )
+    keys = [key(d) for d in document.differences]
+    if len(set(keys)) != len(keys):
+        raise SealError(name, "a difference is listed twice")
+
+
+def check_pair(
+    documents: dict[str, WeightsDocument], materialization: object, names: tuple[str, str]
+) -> None:
+    """The two sides' sealed weights documents against each other and the case: both sealed
+    or neither, the same checkpoint tensors, the same checkpoint digest wherever both compare
+    a tensor in the same dtype, and each side's dtype the one its knob materialized
+    (``materialization``: the execution-key payload's); a SealError naming the file at
+    fault."""
+    rollout_name, training_name = names
+    if not documents:
+        return
+    if len(documents) == 1:
+        (present,) = documents
+        absent = training_name if present == rollout_name else rollout_name
+        raise SealError(absent, f"not sealed, but {present} is (a weight check writes both)")
+    rollout, training = documents[rollout_name], documents[training_name]
+    knobs = materialization if isinstance(materialization, dict) else {}
+    for name, document in ((rollout_name, rollout), (training_name, training)):
+        knob = knobs.get(DECLARED_BY[document.side])
+        value = knob.get("value") if isinstance(knob, dict) else None
+        if value in FLOATING_DTYPES and document.dtype != value:
+            raise SealError(
+                name,
+                f"declares dtype {document.dtype}, the case materialized "
+                f"{DECLARED_BY[document.side]}={value}",
+            )
+    if rollout.refused is not None or training.refused is not None:
+        return
+    held = {t.name: t for t in rollout.tensors}
+    other = {t.name: t for t in training.tensors}
+    if set(held) != set(other):
+        only = sorted(set(held) ^ set(other))[0]
+        where = rollout_name if only in held else training_name
+        raise SealError(where, f"lists tensor {only}, the other side does not")
+    for tensor_name, r in held.items():
+        t = other[tensor_name]
+        same_cast = (r.dtype or rollout.dtype, r.via, r.source) == (
+            t.dtype or training.dtype,
+            t.via,
+            t.source,
+        )
+        if same_cast and r.checkpoint != t.checkpoint:
+            raise SealError(
+                rollout_name,
+                f"{tensor_name}: the checkpoint's digest cast to {r.dtype or rollout.dtype} is "
+                f"{r.checkpoint[:12]} here, {t.checkpoint[:12]} in {training_name}",
+            )
