@@ -28,10 +28,35 @@ def tensor_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
     return buffer.getvalue()
 
 
+def inflation_problem(data: bytes) -> str | None:
+    """Why ``data`` must not be handed to ``torch.load`` (None: nothing found): its zip
+    members declare more bytes than the file holds. ``torch.save`` stores them uncompressed,
+    so a compressed member is not ours, and loading it would inflate a small file into
+    gigabytes before anything could refuse it. Bytes that are no zip are torch.load's to
+    refuse."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            declared = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError):
+        return None
+    if declared > len(data):
+        return (
+            f"its zip members declare {declared} bytes, more than the {len(data)} bytes of the "
+            "file (torch.save stores them uncompressed): refused before loading"
+        )
+    return None
+
+
 def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
     """The tensors ``data`` holds; ``TensorFormatError`` (the reason) for anything else. What
     torch warns while it refuses foreign bytes (a pickle protocol it did not write, say) is
-    kept off the terminal: the refusal is the reason, not a warning."""
+    kept off the terminal: the refusal is the reason, not a warning. Bytes whose zip members
+    declare more than the file holds are refused before loading (``inflation_problem``)."""
+    inflated = inflation_problem(data)
+    if inflated is not None:
+        raise TensorFormatError(f"not a weights-only tensor file: {inflated}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

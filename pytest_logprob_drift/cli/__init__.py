@@ -395,8 +395,9 @@ def main(
         error = StorageError(where, "complete the command", exc)
         print(f"logprob-drift: error: {error.render()}", file=err)
         return int(error.exit_code)
-    except MemoryError:
-        print("logprob-drift: error: out of memory", file=err)
+    except MemoryError as exc:  # an allocation failed: one line, never "a bug"
+        detail = f" ({one_line(str(exc))})" if str(exc) else ""
+        print(f"logprob-drift: error: out of memory{detail}", file=err)
         return ExitCode.RUNTIME_FAILURE
     except Exception as exc:  # a bug of ours: still one line, exit 3
         print(

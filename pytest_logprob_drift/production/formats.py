@@ -55,6 +55,7 @@ from pytest_logprob_drift.production.sources import (
     nemo_rl_step,
 )
 from pytest_logprob_drift.store.documents import ImportedRow
+from pytest_logprob_drift.tensorio import inflation_problem
 
 UNSET = msgspec.UNSET
 _Unset = msgspec.UnsetType
@@ -437,6 +438,9 @@ def _torch_load(file: InputFile) -> Any:
             "or jsonl?",
         )
     data = file.read_all()
+    inflated = inflation_problem(data)
+    if inflated is not None:
+        raise ImportInputError(file.path, inflated)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

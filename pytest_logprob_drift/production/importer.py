@@ -34,7 +34,7 @@ import os
 import platform
 import secrets
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -76,7 +76,9 @@ from pytest_logprob_drift.tensorio import tensor_bytes
 
 MAX_GRID_CELLS = 2**26
 """Most cells (samples x longest row) of one step's token grid (about 67 million: 512 samples
-of 128k tokens), so rows of very different lengths cannot blow a step up."""
+of 128k tokens), so rows of very different lengths cannot blow a step up. A step at this cap
+peaks near 4 GiB resident (``benchmarks/bench_import_memory.py``); where that cannot be had,
+the failed allocation is the command's one "out of memory" line naming the step."""
 STEP_SCHEMA: Final = "cross_config.imported_step.v1"
 IMPORT_SCHEMA: Final = "cross_config.import.v1"
 IMPORTED_SIDE = {
@@ -405,6 +407,29 @@ class _Run:
         self.store.initialize(experiment, [self.rows[i] for i in order])
 
 
+ALLOCATION_FAILURES = ("can't allocate memory", "not enough memory", "out of memory")
+"""What torch's CPU allocator says when an allocation fails (a RuntimeError, not MemoryError)."""
+
+
+@contextlib.contextmanager
+def _allocation_failure(step: int) -> Iterator[None]:
+    """An allocation that fails while step ``step`` is judged or written is a MemoryError
+    naming the step (the command's "out of memory" line), never a bug: torch reports it as a
+    RuntimeError."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if not any(marker in str(exc) for marker in ALLOCATION_FAILURES):
+            raise
+        raise MemoryError(
+            f"step {step}: its token grid does not fit in the memory this process may use"
+        ) from None
+    except MemoryError:
+        raise MemoryError(
+            f"step {step}: its token grid does not fit in the memory this process may use"
+        ) from None
+
+
 def _decodes(document: object, file: str, what: str) -> None:
     """Refuse (an ``ImportInputError`` naming ``file``) a ``document`` the store's decoder
     would not read back (an id of 64 bits or more, a file name that is not UTF-8, ...):
@@ -493,7 +518,8 @@ def import_run(
         opened: list[InputFile] = []
         try:
             for step in READERS[fmt](files, opened):
-                run.add(step, opened)
+                with _allocation_failure(step.step):
+                    run.add(step, opened)
                 del step
         finally:
             for file in opened:

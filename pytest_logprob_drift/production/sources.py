@@ -28,8 +28,10 @@ from pytest_logprob_drift.errors import UsageError
 
 MAX_INPUT_BYTES = 2 * 2**30
 """Largest input file read, in bytes (2 GiB)."""
-MAX_LINE_BYTES = 256 * 2**20
-"""Longest JSONL line read, in bytes (256 MiB: a 128k-token NeMo-RL row is about 6 MB)."""
+MAX_LINE_BYTES = 64 * 2**20
+"""Longest JSONL line read, in bytes (64 MiB: a 128k-token NeMo-RL row is about 6 MB). A line's
+decoded numbers take about 12x its bytes: a line at this cap peaks near 0.8 GiB resident
+(``benchmarks/bench_import_memory.py``; at 256 MiB it was 3.2 GiB)."""
 NEUTRAL_DOCS = "docs/PRODUCTION_RUNS.md"
 """Where the neutral format is documented (named by every refusal that points at it)."""
 NEMO_RL_NAME = re.compile(r"train_data_step([0-9]+)\.jsonl")
