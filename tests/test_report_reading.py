@@ -76,8 +76,9 @@ def _expected_movers(document: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _relabel(run_dir: Path, label: str, new: str) -> None:
-    """Rewrite one case's label in its comparison.json and re-seal the attempt's plain SHA-256
-    manifest (what an unkeyed run allows anyone; the attribution then no longer verifies)."""
+    """Rewrite one case's label in its comparison.json and its plan row, and re-seal the
+    attempt's plain SHA-256 manifest and the run seal (what an unkeyed run allows anyone; the
+    attribution then no longer verifies)."""
     for comparison in run_dir.glob("cases/*/*/comparison.json"):
         document = json.loads(comparison.read_text())
         if document["label"] != label:
@@ -90,8 +91,27 @@ def _relabel(run_dir: Path, label: str, new: str) -> None:
         manifest["files"]["comparison.json"] = hashlib.sha256(comparison.read_bytes()).hexdigest()
         seal.chmod(0o644)
         seal.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        _relabel_plan(run_dir, document["case_id"], new)
         return
     raise AssertionError(f"no case labelled {label}")
+
+
+def _relabel_plan(run_dir: Path, case_id: str, new: str) -> None:
+    """The case's plan row gets the label too (verify holds the plan's label and the
+    attempt's to each other), and the run seal is recomputed."""
+    from resealing import reseal
+
+    plan = run_dir / "plan.jsonl"
+    rows = [json.loads(line) for line in plan.read_text().splitlines()]
+    for row in rows:
+        if row["case_id"] == case_id:
+            row["label"] = new
+    plan.chmod(0o644)
+    for seal in (run_dir / "seals").iterdir():
+        seal.chmod(0o644)
+    (run_dir / "seals").chmod(0o755)
+    plan.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    reseal(run_dir, plan)
 
 
 @pytest.fixture(scope="module", params=RUNS)

@@ -180,6 +180,16 @@ def test_an_experiment_json_the_read_model_refuses_is_invalid(
     assert "unexpected" in problems[0].detail
     code, _, _ = cli("verify", run)
     assert code == 1
+    code, out, err = cli("report", run, "--html", tmp_path / "page.html")
+    assert code == 0, err  # the report says what it goes without, instead of dropping it
+    assert any(
+        line.startswith("experiment.json is not read (")
+        and "the steps view of an import are not shown" in line
+        for line in out.splitlines()
+    ), out
+    code, out, _ = cli("report", run, "--json", "--html", tmp_path / "page2.html")
+    report = json.loads(out)
+    assert report["steps"] is None and report["unread"][0].startswith("experiment.json")
 
 
 # --------------------------------------------------------------------------- the property

@@ -73,6 +73,8 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
     for s in data.invalid:
         line = f"invalid attempt (not shown): {s.case_id}/{s.attempt_id}: {s.file}: {s.detail}"
         print(one_line(line), file=out)
+    for note in data.unread:
+        print(one_line(note), file=out)
     if published.written:
         print(one_line(f"HTML report: {published.path} ({published.size / 1e6:.2f} MB)"), file=out)
     else:

@@ -135,11 +135,17 @@ def _plan_rows(run_dir: Path) -> dict[str, PlanRow]:
     return {row.case_id: row for row in log.rows}
 
 
-def _experiment(run_dir: Path) -> ExperimentDocument | None:
+def _experiment(run_dir: Path) -> tuple[ExperimentDocument | None, tuple[str, ...]]:
+    """The run's experiment.json, or None and the note saying why the report goes without
+    it (its header and an import's steps view are then not shown; verify lists the file)."""
     try:
-        return decode(read_regular(run_dir / layout.EXPERIMENT), ExperimentDocument)
-    except (OSError, JSONDocumentError):
-        return None
+        return decode(read_regular(run_dir / layout.EXPERIMENT), ExperimentDocument), ()
+    except (OSError, JSONDocumentError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return None, (
+            f"{layout.EXPERIMENT} is not read ({why}): the run's header and the steps view "
+            "of an import are not shown",
+        )
 
 
 SHOWN_DOCUMENTS = (layout.COMPARISON, layout.REQUESTED, layout.IDENTITY)
@@ -519,7 +525,7 @@ def load_report(
     require_run_dir(run_dir)
     statuses = tuple(verify_run(run_dir))
     plan = _plan_rows(run_dir)
-    experiment = _experiment(run_dir)
+    experiment, experiment_notes = _experiment(run_dir)
     sealed, rejected = _checked_attribution(run_dir)
     attribution, left_out = usable_attribution(sealed, statuses)
     entries = {e.case_id: e for e in (attribution.cases if attribution else ())}
@@ -622,7 +628,8 @@ def load_report(
         statuses=statuses + tuple(late_problems),
         attribution=attribution,
         detailed_limit=detailed_limit,
-        notes=aggregation_notes(detailed_limit) + left_out,
+        notes=aggregation_notes(detailed_limit) + left_out + experiment_notes,
+        unread=experiment_notes,
         attribution_problems=rejected if attribution is not None else (),
         steps=None if steps is None else _steps_view(final, steps, experiment),
     )

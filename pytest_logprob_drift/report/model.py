@@ -210,6 +210,9 @@ class ReportData:
     """Why ``verify`` rejects the shown attribution (empty when it holds)."""
     steps: StepsView | None = None
     """Drift over training steps, for a run ``logprob-drift import`` wrote (None otherwise)."""
+    unread: tuple[str, ...] = ()
+    """A run file the report went without, and what is not shown for it (experiment.json
+    that does not decode: the header and an import's steps view)."""
 
     @property
     def invalid(self) -> tuple[AttemptStatus, ...]:

@@ -191,4 +191,5 @@ def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
         "ranking": [] if document is None else list(document.ranking),
         "findings": findings(data).to_json(),
         "steps": None if data.steps is None else data.steps.to_json(),
+        "unread": list(data.unread),
     }
