@@ -7,10 +7,12 @@ seal key its MAC verifies), ``comparison.json`` parses strictly into its record
 equals the current one, the tensor payloads load with ``weights_only=True`` from the exact
 bytes that were hashed (each byte read and hashed once), ``token_diffs.pt`` holds exactly the
 logprobs and mask of ``score_rollout.pt`` and ``score_training.pt``, and the verdict
-recomputed offline from it agrees with ``comparison.json``, and so do the importance-sampling
-figures (``store.importance_check``), and each side's sealed weight digests show exactly the
-differences recorded (``store.weights_check``); an imported step's ``imported.json`` names one
-source row per row of the token grid.
+recomputed offline from it under the installed contract's threshold (``store.rejudge``: never
+a sealed threshold) agrees with ``comparison.json``, figure for figure, and so do the
+importance-sampling figures (``store.importance_check``), and each side's sealed weight
+digests show exactly the differences recorded and the two sides agree
+(``store.weights_check``); an imported step's ``imported.json`` agrees with its attempt
+(``store.imported_check``).
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
 still be reused. Used by the runner, ``store.verify`` and the report. Never writes anything;
 knows nothing about engines or runtimes.
