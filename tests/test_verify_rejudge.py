@@ -280,3 +280,31 @@ def test_every_recomputable_field_edited_and_resealed_is_invalid(
     assert (attempt / name).read_text() != before
     status = _status(run, attempt)
     assert status["status"] == "invalid", (key, label, status)
+
+
+def test_an_executed_runs_baseline_resealed_as_a_pass_is_not_reusable(tmp_path: Path) -> None:
+    """The same edit on an executed transformers run (sealed by an earlier release): the
+    check resume runs before reusing an attempt refuses it, so ``run`` executes it again."""
+    run = tmp_path / "hf"
+    shutil.copytree(REPO / "tests" / "data" / "pre_issue20" / "runs" / "fixture-pre20-hf", run)
+    for path in run.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    attempt = next(
+        a
+        for a in sorted(run.glob("cases/*/*"))
+        if json.loads((a / "comparison.json").read_text())["outcome"] == "MISMATCH"
+    )
+    check_attempt(attempt, expected_key=None)  # as sealed: reusable
+
+    def as_pass(c: dict[str, Any]) -> None:
+        for holder in (c, c["contract"], c["numerical"]):
+            holder["threshold"] = 1.0
+        for holder in (c, c["numerical"]):
+            holder["outcome"], holder["mismatches"] = "PASS", 0
+        c["diagnostics"]["mismatch_ratio"] = 0.0
+
+    _token_diffs_threshold(run, attempt, 1.0)
+    _edit_json(run, attempt / "comparison.json", as_pass)
+    with pytest.raises(SealError, match=r"contract.threshold is 1.0; contract 'ws1'"):
+        check_attempt(attempt, expected_key=None)
+    assert _status(run, attempt)["status"] == "invalid"
