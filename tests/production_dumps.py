@@ -125,8 +125,15 @@ def expected(samples: Sequence[Sample]) -> Expected:
     rollout = np.asarray(roll, dtype=np.float64)
     if training.size == 0:
         return Expected(outcome="ZERO_ACTIVE_TOKENS", active=0, mismatches=0, ess=None)
-    if not (np.isfinite(training).all() and np.isfinite(rollout).all()):
-        return Expected(outcome="INVALID_ARTIFACT", active=0, mismatches=0, ess=None)
+    finite = np.isfinite(training) & np.isfinite(rollout)
+    if not finite.all():
+        return Expected(
+            outcome="INVALID_ARTIFACT",
+            active=int(training.size),
+            mismatches=0,
+            ess=None,
+            extra={"nonfinite_tokens": int((~finite).sum())},
+        )
     diff = np.abs(training - rollout)
     mismatches = int((diff > THRESHOLD).sum())
     weights = np.exp(training - rollout)

@@ -591,6 +591,23 @@ class NumericCheck(Record, frozen=True):
     mismatches: Count
     active_tokens: Count
     threshold: Number
+    nonfinite_tokens: Absent[Count] = None
+    """INVALID_ARTIFACT for non-finite active scores: how many of the active tokens are;
+    absent for every other outcome and in checks sealed before it was counted."""
+
+    def as_sealed(self, recorded: NumericCheck | None) -> NumericCheck:
+        """This recomputed check in the form ``recorded`` was sealed in: an INVALID_ARTIFACT
+        sealed with ``active_tokens`` 0 and no ``nonfinite_tokens`` is the earlier form (it
+        recorded no count), so the recomputed one is compared in that form."""
+        if (
+            recorded is not None
+            and self.nonfinite_tokens is not None
+            and recorded.outcome is Outcome.INVALID_ARTIFACT
+            and recorded.nonfinite_tokens is None
+            and recorded.active_tokens == 0
+        ):
+            return msgspec.structs.replace(self, active_tokens=0, nonfinite_tokens=None)
+        return self
 
 
 NUMERIC_CHECK_KEYS: tuple[str, ...] = NumericCheck.__struct_fields__
@@ -660,3 +677,6 @@ class Comparison(Record, frozen=True):
     records: tuple[KnobRecord, ...]
     numerical: Absent[NumericCheck] = None
     """Absent when neither side scored (a refusal came first)."""
+    nonfinite_tokens: Absent[Count] = None
+    """INVALID_ARTIFACT for non-finite active scores: how many active tokens are (absent
+    otherwise, and in comparisons sealed before it was counted, whose ``active_tokens`` is 0)."""
