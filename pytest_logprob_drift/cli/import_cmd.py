@@ -39,9 +39,11 @@ formats:
   nemo-rl  NeMo-RL GRPO's train_data_step<N>.jsonl (token_ids, token_loss_mask,
            sample_loss_mask, generation_logprobs = rollout, prev_logprobs = trainer,
            input_lengths); the step comes from the file name
-  slime    slime's --save-debug-train-data / --dump-details train dumps
-           (train_data/<rollout_id>.pt, loaded with torch.load(weights_only=True) only;
-           rollout dumps need full unpickling and are never read)
+  slime    slime's --save-debug-train-data / --dump-details train dumps: per rank
+           (train_data/<rollout_id>_<rank>.pt, slime's releases and miles; the trainer's
+           log_probs only with --get-mismatch-metrics) or format_version 2 (slime's main,
+           train_data/<rollout_id>.pt); loaded with torch.load(weights_only=True) only;
+           rollout dumps need full unpickling and are never read
   jsonl    the neutral format: one JSON object per sample with step, sample, token_ids,
            prompt_length and response-aligned rollout_logprobs, training_logprobs, mask
            (also .parquet with the 'parquet' extra); see docs/PRODUCTION_RUNS.md

@@ -531,6 +531,13 @@ class Diagnostics(Record, frozen=True):
     slime_mean_abs_logprob_diff: Absent[Number] = None
     nemo_rl_token_mult_prob_error: Absent[Number] = None
     verl_rollout_probs_diff_max: Absent[Number] = None
+    slime_train_rollout_logprob_abs_diff: Absent[Number] = None
+    """slime's ``train_rollout_logprob_abs_diff`` as slime computes it by default (per-sample
+    means over the step's rollouts, ``numerics.framework_figures``): an imported slime step
+    of one training step only. ``slime_mean_abs_logprob_diff``, sealed before it, is the token
+    mean, which slime logs only with ``--calculate-per-token-loss``."""
+    slime_train_rollout_logprob_abs_diff_per_token_loss: Absent[Number] = None
+    """The same with ``--calculate-per-token-loss`` (an imported slime step)."""
     full_vocabulary: Absent[FullVocabularyEntry] = None
     semantic_offset: Absent[SemanticOffsetSummary] = None
     path_split: Absent[PathSplit] = None

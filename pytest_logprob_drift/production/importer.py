@@ -46,6 +46,7 @@ from pytest_logprob_drift.errors import StorageError, UsageError
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
 )
+from pytest_logprob_drift.numerics.framework_figures import slime_figures
 from pytest_logprob_drift.numerics.verdict import Verdict, judge
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.production.formats import FORMATS, READERS, Format, Row, Step
@@ -178,17 +179,24 @@ def _grid(step: Step, file_of: Callable[[int], str]) -> _Grid:
 
 
 def _comparison(
-    case_id: str, label: str, contract: ResolvedContract, verdict: Verdict, grid: _Grid
+    case_id: str,
+    label: str,
+    contract: ResolvedContract,
+    verdict: Verdict,
+    grid: _Grid,
+    figures: dict[str, Any],
 ) -> Comparison:
     """comparison.json's record, as ``execute.case`` builds it for an executed case: the
-    verdict, its statistics, the importance-sampling figures of a judged step, the re-check;
-    no knob records (nothing was configured)."""
+    verdict, its statistics, the importance-sampling figures of a judged step, the re-check,
+    the framework's own ``figures`` (``numerics.framework_figures``); no knob records (nothing
+    was configured)."""
     return comparison_of(
         verdict,
         case_id=case_id,
         label=label,
         contract=contract,
         scores=(grid.training, grid.rollout, grid.active),
+        entries=figures,
         numerical=verdict.numeric_check(),
     )
 
@@ -238,7 +246,12 @@ class _Run:
         )[:16]
         label = f"step={step.step}"
         verdict = judge(grid.training, grid.rollout, grid.active, contract.threshold)
-        comparison = _comparison(case_id, label, contract, verdict, grid)
+        figures = (
+            slime_figures(grid.training, grid.rollout, grid.active, step.slime)
+            if step.slime is not None and verdict.outcome in SCORED_OUTCOMES
+            else {}
+        )
+        comparison = _comparison(case_id, label, contract, verdict, grid, figures)
         if self.worst is not None and verdict.outcome in SCORED_OUTCOMES:
             self.worst.add(
                 step=step.step,

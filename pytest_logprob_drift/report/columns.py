@@ -24,10 +24,12 @@ from pytest_logprob_drift.report import importance
 from pytest_logprob_drift.report.markup import Child, Markup, el, fragment_link, page_link
 from pytest_logprob_drift.report.model import CaseView, ReportData
 from pytest_logprob_drift.report.summary import (
+    FRAMEWORK_FIGURES,
     FULL_VOCAB_COLUMNS,
     PEER_METRICS,
     fmt_diff,
     fmt_ratio,
+    framework_figure,
     full_vocabulary_cells,
     has_full_vocabulary,
     interval,
@@ -110,6 +112,21 @@ def _statistic(key: str) -> Cell:
     return cell
 
 
+def _framework_figure(key: str) -> Cell:
+    def cell(view: CaseView) -> CellValue:
+        value = framework_figure(view.diagnostics, key)
+        return td(fmt_diff(value), num=number(value), cls="n")
+
+    return cell
+
+
+def _has_framework_figure(key: str) -> Callable[[ReportData], bool]:
+    def shown(data: ReportData) -> bool:
+        return any(framework_figure(v.diagnostics, key) is not None for v in data.cases)
+
+    return shown
+
+
 def _full_vocabulary(index: int) -> Cell:
     def cell(view: CaseView) -> CellValue:
         text, value = full_vocabulary_cells(view.diagnostics)[index]
@@ -181,6 +198,12 @@ CASE_COLUMNS: tuple[Column, ...] = (
     Column(title="p99 |diff|", cell=_statistic("p99_abs_diff"), more=True),
     Column(title="mean |diff|", cell=_statistic("mean_abs_diff")),
     *(Column(title=title, cell=_statistic(key), more=True) for title, key in PEER_METRICS),
+    *(
+        Column(
+            title=title, cell=_framework_figure(key), more=True, shown=_has_framework_figure(key)
+        )
+        for title, key in FRAMEWORK_FIGURES
+    ),
     *(
         Column(title=title, cell=_importance(i), more=True)
         for i, title in enumerate(importance.HEADERS)
