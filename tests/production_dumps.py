@@ -221,6 +221,54 @@ def write_nemo_rl_step(directory: Path, step: int, samples: Sequence[Sample]) ->
     return path
 
 
+def compute_and_apply_seq_logprob_error_masking(
+    train_data: dict[str, torch.Tensor], seq_logprob_error_threshold: float | None
+) -> int:
+    """NeMo-RL's ``compute_and_apply_seq_logprob_error_masking`` (``nemo_rl/algorithms/
+    grpo.py``, v0.6.0 l.1218, main 7ea279a l.2513; the rewards statistics left out): the
+    per-sequence mult-prob error over ``token_mask * sample_mask`` from column 1, and
+    ``train_data["sample_mask"]`` overwritten with 0 where it exceeds the threshold. Returns
+    how many sequences it masked."""
+    token_mask = train_data["token_mask"][:, 1:]
+    sample_mask = train_data["sample_mask"]
+    prev_logprobs = train_data["prev_logprobs"][:, 1:]
+    generation_logprobs = train_data["generation_logprobs"][:, 1:]
+    lp_error = torch.abs(generation_logprobs - prev_logprobs)
+    mask = token_mask * sample_mask.unsqueeze(-1)
+    seq_mult_prob_error = (torch.exp(lp_error * mask) * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(
+        min=1
+    )
+    if seq_logprob_error_threshold is None:
+        return 0
+    original_sample_mask = sample_mask.clone()
+    seq_error_mask = (
+        seq_mult_prob_error <= seq_logprob_error_threshold
+    ).float() * original_sample_mask
+    train_data["sample_mask"] = seq_error_mask
+    return int((original_sample_mask - seq_error_mask).sum().item())
+
+
+def write_nemo_rl_step_with_seq_threshold(
+    directory: Path, step: int, samples: Sequence[Sample], threshold: float
+) -> tuple[Path, list[bool]]:
+    """A GRPO step with ``grpo.seq_logprob_error_threshold`` set: ``train_data``'s padded
+    float32 tensors, masked by NeMo-RL's function (``grpo.py`` main l.3275) before the step is
+    logged with the overwritten ``sample_mask`` (l.3644). Returns the file and each sample's
+    logged sample mask."""
+    log_data = nemo_rl_log_data(samples)
+    train_data = {
+        "token_mask": torch.tensor(log_data["token_loss_mask"], dtype=torch.float32),
+        "sample_mask": torch.tensor(log_data["sample_loss_mask"], dtype=torch.float32),
+        "prev_logprobs": torch.tensor(log_data["prev_logprobs"], dtype=torch.float32),
+        "generation_logprobs": torch.tensor(log_data["generation_logprobs"], dtype=torch.float32),
+    }
+    compute_and_apply_seq_logprob_error_masking(train_data, threshold)
+    log_data["sample_loss_mask"] = train_data["sample_mask"].tolist()
+    path = directory / f"train_data_step{step}.jsonl"
+    log_batched_dict_as_jsonl(log_data, path)
+    return path, [bool(m) for m in log_data["sample_loss_mask"]]
+
+
 # --------------------------------------------------------------------------- slime
 
 

@@ -515,6 +515,19 @@ class ImportanceSamplingFigures(Record, frozen=True):
         return self.corrections.get(key)
 
 
+class MaskedByRun(Record, frozen=True):
+    """The tokens a run masked itself (NeMo-RL: ``sample_loss_mask`` 0 while ``token_loss_mask``
+    is 1, for drift or another reason), judged apart by the contract's rule and never counted
+    in the verdict: samples, tokens, mismatches, the largest finite |diff| (None: none) and the
+    non-finite tokens."""
+
+    samples: Count
+    tokens: Count
+    mismatches: Count
+    max_abs_diff: Number | None
+    nonfinite_tokens: Count
+
+
 class Diagnostics(Record, frozen=True):
     """comparison.json's ``diagnostics``: each part present or not (a verdict without
     numerics has no statistics; full-vocabulary parts only when they were asked for). The
@@ -538,6 +551,8 @@ class Diagnostics(Record, frozen=True):
     mean, which slime logs only with ``--calculate-per-token-loss``."""
     slime_train_rollout_logprob_abs_diff_per_token_loss: Absent[Number] = None
     """The same with ``--calculate-per-token-loss`` (an imported slime step)."""
+    masked_by_run: Absent[MaskedByRun] = None
+    """An imported step whose run masked some tokens itself (absent when it masked none)."""
     full_vocabulary: Absent[FullVocabularyEntry] = None
     semantic_offset: Absent[SemanticOffsetSummary] = None
     path_split: Absent[PathSplit] = None

@@ -1,8 +1,10 @@
 """The drift figures an RL framework logs, computed from an imported step as that framework does.
 
-Owns slime's ``train_rollout_logprob_abs_diff`` (``slime_figures``). None of them is a verdict:
-the contract's rule on the active tokens is the only one. Knows nothing about files, formats or
-the store.
+Owns slime's ``train_rollout_logprob_abs_diff`` (``slime_figures``) and the contract's rule
+applied apart to the tokens a run masked itself (``masked_by_run``: NeMo-RL's
+``grpo.seq_logprob_error_threshold`` overwrites ``sample_mask`` before the step is logged, so
+the sequences it dropped for drift look inactive). None of them is a verdict: the contract's
+rule on the active tokens is the only one. Knows nothing about files, formats or the store.
 
 slime (``slime/backends/megatron_utils/loss.py`` ``policy_loss_function``, ``cp_utils.py``
 ``get_sum_of_sample_mean`` and ``reduce_train_step_metrics``, at v0.3.1 and on main): the
@@ -73,3 +75,23 @@ def slime_figures(
         if math.isfinite(per_sample):
             figures[SLIME_FIGURE] = per_sample
     return figures
+
+
+MASKED_BY_RUN = "masked_by_run"
+
+
+def masked_by_run(
+    training: torch.Tensor, rollout: torch.Tensor, masked: torch.Tensor, threshold: float
+) -> dict[str, Any]:
+    """The ``masked`` tokens (``[B, T]``, the run's own mask) judged apart by the contract's
+    rule: samples, tokens, mismatches (``|diff| > threshold``), the largest finite |diff|
+    (None: none) and the non-finite tokens among them."""
+    diff = (training.to(torch.float64) - rollout.to(torch.float64)).abs()[masked]
+    finite = torch.isfinite(diff)
+    return {
+        "samples": int(masked.any(dim=1).sum()),
+        "tokens": int(masked.sum()),
+        "mismatches": int((diff > threshold).sum()),
+        "max_abs_diff": float(diff[finite].max()) if bool(finite.any()) else None,
+        "nonfinite_tokens": int((~finite).sum()),
+    }

@@ -14,6 +14,9 @@ is not of the format asked for, an older NeMo-RL file without the token fields.
   ``prev_logprobs`` (the trainer), ``input_lengths``; full sequences padded to the batch
   maximum, the logprob at ``t`` that of ``token_ids[t]``, column 0 is 0 by convention and never
   active. Active: ``token_loss_mask`` 1, ``sample_loss_mask`` 1, ``1 <= t < input_lengths``.
+  A sample whose ``sample_loss_mask`` is 0 while its ``token_loss_mask`` is not was masked by
+  the run (``grpo.seq_logprob_error_threshold`` writes its drift mask there before the log, or
+  another reason: the log does not say which): its tokens are ``Row.masked``, never active.
   The step is the file name's. Other fields (``content``, ``rewards``, ``advantages``...) are
   skipped unread. Python's ``json`` writes NaN and Infinity as bare words: such a line is read
   again with the standard library.
@@ -86,6 +89,9 @@ class Row:
     active: torch.Tensor
     start: int
     source: ImportedRow
+    masked: torch.Tensor | None = None
+    """The tokens the run itself masked out (NeMo-RL: ``sample_loss_mask`` 0 while
+    ``token_loss_mask`` is 1), judged apart from the verdict; None when none."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -415,7 +421,9 @@ def _nemo_row(row: _NemoRow, line: bytes, where: _Where, source: ImportedRow) ->
         raise where.error(f"token_loss_mask is 1 at position {at}, beyond input_lengths {length}")
     active = token_mask.clone()
     active[:1] = False  # column 0: no logprob (0 by NeMo-RL's convention)
+    masked = None
     if not sample_mask:
+        masked = active.clone() if bool(active.any()) else None
         active[:] = False
     first = token_mask.nonzero()
     start = int(first[0][0]) if first.numel() else length
@@ -426,6 +434,7 @@ def _nemo_row(row: _NemoRow, line: bytes, where: _Where, source: ImportedRow) ->
         active=active,
         start=start,
         source=source,
+        masked=masked,
     )
 
 

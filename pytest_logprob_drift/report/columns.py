@@ -127,6 +127,22 @@ def _has_framework_figure(key: str) -> Callable[[ReportData], bool]:
     return shown
 
 
+def _masked_by_run(view: CaseView) -> CellValue:
+    masked = view.diagnostics.masked_by_run
+    if masked is None:
+        return td("-")
+    text = (
+        f"{masked.samples} samples, {masked.tokens} tokens: {masked.mismatches} mismatches, "
+        f"max |diff| {fmt_diff(masked.max_abs_diff)}"
+        + (f", {masked.nonfinite_tokens} non-finite" if masked.nonfinite_tokens else "")
+    )
+    return td(text, num=masked.mismatches)
+
+
+def _any_masked_by_run(data: ReportData) -> bool:
+    return any(v.diagnostics.masked_by_run is not None for v in data.cases)
+
+
 def _full_vocabulary(index: int) -> Cell:
     def cell(view: CaseView) -> CellValue:
         text, value = full_vocabulary_cells(view.diagnostics)[index]
@@ -195,6 +211,11 @@ CASE_COLUMNS: tuple[Column, ...] = (
     Column(title="active", cell=lambda v: _count(v.active_tokens)),
     Column(title="mismatches", cell=lambda v: _count(v.mismatches)),
     Column(title="max |diff|", cell=_statistic("max_abs_diff")),
+    Column(
+        title="masked by the run (for drift or another reason; not in the verdict)",
+        cell=_masked_by_run,
+        shown=_any_masked_by_run,
+    ),
     Column(title="p99 |diff|", cell=_statistic("p99_abs_diff"), more=True),
     Column(title="mean |diff|", cell=_statistic("mean_abs_diff")),
     *(Column(title=title, cell=_statistic(key), more=True) for title, key in PEER_METRICS),
