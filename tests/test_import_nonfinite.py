@@ -19,7 +19,16 @@ from typing import Any
 import numpy as np
 import pytest
 from drift_testing import cli
-from production_dumps import THRESHOLD, make_samples, neutral_rows, write_jsonl
+from production_dumps import (
+    THRESHOLD,
+    expected,
+    make_samples,
+    neutral_rows,
+    write_jsonl,
+    write_nemo_rl_step,
+    write_slime_dump,
+    write_slime_rank_dumps,
+)
 
 from pytest_logprob_drift.numerics.comparison import NumericCheck
 from pytest_logprob_drift.outcomes import Outcome
@@ -163,3 +172,43 @@ def test_only_the_earlier_form_of_a_nonfinite_check_is_compared_in_that_form() -
         assert recomputed.as_sealed(recorded) == recomputed
     passed = NumericCheck(outcome=Outcome.PASS, mismatches=0, active_tokens=9, threshold=1e-3)
     assert passed.as_sealed(_check(0, None)) == passed
+
+
+WRITERS = {
+    "nemo-rl": lambda d, step, samples: write_nemo_rl_step(d, step, samples),
+    "slime-ranks": lambda d, step, samples: write_slime_rank_dumps(d, step, samples),
+    "slime-v2": lambda d, step, samples: write_slime_dump(d, step, samples),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(WRITERS))
+def test_every_format_reports_and_verifies_with_infinity_and_nan_at_active_tokens(
+    layout: str, tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(4849)
+    (tmp_path / "dump").mkdir()
+    steps = {}
+    for step, bad in ((1, float("inf")), (2, float("-inf")), (3, float("nan"))):
+        samples = make_samples(rng, 3)
+        samples[0].training[1] = bad
+        steps[step] = samples
+        WRITERS[layout](tmp_path / "dump", step, samples)
+    fmt = "nemo-rl" if layout == "nemo-rl" else "slime"
+    code, out, err = cli(
+        "import", "--format", fmt, tmp_path / "dump", "--artifacts", tmp_path / "runs",
+        "--experiment-id", "x", "--json",
+    )  # fmt: skip
+    assert code == 1, err
+    for result in json.loads(out)["results"]:
+        want = expected(steps[result["step"]])
+        assert result["outcome"] == want.outcome == "INVALID_ARTIFACT"
+        assert result["active_tokens"] == want.active
+        assert "(1 of " in result["reason"]
+    run = tmp_path / "runs" / "x"
+    for args in (
+        ("report", run, "--html", tmp_path / "a.html"),
+        ("report", run, "--json", "--html", tmp_path / "b.html"),
+        ("verify", run),
+    ):
+        code, out, err = cli(*args)
+        assert code in (0, 1) and "internal error" not in err, (args, err)

@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # the report reads the keys below without torch
+    import torch
 
 SLIME_FIGURE = "slime_train_rollout_logprob_abs_diff"
 SLIME_PER_TOKEN_FIGURE = "slime_train_rollout_logprob_abs_diff_per_token_loss"
@@ -62,6 +63,8 @@ def slime_figures(
 ) -> dict[str, Any]:
     """slime's figure in both modes over a ``[B, T]`` grid (rows = samples), finite ones only
     (float64 on the logged values)."""
+    import torch
+
     masked = (training.to(torch.float64) - rollout.to(torch.float64)).abs() * active
     sums = masked.sum(dim=1)
     figures: dict[str, Any] = {}
@@ -86,6 +89,8 @@ def masked_by_run(
     """The ``masked`` tokens (``[B, T]``, the run's own mask) judged apart by the contract's
     rule: samples, tokens, mismatches (``|diff| > threshold``), the largest finite |diff|
     (None: none) and the non-finite tokens among them."""
+    import torch
+
     diff = (training.to(torch.float64) - rollout.to(torch.float64)).abs()[masked]
     finite = torch.isfinite(diff)
     return {
