@@ -121,6 +121,21 @@ def test_report_and_verify_show_what_the_run_masked(masked_run: dict[str, Any]) 
     assert "3 samples, " in html and ": 3 mismatches" in html
 
 
+def test_import_shows_what_the_run_masked_beside_the_verdict(
+    masked_run: dict[str, Any], tmp_path: Path
+) -> None:
+    want = _masked_numpy(masked_run["samples"], masked_run["logged"])
+    assert masked_run["result"]["masked_by_run"] == masked_run["c"]["diagnostics"]["masked_by_run"]
+    path = masked_run["tmp"] / "train_data_step5.jsonl"
+    code, out, err = cli("import", "--format", "nemo-rl", path, "--artifacts", tmp_path)
+    assert code == 1, err
+    assert (
+        f"step=5: the run masked 3 sample(s) itself (for drift or another reason): "
+        f"{want['tokens']} tokens, 3 over the threshold, max |diff| {want['max_abs_diff']:.3e}; "
+        "not in the verdict"
+    ) in out
+
+
 def test_a_run_that_masked_nothing_has_no_entry(tmp_path: Path) -> None:
     samples = make_samples(np.random.default_rng(4805), 4)
     path, logged = write_nemo_rl_step_with_seq_threshold(tmp_path, 1, samples, SEQ_THRESHOLD)
