@@ -205,3 +205,17 @@ def test_a_version_2_dump_gets_slime_figure_too(tmp_path: Path) -> None:
     want = slime_figures_numpy(samples)
     for key in (SLIME_FIGURE, SLIME_PER_TOKEN):
         assert math.isclose(diagnostics[key], want[key], rel_tol=1e-12), key
+
+
+def test_a_rollout_trained_in_several_steps_gets_no_slime_figure(tmp_path: Path) -> None:
+    """slime logs one figure per training step, over samples the dump does not tell apart."""
+    files = write_slime_rank_dumps(tmp_path / "dump", 3, _rollouts()[3])
+    for path in files:
+        dump = torch.load(path, weights_only=True)
+        dump["rollout_data"]["global_batch_sizes"] = [4, 5]
+        torch.save(dump, path)
+    code, result, err = _import(tmp_path / "dump", tmp_path / "runs", "two-steps")
+    assert code == 1, err
+    diagnostics = _comparison(result["results"][0])["diagnostics"]
+    assert SLIME_FIGURE not in diagnostics and SLIME_PER_TOKEN not in diagnostics
+    assert "mean_abs_diff" in diagnostics

@@ -550,7 +550,7 @@ class Diagnostics(Record, frozen=True):
     of one training step only. ``slime_mean_abs_logprob_diff``, sealed before it, is the token
     mean, which slime logs only with ``--calculate-per-token-loss``."""
     slime_train_rollout_logprob_abs_diff_per_token_loss: Absent[Number] = None
-    """The same with ``--calculate-per-token-loss`` (an imported slime step)."""
+    """The same with ``--calculate-per-token-loss`` (the same steps)."""
     masked_by_run: Absent[MaskedByRun] = None
     """An imported step whose run masked some tokens itself (absent when it masked none)."""
     full_vocabulary: Absent[FullVocabularyEntry] = None

@@ -62,21 +62,22 @@ def slime_figures(
     training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor, batch: SlimeBatch
 ) -> dict[str, Any]:
     """slime's figure in both modes over a ``[B, T]`` grid (rows = samples), finite ones only
-    (float64 on the logged values)."""
+    (float64 on the logged values); none for a rollout trained in several steps."""
     import torch
 
+    figures: dict[str, Any] = {}
+    if batch.global_batch_size is None or batch.global_batch_size <= 0:
+        return figures  # several training steps: each logged its own figure
     masked = (training.to(torch.float64) - rollout.to(torch.float64)).abs() * active
     sums = masked.sum(dim=1)
-    figures: dict[str, Any] = {}
     tokens = active.sum(dim=1).to(torch.float64).clamp(min=1.0)
     per_token = float(sums.sum() / tokens.sum())
     if math.isfinite(per_token):
         figures[SLIME_PER_TOKEN_FIGURE] = per_token
-    if batch.global_batch_size is not None and batch.global_batch_size > 0:
-        denominators = torch.tensor(batch.denominators, dtype=torch.float64).clamp(min=1.0)
-        per_sample = float((sums / denominators).sum() / batch.global_batch_size)
-        if math.isfinite(per_sample):
-            figures[SLIME_FIGURE] = per_sample
+    denominators = torch.tensor(batch.denominators, dtype=torch.float64).clamp(min=1.0)
+    per_sample = float((sums / denominators).sum() / batch.global_batch_size)
+    if math.isfinite(per_sample):
+        figures[SLIME_FIGURE] = per_sample
     return figures
 
 
