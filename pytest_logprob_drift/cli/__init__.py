@@ -337,6 +337,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--json", action="store_true", help="print the report (findings, rows) as JSON"
     )
+    report.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print what each framework's correction would do per case, each side's "
+        "weight check, each step's worst samples and, for an imported run, the case table "
+        "beside the step table (the page and --json always hold them)",
+    )
 
     from pytest_logprob_drift.cli.import_cmd import add_import_parser
     from pytest_logprob_drift.cli.init_cmd import add_init_parser

@@ -486,7 +486,7 @@ def _attribution(data: ReportData, draw: bool) -> Markup | None:
             "Each intervention against the baseline (attempt ",
             el("code", document.baseline.attempt_id),
             ") on the tokens both share. ",
-            f"Noise floor from {floor.repeats} baseline repeat(s): rollout "
+            f"Noise floor from {floor.repeats + 1} baseline executions: rollout "
             f"{fmt_diff(floor.rollout_max_abs_delta)}, training "
             f"{fmt_diff(floor.training_max_abs_delta)}."
             if floor.measured
