@@ -348,10 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_logprob_drift.cli.import_cmd import add_import_parser
     from pytest_logprob_drift.cli.init_cmd import add_init_parser
     from pytest_logprob_drift.cli.prompts_cmd import add_prompts_parser
+    from pytest_logprob_drift.cli.tiny_cmd import add_tiny_parser
 
     add_prompts_parser(sub)
     add_init_parser(sub)
     add_import_parser(sub)
+    add_tiny_parser(sub)
     return parser
 
 
@@ -475,6 +477,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from pytest_logprob_drift.cli.import_cmd import import_command
 
         return import_command(args, out, err)
+    if args.command == "tiny":
+        from pytest_logprob_drift.cli.tiny_cmd import tiny_command
+
+        return tiny_command(args, out)
     raise UsageError(f"unhandled command {args.command}")
 
 
