@@ -52,7 +52,7 @@ SHELL = {"sh", "bash", "console", "shell"}
 MARKER = re.compile(r"<!--\s*docs-test:\s*(parse-only|skip)\b\s*(.*?)\s*-->")
 FAST = {"plan"}
 """Subcommands the fast test runs as written (torch-free); ``--help`` of any command too."""
-ENGINE_FREE = {"prompts", "init", "import", "report", "verify"}
+ENGINE_FREE = {"prompts", "init", "import", "report", "verify", "tiny"}
 """Subcommands the slow test runs as written: no engine, but torch or transformers."""
 CLI_PREFIXES = (
     ("logprob-drift",),
@@ -302,11 +302,23 @@ def _runnable(kinds: set[str]) -> Iterator[tuple[Block, list[Block]]]:
             yield shown[0], shown
 
 
+VENV = ROOT / ".venv"
+"""The README's set-up (``scripts/setup.sh``) made this environment: a fresh shell after it,
+activated as the README says once, is what a reader types the commands into."""
+
+
+def _shell_env() -> dict[str, str]:
+    """A fresh shell's environment after ``source .venv/bin/activate``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    env.pop("PYTHONPATH", None)
+    env["VIRTUAL_ENV"] = str(VENV)
+    env["PATH"] = os.pathsep.join([str(VENV / "bin"), env.get("PATH", "")])
+    return env
+
+
 def _run_as_written(blocks_: list[Block], sandbox: Path, kinds: set[str]) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    """Each command of ``kinds`` exactly as printed, in a fresh ``bash`` in ``sandbox``."""
+    env = _shell_env()
     for block in blocks_:
         for words in commands(block):
             args = cli_args(words) or []
@@ -314,7 +326,7 @@ def _run_as_written(blocks_: list[Block], sandbox: Path, kinds: set[str]) -> Non
             if not help_ and (not args or args[0] not in kinds):
                 continue
             result = subprocess.run(
-                [sys.executable, "-m", "pytest_logprob_drift", *args],
+                ["bash", "--noprofile", "--norc", "-c", shlex.join(words)],
                 cwd=sandbox,
                 env=env,
                 capture_output=True,
@@ -328,7 +340,9 @@ def _run_as_written(blocks_: list[Block], sandbox: Path, kinds: set[str]) -> Non
             )
 
 
+@pytest.mark.process
 def test_plan_and_help_commands_run_as_written(tmp_path: Path) -> None:
+    assert (VENV / "bin" / "logprob-drift").is_file(), "no .venv: run bash scripts/setup.sh"
     ran = 0
     for first, shown in _runnable(FAST):
         sandbox = tmp_path / first.page.name
@@ -341,6 +355,7 @@ def test_plan_and_help_commands_run_as_written(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_engine_free_commands_run_as_written(tmp_path: Path) -> None:
+    assert (VENV / "bin" / "logprob-drift").is_file(), "no .venv: run bash scripts/setup.sh"
     ran = 0
     for first, shown in _runnable(ENGINE_FREE):
         sandbox = tmp_path / first.page.name

@@ -301,6 +301,9 @@ def _findings(found: Findings) -> Markup:
         el("p", f"... {more} more: sort the table by mean |diff| ratio", class_="muted")
         if more > 0
         else None,
+        el("p", within, class_="muted within")
+        if (within := found.within_words()) is not None
+        else None,
         id="findings",
     )
 
@@ -915,10 +918,19 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
 # --------------------------------------------------------------------------- the page
 
 
+def _detail_rank(view: CaseView) -> tuple[int, float]:
+    """Where a case's detailed section goes: every case whose outcome is not PASS first, then
+    by max |diff|, the largest first."""
+    max_diff = view.diagnostics.max_abs_diff
+    return (0 if view.outcome != "PASS" else 1, -(max_diff if max_diff is not None else -1.0))
+
+
 def render_page(data: ReportData) -> str:
     """The whole page as one string."""
     draw = plots.available()
     detailed = [v for v in data.cases if v.detail is not None]
+    if data.steps is None:  # the cases that answer first; an imported run's steps in order
+        detailed.sort(key=_detail_rank)
     decades = plots.histogram_decades(
         [v.detail.histogram for v in detailed if v.detail is not None],
         [float(v.threshold) for v in detailed if v.threshold],
@@ -932,13 +944,13 @@ def render_page(data: ReportData) -> str:
                 "matplotlib is not installed: no plots (install the ",
                 el("code", "report"),
                 " extra: ",
-                el("code", "pip install 'pytest-logprob-drift[report]'"),
+                el("code", "pip install -e '.[report]'"),
                 ").",
                 class_="bad",
             )
         )
     else:
-        overview = plots.overview_svg(data.cases, threshold)
+        overview = plots.overview_svg(data.cases, threshold, in_order=data.steps is not None)
         if overview is not None:
             body.append(
                 el(
