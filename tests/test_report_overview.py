@@ -135,6 +135,8 @@ def test_the_detailed_sections_lead_with_the_cases_that_did_not_pass(tmp_path: P
     code, _, err = cli("report", run_dir, "--html", page)
     assert code == 0, err
     html = page.read_text()
+    # the tiny model's samples read as noise: the page says why, beside its decoded tokens
+    assert "a built-in tiny checkpoint: its weights are seeded, not trained" in html
     order = re.findall(r"<article class='case' id='case-[^']*' data-case='([^']*)'", html)
     code, out, err = cli("report", run_dir, "--html", tmp_path / "again.html", "--json")
     assert code == 0, err

@@ -592,7 +592,19 @@ def _token(text: str | None, token_id: int) -> str:
     return (text if text is not None else str(token_id)).replace("\n", "\u23ce")
 
 
-def _worst(worst: Sequence[WorstToken], decoded: bool) -> Markup:
+TINY_WORDS = (
+    "; a built-in tiny checkpoint: its weights are seeded, not trained, so its words are "
+    "gibberish by design"
+)
+"""Said beside decoded tokens of a ``tiny://`` checkpoint, whose samples read as noise."""
+
+
+def _tiny(checks: Sequence[tuple[str, str, str, bool]]) -> bool:
+    """Whether the case's identity checks name a built-in ``tiny://`` checkpoint."""
+    return any(name == "checkpoint_uri" and '"tiny://' in r for name, r, _, _ in checks)
+
+
+def _worst(worst: Sequence[WorstToken], decoded: bool, tiny: bool = False) -> Markup:
     rows = []
     for w in worst:
         context = el(
@@ -614,7 +626,7 @@ def _worst(worst: Sequence[WorstToken], decoded: bool) -> Markup:
                 _td(fmt_diff(w.abs_diff), cls="n bad" if w.mismatch else "n"),
             )
         )
-    source = DECODED if decoded else "token ids (no tokenizer)"
+    source = join([DECODED, TINY_WORDS if tiny else ""]) if decoded else "token ids (no tokenizer)"
     return join(
         [
             el("h3", "Worst tokens ", el("span", "(", source, ")", class_="muted")),
@@ -902,7 +914,7 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
         ),
         el("p", view.reason),
         figures,
-        _worst(detail.worst, detail.decoded),
+        _worst(detail.worst, detail.decoded, _tiny(detail.identity_checks)),
         token_section(view, decades),
         importance.panel(view.diagnostics),
         _full_vocabulary(view),
