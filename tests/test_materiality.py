@@ -91,3 +91,25 @@ def test_noise_sized_movements_of_a_float32_run_are_not_ranked(tmp_path: Path) -
     # the run's own ranking line says the same
     ranked_line = next(x for x in out.splitlines() if x.startswith("ranked by effect"))
     assert ranked_line == "ranked by effect on the drift: " + " > ".join(want["material"])
+
+
+WAVE4 = Path(__file__).parent / "data" / "wave4" / "runs"
+
+
+@pytest.mark.parametrize("name", ["wave4-nemo-rl", "wave4-hf-bf16", "wave4-vllm-weight-sync"])
+def test_the_terminal_report_is_one_screen(name: str, tmp_path: Path) -> None:
+    """One screen (40 lines) for the shipped six-step import and the sealed runs of a few
+    cases; ``--verbose`` holds the details (every framework's correction per case)."""
+    run_dir = tmp_path / name
+    shutil.copytree(WAVE4 / name, run_dir)
+    code, out, err = cli("report", run_dir, "--html", tmp_path / "page.html")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) <= 40, out
+    assert not any("LOW HIGH" in line for line in lines)
+    code, verbose, err = cli("report", run_dir, "--html", tmp_path / "page.html", "--verbose")
+    assert code == 0, err
+    assert len(verbose.splitlines()) > len(lines)
+    assert "OpenRLHF --vllm_is_correction_type tis --vllm_is_truncated_threshold 0.5 5.0" in verbose
+    assert verbose.splitlines()[-1].startswith("HTML report: ")
+    assert "already exists; not overwritten" in verbose
