@@ -402,7 +402,8 @@ def overview_svg(
         axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         if labelled:
             _spread_labels(figure, axes, axes.get_xticklabels())
-            _fit_labels(figure, axes.get_xticklabels())
+            # upright labels run long: room for a browser font a few percent wider
+            _fit_labels(figure, axes.get_xticklabels(), pad=0.2)
         return _with_titles(to_svg(figure), titled)
 
 
