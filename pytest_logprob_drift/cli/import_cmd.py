@@ -23,6 +23,7 @@ from pytest_logprob_drift.errors import ExitCode, UsageError, one_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any, TextIO
 
     from pytest_logprob_drift.production.importer import ImportedCase
@@ -39,9 +40,11 @@ formats:
   nemo-rl  NeMo-RL GRPO's train_data_step<N>.jsonl (token_ids, token_loss_mask,
            sample_loss_mask, generation_logprobs = rollout, prev_logprobs = trainer,
            input_lengths); the step comes from the file name
-  slime    slime's --save-debug-train-data / --dump-details train dumps
-           (train_data/<rollout_id>.pt, loaded with torch.load(weights_only=True) only;
-           rollout dumps need full unpickling and are never read)
+  slime    slime's --save-debug-train-data / --dump-details train dumps: per rank
+           (train_data/<rollout_id>_<rank>.pt, slime's releases and miles; the trainer's
+           log_probs only with --get-mismatch-metrics) or format_version 2 (slime's main,
+           train_data/<rollout_id>.pt); loaded with torch.load(weights_only=True) only;
+           rollout dumps need full unpickling and are never read
   jsonl    the neutral format: one JSON object per sample with step, sample, token_ids,
            prompt_length and response-aligned rollout_logprobs, training_logprobs, mask
            (also .parquet with the 'parquet' extra); see docs/PRODUCTION_RUNS.md
@@ -129,6 +132,11 @@ def _case_json(case: ImportedCase, run_dir: Path) -> dict[str, Any]:
         "mismatches": c.mismatches,
         "max_abs_diff": c.diagnostics.max_abs_diff,
         **({} if figures is None else {"importance_sampling": figures.to_json()}),
+        **(
+            {}
+            if c.diagnostics.masked_by_run is None
+            else {"masked_by_run": c.diagnostics.masked_by_run.to_json()}
+        ),
     }
 
 
@@ -204,6 +212,7 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             importance_text.ESS_HEADER,
         ]
         print(render_table(headers, rows), file=out)
+        _print_masked_by_run(result.cases, out)
         print(
             one_line(
                 f"imported {len(result.cases)} step(s) of {len(result.inputs)} file(s) into "
@@ -215,6 +224,23 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             _print_worst(written, args, out)
     passed = all(c.outcome is Outcome.PASS for c in result.cases)
     return ExitCode.OK if passed else ExitCode.UNEXPECTED_OUTCOME
+
+
+def _print_masked_by_run(cases: Sequence[ImportedCase], out: TextIO) -> None:
+    """One line per step whose run masked samples itself (judged apart, not in the verdict)."""
+    for c in cases:
+        masked = c.comparison.diagnostics.masked_by_run
+        if masked is None:
+            continue
+        worst = "-" if masked.max_abs_diff is None else f"{masked.max_abs_diff:.3e}"
+        print(
+            f"{c.label}: the run masked {masked.samples} sample(s) itself (for drift or another "
+            f"reason): {masked.tokens} tokens, {masked.mismatches} over the threshold, max "
+            f"|diff| {worst}"
+            + (f", {masked.nonfinite_tokens} non-finite" if masked.nonfinite_tokens else "")
+            + "; not in the verdict",
+            file=out,
+        )
 
 
 def _worst_options(args: argparse.Namespace) -> tuple[Any, dict[str, str] | None]:

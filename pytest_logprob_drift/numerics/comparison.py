@@ -515,6 +515,19 @@ class ImportanceSamplingFigures(Record, frozen=True):
         return self.corrections.get(key)
 
 
+class MaskedByRun(Record, frozen=True):
+    """The tokens a run masked itself (NeMo-RL: ``sample_loss_mask`` 0 while ``token_loss_mask``
+    is 1, for drift or another reason), judged apart by the contract's rule and never counted
+    in the verdict: samples, tokens, mismatches, the largest finite |diff| (None: none) and the
+    non-finite tokens."""
+
+    samples: Count
+    tokens: Count
+    mismatches: Count
+    max_abs_diff: Number | None
+    nonfinite_tokens: Count
+
+
 class Diagnostics(Record, frozen=True):
     """comparison.json's ``diagnostics``: each part present or not (a verdict without
     numerics has no statistics; full-vocabulary parts only when they were asked for). The
@@ -531,6 +544,15 @@ class Diagnostics(Record, frozen=True):
     slime_mean_abs_logprob_diff: Absent[Number] = None
     nemo_rl_token_mult_prob_error: Absent[Number] = None
     verl_rollout_probs_diff_max: Absent[Number] = None
+    slime_train_rollout_logprob_abs_diff: Absent[Number] = None
+    """slime's ``train_rollout_logprob_abs_diff`` as slime computes it by default (per-sample
+    means over the step's rollouts, ``numerics.framework_figures``): an imported slime step
+    of one training step only. ``slime_mean_abs_logprob_diff``, sealed before it, is the token
+    mean, which slime logs only with ``--calculate-per-token-loss``."""
+    slime_train_rollout_logprob_abs_diff_per_token_loss: Absent[Number] = None
+    """The same with ``--calculate-per-token-loss`` (the same steps)."""
+    masked_by_run: Absent[MaskedByRun] = None
+    """An imported step whose run masked some tokens itself (absent when it masked none)."""
     full_vocabulary: Absent[FullVocabularyEntry] = None
     semantic_offset: Absent[SemanticOffsetSummary] = None
     path_split: Absent[PathSplit] = None
@@ -591,6 +613,23 @@ class NumericCheck(Record, frozen=True):
     mismatches: Count
     active_tokens: Count
     threshold: Number
+    nonfinite_tokens: Absent[Count] = None
+    """INVALID_ARTIFACT for non-finite active scores: how many of the active tokens are;
+    absent for every other outcome and in checks sealed before it was counted."""
+
+    def as_sealed(self, recorded: NumericCheck | None) -> NumericCheck:
+        """This recomputed check in the form ``recorded`` was sealed in: an INVALID_ARTIFACT
+        sealed with ``active_tokens`` 0 and no ``nonfinite_tokens`` is the earlier form (it
+        recorded no count), so the recomputed one is compared in that form."""
+        if (
+            recorded is not None
+            and self.nonfinite_tokens is not None
+            and recorded.outcome is Outcome.INVALID_ARTIFACT
+            and recorded.nonfinite_tokens is None
+            and recorded.active_tokens == 0
+        ):
+            return msgspec.structs.replace(self, active_tokens=0, nonfinite_tokens=None)
+        return self
 
 
 NUMERIC_CHECK_KEYS: tuple[str, ...] = NumericCheck.__struct_fields__
@@ -660,3 +699,6 @@ class Comparison(Record, frozen=True):
     records: tuple[KnobRecord, ...]
     numerical: Absent[NumericCheck] = None
     """Absent when neither side scored (a refusal came first)."""
+    nonfinite_tokens: Absent[Count] = None
+    """INVALID_ARTIFACT for non-finite active scores: how many active tokens are (absent
+    otherwise, and in comparisons sealed before it was counted, whose ``active_tokens`` is 0)."""

@@ -9,7 +9,10 @@ two nearby float32 values is exact in float64, so the comparison itself adds no 
 could flip a verdict at the boundary; equality with the threshold is not a mismatch. Identity is
 checked first (checkpoint, tokenizer, token ids, masks, positions, cache and packing, pre-update
 state): any difference is INVALID_IDENTITY naming the field, never numerical drift. Zero active
-tokens is ZERO_ACTIVE_TOKENS; non-floating or non-finite active scores are INVALID_ARTIFACT.
+tokens is ZERO_ACTIVE_TOKENS; non-floating or non-finite active scores are INVALID_ARTIFACT (a
+non-finite one with its real ``active_tokens`` and the ``nonfinite_tokens`` among them; one
+sealed with ``active_tokens`` 0 and no ``nonfinite_tokens`` is of the earlier form,
+``NumericCheck.as_sealed``).
 Diagnostics (mean, percentiles, max, ratio, worst tokens, KL estimates and the metrics RL
 frameworks log) never change the verdict. Knows nothing about engines or files.
 """
@@ -40,9 +43,12 @@ class Verdict:
     diagnostics: Mapping[str, Any]
     worst_tokens: tuple[Mapping[str, Any], ...]
     identity_violations: tuple[str, ...]
+    nonfinite_tokens: int | None = None
+    """Active tokens with a non-finite logprob on either side (INVALID_ARTIFACT for
+    non-finite scores only; None otherwise)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        document = {
             "outcome": self.outcome.value,
             "reason": self.reason,
             "threshold": self.threshold,
@@ -52,6 +58,9 @@ class Verdict:
             "worst_tokens": [dict(w) for w in self.worst_tokens],
             "identity_violations": list(self.identity_violations),
         }
+        if self.nonfinite_tokens is not None:
+            document["nonfinite_tokens"] = self.nonfinite_tokens
+        return document
 
     def numeric_check(self) -> NumericCheck:
         """The numerical verdict alone, as comparison.json records it beside the verdict and
@@ -61,6 +70,7 @@ class Verdict:
             mismatches=self.mismatches,
             active_tokens=self.active_tokens,
             threshold=self.threshold,
+            nonfinite_tokens=self.nonfinite_tokens,
         )
 
 
@@ -113,6 +123,33 @@ def _invalid(
     )
 
 
+def _nonfinite(
+    training: torch.Tensor,
+    rollout: torch.Tensor,
+    active_count: int,
+    nonfinite: torch.Tensor,
+    threshold: float,
+) -> Verdict:
+    """INVALID_ARTIFACT for non-finite active scores: the first one named (training side
+    first), with the real active count and how many of them are non-finite."""
+    count = int(nonfinite.sum())
+    bad_training = nonfinite & ~torch.isfinite(training)
+    name = "training" if bool(bad_training.any()) else "rollout"
+    where = (bad_training if name == "training" else nonfinite).nonzero()[0].tolist()
+    return Verdict(
+        outcome=Outcome.INVALID_ARTIFACT,
+        reason=f"{name} logprob is non-finite at active position {where} ({count} of "
+        f"{active_count} active tokens non-finite)",
+        threshold=threshold,
+        active_tokens=active_count,
+        mismatches=0,
+        diagnostics={},
+        worst_tokens=(),
+        identity_violations=(),
+        nonfinite_tokens=count,
+    )
+
+
 def mismatch_mask(
     training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor, threshold: float
 ) -> torch.Tensor:
@@ -156,15 +193,9 @@ def judge(
     active_count = int(active.sum())
     if active_count == 0:
         return _invalid(Outcome.ZERO_ACTIVE_TOKENS, "no active tokens to compare", threshold)
-    for name, scores in (("training", training), ("rollout", rollout)):
-        bad = active & ~torch.isfinite(scores)
-        if bool(bad.any()):
-            where = bad.nonzero()[0].tolist()
-            return _invalid(
-                Outcome.INVALID_ARTIFACT,
-                f"{name} logprob is non-finite at active position {where}",
-                threshold,
-            )
+    nonfinite = active & ~(torch.isfinite(training) & torch.isfinite(rollout))
+    if bool(nonfinite.any()):
+        return _nonfinite(training, rollout, active_count, nonfinite, threshold)
     mask = mismatch_mask(training, rollout, active, threshold)
     mismatches = int(mask.sum())
     diagnostics, worst = _diagnostics(training, rollout, active)

@@ -14,15 +14,31 @@ is not of the format asked for, an older NeMo-RL file without the token fields.
   ``prev_logprobs`` (the trainer), ``input_lengths``; full sequences padded to the batch
   maximum, the logprob at ``t`` that of ``token_ids[t]``, column 0 is 0 by convention and never
   active. Active: ``token_loss_mask`` 1, ``sample_loss_mask`` 1, ``1 <= t < input_lengths``.
+  A sample whose ``sample_loss_mask`` is 0 while its ``token_loss_mask`` is not was masked by
+  the run (``grpo.seq_logprob_error_threshold`` writes its drift mask there before the log, or
+  another reason: the log does not say which): its tokens are ``Row.masked``, never active.
   The step is the file name's. Other fields (``content``, ``rewards``, ``advantages``...) are
   skipped unread. Python's ``json`` writes NaN and Infinity as bare words: such a line is read
   again with the standard library.
-- **slime** (``--save-debug-train-data`` / ``--dump-details DIR``'s ``train_data/<id>.pt``, a
-  ``torch.save`` dict loaded with ``weights_only=True``; its rollout dumps need full
-  unpickling and are never read): ``format_version`` 2, ``rollout_id`` (the step),
-  ``samples``, each with ``tokens`` (prompt and response), ``total_lengths``,
-  ``response_lengths``, and response-aligned ``loss_masks``, ``rollout_log_probs`` and
-  ``log_probs`` (the trainer), ``sample_index``. Active: ``loss_masks`` 1.
+- **slime** (``--save-debug-train-data`` / ``--dump-details DIR``'s train dumps, ``torch.save``
+  dicts loaded with ``weights_only=True``; its rollout dumps need full unpickling and are never
+  read), in either layout:
+
+  * per rank, as slime's releases (up to v0.3.1) and miles write them
+    (``train_data/{rollout_id}_{rank}.pt``): ``rollout_id`` (the step), ``rank`` and
+    ``rollout_data``, the rank's share of the rollout as per-sample lists: ``tokens``,
+    ``total_lengths``, ``response_lengths``, ``sample_indices``, response-aligned
+    ``loss_masks``, ``rollout_log_probs`` and ``log_probs`` (the trainer's, only written when
+    slime recomputed them: ``--get-mismatch-metrics``). The files of one ``rollout_id`` (given
+    next to each other, as a directory's natural order puts them) make one step, its samples
+    ordered by ``sample_indices``; a sample several ranks hold (tensor or pipeline parallel
+    ranks of one data-parallel rank) is read once, and must be the same on each.
+  * ``format_version`` 2 (slime's main branch, one file per rollout, ``train_data/<id>.pt``):
+    ``rollout_id`` (the step), ``samples``, each with ``tokens`` (prompt and response),
+    ``total_lengths``, ``response_lengths``, and response-aligned ``loss_masks``,
+    ``rollout_log_probs`` and ``log_probs`` (the trainer), ``sample_index``.
+
+  Active: ``loss_masks`` 1.
 - **neutral** (``jsonl``: one JSON object per sample; Parquet with the same columns through
   the ``parquet`` extra): ``step``, ``sample``, ``token_ids`` (prompt and response),
   ``prompt_length``, and response-aligned ``rollout_logprobs``, ``training_logprobs``,
@@ -48,6 +64,7 @@ from typing import Any
 import msgspec
 import torch
 
+from pytest_logprob_drift.numerics.framework_figures import SlimeBatch, slime_denominators
 from pytest_logprob_drift.production.sources import (
     NEUTRAL_DOCS,
     ImportInputError,
@@ -72,6 +89,9 @@ class Row:
     active: torch.Tensor
     start: int
     source: ImportedRow
+    masked: torch.Tensor | None = None
+    """The tokens the run itself masked out (NeMo-RL: ``sample_loss_mask`` 0 while
+    ``token_loss_mask`` is 1), judged apart from the verdict; None when none."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -83,6 +103,8 @@ class Step:
     rows: list[Row] = field(default_factory=list)
     inputs: list[int] = field(default_factory=list)
     digest: str = ""
+    slime: SlimeBatch | None = None
+    """What slime's own drift figure needs (a slime step only)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,8 +149,30 @@ SLIME = Format(
         "samples[].rollout_log_probs",
         "samples[].log_probs",
         "samples[].sample_index",
+        "rank",
+        "rollout_data.tokens",
+        "rollout_data.total_lengths",
+        "rollout_data.response_lengths",
+        "rollout_data.loss_masks",
+        "rollout_data.rollout_log_probs",
+        "rollout_data.log_probs",
+        "rollout_data.sample_indices",
     ),
 )
+SLIME_RANK_FIELDS = (
+    "tokens",
+    "total_lengths",
+    "response_lengths",
+    "loss_masks",
+    "rollout_log_probs",
+    "log_probs",
+    "sample_indices",
+)
+"""The per-sample lists of a per-rank slime dump's ``rollout_data`` that are read."""
+SLIME_LOG_PROBS_FLAG = "--get-mismatch-metrics"
+"""The slime flag that makes it recompute the trainer's ``log_probs`` (and so dump them): by
+default (one training step per rollout, no KL term, no TIS) slime reuses the training forward
+pass and ``rollout_data`` holds no ``log_probs``."""
 NEUTRAL = Format(
     name="jsonl",
     rollout="rollout_logprobs",
@@ -377,7 +421,9 @@ def _nemo_row(row: _NemoRow, line: bytes, where: _Where, source: ImportedRow) ->
         raise where.error(f"token_loss_mask is 1 at position {at}, beyond input_lengths {length}")
     active = token_mask.clone()
     active[:1] = False  # column 0: no logprob (0 by NeMo-RL's convention)
+    masked = None
     if not sample_mask:
+        masked = active.clone() if bool(active.any()) else None
         active[:] = False
     first = token_mask.nonzero()
     start = int(first[0][0]) if first.numel() else length
@@ -388,6 +434,7 @@ def _nemo_row(row: _NemoRow, line: bytes, where: _Where, source: ImportedRow) ->
         active=active,
         start=start,
         source=source,
+        masked=masked,
     )
 
 
@@ -497,14 +544,22 @@ def _slime_row(sample: Any, where: _Where, source: ImportedRow) -> Row:
 
 
 def read_slime(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Step]:
-    """One step per slime train dump (``rollout_id``)."""
+    """One step per ``rollout_id``: a ``format_version`` 2 dump, or the per-rank dumps of one
+    rollout (``_RankDumps``)."""
+    ranks = _RankDumps()
     for path in paths:
         index, file = _open(path, opened)
         dump = _torch_load(file)
+        if _is_rank_dump(dump):
+            yield from ranks.add(dump, file, index)
+            continue
+        yield from ranks.finish()
         if not isinstance(dump, dict) or "samples" not in dump:
             raise ImportInputError(
                 file.path,
-                "not a slime train dump (a dict with format_version, rollout_id, samples)",
+                "not a slime train dump (a dict with rollout_id, rank and rollout_data, as "
+                "slime's releases write train_data/{rollout_id}_{rank}.pt, or one with "
+                "format_version, rollout_id and samples)",
             )
         version = dump.get("format_version")
         if version != 2:
@@ -518,6 +573,7 @@ def read_slime(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Step]
         if not isinstance(samples, list) or not samples:
             raise ImportInputError(file.path, "samples is empty: nothing to import")
         step = Step(step=step_id, inputs=[index], digest=file.record().sha256)
+        groups: list[tuple[int | None, float | None]] = []
         for position, sample in enumerate(samples):
             where = _Where(file.path, sample=position)
             sample_index = sample.get("sample_index") if isinstance(sample, dict) else None
@@ -529,8 +585,231 @@ def read_slime(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Step]
                 else None,
             )
             step.rows.append(_slime_row(sample, where, source))
+            groups.append(_slime_group(sample, "rollout_ids", "rollout_mask_sums", where))
+        shards = dump.get("dp_shards")
+        shard = shards[0] if isinstance(shards, list) and shards else {}
+        sizes = shard.get("global_batch_sizes") if isinstance(shard, dict) else None
+        step.slime = _slime_batch(step.rows, groups, sizes, _Where(file.path))
         del dump, samples
         yield step
+    yield from ranks.finish()
+
+
+def _slime_group(
+    sample: Mapping[str, Any], group: str, total: str, where: _Where
+) -> tuple[int | None, float | None]:
+    """A sample's rollout group (``rollout_ids``) and the loss-mask total slime recorded for
+    that group (``rollout_mask_sums``), each None when the dump has none."""
+    raw = sample.get(group)
+    rollout = None if raw is None else _integer(raw, group, where)
+    value = sample.get(total)
+    if value is None:
+        return rollout, None
+    try:
+        recorded = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise where.error(f"{total} is {type(value).__name__}, not a number") from None
+    return rollout, recorded
+
+
+def _slime_batch(
+    rows: Sequence[Row],
+    groups: Sequence[tuple[int | None, float | None]],
+    sizes: Any,
+    where: _Where,
+) -> SlimeBatch:
+    """The step's ``SlimeBatch``: each row's denominator and the one training step's global
+    batch size (``global_batch_sizes`` of one entry; none when it lists several steps; the
+    number of rollout groups when the dump has none)."""
+    if sizes is not None and not isinstance(sizes, (list, tuple)):
+        raise where.error(f"global_batch_sizes is {type(sizes).__name__}, not a list")
+    size: int | None
+    if sizes is None:
+        size = len({g if g is not None else -1 - i for i, (g, _) in enumerate(groups)})
+    elif len(sizes) == 1:
+        size = _integer(sizes[0], "global_batch_sizes[0]", where)
+    else:
+        size = None
+    return SlimeBatch(
+        denominators=slime_denominators(
+            [float(r.active.sum()) for r in rows],
+            [g for g, _ in groups],
+            [t for _, t in groups],
+        ),
+        global_batch_size=size,
+    )
+
+
+def _is_rank_dump(dump: Any) -> bool:
+    """Whether ``dump`` is a per-rank dump (``{rollout_id, rank, rollout_data}``)."""
+    return isinstance(dump, dict) and "rollout_data" in dump and "samples" not in dump
+
+
+@dataclass(slots=True, kw_only=True)
+class _RankSample:
+    """One sample of a per-rank dump: its fields as read, the file and position it came
+    from."""
+
+    values: dict[str, Any]
+    input: int
+    position: int
+    file: Path
+
+
+class _RankDumps:
+    """The per-rank dumps of the rollout being read, merged into its step when a file of
+    another rollout (or the end) comes."""
+
+    def __init__(self) -> None:
+        self.rollout: int | None = None
+        self.first: Path | None = None
+        self.ranks: dict[int, Path] = {}
+        self.inputs: list[int] = []
+        self.digests: list[str] = []
+        self.samples: dict[int, _RankSample] = {}
+        self.sizes: Any = None
+        self.done: dict[int, Path] = {}
+
+    def add(self, dump: dict[str, Any], file: InputFile, index: int) -> Iterator[Step]:
+        where = _Where(file.path)
+        rollout = _integer(dump.get("rollout_id"), "rollout_id", where)
+        rank = _integer(dump.get("rank"), "rank", where)
+        if rollout < 0 or rank < 0:
+            raise where.error(f"{'rollout_id' if rollout < 0 else 'rank'} is negative")
+        if rollout != self.rollout:
+            yield from self.finish()
+            if rollout in self.done:
+                raise where.error(
+                    f"rollout_id {rollout} again, after other rollouts (first in "
+                    f"{self.done[rollout]}): give each rollout's rank files next to each other "
+                    "(a train_data directory lists them so)"
+                )
+            self.rollout, self.first = rollout, file.path
+        if rank in self.ranks:
+            raise where.error(
+                f"rank {rank} of rollout_id {rollout} again (also {self.ranks[rank]})"
+            )
+        self.ranks[rank] = file.path
+        self.inputs.append(index)
+        self.digests.append(file.record().sha256)
+        data = dump["rollout_data"]
+        if not isinstance(data, dict):
+            raise where.error(f"rollout_data is {type(data).__name__}, not a dict")
+        if self.sizes is None:
+            self.sizes = data.get("global_batch_sizes")
+        for position, values in enumerate(_rank_samples(data, where)):
+            self._merge(_RankSample(values=values, input=index, position=position, file=file.path))
+
+    def _merge(self, sample: _RankSample) -> None:
+        key = sample.values["sample_indices"]
+        held = self.samples.get(key)
+        if held is None:
+            self.samples[key] = sample
+            return
+        where = _Where(sample.file, sample=sample.position)
+        for name in SLIME_RANK_FIELDS:
+            a, b = held.values.get(name), sample.values.get(name)
+            if a is None or b is None:
+                continue
+            if not _same_value(a, b):
+                raise where.error(
+                    f"sample_indices {key}: {name} differs from the same sample in "
+                    f"{held.file} (ranks of one data-parallel rank hold the same samples; a "
+                    "context-parallel rank holds a slice: dump with context parallelism off)"
+                )
+        if held.values.get("log_probs") is None and sample.values.get("log_probs") is not None:
+            self.samples[key] = sample  # the last pipeline stage's copy holds log_probs
+
+    def finish(self) -> Iterator[Step]:
+        """The step of the rollout read so far (nothing when none)."""
+        if self.rollout is None:
+            return
+        rollout, first = self.rollout, self.first
+        assert first is not None
+        self.done[rollout] = first
+        step = Step(step=rollout, inputs=list(self.inputs))
+        digest = hashlib.sha256()
+        for sha in self.digests:
+            digest.update(bytes.fromhex(sha))
+        step.digest = digest.hexdigest()
+        groups: list[tuple[int | None, float | None]] = []
+        for key in sorted(self.samples):
+            sample = self.samples[key]
+            where = _Where(sample.file, sample=sample.position)
+            groups.append(_slime_group(sample.values, "rollout_ids", "rollout_mask_sums", where))
+            if sample.values.get("log_probs") is None:
+                raise where.error(
+                    f"no log_probs in rollout_data (rollout_id {rollout}): slime dumps the "
+                    f"trainer's logprobs only when it recomputes them; run it with "
+                    f"{SLIME_LOG_PROBS_FLAG}"
+                )
+            source = ImportedRow(input=sample.input, index=sample.position, sample=key)
+            step.rows.append(_slime_row(sample.values, where, source))
+        step.slime = _slime_batch(step.rows, groups, self.sizes, _Where(first))
+        self.rollout, self.first, self.sizes = None, None, None
+        self.ranks, self.inputs, self.digests, self.samples = {}, [], [], {}
+        yield step
+
+
+def _rank_samples(data: Mapping[str, Any], where: _Where) -> Iterator[dict[str, Any]]:
+    """The per-sample values of a rank's ``rollout_data`` (``log_probs`` None where the rank
+    holds none)."""
+    lists: dict[str, Sequence[Any]] = {}
+    for name in SLIME_RANK_FIELDS:
+        value = data.get(name)
+        if value is None:
+            if name == "log_probs":
+                continue
+            raise where.error(
+                f"rollout_data has no {name}"
+                + (
+                    " (the rollout returned no logprobs: slime records rollout_log_probs only "
+                    "when its engine returns them)"
+                    if name == "rollout_log_probs"
+                    else ""
+                )
+            )
+        if not isinstance(value, (list, tuple)):
+            raise where.error(f"rollout_data.{name} is {type(value).__name__}, not a list")
+        lists[name] = value
+    count = len(lists["tokens"])
+    for name, column in lists.items():
+        if len(column) != count:
+            raise where.error(
+                f"rollout_data.{name} has {len(column)} entries, tokens has {count}: one per sample"
+            )
+    if not count:
+        raise where.error("rollout_data holds no samples: nothing to import")
+    groups = {
+        name: data[name]
+        for name in ("rollout_ids", "rollout_mask_sums")
+        if isinstance(data.get(name), (list, tuple, torch.Tensor)) and len(data[name]) == count
+    }
+    for position in range(count):
+        sample: dict[str, Any] = {name: lists[name][position] for name in lists}
+        sample.update({name: column[position] for name, column in groups.items()})
+        raw = sample["sample_indices"]
+        key = None if raw is None else _integer(raw, f"sample_indices[{position}]", where)
+        if key is None or key < 0:
+            raise where.error(
+                f"sample_indices[{position}] is {key!r}: without a sample's index the ranks' "
+                "samples cannot be ordered or told apart"
+            )
+        sample["sample_indices"] = key
+        sample.setdefault("log_probs", None)
+        yield sample
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two values of one sample field are equal (tensors bit for bit, NaN included)."""
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        return bool(a == b)
+    x, y = torch.as_tensor(a), torch.as_tensor(b)
+    if x.shape != y.shape:
+        return False
+    if x.is_floating_point() and y.is_floating_point():
+        return bool(((x == y) | (x.isnan() & y.isnan())).all())
+    return bool(torch.equal(x, y))
 
 
 # --------------------------------------------------------------------------- neutral

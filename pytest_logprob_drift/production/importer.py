@@ -46,6 +46,11 @@ from pytest_logprob_drift.errors import StorageError, UsageError
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
 )
+from pytest_logprob_drift.numerics.framework_figures import (
+    MASKED_BY_RUN,
+    masked_by_run,
+    slime_figures,
+)
 from pytest_logprob_drift.numerics.verdict import Verdict, judge
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.production.formats import FORMATS, READERS, Format, Row, Step
@@ -138,6 +143,8 @@ class _Grid:
     rollout: torch.Tensor
     training: torch.Tensor
     starts: torch.Tensor
+    masked: torch.Tensor | None
+    """The tokens the run masked itself (``Row.masked``); None when no row has any."""
 
 
 def _grid(step: Step, file_of: Callable[[int], str]) -> _Grid:
@@ -155,6 +162,7 @@ def _grid(step: Step, file_of: Callable[[int], str]) -> _Grid:
     active = torch.zeros(shape, dtype=torch.bool)
     rollout = torch.zeros(shape, dtype=torch.float64)
     training = torch.zeros(shape, dtype=torch.float64)
+    masked = None
     for i, row in enumerate(rows):
         n = row.token_ids.numel()
         token_ids[i, :n] = row.token_ids
@@ -162,6 +170,9 @@ def _grid(step: Step, file_of: Callable[[int], str]) -> _Grid:
         active[i, :n] = row.active
         rollout[i, :n] = row.rollout
         training[i, :n] = row.training
+        if row.masked is not None:
+            masked = torch.zeros(shape, dtype=torch.bool) if masked is None else masked
+            masked[i, :n] = row.masked
     if _lossless_float32(rollout) and _lossless_float32(training):
         rollout, training = rollout.to(torch.float32), training.to(torch.float32)
     positions = torch.arange(width, dtype=torch.int64).expand(shape) * attention
@@ -174,21 +185,29 @@ def _grid(step: Step, file_of: Callable[[int], str]) -> _Grid:
         rollout=rollout,
         training=training,
         starts=starts,
+        masked=masked,
     )
 
 
 def _comparison(
-    case_id: str, label: str, contract: ResolvedContract, verdict: Verdict, grid: _Grid
+    case_id: str,
+    label: str,
+    contract: ResolvedContract,
+    verdict: Verdict,
+    grid: _Grid,
+    figures: dict[str, Any],
 ) -> Comparison:
     """comparison.json's record, as ``execute.case`` builds it for an executed case: the
-    verdict, its statistics, the importance-sampling figures of a judged step, the re-check;
-    no knob records (nothing was configured)."""
+    verdict, its statistics, the importance-sampling figures of a judged step, the re-check,
+    the framework's own ``figures`` (``numerics.framework_figures``); no knob records (nothing
+    was configured)."""
     return comparison_of(
         verdict,
         case_id=case_id,
         label=label,
         contract=contract,
         scores=(grid.training, grid.rollout, grid.active),
+        entries=figures,
         numerical=verdict.numeric_check(),
     )
 
@@ -238,7 +257,16 @@ class _Run:
         )[:16]
         label = f"step={step.step}"
         verdict = judge(grid.training, grid.rollout, grid.active, contract.threshold)
-        comparison = _comparison(case_id, label, contract, verdict, grid)
+        figures = (
+            slime_figures(grid.training, grid.rollout, grid.active, step.slime)
+            if step.slime is not None and verdict.outcome in SCORED_OUTCOMES
+            else {}
+        )
+        if grid.masked is not None:
+            figures[MASKED_BY_RUN] = masked_by_run(
+                grid.training, grid.rollout, grid.masked, contract.threshold
+            )
+        comparison = _comparison(case_id, label, contract, verdict, grid, figures)
         if self.worst is not None and verdict.outcome in SCORED_OUTCOMES:
             self.worst.add(
                 step=step.step,

@@ -24,10 +24,12 @@ from pytest_logprob_drift.report import importance
 from pytest_logprob_drift.report.markup import Child, Markup, el, fragment_link, page_link
 from pytest_logprob_drift.report.model import CaseView, ReportData
 from pytest_logprob_drift.report.summary import (
+    FRAMEWORK_FIGURES,
     FULL_VOCAB_COLUMNS,
     PEER_METRICS,
     fmt_diff,
     fmt_ratio,
+    framework_figure,
     full_vocabulary_cells,
     has_full_vocabulary,
     interval,
@@ -110,6 +112,37 @@ def _statistic(key: str) -> Cell:
     return cell
 
 
+def _framework_figure(key: str) -> Cell:
+    def cell(view: CaseView) -> CellValue:
+        value = framework_figure(view.diagnostics, key)
+        return td(fmt_diff(value), num=number(value), cls="n")
+
+    return cell
+
+
+def _has_framework_figure(key: str) -> Callable[[ReportData], bool]:
+    def shown(data: ReportData) -> bool:
+        return any(framework_figure(v.diagnostics, key) is not None for v in data.cases)
+
+    return shown
+
+
+def _masked_by_run(view: CaseView) -> CellValue:
+    masked = view.diagnostics.masked_by_run
+    if masked is None:
+        return td("-")
+    text = (
+        f"{masked.samples} samples, {masked.tokens} tokens: {masked.mismatches} mismatches, "
+        f"max |diff| {fmt_diff(masked.max_abs_diff)}"
+        + (f", {masked.nonfinite_tokens} non-finite" if masked.nonfinite_tokens else "")
+    )
+    return td(text, num=masked.mismatches)
+
+
+def _any_masked_by_run(data: ReportData) -> bool:
+    return any(v.diagnostics.masked_by_run is not None for v in data.cases)
+
+
 def _full_vocabulary(index: int) -> Cell:
     def cell(view: CaseView) -> CellValue:
         text, value = full_vocabulary_cells(view.diagnostics)[index]
@@ -178,9 +211,20 @@ CASE_COLUMNS: tuple[Column, ...] = (
     Column(title="active", cell=lambda v: _count(v.active_tokens)),
     Column(title="mismatches", cell=lambda v: _count(v.mismatches)),
     Column(title="max |diff|", cell=_statistic("max_abs_diff")),
+    Column(
+        title="masked by the run (for drift or another reason; not in the verdict)",
+        cell=_masked_by_run,
+        shown=_any_masked_by_run,
+    ),
     Column(title="p99 |diff|", cell=_statistic("p99_abs_diff"), more=True),
     Column(title="mean |diff|", cell=_statistic("mean_abs_diff")),
     *(Column(title=title, cell=_statistic(key), more=True) for title, key in PEER_METRICS),
+    *(
+        Column(
+            title=title, cell=_framework_figure(key), more=True, shown=_has_framework_figure(key)
+        )
+        for title, key in FRAMEWORK_FIGURES
+    ),
     *(
         Column(title=title, cell=_importance(i), more=True)
         for i, title in enumerate(importance.HEADERS)

@@ -243,16 +243,21 @@ def _nan_safe(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 def scatter(
     rollout: torch.Tensor, training: torch.Tensor, diff: torch.Tensor, threshold: float
 ) -> Scatter:
-    """Active tokens' logprobs (float64, flattened) and their |diff|."""
-    mismatch = diff > threshold
+    """Active tokens' logprobs (float64, flattened) and their |diff|; a token with a
+    non-finite logprob is counted, not drawn."""
     total = int(rollout.numel())
-    if total <= SCATTER_MAX_POINTS:
+    finite = torch.isfinite(rollout) & torch.isfinite(training)
+    nonfinite = total - int(finite.sum())
+    rollout, training, diff = rollout[finite], training[finite], diff[finite]
+    mismatch = diff > threshold
+    if int(rollout.numel()) <= SCATTER_MAX_POINTS:
         return Scatter(
             points=True,
             rollout=rollout.numpy(),
             training=training.numpy(),
             mismatch=mismatch.numpy(),
             total=total,
+            nonfinite=nonfinite,
         )
     low = float(torch.minimum(rollout.min(), training.min()))
     high = float(torch.maximum(rollout.max(), training.max()))
@@ -271,6 +276,7 @@ def scatter(
         grid=grid.view(SCATTER_GRID, SCATTER_GRID).numpy().astype(np.int64),
         extent=(low, high, low, high),
         total=total,
+        nonfinite=nonfinite,
     )
 
 

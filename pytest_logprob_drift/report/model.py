@@ -84,6 +84,9 @@ class Scatter:
     extent: tuple[float, float, float, float] | None = None
     """``(rollout_low, rollout_high, training_low, training_high)`` of the grid."""
     total: int = 0
+    nonfinite: int = 0
+    """Active tokens with a non-finite logprob on either side (counted in ``total``, never
+    drawn: an axis cannot reach infinity)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

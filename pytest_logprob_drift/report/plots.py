@@ -35,6 +35,7 @@ from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
     HIST_LOG10_LOW,
     CaseView,
+    FloatArray,
     Histogram,
     PositionProfile,
     Scatter,
@@ -224,6 +225,12 @@ def histogram_svg(hist: Histogram, threshold: float, decades: tuple[int, int]) -
         return to_svg(figure)
 
 
+def _band_edge(edge: FloatArray, floor: float) -> FloatArray:
+    """A band's edge on the log axis: at least ``floor`` (a column no sample reaches, NaN,
+    too), an infinite |diff| left undrawn (NaN: an axis cannot reach it)."""
+    return np.where(np.isinf(edge), np.nan, np.maximum(np.nan_to_num(edge, nan=floor), floor))
+
+
 def profile_svg(profile: PositionProfile, threshold: float) -> Markup:
     x = profile.starts.astype(np.float64) + (profile.bin_width - 1) / 2
     floor = 1e-12
@@ -233,8 +240,8 @@ def profile_svg(profile: PositionProfile, threshold: float) -> Markup:
         if profile.total_samples > profile.samples.size:
             axes.fill_between(
                 x,
-                np.maximum(np.nan_to_num(profile.band_low, nan=floor), floor),
-                np.maximum(np.nan_to_num(profile.band_high, nan=floor), floor),
+                _band_edge(profile.band_low, floor),
+                _band_edge(profile.band_high, floor),
                 color=COLOURS["band"],
                 alpha=0.6,
                 linewidth=0,
@@ -242,7 +249,7 @@ def profile_svg(profile: PositionProfile, threshold: float) -> Markup:
             )
             axes.plot(
                 x,
-                np.maximum(profile.median, floor),
+                np.where(np.isfinite(profile.median), np.maximum(profile.median, floor), np.nan),
                 color="black",
                 linewidth=0.9,
                 label="median",
@@ -294,8 +301,9 @@ def scatter_svg(data: Scatter, threshold: float) -> Markup:
                 interpolation="nearest",
             )
         elif data.rollout.size:
-            low = float(min(data.rollout.min(), data.training.min()))
-            high = float(max(data.rollout.max(), data.training.max()))
+            drawn = np.concatenate((data.rollout, data.training))
+            drawn = drawn[np.isfinite(drawn)]
+            low, high = (float(drawn.min()), float(drawn.max())) if drawn.size else (0.0, 0.0)
         if data.rollout.size:
             raster = data.rollout.size > RASTERIZE_ABOVE
             ok = ~data.mismatch
@@ -329,13 +337,21 @@ def scatter_svg(data: Scatter, threshold: float) -> Markup:
             axes.set_ylim(low - pad, high + pad)
             axes.legend(fontsize=5.5, loc="upper left", frameon=False, markerscale=2)
         else:
-            empty_note(axes, "no active tokens")
+            empty_note(
+                axes,
+                f"{data.nonfinite} non-finite, nothing to draw"
+                if data.total
+                else "no active tokens",
+            )
         axes.set_xlabel("rollout logprob")
         axes.set_ylabel("training logprob")
         axes.set_title(
-            f"logprobs, {data.total} tokens"
-            if data.points
-            else f"logprobs, 2-D histogram of {data.total}; worst {data.rollout.size} as points"
+            (
+                f"logprobs, {data.total} tokens"
+                if data.points
+                else f"logprobs, 2-D histogram of {data.total}; worst {data.rollout.size} as points"
+            )
+            + (f"; {data.nonfinite} non-finite not drawn" if data.nonfinite else "")
         )
         return to_svg(figure)
 

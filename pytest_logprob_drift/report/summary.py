@@ -19,6 +19,7 @@ from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
 from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, ReductionStats
+from pytest_logprob_drift.numerics.framework_figures import SLIME_FIGURE, SLIME_PER_TOKEN_FIGURE
 from pytest_logprob_drift.numerics.text import REDUCTIONS
 from pytest_logprob_drift.report import importance
 from pytest_logprob_drift.report.findings import findings, moved_side, threshold, within_contract
@@ -40,12 +41,30 @@ HEADERS = [
 PEER_METRICS: tuple[tuple[str, str], ...] = (
     ("k1 KL", "approx_kl_k1"),
     ("k3 KL", "approx_kl_k3"),
-    ("NeMo-RL mult-prob error", "nemo_rl_token_mult_prob_error"),
+    (
+        "mean exp|diff| (NeMo-RL's mult-prob error, active tokens only)",
+        "nemo_rl_token_mult_prob_error",
+    ),
     ("verl probs diff max", "verl_rollout_probs_diff_max"),
 )
-"""``(column title, comparison.json diagnostics key)`` of the peer metrics: NeMo-RL's
-token_mult_prob_error, verl's rollout_probs_diff_max (slime's mean |logprob diff| is the mean
-|diff| column)."""
+"""``(column title, comparison.json diagnostics key)`` of the peer metrics every scored case
+has: verl's rollout_probs_diff_max as verl computes it; NeMo-RL's token_mult_prob_error over
+the active tokens only (NeMo-RL's own is over its whole padded batch, so a NaN in padding makes
+it NaN, and is the mean of per-global-batch means when a step has several: the title names the
+difference). The mean |diff| column is the token mean, which is slime's figure only with
+``--calculate-per-token-loss`` (``FRAMEWORK_FIGURES``)."""
+FRAMEWORK_FIGURES: tuple[tuple[str, str], ...] = (
+    ("slime train_rollout_logprob_abs_diff", SLIME_FIGURE),
+    ("slime train_rollout_logprob_abs_diff, --calculate-per-token-loss", SLIME_PER_TOKEN_FIGURE),
+)
+"""``(column title, diagnostics key)`` of the figures a framework logs, computed as it does,
+which only an imported step of that framework has (``numerics.framework_figures``)."""
+
+
+def framework_figure(diagnostics: Diagnostics, key: str) -> float | None:
+    """A ``FRAMEWORK_FIGURES`` figure of a case (None: not recorded)."""
+    value: float | None = getattr(diagnostics, key)
+    return value
 
 
 def fmt_diff(value: Any) -> str:

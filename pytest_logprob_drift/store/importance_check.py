@@ -82,6 +82,7 @@ def comparison_of(
         identity_violations=verdict.identity_violations,
         records=tuple(records),
         numerical=numerical,
+        nonfinite_tokens=verdict.nonfinite_tokens,
     )
 
 

@@ -153,13 +153,13 @@ def _verdict_of(diffs: dict[str, torch.Tensor]) -> NumericCheck:
 def _same_numeric_check(recorded: NumericCheck | None, numeric: NumericCheck) -> None:
     """The recorded re-check must equal the one recomputed from ``token_diffs.pt``: a
     SealError naming the first value that differs."""
-    want = numeric.to_json()
+    want = numeric.as_sealed(recorded).to_json()
     got = {} if recorded is None else recorded.to_json()
     for key in NUMERIC_CHECK_KEYS:
-        if got.get(key) != want[key]:
+        if got.get(key) != want.get(key):
             raise SealError(
                 layout.TOKEN_DIFFS,
-                f"offline recomputation gives {key}={want[key]!r}, comparison.json records "
+                f"offline recomputation gives {key}={want.get(key)!r}, comparison.json records "
                 f"{got.get(key)!r}",
             )
 
