@@ -110,7 +110,9 @@ def knobs_page() -> str:
         "deep a knob reaches: `request` < "
         "`engine_construction` < `process`; a case's lifecycle is its deepest changed "
         "knob's, and engines are reused only across cases whose fingerprints match. How to "
-        "write a config: [CONFIGURATION.md](CONFIGURATION.md).\n\n"
+        "write a config: [CONFIGURATION.md](CONFIGURATION.md). The backends named "
+        "[rlkernel](WORDS.md#rlkernel) and the scenario levels [S0 to S3](WORDS.md#s0-to-s3) "
+        "are explained in [WORDS.md](WORDS.md).\n\n"
     )
     rows = []
     for spec in knobs.KNOB_CATALOG:

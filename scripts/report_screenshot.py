@@ -11,7 +11,7 @@ script's output on the main job's run:
 
     logprob-drift run experiments/cross_config_s1_vllm_cpu_tiny.json --runtime vllm-hf \\
         --expect rollout.dtype=bfloat16=MISMATCH --artifacts runs
-    python scripts/report_screenshot.py runs/s1-vllm-cpu-tiny
+    python scripts/report_screenshot.py runs/s1-vllm-cpu-tiny --height 1200
 
 ``tests/test_report_screenshot.py`` runs it on a small run (slow: it needs the browser).
 """

@@ -444,7 +444,9 @@ def test_plugin_summary_junit_properties_and_sealed_attribution(pytester: pytest
             "exp.json::s0-cpu-smoke (against its baseline):",
             "logp.backend=smoke_only.logp_offset*moved the training side*excludes 1",
             "batch.size=1*no effect (bitwise identical on both sides)*",
-            "ranked by effect on the drift: logp.backend=smoke_only.logp_offset > batch.size=1",
+            "ranked by effect on the drift: logp.backend=smoke_only.logp_offset",
+            "within the contract (PASS, max |diff| below 0.1 of the threshold; not ranked): "
+            "batch.size=1",
             "sealed attribution: *attributions*",
         ]
     )

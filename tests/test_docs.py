@@ -52,7 +52,7 @@ SHELL = {"sh", "bash", "console", "shell"}
 MARKER = re.compile(r"<!--\s*docs-test:\s*(parse-only|skip)\b\s*(.*?)\s*-->")
 FAST = {"plan"}
 """Subcommands the fast test runs as written (torch-free); ``--help`` of any command too."""
-ENGINE_FREE = {"prompts", "init", "import", "report", "verify"}
+ENGINE_FREE = {"prompts", "init", "import", "report", "verify", "tiny"}
 """Subcommands the slow test runs as written: no engine, but torch or transformers."""
 CLI_PREFIXES = (
     ("logprob-drift",),
@@ -302,11 +302,23 @@ def _runnable(kinds: set[str]) -> Iterator[tuple[Block, list[Block]]]:
             yield shown[0], shown
 
 
+VENV = ROOT / ".venv"
+"""The README's set-up (``scripts/setup.sh``) made this environment: a fresh shell after it,
+activated as the README says once, is what a reader types the commands into."""
+
+
+def _shell_env() -> dict[str, str]:
+    """A fresh shell's environment after ``source .venv/bin/activate``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    env.pop("PYTHONPATH", None)
+    env["VIRTUAL_ENV"] = str(VENV)
+    env["PATH"] = os.pathsep.join([str(VENV / "bin"), env.get("PATH", "")])
+    return env
+
+
 def _run_as_written(blocks_: list[Block], sandbox: Path, kinds: set[str]) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    """Each command of ``kinds`` exactly as printed, in a fresh ``bash`` in ``sandbox``."""
+    env = _shell_env()
     for block in blocks_:
         for words in commands(block):
             args = cli_args(words) or []
@@ -314,7 +326,7 @@ def _run_as_written(blocks_: list[Block], sandbox: Path, kinds: set[str]) -> Non
             if not help_ and (not args or args[0] not in kinds):
                 continue
             result = subprocess.run(
-                [sys.executable, "-m", "pytest_logprob_drift", *args],
+                ["bash", "--noprofile", "--norc", "-c", shlex.join(words)],
                 cwd=sandbox,
                 env=env,
                 capture_output=True,
@@ -328,7 +340,9 @@ def _run_as_written(blocks_: list[Block], sandbox: Path, kinds: set[str]) -> Non
             )
 
 
+@pytest.mark.process
 def test_plan_and_help_commands_run_as_written(tmp_path: Path) -> None:
+    assert (VENV / "bin" / "logprob-drift").is_file(), "no .venv: run bash scripts/setup.sh"
     ran = 0
     for first, shown in _runnable(FAST):
         sandbox = tmp_path / first.page.name
@@ -341,6 +355,7 @@ def test_plan_and_help_commands_run_as_written(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_engine_free_commands_run_as_written(tmp_path: Path) -> None:
+    assert (VENV / "bin" / "logprob-drift").is_file(), "no .venv: run bash scripts/setup.sh"
     ran = 0
     for first, shown in _runnable(ENGINE_FREE):
         sandbox = tmp_path / first.page.name
@@ -350,3 +365,224 @@ def test_engine_free_commands_run_as_written(tmp_path: Path) -> None:
         ran += 1
         shutil.rmtree(sandbox, ignore_errors=True)
     assert ran
+
+
+# ------------------------------------------------------------------ how the pages read
+
+WORDS = ROOT / "docs" / "WORDS.md"
+PROSE_PAGES = [page for page in PAGES if page.is_file()]
+SENTENCE_START = re.compile(r"[A-Z0-9`*\[!\"(<_|>]|(vLLM|pytest|verl|slime)\b")
+"""What a section's first sentence may start with (a lowercase word or a stray punctuation
+mark is a sentence cut off above it)."""
+SENTENCE_END = re.compile(r"[.:?!][)*_\"'`]*$")
+
+
+def _prose(page: Path) -> list[str]:
+    """The page's lines with fenced blocks and HTML comments blanked (line numbers kept)."""
+    lines = page.read_text(encoding="utf-8").split("\n")
+    out: list[str] = []
+    fence: str | None = None
+    comment = False
+    for line in lines:
+        stripped = line.strip()
+        if fence is not None:
+            out.append("")
+            if stripped.startswith(fence):
+                fence = None
+            continue
+        opening = re.match(r"^(```+|~~~+)", stripped)
+        if opening:
+            fence = opening.group(1)
+            out.append("")
+            continue
+        if comment or stripped.startswith("<!--"):
+            comment = "-->" not in stripped
+            out.append("")
+            continue
+        out.append(line)
+    return out
+
+
+TABLE_ROW = re.compile(r"\s*\|[\s:-]")
+OPENS_A_BLOCK = re.compile(r"\s*(```|~~~|<!--)")
+
+
+def _blocks(page: Path) -> list[tuple[int, list[str], str]]:
+    """``(first line number, lines, next raw line)`` of each run of prose lines between blank
+    lines, fenced blocks and comments; the next raw line says what follows it."""
+    raw = page.read_text(encoding="utf-8").split("\n")
+    found: list[tuple[int, list[str], str]] = []
+    current: list[str] = []
+    start = 0
+    for number, line in enumerate([*_prose(page), ""], start=1):
+        if line.strip():
+            if not current:
+                start = number
+            current.append(line)
+            continue
+        if current:
+            after = next((x for x in raw[number - 1 :] if x.strip()), "")
+            found.append((start, current, after))
+        current = []
+    return found
+
+
+def _paragraphs(page: Path) -> list[tuple[int, list[str]]]:
+    """``(first line number, lines)`` of each plain paragraph that does not lead into a shown
+    block: not a heading, a list, a table, an image, a quote or HTML."""
+    return [
+        (start, lines)
+        for start, lines, after in _blocks(page)
+        if not re.match(r"\s*([#>!<]|[-*+] |\d+\. )", lines[0])
+        and not TABLE_ROW.match(lines[0])
+        and not OPENS_A_BLOCK.match(after)
+    ]
+
+
+def _sections(page: Path) -> list[tuple[int, str]]:
+    """``(line number, first line)`` of the prose right under each heading (none when a shown
+    block comes first)."""
+    raw = page.read_text(encoding="utf-8").split("\n")
+    lines = _prose(page)
+    found = []
+    for i, line in enumerate(lines):
+        if not re.match(r"#{1,6} ", line):
+            continue
+        text = next(((k, x) for k, x in enumerate(raw[i + 1 :], start=i + 2) if x.strip()), None)
+        if text is not None and not re.match(r"#{1,6} ", text[1]) and lines[text[0] - 1].strip():
+            found.append(text)
+    return found
+
+
+def _tables(page: Path) -> list[tuple[int, list[str]]]:
+    return [(start, lines) for start, lines, _ in _blocks(page) if TABLE_ROW.match(lines[0])]
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
+
+
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else page.name
+
+
+def _section_problems(page: Path) -> list[str]:
+    return [
+        f"{_name(page)}:{number}: a section starts mid-sentence: {line.strip()[:60]!r}"
+        for number, line in _sections(page)
+        if not re.match(r"\s*([-*+] |\d+\. )", line) and not SENTENCE_START.match(line.strip())
+    ]
+
+
+def _paragraph_problems(page: Path) -> list[str]:
+    problems = []
+    for number, lines in _paragraphs(page):
+        text = " ".join(x.strip() for x in lines)
+        where = f"{_name(page)}:{number}"
+        if not SENTENCE_END.search(text):
+            problems.append(f"{where}: a paragraph ends without punctuation: ...{text[-60:]!r}")
+        bare = re.sub(r"`[^`]*`", "", text)
+        if bare.count("(") != bare.count(")"):
+            problems.append(f"{where}: a parenthesis left open or never opened: {text[:70]!r}")
+    return problems
+
+
+def _table_problems(page: Path) -> list[str]:
+    problems = []
+    for number, rows in _tables(page):
+        where = f"{_name(page)}:{number}"
+        if len(rows) < 2 or re.fullmatch(r"[|:\-\s]+", rows[0]):
+            problems.append(f"{where}: a table without a header row")
+        elif not re.fullmatch(r"\s*\|?(\s*:?-{3,}:?\s*\|)+\s*(:?-{3,}:?)?\s*", rows[1]):
+            problems.append(f"{where}: the header row is not followed by its separator")
+        elif not all(_cells(rows[0])):
+            problems.append(f"{where}: a header cell is empty")
+    return problems
+
+
+def test_no_section_starts_mid_sentence() -> None:
+    assert [p for page in PROSE_PAGES for p in _section_problems(page)] == []
+
+
+VERBATIM = {"CONTRACT.md"}
+"""Pages kept verbatim from elsewhere, as plain text (no Markdown paragraphs to check)."""
+
+
+def test_every_paragraph_ends_its_sentence() -> None:
+    assert [
+        p for page in PROSE_PAGES if page.name not in VERBATIM for p in _paragraph_problems(page)
+    ] == []
+
+
+def test_every_table_has_a_header_row() -> None:
+    assert [p for page in PROSE_PAGES for p in _table_problems(page)] == []
+
+
+def test_the_checks_catch_the_cuts_they_are_for(tmp_path: Path) -> None:
+    """Each check fails on the kind of cut it is for (a page split mid-sentence)."""
+    page = tmp_path / "cut.md"
+    page.write_text(
+        "# Title\n\nA sentence that stops at the chat template's\n\n"
+        "## Exit codes\n\nselector that matches no case, exit 2.\n\n"
+        "Outcomes: PASS (fallback, ignored setting.\n\n"
+        "## Runtimes\n\n|---|---|\n| `hf` | transformers |\n",
+        encoding="utf-8",
+    )
+    assert len(_section_problems(page)) == 1
+    assert [p.split(": ", 1)[1][:22] for p in _paragraph_problems(page)] == [
+        "a paragraph ends witho",
+        "a parenthesis left ope",
+    ]
+    assert [p.split(": ", 1)[1] for p in _table_problems(page)] == ["a table without a header row"]
+
+
+def _terms() -> list[tuple[str, re.Pattern[str], str]]:
+    """``(term, its pattern, its anchor)`` of every word of the Words page."""
+    terms = []
+    for line in WORDS.read_text(encoding="utf-8").split("\n"):
+        match = re.match(r"### (.+)", line)
+        if not match:
+            continue
+        term = match.group(1).strip()
+        anchor = re.sub(r"[^\w\- ]", "", term.lower()).replace(" ", "-")
+        if term == "S0 to S3":
+            pattern = re.compile(r"\bS[0-3]\b")
+        else:
+            pattern = re.compile(r"(?<![\w/#.-])" + re.escape(term).replace("\\ ", r"\s+"), re.I)
+        terms.append((term, pattern, anchor))
+    return terms
+
+
+def test_the_words_page_is_linked_from_the_readme_first_screen() -> None:
+    first_screen = "\n".join(_prose(ROOT / "README.md")[:40])
+    assert "(docs/WORDS.md)" in first_screen
+    assert len(_terms()) >= 6
+
+
+def test_every_word_is_linked_or_defined_before_its_first_use() -> None:
+    problems = []
+    for page in PROSE_PAGES:
+        if page == WORDS:
+            continue
+        text = "\n".join(_prose(page))
+        prefix = os.path.relpath(WORDS, page.parent)
+        for term, pattern, anchor in _terms():
+            # a use is prose: not a link target, not inside a URL
+            uses = [
+                m
+                for m in pattern.finditer(text)
+                if not re.search(r"\]\([^)]*$", text[: m.start()][-200:])
+            ]
+            if not uses:
+                continue
+            first = uses[0]
+            end = text.find("\n\n", first.end())
+            end = len(text) if end < 0 else end
+            link = text.find(f"]({prefix}#{anchor})")
+            defined = text.find(f"**{term}**")
+            if not (0 <= link < end or 0 <= defined <= first.start()):
+                problems.append(
+                    f"{page.relative_to(ROOT)}:{text[: first.start()].count(chr(10)) + 1}: "
+                    f"{term!r} is used before it is defined or linked to {prefix}#{anchor}"
+                )
+    assert problems == []

@@ -174,8 +174,20 @@ def test_the_text_report_leads_with_the_trend_and_carries_the_same_figures(
         assert f"{row['max_abs_diff']:.3e}" in line and f"{row['p99_abs_diff']:.3e}" in line
         share = row["mismatch_share"]
         assert ("0%" if share == 0 else f"{100 * share:.3g}%") in line
+    crossed = next(x for x in lines if x.startswith("first crossed the contract: "))
+    assert "mismatch share > 0: at step 3;" in crossed
+    assert crossed.split("; never: ")[1].startswith("TIS cap 2 clipped share > 0")
+    # one screen: the step table stands for the case table; the details are --verbose's
+    assert not any(x.startswith("case_id ") for x in lines)
+    assert len(lines) <= 40
+    code, verbose, err = cli(
+        "report", run_dir, "--html", imported["artifacts"] / "text.html", "--verbose"
+    )
+    assert code == 0, err
+    lines = verbose.splitlines()
     assert "  mismatch share > 0: at step 3" in lines
     assert "  TIS cap 2 clipped share > 0: never" in lines
+    assert sum(x.startswith("case_id ") for x in lines) == 1
 
 
 def test_the_three_formats_give_the_same_steps(tmp_path: Path, imported: dict[str, Any]) -> None:

@@ -70,9 +70,16 @@ def test_the_walk_from_a_drifting_nemo_rl_run_to_the_knob(tmp_path: Path) -> Non
         if i["path"] in ("rollout.dtype", "training.compute_dtype")
     ]
     config.write_text(json.dumps(document, indent=2))
-    # 3. run on hf
-    code, out, err = cli("run", config, "--runtime", "hf", "--artifacts", artifacts, "--json")
-    assert code == 1, err
+    # 3. run on hf with what init says the starter expects: exit 0
+    expect = out.split(" --runtime hf ", 1)[1].split("\n", 1)[0].split()
+    assert expect == [
+        "--expect", "rollout.dtype=bfloat16=MISMATCH",
+        "--expect", "training.compute_dtype=bfloat16=MISMATCH",
+    ]  # fmt: skip
+    code, out, err = cli(
+        "run", config, "--runtime", "hf", "--artifacts", artifacts, "--json", *expect
+    )
+    assert code == 0, err
     results = {r["label"]: r for r in json.loads(out)["results"]}
     assert results["baseline"]["outcome"] == "PASS"
     assert results["rollout.dtype=bfloat16"]["outcome"] == "MISMATCH"

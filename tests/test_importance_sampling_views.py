@@ -227,10 +227,14 @@ def test_report_text_json_and_panel(table_run: tuple[Path, str], tmp_path: Path)
     assert "<code>loss_fn.truncated_importance_sampling_type=seq-mask-tis, " in html
     assert "<code>grpo.seq_logprob_error_threshold</code>" in html
 
-    # the text of the same report (the page exists: read, not drawn again)
+    # the text of the same report (the page exists: read, not drawn again); the corrections
+    # per case are in the verbose report only
     code, out, err = cli("report", store / EXPERIMENT, "--html", page)
     assert code == 0, err
-    assert f"report {page} already exists; not overwritten" in out
+    assert not [x for x in out.splitlines() if x.startswith(f"{OFFSET}: ")]
+    code, out, err = cli("report", store / EXPERIMENT, "--html", page, "--verbose")
+    assert code == 0, err
+    assert f"HTML report: {page} already exists; not overwritten" in out
     offset_lines = [x for x in out.splitlines() if x.startswith(f"{OFFSET}: ")]
     masked = "NeMo-RL seq-mask-tis [0.999, 1.002] masks 100% of sequences"
     assert any(masked in x for x in offset_lines), offset_lines

@@ -94,7 +94,13 @@ def test_init_writes_a_starter_that_plans(
     output = tmp_path / "experiment.json"
     code, out, err = _init(model_dir, prompts, output, runtime)
     assert code == 0, err
-    assert f"logprob-drift run {output} --runtime {runtime}" in out
+    # the run command expects what the starter is for: a float32 baseline, bf16 on one side
+    # in each precision trial (over the contract by design), every other case within it
+    expect = (
+        " --expect rollout.dtype=bfloat16=MISMATCH"
+        " --expect training.compute_dtype=bfloat16=MISMATCH"
+    )
+    assert f"next: logprob-drift run {output} --runtime {runtime}{expect}\n" in out
     document = json.loads(output.read_text())
     assert document["baseline"]["rollout"]["dtype"] == "float32"  # the checkpoint's config.json
     assert document["baseline"]["training"]["compute_dtype"] == "float32"
@@ -136,8 +142,10 @@ def test_a_bf16_checkpoint_gets_a_bf16_baseline(llama: tuple[Path, Path], tmp_pa
     prompts = tmp_path / "prompts.json"
     shutil.copy(llama[1], prompts)
     output = tmp_path / "experiment.json"
-    code, _, err = _init(model_dir, prompts, output, "hf")
+    code, out, err = _init(model_dir, prompts, output, "hf")
     assert code == 0, err
+    # a 16-bit baseline drifts over the contract in every case: the attribution tells them apart
+    assert f"next: logprob-drift run {output} --runtime hf --expect '*=MISMATCH'\n" in out
     document = json.loads(output.read_text())
     assert document["baseline"]["rollout"]["dtype"] == "bfloat16"
     assert document["identity"]["prompts"]["file"] == "prompts.json"  # beside the output

@@ -159,6 +159,21 @@ def test_pairwise_labels_select_with_k(s0: pytest.Pytester) -> None:
     )
 
 
+def test_a_drift_config_without_paths_collects_only_its_cases(s0: pytest.Pytester) -> None:
+    """From a repository root whose testpaths hold its own suite, ``--drift-config`` alone
+    collects the drift cases only; a path on the command line is still collected beside them."""
+    s0.makeini("[pytest]\ntestpaths = suite\n")
+    s0.mkdir("suite")
+    (s0.path / "suite" / "test_own.py").write_text("def test_own():\n    pass\n")
+    result = s0.runpytest("--drift-config", CONFIG, "--collect-only", "-q")
+    assert result.ret == 0
+    assert not [line for line in result.outlines if "test_own" in line]
+    result.stdout.fnmatch_lines([f"{NODE}::baseline", "3 tests collected*"])
+    result = s0.runpytest("--drift-config", CONFIG, "--collect-only", "-q", "suite")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["suite/test_own.py::test_own", "4 tests collected*"])
+
+
 def test_collect_only_lists_cases_without_importing_torch(s0: pytest.Pytester) -> None:
     s0.makeconftest("""
         import sys

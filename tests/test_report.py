@@ -162,12 +162,14 @@ def test_terminal_report_shows_table_ranking_and_json(s0_run: dict[str, Any]) ->
     out = s0_run["report"]
     for word in ("baseline", "batch.size=1", OFFSET, "MISMATCH", "PASS"):
         assert word in out
-    assert f"ranked by effect on the drift: {OFFSET} > batch.size=1" in out
+    assert f"ranked by effect on the drift: {OFFSET}\n" in out  # batch.size=1: within
+    assert "Within the contract (PASS, max |diff| below 0.0001; not ranked): batch.size=1." in out
     assert f"HTML report: {s0_run['page']}" in out
     code, stdout, _ = in_process("report", s0_run["run_dir"], "--html", s0_run["page"], "--json")
     assert code == 0
     document = json.loads(stdout)
-    assert document["ranking"] == [OFFSET, "batch.size=1"]
+    assert document["ranking"] == [OFFSET]
+    assert document["findings"]["within_contract"] == ["batch.size=1"]
     assert {c["label"]: c["outcome"] for c in document["cases"]} == {
         "baseline": "PASS",
         "batch.size=1": "PASS",

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from drift_testing import cli
+from materiality_by_hand import by_hand
 from report_browser import LivePage, live_page
 
 from pytest_logprob_drift.report import token_view as tv
@@ -134,9 +135,12 @@ def reported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 def test_the_findings_name_exactly_the_sealed_movers_in_rank_order(reported: Any) -> None:
     document = _sealed_attribution(reported["run_dir"])
-    movers = _expected_movers(document)
-    assert movers  # each run has an intervention that moved a side
-    others = [label for label in document["ranking"] if label not in dict(movers)]
+    within = by_hand(reported["run_dir"])["within"]
+    movers = [(label, side) for label, side in _expected_movers(document) if label not in within]
+    assert movers  # each run has a material intervention that moved a side
+    others = [
+        label for label in document["ranking"] if label not in dict(movers) and label not in within
+    ]
     # The terminal: the findings come first, before the case table.
     lines = reported["out"].splitlines()
     outcomes = [c["outcome"] for c in reported["json"]["cases"]]
@@ -163,7 +167,10 @@ def test_the_findings_name_exactly_the_sealed_movers_in_rank_order(reported: Any
     # --json carries the same findings.
     found = reported["json"]["findings"]
     assert [(f["label"], f["side"]) for f in found["moved"]] == movers
+    # the material interventions that moved nothing, and those within the contract (never
+    # ranked, whatever they moved), are listed apart in ranking order
     assert found["unmoved"] == others
+    assert found["within_contract"] == within
     assert found["sentence"] == sentence
 
 

@@ -11,11 +11,12 @@ where it is printed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from msgspec import UNSET, UnsetType
 
 from pytest_logprob_drift.attribution.document import Attribution, Case, LayerSide
+from pytest_logprob_drift.attribution.materiality import material, rule_words
 from pytest_logprob_drift.numerics.importance_text import ess_text
 
 HEADERS = (
@@ -122,12 +123,16 @@ def layer_properties(case: Case) -> list[tuple[str, str]]:
     return out
 
 
-def summary_lines(document: Attribution) -> list[str]:
-    """The noise floor, the ranking, and the cases that could not be attributed."""
+def summary_lines(
+    document: Attribution, within: Collection[str] = (), threshold: float | None = None
+) -> list[str]:
+    """The noise floor, the ranking of the material interventions, those ``within`` the
+    contract (``attribution.materiality``, under ``threshold``: listed apart, not ranked), and
+    the cases that could not be attributed."""
     floor = document.noise_floor
     if floor.measured:
         noise = (
-            f"noise floor from {floor.repeats} baseline repeat(s): rollout "
+            f"noise floor from {floor.repeats + 1} baseline executions: rollout "
             f"{_num(floor.rollout_max_abs_delta)}, training "
             f"{_num(floor.training_max_abs_delta)}"
         )
@@ -147,7 +152,13 @@ def summary_lines(document: Attribution) -> list[str]:
             "layer noise floor (median rel. error, rollout vs training) from the repeats: "
             f"{where}; drift enters only where a case exceeds the baseline by more"
         )
-    if document.ranking:
-        lines.append("ranked by effect on the drift: " + " > ".join(document.ranking))
+    ranked = material(document.ranking, within)
+    if ranked:
+        lines.append("ranked by effect on the drift: " + " > ".join(ranked))
+    apart = [label for label in document.ranking if label in within]
+    if apart:
+        lines.append(
+            f"within the contract ({rule_words(threshold)}; not ranked): " + ", ".join(apart)
+        )
     lines.extend(f"not attributed: {s.label}: {s.reason}" for s in document.skipped)
     return lines

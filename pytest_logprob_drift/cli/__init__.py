@@ -337,15 +337,24 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--json", action="store_true", help="print the report (findings, rows) as JSON"
     )
+    report.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print what each framework's correction would do per case, each side's "
+        "weight check, each step's worst samples and, for an imported run, the case table "
+        "beside the step table (the page and --json always hold them)",
+    )
 
     from pytest_logprob_drift.cli.import_cmd import add_import_parser
     from pytest_logprob_drift.cli.init_cmd import add_init_parser
     from pytest_logprob_drift.cli.prompts_cmd import add_prompts_parser
+    from pytest_logprob_drift.cli.tiny_cmd import add_tiny_parser
 
     add_prompts_parser(sub)
     add_init_parser(sub)
     add_import_parser(sub)
     _add_seal_key_options(sub.choices["import"])
+    add_tiny_parser(sub)
     return parser
 
 
@@ -471,6 +480,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
         with _seal_key(args):
             return import_command(args, out, err)
+    if args.command == "tiny":
+        from pytest_logprob_drift.cli.tiny_cmd import tiny_command
+
+        return tiny_command(args, out)
     raise UsageError(f"unhandled command {args.command}")
 
 

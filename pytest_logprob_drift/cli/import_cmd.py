@@ -321,7 +321,8 @@ def _print_worst(written: dict[str, Any], args: argparse.Namespace, out: TextIO)
     print(
         one_line(
             f"next: logprob-drift init --checkpoint {checkpoint} --prompts {written['path']} "
-            "--runtime hf --output experiment.json"
+            "--runtime vllm-hf --output experiment.json (vLLM samples as in your run; "
+            "--runtime hf runs transformers on both sides where vLLM is not installed)"
         ),
         file=out,
     )

@@ -6,7 +6,8 @@ checking the document as ``plan`` would (loaded strictly, planned and operator-b
 is one line and nothing is written) and writing it to a file that does not exist yet (an
 existing file is never overwritten: exit 2). ``--seed`` and ``--max-new-tokens`` are bounded
 where they are parsed by what a config may hold (``cli.options``). Prints where it wrote (the
-path escaped, as every message shows input text) and how many cases it plans.
+path escaped, as every message shows input text) and how many cases it plans, then the run
+command with the ``--expect`` selectors of what the starter is for (``expectations``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 from pathlib import Path
 
 from pytest_logprob_drift.cli.options import int_option
@@ -22,6 +24,7 @@ from pytest_logprob_drift.errors import ExitCode, UsageError, one_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any, TextIO
 
 
@@ -142,8 +145,38 @@ def init_command(args: argparse.Namespace, out: TextIO) -> int:
             f"note: every case is plan-only: {one_line(runtime.plan_only_reason(config.scenario))}",
             file=out,
         )
-    print(f"next: logprob-drift run {shown} --runtime {runtime.name}", file=out)
+    expect = "".join(f" --expect {shlex.quote(e)}" for e in expectations(document))
+    print(f"next: logprob-drift run {shown} --runtime {runtime.name}{expect}", file=out)
+    if expect:
+        print(
+            "  (--expect: the precision trials are expected to drift, so the run exits 0 "
+            "when the rest stays within the contract; the attribution says which knob moved)",
+            file=out,
+        )
     return ExitCode.OK
+
+
+PRECISION_PATHS = ("rollout.dtype", "training.compute_dtype")
+"""The starter's knobs whose trials put a 16-bit format on one side."""
+
+
+def expectations(document: Mapping[str, Any]) -> list[str]:
+    """What the starter is for, as ``--expect`` selectors: with float32 on both sides of the
+    baseline, each trial that puts another precision on one side is expected MISMATCH (bf16
+    drift is 1e-3 to 1e-1 nats, over the contract) and every other case PASS; with a 16-bit
+    baseline every case is (``*=MISMATCH``): the attribution, not the verdict, then tells the
+    knobs apart."""
+    baseline = document["baseline"]
+    sides = (baseline["rollout"]["dtype"], baseline["training"]["compute_dtype"])
+    if any(dtype != "float32" for dtype in sides):
+        return ["*=MISMATCH"]
+    return [
+        f"{trial['path']}={value}=MISMATCH"
+        for trial in document["interventions"]
+        if trial["path"] in PRECISION_PATHS
+        for value in trial["values"]
+        if value != "float32"
+    ]
 
 
 def _write_new(output: Path, text: str) -> None:

@@ -1,9 +1,11 @@
 """The ``report`` command: a run's report in the terminal and as one self-contained HTML file.
 
 Owns printing the findings first (``report.findings``), for an imported run the steps view
-(``report.steps``: the per-step figures, the first step each crossed the contract, each
-step's worst samples), then the summary table, the attribution
-ranking in text and the invalid attempts (or ``--json``), saying when the shown attribution
+(``report.steps``: the per-step figures and the first step each crossed the contract, in
+place of the case table), else the case table, then the attribution ranking in text and the
+invalid attempts, one screen for a run of a few cases; ``--verbose`` adds each step's worst
+samples, each case's corrections and weight checks, and an import's case table (or
+``--json``), saying when the shown attribution
 does not verify, and publishing the HTML page next to the run (or at ``--html``; created
 exclusively, never overwritten, refused inside the run's sealed tree or on a directory) through
 ``report.page``, with the token decoder of ``runtimes.token_text`` so the page shows token
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -21,6 +24,7 @@ from pytest_logprob_drift.errors import ExitCode, one_line
 from pytest_logprob_drift.numerics import importance_text
 from pytest_logprob_drift.report.findings import findings
 from pytest_logprob_drift.report.page import publish_report
+from pytest_logprob_drift.report.steps import Crossing
 from pytest_logprob_drift.report.summary import HEADERS, ranking_table, report_json, summary_rows
 from pytest_logprob_drift.runtimes.token_text import token_decoder
 from pytest_logprob_drift.store.verify import require_run_dir
@@ -40,18 +44,24 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
         return ExitCode.OK
     for line in findings(data).lines():
         print(one_line(line), file=out)
+    verbose: bool = args.verbose
     if data.steps is not None:
         print("drift over training steps (from each step's sealed comparison):", file=out)
         headers, rows = data.steps.table()
         print(render_table(headers, rows), file=out)
-        for line in data.steps.lines():
-            print(one_line(line), file=out)
-    print(render_table(HEADERS, summary_rows(data)), file=out)
-    for view in data.cases:
-        for line in importance_text.lines(view.diagnostics):
-            print(one_line(f"{view.label}: {line}"), file=out)
-        for side, line in view.weights:
-            print(one_line(f"{view.label}: weights ({side}): {line}"), file=out)
+        if verbose:
+            for line in data.steps.lines():
+                print(one_line(line), file=out)
+        else:
+            print(one_line(_crossings_line(data.steps.crossings)), file=out)
+    if data.steps is None or verbose:
+        print(render_table(HEADERS, summary_rows(data)), file=out)
+    if verbose:
+        for view in data.cases:
+            for line in importance_text.lines(view.diagnostics):
+                print(one_line(f"{view.label}: {line}"), file=out)
+            for side, line in view.weights:
+                print(one_line(f"{view.label}: weights ({side}): {line}"), file=out)
     ranking = ranking_table(data)
     if ranking is not None:
         headers, rows, lines = ranking
@@ -78,5 +88,27 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
     if published.written:
         print(one_line(f"HTML report: {published.path} ({published.size / 1e6:.2f} MB)"), file=out)
     else:
-        print(one_line(f"report {published.path} already exists; not overwritten"), file=out)
+        print(
+            one_line(
+                f"HTML report: {published.path} already exists; not overwritten "
+                "(--html PATH writes another)"
+            ),
+            file=out,
+        )
+    if not verbose:
+        print(
+            "more: report --verbose (each case's corrections and weight checks), "
+            "report --json, the HTML page",
+            file=out,
+        )
     return ExitCode.OK
+
+
+def _crossings_line(crossings: Sequence[Crossing]) -> str:
+    """The first step each figure crossed the contract, in one line."""
+    crossed = [c.words() for c in crossings if c.step is not None]
+    never = [c.words().rsplit(":", 1)[0] for c in crossings if c.step is None]
+    text = "first crossed the contract: " + ("; ".join(crossed) or "no figure")
+    if never:
+        text += "; never: " + ", ".join(never)
+    return text

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.attribution.document import document_json
+from pytest_logprob_drift.attribution.materiality import within_contract
 from pytest_logprob_drift.attribution.sealed import SealedAttribution
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import (
@@ -257,7 +258,7 @@ def _run(
             file=out,
         )
         if attribution is not None:
-            print_attribution(attribution, out)
+            print_attribution(attribution, out, results)
     if failures:
         return ExitCode.RUNTIME_FAILURE
     return ExitCode.OK if all(r.as_expected for r in results) else ExitCode.UNEXPECTED_OUTCOME
@@ -276,7 +277,21 @@ def attribute_run(
         return None
 
 
-def print_attribution(attribution: SealedAttribution, out: TextIO) -> None:
+def _within_contract(results: list[CaseResult]) -> tuple[frozenset[str], float | None]:
+    """Labels of the cases within the contract (``attribution.materiality``) and the
+    threshold the rule used (the first sealed comparison's)."""
+    judged = [(r, r.comparison) for r in results if r.comparison is not None]
+    within = frozenset(
+        r.label
+        for r, c in judged
+        if within_contract(r.outcome.value, c.diagnostics.max_abs_diff, float(c.threshold))
+    )
+    return within, (float(judged[0][1].threshold) if judged else None)
+
+
+def print_attribution(
+    attribution: SealedAttribution, out: TextIO, results: list[CaseResult]
+) -> None:
     how = "reused" if attribution.reused else "sealed"
     print(one_line(f"drift attribution ({how}: {attribution.directory})"), file=out)
     ranked = attribution.document.ranked()
@@ -287,7 +302,8 @@ def print_attribution(attribution: SealedAttribution, out: TextIO) -> None:
     if by_layer := layer_rows(ranked):
         print("where in the network each side moved (against the baseline):", file=out)
         print(render_table(list(LAYER_HEADERS), by_layer), file=out)
-    for line in summary_lines(attribution.document):
+    within, threshold = _within_contract(results)
+    for line in summary_lines(attribution.document, within, threshold):
         print(one_line(line), file=out)
 
 

@@ -67,6 +67,13 @@ def pytest_configure(config: pytest.Config) -> None:
     keyword: str = getattr(config.option, "keyword", "") or ""
     if options.configs and keyword:
         config.option.keyword = keyword_for_labels(keyword)
+    if (
+        config.getoption("drift_config") is not None
+        and config.args_source is not pytest.Config.ArgsSource.ARGS
+    ):
+        # --drift-config with no paths: the drift cases only, never the testpaths or the
+        # directory's own test suite (pytest run from a repository root)
+        config.args[:] = []
     for config_path in added:
         if not named_by_args(config, config_path):
             config.args.append(str(config_path.resolve()))

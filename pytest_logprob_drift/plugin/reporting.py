@@ -4,8 +4,9 @@ Owns tagging a drift item's call report with its outcome and attribution entry (
 attributes, so they travel from xdist workers), the junit properties of a case's
 full-vocabulary and semantic-offset diagnostics, the status word and letter of each outcome
 (MISMATCH "M", ...), and the terminal summary: per-outcome counts, the session's engine
-constructions, and a "drift attribution" section ranking each experiment's cases by their
-effect on the drift. Knows nothing about execution.
+constructions, and a "drift attribution" section ranking each experiment's material cases by
+their effect on the drift (those within the contract, ``attribution.materiality``, listed
+apart). Knows nothing about execution.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_logprob_drift.attribution.document import Case, read_case_bytes
+from pytest_logprob_drift.attribution.materiality import rule_words, within_contract
 from pytest_logprob_drift.attribution.ranking import case_rank_key
 from pytest_logprob_drift.attribution.text import (
     HEADERS,
@@ -60,6 +62,19 @@ def tag_report(
     entry = properties.get("drift_attribution_entry")
     if isinstance(entry, str):
         report.drift_attribution = entry  # type: ignore[attr-defined]
+        report.drift_within_contract = within_contract(  # type: ignore[attr-defined]
+            str(outcome),
+            _number(properties.get("drift_max_abs_diff")),
+            _number(properties.get("drift_threshold")),
+        )
+
+
+def _number(value: object) -> float | None:
+    """A junit property's number (None: absent or ``None``)."""
+    try:
+        return None if value is None else float(str(value))
+    except ValueError:
+        return None
 
 
 class OutcomeCounter:
@@ -71,6 +86,9 @@ class OutcomeCounter:
         self.counts: Counter[str] = Counter()
         self.attributions: dict[str, list[Case]] = {}
         """Per experiment (the node id without the case label): attribution entries."""
+        self.within: dict[str, set[str]] = {}
+        """Per experiment: labels of the interventions within the contract
+        (``attribution.materiality``), never ranked."""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         outcome = getattr(report, "drift_outcome", None)
@@ -79,7 +97,10 @@ class OutcomeCounter:
         entry = getattr(report, "drift_attribution", None)
         if isinstance(entry, str) and report.when == "call":
             experiment = report.nodeid.split("@", 1)[0].rsplit("::", 1)[0]
-            self.attributions.setdefault(experiment, []).append(read_case_bytes(entry))
+            case = read_case_bytes(entry)
+            self.attributions.setdefault(experiment, []).append(case)
+            if getattr(report, "drift_within_contract", False):
+                self.within.setdefault(experiment, set()).add(case.label)
 
     def _write_attribution(self, terminalreporter: Any) -> None:
         terminalreporter.write_sep("=", "drift attribution")
@@ -91,9 +112,17 @@ class OutcomeCounter:
                 terminalreporter.write_line(render_table(list(PATH_HEADERS), by_path))
             if by_layer := layer_rows(ranked):
                 terminalreporter.write_line(render_table(list(LAYER_HEADERS), by_layer))
-            terminalreporter.write_line(
-                one_line("ranked by effect on the drift: " + " > ".join(c.label for c in ranked))
-            )
+            within = self.within.get(experiment, set())
+            if material := [c.label for c in ranked if c.label not in within]:
+                terminalreporter.write_line(
+                    one_line("ranked by effect on the drift: " + " > ".join(material))
+                )
+            if apart := [c.label for c in ranked if c.label in within]:
+                terminalreporter.write_line(
+                    one_line(
+                        f"within the contract ({rule_words(None)}; not ranked): " + ", ".join(apart)
+                    )
+                )
         for directory in drift_session(self.config).sealed:
             terminalreporter.write_line(one_line(f"sealed attribution: {directory}"))
 

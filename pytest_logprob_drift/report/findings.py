@@ -9,6 +9,9 @@ with the baseline; the rule ``attribution.analysis.classify`` writes in words), 
 document's ranking order (by effect on the drift), each as one typed ``Finding`` with its side,
 where it first moved, where the sampled tokens first diverged and its effect with the bootstrap
 interval. Not "the cases that mismatch": with bfloat16 on both sides every case mismatches.
+Nor noise: an intervention within the contract (``attribution.materiality``: its case PASSes
+with a max |diff| below a tenth of the threshold) is never ranked; it is listed apart, under
+``within_contract``, whatever it moved.
 
 More facts about a finding (its path, the layer it starts in, its importance-sampling cost)
 are added as ``FACTS`` entries, plus how the rollout got its weights when they were pushed
@@ -30,6 +33,8 @@ from typing import Any
 from msgspec import UNSET
 
 from pytest_logprob_drift.attribution.document import Case, NoiseFloor
+from pytest_logprob_drift.attribution.materiality import rule_words
+from pytest_logprob_drift.attribution.materiality import within_contract as is_within
 from pytest_logprob_drift.numerics.importance_text import ess_text
 from pytest_logprob_drift.numerics.layer_text import where_moved
 from pytest_logprob_drift.outcomes import Outcome
@@ -128,10 +133,11 @@ def weights_fact(read_back: Mapping[str, Any]) -> str | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Finding:
-    """One intervention whose sealed attribution says it moved a side."""
+    """One material intervention whose sealed attribution says it moved a side."""
 
     rank: int
-    """1-based position in the sealed ranking (by effect on the drift)."""
+    """1-based position in the sealed ranking (by effect on the drift) of the material
+    interventions."""
     label: str
     case_id: str
     side: Side
@@ -204,12 +210,27 @@ class Findings:
     interventions: int
     """Interventions the attribution covers."""
     moved: tuple[Finding, ...]
-    """In ranking order."""
+    """The material interventions that moved a side, in ranking order."""
     unmoved: tuple[str, ...]
-    """Attributed interventions that moved neither side, in ranking order."""
+    """Material interventions that moved neither side, in ranking order."""
     trend: str | None = None
     """For an imported run, drift over its training steps in one sentence
     (``report.steps``); the findings lead with it."""
+    within_contract: tuple[str, ...] = ()
+    """Interventions within the contract (``attribution.materiality``), in ranking order:
+    never ranked, whatever they moved."""
+    threshold: float | None = None
+    """The contract's threshold the materiality rule was applied with."""
+
+    def within_words(self) -> str | None:
+        """The line naming the interventions within the contract (None: there are none)."""
+        if not self.within_contract:
+            return None
+        names = ", ".join(self.within_contract[:SHOWN])
+        more = len(self.within_contract) - SHOWN
+        if more > 0:
+            names += f" and {more} more"
+        return f"Within the contract ({rule_words(self.threshold)}; not ranked): {names}."
 
     def counts_words(self) -> str:
         counts = ", ".join(f"{n} {outcome}" for outcome, n in self.counts)
@@ -225,7 +246,12 @@ class Findings:
             else "The sealed attribution says "
         )
         if not self.moved:
-            return prefix + f"none of the {self.interventions} intervention(s) moved a side."
+            return prefix + (
+                f"none of the {self.interventions} intervention(s) moved a side "
+                "beyond the contract."
+                if self.within_contract
+                else f"none of the {self.interventions} intervention(s) moved a side."
+            )
         names = ", ".join(f"{f.label} ({f.side.value})" for f in self.moved[:SHOWN])
         more = len(self.moved) - SHOWN
         if more > 0:
@@ -244,6 +270,9 @@ class Findings:
         lines.extend(f"  {f.rank}. {f.words()}" for f in self.moved[:SHOWN])
         if len(self.moved) > SHOWN:
             lines.append(f"  ... {len(self.moved) - SHOWN} more (report --json lists every one)")
+        within = self.within_words()
+        if within is not None:
+            lines.append(within)
         return lines
 
     def to_json(self) -> dict[str, Any]:
@@ -255,6 +284,7 @@ class Findings:
             "interventions": self.interventions,
             "moved": [f.to_json() for f in self.moved],
             "unmoved": list(self.unmoved),
+            "within_contract": list(self.within_contract),
             "sentence": self.moved_words(),
             "trend": self.trend,
         }
@@ -319,6 +349,35 @@ def _read_back(data: ReportData, label: str) -> Mapping[str, Any] | None:
     return None if view is None or view.detail is None else view.detail.read_back
 
 
+def threshold(data: ReportData) -> float | None:
+    """The contract's threshold of the run: its cases' (the first that has one), else the
+    header's contract."""
+    known = next((v.threshold for v in data.cases if v.threshold is not None), None)
+    if known is None:
+        sealed = data.header.contract.get("threshold")
+        known = sealed if isinstance(sealed, (int, float)) else None
+    return None if known is None else float(known)
+
+
+def within_contract(data: ReportData) -> frozenset[str]:
+    """Labels, as the sealed attribution names them, of the interventions within the contract
+    (``attribution.materiality``), matched to the shown cases by case id."""
+    document = data.attribution
+    if document is None:
+        return frozenset()
+    contract = threshold(data)
+    ids = {
+        view.case_id
+        for view in data.cases
+        if is_within(
+            view.outcome,
+            view.diagnostics.statistic("max_abs_diff"),
+            contract if view.threshold is None else float(view.threshold),
+        )
+    }
+    return frozenset(entry.label for entry in document.cases if entry.case_id in ids)
+
+
 def findings(data: ReportData) -> Findings:
     """The findings of a loaded run."""
     counts = _counts([v.outcome for v in data.cases])
@@ -337,9 +396,12 @@ def findings(data: ReportData) -> Findings:
         )
     ordered = document.ranked()
     ordered += [e for e in document.cases if e.label not in document.ranking]
+    within = within_contract(data)
     moved: list[Finding] = []
     unmoved: list[str] = []
-    for rank, entry in enumerate(ordered, start=1):
+    apart = [e.label for e in ordered if e.label in within]
+    material = [e for e in ordered if e.label not in within]
+    for rank, entry in enumerate(material, start=1):
         side = moved_side(entry, document.noise_floor)
         if side is None:
             unmoved.append(entry.label)
@@ -354,4 +416,6 @@ def findings(data: ReportData) -> Findings:
         moved=tuple(moved),
         unmoved=tuple(unmoved),
         trend=trend,
+        within_contract=tuple(apart),
+        threshold=threshold(data),
     )

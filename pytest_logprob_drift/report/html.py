@@ -301,6 +301,9 @@ def _findings(found: Findings) -> Markup:
         el("p", f"... {more} more: sort the table by mean |diff| ratio", class_="muted")
         if more > 0
         else None,
+        el("p", within, class_="muted within")
+        if (within := found.within_words()) is not None
+        else None,
         id="findings",
     )
 
@@ -486,7 +489,7 @@ def _attribution(data: ReportData, draw: bool) -> Markup | None:
             "Each intervention against the baseline (attempt ",
             el("code", document.baseline.attempt_id),
             ") on the tokens both share. ",
-            f"Noise floor from {floor.repeats} baseline repeat(s): rollout "
+            f"Noise floor from {floor.repeats + 1} baseline executions: rollout "
             f"{fmt_diff(floor.rollout_max_abs_delta)}, training "
             f"{fmt_diff(floor.training_max_abs_delta)}."
             if floor.measured
@@ -589,7 +592,19 @@ def _token(text: str | None, token_id: int) -> str:
     return (text if text is not None else str(token_id)).replace("\n", "\u23ce")
 
 
-def _worst(worst: Sequence[WorstToken], decoded: bool) -> Markup:
+TINY_WORDS = (
+    "; a built-in tiny checkpoint: its weights are seeded, not trained, so its words are "
+    "gibberish by design"
+)
+"""Said beside decoded tokens of a ``tiny://`` checkpoint, whose samples read as noise."""
+
+
+def _tiny(checks: Sequence[tuple[str, str, str, bool]]) -> bool:
+    """Whether the case's identity checks name a built-in ``tiny://`` checkpoint."""
+    return any(name == "checkpoint_uri" and '"tiny://' in r for name, r, _, _ in checks)
+
+
+def _worst(worst: Sequence[WorstToken], decoded: bool, tiny: bool = False) -> Markup:
     rows = []
     for w in worst:
         context = el(
@@ -611,7 +626,7 @@ def _worst(worst: Sequence[WorstToken], decoded: bool) -> Markup:
                 _td(fmt_diff(w.abs_diff), cls="n bad" if w.mismatch else "n"),
             )
         )
-    source = DECODED if decoded else "token ids (no tokenizer)"
+    source = join([DECODED, TINY_WORDS if tiny else ""]) if decoded else "token ids (no tokenizer)"
     return join(
         [
             el("h3", "Worst tokens ", el("span", "(", source, ")", class_="muted")),
@@ -899,7 +914,7 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
         ),
         el("p", view.reason),
         figures,
-        _worst(detail.worst, detail.decoded),
+        _worst(detail.worst, detail.decoded, _tiny(detail.identity_checks)),
         token_section(view, decades),
         importance.panel(view.diagnostics),
         _full_vocabulary(view),
@@ -915,10 +930,19 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
 # --------------------------------------------------------------------------- the page
 
 
+def _detail_rank(view: CaseView) -> tuple[int, float]:
+    """Where a case's detailed section goes: every case whose outcome is not PASS first, then
+    by max |diff|, the largest first."""
+    max_diff = view.diagnostics.max_abs_diff
+    return (0 if view.outcome != "PASS" else 1, -(max_diff if max_diff is not None else -1.0))
+
+
 def render_page(data: ReportData) -> str:
     """The whole page as one string."""
     draw = plots.available()
     detailed = [v for v in data.cases if v.detail is not None]
+    if data.steps is None:  # the cases that answer first; an imported run's steps in order
+        detailed.sort(key=_detail_rank)
     decades = plots.histogram_decades(
         [v.detail.histogram for v in detailed if v.detail is not None],
         [float(v.threshold) for v in detailed if v.threshold],
@@ -932,13 +956,13 @@ def render_page(data: ReportData) -> str:
                 "matplotlib is not installed: no plots (install the ",
                 el("code", "report"),
                 " extra: ",
-                el("code", "pip install 'pytest-logprob-drift[report]'"),
+                el("code", "pip install -e '.[report]'"),
                 ").",
                 class_="bad",
             )
         )
     else:
-        overview = plots.overview_svg(data.cases, threshold)
+        overview = plots.overview_svg(data.cases, threshold, in_order=data.steps is not None)
         if overview is not None:
             body.append(
                 el(

@@ -359,12 +359,16 @@ def scatter_svg(data: Scatter, threshold: float) -> Markup:
 # --------------------------------------------------------------------------- the run
 
 
-def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> Markup | None:
-    """Every case's max / p99 / mean |diff|, cases sorted by max |diff|."""
+def overview_svg(
+    cases: Sequence[CaseView], threshold: float | None, *, in_order: bool = False
+) -> Markup | None:
+    """Every case's max / p99 / mean |diff|, the largest max |diff| first (``in_order``: in
+    the given order, an imported run's steps), each label upright and clear of the next."""
     rows = [c for c in cases if c.diagnostics.statistics is not None]
     if not rows:
         return None
-    rows.sort(key=lambda c: float(c.diagnostics.statistic("max_abs_diff") or 0.0))
+    if not in_order:
+        rows.sort(key=lambda c: -float(c.diagnostics.statistic("max_abs_diff") or 0.0))
     x = np.arange(len(rows))
     floor = 1e-12
     values = {
@@ -398,19 +402,24 @@ def overview_svg(cases: Sequence[CaseView], threshold: float | None) -> Markup |
             axes.set_xticks(
                 x,
                 [wrap_label(c.label) for c in rows],
-                rotation=35,
+                rotation=90,
                 ha="right",
+                va="center",
                 rotation_mode="anchor",
                 **PLAIN_TEXT,
             )
             titled = _titled(axes.get_xticklabels(), [c.label for c in rows])
         else:
-            axes.set_xlabel(f"{len(rows)} cases, sorted by max |diff|")
+            axes.set_xlabel(
+                f"{len(rows)} steps in order" if in_order else f"{len(rows)} cases, largest first"
+            )
         axes.set_ylabel("|diff| (nats)")
         axes.set_title("every case: max, p99 and mean |diff| (dashed: threshold)")
         axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         if labelled:
-            _fit_labels(figure, axes.get_xticklabels())
+            _spread_labels(figure, axes, axes.get_xticklabels())
+            # upright labels run long: room for a browser font a few percent wider
+            _fit_labels(figure, axes.get_xticklabels(), pad=0.2)
         return _with_titles(to_svg(figure), titled)
 
 
@@ -494,8 +503,29 @@ def _with_titles(svg: Markup, titled: Sequence[tuple[str, str]]) -> Markup:
     text = str(svg)
     for gid, full in titled:
         opening = f'<g id="{gid}">'
-        text = text.replace(opening, opening + el("title", full), 1)
+        text = text.replace(opening, opening + str(el("title", full)), 1)
     return Markup(text)
+
+
+def _spread_labels(figure: Any, axes: Any, labels: Sequence[Any], gap: float = 0.05) -> None:
+    """Widen the axes (and the figure by as much, its margins kept) until the tick labels,
+    measured as drawn, are at least ``gap`` inches apart: no label overlaps the next."""
+    figure.draw_without_rendering()
+    widths = [label.get_window_extent().width for label in labels if label.get_text()]
+    if not widths:
+        return
+    need = max(widths) / figure.dpi + gap
+    low, high = axes.get_xlim()
+    width, height = figure.get_size_inches()
+    p = figure.subplotpars
+    axes_width = (p.right - p.left) * width
+    if axes_width / (high - low) >= need:
+        return
+    grow = need * (high - low) - axes_width
+    left, right = p.left * width, (1 - p.right) * width
+    width += grow
+    figure.set_size_inches(width, height)
+    figure.subplots_adjust(left=left / width, right=1 - right / width)
 
 
 def _fit_labels(figure: Any, labels: Sequence[Any], pad: float = 0.06) -> None:

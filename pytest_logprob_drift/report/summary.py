@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_logprob_drift.attribution.document import Case, Ratio, document_json
+from pytest_logprob_drift.attribution.materiality import material
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
@@ -21,7 +22,7 @@ from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary
 from pytest_logprob_drift.numerics.framework_figures import SLIME_FIGURE, SLIME_PER_TOKEN_FIGURE
 from pytest_logprob_drift.numerics.text import REDUCTIONS
 from pytest_logprob_drift.report import importance
-from pytest_logprob_drift.report.findings import findings, moved_side
+from pytest_logprob_drift.report.findings import findings, moved_side, threshold, within_contract
 from pytest_logprob_drift.report.model import ReportData
 
 HEADERS = [
@@ -169,13 +170,15 @@ def ranking_table(data: ReportData) -> tuple[list[str], list[list[str]], list[st
     return (
         list(ATTRIBUTION_HEADERS),
         attribution_rows(data.attribution.ranked()),
-        summary_lines(data.attribution),
+        summary_lines(data.attribution, within_contract(data), threshold(data)),
     )
 
 
 def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
     """The ``report --json`` document: per case its sealed attribution entry as sealed (None
-    without one) and the side it moved; the findings."""
+    without one) and the side it moved; the findings; the ranking of the material
+    interventions (``attribution.materiality``: the sealed ranking without those within the
+    contract)."""
     document = data.attribution
 
     def side(entry: Case | None) -> str | None:
@@ -207,7 +210,7 @@ def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
         ],
         "attempts": [s.to_json() for s in data.statuses],
         "invalid": len(data.invalid),
-        "ranking": [] if document is None else list(document.ranking),
+        "ranking": [] if document is None else material(document.ranking, within_contract(data)),
         "findings": findings(data).to_json(),
         "steps": None if data.steps is None else data.steps.to_json(),
         "unread": list(data.unread),

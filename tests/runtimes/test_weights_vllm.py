@@ -182,7 +182,7 @@ def test_the_perturbed_rank_is_invalid_identity_naming_tensor_side_and_rank(
         for v in comparison["identity_violations"]
     ), comparison["identity_violations"]
     assert _docs(attempt)["training"]["differences"] == []
-    code, out, _ = cli("report", run["run_dir"])
+    code, out, _ = cli("report", run["run_dir"], "--verbose")
     assert code == 0
     assert (
         f"{PERTURB}: weights (rollout): 2 difference(s) in 26 tensors: "
