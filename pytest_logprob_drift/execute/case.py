@@ -318,7 +318,7 @@ def requested_document(case: Case, binding: RuntimeBinding) -> dict[str, Any]:
         "label": case.label,
         "knobs": canonical(case.requested),
         "changed": list(case.changed),
-        "binding": canonical(binding),
+        "binding": binding.sealed(),
     }
 
 

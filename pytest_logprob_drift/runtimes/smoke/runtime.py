@@ -102,7 +102,7 @@ def _side_identity(identity: ScoringIdentity) -> dict[str, JSONScalar]:
 class SyntheticRollout:
     def __init__(self, binding: RuntimeBinding) -> None:
         self.construction_fingerprint = binding.rollout_construction_fingerprint
-        self.dtype_name = str(binding.rollout.get("dtype", "float32"))
+        self.dtype_name = binding.rollout_settings.dtype.value
         self.model = SyntheticCausalModel().to(DTYPES[self.dtype_name]).eval()
         self.last_chunk = 0
         self.backend_used = ""
@@ -192,7 +192,7 @@ class StatelessScorer:
 
     def __init__(self, binding: RuntimeBinding) -> None:
         self.construction_fingerprint = binding.training_construction_fingerprint
-        self.dtype_name = str(binding.training.get("compute_dtype", "float32"))
+        self.dtype_name = binding.training_settings.compute_dtype.value
         self.model = SyntheticCausalModel().to(DTYPES[self.dtype_name]).eval()
         self.last_chunk = 0
         self.backend_used = ""

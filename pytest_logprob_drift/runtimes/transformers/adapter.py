@@ -245,21 +245,22 @@ class HfRollout:
     def __init__(self, binding: RuntimeBinding, checkpoint: ResolvedCheckpoint) -> None:
         self.construction_fingerprint = binding.rollout_construction_fingerprint
         self.checkpoint = checkpoint
-        self.lm_head_dtype = str(binding.rollout.get("lm_head_dtype", "compute"))
+        settings = binding.rollout_settings
+        self.lm_head_dtype = settings.lm_head_dtype.value
+        self.dtype = settings.dtype.value
         self.device = scenario_device(binding)
         self.model = load_on_device(
             self.checkpoint.path,
-            dtype=str(binding.rollout.get("dtype", "float32")),
+            dtype=self.dtype,
             attn_implementation=ROLLOUT_ATTENTION,
             device=self.device,
             lm_head_dtype=self.lm_head_dtype,
         )
-        self.logprobs_mode = str(binding.rollout.get("logprobs_mode", hf_engine.LOGPROBS_MODE))
+        self.logprobs_mode = settings.logprobs_mode.value
         self.full_vocabulary = binding.full_vocabulary is not None
         self.batch_size = 0
         self.backend_used = ""
         self.mode_used = ""
-        self.dtype = str(binding.rollout.get("dtype", "float32"))
         self._weights: WeightsDocument | None = None
 
     def generate(
@@ -414,11 +415,12 @@ class HfTrainingScorer:
         self.construction_fingerprint = binding.training_construction_fingerprint
         self.checkpoint = checkpoint
         self.launcher = (launch or Launch()).launcher
-        self.dtype = str(binding.training.get("compute_dtype", "float32"))
-        self.attention = str(binding.training.get("attention_backend", "sdpa"))
-        self.sharded = binding.training.get("sharding", "none") == "fsdp"
-        self.semantics = str(binding.training.get("logprob_semantics", "raw"))
-        self.lm_head_dtype = str(binding.training.get("lm_head_dtype", "compute"))
+        settings = binding.training_settings
+        self.dtype = settings.compute_dtype.value
+        self.attention = settings.attention_backend.value
+        self.sharded = settings.sharded
+        self.semantics = settings.logprob_semantics.value
+        self.lm_head_dtype = settings.lm_head_dtype.value
         self.full_vocabulary = binding.full_vocabulary is not None
         self.model: Any = None
         self.group: FsdpScorerGroup | None = None
@@ -713,7 +715,7 @@ class TransformersTrainingAdapter(abc.ABC):
         if not self.launch.is_ray:
             return {}
         demand: dict[str, float] = dict(self.rollout_resources(binding))
-        if binding.training.get("sharding", "none") == "fsdp":
+        if binding.training_settings.sharded:
             if str(binding.scorer["device"]) == "cuda":
                 demand["GPU"] = demand.get("GPU", 0.0) + FSDP_WORLD_SIZE
             else:
@@ -738,7 +740,7 @@ class TransformersTrainingAdapter(abc.ABC):
     def build_training(
         self, binding: RuntimeBinding, identity: ScoringIdentity
     ) -> HfTrainingScorer:
-        if binding.training.get("sharding", "none") == "fsdp":
+        if binding.training_settings.sharded:
             self.cluster_address()  # the rank actors need the cluster
         return HfTrainingScorer(binding, self.checkpoint(identity), self.launch)
 

@@ -21,9 +21,9 @@ replay runs through vLLM's trace replay where the engine has it (model runner V2
 ``rollout.weight_sync``: ``checkpoint`` loads from disk; ``trainer`` and ``trainer_refit``
 build the engine with dummy weights and receive the training side's before the first
 request (``VllmRollout.receive_weights``; ``runtimes.weight_push``), a planted (test-only)
-variant resolved from ``runtimes.planted_sync``; the read-back says how the weights
-arrived. The training
-side is the ``hf`` runtime's read-only scorer (unsharded or FSDP2).
+variant resolved once per case (``execute.side_settings.WeightSync``); the read-back says how
+the weights arrived. The training side is the ``hf`` runtime's read-only scorer (unsharded or
+FSDP2).
 
 Knows nothing about vLLM's config objects, workers or processes (``engine``, ``read_back`` and
 ``processes`` read those; the adapter imports vLLM only for its version and when an engine is
@@ -51,7 +51,7 @@ from pytest_logprob_drift.execute.protocol import (
     applied_sampling,
     backend_of,
 )
-from pytest_logprob_drift.plan.knobs import PLANTED_SYNC_PREFIX, is_planted_sync
+from pytest_logprob_drift.execute.side_settings import SyncPush, WeightSync
 from pytest_logprob_drift.records import JSONScalar, KnobValue, ScoringIdentity
 from pytest_logprob_drift.runtimes.batch import active_rows, replay_grid, sequences
 from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, special_token_ids
@@ -75,7 +75,6 @@ from pytest_logprob_drift.store.documents import WeightsDocument
 if TYPE_CHECKING:
     import torch
 
-    from pytest_logprob_drift.runtimes.planted_sync import SyncVariant
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 
 MODEL_LEN_QUANTUM = 64
@@ -161,19 +160,6 @@ def vllm_platform_is_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def planted_sync(value: str) -> SyncVariant | None:
-    """The planted (test-only) sync variant a ``rollout.weight_sync`` value names, None for a
-    production value; a name no variant has is a UsageError naming the known ones."""
-    if not is_planted_sync(value):
-        return None
-    from pytest_logprob_drift.runtimes.planted_sync import sync_variant
-
-    try:
-        return sync_variant(value[len(PLANTED_SYNC_PREFIX) :])
-    except ValueError as exc:
-        raise UsageError(f"rollout.weight_sync: {exc}") from None
-
-
 def _weight_sync_materialized(value: KnobValue) -> Materialized:
     if value == "checkpoint":
         return applied(value, "vllm.LLM(model=...) loads the checkpoint's safetensors from disk")
@@ -193,8 +179,8 @@ def _weight_sync_materialized(value: KnobValue) -> Materialized:
             "the engine first receives a seeded previous policy the same way and serves the "
             f"case's prompts; then: {push}",
         )
-    variant = planted_sync(str(value))
-    assert variant is not None
+    variant = WeightSync.from_knob(value).planted
+    assert variant is not None  # planning refused every other value
     return applied(value, f"test-only planted sync bug: {variant.description}")
 
 
@@ -215,29 +201,29 @@ class VllmRollout:
 
         self.construction_fingerprint = binding.rollout_construction_fingerprint
         self.checkpoint = checkpoint
-        rollout = binding.rollout
-        self.weight_sync = str(rollout.get("weight_sync", "checkpoint"))
-        self.planted = planted_sync(self.weight_sync)
+        settings = binding.rollout_settings
+        self.weight_sync = settings.weight_sync
         self.weights_arrived: dict[str, Any] = {}
         """How the weights arrived (``receive_weights``); empty while none were pushed."""
-        self.sync_done = "checkpoint" if self.weight_sync == "checkpoint" else ""
+        self.weights_in = self.weight_sync.from_checkpoint
+        """Whether the engine holds the checkpoint's weights: loaded from disk, or pushed."""
         spec = VllmEngineSpec(
             model_dir=str(self.checkpoint.path),
-            dtype=str(rollout.get("dtype", "float32")),
-            tensor_parallel_size=int(str(rollout.get("tensor_parallel_size", 1))),
-            prefill_context_parallel_size=int(str(rollout.get("context_parallel_size", 1))),
-            enable_prefix_caching=bool(rollout.get("enable_prefix_caching", False)),
-            enforce_eager=bool(rollout.get("enforce_eager", True)),
+            dtype=settings.dtype.value,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            prefill_context_parallel_size=settings.context_parallel_size,
+            enable_prefix_caching=settings.enable_prefix_caching,
+            enforce_eager=settings.enforce_eager,
             seed=identity.sampling.seed,
             max_model_len=_model_len(identity),
-            logprobs_mode=str(rollout.get("logprobs_mode", "raw_logprobs")),
-            lm_head_dtype=str(rollout.get("lm_head_dtype", "compute")),
+            logprobs_mode=settings.logprobs_mode.value,
+            lm_head_dtype=settings.lm_head_dtype.value,
             full_vocabulary=binding.full_vocabulary is not None,
             trace_replay=binding.replay,
             distributed_executor_backend="ray" if launcher == "ray" else None,
             ray_address=ray_address,
             device=str(binding.scorer["device"]),
-            load_format="auto" if self.weight_sync == "checkpoint" else "dummy",
+            load_format="auto" if self.weight_sync.from_checkpoint else "dummy",
         )
         self.launcher = launcher
         self.full_vocabulary = spec.full_vocabulary
@@ -261,7 +247,7 @@ class VllmRollout:
     def awaits_weights(self) -> bool:
         """Whether this engine was started without the checkpoint's weights and has not yet
         received the trainer's (``execute.protocol.WeightReceiver``)."""
-        return self.weight_sync != "checkpoint" and not self.sync_done
+        return not self.weights_in
 
     def receive_weights(self, source: WeightSource, identity: ScoringIdentity) -> None:
         """The trainer-to-rollout push, once per engine construction, before its first
@@ -282,15 +268,15 @@ class VllmRollout:
         state = source.weight_state()
         gathered_s = time.perf_counter() - t0
         dtype = self.engine.spec.dtype
-        mode = self.planted.push if self.planted is not None else self.weight_sync
+        planted = self.weight_sync.planted
         arrived: dict[str, Any] = {
-            "weight_sync": self.weight_sync,
+            "weight_sync": self.weight_sync.knob_value,
             "source_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),
             "rollout_dtype": dtype,
             "gather_s": gathered_s,
             "source_evidence": dict(getattr(source, "weight_gather", {}) or {}),
         }
-        if mode == "trainer_refit":
+        if self.weight_sync.push is SyncPush.TRAINER_REFIT:
             before = weight_push.previous_policy(state)
             first = list(weight_push.chunks(before, dtype))
             previous = self.engine.push_weights([c.payload for c in first])
@@ -318,9 +304,9 @@ class VllmRollout:
             )
             arrived["previous_policy"]["served_prompts"] = len(identity.prompts.token_ids)
             arrived["previous_policy"]["generated_tokens"] = self.engine.generated_tokens
-        pushed_state, skipped = weight_push.planted_state(state, self.planted)
+        pushed_state, skipped = weight_push.planted_state(state, planted)
         pushed = list(weight_push.chunks(pushed_state, dtype, skip=skipped))
-        keep_cache = self.planted is not None and self.planted.keep_prefix_cache
+        keep_cache = planted is not None and planted.keep_prefix_cache
         report = self.engine.push_weights(
             [c.payload for c in pushed], reset_prefix_cache=not keep_cache
         )
@@ -338,10 +324,10 @@ class VllmRollout:
                 "tie_groups": [g for g in weight_push.tie_groups(state) if len(g) > 1],
             }
         )
-        if self.planted is not None:
-            arrived["planted"] = self.planted.description
+        if planted is not None:
+            arrived["planted"] = planted.description
         self.weights_arrived = arrived
-        self.sync_done = self.weight_sync
+        self.weights_in = True
 
     def build_engine(self, spec: VllmEngineSpec) -> VllmRolloutEngine:
         """The engine this rollout samples with (a new one, built from ``spec``)."""
@@ -553,7 +539,11 @@ class VllmRollout:
             "vllm.trace_replay_reason": self.engine.trace_replay_reason,
             # How the weights arrived: the push that really happened (empty while an engine
             # started without the checkpoint's weights has received none).
-            "rollout.weight_sync": self.sync_done or "none: dummy weights, nothing pushed",
+            "rollout.weight_sync": (
+                self.weight_sync.knob_value
+                if self.weights_in
+                else "none: dummy weights, nothing pushed"
+            ),
             "vllm.weights_arrived": json.dumps(self.weights_arrived, sort_keys=True),
             "vllm.prompt_tokens_cached": self.engine.prompt_tokens_cached,
         }
@@ -578,7 +568,7 @@ class VllmRollout:
             from pytest_logprob_drift.runtimes.weights.vllm_layout import overlay
 
             report = self.engine.loaded_weights
-            if self.sync_done not in ("", "checkpoint"):
+            if self.weights_in and not self.weight_sync.from_checkpoint:
                 # Pushed weights: digested after the push and the prefix-cache reset, never
                 # the dummy weights the engine was built with.
                 pushed = self.engine.pushed_weights
@@ -688,8 +678,8 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         packed onto it. Every engine is also built and driven from this process (its
         construction patches this process's environment and output), so at most one engine
         group with a vLLM engine runs at a time (``IN_PROCESS_ENGINE``)."""
-        tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
-        cp = int(str(binding.rollout.get("context_parallel_size", 1)))
+        tp = binding.rollout_settings.tensor_parallel_size
+        cp = binding.rollout_settings.context_parallel_size
         demand = {IN_PROCESS_ENGINE: 1.0}
         if self.launch.is_ray and str(binding.scorer["device"]) == "cuda":
             # TP x CP > 1: one GPU per Ray worker (vLLM's world is TP x prefill CP); TP 1:
@@ -701,8 +691,8 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         return {IN_PROCESS_ENGINE: 1.0}
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> VllmRollout:
-        tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
-        cp = int(str(binding.rollout.get("context_parallel_size", 1)))
+        tp = binding.rollout_settings.tensor_parallel_size
+        cp = binding.rollout_settings.context_parallel_size
         return VllmRollout(
             binding,
             identity,
