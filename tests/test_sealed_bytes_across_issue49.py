@@ -7,6 +7,10 @@ commit before the typed settings (every ``experiments/*.json``, as planned and p
 the planted weight-sync variants of the shipped weight-sync experiment). ``requested.json`` is
 ``execute.case.requested_document``, the one writer of it; its digest is compared, and its
 bytes for the baseline, so that a failure shows what moved.
+
+``tests/data/materialized_before_issue49.json`` is what each runtime stated it does with each
+value of each knob (``materialized.json``'s records) before issue 49 turned the ``if`` chains
+into a table per runtime (``materialized_statements`` below, run on that commit).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from drift_testing import make_runner
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.case import requested_document
 from pytest_logprob_drift.execute.protocol import bind_case
+from pytest_logprob_drift.plan import knobs
 from pytest_logprob_drift.plan.binding import ExecutionPlan
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
@@ -125,3 +130,57 @@ def test_the_capture_covers_every_case(name: str) -> None:
     before = json.loads(BEFORE.read_text())
     labels = {ec.case.label for ec in plan_file(str(ROOT / "experiments" / name)).cases}
     assert {key.split(" ", 1)[1] for key in before[name]["cases"]} == labels
+
+
+MATERIALIZED_BEFORE = Path(__file__).with_name("data") / "materialized_before_issue49.json"
+KNOB_VALUES: dict[str, list[Any]] = {
+    "batch.size": [1, 4],
+    "rollout.tensor_parallel_size": [1, 2],
+    "rollout.context_parallel_size": [1, 2],
+    "rollout.dtype": list(knobs.DTYPES),
+    "training.compute_dtype": list(knobs.DTYPES),
+    "rollout.enable_prefix_caching": [True, False],
+    "rollout.enforce_eager": [True, False],
+    "training.attention_backend": list(knobs.ATTENTION_BACKENDS),
+    "logp.backend": ["native", "smoke_only.logp_offset"],
+    "training.sharding": list(knobs.SHARDINGS),
+    "rollout.logprobs_mode": list(knobs.LOGPROBS_MODES),
+    "training.logprob_semantics": list(knobs.LOGPROB_SEMANTICS),
+    "training.lm_head_dtype": list(knobs.LM_HEAD_DTYPES),
+    "rollout.lm_head_dtype": list(knobs.LM_HEAD_DTYPES),
+    "rollout.weight_sync": [
+        *knobs.WEIGHT_SYNCS,
+        "planted:stale_tensor",
+        "planted:keep_prefix_cache",
+    ],
+}
+
+
+def materialized_statements() -> dict[str, list[Any]]:
+    from pytest_logprob_drift.runtimes.smoke.runtime import CpuSmokeAdapter
+    from pytest_logprob_drift.runtimes.transformers.adapter import HfAdapter
+    from pytest_logprob_drift.runtimes.vllm.adapter import VllmHfAdapter
+
+    statements = {}
+    for adapter in (HfAdapter(), VllmHfAdapter(), CpuSmokeAdapter()):
+        for path, values in KNOB_VALUES.items():
+            for value in values:
+                m = adapter.materialize({path: value})[path]
+                statements[f"{adapter.name} {path}={value!r}"] = [
+                    m.value,
+                    m.status.value,
+                    m.evidence,
+                ]
+    return statements
+
+
+def test_each_runtime_states_each_knob_as_it_did_before() -> None:
+    """The tables say, value for value, what the ``if`` chains said (on this machine's vLLM
+    platform, which the tensor and context parallel rows depend on)."""
+    pytest.importorskip("vllm")
+    from pytest_logprob_drift.runtimes.vllm.adapter import vllm_platform_is_cpu
+
+    if not vllm_platform_is_cpu():
+        pytest.skip("captured on vLLM's CPU platform (its TP and CP rows name the platform)")
+    assert set(KNOB_VALUES) == set(knobs.KNOBS)
+    assert materialized_statements() == json.loads(MATERIALIZED_BEFORE.read_text())

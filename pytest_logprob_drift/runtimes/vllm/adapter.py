@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.execute.protocol import (
@@ -54,12 +54,17 @@ from pytest_logprob_drift.execute.protocol import (
 from pytest_logprob_drift.execute.side_settings import SyncPush, WeightSync
 from pytest_logprob_drift.records import JSONScalar, KnobValue, ScoringIdentity
 from pytest_logprob_drift.runtimes.batch import active_rows, replay_grid, sequences
+from pytest_logprob_drift.runtimes.materialization import (
+    Evidence,
+    always,
+    applied,
+    per_value,
+    unsupported,
+)
 from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, special_token_ids
 from pytest_logprob_drift.runtimes.transformers.adapter import (
     TransformersTrainingAdapter,
-    applied,
     side_identity,
-    unsupported,
 )
 from pytest_logprob_drift.runtimes.vllm.logp_check import (
     PROMPT,
@@ -160,7 +165,7 @@ def vllm_platform_is_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def _weight_sync_materialized(value: KnobValue) -> Materialized:
+def _weight_sync(_path: str, value: KnobValue) -> Materialized:
     if value == "checkpoint":
         return applied(value, "vllm.LLM(model=...) loads the checkpoint's safetensors from disk")
     push = (
@@ -182,6 +187,62 @@ def _weight_sync_materialized(value: KnobValue) -> Materialized:
     variant = WeightSync.from_knob(value).planted
     assert variant is not None  # planning refused every other value
     return applied(value, f"test-only planted sync bug: {variant.description}")
+
+
+def _tensor_parallel(_path: str, value: KnobValue) -> Materialized:
+    if vllm_platform_is_cpu():
+        return applied(
+            value,
+            "vllm.LLM(tensor_parallel_size=...); CPU threads bound per rank by "
+            "VLLM_CPU_OMP_THREADS_BIND",
+        )
+    return applied(value, "vllm.LLM(tensor_parallel_size=...); one GPU per rank")
+
+
+def _context_parallel(path: str, value: KnobValue) -> Materialized:
+    if value == 1:
+        return applied(value, "no context parallelism")
+    if vllm_platform_is_cpu():
+        return unsupported(path, value, "the vLLM CPU platform has no context parallelism")
+    return applied(
+        value,
+        "vllm.LLM(prefill_context_parallel_size=...): prefill split over that many more GPUs "
+        "(TP x CP in all); vLLM 0.32 runs it only for an MLA checkpoint on model runner V2, "
+        "which planning and the runner check from the checkpoint's config.json before any "
+        "engine starts and vLLM's PCPManager checks again; read back from the engine's "
+        "parallel config, with decode_context_parallel_size required to be 1",
+    )
+
+
+def _logprobs_mode(_path: str, value: KnobValue) -> Materialized:
+    return applied(
+        value,
+        f"vllm.LLM(logprobs_mode={value!r}); "
+        + (
+            "logprobs of the processed logits vLLM samples from (temperature, min_p, top_k, "
+            "top_p, renormalized)"
+            if value == "processed_logprobs"
+            else "logprobs of the raw logits"
+        ),
+    )
+
+
+def _logp_backend(_path: str, value: KnobValue) -> Materialized:
+    if value == "native":
+        return applied(
+            value,
+            "vLLM sampler logprobs (in its logprobs_mode) and the trainer's native log_softmax",
+        )
+    return applied(
+        value,
+        f"{value} on both sides: in every vLLM worker's sampler (worker extension; model runner "
+        "V1: runtimes.vllm.rollout_logp, V2: runtimes.vllm.rollout_logp_v2, never run on a GPU "
+        "here) the sampled token's logprob is kernel(logits, sampled ids), the logits being the "
+        "raw LM head output in the model's dtype (raw_logprobs) or the float32 processed logits "
+        "vLLM sampled from (processed_logprobs), and a prompt token's logprob is kernel(raw "
+        "logits, prompt ids); read back from every worker's sampler; the trainer calls it on "
+        "its logits",
+    )
 
 
 class VllmRollout:
@@ -593,84 +654,30 @@ class VllmHfAdapter(TransformersTrainingAdapter):
 
     name = "vllm-hf"
 
-    def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
-        if path == "rollout.dtype":
-            return applied(value, "vllm.LLM(dtype=...)")
-        if path == "rollout.tensor_parallel_size":
-            if vllm_platform_is_cpu():
-                return applied(
-                    value,
-                    "vllm.LLM(tensor_parallel_size=...); CPU threads bound per "
-                    "rank by VLLM_CPU_OMP_THREADS_BIND",
-                )
-            return applied(value, "vllm.LLM(tensor_parallel_size=...); one GPU per rank")
-        if path == "rollout.enable_prefix_caching":
-            return applied(value, "vllm.LLM(enable_prefix_caching=...)")
-        if path == "rollout.enforce_eager":
-            return applied(
-                value, "vllm.LLM(enforce_eager=...); False selects the compiled/graph path"
-            )
-        if path == "rollout.logprobs_mode":
-            return applied(
-                value,
-                f"vllm.LLM(logprobs_mode={value!r}); "
-                + (
-                    "logprobs of the processed logits vLLM samples from (temperature, min_p, "
-                    "top_k, top_p, renormalized)"
-                    if value == "processed_logprobs"
-                    else "logprobs of the raw logits"
-                ),
-            )
-        if path == "rollout.lm_head_dtype":
-            if value == "compute":
-                return applied(
-                    value,
-                    "vLLM's LM head (ParallelLMHead) is loaded and run in rollout.dtype "
-                    "(vllm.LLM(dtype=...)); read back from the dtype of the logits the "
-                    "workers' samplers receive",
-                )
-            return applied(
-                value,
-                "vllm.LLM(hf_overrides={'head_dtype': 'float32'}): the LogitsProcessor casts "
-                "the final hidden states and the LM head weight (kept in rollout.dtype) to "
-                "float32, so the sampler receives float32 logits; read back from the dtype of "
-                "the logits the workers' samplers receive and the LogitsProcessor's head_dtype",
-            )
-        if path == "rollout.weight_sync":
-            return _weight_sync_materialized(value)
-        if path == "rollout.context_parallel_size":
-            if value == 1:
-                return applied(value, "no context parallelism")
-            if vllm_platform_is_cpu():
-                return unsupported(path, value, "the vLLM CPU platform has no context parallelism")
-            return applied(
-                value,
-                "vllm.LLM(prefill_context_parallel_size=...): prefill split over that many "
-                "more GPUs (TP x CP in all); vLLM 0.32 runs it only for an MLA checkpoint on "
-                "model runner V2, which planning and the runner check from the checkpoint's "
-                "config.json before any engine starts and vLLM's PCPManager checks again; read "
-                "back from the engine's parallel config, with decode_context_parallel_size "
-                "required to be 1",
-            )
-        if path == "logp.backend":
-            if value == "native":
-                return applied(
-                    value,
-                    "vLLM sampler logprobs (in its logprobs_mode) and the trainer's native "
-                    "log_softmax",
-                )
-            return applied(
-                value,
-                f"{value} on both sides: in every vLLM worker's sampler (worker extension; "
-                "model runner V1: runtimes.vllm.rollout_logp, V2: runtimes.vllm."
-                "rollout_logp_v2, never run on a GPU here) the sampled token's logprob is "
-                "kernel(logits, sampled ids), the logits being the raw LM head output in the "
-                "model's dtype (raw_logprobs) or the float32 processed logits vLLM sampled "
-                "from (processed_logprobs), and a prompt token's logprob is kernel(raw "
-                "logits, prompt ids); read back from every worker's sampler; the trainer "
-                "calls it on its logits",
-            )
-        return unsupported(path, value, "no vLLM setting for it")
+    rollout_materialization: ClassVar[Mapping[str, Evidence]] = {
+        "rollout.dtype": always("vllm.LLM(dtype=...)"),
+        "rollout.tensor_parallel_size": _tensor_parallel,
+        "rollout.context_parallel_size": _context_parallel,
+        "rollout.enable_prefix_caching": always("vllm.LLM(enable_prefix_caching=...)"),
+        "rollout.enforce_eager": always(
+            "vllm.LLM(enforce_eager=...); False selects the compiled/graph path"
+        ),
+        "rollout.logprobs_mode": _logprobs_mode,
+        "rollout.lm_head_dtype": per_value(
+            {
+                "compute": "vLLM's LM head (ParallelLMHead) is loaded and run in rollout.dtype "
+                "(vllm.LLM(dtype=...)); read back from the dtype of the logits the workers' "
+                "samplers receive"
+            },
+            otherwise="vllm.LLM(hf_overrides={'head_dtype': 'float32'}): the LogitsProcessor "
+            "casts the final hidden states and the LM head weight (kept in rollout.dtype) to "
+            "float32, so the sampler receives float32 logits; read back from the dtype of the "
+            "logits the workers' samplers receive and the LogitsProcessor's head_dtype",
+        ),
+        "rollout.weight_sync": _weight_sync,
+        "logp.backend": _logp_backend,
+    }
+    rollout_missing = "no vLLM setting for it"
 
     def rollout_resources(self, binding: RuntimeBinding) -> Mapping[str, float]:
         """vLLM's Ray executor holds one GPU per worker (TP x prefill CP); with one worker on
