@@ -165,28 +165,27 @@ def vllm_platform_is_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
+_PUSH = (
+    "vllm.LLM(load_format='dummy'); then the training side's parameters and persistent "
+    "buffers (gathered whole, FSDP2 with full_tensor()), cast to rollout.dtype, in chunks "
+    "that keep tied tensors together, are loaded in place in every worker through the "
+    "worker extension (collective_rpc: vLLM's layerwise reload, "
+    "initialize_layerwise_reload / model.load_weights / finalize_layerwise_reload, "
+    "which re-runs process_weights_after_loading), then LLM.reset_prefix_cache()"
+)
+_SYNC_EVIDENCE = {
+    SyncPush.CHECKPOINT: "vllm.LLM(model=...) loads the checkpoint's safetensors from disk",
+    SyncPush.TRAINER: _PUSH,
+    SyncPush.TRAINER_REFIT: "the engine first receives a seeded previous policy the same way "
+    f"and serves the case's prompts; then: {_PUSH}",
+}
+
+
 def _weight_sync(_path: str, value: KnobValue) -> Materialized:
-    if value == "checkpoint":
-        return applied(value, "vllm.LLM(model=...) loads the checkpoint's safetensors from disk")
-    push = (
-        "vllm.LLM(load_format='dummy'); then the training side's parameters and persistent "
-        "buffers (gathered whole, FSDP2 with full_tensor()), cast to rollout.dtype, in chunks "
-        "that keep tied tensors together, are loaded in place in every worker through the "
-        "worker extension (collective_rpc: vLLM's layerwise reload, "
-        "initialize_layerwise_reload / model.load_weights / finalize_layerwise_reload, "
-        "which re-runs process_weights_after_loading), then LLM.reset_prefix_cache()"
-    )
-    if value == "trainer":
-        return applied(value, push)
-    if value == "trainer_refit":
-        return applied(
-            value,
-            "the engine first receives a seeded previous policy the same way and serves the "
-            f"case's prompts; then: {push}",
-        )
-    variant = WeightSync.from_knob(value).planted
-    assert variant is not None  # planning refused every other value
-    return applied(value, f"test-only planted sync bug: {variant.description}")
+    sync = WeightSync.from_knob(value)
+    if sync.planted is not None:
+        return applied(value, f"test-only planted sync bug: {sync.planted.description}")
+    return applied(value, _SYNC_EVIDENCE[sync.push])
 
 
 def _tensor_parallel(_path: str, value: KnobValue) -> Materialized:
