@@ -16,14 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pytest_logprob_drift.execute.side_settings import (
-    SETTINGS_TYPES,
-    RequestSettings,
-    RolloutSettings,
-    SettingsTypes,
-    TrainingSettings,
-    build_settings,
-)
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_topology
 from pytest_logprob_drift.plan.knobs import KNOBS, KnobSpec, Side, knob_lifecycle
 from pytest_logprob_drift.records import (
@@ -44,6 +36,12 @@ from pytest_logprob_drift.records import (
 if TYPE_CHECKING:
     import torch
 
+    from pytest_logprob_drift.execute.side_settings import (
+        RequestSettings,
+        RolloutSettings,
+        SettingsTypes,
+        TrainingSettings,
+    )
     from pytest_logprob_drift.store.documents import WeightsDocument
 
     LogpKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -391,11 +389,17 @@ def bind_case(
     replay: bool = False,
     layers: LayerSpec | None = None,
     catalog: Mapping[str, KnobSpec] = KNOBS,
-    settings: SettingsTypes = SETTINGS_TYPES,
+    settings: SettingsTypes | None = None,
 ) -> RuntimeBinding:
     """Derive the backend-neutral binding, its typed settings (built once, here, from
-    ``catalog``'s sides and defaults into ``settings``' classes) and its fingerprints from an
-    operator-bound case. The fingerprints hash the named knobs only, as ever."""
+    ``catalog``'s sides and defaults into ``settings``' classes, ``SETTINGS_TYPES`` when None)
+    and its fingerprints from an operator-bound case. The fingerprints hash the named knobs
+    only, as ever."""
+    # Imported here: an installed plugin that runs no drift test never builds settings.
+    from pytest_logprob_drift.execute.side_settings import SETTINGS_TYPES, build_settings
+
+    if settings is None:
+        settings = SETTINGS_TYPES
     requested = ec.case.requested
     by_side = {
         side: {

@@ -34,7 +34,7 @@ from pytest_logprob_drift.execute.protocol import (
 from pytest_logprob_drift.execute.provenance import base_environment, execution_key_payload
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog, load_adapter
 from pytest_logprob_drift.execute.settings import MAX_BASELINE_REPEATS, RunSettings
-from pytest_logprob_drift.execute.side_settings import SETTINGS_TYPES, SettingsTypes
+from pytest_logprob_drift.execute.side_settings import SettingsTypes
 from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
@@ -87,11 +87,12 @@ class Runner:
         baseline_repeats: int = 1,
         launch: Launch | None = None,
         replay: bool = False,
-        settings: SettingsTypes = SETTINGS_TYPES,
+        settings: SettingsTypes | None = None,
     ) -> None:
         """``catalog`` holds every backend planning bound (test-only ones included); only the
         production ones are registered for execution unless ``allow_test_only``. ``settings``:
-        the typed settings classes ``bind_case`` builds for the engines."""
+        the typed settings classes ``bind_case`` builds for the engines (None: the
+        production ones)."""
         if execution_plan.has_errors:
             first = next(i for i in execution_plan.issues if i.severity.value == "error")
             raise UsageError(f"the plan has errors; first: {first.render()}")
