@@ -2,11 +2,12 @@
 its own (issue 49): engines read typed settings (``execute.side_settings``), planning reads
 ``plan.knobs.value_of`` (the catalog's default).
 
-A knob read is a ``.get(KEY, ...)`` whose KEY is a catalog path (``rollout.dtype``) or its field
-(``dtype``), as a string literal or a module constant bound to one, on the requested knobs or
-a side's named knobs (the receiver's last name is ``requested``, ``rollout`` or ``training``).
-Other ``.get`` calls keyed by a knob's name (evidence, read-backs, reports) are not knob
-reads. ``python tests/test_knob_reads.py`` prints both lists.
+A knob read is a ``.get(KEY, ...)`` whose KEY is a catalog path (``rollout.dtype``) or its
+field (``dtype``, ``batch_size``), as a string literal or a module constant bound to one, on
+the requested knobs or a side's named knobs (the receiver's last name is ``requested``,
+``rollout`` or ``training``). Other ``.get`` calls keyed by a knob's name (evidence,
+read-backs, reports) are not knob reads. ``python tests/test_knob_reads.py`` prints both lists
+(of the package beside it: run a copy of this file in an older tree to count there).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ KNOB_MAPPINGS = ("requested", "rollout", "training")
 
 def knob_keyed_reads() -> tuple[list[str], list[str]]:
     """(knob reads, other reads keyed by a knob's name), as ``file:line: call``."""
-    keys = set(KNOBS) | {spec.field for spec in KNOBS.values()}
+    # Paths, and the names a side's mapping or settings give them (``dtype``, ``batch_size``).
+    keys = set(KNOBS) | {p.split(".", 1)[1] for p in KNOBS} | {p.replace(".", "_") for p in KNOBS}
     reads: list[str] = []
     others: list[str] = []
     for folder in ("runtimes", "plan", "execute"):
