@@ -17,8 +17,7 @@ import pytest
 from drift_testing import S0_HF
 
 from pytest_logprob_drift import plan_file
-from pytest_logprob_drift.execute.protocol import ROLLOUT_KNOBS
-from pytest_logprob_drift.plan.knobs import KNOBS, InvalidKnobValue, canonical_path
+from pytest_logprob_drift.plan.knobs import KNOBS, InvalidKnobValue, Side, canonical_path
 from pytest_logprob_drift.records import ApplicationStatus, Lifecycle
 
 
@@ -30,7 +29,7 @@ def test_the_knob_and_its_aliases() -> None:
     assert spec.normalize("compute_dtype") == "compute"
     with pytest.raises(InvalidKnobValue, match="float32, compute"):
         spec.normalize("bfloat16")
-    assert "rollout.lm_head_dtype" in ROLLOUT_KNOBS  # reaches the rollout binding
+    assert spec.side is Side.ROLLOUT  # reaches the rollout settings and binding
 
 
 def _config(tmp_path: Path, *, baseline: str, values: list[str]) -> str:

@@ -31,9 +31,10 @@ from pytest_logprob_drift import UsageError, plan_file
 from pytest_logprob_drift.errors import Remedy
 from pytest_logprob_drift.execute.protocol import Materialized, RolloutOutput, RuntimeBinding
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
+from pytest_logprob_drift.execute.side_settings import DType
 from pytest_logprob_drift.outcomes import Outcome, parse_expectation
 from pytest_logprob_drift.plan.binding import ExecutionPlan
-from pytest_logprob_drift.records import ApplicationStatus, ScoringIdentity, frozen_mapping
+from pytest_logprob_drift.records import ApplicationStatus, ScoringIdentity
 from pytest_logprob_drift.registry.catalog import NATIVE_DESCRIPTOR, SemanticOperatorCatalog
 from pytest_logprob_drift.runtimes.smoke.runtime import (
     CpuSmokeAdapter,
@@ -368,7 +369,8 @@ class DtypeIgnoringAdapter(CpuSmokeAdapter):
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> SyntheticRollout:
         forced = dataclasses.replace(
-            binding, rollout=frozen_mapping({**binding.rollout, "dtype": "float32"})
+            binding,
+            rollout_settings=dataclasses.replace(binding.rollout_settings, dtype=DType.FLOAT32),
         )
         return super().build_rollout(forced, identity)
 

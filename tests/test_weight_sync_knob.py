@@ -16,11 +16,12 @@ import torch
 from drift_testing import S0_HF, S1, cli
 
 from pytest_logprob_drift import plan_file
-from pytest_logprob_drift.execute.protocol import ROLLOUT_KNOBS, bind_case
-from pytest_logprob_drift.plan.knobs import KNOBS, InvalidKnobValue, canonical_path
+from pytest_logprob_drift.execute.protocol import bind_case
+from pytest_logprob_drift.execute.side_settings import SyncPush, WeightSync
+from pytest_logprob_drift.plan.knobs import KNOBS, InvalidKnobValue, Side, canonical_path
+from pytest_logprob_drift.plan.planted_sync import SYNC_VARIANTS, sync_variant
 from pytest_logprob_drift.records import ApplicationStatus, Lifecycle
 from pytest_logprob_drift.runtimes import weight_push
-from pytest_logprob_drift.runtimes.planted_sync import SYNC_VARIANTS, sync_variant
 from pytest_logprob_drift.tensorio import tensors_from_bytes
 
 WEIGHT_SYNC = Path(__file__).resolve().parents[1] / "experiments"
@@ -41,7 +42,7 @@ def test_the_knob_its_values_and_aliases() -> None:
         spec.normalize("planted:not a name")
     with pytest.raises(InvalidKnobValue):
         spec.normalize(True)
-    assert "rollout.weight_sync" in ROLLOUT_KNOBS
+    assert spec.side is Side.ROLLOUT
 
 
 def _s1(tmp_path: Path, edit: Any) -> Path:
@@ -120,13 +121,64 @@ def test_a_planted_variant_needs_the_test_only_authorization(tmp_path: Path) -> 
 def test_an_unknown_planted_variant_is_named() -> None:
     with pytest.raises(ValueError, match=r"no planted weight-sync variant 'nope'.*stale_tensor"):
         sync_variant("nope")
-    from pytest_logprob_drift.errors import UsageError
-    from pytest_logprob_drift.runtimes.vllm.adapter import planted_sync
+    spec = KNOBS["rollout.weight_sync"]
+    with pytest.raises(InvalidKnobValue, match=r"no planted weight-sync variant 'nope'"):
+        spec.normalize("planted:nope")
 
-    assert planted_sync("trainer") is None
-    assert planted_sync("planted:stale_tensor") is SYNC_VARIANTS["stale_tensor"]
-    with pytest.raises(UsageError, match=r"rollout\.weight_sync: no planted"):
-        planted_sync("planted:nope")
+
+@pytest.mark.parametrize("where", ["baseline", "intervention"])
+def test_plan_refuses_an_unknown_planted_variant(tmp_path: Path, where: str) -> None:
+    """Refused at planning, one line naming the JSON path and the known variants, exit 2;
+    ``run`` the same, before it writes anything."""
+
+    def nope(document: dict[str, Any]) -> None:
+        if where == "baseline":
+            document["baseline"]["rollout"]["weight_sync"] = "planted:nope"
+        else:
+            document["baseline"]["rollout"]["weight_sync"] = "checkpoint"
+            document["interventions"].append(
+                {"path": "rollout.weight_sync", "values": ["trainer", "planted:nope"]}
+            )
+
+    config = _s1(tmp_path, nope)
+    code, out, err = cli("plan", config)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "no planted weight-sync variant 'nope'" in lines[0]
+    assert "stale_tensor" in lines[0]
+    assert ("$.baseline.rollout.weight_sync" if where == "baseline" else "$.interventions") in (
+        lines[0]
+    )
+    assert "Traceback" not in err
+    code, _out, err = cli(
+        "run",
+        config,
+        "--runtime",
+        "vllm-hf",
+        "--artifacts",
+        tmp_path / "a",
+        "--allow-smoke-operators",
+    )
+    assert code == 2
+    assert "no planted weight-sync variant 'nope'" in err
+    assert not (tmp_path / "a").exists()
+
+
+def test_the_typed_setting_of_each_value() -> None:
+    """``WeightSync`` from each value planning accepts: the push and the resolved variant,
+    and the value it reads back as."""
+    checkpoint = WeightSync.from_knob("checkpoint")
+    assert checkpoint == WeightSync(push=SyncPush.CHECKPOINT)
+    assert checkpoint.from_checkpoint and checkpoint.knob_value == "checkpoint"
+    refit = WeightSync.from_knob("trainer_refit")
+    assert refit.push is SyncPush.TRAINER_REFIT and refit.planted is None
+    for name, variant in SYNC_VARIANTS.items():
+        planted = WeightSync.from_knob(f"planted:{name}")
+        assert planted.planted is variant
+        assert planted.push is SyncPush(variant.push)
+        assert not planted.from_checkpoint
+        assert planted.knob_value == f"planted:{name}"
 
 
 def test_runtimes_declare_it() -> None:

@@ -50,6 +50,7 @@ from pytest_logprob_drift.numerics.verdict import Verdict, identity_violations, 
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_dtype, side_topology
 from pytest_logprob_drift.records import (
+    Case,
     KnobApplication,
     ResolvedContract,
     ScoringIdentity,
@@ -310,22 +311,24 @@ def _judge(
     return verdict, numeric
 
 
+def requested_document(case: Case, binding: RuntimeBinding) -> dict[str, Any]:
+    """``requested.json``: the case's named knobs and the binding it executes under."""
+    return {
+        "case_id": case.case_id,
+        "label": case.label,
+        "knobs": canonical(case.requested),
+        "changed": list(case.changed),
+        "binding": binding.sealed(),
+    }
+
+
 def _write_attempt(
     run: CaseExecution, scored: _Scored, verdict: Verdict, numeric: NumericCheck | None
 ) -> Seal:
     """Every payload, then COMPLETE last."""
     case, rollout, training = run.ec.case, scored.rollout, scored.training
     writer = run.store.new_attempt(case.case_id, run.execution_key)
-    writer.write_json(
-        layout.REQUESTED,
-        {
-            "case_id": case.case_id,
-            "label": case.label,
-            "knobs": canonical(case.requested),
-            "changed": list(case.changed),
-            "binding": canonical(run.binding),
-        },
-    )
+    writer.write_json(layout.REQUESTED, requested_document(case, run.binding))
     writer.write_json(
         layout.MATERIALIZED,
         {

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pytest_logprob_drift.plan.binding import FSDP_WORLD_SIZE, ExecutionPlan
+from pytest_logprob_drift.plan.knobs import value_of
 from pytest_logprob_drift.records import KnobValue, RuntimeInfo
 
 
@@ -37,13 +38,13 @@ def case_gpus(requested: Mapping[str, KnobValue], runtime: RuntimeInfo) -> int:
     """The GPUs one case needs: the larger of the rollout's devices and the trainer's ranks."""
 
     def size(path: str) -> int:
-        value = requested.get(path, 1)
+        value = value_of(requested, path)
         return int(value) if isinstance(value, int) and not isinstance(value, bool) else 1
 
     rollout = 1
     if runtime.rollout_spreads:
         rollout = size("rollout.tensor_parallel_size") * size("rollout.context_parallel_size")
-    training = FSDP_WORLD_SIZE if requested.get("training.sharding") == "fsdp" else 1
+    training = FSDP_WORLD_SIZE if value_of(requested, "training.sharding") == "fsdp" else 1
     return max(rollout, training)
 
 

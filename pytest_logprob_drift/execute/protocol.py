@@ -13,11 +13,11 @@ engine; torch appears only in type hints of the protocols.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_topology
-from pytest_logprob_drift.plan.knobs import knob_lifecycle
+from pytest_logprob_drift.plan.knobs import KNOBS, KnobSpec, Side, knob_lifecycle
 from pytest_logprob_drift.records import (
     ApplicationStatus,
     FullVocabularySpec,
@@ -25,6 +25,7 @@ from pytest_logprob_drift.records import (
     KnobApplication,
     KnobValue,
     LayerSpec,
+    Lifecycle,
     ScoringIdentity,
     canonical,
     canonical_json,
@@ -35,6 +36,12 @@ from pytest_logprob_drift.records import (
 if TYPE_CHECKING:
     import torch
 
+    from pytest_logprob_drift.execute.side_settings import (
+        RequestSettings,
+        RolloutSettings,
+        SettingsTypes,
+        TrainingSettings,
+    )
     from pytest_logprob_drift.store.documents import WeightsDocument
 
     LogpKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -42,29 +49,6 @@ if TYPE_CHECKING:
 else:
     LogpKernel = Callable[..., Any]
     TensorBatch = Mapping[str, Any]
-
-ROLLOUT_KNOBS = (
-    "rollout.tensor_parallel_size",
-    "rollout.context_parallel_size",
-    "rollout.dtype",
-    "rollout.enable_prefix_caching",
-    "rollout.enforce_eager",
-    "rollout.logprobs_mode",
-    "rollout.lm_head_dtype",
-    "rollout.weight_sync",
-)
-TRAINING_KNOBS = (
-    "training.attention_backend",
-    "training.compute_dtype",
-    "training.sharding",
-    "training.logprob_semantics",
-    "training.lm_head_dtype",
-)
-PROCESS_KNOBS = (
-    "rollout.tensor_parallel_size",
-    "rollout.context_parallel_size",
-    "training.sharding",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +119,21 @@ class RuntimeBinding:
     layers: LayerSpec | None = None
     """Opt-in: after paired scoring both sides capture and reduce their hidden states at every
     layer (``LayerCapture``), for the diagnostics only; in no construction fingerprint."""
+    rollout_settings: RolloutSettings = field(metadata={"sealed": False})
+    """Every rollout knob typed, defaults filled in (``execute.side_settings``): what the
+    rollout engine is built from. Derived from ``rollout``; never sealed or hashed."""
+    training_settings: TrainingSettings = field(metadata={"sealed": False})
+    """As ``rollout_settings``, for the training scorer."""
+    request_settings: RequestSettings = field(metadata={"sealed": False})
+    """As ``rollout_settings``, for the request-level knobs (both sides)."""
+
+    def sealed(self) -> dict[str, Any]:
+        """The binding as ``requested.json`` seals it: every field but the typed settings."""
+        return {
+            f.name: canonical(getattr(self, f.name))
+            for f in fields(self)
+            if f.metadata.get("sealed", True)
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -389,17 +388,46 @@ def bind_case(
     full_vocabulary: FullVocabularySpec | None = None,
     replay: bool = False,
     layers: LayerSpec | None = None,
+    catalog: Mapping[str, KnobSpec] = KNOBS,
+    settings: SettingsTypes | None = None,
 ) -> RuntimeBinding:
-    """Derive the backend-neutral binding and fingerprints from an operator-bound case."""
+    """Derive the backend-neutral binding, its typed settings (built once, here, from
+    ``catalog``'s sides and defaults into ``settings``' classes, ``SETTINGS_TYPES`` when None)
+    and its fingerprints from an operator-bound case. The fingerprints hash the named knobs
+    only, as ever."""
+    # Imported here: an installed plugin that runs no drift test never builds settings.
+    from pytest_logprob_drift.execute.side_settings import SETTINGS_TYPES, build_settings
+
+    if settings is None:
+        settings = SETTINGS_TYPES
     requested = ec.case.requested
-    rollout = {k.split(".", 1)[1]: requested[k] for k in ROLLOUT_KNOBS if k in requested}
-    training = {k.split(".", 1)[1]: requested[k] for k in TRAINING_KNOBS if k in requested}
+    by_side = {
+        side: {
+            spec.field: requested[path]
+            for path, spec in catalog.items()
+            if spec.side is side and path in requested
+        }
+        for side in (Side.ROLLOUT, Side.TRAINING)
+    }
+    rollout, training = by_side[Side.ROLLOUT], by_side[Side.TRAINING]
+    rollout_settings = build_settings(settings.rollout, Side.ROLLOUT, requested, catalog)
+    training_settings = build_settings(settings.training, Side.TRAINING, requested, catalog)
+    request_settings = build_settings(settings.request, Side.REQUEST, requested, catalog)
     topology = {
         "rollout": side_topology(requested, "rollout"),
         "training": side_topology(requested, "training"),
     }
     backends = {b.target: b.backend for b in ec.bindings}
     bindings = {b.target: canonical(b) for b in ec.bindings}
+
+    def process_knobs(side: Side) -> dict[str, KnobValue | None]:
+        """The side's process-lifecycle knobs as named (null: not named)."""
+        return {
+            path: requested[path] if path in requested else None
+            for path, spec in catalog.items()
+            if spec.side is side and spec.knob.lifecycle is Lifecycle.PROCESS
+        }
+
     # Each side's engines live in that side's processes: a rollout engine depends on the
     # rollout topology only, a training scorer on the training topology only.
     rollout_process = _fp(
@@ -407,7 +435,7 @@ def bind_case(
             "runtime": runtime_kind,
             "device": device,
             "side": "rollout",
-            "process": {k: requested.get(k) for k in PROCESS_KNOBS if k.startswith("rollout.")},
+            "process": process_knobs(Side.ROLLOUT),
         }
     )
     training_process = _fp(
@@ -415,7 +443,7 @@ def bind_case(
             "runtime": runtime_kind,
             "device": device,
             "side": "training",
-            "process": {k: requested.get(k) for k in PROCESS_KNOBS if k.startswith("training.")},
+            "process": process_knobs(Side.TRAINING),
         }
     )
     process_fp = _fp({"rollout": rollout_process, "training": training_process})
@@ -437,7 +465,7 @@ def bind_case(
     # A rollout that receives its weights from the training side (rollout.weight_sync other
     # than checkpoint) is built from that training side too: only then part of its
     # fingerprint, so that every other case keeps its own.
-    pushed = rollout.get("weight_sync", "checkpoint") != "checkpoint"
+    pushed = not rollout_settings.weight_sync.from_checkpoint
     rollout_fp = _fp(
         {
             "process": rollout_process,
@@ -451,7 +479,7 @@ def bind_case(
     )
     return RuntimeBinding(
         runtime_kind=runtime_kind,
-        batch=frozen_mapping({"size": int(requested.get("batch.size", 1))}),
+        batch=frozen_mapping({"size": request_settings.batch_size}),
         rollout=frozen_mapping(rollout),
         training=frozen_mapping(training),
         topology=frozen_mapping({k: frozen_mapping(v) for k, v in topology.items()}),
@@ -472,6 +500,9 @@ def bind_case(
         full_vocabulary=full_vocabulary,
         replay=replay,
         layers=layers,
+        rollout_settings=rollout_settings,
+        training_settings=training_settings,
+        request_settings=request_settings,
     )
 
 

@@ -34,10 +34,10 @@ from pytest_logprob_drift.execute.protocol import (
 from pytest_logprob_drift.execute.provenance import base_environment, execution_key_payload
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog, load_adapter
 from pytest_logprob_drift.execute.settings import MAX_BASELINE_REPEATS, RunSettings
+from pytest_logprob_drift.execute.side_settings import SettingsTypes
 from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
-from pytest_logprob_drift.plan.knobs import is_planted_sync
 from pytest_logprob_drift.records import CaseKind, canonical
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.store.attempt import execution_key
@@ -87,9 +87,12 @@ class Runner:
         baseline_repeats: int = 1,
         launch: Launch | None = None,
         replay: bool = False,
+        settings: SettingsTypes | None = None,
     ) -> None:
         """``catalog`` holds every backend planning bound (test-only ones included); only the
-        production ones are registered for execution unless ``allow_test_only``."""
+        production ones are registered for execution unless ``allow_test_only``. ``settings``:
+        the typed settings classes ``bind_case`` builds for the engines (None: the
+        production ones)."""
         if execution_plan.has_errors:
             first = next(i for i in execution_plan.issues if i.severity.value == "error")
             raise UsageError(f"the plan has errors; first: {first.render()}")
@@ -102,6 +105,7 @@ class Runner:
             )
         self.baseline_repeats = baseline_repeats
         self.replay = replay
+        self.settings = settings
         self.expectations = tuple(expectations)
         test_only = [ec.case.label for ec in execution_plan.cases if ec.uses_test_only_operators]
         if test_only and not allow_test_only:
@@ -110,10 +114,11 @@ class Runner:
                 "backends, which need registration and authorization",
                 remedy=Remedy.AUTHORIZE_TEST_OPERATORS,
             )
+        self._bindings: dict[str, RuntimeBinding] = {}
         planted = [
             ec.case.label
             for ec in execution_plan.cases
-            if is_planted_sync(ec.case.requested.get("rollout.weight_sync"))
+            if self.binding(ec).rollout_settings.weight_sync.planted is not None
         ]
         if planted and not allow_test_only:
             raise UsageError(
@@ -128,7 +133,6 @@ class Runner:
         self._adapter = adapter
         self._launch_given = False
         self.pool = EnginePool()
-        self._bindings: dict[str, RuntimeBinding] = {}
         self.notes = self.store.initialize(
             self._experiment_document(), execution_plan.rows(runtimes.runtimes)
         )
@@ -203,6 +207,7 @@ class Runner:
                 full_vocabulary=plan.full_vocabulary,
                 replay=plan.replay or self.replay,
                 layers=plan.layers,
+                settings=self.settings,
             )
         return self._bindings[ec.case.case_id]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pytest_logprob_drift.errors import Remedy
 from pytest_logprob_drift.plan.context_parallel import context_parallel_refusal
-from pytest_logprob_drift.plan.knobs import canonical_path
+from pytest_logprob_drift.plan.knobs import canonical_path, value_of
 from pytest_logprob_drift.records import (
     Case,
     ExperimentPlan,
@@ -32,7 +32,6 @@ from pytest_logprob_drift.records import (
 )
 from pytest_logprob_drift.registry.capability import OperatorResolutionError, check_capability
 from pytest_logprob_drift.registry.catalog import (
-    NATIVE_BACKEND,
     SELECTED_LOGPROB,
     TARGETS,
     OperatorDescriptor,
@@ -150,10 +149,10 @@ class ExecutionPlan(Record):
 
 def side_topology(requested: Mapping[str, KnobValue], target: str) -> dict[str, int]:
     if target == "rollout":
-        tp = int(requested.get("rollout.tensor_parallel_size", 1))
-        cp = int(requested.get("rollout.context_parallel_size", 1))
+        tp = int(value_of(requested, "rollout.tensor_parallel_size"))
+        cp = int(value_of(requested, "rollout.context_parallel_size"))
         return {"world_size": tp * cp, "tensor_parallel_size": tp, "context_parallel_size": cp}
-    sharded = requested.get("training.sharding", "none") == "fsdp"
+    sharded = value_of(requested, "training.sharding") == "fsdp"
     return {"world_size": FSDP_WORLD_SIZE if sharded else 1}
 
 
@@ -173,7 +172,7 @@ def _selection_for(
         side = explicit.rollout if target == "rollout" else explicit.training
         return side.backend, side.options, "explicit"
     return (
-        str(case.requested.get("logp.backend", NATIVE_BACKEND)),
+        str(value_of(case.requested, "logp.backend")),
         _NO_OPTIONS,
         "logp.backend",
     )

@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pytest_logprob_drift.config.attention_layout import AttentionLayout, attention_layout
+from pytest_logprob_drift.plan.knobs import value_of
 from pytest_logprob_drift.records import KnobValue, RuntimeInfo
 
 KNOB = "rollout.context_parallel_size"
 
 
 def requested_size(requested: Mapping[str, KnobValue]) -> int:
-    value = requested.get(KNOB, 1)
+    value = value_of(requested, KNOB)
     return int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else 1
 
 

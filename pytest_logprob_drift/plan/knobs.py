@@ -1,20 +1,24 @@
-"""The knob catalog: the exact allowlist, lifecycles, aliases and value normalization.
+"""The knob catalog: the exact allowlist, lifecycles, sides, defaults, aliases, normalization.
 
 Owns the allowlisted knob paths (the contract's ten, then the sampling-semantics four:
 ``rollout.logprobs_mode``, ``training.logprob_semantics``, ``training.lm_head_dtype``,
-``rollout.lm_head_dtype``, then ``rollout.weight_sync``) with their lifecycles and meanings,
-path and value aliases
-(``rollout.tp``, ``bf16``, ``fa2``), normalizing a raw value into a canonical ``KnobValue``
-(``InvalidKnobValue`` otherwise), the dtypes and attention backends each device supports, and
-how a knob value is spelled in a case label. Knows nothing about configs, cases or runtimes.
+``rollout.lm_head_dtype``, then ``rollout.weight_sync``) with their lifecycles, meanings, sides
+(``Side``: which settings a value reaches, ``execute.side_settings``) and defaults (the value a
+case that names no value runs with), path and value aliases (``rollout.tp``, ``bf16``,
+``fa2``), normalizing a raw value into a canonical ``KnobValue`` (``InvalidKnobValue``
+otherwise; a test-only ``planted:NAME`` weight sync is checked against ``plan.planted_sync``
+here, once), the dtypes and attention backends each device supports, and how a knob value is
+spelled in a case label. Knows nothing about configs, cases or runtimes.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pytest_logprob_drift.records import Knob, KnobValue, Lifecycle, Record
+from pytest_logprob_drift.registry.catalog import NATIVE_BACKEND
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -146,18 +150,29 @@ _WEIGHT_SYNC_ALIASES = {
 
 
 def _weight_sync(raw: Any) -> KnobValue:
-    """One of ``WEIGHT_SYNCS`` (or an alias), or a test-only ``planted:NAME``."""
+    """One of ``WEIGHT_SYNCS`` (or an alias), or a test-only ``planted:NAME`` whose NAME is a
+    planted variant (``plan.planted_sync``, imported only for such a value)."""
     if isinstance(raw, str) and raw.strip().startswith(PLANTED_SYNC_PREFIX):
         name = raw.strip()[len(PLANTED_SYNC_PREFIX) :]
         if not name.isidentifier():
             raise InvalidKnobValue(f"expected {PLANTED_SYNC_PREFIX}NAME, got {raw!r}")
+        from pytest_logprob_drift.plan.planted_sync import SYNC_VARIANTS
+
+        if name not in SYNC_VARIANTS:
+            raise InvalidKnobValue(
+                f"no planted weight-sync variant {name!r} "
+                f"(known: {', '.join(sorted(SYNC_VARIANTS))})"
+            )
         return raw.strip()
     return _choice(WEIGHT_SYNCS, _WEIGHT_SYNC_ALIASES)(raw)
 
 
-def is_planted_sync(value: KnobValue | None) -> bool:
-    """Whether a ``rollout.weight_sync`` value names a test-only planted sync bug."""
-    return isinstance(value, str) and value.startswith(PLANTED_SYNC_PREFIX)
+def planted_sync_name(value: KnobValue | None) -> str | None:
+    """The planted variant a normalized ``rollout.weight_sync`` value names (None: a
+    production value); the one place the prefix is parsed."""
+    if isinstance(value, str) and value.startswith(PLANTED_SYNC_PREFIX):
+        return value[len(PLANTED_SYNC_PREFIX) :]
+    return None
 
 
 def _backend_id(raw: Any) -> KnobValue:
@@ -166,12 +181,34 @@ def _backend_id(raw: Any) -> KnobValue:
     return raw.strip()
 
 
+class Side(enum.Enum):
+    """Which typed settings a knob's value reaches (``execute.side_settings``): the rollout
+    engine's, the training scorer's, or the request's (both sides)."""
+
+    REQUEST = "request"
+    ROLLOUT = "rollout"
+    TRAINING = "training"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class KnobSpec(Record):
-    """A knob plus how to normalize its values."""
+    """A knob, how to normalize its values, the side it reaches and the value a case that
+    names none runs with."""
 
     knob: Knob
     normalize: Callable[[Any], KnobValue]
+    side: Side
+    default: KnobValue
+
+    @property
+    def field(self) -> str:
+        """Its name in its side's settings, and (rollout and training knobs) in the
+        binding's named knobs: the path without the side's prefix (``rollout.dtype`` ->
+        ``dtype``); a request knob's whole path (``batch.size`` -> ``batch_size``)."""
+        path = self.knob.path
+        if self.side is Side.REQUEST:
+            return path.replace(".", "_")
+        return path.removeprefix(f"{self.side.value}.")
 
 
 KNOB_CATALOG: tuple[KnobSpec, ...] = (
@@ -182,6 +219,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Canonical sample chunking only.",
         ),
         normalize=_positive_int,
+        side=Side.REQUEST,
+        default=1,
     ),
     KnobSpec(
         knob=Knob(
@@ -190,6 +229,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Rollout TP world.",
         ),
         normalize=_positive_int,
+        side=Side.ROLLOUT,
+        default=1,
     ),
     KnobSpec(
         knob=Knob(
@@ -198,6 +239,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Rollout CP world.",
         ),
         normalize=_positive_int,
+        side=Side.ROLLOUT,
+        default=1,
     ),
     KnobSpec(
         knob=Knob(
@@ -206,6 +249,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Rollout numerical dtype.",
         ),
         normalize=_choice(DTYPES, _DTYPE_ALIASES),
+        side=Side.ROLLOUT,
+        default="float32",
     ),
     KnobSpec(
         knob=Knob(
@@ -214,6 +259,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Engine cache policy.",
         ),
         normalize=_boolean,
+        side=Side.ROLLOUT,
+        default=False,
     ),
     KnobSpec(
         knob=Knob(
@@ -222,6 +269,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Eager versus optimized/graph path.",
         ),
         normalize=_boolean,
+        side=Side.ROLLOUT,
+        default=True,
     ),
     KnobSpec(
         knob=Knob(
@@ -230,6 +279,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Training scorer attention implementation.",
         ),
         normalize=_choice(ATTENTION_BACKENDS, _ATTENTION_ALIASES),
+        side=Side.TRAINING,
+        default="sdpa",
     ),
     KnobSpec(
         knob=Knob(
@@ -238,6 +289,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Training scorer compute dtype.",
         ),
         normalize=_choice(DTYPES, _DTYPE_ALIASES),
+        side=Side.TRAINING,
+        default="float32",
     ),
     KnobSpec(
         knob=Knob(
@@ -246,6 +299,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Both-sides selected-logprob shortcut.",
         ),
         normalize=_backend_id,
+        side=Side.REQUEST,
+        default=NATIVE_BACKEND,
     ),
     KnobSpec(
         knob=Knob(
@@ -254,6 +309,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Training topology, such as unsharded or FSDP.",
         ),
         normalize=_choice(SHARDINGS, _SHARDING_ALIASES),
+        side=Side.TRAINING,
+        default="none",
     ),
     KnobSpec(
         knob=Knob(
@@ -263,6 +320,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             "it samples from (temperature and truncation renormalization).",
         ),
         normalize=_choice(LOGPROBS_MODES, _LOGPROBS_MODE_ALIASES),
+        side=Side.ROLLOUT,
+        default="raw_logprobs",
     ),
     KnobSpec(
         knob=Knob(
@@ -272,6 +331,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             "renormalization before the log-softmax.",
         ),
         normalize=_choice(LOGPROB_SEMANTICS, _SEMANTICS_ALIASES),
+        side=Side.TRAINING,
+        default="raw",
     ),
     KnobSpec(
         knob=Knob(
@@ -280,6 +341,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             meaning="Training LM head and logits in float32, or in training.compute_dtype.",
         ),
         normalize=_choice(LM_HEAD_DTYPES, _LM_HEAD_ALIASES),
+        side=Side.TRAINING,
+        default="compute",
     ),
     KnobSpec(
         knob=Knob(
@@ -289,6 +352,8 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             "that cannot run its LM head in float32 declares so and refuses it.",
         ),
         normalize=_choice(LM_HEAD_DTYPES, _LM_HEAD_ALIASES),
+        side=Side.ROLLOUT,
+        default="compute",
     ),
     KnobSpec(
         knob=Knob(
@@ -300,9 +365,17 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
             "first (trainer_refit); never which weights.",
         ),
         normalize=_weight_sync,
+        side=Side.ROLLOUT,
+        default="checkpoint",
     ),
 )
 KNOBS: Mapping[str, KnobSpec] = {spec.knob.path: spec for spec in KNOB_CATALOG}
+
+
+def value_of(requested: Mapping[str, KnobValue], path: str) -> KnobValue:
+    """The value a case runs ``path`` with: the one it names, else the catalog's default
+    (planning's view; the engines get typed settings, ``execute.side_settings``)."""
+    return requested[path] if path in requested else KNOBS[path].default
 
 
 def knob_lifecycle(path: str) -> Lifecycle:

@@ -7,7 +7,7 @@ packed in order into chunks of at most ``CHUNK_BYTES`` where a group of tied ten
 head tied to its input embedding) always travels in one chunk; the seeded "previous policy"
 (the same tensors plus a deterministic perturbation) that a refit starts from; and the
 planted sync bugs applied to the state (``planted_state``; the test-only registry of them is
-``runtimes.planted_sync``). Each chunk is the project's tensor wire format
+``plan.planted_sync``). Each chunk is the project's tensor wire format
 (``tensorio``). Knows nothing about vLLM, cases, knobs or comparison; imports torch.
 """
 

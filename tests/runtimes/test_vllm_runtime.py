@@ -20,6 +20,7 @@ from drift_testing import plugin_run
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.runner import Runner
+from pytest_logprob_drift.execute.side_settings import DType
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.policy import assemble
 from pytest_logprob_drift.runtimes.vllm.adapter import VllmHfAdapter, VllmRollout
@@ -107,10 +108,11 @@ class _LyingAdapter(VllmHfAdapter):
     """Builds an fp32 engine whatever dtype the case requests (a silent fallback)."""
 
     def build_rollout(self, binding: Any, identity: Any) -> VllmRollout:
-        rollout = dict(binding.rollout)
-        rollout["dtype"] = "float32"
+        settings = dataclasses.replace(binding.rollout_settings, dtype=DType.FLOAT32)
         return VllmRollout(
-            dataclasses.replace(binding, rollout=rollout), identity, self.checkpoint(identity)
+            dataclasses.replace(binding, rollout_settings=settings),
+            identity,
+            self.checkpoint(identity),
         )
 
 

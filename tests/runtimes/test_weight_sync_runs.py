@@ -279,7 +279,7 @@ def test_a_correct_push_seals_digests_equal_to_the_checkpoint(planted: dict[str,
 def test_every_planted_push_ends_invalid_identity_naming_the_tensor(
     planted: dict[str, Any],
 ) -> None:
-    from pytest_logprob_drift.runtimes.planted_sync import EMBEDDING, STALE_TENSOR
+    from pytest_logprob_drift.plan.planted_sync import EMBEDDING, STALE_TENSOR
 
     results = planted["results"]
     expected = {

@@ -22,8 +22,8 @@ import torch
 
 pytest.importorskip("vllm")
 
+from pytest_logprob_drift.plan.planted_sync import SYNC_VARIANTS
 from pytest_logprob_drift.runtimes import weight_push
-from pytest_logprob_drift.runtimes.planted_sync import SYNC_VARIANTS
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 
 pytestmark = pytest.mark.slow

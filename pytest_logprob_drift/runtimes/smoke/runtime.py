@@ -32,6 +32,7 @@ from pytest_logprob_drift.execute.protocol import (
 from pytest_logprob_drift.execute.readonly import ReadOnlyGuard, state_digest
 from pytest_logprob_drift.records import ApplicationStatus, JSONScalar, KnobValue, ScoringIdentity
 from pytest_logprob_drift.runtimes.batch import active_rows, canonical_batch
+from pytest_logprob_drift.runtimes.materialization import Evidence, always, applied
 
 VOCAB = 64
 HIDDEN = 32
@@ -102,7 +103,7 @@ def _side_identity(identity: ScoringIdentity) -> dict[str, JSONScalar]:
 class SyntheticRollout:
     def __init__(self, binding: RuntimeBinding) -> None:
         self.construction_fingerprint = binding.rollout_construction_fingerprint
-        self.dtype_name = str(binding.rollout.get("dtype", "float32"))
+        self.dtype_name = binding.rollout_settings.dtype.value
         self.model = SyntheticCausalModel().to(DTYPES[self.dtype_name]).eval()
         self.last_chunk = 0
         self.backend_used = ""
@@ -192,7 +193,7 @@ class StatelessScorer:
 
     def __init__(self, binding: RuntimeBinding) -> None:
         self.construction_fingerprint = binding.training_construction_fingerprint
-        self.dtype_name = str(binding.training.get("compute_dtype", "float32"))
+        self.dtype_name = binding.training_settings.compute_dtype.value
         self.model = SyntheticCausalModel().to(DTYPES[self.dtype_name]).eval()
         self.last_chunk = 0
         self.backend_used = ""
@@ -277,45 +278,43 @@ class StatelessScorer:
         del self.model
 
 
+def _cannot_apply(path: str, value: KnobValue) -> Materialized:
+    return Materialized(
+        value=None,
+        status=ApplicationStatus.UNSUPPORTED,
+        evidence=f"the synthetic runtime cannot apply {path}={value!r}",
+    )
+
+
+def _inherent(only: KnobValue) -> Evidence:
+    def state(path: str, value: KnobValue) -> Materialized:
+        if value == only:
+            return applied(value, "the only value a single-process synthetic runtime has")
+        return _cannot_apply(path, value)
+
+    return state
+
+
+MATERIALIZATION: Mapping[str, Evidence] = {
+    "batch.size": always("prompts are processed in chunks of this size on both sides"),
+    "rollout.dtype": always("synthetic weights are cast to this dtype"),
+    "training.compute_dtype": always("synthetic weights are cast to this dtype"),
+    "logp.backend": always("the bound kernel computes both sides' selected logprobs"),
+    **{path: _inherent(value) for path, value in INHERENT.items()},
+}
+"""What the synthetic runtime does with each knob; any other is unsupported."""
+
+
 class CpuSmokeAdapter:
     """RuntimeAdapter for the synthetic CPU smoke runtime."""
 
     name = "cpu-smoke"
 
     def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
-        result: dict[str, Materialized] = {}
-        for path, value in requested.items():
-            if path == "batch.size":
-                result[path] = Materialized(
-                    value=value,
-                    status=ApplicationStatus.APPLIED,
-                    evidence="prompts are processed in chunks of this size on both sides",
-                )
-            elif path in ("rollout.dtype", "training.compute_dtype"):
-                result[path] = Materialized(
-                    value=value,
-                    status=ApplicationStatus.APPLIED,
-                    evidence="synthetic weights are cast to this dtype",
-                )
-            elif path == "logp.backend":
-                result[path] = Materialized(
-                    value=value,
-                    status=ApplicationStatus.APPLIED,
-                    evidence="the bound kernel computes both sides' selected logprobs",
-                )
-            elif path in INHERENT and INHERENT[path] == value:
-                result[path] = Materialized(
-                    value=value,
-                    status=ApplicationStatus.APPLIED,
-                    evidence="the only value a single-process synthetic runtime has",
-                )
-            else:
-                result[path] = Materialized(
-                    value=None,
-                    status=ApplicationStatus.UNSUPPORTED,
-                    evidence=f"the synthetic runtime cannot apply {path}={value!r}",
-                )
-        return result
+        return {
+            path: MATERIALIZATION.get(path, _cannot_apply)(path, value)
+            for path, value in requested.items()
+        }
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> SyntheticRollout:
         self._check_identity(identity)

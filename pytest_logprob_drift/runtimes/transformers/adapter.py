@@ -1,19 +1,20 @@
 """The ``hf`` runtime: transformers generation against transformers teacher-forced scoring.
 
 Owns the adapter that maps knobs onto a local Hugging Face checkpoint: the rollout side is
-transformers on the KV-cache decode path with the identity's seeded sampling and mask policy;
-the training side is the read-only teacher-forced forward, unsharded in this process or FSDP2
-over real torch.distributed rank processes (``training.sharding=fsdp``). Knobs it really
-applies: batch.size, rollout.dtype, training.compute_dtype, training.attention_backend,
-logp.backend, training.sharding and the sampling-semantics knobs (rollout.logprobs_mode,
-rollout.lm_head_dtype, training.logprob_semantics, training.lm_head_dtype, unsharded and under
-FSDP alike); topology, prefix caching and graph knobs exist only at their
-inherent value (``HF_INHERENT``, the one table of them on the transformers side; anything else
-is ``unsupported`` and strict execution rejects it). ``actual`` values are read back from the
-live models, their device included (``rollout.device``, ``training.device``: both models are
-loaded on the scenario device, a device this build cannot offer is a one-line UsageError).
-Also hosts the training side reused by ``vllm-hf``. Knows nothing about planning, comparison,
-verdicts, artifacts, the CLI or pytest; the engines below it know nothing of knobs.
+transformers on the KV-cache decode path with the identity's seeded sampling and mask policy; the
+training side is the read-only teacher-forced forward, unsharded in this process or FSDP2 over real
+torch.distributed rank processes (``training.sharding=fsdp``). Knobs it really applies: batch.size,
+rollout.dtype, training.compute_dtype, training.attention_backend, logp.backend, training.sharding
+and the sampling-semantics knobs (rollout.logprobs_mode, rollout.lm_head_dtype,
+training.logprob_semantics, training.lm_head_dtype, unsharded and under FSDP alike); topology,
+prefix caching and graph knobs exist only at their inherent value (``HF_INHERENT``, the one table of
+them on the transformers side; anything else is ``unsupported`` and strict execution rejects it).
+What each side does with each knob is one table keyed by knob (``TRAINING_MATERIALIZATION``,
+``HfAdapter.rollout_materialization``). ``actual`` values are read back from the live models, their
+device included (``rollout.device``, ``training.device``: both models are loaded on the scenario
+device, a device this build cannot offer is a one-line UsageError). Also hosts the training side
+reused by ``vllm-hf``. Knows nothing about planning, comparison, verdicts, artifacts, the CLI or
+pytest; the engines below it know nothing of knobs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import functools
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -45,9 +46,18 @@ from pytest_logprob_drift.execute.protocol import (
 from pytest_logprob_drift.execute.readonly import ReadOnlyGuard, state_digest
 from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.plan.binding import FSDP_WORLD_SIZE
-from pytest_logprob_drift.records import ApplicationStatus, JSONScalar, KnobValue, ScoringIdentity
+from pytest_logprob_drift.records import JSONScalar, KnobValue, ScoringIdentity
 from pytest_logprob_drift.runtimes import ray_cluster
 from pytest_logprob_drift.runtimes.batch import active_rows
+from pytest_logprob_drift.runtimes.materialization import (
+    Evidence,
+    always,
+    applied,
+    materialized,
+    only,
+    per_value,
+    unsupported,
+)
 from pytest_logprob_drift.runtimes.ray_cluster import ClusterLease
 from pytest_logprob_drift.runtimes.tiny_model import (
     CheckpointError,
@@ -73,53 +83,40 @@ HF_INHERENT: Mapping[str, KnobValue] = {
 }
 
 
-def applied(value: KnobValue, evidence: str) -> Materialized:
-    return Materialized(value=value, status=ApplicationStatus.APPLIED, evidence=evidence)
+def _attention_backend(path: str, value: KnobValue) -> Materialized:
+    if value not in hf_engine.ATTN_IMPLEMENTATIONS:
+        return unsupported(path, value, "not available on this device/build")
+    if (why := hf_engine.attention_unavailable(str(value))) is not None:
+        return unsupported(path, value, why)
+    return applied(value, "from_pretrained(attn_implementation=...)")
 
 
-def unsupported(path: str, value: KnobValue, why: str) -> Materialized:
-    return Materialized(
-        value=None, status=ApplicationStatus.UNSUPPORTED, evidence=f"{path}={value!r}: {why}"
-    )
-
-
-def materialize_training(path: str, value: KnobValue) -> Materialized | None:
-    """Training-side and shared knobs, common to every runtime whose trainer is transformers."""
-    if path == "batch.size":
-        return applied(value, "both sides process the prompts in chunks of this size")
-    if path == "training.compute_dtype":
-        return applied(value, "from_pretrained(dtype=...) for the training model")
-    if path == "training.attention_backend":
-        if value not in hf_engine.ATTN_IMPLEMENTATIONS:
-            return unsupported(path, value, "not available on this device/build")
-        if (why := hf_engine.attention_unavailable(str(value))) is not None:
-            return unsupported(path, value, why)
-        return applied(value, "from_pretrained(attn_implementation=...)")
-    if path == "training.sharding":
-        if value == "none":
-            return applied(value, "one unsharded model in this process")
-        return applied(
-            value, f"FSDP2 fully_shard over {FSDP_WORLD_SIZE} torch.distributed rank processes"
-        )
-    if path == "training.logprob_semantics":
-        if value == "processed":
-            return applied(
-                value,
-                "the trainer divides the logits by the sampling temperature and applies the "
-                "sampler's min_p/top_k/top_p truncation before the log-softmax",
-            )
-        return applied(value, "log-softmax of the raw logits")
-    if path == "training.lm_head_dtype":
-        if value == "float32":
-            return applied(
-                value,
-                "the LM head in float32 (in process: an untied float32 copy of its weight; "
-                "under FSDP: its output recomputed from a float32 copy of the unsharded "
-                "weight); the final hidden states are upcast on their way in, so the logits "
-                "are float32",
-            )
-        return applied(value, "the LM head runs in training.compute_dtype")
-    return None
+TRAINING_MATERIALIZATION: Mapping[str, Evidence] = {
+    "batch.size": always("both sides process the prompts in chunks of this size"),
+    "training.compute_dtype": always("from_pretrained(dtype=...) for the training model"),
+    "training.attention_backend": _attention_backend,
+    "training.sharding": per_value(
+        {"none": "one unsharded model in this process"},
+        otherwise=f"FSDP2 fully_shard over {FSDP_WORLD_SIZE} torch.distributed rank processes",
+    ),
+    "training.logprob_semantics": per_value(
+        {
+            "processed": "the trainer divides the logits by the sampling temperature and "
+            "applies the sampler's min_p/top_k/top_p truncation before the log-softmax"
+        },
+        otherwise="log-softmax of the raw logits",
+    ),
+    "training.lm_head_dtype": per_value(
+        {
+            "float32": "the LM head in float32 (in process: an untied float32 copy of its "
+            "weight; under FSDP: its output recomputed from a float32 copy of the unsharded "
+            "weight); the final hidden states are upcast on their way in, so the logits are "
+            "float32"
+        },
+        otherwise="the LM head runs in training.compute_dtype",
+    ),
+}
+"""Training-side and shared knobs, common to every runtime whose trainer is transformers."""
 
 
 def scenario_device(binding: RuntimeBinding) -> str:
@@ -245,21 +242,22 @@ class HfRollout:
     def __init__(self, binding: RuntimeBinding, checkpoint: ResolvedCheckpoint) -> None:
         self.construction_fingerprint = binding.rollout_construction_fingerprint
         self.checkpoint = checkpoint
-        self.lm_head_dtype = str(binding.rollout.get("lm_head_dtype", "compute"))
+        settings = binding.rollout_settings
+        self.lm_head_dtype = settings.lm_head_dtype.value
+        self.dtype = settings.dtype.value
         self.device = scenario_device(binding)
         self.model = load_on_device(
             self.checkpoint.path,
-            dtype=str(binding.rollout.get("dtype", "float32")),
+            dtype=self.dtype,
             attn_implementation=ROLLOUT_ATTENTION,
             device=self.device,
             lm_head_dtype=self.lm_head_dtype,
         )
-        self.logprobs_mode = str(binding.rollout.get("logprobs_mode", hf_engine.LOGPROBS_MODE))
+        self.logprobs_mode = settings.logprobs_mode.value
         self.full_vocabulary = binding.full_vocabulary is not None
         self.batch_size = 0
         self.backend_used = ""
         self.mode_used = ""
-        self.dtype = str(binding.rollout.get("dtype", "float32"))
         self._weights: WeightsDocument | None = None
 
     def generate(
@@ -414,11 +412,12 @@ class HfTrainingScorer:
         self.construction_fingerprint = binding.training_construction_fingerprint
         self.checkpoint = checkpoint
         self.launcher = (launch or Launch()).launcher
-        self.dtype = str(binding.training.get("compute_dtype", "float32"))
-        self.attention = str(binding.training.get("attention_backend", "sdpa"))
-        self.sharded = binding.training.get("sharding", "none") == "fsdp"
-        self.semantics = str(binding.training.get("logprob_semantics", "raw"))
-        self.lm_head_dtype = str(binding.training.get("lm_head_dtype", "compute"))
+        settings = binding.training_settings
+        self.dtype = settings.compute_dtype.value
+        self.attention = settings.attention_backend.value
+        self.sharded = settings.sharded
+        self.semantics = settings.logprob_semantics.value
+        self.lm_head_dtype = settings.lm_head_dtype.value
         self.full_vocabulary = binding.full_vocabulary is not None
         self.model: Any = None
         self.group: FsdpScorerGroup | None = None
@@ -696,15 +695,25 @@ class TransformersTrainingAdapter(abc.ABC):
             self._checkpoints[key] = resolve_identity_checkpoint(identity)
         return self._checkpoints[key]
 
-    def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
-        return {
-            path: materialize_training(path, value) or self.materialize_rollout(path, value)
-            for path, value in requested.items()
-        }
+    rollout_materialization: ClassVar[Mapping[str, Evidence]]
+    """What this runtime's rollout side does with each knob the training side does not
+    state (``TRAINING_MATERIALIZATION``)."""
+    rollout_missing: ClassVar[str]
+    """Why a knob neither table holds is unsupported."""
 
-    @abc.abstractmethod
+    def materialize(self, requested: Mapping[str, KnobValue]) -> Mapping[str, Materialized]:
+        return {path: self.materialize_knob(path, value) for path, value in requested.items()}
+
+    def materialize_knob(self, path: str, value: KnobValue) -> Materialized:
+        """What this runtime does with one knob: the training table's row, else the
+        rollout's."""
+        if path in TRAINING_MATERIALIZATION:
+            return TRAINING_MATERIALIZATION[path](path, value)
+        return self.materialize_rollout(path, value)
+
     def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
         """What this runtime's rollout side does with one non-training knob."""
+        return materialized(self.rollout_materialization, path, value, missing=self.rollout_missing)
 
     def engine_resources(self, binding: RuntimeBinding) -> Mapping[str, float]:
         """What one case's engines hold on the cluster (``execute.launch.ResourceAware``):
@@ -713,7 +722,7 @@ class TransformersTrainingAdapter(abc.ABC):
         if not self.launch.is_ray:
             return {}
         demand: dict[str, float] = dict(self.rollout_resources(binding))
-        if binding.training.get("sharding", "none") == "fsdp":
+        if binding.training_settings.sharded:
             if str(binding.scorer["device"]) == "cuda":
                 demand["GPU"] = demand.get("GPU", 0.0) + FSDP_WORLD_SIZE
             else:
@@ -738,7 +747,7 @@ class TransformersTrainingAdapter(abc.ABC):
     def build_training(
         self, binding: RuntimeBinding, identity: ScoringIdentity
     ) -> HfTrainingScorer:
-        if binding.training.get("sharding", "none") == "fsdp":
+        if binding.training_settings.sharded:
             self.cluster_address()  # the rank actors need the cluster
         return HfTrainingScorer(binding, self.checkpoint(identity), self.launch)
 
@@ -758,38 +767,41 @@ class HfAdapter(TransformersTrainingAdapter):
 
     name = "hf"
 
-    def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
-        if path == "rollout.dtype":
-            return applied(value, "from_pretrained(dtype=...) for the rollout model")
-        if path == "logp.backend":
-            return applied(value, "the bound kernel scores the raw logits on both sides")
-        if path == "rollout.logprobs_mode":
-            if value == "processed_logprobs":
-                return applied(
-                    value,
-                    "the rollout reports the logprobs of the processed logits it samples from "
-                    "(temperature, min_p/top_k/top_p truncation, renormalized)",
-                )
-            return applied(value, "the rollout reports the logprobs of the raw logits")
-        if path == "rollout.lm_head_dtype":
-            if value == "float32":
-                return applied(
-                    value,
-                    "an untied float32 copy of the rollout model's LM head; the final hidden "
-                    "states are upcast on their way in, so the sampled logits are float32",
-                )
-            return applied(value, "the rollout's LM head runs in rollout.dtype")
-        if path == "rollout.weight_sync" and value != "checkpoint":
-            return unsupported(
-                path,
+    rollout_materialization: ClassVar[Mapping[str, Evidence]] = {
+        "rollout.dtype": always("from_pretrained(dtype=...) for the rollout model"),
+        "logp.backend": always("the bound kernel scores the raw logits on both sides"),
+        "rollout.logprobs_mode": per_value(
+            {
+                "processed_logprobs": "the rollout reports the logprobs of the processed "
+                "logits it samples from (temperature, min_p/top_k/top_p truncation, "
+                "renormalized)"
+            },
+            otherwise="the rollout reports the logprobs of the raw logits",
+        ),
+        "rollout.lm_head_dtype": per_value(
+            {
+                "float32": "an untied float32 copy of the rollout model's LM head; the final "
+                "hidden states are upcast on their way in, so the sampled logits are float32"
+            },
+            otherwise="the rollout's LM head runs in rollout.dtype",
+        ),
+        **{
+            path: only(
                 value,
-                "the hf rollout is a second transformers model in this process, loaded with "
-                "from_pretrained; it has no engine load path a push could exercise (a push "
-                "would be load_state_dict of the same tensors), so only checkpoint applies",
+                "the only value transformers generation has here",
+                why="transformers generation cannot apply it",
             )
-        if path in HF_INHERENT and HF_INHERENT[path] == value:
-            return applied(value, "the only value transformers generation has here")
-        return unsupported(path, value, "transformers generation cannot apply it")
+            for path, value in HF_INHERENT.items()
+        },
+        "rollout.weight_sync": only(
+            HF_INHERENT["rollout.weight_sync"],
+            "the only value transformers generation has here",
+            why="the hf rollout is a second transformers model in this process, loaded with "
+            "from_pretrained; it has no engine load path a push could exercise (a push "
+            "would be load_state_dict of the same tensors), so only checkpoint applies",
+        ),
+    }
+    rollout_missing = "transformers generation cannot apply it"
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> HfRollout:
         return HfRollout(binding, self.checkpoint(identity))

@@ -21,9 +21,9 @@ replay runs through vLLM's trace replay where the engine has it (model runner V2
 ``rollout.weight_sync``: ``checkpoint`` loads from disk; ``trainer`` and ``trainer_refit``
 build the engine with dummy weights and receive the training side's before the first
 request (``VllmRollout.receive_weights``; ``runtimes.weight_push``), a planted (test-only)
-variant resolved from ``runtimes.planted_sync``; the read-back says how the weights
-arrived. The training
-side is the ``hf`` runtime's read-only scorer (unsharded or FSDP2).
+variant resolved once per case (``execute.side_settings.WeightSync``); the read-back says how
+the weights arrived. The training side is the ``hf`` runtime's read-only scorer (unsharded or
+FSDP2).
 
 Knows nothing about vLLM's config objects, workers or processes (``engine``, ``read_back`` and
 ``processes`` read those; the adapter imports vLLM only for its version and when an engine is
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.execute.protocol import (
@@ -51,15 +51,20 @@ from pytest_logprob_drift.execute.protocol import (
     applied_sampling,
     backend_of,
 )
-from pytest_logprob_drift.plan.knobs import PLANTED_SYNC_PREFIX, is_planted_sync
+from pytest_logprob_drift.execute.side_settings import SyncPush, WeightSync
 from pytest_logprob_drift.records import JSONScalar, KnobValue, ScoringIdentity
 from pytest_logprob_drift.runtimes.batch import active_rows, replay_grid, sequences
+from pytest_logprob_drift.runtimes.materialization import (
+    Evidence,
+    always,
+    applied,
+    per_value,
+    unsupported,
+)
 from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, special_token_ids
 from pytest_logprob_drift.runtimes.transformers.adapter import (
     TransformersTrainingAdapter,
-    applied,
     side_identity,
-    unsupported,
 )
 from pytest_logprob_drift.runtimes.vllm.logp_check import (
     PROMPT,
@@ -75,7 +80,6 @@ from pytest_logprob_drift.store.documents import WeightsDocument
 if TYPE_CHECKING:
     import torch
 
-    from pytest_logprob_drift.runtimes.planted_sync import SyncVariant
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 
 MODEL_LEN_QUANTUM = 64
@@ -161,41 +165,83 @@ def vllm_platform_is_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def planted_sync(value: str) -> SyncVariant | None:
-    """The planted (test-only) sync variant a ``rollout.weight_sync`` value names, None for a
-    production value; a name no variant has is a UsageError naming the known ones."""
-    if not is_planted_sync(value):
-        return None
-    from pytest_logprob_drift.runtimes.planted_sync import sync_variant
+_PUSH = (
+    "vllm.LLM(load_format='dummy'); then the training side's parameters and persistent "
+    "buffers (gathered whole, FSDP2 with full_tensor()), cast to rollout.dtype, in chunks "
+    "that keep tied tensors together, are loaded in place in every worker through the "
+    "worker extension (collective_rpc: vLLM's layerwise reload, "
+    "initialize_layerwise_reload / model.load_weights / finalize_layerwise_reload, "
+    "which re-runs process_weights_after_loading), then LLM.reset_prefix_cache()"
+)
+_SYNC_EVIDENCE = {
+    SyncPush.CHECKPOINT: "vllm.LLM(model=...) loads the checkpoint's safetensors from disk",
+    SyncPush.TRAINER: _PUSH,
+    SyncPush.TRAINER_REFIT: "the engine first receives a seeded previous policy the same way "
+    f"and serves the case's prompts; then: {_PUSH}",
+}
 
-    try:
-        return sync_variant(value[len(PLANTED_SYNC_PREFIX) :])
-    except ValueError as exc:
-        raise UsageError(f"rollout.weight_sync: {exc}") from None
+
+def _weight_sync(_path: str, value: KnobValue) -> Materialized:
+    sync = WeightSync.from_knob(value)
+    if sync.planted is not None:
+        return applied(value, f"test-only planted sync bug: {sync.planted.description}")
+    return applied(value, _SYNC_EVIDENCE[sync.push])
 
 
-def _weight_sync_materialized(value: KnobValue) -> Materialized:
-    if value == "checkpoint":
-        return applied(value, "vllm.LLM(model=...) loads the checkpoint's safetensors from disk")
-    push = (
-        "vllm.LLM(load_format='dummy'); then the training side's parameters and persistent "
-        "buffers (gathered whole, FSDP2 with full_tensor()), cast to rollout.dtype, in chunks "
-        "that keep tied tensors together, are loaded in place in every worker through the "
-        "worker extension (collective_rpc: vLLM's layerwise reload, "
-        "initialize_layerwise_reload / model.load_weights / finalize_layerwise_reload, "
-        "which re-runs process_weights_after_loading), then LLM.reset_prefix_cache()"
-    )
-    if value == "trainer":
-        return applied(value, push)
-    if value == "trainer_refit":
+def _tensor_parallel(_path: str, value: KnobValue) -> Materialized:
+    if vllm_platform_is_cpu():
         return applied(
             value,
-            "the engine first receives a seeded previous policy the same way and serves the "
-            f"case's prompts; then: {push}",
+            "vllm.LLM(tensor_parallel_size=...); CPU threads bound per rank by "
+            "VLLM_CPU_OMP_THREADS_BIND",
         )
-    variant = planted_sync(str(value))
-    assert variant is not None
-    return applied(value, f"test-only planted sync bug: {variant.description}")
+    return applied(value, "vllm.LLM(tensor_parallel_size=...); one GPU per rank")
+
+
+def _context_parallel(path: str, value: KnobValue) -> Materialized:
+    if value == 1:
+        return applied(value, "no context parallelism")
+    if vllm_platform_is_cpu():
+        return unsupported(path, value, "the vLLM CPU platform has no context parallelism")
+    return applied(
+        value,
+        "vllm.LLM(prefill_context_parallel_size=...): prefill split over that many more GPUs "
+        "(TP x CP in all); vLLM 0.32 runs it only for an MLA checkpoint on model runner V2, "
+        "which planning and the runner check from the checkpoint's config.json before any "
+        "engine starts and vLLM's PCPManager checks again; read back from the engine's "
+        "parallel config, with decode_context_parallel_size required to be 1",
+    )
+
+
+def _logprobs_mode(_path: str, value: KnobValue) -> Materialized:
+    return applied(
+        value,
+        f"vllm.LLM(logprobs_mode={value!r}); "
+        + (
+            "logprobs of the processed logits vLLM samples from (temperature, min_p, top_k, "
+            "top_p, renormalized)"
+            if value == "processed_logprobs"
+            else "logprobs of the raw logits"
+        ),
+    )
+
+
+def _logp_backend(_path: str, value: KnobValue) -> Materialized:
+    if value == "native":
+        return applied(
+            value,
+            "vLLM sampler logprobs (in its logprobs_mode) and the trainer's native log_softmax",
+        )
+    return applied(
+        value,
+        f"{value} on both sides: in every vLLM worker's sampler (worker extension; model runner "
+        "V1: runtimes.vllm.rollout_logp, V2: runtimes.vllm.rollout_logp_v2, never run on a GPU "
+        "here) the sampled token's logprob is kernel(logits, sampled ids), the logits being the "
+        "raw LM head output in the model's dtype (raw_logprobs) or the float32 processed logits "
+        "vLLM sampled from (processed_logprobs), and a prompt token's logprob is kernel(raw "
+        "logits, prompt ids); read back from every worker's sampler; the trainer calls it on "
+        "its logits",
+    )
 
 
 class VllmRollout:
@@ -215,29 +261,29 @@ class VllmRollout:
 
         self.construction_fingerprint = binding.rollout_construction_fingerprint
         self.checkpoint = checkpoint
-        rollout = binding.rollout
-        self.weight_sync = str(rollout.get("weight_sync", "checkpoint"))
-        self.planted = planted_sync(self.weight_sync)
+        settings = binding.rollout_settings
+        self.weight_sync = settings.weight_sync
         self.weights_arrived: dict[str, Any] = {}
         """How the weights arrived (``receive_weights``); empty while none were pushed."""
-        self.sync_done = "checkpoint" if self.weight_sync == "checkpoint" else ""
+        self.weights_in = self.weight_sync.from_checkpoint
+        """Whether the engine holds the checkpoint's weights: loaded from disk, or pushed."""
         spec = VllmEngineSpec(
             model_dir=str(self.checkpoint.path),
-            dtype=str(rollout.get("dtype", "float32")),
-            tensor_parallel_size=int(str(rollout.get("tensor_parallel_size", 1))),
-            prefill_context_parallel_size=int(str(rollout.get("context_parallel_size", 1))),
-            enable_prefix_caching=bool(rollout.get("enable_prefix_caching", False)),
-            enforce_eager=bool(rollout.get("enforce_eager", True)),
+            dtype=settings.dtype.value,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            prefill_context_parallel_size=settings.context_parallel_size,
+            enable_prefix_caching=settings.enable_prefix_caching,
+            enforce_eager=settings.enforce_eager,
             seed=identity.sampling.seed,
             max_model_len=_model_len(identity),
-            logprobs_mode=str(rollout.get("logprobs_mode", "raw_logprobs")),
-            lm_head_dtype=str(rollout.get("lm_head_dtype", "compute")),
+            logprobs_mode=settings.logprobs_mode.value,
+            lm_head_dtype=settings.lm_head_dtype.value,
             full_vocabulary=binding.full_vocabulary is not None,
             trace_replay=binding.replay,
             distributed_executor_backend="ray" if launcher == "ray" else None,
             ray_address=ray_address,
             device=str(binding.scorer["device"]),
-            load_format="auto" if self.weight_sync == "checkpoint" else "dummy",
+            load_format="auto" if self.weight_sync.from_checkpoint else "dummy",
         )
         self.launcher = launcher
         self.full_vocabulary = spec.full_vocabulary
@@ -261,7 +307,7 @@ class VllmRollout:
     def awaits_weights(self) -> bool:
         """Whether this engine was started without the checkpoint's weights and has not yet
         received the trainer's (``execute.protocol.WeightReceiver``)."""
-        return self.weight_sync != "checkpoint" and not self.sync_done
+        return not self.weights_in
 
     def receive_weights(self, source: WeightSource, identity: ScoringIdentity) -> None:
         """The trainer-to-rollout push, once per engine construction, before its first
@@ -282,15 +328,15 @@ class VllmRollout:
         state = source.weight_state()
         gathered_s = time.perf_counter() - t0
         dtype = self.engine.spec.dtype
-        mode = self.planted.push if self.planted is not None else self.weight_sync
+        planted = self.weight_sync.planted
         arrived: dict[str, Any] = {
-            "weight_sync": self.weight_sync,
+            "weight_sync": self.weight_sync.knob_value,
             "source_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),
             "rollout_dtype": dtype,
             "gather_s": gathered_s,
             "source_evidence": dict(getattr(source, "weight_gather", {}) or {}),
         }
-        if mode == "trainer_refit":
+        if self.weight_sync.push is SyncPush.TRAINER_REFIT:
             before = weight_push.previous_policy(state)
             first = list(weight_push.chunks(before, dtype))
             previous = self.engine.push_weights([c.payload for c in first])
@@ -318,9 +364,9 @@ class VllmRollout:
             )
             arrived["previous_policy"]["served_prompts"] = len(identity.prompts.token_ids)
             arrived["previous_policy"]["generated_tokens"] = self.engine.generated_tokens
-        pushed_state, skipped = weight_push.planted_state(state, self.planted)
+        pushed_state, skipped = weight_push.planted_state(state, planted)
         pushed = list(weight_push.chunks(pushed_state, dtype, skip=skipped))
-        keep_cache = self.planted is not None and self.planted.keep_prefix_cache
+        keep_cache = planted is not None and planted.keep_prefix_cache
         report = self.engine.push_weights(
             [c.payload for c in pushed], reset_prefix_cache=not keep_cache
         )
@@ -338,10 +384,10 @@ class VllmRollout:
                 "tie_groups": [g for g in weight_push.tie_groups(state) if len(g) > 1],
             }
         )
-        if self.planted is not None:
-            arrived["planted"] = self.planted.description
+        if planted is not None:
+            arrived["planted"] = planted.description
         self.weights_arrived = arrived
-        self.sync_done = self.weight_sync
+        self.weights_in = True
 
     def build_engine(self, spec: VllmEngineSpec) -> VllmRolloutEngine:
         """The engine this rollout samples with (a new one, built from ``spec``)."""
@@ -553,7 +599,11 @@ class VllmRollout:
             "vllm.trace_replay_reason": self.engine.trace_replay_reason,
             # How the weights arrived: the push that really happened (empty while an engine
             # started without the checkpoint's weights has received none).
-            "rollout.weight_sync": self.sync_done or "none: dummy weights, nothing pushed",
+            "rollout.weight_sync": (
+                self.weight_sync.knob_value
+                if self.weights_in
+                else "none: dummy weights, nothing pushed"
+            ),
             "vllm.weights_arrived": json.dumps(self.weights_arrived, sort_keys=True),
             "vllm.prompt_tokens_cached": self.engine.prompt_tokens_cached,
         }
@@ -578,7 +628,7 @@ class VllmRollout:
             from pytest_logprob_drift.runtimes.weights.vllm_layout import overlay
 
             report = self.engine.loaded_weights
-            if self.sync_done not in ("", "checkpoint"):
+            if self.weights_in and not self.weight_sync.from_checkpoint:
                 # Pushed weights: digested after the push and the prefix-cache reset, never
                 # the dummy weights the engine was built with.
                 pushed = self.engine.pushed_weights
@@ -603,84 +653,30 @@ class VllmHfAdapter(TransformersTrainingAdapter):
 
     name = "vllm-hf"
 
-    def materialize_rollout(self, path: str, value: KnobValue) -> Materialized:
-        if path == "rollout.dtype":
-            return applied(value, "vllm.LLM(dtype=...)")
-        if path == "rollout.tensor_parallel_size":
-            if vllm_platform_is_cpu():
-                return applied(
-                    value,
-                    "vllm.LLM(tensor_parallel_size=...); CPU threads bound per "
-                    "rank by VLLM_CPU_OMP_THREADS_BIND",
-                )
-            return applied(value, "vllm.LLM(tensor_parallel_size=...); one GPU per rank")
-        if path == "rollout.enable_prefix_caching":
-            return applied(value, "vllm.LLM(enable_prefix_caching=...)")
-        if path == "rollout.enforce_eager":
-            return applied(
-                value, "vllm.LLM(enforce_eager=...); False selects the compiled/graph path"
-            )
-        if path == "rollout.logprobs_mode":
-            return applied(
-                value,
-                f"vllm.LLM(logprobs_mode={value!r}); "
-                + (
-                    "logprobs of the processed logits vLLM samples from (temperature, min_p, "
-                    "top_k, top_p, renormalized)"
-                    if value == "processed_logprobs"
-                    else "logprobs of the raw logits"
-                ),
-            )
-        if path == "rollout.lm_head_dtype":
-            if value == "compute":
-                return applied(
-                    value,
-                    "vLLM's LM head (ParallelLMHead) is loaded and run in rollout.dtype "
-                    "(vllm.LLM(dtype=...)); read back from the dtype of the logits the "
-                    "workers' samplers receive",
-                )
-            return applied(
-                value,
-                "vllm.LLM(hf_overrides={'head_dtype': 'float32'}): the LogitsProcessor casts "
-                "the final hidden states and the LM head weight (kept in rollout.dtype) to "
-                "float32, so the sampler receives float32 logits; read back from the dtype of "
-                "the logits the workers' samplers receive and the LogitsProcessor's head_dtype",
-            )
-        if path == "rollout.weight_sync":
-            return _weight_sync_materialized(value)
-        if path == "rollout.context_parallel_size":
-            if value == 1:
-                return applied(value, "no context parallelism")
-            if vllm_platform_is_cpu():
-                return unsupported(path, value, "the vLLM CPU platform has no context parallelism")
-            return applied(
-                value,
-                "vllm.LLM(prefill_context_parallel_size=...): prefill split over that many "
-                "more GPUs (TP x CP in all); vLLM 0.32 runs it only for an MLA checkpoint on "
-                "model runner V2, which planning and the runner check from the checkpoint's "
-                "config.json before any engine starts and vLLM's PCPManager checks again; read "
-                "back from the engine's parallel config, with decode_context_parallel_size "
-                "required to be 1",
-            )
-        if path == "logp.backend":
-            if value == "native":
-                return applied(
-                    value,
-                    "vLLM sampler logprobs (in its logprobs_mode) and the trainer's native "
-                    "log_softmax",
-                )
-            return applied(
-                value,
-                f"{value} on both sides: in every vLLM worker's sampler (worker extension; "
-                "model runner V1: runtimes.vllm.rollout_logp, V2: runtimes.vllm."
-                "rollout_logp_v2, never run on a GPU here) the sampled token's logprob is "
-                "kernel(logits, sampled ids), the logits being the raw LM head output in the "
-                "model's dtype (raw_logprobs) or the float32 processed logits vLLM sampled "
-                "from (processed_logprobs), and a prompt token's logprob is kernel(raw "
-                "logits, prompt ids); read back from every worker's sampler; the trainer "
-                "calls it on its logits",
-            )
-        return unsupported(path, value, "no vLLM setting for it")
+    rollout_materialization: ClassVar[Mapping[str, Evidence]] = {
+        "rollout.dtype": always("vllm.LLM(dtype=...)"),
+        "rollout.tensor_parallel_size": _tensor_parallel,
+        "rollout.context_parallel_size": _context_parallel,
+        "rollout.enable_prefix_caching": always("vllm.LLM(enable_prefix_caching=...)"),
+        "rollout.enforce_eager": always(
+            "vllm.LLM(enforce_eager=...); False selects the compiled/graph path"
+        ),
+        "rollout.logprobs_mode": _logprobs_mode,
+        "rollout.lm_head_dtype": per_value(
+            {
+                "compute": "vLLM's LM head (ParallelLMHead) is loaded and run in rollout.dtype "
+                "(vllm.LLM(dtype=...)); read back from the dtype of the logits the workers' "
+                "samplers receive"
+            },
+            otherwise="vllm.LLM(hf_overrides={'head_dtype': 'float32'}): the LogitsProcessor "
+            "casts the final hidden states and the LM head weight (kept in rollout.dtype) to "
+            "float32, so the sampler receives float32 logits; read back from the dtype of the "
+            "logits the workers' samplers receive and the LogitsProcessor's head_dtype",
+        ),
+        "rollout.weight_sync": _weight_sync,
+        "logp.backend": _logp_backend,
+    }
+    rollout_missing = "no vLLM setting for it"
 
     def rollout_resources(self, binding: RuntimeBinding) -> Mapping[str, float]:
         """vLLM's Ray executor holds one GPU per worker (TP x prefill CP); with one worker on
@@ -688,8 +684,8 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         packed onto it. Every engine is also built and driven from this process (its
         construction patches this process's environment and output), so at most one engine
         group with a vLLM engine runs at a time (``IN_PROCESS_ENGINE``)."""
-        tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
-        cp = int(str(binding.rollout.get("context_parallel_size", 1)))
+        tp = binding.rollout_settings.tensor_parallel_size
+        cp = binding.rollout_settings.context_parallel_size
         demand = {IN_PROCESS_ENGINE: 1.0}
         if self.launch.is_ray and str(binding.scorer["device"]) == "cuda":
             # TP x CP > 1: one GPU per Ray worker (vLLM's world is TP x prefill CP); TP 1:
@@ -701,8 +697,8 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         return {IN_PROCESS_ENGINE: 1.0}
 
     def build_rollout(self, binding: RuntimeBinding, identity: ScoringIdentity) -> VllmRollout:
-        tp = int(str(binding.rollout.get("tensor_parallel_size", 1)))
-        cp = int(str(binding.rollout.get("context_parallel_size", 1)))
+        tp = binding.rollout_settings.tensor_parallel_size
+        cp = binding.rollout_settings.context_parallel_size
         return VllmRollout(
             binding,
             identity,

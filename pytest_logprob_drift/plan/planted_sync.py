@@ -1,21 +1,25 @@
 """The planted weight-sync bugs: test-only ways of getting the trainer-to-rollout push wrong.
 
 Owns the registry of planted variants a case names as ``rollout.weight_sync=planted:NAME``
-(``plan.knobs.PLANTED_SYNC_PREFIX``): each says what the push leaves out, the dtype it pushes
-through, the tensors it sends from the previous policy, and whether the refit skips the prefix
-cache reset, and which push it plants into (``trainer`` or ``trainer_refit``). The runner
-refuses such a case unless the execution policy authorizes test-only backends, exactly as it
-refuses a test-only ``selected_logprob`` backend (the same flag: ``--allow-smoke-operators``).
-It lives beside the runtimes, not in the smoke package, because the vLLM runtime resolves the
-names and only the frontends may import the smoke package. Torch-free; knows nothing about engines
-(``runtimes.weight_push`` applies the variant, ``runtimes.vllm.adapter`` resolves the name).
+(``plan.knobs.PLANTED_SYNC_PREFIX``; planning refuses a name that is not here): each says what the
+push leaves out, the dtype it pushes through, the tensors it sends from the previous policy, whether
+the refit skips the prefix cache reset, and which push it plants into (``trainer`` or
+``trainer_refit``). The runner refuses such a case unless the execution policy authorizes test-only
+backends, exactly as it refuses a test-only ``selected_logprob`` backend (the same flag:
+``--allow-smoke-operators``). It lives in planning, not in the smoke package, because planning
+checks the names and only the frontends may import the smoke package. Torch-free and typing-free;
+knows nothing about engines (``execute.side_settings`` resolves the name once per case,
+``runtimes.weight_push`` applies the variant).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from typing import Final
 
 EMBEDDING: Final = "model.embed_tokens.weight"
 LM_HEAD: Final = "lm_head.weight"
