@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 from pathlib import Path
 
 from pytest_logprob_drift.errors import ExitCode, UsageError, one_line
@@ -53,6 +52,8 @@ def tiny_command(args: argparse.Namespace, out: TextIO) -> int:
     output = Path(args.output)
     if os.path.lexists(output):
         raise UsageError(f"{one_line(str(output))}: already exists; tiny never overwrites")
+    import shutil  # not at import: ``plan`` builds this parser and must not load shutil
+
     from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 
     resolved = resolve_checkpoint(TINY_SCHEME + args.name, expected_digest=None)
