@@ -190,6 +190,15 @@ def cli(
     return code, out.getvalue(), err.getvalue()
 
 
+def cli_completed(
+    *args: str | Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``cli(*args, env=env, cwd=cwd)`` shaped like a finished process (``returncode``,
+    ``stdout``, ``stderr``)."""
+    code, out, err = cli(*args, env=env, cwd=cwd)
+    return subprocess.CompletedProcess([str(a) for a in args], code, out, err)
+
+
 def run_s0(
     artifacts: Path, *extra: str, env: Mapping[str, str] | None = None
 ) -> tuple[int, str, str]:

@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 from tests.drift_testing import ROOT
 from tests.resealing import reseal
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 DATA = ROOT / "tests" / "data" / "pre_issue20"
 CONFIG = DATA / "smoke.json"

@@ -57,7 +57,7 @@ from tests.test_hardening_sealed_fuzz import (
     wrong_values,
 )
 
-pytestmark = pytest.mark.slow  # each example renders a report page (seconds)
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # each example renders a report page (seconds)
 
 EXAMPLES = 20
 PARTS = ("layers", "path_split", "importance_sampling")
