@@ -230,7 +230,7 @@ def test_baseline_repeats_are_bounded_in_the_settings() -> None:
             run_settings(spelling, baseline_repeats=bad, **common)
 
 
-@pytest.mark.process  # an alarm bound: unbounded, the command seals until the disk is full
+@pytest.mark.process  # a CPU-time bound: unbounded, the command seals until the disk is full
 def test_a_huge_baseline_repeats_is_refused_before_anything_is_sealed(
     tmp_path: Path, s0: pytest.Pytester, cli_process: ForkServer
 ) -> None:
