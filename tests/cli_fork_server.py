@@ -1,20 +1,21 @@
 """A process that runs ``logprob-drift`` commands, each in a forked child under resource bounds.
 
-Test support for every test that runs a CLI command as a process where the process start is
-not what it proves (the client, and the session fixture ``cli_process``, are
-``tests/cli_processes.py``): importing torch, matplotlib, transformers' ``AutoTokenizer`` and
-the command modules takes seconds, running one command on a small input a fraction of one, so
-this server imports them once and forks a child per command. The child is the CLI process of
-that command: its stdin is ``/dev/null``, its stdout and stderr go to files, its environment
-and working directory are those of the request (the standard streams follow its
-``PYTHONIOENCODING``, as at an interpreter's start), its address space is capped (``RLIMIT_AS``:
-the server's own plus ``memory_bytes``), an interval timer kills it (``SIGALRM``) after
-``seconds``, and it ends the way ``python -m pytest_logprob_drift`` ends: the exit code
-``main`` returns (``SystemExit`` from argparse), or a Python traceback on stderr and exit 1 for
-an exception that escapes (what the interpreter does); then the ``atexit`` handlers run and the
-standard streams are flushed. The server runs torch with one thread (``OMP_NUM_THREADS=1``, so
-no thread pool is inherited half-started by a child) and may run a command once itself
-(``warm``: matplotlib's caches, which every child then inherits).
+Test support for every test that runs a CLI command as a process where the process start is not what
+it proves (the client, and the session fixture ``cli_process``, are ``tests/cli_processes.py``):
+importing torch, matplotlib, transformers' ``AutoTokenizer`` and the command modules takes seconds,
+running one command on a small input a fraction of one, so this server imports them once and forks a
+child per command. The child is the CLI process of that command: its stdin is ``/dev/null``, its
+stdout and stderr go to files, its environment and working directory are those of the request (the
+standard streams follow its ``PYTHONIOENCODING``, as at an interpreter's start), its address space
+is capped (``RLIMIT_AS``: the server's own plus ``memory_bytes``), an interval timer kills it
+(``SIGPROF``) after ``seconds`` of its CPU time, and another (``SIGALRM``) after ``WALL_BACKSTOP``
+times as much wall time (a child blocked for ever: a FIFO nobody opens), and it ends the way
+``python -m pytest_logprob_drift`` ends: the exit code ``main`` returns (``SystemExit`` from
+argparse), or a Python traceback on stderr and exit 1 for an exception that escapes (what the
+interpreter does); then the ``atexit`` handlers run and the standard streams are flushed. The server
+runs torch with one thread (``OMP_NUM_THREADS=1``, so no thread pool is inherited half-started by a
+child) and may run a command once itself (``warm``: matplotlib's caches, which every child then
+inherits).
 
 What a child does not see the way a fresh interpreter does: anything read from the environment
 at import time by the modules imported here (the request's ``env`` is set before ``main``, after
@@ -25,13 +26,13 @@ Protocol: one JSON object per line on stdin, one per line on stdout back.
 
 - ``{"argv", "stdout", "stderr"}`` (file paths), optionally ``env`` (name -> value, or None to
   remove it, in the child only), ``cwd``, ``seconds`` (a float) and ``memory_bytes`` (else the
-  server's ``--seconds`` and ``--memory-bytes``). ``argv`` holds what ``sys.argv[1:]`` would: a
-  path that is not UTF-8 as ``os.fsdecode`` gives it (lone surrogates, which JSON carries as
-  ``\\udcXX`` escapes). Answered with ``code`` (None when killed), ``signal``, ``wall_s``,
-  ``rss_growth_bytes`` (the child's peak resident set, ``VmHWM``, above its resident set at the
-  fork; None when it was killed) and ``children_rss_bytes`` (the largest peak resident set of
-  a process the child started and waited for, e.g. the chat template renderer; 0 when none;
-  None when it was killed).
+  server's ``--seconds`` and ``--memory-bytes``). ``argv`` holds what ``sys.argv[1:]`` would: a path
+  that is not UTF-8 as ``os.fsdecode`` gives it (lone surrogates, which JSON carries as ``\\udcXX``
+  escapes). Answered with ``code`` (None when killed), ``signal``, ``wall_s``, ``cpu_s`` (the
+  child's user and system CPU time), ``rss_growth_bytes`` (the child's peak resident set, ``VmHWM``,
+  above its resident set at the fork; None when it was killed) and ``children_rss_bytes`` (the
+  largest peak resident set of a process the child started and waited for, e.g. the chat template
+  renderer; 0 when none; None when it was killed).
 - ``{"warm": argv}``: run in the server itself, answered with its ``code``.
 """
 
@@ -48,6 +49,11 @@ import sys
 import time
 import traceback
 from typing import Any
+
+WALL_BACKSTOP = 10
+"""How many times its CPU-time bound a child may take in wall time: a backstop for a child that
+waits without using CPU; on a machine shared with other work a busy child gets a fraction of a
+core, so its wall time is a multiple of its CPU time."""
 
 
 def _address_space() -> int:
@@ -106,8 +112,11 @@ def _child(request: dict[str, Any], memory: int, seconds: float) -> None:
         _standard_streams(os.environ.get("PYTHONIOENCODING"))
         limit = _address_space() + int(request.get("memory_bytes") or memory)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.setitimer(signal.ITIMER_REAL, float(request.get("seconds") or seconds))
+        bound = float(request.get("seconds") or seconds)
+        for number in (signal.SIGPROF, signal.SIGALRM):
+            signal.signal(number, signal.SIG_DFL)
+        signal.setitimer(signal.ITIMER_PROF, bound)
+        signal.setitimer(signal.ITIMER_REAL, bound * WALL_BACKSTOP)
         from pytest_logprob_drift.cli import main
 
         argv: list[str] = request["argv"]
@@ -166,7 +175,7 @@ def serve(memory: int, seconds: float) -> None:
         pid = os.fork()
         if pid == 0:
             _child(request, memory, seconds)
-        _, status = os.waitpid(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
         wall_s = time.monotonic() - start
         rss_growth: int | None = None
         children_rss: int | None = None
@@ -183,6 +192,7 @@ def serve(memory: int, seconds: float) -> None:
             "code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "wall_s": wall_s,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
             "rss_growth_bytes": rss_growth,
             "children_rss_bytes": children_rss,
         }

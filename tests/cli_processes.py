@@ -1,18 +1,19 @@
 """CLI commands as processes, forked from one server that imported the CLI once.
 
-Owns the client of ``tests/cli_fork_server.py``: ``ForkServer`` (one server process; each call
-runs ``logprob-drift ARGV`` as a child forked from it, under a wall-time and an address-space
-bound) and ``Finished`` (what the child did: exit code or signal, stdout, stderr, wall time,
-peak resident growth). ``tests/conftest.py`` exposes one server per test process (per xdist
-worker) as the session fixture ``cli_process``: started as soon as the session's tests are
-collected when one of them uses it (its imports overlap the first tests), waited for at its first
-command and closed at the end of the session.
+Owns the client of ``tests/cli_fork_server.py``: ``ForkServer`` (one server process; each call runs
+``logprob-drift ARGV`` as a child forked from it, under a CPU-time and an address-space bound) and
+``Finished`` (what the child did: exit code or signal, stdout, stderr, wall time, CPU time, peak
+resident growth). ``tests/conftest.py`` exposes one server per test process (per xdist worker) as
+the session fixture ``cli_process``, for ``process`` tests only: started at the first test that asks
+for it, closed at the end of the session.
 
-Use it where a test needs a command as a process (its exit code, its streams, its bounds, a
-file system seen from another process) but not the start of a fresh interpreter: a child
-starts in milliseconds where ``python -m pytest_logprob_drift`` spends seconds importing torch
-and transformers. Tests about the process start itself (which modules get imported, the entry
-point, installed entry points) start a real interpreter.
+Use it where a test needs a command as a process for its bounds (a hang ended by a timer, a
+read without end by ``RLIMIT_AS``), its real standard streams or its argv, and many such
+commands (a property test's examples): a child starts in milliseconds where
+``python -m pytest_logprob_drift`` spends seconds importing torch and transformers. A test that
+asks only for an exit code and the streams runs the command in process
+(``drift_testing.cli``); tests about the process start itself (which modules get imported, the
+entry point, installed entry points) start a real interpreter.
 
 The child's environment is the one a ``subprocess`` started now would inherit (this process's
 ``os.environ``, with the server's ``OMP_NUM_THREADS=1`` and ``PYTHONPATH`` kept) plus the call's
@@ -35,8 +36,8 @@ from drift_testing import ROOT
 
 SERVER = ROOT / "tests" / "cli_fork_server.py"
 DEFAULT_SECONDS = 120.0
-"""Wall-time bound of a command unless the call states its own: far above any command of the
-fast loop on a loaded machine; a hang still ends."""
+"""CPU-time bound of a command unless the call states its own (its wall-time backstop is ten
+times as long): far above any command of the suite; a loop without end still ends."""
 DEFAULT_MEMORY_BYTES = 4 << 30
 """Address-space growth a command may have unless the call states its own."""
 _KEPT = frozenset({"OMP_NUM_THREADS", "PYTHONPATH"})
@@ -54,6 +55,8 @@ class Finished:
     """The exit code (None: killed by ``signal``)."""
     signal: int | None
     wall_s: float
+    cpu_s: float
+    """The child's user and system CPU time (what its time bound counts)."""
     rss_growth_bytes: int
     """The peak resident set above the one at the fork (-1: killed before it could say)."""
     children_rss_bytes: int
@@ -77,7 +80,7 @@ class Finished:
     def describe(self) -> str:
         return (
             f"{' '.join(self.argv)}: code {self.code} signal {self.signal} "
-            f"{self.wall_s:.1f}s +{self.rss_growth_bytes >> 20} MiB\n"
+            f"{self.wall_s:.1f}s ({self.cpu_s:.1f}s CPU) +{self.rss_growth_bytes >> 20} MiB\n"
             f"--- stdout ---\n{self.stdout[-3000:]}\n--- stderr ---\n{self.stderr[-3000:]}"
         )
 
@@ -121,9 +124,7 @@ class ForkServer:
         self.count = 0
 
     def _await_ready(self) -> None:
-        """Wait, once, for the server's imports to finish: it is started before it is needed
-        (``tests/conftest.py`` starts it once the session's tests are collected, so its imports
-        overlap the first tests on another core) and waited for at its first command."""
+        """Wait, once, for the server's imports to finish (at its first command)."""
         if self.ready:
             return
         assert self.process.stdout is not None
@@ -150,8 +151,9 @@ class ForkServer:
         memory_bytes: int | None = None,
     ) -> Finished:
         """``logprob-drift ARGV`` as a child: ``env`` set (None: removed) in its environment,
-        in ``cwd``, bounded by ``seconds`` of wall time and ``memory_bytes`` of address space
-        above the server's (else the server's bounds)."""
+        in ``cwd``, bounded by ``seconds`` of CPU time (ten times as much wall time: a child
+        blocked for ever still ends) and ``memory_bytes`` of address space above the server's
+        (else the server's bounds)."""
         assert self.process.stdin is not None and self.process.stdout is not None
         self._await_ready()
         self.count += 1
@@ -177,6 +179,7 @@ class ForkServer:
             code=reply["code"],
             signal=reply["signal"],
             wall_s=reply["wall_s"],
+            cpu_s=reply["cpu_s"],
             rss_growth_bytes=-1 if reply["rss_growth_bytes"] is None else reply["rss_growth_bytes"],
             children_rss_bytes=(
                 -1 if reply["children_rss_bytes"] is None else reply["children_rss_bytes"]

@@ -1,16 +1,19 @@
-"""Shared fixtures and markers of the suite.
+"""Shared fixtures, markers and hypothesis profiles of the suite.
 
-``slow`` marks every test that starts a real engine (a transformers model, FSDP rank
-processes, a vLLM engine), a browser, a pytest-xdist sub-session or the kill -9 loop;
-``pytest -m "not slow"`` is the fast loop. Repository paths and the
-runner wiring live in ``drift_testing`` (importable because this directory is on sys.path);
-``cli_process`` runs ``logprob-drift`` commands as processes forked from one server per test
-process (``cli_processes``).
+Markers by cost (pyproject's ``markers``): ``slow`` for a test that starts a real engine (a
+transformers model, FSDP rank processes, a vLLM engine), a browser, a pytest-xdist sub-session
+or the kill -9 loop; ``process`` for one that needs a fresh interpreter, ``sys.modules`` at
+exit, an ``RLIMIT_AS`` or timer bound, or non-UTF-8 argv. The fast loop is
+``pytest -n 2 -m "not slow and not process"``; CI runs everything. Hypothesis draws
+``HYPOTHESIS_PROFILE`` examples: ``dev`` (the default, small budgets) or ``ci`` (set by
+``.ci/run``). Repository paths and the runner wiring live in ``drift_testing`` (importable
+because this directory is on sys.path); ``cli_process``, for ``process`` tests only, runs
+``logprob-drift`` commands as processes forked from one server per test process
+(``cli_processes``).
 """
 
 from __future__ import annotations
 
-import atexit
 import gc
 import os
 import shutil
@@ -18,11 +21,10 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cli_processes import ForkServer
-from early import SESSION, in_an_xdist_worker, marked_work, value_for, yield_to_the_tests
+from hypothesis import settings
 from tmpfs import small_tmpfs
 
 # The suite keeps Python's compiled-module cache on (``__pycache__``, git-ignored) even where the
@@ -40,6 +42,14 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # this process and the same run in a subprocess agree bitwise only at the same thread count,
 # which this also keeps. Set ``OMP_NUM_THREADS`` to choose otherwise.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Example budgets (a test states its own ``max_examples`` only where it needs fewer, e.g. each
+# example starts processes). ``ci``: hypothesis' default budget, what CI has always run; ``dev``:
+# a tenth of it, for the fast loop. No deadline in either: a shared machine's timing is no
+# property of the code.
+settings.register_profile("ci", max_examples=100, deadline=None)
+settings.register_profile("dev", max_examples=10, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.fixture(autouse=True)
@@ -79,33 +89,19 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mount
 
 
-_EARLY_SERVER: list[ForkServer] = []
-"""The fork server started once the session's tests are collected, if one of them uses it."""
-
-
-@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
-def pytest_collection_modifyitems(
-    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-) -> None:
-    """Start the ``cli_process`` server now when a collected test uses it: its imports (about
-    5 s of torch and transformers) then overlap the tests before its first use. Then start the
-    selected tests' ``early`` work (``tests/early.py``) on one background thread."""
-    if not _EARLY_SERVER and any(
-        "cli_process" in getattr(item, "fixturenames", ()) for item in items
-    ):
-        scratch = Path(tempfile.mkdtemp(prefix="logprob-drift-cli-process-"))
-        server = ForkServer(scratch)
-        if not in_an_xdist_worker():  # its imports, in the background
-            yield_to_the_tests(server.process.pid)
-        _EARLY_SERVER.append(server)
-    SESSION.start(work for item in items if (work := marked_work(item)) is not None)
-
-
-@pytest.fixture
-def early(request: pytest.FixtureRequest) -> Any:
-    """What the test's ``pytest.mark.early(work)`` gave: ``work()``'s value, computed in the
-    background since collection ended (``tests/early.py``), or here if it had not started."""
-    return value_for(request)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses ``cli_process`` without the ``process`` mark is a usage error: the fork
+    server's imports (seconds) stay out of the fast loop."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "cli_process" in getattr(item, "fixturenames", ())
+        and item.get_closest_marker("process") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            f"uses cli_process without @pytest.mark.process: {', '.join(unmarked)}"
+        )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -119,54 +115,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.set_threshold(young, middle, 100)
 
 
-_FINISHED: list[pytest.Session] = []
-"""The session, once it has finished (its exit status is the process's)."""
-
-
-def _exit_without_teardown() -> None:
-    """Run every other ``atexit`` handler, then end the process with the session's status,
-    skipping Python's finalization of its heap: what torch, transformers and vLLM leave (over
-    a million objects, native destructors) took 2-4 s of wall time after the last test, and
-    checks nothing. Registered last (at unconfigure), so it runs first and no handler runs
-    twice."""
-    atexit.unregister(_exit_without_teardown)
-    atexit._run_exitfuncs()  # the others, last registered first, as at any exit
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(int(_FINISHED[-1].exitstatus))
-
-
-def _pytest_is_the_program() -> bool:
-    """Whether this process is ``pytest`` or ``python -m pytest`` (whose exit status is the
-    session's), not a program that called ``pytest.main`` and goes on."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    return getattr(spec, "name", None) == "pytest.__main__" or Path(sys.argv[0]).name in {
-        "pytest",
-        "py.test",
-    }
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Close an early server no test ended up using (``-x``, a deselecting ``-k``), and end the
-    early work (what has not started is dropped)."""
-    _FINISHED.append(session)
-    SESSION.finish()
-    while _EARLY_SERVER:
-        server = _EARLY_SERVER.pop()
-        server.close()
-        shutil.rmtree(server.scratch, ignore_errors=True)
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Give the frozen heap back (a native extension such as triton's reports what was never
-    finalized as leaks when the heap is torn down). A test process of its own (``pytest``,
-    no pytest-xdist workers and not one of them) whose session finished then exits without
-    that teardown (``_exit_without_teardown``)."""
+    finalized as leaks when the heap is torn down)."""
     gc.unfreeze()
-    alone = getattr(config.option, "dist", "no") == "no" and not in_an_xdist_worker()
-    if alone and _FINISHED and _pytest_is_the_program():
-        atexit.register(_exit_without_teardown)
 
 
 @pytest.fixture(scope="session")
@@ -174,14 +126,9 @@ def cli_process() -> Iterator[ForkServer]:
     """``cli_process(*argv, env=, cwd=, seconds=, memory_bytes=)``: ``logprob-drift ARGV`` as a
     child forked from one server per test process (per xdist worker) that imported torch,
     matplotlib, transformers' ``AutoTokenizer`` and the CLI once: a ``Finished`` (exit code,
-    stdout, stderr, wall time, peak resident growth). Started once the tests are collected
-    (or at the first test that asks for it), closed at the end of the session. See
-    ``cli_processes``."""
-    server = (
-        _EARLY_SERVER.pop()
-        if _EARLY_SERVER
-        else ForkServer(Path(tempfile.mkdtemp(prefix="logprob-drift-cli-process-")))
-    )
+    stdout, stderr, wall time, peak resident growth). Started at the first ``process`` test
+    that asks for it, closed at the end of the session. See ``cli_processes``."""
+    server = ForkServer(Path(tempfile.mkdtemp(prefix="logprob-drift-cli-process-")))
     try:
         yield server
     finally:

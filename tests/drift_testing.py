@@ -8,6 +8,7 @@ guard, output).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -159,18 +160,43 @@ class FaultyCpuSmokeAdapter(CpuSmokeAdapter):
         return {**super().environment(identity), "scorer_fault": self.fault}
 
 
-def cli(*args: str | Path, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+def cli(
+    *args: str | Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> tuple[int, str, str]:
     """``logprob-drift ARGS`` in this process: exit code, stdout, stderr (``env`` is added to
-    the environment for the call and taken out again)."""
+    the environment for the call and taken out again; ``cwd``: the working directory for the
+    call). What argparse writes to ``sys.stdout``/``sys.stderr`` is captured too, and its
+    ``SystemExit`` gives the exit code, as the process's would."""
     out, err = io.StringIO(), io.StringIO()
     saved = dict(os.environ)
     os.environ.update(env or {})
+    before = os.getcwd()
     try:
-        code = cli_main([str(a) for a in args], out=out, err=err)
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli_main([str(a) for a in args], out=out, err=err)
+            except SystemExit as exc:
+                if exc.code is None or isinstance(exc.code, int):
+                    code = exc.code or 0
+                else:
+                    print(exc.code, file=err)
+                    code = 1
     finally:
+        os.chdir(before)
         os.environ.clear()
         os.environ.update(saved)
     return code, out.getvalue(), err.getvalue()
+
+
+def cli_completed(
+    *args: str | Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``cli(*args, env=env, cwd=cwd)`` shaped like a finished process (``returncode``,
+    ``stdout``, ``stderr``)."""
+    code, out, err = cli(*args, env=env, cwd=cwd)
+    return subprocess.CompletedProcess([str(a) for a in args], code, out, err)
 
 
 def run_s0(

@@ -61,7 +61,7 @@ def batch(
     )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(
     data=st.data(),
     samples=st.integers(min_value=1, max_value=4),
@@ -474,7 +474,6 @@ def test_plugin_refuses_a_bad_repeat_count(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*--drift-baseline-repeats '0': expected a positive integer*"])
 
 
-@settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.floats(min_value=0, max_value=1e3, allow_nan=False), min_size=1, max_size=300),
     st.sampled_from([0.5, 0.9, 0.99, 1.0]),
@@ -488,7 +487,6 @@ def test_exact_quantile_is_torchs_linear_quantile(values: list[float], q: float)
     )
 
 
-@settings(max_examples=30, deadline=None)
 @given(
     st.lists(
         st.lists(st.floats(min_value=0, max_value=1e3, allow_nan=False), max_size=40),

@@ -1,25 +1,21 @@
 """The ``run``, ``verify`` and ``report`` commands: exit codes, messages, resume, tamper
 detection per sealed file, and the HTML report.
 
-The process's side of it (exit code, the standard streams as a process has them) runs as
-children forked from the session's server that imported the CLI once (the ``cli_process``
-fixture, ``tests/cli_processes.py``): ``run`` exiting 0 (the shared run), 1 with ``--json``
-leaving stdout to the document, 2 with one error line; ``verify --json`` exiting 0 with stdout
-the document only. What is then asked of the same commands (a malformed ``--expect``, the HTML
-report, tamper detection and the run after it) runs in this process (``drift_testing.cli``);
-the real interpreter start of the CLI is ``tests/test_hardening_startup``."""
+Every command runs in this process (``drift_testing.cli``: its exit code and the streams
+``main`` and argparse write): ``run`` exiting 0 (the shared run), 1 with ``--json`` leaving
+stdout to the document, 2 with one error line; ``verify --json`` exiting 0 with stdout the
+document only; a malformed ``--expect``, the HTML report, tamper detection and the run after
+it. The real interpreter start of the CLI is ``tests/test_hardening_startup``."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_processes import ForkServer
-from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0
+from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0, cli_completed
 from drift_testing import cli as in_process
 
 from pytest_logprob_drift.cli import main
@@ -32,13 +28,6 @@ EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
 SEALED_FILES = tuple(sorted(ATTEMPT_FILES))
 
 
-def in_process_completed(*args: str) -> subprocess.CompletedProcess[str]:
-    """``logprob-drift ARGS`` in this process (``drift_testing.cli``), shaped like ``cli``'s
-    result."""
-    code, out, err = in_process(*args)
-    return subprocess.CompletedProcess(list(args), code, out, err)
-
-
 def run_args(artifacts: Path, *extra: str, config: Path = S0) -> list[str]:
     return ["run", str(config), "--runtime", "cpu-smoke", "--artifacts", str(artifacts), *extra]
 
@@ -48,11 +37,13 @@ def attempts(run_dir: Path) -> set[Path]:
 
 
 @pytest.fixture(scope="module")
-def s0_run(cli_process: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One S0 run through the CLI (a forked child) with the offset case expected to mismatch."""
+def s0_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One S0 run through the CLI with the offset case expected to mismatch."""
     cwd = tmp_path_factory.mktemp("cli")
     artifacts = cwd / "runs"
-    proc = cli_process(*run_args(artifacts, "--allow-smoke-operators", "--expect", EXPECT), cwd=cwd)
+    proc = cli_completed(
+        *run_args(artifacts, "--allow-smoke-operators", "--expect", EXPECT), cwd=cwd
+    )
     return {"cwd": cwd, "artifacts": artifacts, "run_dir": artifacts / "s0-cpu-smoke", "proc": proc}
 
 
@@ -75,10 +66,10 @@ def test_run_with_expectation_exits_0(s0_run: dict[str, Any]) -> None:
 
 
 def test_second_run_without_expectation_reuses_everything_and_exits_1(
-    s0_run: dict[str, Any], cli_process: ForkServer
+    s0_run: dict[str, Any],
 ) -> None:
     before = attempts(s0_run["run_dir"])
-    proc = cli_process(
+    proc = cli_completed(
         *run_args(s0_run["artifacts"], "--allow-smoke-operators", "--json"), cwd=s0_run["cwd"]
     )
     assert proc.returncode == 1, proc.stderr
@@ -93,11 +84,10 @@ def test_second_run_without_expectation_reuses_everything_and_exits_1(
     assert "(reused)" in proc.stderr  # live progress goes to stderr under --json
 
 
-def test_refusals_exit_2_with_one_clear_line(tmp_path: Path, cli_process: ForkServer) -> None:
-    """Without --allow-smoke-operators (a process), and with a malformed --expect (in this
-    process: the same exit 2 and one line, from the same ``main``)."""
-    unauthorized = cli_process(*run_args(tmp_path / "a"), cwd=tmp_path)
-    bad_expect = in_process_completed(
+def test_refusals_exit_2_with_one_clear_line(tmp_path: Path) -> None:
+    """Without --allow-smoke-operators, and with a malformed --expect: exit 2 and one line."""
+    unauthorized = cli_completed(*run_args(tmp_path / "a"), cwd=tmp_path)
+    bad_expect = cli_completed(
         *run_args(tmp_path / "b", "--allow-smoke-operators", "--expect", "no-outcome-here")
     )
 
@@ -130,12 +120,12 @@ def test_bad_expect_values_exit_2_in_process(
 
 
 def test_verify_agrees_with_every_comparison_and_report_writes_html(
-    s0_run: dict[str, Any], cli_process: ForkServer, capsys: pytest.CaptureFixture[str]
+    s0_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = s0_run["run_dir"]
     target = s0_run["cwd"] / "report" / "s0.html"
-    verify = cli_process("verify", str(run_dir), "--json", cwd=s0_run["cwd"])
-    report = in_process_completed("report", str(run_dir), "--html", str(target))
+    verify = cli_completed("verify", str(run_dir), "--json", cwd=s0_run["cwd"])
+    report = cli_completed("report", str(run_dir), "--html", str(target))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     document = json.loads(verify.stdout)
     assert document["invalid"] == 0

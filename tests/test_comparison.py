@@ -29,7 +29,7 @@ from pytest_logprob_drift.numerics.verdict import (
 from pytest_logprob_drift.outcomes import Outcome
 
 THRESHOLD = resolve_contract("ws1", "current").threshold
-SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow])
 
 DIAGNOSTIC_KEYS = {
     "mean_abs_diff",

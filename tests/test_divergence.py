@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_logprob_drift.numerics.divergence_file import summarize
@@ -96,7 +96,6 @@ def pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, int]:
     return out[0], out[1], chunk
 
 
-@settings(max_examples=150, deadline=None)
 @given(pairs())
 def test_reductions_match_float64(case: tuple[torch.Tensor, torch.Tensor, int]) -> None:
     x, y, chunk = case
@@ -104,7 +103,6 @@ def test_reductions_match_float64(case: tuple[torch.Tensor, torch.Tensor, int]) 
     assert_close(got, reference(x, y))
 
 
-@settings(max_examples=40, deadline=None)
 @given(pairs(), st.integers(1, 70))
 def test_chunk_size_does_not_matter(
     case: tuple[torch.Tensor, torch.Tensor, int], other: int
@@ -115,7 +113,6 @@ def test_chunk_size_does_not_matter(
     assert_close(a, b)
 
 
-@settings(max_examples=40, deadline=None)
 @given(pairs())
 def test_logits_and_logprobs_give_the_same_divergence(
     case: tuple[torch.Tensor, torch.Tensor, int],
@@ -183,7 +180,6 @@ def test_rejects_bad_inputs() -> None:
     assert empty.total_variation.shape == (0,)
 
 
-@settings(max_examples=30, deadline=None)
 @given(pairs(), st.integers(1, 8))
 def test_top_contributors_match_float64(
     case: tuple[torch.Tensor, torch.Tensor, int], k: int

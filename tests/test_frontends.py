@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from cli_processes import ForkServer
 from drift_testing import EXPERIMENTS, S0, cli, run_s0
-from early import scratch, starts_early
 
 from pytest_logprob_drift.errors import ExitCode, UsageError
 from pytest_logprob_drift.execute.settings import (
@@ -81,49 +80,34 @@ def heavy_modules_at_exit(cwd: Path, *args: str) -> tuple[int, list[str], str]:
     return rc, json.loads(heavy.split(" ", 1)[1].replace("'", '"')), proc.stdout + proc.stderr
 
 
-def _a_session_without_a_drift_config() -> tuple[int, list[str], str]:
-    """A pytest session of one trivial test, in a fresh interpreter: early work
-    (``tests/early.py``)."""
-    with scratch() as directory:
-        (directory / "test_trivial.py").write_text("def test_one():\n    assert True\n")
-        return heavy_modules_at_exit(
-            directory, "-q", "-p", "no:cacheprovider", "--rootdir", str(directory)
-        )
-
-
-@starts_early(_a_session_without_a_drift_config)
-def test_a_session_without_a_drift_config_imports_no_engine(
-    early: tuple[int, list[str], str],
-) -> None:
-    rc, heavy, output = early
+@pytest.mark.process  # sys.modules of a fresh interpreter at exit
+def test_a_session_without_a_drift_config_imports_no_engine(tmp_path: Path) -> None:
+    """A pytest session of one trivial test, in a fresh interpreter."""
+    (tmp_path / "test_trivial.py").write_text("def test_one():\n    assert True\n")
+    rc, heavy, output = heavy_modules_at_exit(
+        tmp_path, "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)
+    )
     assert rc == 0 and "1 passed" in output, output
     assert heavy == [], output
 
 
-def _collecting_every_shipped_config() -> tuple[int, list[str], str]:
+@pytest.mark.process  # sys.modules of a fresh interpreter at exit
+def test_collecting_every_shipped_config_imports_no_engine(tmp_path: Path) -> None:
     """``--collect-only`` with every shipped experiment as a drift config, in a fresh
-    interpreter: early work (``tests/early.py``)."""
+    interpreter."""
     configs = [
         arg for path in sorted(EXPERIMENTS.glob("*.json")) for arg in ("--drift-config", str(path))
     ]
-    with scratch() as directory:
-        return heavy_modules_at_exit(
-            directory,
-            "-q",
-            "--collect-only",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(directory),
-            *configs,
-        )
-
-
-@starts_early(_collecting_every_shipped_config)
-def test_collecting_every_shipped_config_imports_no_engine(
-    early: tuple[int, list[str], str],
-) -> None:
-    rc, heavy, output = early
+    rc, heavy, output = heavy_modules_at_exit(
+        tmp_path,
+        "-q",
+        "--collect-only",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(tmp_path),
+        *configs,
+    )
     assert rc == 0 and "tests collected" in output, output
     assert heavy == [], output
 
@@ -196,7 +180,7 @@ def test_an_empty_seal_key_option_is_a_usage_error_in_the_plugin(
 
 
 def test_a_key_file_that_is_not_a_regular_file_is_refused_without_blocking(
-    tmp_path: Path, s0: pytest.Pytester, cli_process: ForkServer
+    tmp_path: Path, s0: pytest.Pytester
 ) -> None:
     fifo = tmp_path / "key.fifo"
     os.mkfifo(fifo)
@@ -222,10 +206,10 @@ def test_a_key_file_that_is_not_a_regular_file_is_refused_without_blocking(
     with pytest.raises(UsageError, match=r"--f .*: not a regular file"):
         load_seal_key(file=str(tmp_path), flags=("--f", "--e"))
 
-    # the command as a process (a child of the session's fork server): an alarm ends a hang
-    proc = cli_process("verify", tmp_path, "--seal-key-file", fifo, seconds=60)
-    assert proc.returncode == ExitCode.USAGE_ERROR and proc.stderr.count("\n") == 1
-    assert "--seal-key-file" in proc.stderr and "not a regular file" in proc.stderr
+    # the command in this process (loading the key above did not block, so neither does it)
+    code, _, err = cli("verify", tmp_path, "--seal-key-file", fifo)
+    assert code == ExitCode.USAGE_ERROR and err.count("\n") == 1
+    assert "--seal-key-file" in err and "not a regular file" in err
     result = s0.runpytest_subprocess(*RUN, "--drift-seal-key-file", str(fifo), timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--drift-seal-key-file*: not a regular file*"])
@@ -246,6 +230,7 @@ def test_baseline_repeats_are_bounded_in_the_settings() -> None:
             run_settings(spelling, baseline_repeats=bad, **common)
 
 
+@pytest.mark.process  # a CPU-time bound: unbounded, the command seals until the disk is full
 def test_a_huge_baseline_repeats_is_refused_before_anything_is_sealed(
     tmp_path: Path, s0: pytest.Pytester, cli_process: ForkServer
 ) -> None:

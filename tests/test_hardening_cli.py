@@ -25,8 +25,7 @@ from pathlib import Path
 import pytest
 from cli_processes import ForkServer
 from drift_testing import OFFSET_EXPECT, S0, cli, run_s0
-from early import scratch, starts_early
-from tmpfs import fill, small_tmpfs
+from tmpfs import fill
 
 from pytest_logprob_drift.errors import ExitCode
 
@@ -150,30 +149,18 @@ def test_a_full_disk_while_the_run_directory_is_set_up(tiny_tmpfs: Path, leave: 
     assert leftovers == []
 
 
-def _s0_on_a_full_disk() -> subprocess.CompletedProcess[str] | str:
+@pytest.mark.process  # the real command, its streams flushed at a fresh interpreter's exit
+def test_a_full_disk_in_a_subprocess_has_no_traceback(tiny_tmpfs: Path) -> None:
     """The real command (``python -m pytest_logprob_drift``, a fresh interpreter) running S0
-    onto a full 64 KiB tmpfs, or why no tmpfs could be mounted: early work
-    (``tests/early.py``)."""
-    with scratch() as directory, small_tmpfs(directory / "small") as mount:
-        if isinstance(mount, str):
-            return mount
-        fill(mount)
-        command = [sys.executable, "-m", "pytest_logprob_drift", "run", str(S0), "--runtime"]
-        options = ["cpu-smoke", "--allow-smoke-operators", "--artifacts", str(mount / "runs")]
-        return subprocess.run(
-            [*command, *options], capture_output=True, text=True, timeout=120, check=False
-        )
-
-
-@starts_early(_s0_on_a_full_disk)
-def test_a_full_disk_in_a_subprocess_has_no_traceback(
-    early: subprocess.CompletedProcess[str] | str,
-) -> None:
-    """The real command on a full disk: one line, exit 3."""
-    if isinstance(early, str):
-        pytest.skip(early)
-    assert early.returncode == ExitCode.RUNTIME_FAILURE
-    assert "No space left on device" in one_error_line(early.stderr)
+    onto a full 64 KiB tmpfs: one line, exit 3."""
+    fill(tiny_tmpfs)
+    command = [sys.executable, "-m", "pytest_logprob_drift", "run", str(S0), "--runtime"]
+    options = ["cpu-smoke", "--allow-smoke-operators", "--artifacts", str(tiny_tmpfs / "runs")]
+    result = subprocess.run(
+        [*command, *options], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == ExitCode.RUNTIME_FAILURE
+    assert "No space left on device" in one_error_line(result.stderr)
 
 
 # ----------------------------------------------------------------------------- class 7
@@ -196,6 +183,7 @@ def test_expectations_that_select_cases_are_accepted(sealed: Path, tmp_path: Pat
     assert code == 0, err
 
 
+@pytest.mark.process  # RLIMIT_AS
 def test_running_out_of_memory_is_one_line_and_exit_3(
     tmp_path: Path, cli_process: ForkServer
 ) -> None:

@@ -5,10 +5,10 @@ A config (``plan``/``run`` CONFIG, the plugin's ``--drift-config``) and an
 (``CONFIG_FILE_LIMIT``, ``PROMPT_FILE_LIMIT``), checked before a byte is read: a FIFO, a
 device such as ``/dev/zero``, a directory or a huge sparse file is one line and exit 2 (in the
 plugin, a usage error or a collection error), never a hang or a whole-file read. Whatever
-could hang or exhaust memory if it regressed runs as a process with a wall-time bound (and,
-where it could read without end, an address-space bound): a command is a child forked from
-the session's server that imported the CLI once (the ``cli_process`` fixture,
-``tests/cli_processes.py``; its alarm ends a hang), the plugin a ``pytest`` subprocess.
+could hang or exhaust memory if it regressed runs as a process (``process`` tests) with a time
+bound (and, where it could read without end, an address-space bound): a command is a child
+forked from the session's server that imported the CLI once (the ``cli_process`` fixture,
+``tests/cli_processes.py``; its timers end a hang), the plugin a ``pytest`` subprocess.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from pytest_logprob_drift.errors import ConfigError, ExitCode
 
 pytest_plugins = ["pytester"]
 
-TIMEOUT = 60.0
-"""Seconds a command may take on a special file before the test calls it a hang."""
+TIMEOUT = 10.0
+"""CPU seconds a command may take on a special file before the test calls it a hang (planning
+takes a fraction of one; a command blocked on a FIFO ends at the fork server's wall-time
+backstop, ten times this)."""
 MEMORY = 512 << 20
 """Address space (bytes) a ``plan`` process may add to the fork server's: planning needs far
 less; an unbounded read of /dev/zero or of a 1 GiB sparse file does not fit."""
@@ -101,6 +103,7 @@ def sparse(path: Path, size: int) -> Path:
 # ----------------------------------------------------------------------------- plan and run
 
 
+@pytest.mark.process  # a timer ends a hang
 def test_plan_of_a_fifo_config_is_one_line_not_a_hang(logprob_drift: Command, fifo: Path) -> None:
     code, err = logprob_drift("plan", fifo)
     assert code == ExitCode.USAGE_ERROR
@@ -109,6 +112,7 @@ def test_plan_of_a_fifo_config_is_one_line_not_a_hang(logprob_drift: Command, fi
     )
 
 
+@pytest.mark.process  # a timer ends a hang
 def test_run_of_a_fifo_config_is_one_line_not_a_hang(
     logprob_drift: Command, fifo: Path, tmp_path: Path
 ) -> None:
@@ -120,6 +124,7 @@ def test_run_of_a_fifo_config_is_one_line_not_a_hang(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.process  # RLIMIT_AS ends an unbounded read
 def test_plan_of_dev_zero_is_refused_before_reading(
     logprob_drift: Command,
 ) -> None:
@@ -130,6 +135,7 @@ def test_plan_of_dev_zero_is_refused_before_reading(
     )
 
 
+@pytest.mark.process  # RLIMIT_AS ends an unbounded read
 def test_a_huge_sparse_config_is_refused_before_reading(
     logprob_drift: Command, tmp_path: Path
 ) -> None:
@@ -139,6 +145,7 @@ def test_a_huge_sparse_config_is_refused_before_reading(
     assert f"{1 << 30} bytes, larger than the limit of 16 MiB" in one_error_line(err)
 
 
+@pytest.mark.process  # a timer ends a hang, RLIMIT_AS an unbounded read
 @pytest.mark.parametrize(
     ("target", "kind"), [("fifo", "a FIFO"), ("/dev/zero", "a character device")]
 )
@@ -156,6 +163,7 @@ def test_a_prompt_file_that_is_a_special_file_is_one_line(
     assert line.endswith(f": not a regular file ({kind})")
 
 
+@pytest.mark.process  # RLIMIT_AS ends an unbounded read
 def test_a_1_gib_sparse_prompt_file_is_refused_before_reading(
     logprob_drift: Command, tmp_path: Path
 ) -> None:
@@ -211,6 +219,7 @@ def test_a_config_reached_through_a_symlink_still_loads(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- the plugin
 
 
+@pytest.mark.process  # a pytest process under a timeout ends a hang
 def test_the_plugin_says_not_a_regular_file_for_a_fifo_or_directory(
     pytester: pytest.Pytester,
 ) -> None:
@@ -225,6 +234,7 @@ def test_the_plugin_says_not_a_regular_file_for_a_fifo_or_directory(
         assert "file not found" not in result.stderr.str()
 
 
+@pytest.mark.process  # a pytest process under a timeout ends a hang
 def test_the_plugin_collects_a_config_with_a_fifo_prompt_file_as_one_error(
     pytester: pytest.Pytester,
 ) -> None:

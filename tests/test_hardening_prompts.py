@@ -1,18 +1,16 @@
 """Hostile input to ``prompts`` and ``init`` (issue 40, items 1-4, 6 and 7 for these commands).
 
 Every bad input ends in one line naming what and where, exit 2, no traceback and nothing
-written. Each command runs as a process: a child forked from the session's server that imported
-the CLI and transformers once (the ``cli_process`` fixture, ``tests/cli_processes.py``), with a
-wall-time bound (an alarm) and an address-space cap; what could hang or exhaust memory if it
-regressed has its wall time and peak resident sets (the command's growth above the fork, and
-its chat template renderer's, a process of its own) compared with those of an ordinary
-``prompts`` run measured the same way. One bomb (the 3 GB string) also runs as the real command
-(``python -m pytest_logprob_drift``) under a wrapper process that caps its address space and
-reads ``ru_maxrss``, compared with an ordinary run of the real command (a slow test):
+written. A command whose exit code and streams are all a test asks runs in this process
+(``drift_testing.cli``). What could hang or exhaust memory if it regressed (``process`` tests)
+runs as the real command (``python -m pytest_logprob_drift``) under a wrapper process that caps
+its address space and reads the CPU time and peak resident set of it and its chat template
+renderer (``RUSAGE_CHILDREN``), compared with an ordinary ``prompts`` run measured the same way:
+CPU time, not wall time, so a busy machine does not change the outcome.
 
 1. a chat template that never finishes (a loop bomb) or makes a 3 GB string ends at its bound
-   (``TEMPLATE_SECONDS``, the 1 MiB output bound) in one line naming the template's file, its
-   line and the bound; the sandbox still refuses ``__class__``, ``cycler`` and ``lipsum``
+   (``TEMPLATE_SECONDS`` of CPU time, the 1 MiB output bound) in one line naming the template's
+   file, its line and the bound; the sandbox still refuses ``__class__``, ``cycler`` and ``lipsum``
    escapes and keeps ``lipsum``, doubling and folding bombs within the bounds;
 2. ``--limit``/``--max-prompt-tokens`` at the largest value a prompt file may hold write a
    file ``init`` and ``plan`` accept; one more is refused where it is parsed (likewise
@@ -28,10 +26,10 @@ reads ``ru_maxrss``, compared with an ordinary run of the real command (a slow t
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -39,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_processes import ForkServer
-from early import starts_early
+from drift_testing import cli
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,10 +45,12 @@ import pytest_logprob_drift  # noqa: E402
 from pytest_logprob_drift.config.prompt_input import MAX_PROMPT_BYTES  # noqa: E402
 from pytest_logprob_drift.config.prompt_source import TOKENIZER_FILES  # noqa: E402
 from pytest_logprob_drift.errors import UsageError  # noqa: E402
+from pytest_logprob_drift.runtimes import chat_template  # noqa: E402
 from pytest_logprob_drift.runtimes.chat_template import (  # noqa: E402
     TEMPLATE_MEMORY_BYTES,
     TEMPLATE_SECONDS,
     ChatRenderer,
+    TemplateBoundError,
 )
 from pytest_logprob_drift.runtimes.tiny_model import (  # noqa: E402
     TINY_ARCHITECTURES,
@@ -60,19 +59,16 @@ from pytest_logprob_drift.runtimes.tiny_model import (  # noqa: E402
 
 LLAMA = next(a for a in TINY_ARCHITECTURES if a.name.startswith("llama"))
 PACKAGE_ROOT = str(Path(pytest_logprob_drift.__file__).resolve().parents[1])
-TIMEOUT = 180.0
-"""Seconds a command may take before the test calls it a hang (an ordinary ``prompts`` run
-takes about a second as a forked child, 5-15 s as a fresh interpreter, most of it importing
-transformers; before the fix the loop bomb ran on)."""
+TIMEOUT = 600.0
+"""Wall seconds a command may take before the test calls it a hang: a backstop only, far above
+any run on a loaded machine (an ordinary ``prompts`` run of the real command takes 5-15 s,
+most of it importing transformers; before the fix the loop bomb ran on)."""
 ADDRESS_SPACE = 4 << 30
 """Address-space cap of a fresh interpreter's command: room for transformers; a 3 GB string
 does not fit."""
-ADDRESS_SPACE_GROWTH = 2 << 30
-"""Address space a forked command may add to the server's (which imported transformers
-already): room for a tokenizer; a 3 GB string does not fit."""
-SLACK_SECONDS = 20.0
-"""How much longer than an ordinary run a refused bomb may take (its bound, plus a machine
-shared with other work)."""
+SLACK_CPU_SECONDS = TEMPLATE_SECONDS + 10.0
+"""How much more CPU time (user and system, the command and its renderer) than an ordinary run
+a refused bomb may take: the renderer's own bound, plus what importing transformers varies."""
 SLACK_RSS_KB = 128 * 1024
 """How much more than an ordinary run a refused bomb's peak resident set may be (KiB)."""
 
@@ -88,17 +84,18 @@ try:
     code, out, err = proc.returncode, proc.stdout, proc.stderr
 except subprocess.TimeoutExpired:
     code, out, err = None, "", "timed out"
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({{
     "code": code, "out": out, "err": err, "wall": time.monotonic() - start,
-    "rss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+    "cpu_s": usage.ru_utime + usage.ru_stime, "rss_kb": usage.ru_maxrss,
 }}))
 """
 
 
 def logprob_drift_process(*args: str | Path) -> dict[str, Any]:
     """``python -m pytest_logprob_drift ARGS`` (address space capped): its exit code (None: it
-    ran past ``TIMEOUT``), stdout, stderr, wall seconds and peak resident set (KiB) of it and
-    its children, measured by a wrapper process of its own."""
+    ran past ``TIMEOUT``), stdout, stderr, wall seconds, and the CPU seconds and peak resident
+    set (KiB) of it and its children, measured by a wrapper process of its own."""
     wrapper = _WRAPPER.format(cap=ADDRESS_SPACE, timeout=TIMEOUT)
     argv = [sys.executable, "-m", "pytest_logprob_drift", *map(str, args)]
     proc = subprocess.run(
@@ -113,27 +110,11 @@ def logprob_drift_process(*args: str | Path) -> dict[str, Any]:
     return result
 
 
-def forked(cli_process: ForkServer, *args: str | Path) -> dict[str, Any]:
-    """``logprob-drift ARGS`` as a forked child (``cli_process``; address space capped at
-    ``ADDRESS_SPACE_GROWTH`` above the server's): its exit code (None: killed, e.g. by the
-    alarm at ``TIMEOUT``), stdout, stderr, wall seconds, peak resident growth above the fork
-    (``rss_kb``) and the peak resident set of its chat template renderer (``children_rss_kb``;
-    0: none), in KiB."""
-    finished = cli_process(*args, seconds=TIMEOUT, memory_bytes=ADDRESS_SPACE_GROWTH)
-    return {
-        "code": finished.code,
-        "out": finished.stdout,
-        "err": finished.stderr,
-        "wall": finished.wall_s,
-        "rss_kb": finished.rss_growth_bytes // 1024,
-        "children_rss_kb": finished.children_rss_bytes // 1024,
-    }
-
-
-@pytest.fixture
-def logprob_drift(cli_process: ForkServer) -> Callable[..., dict[str, Any]]:
-    """``forked`` on the session's fork server."""
-    return functools.partial(forked, cli_process)
+def logprob_drift(*args: str | Path) -> dict[str, Any]:
+    """``logprob-drift ARGS`` in this process (``drift_testing.cli``): exit code, stdout,
+    stderr."""
+    code, out, err = cli(*args)
+    return {"code": code, "out": out, "err": err}
 
 
 def one_error_line(result: dict[str, Any], *needles: str) -> str:
@@ -188,29 +169,17 @@ def _ordinary(run: Callable[..., dict[str, Any]], llama: Path, root: Path) -> di
 
 
 @pytest.fixture(scope="module")
-def ordinary(
-    llama: Path, cli_process: ForkServer, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
-    """An ordinary chat ``prompts`` run as a forked child: the wall time and peak memory bombs
+def ordinary(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An ordinary chat ``prompts`` run of the real command: the CPU time and peak memory bombs
     run the same way are held to."""
-    root = tmp_path_factory.mktemp("ordinary")
-    return _ordinary(functools.partial(forked, cli_process), llama, root)
-
-
-@pytest.fixture(scope="module")
-def ordinary_process(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """An ordinary chat ``prompts`` run of the real command: what the one bomb run the same way
-    is held to."""
-    return _ordinary(logprob_drift_process, llama, tmp_path_factory.mktemp("ordinary-process"))
+    return _ordinary(logprob_drift_process, llama, tmp_path_factory.mktemp("ordinary"))
 
 
 def assert_bounded(result: dict[str, Any], ordinary: dict[str, Any]) -> None:
-    """Within ``SLACK_SECONDS`` and ``SLACK_RSS_KB`` of an ordinary run measured the same way
-    (the command; its renderer, where measured apart)."""
-    assert result["wall"] <= ordinary["wall"] + SLACK_SECONDS, (result["wall"], ordinary["wall"])
-    for key in ("rss_kb", "children_rss_kb"):
-        if key in ordinary:
-            assert 0 <= result[key] <= ordinary[key] + SLACK_RSS_KB, (key, result, ordinary)
+    """Within ``SLACK_CPU_SECONDS`` and ``SLACK_RSS_KB`` of an ordinary run measured the same
+    way (the command and its renderer)."""
+    assert result["cpu_s"] <= ordinary["cpu_s"] + SLACK_CPU_SECONDS, (result, ordinary)
+    assert 0 <= result["rss_kb"] <= ordinary["rss_kb"] + SLACK_RSS_KB, (result, ordinary)
 
 
 # ------------------------------------------------------------------ 1. the chat template
@@ -223,7 +192,7 @@ def assert_bounded(result: dict[str, Any], ordinary: dict[str, Any]) -> None:
             "loop",
             "{{ bos_token }}\n{% for a in range(100000) %}{% for b in range(100000) %}"
             "{% endfor %}{% endfor %}",
-            [f"ran longer than its bound of {TEMPLATE_SECONDS:g} s at template line 2"],
+            [f"used more than its bound of {TEMPLATE_SECONDS:g} s of CPU time", "template line 2"],
         ),
         (
             "multiplication",
@@ -235,8 +204,8 @@ def assert_bounded(result: dict[str, Any], ordinary: dict[str, Any]) -> None:
         ),
     ],
 )
+@pytest.mark.process  # the real command, its address space capped, its CPU time measured
 def test_a_template_bomb_ends_at_its_bound_in_one_line(
-    logprob_drift: Callable[..., dict[str, Any]],
     llama: Path,
     ordinary: dict[str, Any],
     tmp_path: Path,
@@ -244,7 +213,9 @@ def test_a_template_bomb_ends_at_its_bound_in_one_line(
     template: str,
     needles: list[str],
 ) -> None:
-    assert_template_bomb_refused(logprob_drift, llama, tmp_path / name, template, needles, ordinary)
+    assert_template_bomb_refused(
+        logprob_drift_process, llama, tmp_path / name, template, needles, ordinary
+    )
 
 
 def assert_template_bomb_refused(
@@ -275,32 +246,14 @@ def assert_template_bomb_refused(
     assert not output.exists()
 
 
-@pytest.mark.slow  # two fresh interpreters importing transformers (about 11 s)
-def test_a_template_bomb_of_the_real_command_ends_at_its_bound(
-    llama: Path, ordinary_process: dict[str, Any], tmp_path: Path
-) -> None:
-    """The 3 GB string as ``python -m pytest_logprob_drift`` in a fresh interpreter whose
-    address space is capped (``ADDRESS_SPACE``, by a wrapper process that also reads the peak
-    resident set of it and its renderer): the same one line, bounded like an ordinary run of
-    the real command."""
-    assert_template_bomb_refused(
-        logprob_drift_process,
-        llama,
-        tmp_path / "multiplication",
-        "{{ bos_token }}\n\n{{ 'x' * 3000000000 }}",
-        ["makes a value of 3000000000 characters (over the bound of 1 MiB)", "at template line 3"],
-        ordinary_process,
-    )
-
-
 def _rendered(template: str, content: str = "hi") -> str:
     with ChatRenderer(template, {"bos_token": "<s>"}, "tokenizer_config.json") as renderer:
         return renderer.render([{"role": "user", "content": content}], "p.jsonl:1")
 
 
 def _refusal(template: str) -> str | None:
-    """The one-line refusal rendering ``template`` raises (None: it rendered): early work
-    (``tests/early.py``), each in its own renderer process."""
+    """The one-line refusal rendering ``template`` raises (None: it rendered), in a renderer
+    process of its own."""
     try:
         _rendered(template)
     except UsageError as exc:
@@ -314,7 +267,7 @@ BOMBS = [
     ("{{ lipsum.__globals__.os }}", ["refused it", "'__globals__'", "unsafe"]),
     (
         "{% set x = lipsum(n=10000000) %}x",
-        [f"ran longer than its bound of {TEMPLATE_SECONDS:g}"],
+        [f"used more than its bound of {TEMPLATE_SECONDS:g} s of CPU time"],
     ),
     (
         "{% set ns = namespace(s='x') %}\n{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
@@ -345,16 +298,34 @@ BOMBS = [
 
 @pytest.mark.parametrize(
     ("template", "needles"),
-    [pytest.param(t, n, marks=starts_early(functools.partial(_refusal, t))) for t, n in BOMBS],
+    BOMBS,
 )
 def test_the_sandbox_refuses_escapes_and_bounds_every_bomb(
-    template: str, needles: list[str], early: str | None
+    template: str, needles: list[str]
 ) -> None:
-    message = early
+    message = _refusal(template)
     assert message is not None, f"{template!r} rendered"
     assert "\n" not in message
     for needle in needles:
         assert needle in message, (needle, message)
+
+
+def test_a_renderer_that_gives_no_answer_is_killed_at_the_wall_backstop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stopped renderer spends no CPU time, so its own timer (``TEMPLATE_SECONDS`` of CPU
+    time) never fires: the parent's wall backstop (``TEMPLATE_WALL_SECONDS``, 1 s here) kills
+    it and says so in one line naming the template's file and the prompt."""
+    monkeypatch.setattr(chat_template, "TEMPLATE_WALL_SECONDS", 1.0)
+    with ChatRenderer("{{ bos_token }}", {"bos_token": "<s>"}, "tokenizer_config.json") as renderer:
+        os.kill(renderer._proc.pid, signal.SIGSTOP)
+        with pytest.raises(TemplateBoundError) as raised:
+            renderer.render([{"role": "user", "content": "hi"}], "p.jsonl:1")
+        assert renderer._proc.returncode == -signal.SIGKILL
+    assert str(raised.value) == (
+        "tokenizer_config.json: the chat template did not finish within 1 s of wall time "
+        "(rendering the prompt of p.jsonl:1); killed"
+    )
 
 
 def test_the_bounded_renderer_renders_as_transformers_does() -> None:
@@ -390,9 +361,7 @@ def test_the_bounded_renderer_renders_as_transformers_does() -> None:
 # ------------------------------------------------------------ 2. numeric options, bounded
 
 
-def test_the_largest_limit_writes_a_file_init_and_plan_accept(
-    logprob_drift: Callable[..., dict[str, Any]], llama: Path, tmp_path: Path
-) -> None:
+def test_the_largest_limit_writes_a_file_init_and_plan_accept(llama: Path, tmp_path: Path) -> None:
     source = tmp_path / "p.txt"
     source.write_text("The rollout engine samples.\nDoes it drift?\n")
     prompts = tmp_path / "prompts.json"
@@ -429,7 +398,6 @@ def test_the_largest_limit_writes_a_file_init_and_plan_accept(
     ],
 )
 def test_one_above_the_bound_is_refused_where_it_is_parsed(
-    logprob_drift: Callable[..., dict[str, Any]],
     tmp_path: Path,
     command: str,
     flag: str,
@@ -464,7 +432,7 @@ def test_one_above_the_bound_is_refused_where_it_is_parsed(
 
 
 def test_a_lone_surrogate_is_refused_at_reading_naming_the_field(
-    logprob_drift: Callable[..., dict[str, Any]], llama: Path, tmp_path: Path
+    llama: Path, tmp_path: Path
 ) -> None:
     text = tmp_path / "text.jsonl"
     text.write_text('{"text": "fine"}\n{"text": "a\\ud800b"}\n')
@@ -489,9 +457,7 @@ def test_a_lone_surrogate_is_refused_at_reading_naming_the_field(
 
 
 @pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "config.json"])
-def test_a_deeply_nested_tokenizer_file_is_one_line(
-    logprob_drift: Callable[..., dict[str, Any]], llama: Path, tmp_path: Path, name: str
-) -> None:
+def test_a_deeply_nested_tokenizer_file_is_one_line(llama: Path, tmp_path: Path, name: str) -> None:
     checkpoint = tokenizer_copy(llama, tmp_path / "ckpt", **{name: "[" * 100_000 + "]" * 100_000})
     source = tmp_path / "p.txt"
     source.write_text("hello\n")
@@ -503,9 +469,9 @@ def test_a_deeply_nested_tokenizer_file_is_one_line(
     )
 
 
+@pytest.mark.process  # the real command, its address space capped, its CPU time measured
 @pytest.mark.parametrize("mib", [6, 30])
 def test_a_prompt_line_over_the_bound_is_refused_before_tokenizing(
-    logprob_drift: Callable[..., dict[str, Any]],
     llama: Path,
     ordinary: dict[str, Any],
     tmp_path: Path,
@@ -514,7 +480,9 @@ def test_a_prompt_line_over_the_bound_is_refused_before_tokenizing(
     source = tmp_path / "p.txt"
     with source.open("w") as f:
         f.write("short\n" + "ab " * (mib * 2**20 // 3) + "\nlast\n")
-    result = logprob_drift("prompts", "--checkpoint", llama, source, "--output", tmp_path / "o")
+    result = logprob_drift_process(
+        "prompts", "--checkpoint", llama, source, "--output", tmp_path / "o"
+    )
     one_error_line(
         result, f"{source}:2: the line is ", "larger than the bound of 1 MiB for one prompt"
     )
@@ -545,8 +513,8 @@ def test_a_prompt_at_the_bound_is_read_and_one_byte_more_is_not(tmp_path: Path) 
         read_prompt_inputs(chat, messages_field="m")
 
 
+@pytest.mark.process  # the real command, its address space capped, its CPU time measured
 def test_a_huge_sparse_tokenizer_file_is_refused_before_it_is_read(
-    logprob_drift: Callable[..., dict[str, Any]],
     llama: Path,
     ordinary: dict[str, Any],
     tmp_path: Path,
@@ -556,7 +524,7 @@ def test_a_huge_sparse_tokenizer_file_is_refused_before_it_is_read(
         f.truncate(7 << 29)  # 3.5 GiB, sparse
     source = tmp_path / "p.txt"
     source.write_text("hello\n")
-    result = logprob_drift(
+    result = logprob_drift_process(
         "prompts", "--checkpoint", checkpoint, source, "--output", tmp_path / "o"
     )
     one_error_line(
@@ -566,9 +534,7 @@ def test_a_huge_sparse_tokenizer_file_is_refused_before_it_is_read(
     assert_bounded(result, ordinary)
 
 
-def test_a_bom_is_dropped_and_the_output_path_is_escaped(
-    logprob_drift: Callable[..., dict[str, Any]], llama: Path, tmp_path: Path
-) -> None:
+def test_a_bom_is_dropped_and_the_output_path_is_escaped(llama: Path, tmp_path: Path) -> None:
     source = tmp_path / "p.txt"
     source.write_bytes("\ufeffThe rollout engine samples.\nDoes it drift?\n".encode())
     output = tmp_path / "out\x1b[2J\a.json"

@@ -5,8 +5,9 @@ module by the smoke runtime with a layer capture and replays (``tests/sealed_par
 seconds, no real engine). Each test copies it, rewrites comparison.json's
 ``diagnostics.layers`` or a layer file, re-seals it as anyone who can write an unkeyed run can
 (``tests/resealing.py``) and runs ``verify``, ``report`` (text, ``--json``) and ``run`` (a
-resume) as processes: children forked from the session's server that imported the CLI once
-(the ``cli_process`` fixture, ``tests/cli_processes.py``). A sealed value outside its
+resume) in this process (``drift_testing.cli``); the report whose stderr must hold no warning
+runs as a process (a child of the ``cli_process`` fork server: pytest records warnings in this
+one instead of printing them). A sealed value outside its
 documented range or a reduction record that lies makes the attempt invalid, naming
 comparison.json and the JSON path, in one line; never exit 3 or a traceback; a resume executes
 the case again. A reduction that is valid but has a reference state of norm 0 is reported
@@ -17,13 +18,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from cli_processes import Finished, ForkServer
+from cli_processes import ForkServer
+from drift_testing import cli_completed
 
 from pytest_logprob_drift.numerics.layer_reduction import compare, state_digests
 from tests import sealed_parts
@@ -55,11 +58,14 @@ def _attempt(run_dir: Path, label: str = LABEL) -> Path:
     return found
 
 
+Command = Callable[..., subprocess.CompletedProcess[str]]
+
+
 @pytest.fixture
-def command(cli_process: ForkServer) -> Callable[..., Finished]:
-    """``logprob-drift ARGS`` as a process (``cli_process(*args, cwd=...)``): exit code,
+def command() -> Command:
+    """``logprob-drift ARGS`` in this process (``cli_completed(*args, cwd=...)``): exit code,
     stdout, stderr."""
-    return cli_process
+    return cli_completed
 
 
 def _edit_reduction(attempt: Path, run_dir: Path, **changes: Any) -> None:
@@ -70,9 +76,7 @@ def _edit_reduction(attempt: Path, run_dir: Path, **changes: Any) -> None:
     reseal(run_dir, path)
 
 
-def _invalid_entry(
-    command: Callable[..., Finished], run_dir: Path, attempt: Path
-) -> dict[str, Any]:
+def _invalid_entry(command: Command, run_dir: Path, attempt: Path) -> dict[str, Any]:
     """verify --json's entry for ``attempt``: exit 1, nothing on stderr, the attempt invalid."""
     verified = command("verify", run_dir, "--json", cwd=run_dir.parent)
     assert (verified.returncode, verified.stderr) == (1, ""), verified.stderr
@@ -86,7 +90,7 @@ def _invalid_entry(
 @pytest.mark.slow  # renders two report pages and resumes the run (tens of seconds)
 def test_positions_per_row_0_is_an_invalid_attempt_for_verify_report_and_resume(
     run_dir: Path,
-    command: Callable[..., Finished],
+    command: Command,
 ) -> None:
     """Issue 40, item 3: was ``ValueError: positions_per_row must be >= 1, got 0``, exit 3."""
     attempt = _attempt(run_dir)
@@ -125,7 +129,7 @@ def test_positions_per_row_0_is_an_invalid_attempt_for_verify_report_and_resume(
     [("projection_dim", 7, 64), ("projection_seed", 0, 20261201), ("digest_bytes", 15, 16)],
 )
 def test_a_reduction_record_that_lies_is_an_invalid_attempt(
-    run_dir: Path, command: Callable[..., Finished], key: str, value: int, made_with: int
+    run_dir: Path, command: Command, key: str, value: int, made_with: int
 ) -> None:
     """Issue 40, item 5: a re-sealed ``projection_dim: 7`` or ``projection_seed: 0`` verified
     as ok (the recorded parameters were never compared with the sealed reductions')."""
@@ -139,8 +143,9 @@ def test_a_reduction_record_that_lies_is_an_invalid_attempt(
 
 
 @pytest.mark.slow  # renders a report page (tens of seconds on a loaded machine)
+@pytest.mark.process  # the process's own stderr: pytest records warnings in this one
 def test_a_reference_state_of_norm_0_is_reported_without_warnings(
-    run_dir: Path, command: Callable[..., Finished]
+    run_dir: Path, cli_process: ForkServer
 ) -> None:
     """Issue 40, item 6: the training side's embeddings all zero (norms and projections 0, the
     digests of zeros: a consistent reduction that verifies) make relative errors of about
@@ -163,14 +168,14 @@ def test_a_reference_state_of_norm_0_is_reported_without_warnings(
     reseal(run_dir, training_path)
     reseal(run_dir, comparison_path)
 
-    verified = command("verify", run_dir, "--json", cwd=run_dir.parent)
+    verified = cli_process("verify", run_dir, "--json", cwd=run_dir.parent)
     assert verified.stderr == ""
     [entry] = [
         a for a in json.loads(verified.stdout)["attempts"] if a["attempt_id"] == attempt.name
     ]
     assert entry["status"] == "ok", entry
     page = run_dir.parent / "page.html"
-    reported = command("report", run_dir, "--html", page, cwd=run_dir.parent)
+    reported = cli_process("report", run_dir, "--html", page, cwd=run_dir.parent)
     assert reported.returncode == 0
     assert "RuntimeWarning" not in reported.stderr
     assert reported.stderr == ""

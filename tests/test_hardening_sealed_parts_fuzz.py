@@ -46,9 +46,9 @@ from pytest_logprob_drift.numerics.path_split import path_split
 from tests import sealed_parts
 from tests.resealing import reseal
 from tests.test_hardening_sealed_fuzz import (
+    CPU_SECONDS,
     MEMORY_BYTES,
     PLACEHOLDER,
-    WALL_SECONDS,
     _nested,
     _paths,
     _set,
@@ -57,7 +57,7 @@ from tests.test_hardening_sealed_fuzz import (
     wrong_values,
 )
 
-pytestmark = pytest.mark.slow  # each example renders a report page (seconds)
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # each example renders a report page (seconds)
 
 EXAMPLES = 20
 PARTS = ("layers", "path_split", "importance_sampling")
@@ -85,7 +85,7 @@ STRINGS = (
 @pytest.fixture(scope="module")
 def server(cli_process: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bounded]:
     scratch = tmp_path_factory.mktemp("fork-server")
-    with bounded(cli_process, scratch, seconds=WALL_SECONDS, memory_bytes=MEMORY_BYTES) as serving:
+    with bounded(cli_process, scratch, seconds=CPU_SECONDS, memory_bytes=MEMORY_BYTES) as serving:
         yield serving
 
 

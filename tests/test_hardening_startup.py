@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 from drift_testing import S3
-from early import starts_early
 
 from pytest_logprob_drift.registry import entry_points
 
@@ -127,8 +126,7 @@ if importlib.util.find_spec("triton") is not None:  # its nanobind reports leaks
 
 def _entry_point_interpreters() -> list[subprocess.CompletedProcess[str]]:
     """``plan`` of S3 through the process entry point after each of ``PRELOADS``, then through
-    ``python -m`` (with and without a config there), one interpreter after the other: early
-    work (``tests/early.py``)."""
+    ``python -m`` (with and without a config there), one interpreter after the other."""
     entries = [
         [
             sys.executable,
@@ -149,13 +147,11 @@ def _entry_point_interpreters() -> list[subprocess.CompletedProcess[str]]:
     ]
 
 
-@starts_early(_entry_point_interpreters)
-def test_the_process_entry_point_leaves_the_heap_to_the_os_only_without_engine_code(
-    early: list[subprocess.CompletedProcess[str]],
-) -> None:
+@pytest.mark.process  # the process entry point of fresh interpreters
+def test_the_process_entry_point_leaves_the_heap_to_the_os_only_without_engine_code() -> None:
     scripts = importlib.metadata.entry_points(group="console_scripts", name="logprob-drift")
     assert [e.value for e in scripts] == ["pytest_logprob_drift.cli:entry"]
-    *results, planned, missing = early
+    *results, planned, missing = _entry_point_interpreters()
     for result, (preload, frozen) in zip(results, PRELOADS, strict=True):
         assert result.returncode == 0, result.stderr
         # with a native extension loaded the heap is torn down as usual: no leak report

@@ -23,7 +23,7 @@ from pytest_logprob_drift.numerics.importance_sampling import (
 )
 from pytest_logprob_drift.numerics.verdict import judge
 
-SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow])
 REL = 1e-9
 
 # -------------------------------------------------------------------------- the reference

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_logprob_drift.jsontext import json_nesting_fault, nested_deeper_than, strings_cut
@@ -34,7 +34,6 @@ def _depth(value: Any) -> int:
     return 0
 
 
-@settings(max_examples=300, deadline=None)
 @given(value=_VALUES, ascii_only=st.booleans())
 def test_strings_cut_and_depth_agree_with_the_parsed_value(value: Any, ascii_only: bool) -> None:
     data = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8")

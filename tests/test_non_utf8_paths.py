@@ -33,6 +33,8 @@ import pytest
 from cli_processes import ForkServer
 from drift_testing import OFFSET_EXPECT, S0, cli
 
+pytestmark = pytest.mark.process  # non-UTF-8 argv and strict streams of real processes
+
 BAD = os.fsdecode(b"drift-\xff")
 """A file name whose bytes are not UTF-8."""
 SHOWN = "drift-\\udcff"

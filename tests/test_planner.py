@@ -39,8 +39,6 @@ from pytest_logprob_drift.records import (
 )
 
 SETTINGS = settings(
-    max_examples=60,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 

@@ -19,7 +19,6 @@ import pytest
 import torch
 from drift_testing import S0, S0_HF, pytest_drift
 from drift_testing import cli as in_process
-from early import python_process, starts_early
 from report_browser import PageCheck, open_page
 
 from pytest_logprob_drift.report import plots
@@ -333,15 +332,21 @@ def test_a_case_whose_diffs_are_all_zero_still_draws(s0_run: dict[str, Any]) -> 
     assert "every |diff| is exactly 0" in plots.profile_svg(profile, 1e-3)
 
 
-@starts_early(
-    python_process(
-        "import sys, pytest_logprob_drift.report.html, pytest_logprob_drift.report.plots; "
-        "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'tokenizers') "
-        "if m in sys.modules))"
+@pytest.mark.process  # sys.modules of a fresh interpreter
+def test_rendering_is_torch_free() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pytest_logprob_drift.report.html, pytest_logprob_drift.report.plots; "
+            "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'tokenizers') "
+            "if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
-)
-def test_rendering_is_torch_free(early: subprocess.CompletedProcess[str]) -> None:
-    proc = early
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
 

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hypothesis import assume, given, settings  # noqa: E402
+from hypothesis import assume, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pytest_logprob_drift.numerics.divergence_file import (  # noqa: E402
@@ -96,7 +96,6 @@ truncations = st.tuples(
 )
 
 
-@settings(max_examples=60, deadline=None)
 @given(shape=logit_rows, spec=truncations, rollout_processed=st.booleans())
 def test_processed_against_raw_is_explained_at_any_temperature(
     shape: tuple[int, int, int],
@@ -132,7 +131,6 @@ def test_processed_against_raw_is_explained_at_any_temperature(
     assert offset["explained_fraction"] >= 0.9
 
 
-@settings(max_examples=40, deadline=None)
 @given(shape=logit_rows, spec=truncations, processed_both=st.booleans())
 def test_same_semantics_never_fire(
     shape: tuple[int, int, int], spec: tuple[float, float | None, int | None], processed_both: bool

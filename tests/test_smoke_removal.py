@@ -9,7 +9,6 @@ the state after deleting the package and its pyproject entries.
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import os
 import subprocess
@@ -18,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from drift_testing import EXPERIMENTS, S0, S0_HF
-from early import scratch, starts_early
 
 import pytest_logprob_drift
 
@@ -58,32 +56,15 @@ def cli_without_smoke(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]
     )
 
 
-def _without_smoke_in_scratch(*args: str) -> subprocess.CompletedProcess[str]:
-    """``cli_without_smoke(*args)`` in a scratch directory of its own (``{scratch}`` in an
-    argument names it), removed afterwards: early work (``tests/early.py``)."""
-    with scratch() as directory:
-        return cli_without_smoke(
-            *(a.replace("{scratch}", str(directory)) for a in args), cwd=directory
-        )
-
-
+@pytest.mark.process  # a fresh interpreter without the smoke package
 @pytest.mark.parametrize(
     "config",
-    [
-        pytest.param(
-            config,
-            id=config.stem,
-            marks=starts_early(
-                functools.partial(_without_smoke_in_scratch, "plan", str(config), "--json")
-            ),
-        )
-        for config in sorted(EXPERIMENTS.glob("*.json"))
-    ],
+    [pytest.param(config, id=config.stem) for config in sorted(EXPERIMENTS.glob("*.json"))],
 )
 def test_every_experiment_but_s0_smoke_plans_without_the_smoke_group(
-    config: Path, early: subprocess.CompletedProcess[str]
+    config: Path, tmp_path: Path
 ) -> None:
-    result = early
+    result = cli_without_smoke("plan", str(config), "--json", cwd=tmp_path)
     if config == S0:
         assert result.returncode == 2
         assert "UNKNOWN_BACKEND" in result.stderr and "smoke_only.logp_reference" in result.stderr
@@ -96,22 +77,15 @@ def test_every_experiment_but_s0_smoke_plans_without_the_smoke_group(
         assert "cpu-smoke" not in row["executable_by"]
 
 
-@starts_early(
-    functools.partial(
-        _without_smoke_in_scratch,
-        "run",
-        str(S0_HF),
-        "--runtime",
-        "cpu-smoke",
-        "--artifacts",
-        "{scratch}/runs",
-    )
-)
-def test_cpu_smoke_runtime_is_unknown_without_the_smoke_group(
-    early: subprocess.CompletedProcess[str],
-) -> None:
-    assert early.returncode == 2
-    assert "unknown runtime 'cpu-smoke'; known: hf, vllm-hf" in early.stderr
+@pytest.mark.process  # a fresh interpreter without the smoke package
+def test_cpu_smoke_runtime_is_unknown_without_the_smoke_group(tmp_path: Path) -> None:
+    result = cli_without_smoke(
+        "run", str(S0_HF), "--runtime", "cpu-smoke", "--artifacts", str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "unknown runtime 'cpu-smoke'; known: hf, vllm-hf" in result.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from early import python_process, scratch, starts_early
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.machine_fit import MachineFacts, case_gpus, machine_refusal
@@ -316,27 +315,27 @@ def test_cuda_build_is_read_from_the_installed_distribution() -> None:
     assert here is not None and here.startswith("installed is vllm") and "(cpu build)" in here
 
 
-def _run_s2_here() -> tuple[subprocess.CompletedProcess[str], bool]:
-    """``run`` of S2 with vllm-hf in a fresh interpreter, reporting whether it imported vllm,
-    and whether the artifacts directory exists afterwards: early work (``tests/early.py``)."""
-    with scratch() as directory:
-        artifacts = directory / "runs"
-        script = (
-            "import sys\n"
-            "from pytest_logprob_drift.cli import main\n"
-            f"code = main(['run', {str(S2)!r}, '--runtime', 'vllm-hf', '--artifacts', "
-            f"{str(artifacts)!r}])\n"
-            "print('EXIT', code, 'vllm' in sys.modules)\n"
-        )
-        done = python_process(script, cwd=ROOT, timeout=300)()
-        return done, artifacts.exists()
-
-
-@starts_early(_run_s2_here)
-def test_run_of_s2_here_is_refused_before_any_engine(
-    early: tuple[subprocess.CompletedProcess[str], bool],
-) -> None:
-    done, sealed_something = early
+@pytest.mark.process  # sys.modules of a fresh interpreter
+def test_run_of_s2_here_is_refused_before_any_engine(tmp_path: Path) -> None:
+    """``run`` of S2 with vllm-hf in a fresh interpreter, reporting whether it imported vllm;
+    the artifacts directory does not exist afterwards."""
+    artifacts = tmp_path / "runs"
+    script = (
+        "import sys\n"
+        "from pytest_logprob_drift.cli import main\n"
+        f"code = main(['run', {str(S2)!r}, '--runtime', 'vllm-hf', '--artifacts', "
+        f"{str(artifacts)!r}])\n"
+        "print('EXIT', code, 'vllm' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        check=False,
+    )
+    sealed_something = artifacts.exists()
     assert done.stdout.strip().splitlines()[-1] == "EXIT 2 False", done.stderr[-3000:]
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("logprob-drift: error: this machine cannot run scenario S2 on cuda: ")

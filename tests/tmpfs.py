@@ -1,8 +1,7 @@
 """A disk that fills up: a 64 KiB tmpfs mounted for the length of a ``with`` block.
 
 Owns ``small_tmpfs`` and ``fill``, shared by the ``tiny_tmpfs`` fixture
-(``tests/conftest.py``), the tests that fill it, and early work that runs a command on a full
-disk before its test asks (``tests/early.py``). Mounting needs root; where it cannot be
+(``tests/conftest.py``) and the tests that fill it. Mounting needs root; where it cannot be
 mounted the block gets the reason instead of a path.
 """
 

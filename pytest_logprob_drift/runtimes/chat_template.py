@@ -9,9 +9,11 @@ sandbox with ``trim_blocks``/``lstrip_blocks``, the ``loopcontrols`` extension a
 process (``python -m pytest_logprob_drift.runtimes.chat_template``, which imports jinja2 and
 nothing of transformers or torch) under bounds:
 
-- time: compiling the template, and rendering each prompt, within ``TEMPLATE_SECONDS`` (the
-  child's own alarm names the template line it was at; the parent kills a child stuck in
-  native code ``TEMPLATE_GRACE_SECONDS`` later);
+- time: compiling the template, and rendering each prompt, within ``TEMPLATE_SECONDS`` of the
+  child's CPU time (user and system, ``ITIMER_PROF``: the same bound on an idle machine and on
+  a loaded one; the child's own timer names the template line it was at), and the parent kills
+  a child that gives no answer within ``TEMPLATE_WALL_SECONDS`` of wall time (native code a
+  timer cannot interrupt, a stopped child);
 - output: what one prompt renders to is at most ``MAX_PROMPT_BYTES`` (the bound every prompt
   is tokenized under, ``config.prompt_input``), counted as it is generated;
 - memory: the child's address space may grow by ``TEMPLATE_MEMORY_BYTES`` (``RLIMIT_AS``), and
@@ -19,7 +21,7 @@ nothing of transformers or torch) under bounds:
   over the output bound before they compute it;
 
 so a loop bomb or ``'x' * 3000000000`` ends in one line naming the template's file, the
-template line and the bound, in seconds and without the memory. The sandbox's own refusals
+template line and the bound, in CPU seconds and without the memory. The sandbox's own refusals
 (``__class__``, private attributes, unsafe callables) are jinja2's. Prompts go to the child
 one at a time and each rendered text comes back before the next is sent, so the parent holds
 one rendered prompt at a time. Knows nothing about tokenizers, configs or engines.
@@ -43,11 +45,13 @@ from pytest_logprob_drift.config.prompt_input import MAX_PROMPT_BYTES
 from pytest_logprob_drift.errors import UsageError, one_line
 
 TEMPLATE_SECONDS = 2.0
-"""Wall-clock seconds the template may take to compile, and to render one prompt (a real
-chat template renders in milliseconds)."""
-TEMPLATE_GRACE_SECONDS = 3.0
-"""Seconds after ``TEMPLATE_SECONDS`` that the parent waits for a child stuck in native code
-(which an alarm cannot interrupt) before it kills it."""
+"""CPU seconds (user and system) the template may take to compile, and to render one prompt (a
+real chat template renders in milliseconds). CPU time, not wall time: a machine busy with other
+work slows the child down but does not change which templates are refused."""
+TEMPLATE_WALL_SECONDS = 60.0
+"""Wall-clock seconds the parent waits for one answer before it kills the child: a backstop for
+what the CPU timer cannot end (native code that never returns to the interpreter, a child that
+is stopped or starved), generous enough that a loaded machine never reaches it first."""
 TEMPLATE_STARTUP_SECONDS = 60.0
 """Seconds the child may take to start (Python and jinja2) before its first answer."""
 TEMPLATE_MEMORY_BYTES = 256 * 2**20
@@ -122,7 +126,7 @@ class ChatRenderer:
             pass  # the child ended: _answer says how
 
     def _answer(self, where: str | None, *, compiling: bool) -> str:
-        seconds = TEMPLATE_SECONDS + TEMPLATE_GRACE_SECONDS
+        seconds = TEMPLATE_WALL_SECONDS
         if not self._started:
             seconds += TEMPLATE_STARTUP_SECONDS
         line = self._read_line(seconds)
@@ -132,7 +136,7 @@ class ChatRenderer:
             self.close_quietly()
             raise TemplateBoundError(
                 f"{self.template_file}: the chat template did not finish within "
-                f"{TEMPLATE_SECONDS:g} s ({doing}); killed"
+                f"{TEMPLATE_WALL_SECONDS:g} s of wall time ({doing}); killed"
             )
         if not line:
             code = self._proc.wait()
@@ -207,7 +211,7 @@ def _ended(code: int) -> str:
 
 
 class _Deadline(Exception):
-    """The alarm: the template ran past ``TEMPLATE_SECONDS``."""
+    """The CPU timer: the template ran past ``TEMPLATE_SECONDS`` of CPU time."""
 
 
 class _OverBound(Exception):
@@ -332,7 +336,7 @@ def _failure(exc: BaseException) -> dict[str, Any]:
 
     line = _template_line(exc)
     if isinstance(exc, _Deadline):
-        message = f"ran longer than its bound of {TEMPLATE_SECONDS:g} s"
+        message = f"used more than its bound of {TEMPLATE_SECONDS:g} s of CPU time"
     elif isinstance(exc, _OverBound):
         message = str(exc)
     elif isinstance(exc, MemoryError):
@@ -386,16 +390,18 @@ def _limit_memory() -> None:
             now = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         limit = now + TEMPLATE_MEMORY_BYTES
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    except (OSError, ValueError):  # no /proc (not Linux): the alarm and the checks remain
+    except (OSError, ValueError):  # no /proc (not Linux): the CPU timer and the checks remain
         pass
 
 
-def _on_alarm(signum: int, frame: object) -> None:
+def _on_cpu_timer(signum: int, frame: object) -> None:
     raise _Deadline
 
 
 def _armed(seconds: float) -> None:
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    """``SIGPROF`` after ``seconds`` of this process's CPU time (user and system: a bomb that
+    only allocates spends its time in the kernel); 0 disarms it."""
+    signal.setitimer(signal.ITIMER_PROF, seconds)
 
 
 def child_main() -> int:
@@ -403,7 +409,7 @@ def child_main() -> int:
     ``{"messages"}``; each gets one answer line: ``{"text"}`` or ``{"kind", "message",
     "line"}`` (the first answer, to the template, is ``{"text": ""}`` when it compiled)."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.signal(signal.SIGPROF, _on_cpu_timer)
     env = _bounded_environment()
     first = json.loads(stdin.readline())
     variables = first["variables"]

@@ -39,7 +39,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from early import early_value, starts_early
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -70,9 +69,7 @@ RELATIVE_BOUND = 2.0**-21
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NEG_INF = float("-inf")
 WORLD_SIZE = 2
-PROPERTY_SETTINGS = settings(
-    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+PROPERTY_SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow])
 
 
 # --------------------------------------------------------------------------- references
@@ -412,7 +409,6 @@ def test_vocab_parallel_requires_initialized_group() -> None:
 # --------------------------------------------------------------------------- layout
 
 
-@settings(max_examples=50, deadline=None)
 @given(vocab=st.integers(1, 300_000), world=st.integers(1, 64))
 def test_shard_vocab_tiles_vocabulary_evenly(vocab: int, world: int) -> None:
     shards = [shard_vocab(vocab, world, rank) for rank in range(world)]
@@ -634,15 +630,9 @@ class GlooPair:
         assert not alive and codes == [0] * WORLD_SIZE, f"gloo ranks exit codes {codes}"
 
 
-GLOO_EARLY = starts_early(GlooPair)
-"""The mark of a test that uses ``gloo_pair``: the ranks start once the session's tests are
-collected (importing torch and forming the group while other tests run), not when the first
-of these tests asks (``tests/early.py``)."""
-
-
 @pytest.fixture(scope="module")
 def gloo_pair() -> Iterator[GlooPair]:
-    pair: GlooPair = early_value(GlooPair)
+    pair = GlooPair()
     try:
         yield pair
     finally:
@@ -658,7 +648,6 @@ def _assert_ranks_agree_with_reference(
     assert torch.equal(replies[0][1], replies[1][1])  # every rank returns the same result
 
 
-@GLOO_EARLY
 @PROPERTY_SETTINGS
 @given(case=cases(max_vocab=200), chunk_size=st.sampled_from([1, 3, 7, 64, 4096]))
 def test_vocab_parallel_matches_float64(gloo_pair: GlooPair, case: Case, chunk_size: int) -> None:
@@ -666,7 +655,6 @@ def test_vocab_parallel_matches_float64(gloo_pair: GlooPair, case: Case, chunk_s
     _assert_ranks_agree_with_reference(replies, case.logits, case.token_ids)
 
 
-@GLOO_EARLY
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_vocab_parallel_uneven_split(gloo_pair: GlooPair, dtype: torch.dtype) -> None:
     # V = 5003 splits 2502 / 2501; tokens on both sides of the boundary; rank 1's whole shard
@@ -685,7 +673,6 @@ def test_vocab_parallel_uneven_split(gloo_pair: GlooPair, dtype: torch.dtype) ->
     assert (replies[0][1] - single).abs().max().item() <= MODERATE_BOUND
 
 
-@GLOO_EARLY
 def test_vocab_parallel_rank_with_empty_shard(gloo_pair: GlooPair) -> None:
     logits = torch.randn(3, 1)  # V = 1 < world size: rank 1 owns (1, 1)
     token_ids = torch.zeros(3, dtype=torch.int64)
@@ -694,14 +681,12 @@ def test_vocab_parallel_rank_with_empty_shard(gloo_pair: GlooPair) -> None:
     assert replies[0][1].tolist() == [0.0, 0.0, 0.0]
 
 
-@GLOO_EARLY
 def test_vocab_parallel_zero_tokens(gloo_pair: GlooPair) -> None:
     replies = gloo_pair.run(torch.randn(0, 3, 9), torch.zeros(0, 3, dtype=torch.int64))
     for status, payload in replies:
         assert status == "ok" and payload.shape == (0, 3) and payload.dtype == torch.float32
 
 
-@GLOO_EARLY
 def test_vocab_parallel_rejects_unowned_and_doubly_owned_tokens(gloo_pair: GlooPair) -> None:
     logits = torch.randn(2, 9)
     replies = gloo_pair.run(logits, torch.tensor([3, 9]))  # 9 is outside [0, 9)

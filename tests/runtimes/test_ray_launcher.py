@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 from drift_testing import cli
-from early import python_process, scratch, starts_early
 
 from pytest_logprob_drift.cli import build_parser
 from pytest_logprob_drift.errors import UsageError
@@ -212,33 +211,32 @@ def test_launch_address_falls_back_to_ray_address(monkeypatch: pytest.MonkeyPatc
     assert Launch(launcher="ray").address() is None
 
 
-def _collecting_s0_hf_for_ray() -> subprocess.CompletedProcess[str]:
+@pytest.mark.process  # sys.modules of a fresh interpreter
+def test_planning_collection_and_the_plugin_never_import_ray(tmp_path: Path) -> None:
     """Planning S0-hf, the parser, the launch policy and a ``--drift-launcher ray``
-    collection in a fresh interpreter, reporting what it imported of ray and vllm: early work
-    (``tests/early.py``)."""
-    with scratch() as directory:
-        config = directory / S0_HF.name
-        config.write_text(S0_HF.read_text())
-        script = (
-            "import sys, pytest\n"
-            "import pytest_logprob_drift\n"
-            f"pytest_logprob_drift.plan_file({str(config)!r})\n"
-            "from pytest_logprob_drift.cli import build_parser\n"
-            "from pytest_logprob_drift.execute import launch\n"
-            "rc = pytest.main(['-q', '--collect-only', '-p', 'no:cacheprovider', "
-            f"'--drift-config', {str(config)!r}, '--drift-launcher', 'ray', "
-            f"'--rootdir', {str(directory)!r}])\n"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm'))\n"
-            "print('RC', int(rc), 'BAD', bad[:5])\n"
-        )
-        return python_process(script, cwd=directory, timeout=300)()
-
-
-@starts_early(_collecting_s0_hf_for_ray)
-def test_planning_collection_and_the_plugin_never_import_ray(
-    early: subprocess.CompletedProcess[str],
-) -> None:
-    proc = early
+    collection in a fresh interpreter, reporting what it imported of ray and vllm."""
+    config = tmp_path / S0_HF.name
+    config.write_text(S0_HF.read_text())
+    script = (
+        "import sys, pytest\n"
+        "import pytest_logprob_drift\n"
+        f"pytest_logprob_drift.plan_file({str(config)!r})\n"
+        "from pytest_logprob_drift.cli import build_parser\n"
+        "from pytest_logprob_drift.execute import launch\n"
+        "rc = pytest.main(['-q', '--collect-only', '-p', 'no:cacheprovider', "
+        f"'--drift-config', {str(config)!r}, '--drift-launcher', 'ray', "
+        f"'--rootdir', {str(tmp_path)!r}])\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm'))\n"
+        "print('RC', int(rc), 'BAD', bad[:5])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        check=False,
+    )
     assert "RC 0 BAD []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "6 tests collected" in proc.stdout
 
