@@ -134,3 +134,16 @@ def cli_process() -> Iterator[ForkServer]:
     finally:
         server.close()
         shutil.rmtree(server.scratch, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sealed_s0(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The S0 smoke experiment run once per test process (``drift_testing.run_s0``): the
+    artifacts root that holds ``s0-cpu-smoke/``. Shared read-only: a test or module fixture
+    takes its own copy (``drift_testing.copy_of_s0``) before it reads, reports or tampers."""
+    from drift_testing import run_s0
+
+    artifacts = tmp_path_factory.mktemp("sealed-s0") / "runs"
+    code, out, err = run_s0(artifacts)
+    assert code == 0, out + err
+    return artifacts

@@ -36,6 +36,17 @@ REPO = ROOT
 EXPERIMENTS = ROOT / "experiments"
 S0 = EXPERIMENTS / "cross_config_s0_cpu_smoke.json"
 S0_HF = EXPERIMENTS / "cross_config_s0_hf_tiny.json"
+DEEP = "tiny://qwen3-deep-l8-h64-v1"
+DEEP_SMALL: dict[str, Any] = {
+    "identity.checkpoint": {"uri": DEEP, "model_version": "tiny-qwen3-deep-l8-h64-v1"},
+    "identity.prompts.token_ids": json.loads(
+        (EXPERIMENTS / "cross_config_s0_hf_tiny_bf16.json").read_text()
+    )["identity"]["prompts"]["token_ids"][:4],
+    "identity.sampling.max_new_tokens": 8,
+    "baseline.batch.size": 4,
+}
+"""``experiment_config`` changes of the engine tests on the deep tiny model: four prompts of
+the transformers bfloat16 experiment, eight new tokens, one batch."""
 S1 = EXPERIMENTS / "cross_config_s1_vllm_cpu_tiny.json"
 S2 = EXPERIMENTS / "cross_config_s2_vllm_tp_vs_fsdp.json"
 S3 = EXPERIMENTS / "cross_config_s3_qwen3_8b_tp4_cp4_bf16.json"
@@ -295,3 +306,37 @@ def experiment_document(experiment_id: str) -> dict[str, Any]:
         "strict_fallback": True,
         "identity": {},
     }
+
+
+def experiment_config(
+    directory: Path,
+    source: str | Path,
+    changes: Mapping[str, Any],
+    *,
+    file_name: str | None = None,
+) -> Path:
+    """A test's config: the shipped experiment ``source`` (a path, or a file name under
+    ``experiments/``) with ``changes`` applied, each keyed by its dotted JSON path
+    (``"baseline.batch.size"``, ``"identity.prompts.token_ids"``; a missing last member is
+    added), written to ``directory / file_name`` (default: ``<experiment_id>.json``)."""
+    path = Path(source)
+    document: dict[str, Any] = json.loads(
+        (path if path.is_absolute() else EXPERIMENTS / path).read_text()
+    )
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        holder = document
+        for member in parents:
+            holder = holder[member]
+        holder[last] = value
+    target = directory / (file_name or f"{document['experiment_id']}.json")
+    target.write_text(json.dumps(document))
+    return target
+
+
+def copy_of_s0(sealed_s0: Path, directory: Path) -> Path:
+    """A writable copy, at ``directory / "runs"``, of the shared S0 artifacts root (the
+    ``sealed_s0`` fixture, never written to): the root that holds ``s0-cpu-smoke/``."""
+    target = directory / "runs"
+    shutil.copytree(sealed_s0, target)
+    return target

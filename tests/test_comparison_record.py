@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drift_testing import S0, FaultyCpuSmokeAdapter, cli, run_by_label, run_s0
+from drift_testing import S0, FaultyCpuSmokeAdapter, cli, copy_of_s0, run_by_label, run_s0
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.numerics.comparison import Comparison
@@ -316,10 +316,8 @@ def test_a_syntax_error_names_the_byte_offset() -> None:
 
 
 @pytest.fixture(scope="module")
-def sealed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("comparison-record")
-    assert run_s0(root)[0] == 0
-    return root
+def sealed_run(sealed_s0: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_of_s0(sealed_s0, tmp_path_factory.mktemp("comparison-record"))
 
 
 def _reseal_comparison(attempt: Path, document: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from cli_processes import ForkServer
-from drift_testing import EXPERIMENTS, S0, cli, run_s0
+from drift_testing import EXPERIMENTS, S0, cli, copy_of_s0, run_s0
 
 from pytest_logprob_drift.errors import ExitCode, UsageError
 from pytest_logprob_drift.execute.settings import (
@@ -270,10 +270,9 @@ CLEAR = "\x1b[2J"
 
 
 def test_names_and_fields_from_a_run_directory_reach_the_terminal_escaped(
-    tmp_path: Path,
+    tmp_path: Path, sealed_s0: Path
 ) -> None:
-    artifacts = tmp_path / "runs"
-    assert run_s0(artifacts)[0] == 0
+    artifacts = copy_of_s0(sealed_s0, tmp_path)
     run_dir = artifacts / "s0-cpu-smoke"
     attempts = sorted((run_dir / layout.CASES).glob("*/*"))
     forged = attempts[0].parent / f"{TITLE}{CLEAR}"

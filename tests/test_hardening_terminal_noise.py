@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drift_testing import S0_HF, cli, run_s0
+from drift_testing import S0_HF, cli, copy_of_s0, run_s0
 
 from pytest_logprob_drift.errors import ExitCode
 from pytest_logprob_drift.runtimes.transformers import logs as transformers_logs
@@ -172,11 +172,12 @@ class _Plant:
         return (open, (str(self.path), "w"))
 
 
-def test_a_refused_pickle_is_the_reason_and_torch_warns_nothing(tmp_path: Path) -> None:
+def test_a_refused_pickle_is_the_reason_and_torch_warns_nothing(
+    tmp_path: Path, sealed_s0: Path
+) -> None:
     from test_hardening_store import reseal
 
-    artifacts = tmp_path / "runs"
-    assert run_s0(artifacts)[0] == 0
+    artifacts = copy_of_s0(sealed_s0, tmp_path)
     attempt = next((artifacts / "s0-cpu-smoke" / "cases").glob("*/*"))
     planted = tmp_path / "planted"
     # A plain pickle (protocol 4, not torch's zip format): torch warns about its protocol.

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import cli, run_s0
+from drift_testing import cli, copy_of_s0
 
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store.comparison import parse_comparison
@@ -32,10 +32,8 @@ FIXTURE = Path(__file__).parent / "data" / "pre_issue20" / "runs" / "fixture-pre
 
 
 @pytest.fixture(scope="module")
-def sealed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("importance-sampling")
-    assert run_s0(root)[0] == 0
-    return root
+def sealed_run(sealed_s0: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_of_s0(sealed_s0, tmp_path_factory.mktemp("importance-sampling"))
 
 
 def _comparisons(run_dir: Path) -> dict[str, tuple[Path, dict[str, Any]]]:

@@ -4,12 +4,11 @@ execution key), and ``capture_mask`` against subsets written out by hand."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from drift_testing import S0
+from drift_testing import S0, experiment_config
 
 from pytest_logprob_drift import ConfigError, plan_file
 from pytest_logprob_drift.numerics.comparison import LayerDiagnostics, from_builtins
@@ -20,12 +19,8 @@ from pytest_logprob_drift.store.files import json_bytes
 
 
 def _config(work: Path, diagnostics: object | None, name: str = "config.json") -> str:
-    document = json.loads(S0.read_text())
-    if diagnostics is not None:
-        document["diagnostics"] = diagnostics
-    path = work / name
-    path.write_text(json.dumps(document))
-    return str(path)
+    changes = {} if diagnostics is None else {"diagnostics": diagnostics}
+    return str(experiment_config(work, S0, changes, file_name=name))
 
 
 def test_true_and_the_object_form_plan_the_same_cases(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from drift_testing import S0
+from drift_testing import S0, experiment_config
 
 from pytest_logprob_drift import ConfigError, plan_file
 from pytest_logprob_drift.numerics.comparison import Diagnostics, PathSplit, from_builtins
@@ -151,12 +151,8 @@ def test_replay_must_be_a_boolean(tmp_path: Path, bad: object) -> None:
 
 
 def _config(work: Path, diagnostics: object | None, name: str = "config.json") -> str:
-    document = json.loads(S0.read_text())
-    if diagnostics is not None:
-        document["diagnostics"] = diagnostics
-    path = work / name
-    path.write_text(json.dumps(document))
-    return str(path)
+    changes = {} if diagnostics is None else {"diagnostics": diagnostics}
+    return str(experiment_config(work, S0, changes, file_name=name))
 
 
 def test_replay_is_opt_in_and_not_in_case_ids(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from drift_testing import OFFSET_LABEL, cli, run_s0
+from drift_testing import OFFSET_LABEL, cli, copy_of_s0
 from report_browser import live_page, open_page
 from resealing import reseal
 
@@ -116,11 +116,8 @@ def _hostile_decoder(checkpoint: Mapping[str, Any]) -> Any:
 
 
 @pytest.fixture(scope="module")
-def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    artifacts = tmp_path_factory.mktemp("report-injection") / "runs"
-    code, out, err = run_s0(artifacts)
-    assert code == 0, out + err
-    return artifacts / "s0-cpu-smoke"
+def clean_run(sealed_s0: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_of_s0(sealed_s0, tmp_path_factory.mktemp("report-injection")) / "s0-cpu-smoke"
 
 
 @pytest.fixture(scope="module")
@@ -145,13 +142,13 @@ def hostile_run(clean_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     _writable(offset.parent)
     renamed = offset.parent.rename(offset.parent.with_name(CASE_NAME))
     _reseal(renamed / offset.name, case_id=CASE_NAME, execution_key=execution_key(payload))
-    # ...and the plan's row of that case renamed too (verify refuses an attempt of a case the
-    # plan never had), plan.jsonl re-sealed.
+    # ...and the plan's row of that case renamed and relabelled too (verify refuses an attempt
+    # of a case the plan never had, or under another label), plan.jsonl re-sealed.
     plan = run_dir / "plan.jsonl"
     rows = [json.loads(line) for line in plan.read_text().splitlines()]
     for row in rows:
         if row["case_id"] == offset.parent.name:
-            row["case_id"] = CASE_NAME
+            row["case_id"], row["label"] = CASE_NAME, LABEL  # verify checks both against it
     _writable(plan)
     plan.write_text(
         "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in rows)

@@ -10,18 +10,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from drift_testing import OFFSET_EXPECT, S0, cli, pytest_drift, run_s0
+from drift_testing import OFFSET_EXPECT, S0, cli, copy_of_s0, pytest_drift
 
 from pytest_logprob_drift.attribution.sealed import attribution_dirs
 from pytest_logprob_drift.store.run import iter_attempt_dirs
 
 
 @pytest.fixture(scope="module")
-def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    artifacts = tmp_path_factory.mktemp("report-page-path") / "runs"
-    code, out, err = run_s0(artifacts)
-    assert code == 0, out + err
-    return artifacts / "s0-cpu-smoke"
+def clean_run(sealed_s0: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_of_s0(sealed_s0, tmp_path_factory.mktemp("report-page-path")) / "s0-cpu-smoke"
 
 
 def _sealed_places(run_dir: Path) -> list[Path]:

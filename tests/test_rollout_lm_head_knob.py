@@ -8,13 +8,10 @@ checked by ``test_sampling_semantics``); a config that names it gets its own.
 
 from __future__ import annotations
 
-import copy
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from drift_testing import S0_HF
+from drift_testing import S0_HF, experiment_config
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.plan.knobs import KNOBS, InvalidKnobValue, Side, canonical_path
@@ -33,12 +30,12 @@ def test_the_knob_and_its_aliases() -> None:
 
 
 def _config(tmp_path: Path, *, baseline: str, values: list[str]) -> str:
-    document: dict[str, Any] = copy.deepcopy(json.loads(S0_HF.read_text()))
-    document["baseline"]["rollout"]["lm_head_dtype"] = baseline
-    document["interventions"] = [{"path": "rollout.lm_head_dtype", "values": values}]
-    path = tmp_path / f"{baseline}-{'-'.join(values)}.json"
-    path.write_text(json.dumps(document))
-    return str(path)
+    changes = {
+        "baseline.rollout.lm_head_dtype": baseline,
+        "interventions": [{"path": "rollout.lm_head_dtype", "values": values}],
+    }
+    name = f"{baseline}-{'-'.join(values)}.json"
+    return str(experiment_config(tmp_path, S0_HF, changes, file_name=name))
 
 
 def test_a_config_that_names_it_plans_it(tmp_path: Path) -> None:

@@ -164,13 +164,10 @@ def test_the_document_decodes_strictly() -> None:
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from drift_testing import run_s0
+def smoke_run(sealed_s0: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from drift_testing import copy_of_s0
 
-    artifacts = tmp_path_factory.mktemp("weights-verify") / "runs"
-    code, _, err = run_s0(artifacts)
-    assert code == 0, err
-    return artifacts / "s0-cpu-smoke"
+    return copy_of_s0(sealed_s0, tmp_path_factory.mktemp("weights-verify")) / "s0-cpu-smoke"
 
 
 def _with_weights(smoke_run: Path, tmp_path: Path, document: WeightsDocument, name: str) -> Path:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from drift_testing import ROOT, make_runner
+from drift_testing import ROOT, experiment_config, make_runner
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.outcomes import Outcome
@@ -20,12 +20,8 @@ PRODUCTION = ("rlkernel.reference_logp", "rlkernel.chunked_logp")
 
 
 def _config(tmp_path: Path, source: str, backend: str, *, interventions: list[object]) -> Path:
-    document = json.loads((ROOT / "experiments" / source).read_text())
-    document["baseline"]["logp"] = {"backend": backend}
-    document["interventions"] = interventions
-    path = tmp_path / f"{backend}.json"
-    path.write_text(json.dumps(document))
-    return path
+    changes = {"baseline.logp": {"backend": backend}, "interventions": interventions}
+    return experiment_config(tmp_path, source, changes, file_name=f"{backend}.json")
 
 
 @pytest.mark.parametrize("backend", PRODUCTION)

@@ -13,27 +13,25 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import EXPERIMENTS, cli
+from drift_testing import DEEP_SMALL, cli, experiment_config
 from layer_hooks import digests16, hooked_states, plain_model
 
 pytestmark = pytest.mark.slow
 
-DEEP = "tiny://qwen3-deep-l8-h64-v1"
 PER_ROW = 3
 
 
 def _config(directory: Path, layers: object) -> Path:
-    config = json.loads((EXPERIMENTS / "cross_config_s0_hf_tiny_bf16.json").read_text())
-    config["experiment_id"] = "hf-layer-positions"
-    config["identity"]["checkpoint"] = {"uri": DEEP, "model_version": "tiny-qwen3-deep-l8-h64-v1"}
-    config["identity"]["prompts"]["token_ids"] = config["identity"]["prompts"]["token_ids"][:4]
-    config["identity"]["sampling"]["max_new_tokens"] = 8
-    config["baseline"]["batch"]["size"] = 4
-    config["interventions"] = [{"path": "rollout.dtype", "values": ["float32"]}]
-    config["diagnostics"] = {"layers": layers}
-    path = directory / f"config-{len(list(directory.glob('config-*')))}.json"
-    path.write_text(json.dumps(config))
-    return path
+    changes = {
+        **DEEP_SMALL,
+        "experiment_id": "hf-layer-positions",
+        "interventions": [{"path": "rollout.dtype", "values": ["float32"]}],
+        "diagnostics": {"layers": layers},
+    }
+    name = f"config-{len(list(directory.glob('config-*')))}.json"
+    return experiment_config(
+        directory, "cross_config_s0_hf_tiny_bf16.json", changes, file_name=name
+    )
 
 
 def _run(directory: Path, layers: object) -> str:

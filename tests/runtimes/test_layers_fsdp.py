@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import EXPERIMENTS, cli
+from drift_testing import DEEP, DEEP_SMALL, cli, experiment_config
 from layer_hooks import digests16, hooked_states, scoring_rows
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
@@ -33,7 +33,6 @@ from pytest_logprob_drift.runtimes.transformers import fsdp, fsdp_rank
 from pytest_logprob_drift.runtimes.transformers import fsdp_messages as wire
 from pytest_logprob_drift.tensorio import tensor_bytes
 
-DEEP = "tiny://qwen3-deep-l8-h64-v1"
 TRAINING, ROLLOUT = "layers_training.pt", "layers_rollout.pt"
 STATES = [*(str(k) for k in range(9)), "final_norm", "logits"]
 UNSHARDED, HEAD = "training.sharding=none", "training.lm_head_dtype=float32"
@@ -42,23 +41,19 @@ F32_EPS = torch.finfo(torch.float32).eps
 
 
 def _config(directory: Path, layers: bool) -> Path:
-    config = json.loads((EXPERIMENTS / "cross_config_s0_hf_tiny_bf16.json").read_text())
-    config["experiment_id"] = "fsdp-layers-" + ("on" if layers else "off")
-    config["identity"]["checkpoint"] = {"uri": DEEP, "model_version": "tiny-qwen3-deep-l8-h64-v1"}
-    config["identity"]["prompts"]["token_ids"] = config["identity"]["prompts"]["token_ids"][:4]
-    config["identity"]["sampling"]["max_new_tokens"] = 8
-    config["baseline"]["batch"]["size"] = 4
-    config["baseline"]["training"]["sharding"] = "fsdp"
-    config["baseline"]["training"]["lm_head_dtype"] = "compute"
-    config["interventions"] = [
-        {"path": "training.sharding", "values": ["none"]},
-        {"path": "training.lm_head_dtype", "values": ["float32"]},
-    ]
+    changes: dict[str, Any] = {
+        **DEEP_SMALL,
+        "experiment_id": "fsdp-layers-" + ("on" if layers else "off"),
+        "baseline.training.sharding": "fsdp",
+        "baseline.training.lm_head_dtype": "compute",
+        "interventions": [
+            {"path": "training.sharding", "values": ["none"]},
+            {"path": "training.lm_head_dtype", "values": ["float32"]},
+        ],
+    }
     if layers:
-        config["diagnostics"] = {"layers": True}
-    path = directory / f"{config['experiment_id']}.json"
-    path.write_text(json.dumps(config))
-    return path
+        changes["diagnostics"] = {"layers": True}
+    return experiment_config(directory, "cross_config_s0_hf_tiny_bf16.json", changes)
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:

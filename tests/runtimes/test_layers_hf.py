@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import EXPERIMENTS, cli
+from drift_testing import DEEP_SMALL, cli, experiment_config
 from layer_hooks import digests16, hooked_states, plain_model, scoring_rows
 
 from pytest_logprob_drift.numerics.layer_reduction import RELATIVE_ERROR_BAND
@@ -28,7 +28,6 @@ from pytest_logprob_drift.tensorio import tensor_bytes
 
 pytestmark = pytest.mark.slow
 
-DEEP = "tiny://qwen3-deep-l8-h64-v1"
 TRAINING, ROLLOUT = "layers_training.pt", "layers_rollout.pt"
 STATES = [*(str(k) for k in range(9)), "final_norm", "logits"]
 LABELS = {
@@ -41,25 +40,21 @@ LABELS = {
 
 
 def _config(directory: Path, layers: bool) -> Path:
-    config = json.loads((EXPERIMENTS / "cross_config_s0_hf_tiny_bf16.json").read_text())
-    config["experiment_id"] = "hf-layers-" + ("on" if layers else "off")
-    config["identity"]["checkpoint"] = {"uri": DEEP, "model_version": "tiny-qwen3-deep-l8-h64-v1"}
-    config["identity"]["prompts"]["token_ids"] = config["identity"]["prompts"]["token_ids"][:4]
-    config["identity"]["sampling"]["max_new_tokens"] = 8
-    config["baseline"]["batch"]["size"] = 4
-    config["baseline"]["training"]["lm_head_dtype"] = "compute"
-    config["baseline"]["rollout"]["lm_head_dtype"] = "compute"
-    config["interventions"] = [
-        {"path": "training.lm_head_dtype", "values": ["float32"]},
-        {"path": "training.attention_backend", "values": ["eager"]},
-        {"path": "rollout.dtype", "values": ["float32"]},
-        {"path": "rollout.lm_head_dtype", "values": ["float32"]},
-    ]
+    changes: dict[str, Any] = {
+        **DEEP_SMALL,
+        "experiment_id": "hf-layers-" + ("on" if layers else "off"),
+        "baseline.training.lm_head_dtype": "compute",
+        "baseline.rollout.lm_head_dtype": "compute",
+        "interventions": [
+            {"path": "training.lm_head_dtype", "values": ["float32"]},
+            {"path": "training.attention_backend", "values": ["eager"]},
+            {"path": "rollout.dtype", "values": ["float32"]},
+            {"path": "rollout.lm_head_dtype", "values": ["float32"]},
+        ],
+    }
     if layers:
-        config["diagnostics"] = {"layers": True}
-    path = directory / f"{config['experiment_id']}.json"
-    path.write_text(json.dumps(config))
-    return path
+        changes["diagnostics"] = {"layers": True}
+    return experiment_config(directory, "cross_config_s0_hf_tiny_bf16.json", changes)
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:

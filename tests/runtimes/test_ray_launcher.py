@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drift_testing import cli
+from drift_testing import cli, experiment_config
 
 from pytest_logprob_drift.cli import build_parser
 from pytest_logprob_drift.errors import UsageError
@@ -125,12 +125,7 @@ def _ours(names: set[str]) -> set[str]:
 
 
 def _config(tmp: Path, source: Path, name: str, **changes: Any) -> Path:
-    config = json.loads(source.read_text())
-    config["experiment_id"] = name
-    config.update(changes)
-    path = tmp / f"{name}.json"
-    path.write_text(json.dumps(config))
-    return path
+    return experiment_config(tmp, source, {"experiment_id": name, **changes})
 
 
 def _attempts(run_dir: Path) -> dict[str, Path]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import EXPERIMENTS, cli
+from drift_testing import EXPERIMENTS, cli, experiment_config
 
 from pytest_logprob_drift.attribution.analysis import (
     PATH_BOTH,
@@ -40,21 +40,22 @@ DECODE_REPLAY = "score_rollout_decode_replay.pt"
 
 
 def _config(directory: Path, replay: bool) -> Path:
-    config = json.loads((EXPERIMENTS / "cross_config_s0_hf_tiny_bf16.json").read_text())
-    config["experiment_id"] = "hf-replay-" + ("on" if replay else "off")
-    config["identity"]["prompts"]["token_ids"] = config["identity"]["prompts"]["token_ids"][:6]
-    config["identity"]["sampling"]["max_new_tokens"] = 8
-    config["baseline"]["batch"]["size"] = 3
-    config["interventions"] = [
-        {"path": "batch.size", "values": [1]},
-        {"path": "rollout.dtype", "values": ["float32"]},
-        {"path": "training.compute_dtype", "values": ["float32"]},
-    ]
+    source = "cross_config_s0_hf_tiny_bf16.json"
+    prompts = json.loads((EXPERIMENTS / source).read_text())["identity"]["prompts"]["token_ids"]
+    changes: dict[str, Any] = {
+        "experiment_id": "hf-replay-" + ("on" if replay else "off"),
+        "identity.prompts.token_ids": prompts[:6],
+        "identity.sampling.max_new_tokens": 8,
+        "baseline.batch.size": 3,
+        "interventions": [
+            {"path": "batch.size", "values": [1]},
+            {"path": "rollout.dtype", "values": ["float32"]},
+            {"path": "training.compute_dtype", "values": ["float32"]},
+        ],
+    }
     if replay:
-        config["diagnostics"] = {"replay": True}
-    path = directory / f"{config['experiment_id']}.json"
-    path.write_text(json.dumps(config))
-    return path
+        changes["diagnostics"] = {"replay": True}
+    return experiment_config(directory, source, changes)
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from drift_testing import S0_HF, S1, make_runner, run_by_label
+from drift_testing import S0_HF, S1, experiment_config, make_runner, run_by_label
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.outcomes import Outcome
@@ -26,13 +26,13 @@ CASE = "rollout.lm_head_dtype=float32"
 
 
 def _config(source: Path, path: Path, experiment_id: str, rollout_dtype: str) -> str:
-    document: dict[str, Any] = json.loads(source.read_text())
-    document["experiment_id"] = experiment_id
-    document["baseline"]["rollout"]["dtype"] = rollout_dtype
-    document["baseline"]["rollout"]["lm_head_dtype"] = "compute"
-    document["interventions"] = [{"path": "rollout.lm_head_dtype", "values": ["float32"]}]
-    path.write_text(json.dumps(document))
-    return str(path)
+    changes = {
+        "experiment_id": experiment_id,
+        "baseline.rollout.dtype": rollout_dtype,
+        "baseline.rollout.lm_head_dtype": "compute",
+        "interventions": [{"path": "rollout.lm_head_dtype", "values": ["float32"]}],
+    }
+    return str(experiment_config(path.parent, source, changes, file_name=path.name))
 
 
 def _knobs(result: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ run verifies offline (``verify`` recomputes the diagnostic from the sealed tenso
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from drift_testing import S0_HF, S1, run_by_label
+from drift_testing import S0_HF, S1, experiment_config, run_by_label
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.runner import CaseResult
@@ -33,17 +32,15 @@ ROLLOUT = "rollout.logprobs_mode=processed_logprobs"
 
 
 def _config(source: Path, tmp_path: Path, experiment_id: str) -> str:
-    document: dict[str, Any] = json.loads(source.read_text())
-    document["experiment_id"] = experiment_id
-    document["identity"]["sampling"].update({"temperature": 0.7, "top_p": 0.9})
-    document["diagnostics"] = {"full_vocabulary": True}
-    document["baseline"]["rollout"]["logprobs_mode"] = "raw_logprobs"
-    document["interventions"] = [
-        {"path": "rollout.logprobs_mode", "values": ["processed_logprobs"]}
-    ]
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(document))
-    return str(config)
+    changes = {
+        "experiment_id": experiment_id,
+        "identity.sampling.temperature": 0.7,
+        "identity.sampling.top_p": 0.9,
+        "diagnostics": {"full_vocabulary": True},
+        "baseline.rollout.logprobs_mode": "raw_logprobs",
+        "interventions": [{"path": "rollout.logprobs_mode", "values": ["processed_logprobs"]}],
+    }
+    return str(experiment_config(tmp_path, source, changes, file_name="config.json"))
 
 
 def _explained_as_processed_rollout(
