@@ -65,6 +65,11 @@ def test_a_difference_past_exps_range_is_judged_and_its_exp_figures_overflow(
     assert diagnostics["mean_abs_diff"] == pytest.approx(diff.mean(), rel=1e-12)
     code, out, _ = cli("verify", run, "--json")
     assert code == 0 and json.loads(out)["invalid"] == 0
+    # The report draws it too (float16's -65504 sentinel once failed its scatter's axis limits).
+    code, out, err = cli("report", run, "--json", "--html", tmp_path / "page.html")
+    assert (code, err) == (0, "")
+    (shown,) = json.loads(out)["cases"]
+    assert shown["outcome"] == "MISMATCH" and shown["mismatches"] == 1
 
 
 def test_scores_whose_difference_overflows_are_an_invalid_artifact(tmp_path: Path) -> None:
