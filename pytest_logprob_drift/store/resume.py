@@ -35,6 +35,7 @@ from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.divergence_check import check_divergence
 from pytest_logprob_drift.store.documents import (
     ATTEMPT_DOCUMENTS,
+    Actual,
     IdentityDocument,
     ImportedStep,
     WeightsDocument,
@@ -187,6 +188,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         raise SealError(layout.COMPARISON, "case id differs from the seal")
     imported: ImportedStep | None = None
     identity: IdentityDocument | None = None
+    actual: Actual | None = None
     weights: dict[str, WeightsDocument] = {}
     for name, kind in ATTEMPT_DOCUMENTS.items():
         if name not in seal.files:
@@ -203,6 +205,8 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             weights[name] = document
         if isinstance(document, IdentityDocument):
             identity = document
+        if isinstance(document, Actual):
+            actual = document
         if (
             isinstance(document, IdentityDocument)
             and execution_key(document.execution_key_payload.payload()) != seal.execution_key
@@ -215,6 +219,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         weights,
         None if identity is None else identity.execution_key_payload.materialization,
         (layout.WEIGHTS_ROLLOUT, layout.WEIGHTS_TRAINING),
+        None if actual is None else actual.knobs,
     )
     has_tensors = layout.TOKEN_DIFFS in seal.files
     if outcome in TENSOR_OUTCOMES and not has_tensors:

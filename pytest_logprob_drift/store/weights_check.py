@@ -189,13 +189,18 @@ def check_document(name: str, document: WeightsDocument) -> None:
 
 
 def check_pair(
-    documents: dict[str, WeightsDocument], materialization: object, names: tuple[str, str]
+    documents: dict[str, WeightsDocument],
+    materialization: object,
+    names: tuple[str, str],
+    read_back: object = None,
 ) -> None:
     """The two sides' sealed weights documents against each other and the case: both sealed
     or neither, the same checkpoint tensors, the same checkpoint digest wherever both compare
-    a tensor in the same dtype, and each side's dtype the one its knob materialized
-    (``materialization``: the execution-key payload's); a SealError naming the file at
-    fault."""
+    a tensor in the same dtype, and each side's dtype the one its engine read back
+    (``read_back``: ``actual.json``'s knobs; an engine that fell back silently holds the
+    dtype it fell back to, and the case is STRICT_REJECTED for it), else the one its knob
+    materialized (``materialization``: the execution-key payload's); a SealError naming the
+    file at fault."""
     rollout_name, training_name = names
     if not documents:
         return
@@ -205,15 +210,18 @@ def check_pair(
         raise SealError(absent, f"not sealed, but {present} is (a weight check writes both)")
     rollout, training = documents[rollout_name], documents[training_name]
     knobs = materialization if isinstance(materialization, dict) else {}
+    actual = read_back if isinstance(read_back, dict) else {}
     for name, document in ((rollout_name, rollout), (training_name, training)):
-        knob = knobs.get(DECLARED_BY[document.side])
-        value = knob.get("value") if isinstance(knob, dict) else None
+        path = DECLARED_BY[document.side]
+        held = actual.get(path)
+        value = held.get("actual") if isinstance(held, dict) else None
+        how = "read back"
+        if value not in FLOATING_DTYPES:
+            knob = knobs.get(path)
+            value = knob.get("value") if isinstance(knob, dict) else None
+            how = "materialized"
         if value in FLOATING_DTYPES and document.dtype != value:
-            raise SealError(
-                name,
-                f"declares dtype {document.dtype}, the case materialized "
-                f"{DECLARED_BY[document.side]}={value}",
-            )
+            raise SealError(name, f"declares dtype {document.dtype}, the case {how} {path}={value}")
     if rollout.refused is not None or training.refused is not None:
         return
     held = {t.name: t for t in rollout.tensors}
