@@ -8,7 +8,6 @@ import hashlib
 import json
 from pathlib import Path
 
-import pytest
 from drift_testing import cli
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
