@@ -81,6 +81,15 @@ def _token_diffs_threshold(run: Path, attempt: Path, threshold: float) -> None:
     reseal(run, path)
 
 
+def _resealed_as_pass(c: dict[str, Any]) -> None:
+    """A MISMATCH comparison rewritten as a PASS under threshold 1.0 (the issue's repro)."""
+    for holder in (c, c["contract"], c["numerical"]):
+        holder["threshold"] = 1.0
+    for holder in (c, c["numerical"]):
+        holder["outcome"], holder["mismatches"] = "PASS", 0
+    c["diagnostics"]["mismatch_ratio"] = 0.0
+
+
 def test_step_3_resealed_as_a_pass_under_threshold_1_is_invalid(
     imported: Path, tmp_path: Path
 ) -> None:
@@ -96,11 +105,7 @@ def test_step_3_resealed_as_a_pass_under_threshold_1_is_invalid(
     assert 0.13 < diff.max() < 0.14
 
     def as_pass(c: dict[str, Any]) -> None:
-        for holder in (c, c["contract"], c["numerical"]):
-            holder["threshold"] = 1.0
-        for holder in (c, c["numerical"]):
-            holder["outcome"], holder["mismatches"] = "PASS", 0
-        c["diagnostics"]["mismatch_ratio"] = 0.0
+        _resealed_as_pass(c)
         c["reason"] = "all 48 active tokens within 1 (max |diff| 1.351e-01)"
 
     _token_diffs_threshold(run, attempt, 1.0)
@@ -296,15 +301,8 @@ def test_an_executed_runs_baseline_resealed_as_a_pass_is_not_reusable(tmp_path: 
     )
     check_attempt(attempt, expected_key=None)  # as sealed: reusable
 
-    def as_pass(c: dict[str, Any]) -> None:
-        for holder in (c, c["contract"], c["numerical"]):
-            holder["threshold"] = 1.0
-        for holder in (c, c["numerical"]):
-            holder["outcome"], holder["mismatches"] = "PASS", 0
-        c["diagnostics"]["mismatch_ratio"] = 0.0
-
     _token_diffs_threshold(run, attempt, 1.0)
-    _edit_json(run, attempt / "comparison.json", as_pass)
+    _edit_json(run, attempt / "comparison.json", _resealed_as_pass)
     with pytest.raises(SealError, match=r"contract.threshold is 1.0; contract 'ws1'"):
         check_attempt(attempt, expected_key=None)
     assert _status(run, attempt)["status"] == "invalid"
