@@ -229,9 +229,11 @@ def test_the_production_runtimes_share_the_tiny_checkpoint() -> None:
     assert sorted(RuntimeCatalog(PRODUCTION_RUNTIMES).checkpoints) == [
         "tiny://llama-h64-v1",
         "tiny://mistral-h64-v1",
+        "tiny://olmoe-h128-v1",
         "tiny://qwen2-h64-v1",
         "tiny://qwen3-deep-l8-h64-v1",
         "tiny://qwen3-h64-v1",
+        "tiny://qwen3-moe-h128-v1",
     ]
 
 

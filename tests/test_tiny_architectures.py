@@ -18,6 +18,7 @@ from pytest_logprob_drift.runtimes import TINY_ARCHITECTURES as DECLARED
 from pytest_logprob_drift.runtimes.tiny_model import (
     MAX_POSITIONS,
     TINY_ARCHITECTURES,
+    TINY_MOE_ARCHITECTURES,
     TINY_SCHEME,
     TinyArchitecture,
     build_tiny_architecture,
@@ -67,3 +68,41 @@ def test_the_qwen3_build_is_not_changed_by_them(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
         "Qwen3ForCausalLM"
     ]
+
+
+@pytest.mark.parametrize("arch", TINY_MOE_ARCHITECTURES, ids=lambda a: a.name)
+def test_each_moe_build_is_deterministic_declared_and_reads_back_its_experts(
+    arch: TinyArchitecture, tmp_path: Path
+) -> None:
+    import torch
+    import transformers
+
+    from pytest_logprob_drift.runtimes import TINY_MOE_ARCHITECTURES as DECLARED_MOE
+    from pytest_logprob_drift.runtimes.transformers import moe
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    build_tiny_architecture(arch, first)
+    build_tiny_architecture(arch, second)
+    assert checkpoint_digest(first) == checkpoint_digest(second)
+    assert (first / "model.safetensors").read_bytes() == (second / "model.safetensors").read_bytes()
+    config = json.loads((first / "config.json").read_text())
+    assert config["architectures"] == [arch.model_class]
+    assert (config["hidden_size"], config["head_dim"], config["vocab_size"]) == (128, 64, 1024)
+    loaded = transformers.AutoConfig.from_pretrained(first)  # num_experts: an attribute alias
+    assert (loaded.num_experts, loaded.num_experts_per_tok) == (4, 2)
+    for key, value in arch.config.items():
+        assert getattr(loaded, key) == value, key
+    expert_rows = config.get("moe_intermediate_size", config["intermediate_size"])
+    assert expert_rows % 64 == 0  # a multiple of 32 per rank at TP 1 and 2
+    declared = {c.uri: c for c in DECLARED_MOE}[TINY_SCHEME + arch.name]
+    assert declared.model_type == config["model_type"]
+    for runtime in ("hf", "vllm-hf"):
+        assert declared in runtime_catalog().get(runtime).checkpoints
+    model = transformers.AutoModelForCausalLM.from_pretrained(first, dtype=torch.bfloat16)
+    assert len(moe.moe_routers(model)) == config["num_hidden_layers"] == 2
+    assert moe.experts_implementation(model) == model.config._experts_implementation
+    assert moe.experts_implementation(model) is not None
+    dense = transformers.AutoModelForCausalLM.from_pretrained(
+        resolve_checkpoint(TINY_SCHEME + TINY_ARCHITECTURES[0].name, expected_digest=None).path
+    )
+    assert moe.experts_implementation(dense) is None

@@ -41,6 +41,7 @@ from pytest_logprob_drift.runtimes.transformers.library import model_constructio
 
 __all__ = [
     "TINY_ARCHITECTURES",
+    "TINY_MOE_ARCHITECTURES",
     "TINY_QWEN3_DEEP_NAME",
     "TINY_QWEN3_NAME",
     "TINY_SCHEME",
@@ -400,6 +401,45 @@ TINY_ARCHITECTURES: Final = (
 """The tiny builds beside Qwen3 (``tiny://NAME``), each a deterministic function of this
 file and the installed libraries."""
 
+TINY_MOE_ARCHITECTURES: Final = (
+    TinyArchitecture(
+        name="qwen3-moe-h128-v1",
+        config_class="Qwen3MoeConfig",
+        model_class="Qwen3MoeForCausalLM",
+        # Every layer MoE; 128 expert rows split to 64 per rank at TP 2, a multiple of the
+        # 32 vLLM's CPU expert kernels need (hidden 128 is one too).
+        config={
+            "tie_word_embeddings": False,
+            "use_sliding_window": False,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": True,
+            "moe_intermediate_size": 128,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        },
+        chat_tokens=("<|im_start|>", "<|im_end|>"),
+        chat_template=_CHATML_TEMPLATE,
+    ),
+    TinyArchitecture(
+        name="olmoe-h128-v1",
+        config_class="OlmoeConfig",
+        model_class="OlmoeForCausalLM",
+        # OLMoE's experts take the shared ``intermediate_size`` (256: 128 per rank at TP 2);
+        # its ``norm_topk_prob=False`` runs vLLM's ``renormalize=False`` path.
+        config={
+            "tie_word_embeddings": False,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": False,
+        },
+        chat_tokens=("<|im_start|>", "<|im_end|>"),
+        chat_template=_CHATML_TEMPLATE,
+    ),
+)
+"""The tiny mixture-of-experts builds (hidden 128, head_dim 64, 4 experts, top-2, both
+layers MoE), deterministic like the dense ones."""
+
 
 def build_tiny_architecture(arch: TinyArchitecture, target_dir: Path) -> None:
     """Write ``arch``'s tiny checkpoint into ``target_dir``: seeded float32 weights, the
@@ -476,7 +516,10 @@ def default_cache_root() -> Path:
 _TINY_BUILDERS: Final[Mapping[str, Callable[[Path], None]]] = {
     TINY_QWEN3_NAME: build_tiny_checkpoint,
     TINY_QWEN3_DEEP_NAME: functools.partial(build_tiny_checkpoint, layers=DEEP_LAYERS),
-    **{arch.name: functools.partial(build_tiny_architecture, arch) for arch in TINY_ARCHITECTURES},
+    **{
+        arch.name: functools.partial(build_tiny_architecture, arch)
+        for arch in (*TINY_ARCHITECTURES, *TINY_MOE_ARCHITECTURES)
+    },
 }
 
 

@@ -1,0 +1,158 @@
+"""MoE on the ``vllm-hf`` runtime (issue 54), one sealed run shared by every test here: the tiny
+Qwen3-MoE in bfloat16 on both sides at TP 1 with ``diagnostics.routing`` on (one vLLM engine).
+The rollout's routing is what vLLM's routers chose while it generated (never a replay): -1
+exactly at padding and at each row's last sampled token; the trainer's is -1 exactly at
+padding. The recorded figures equal a numpy recompute from the sealed tensors written here;
+the rollout's experts agree with the trainer's on most tokens (bf16 rounding flips a few); the
+weight check lists the experts as skipped and checks the router; verify recomputes the figures
+and names a tampered one; ``report --json`` and the run table carry the routing view.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from drift_testing import EXPERIMENTS, cli, experiment_config
+from resealing import reseal
+
+from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("vllm")
+
+ID = "vllm-moe-routing"
+
+
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    loaded: dict[str, torch.Tensor] = torch.load(path, weights_only=True)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    directory = tmp_path_factory.mktemp("moe-vllm")
+    shipped = json.loads((EXPERIMENTS / "cross_config_s1_vllm_cpu_moe_bf16.json").read_text())
+    config = experiment_config(
+        directory,
+        "cross_config_s1_vllm_cpu_moe_bf16.json",
+        {
+            "experiment_id": ID,
+            "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
+            "identity.sampling.max_new_tokens": 8,
+            "interventions": [],
+        },
+    )
+    code, out, err = cli("run", config, "--runtime", "vllm-hf", "--artifacts", directory / "runs")
+    run_dir = directory / "runs" / ID
+    (comparison,) = run_dir.glob("cases/*/*/comparison.json")
+    document = json.loads(comparison.read_text())
+    assert document["outcome"] in ("PASS", "MISMATCH"), out[-2000:] + err[-3000:]
+    assert code == (0 if document["outcome"] == "PASS" else 1), err[-3000:]
+    return {"run_dir": run_dir, "attempt": comparison.parent, "comparison": document, "text": out}
+
+
+def test_each_side_routes_exactly_the_tokens_it_computed(run: dict[str, Any]) -> None:
+    attempt = run["attempt"]
+    scores = _load(attempt / "score_rollout.pt")
+    attention = scores["attention_mask"].bool()
+    lengths = attention.sum(-1)
+    training = _load(attempt / "routing_training.pt")
+    rollout = _load(attempt / "routing_rollout.pt")
+    for tensors in (training, rollout):
+        assert tensors["expert_ids"].dtype == torch.int64
+        assert tensors["gate_weights"].dtype == torch.float32
+        assert tensors["expert_ids"].shape == (*attention.shape, 2, 2)
+    assert torch.equal(training["expert_ids"][..., 0, 0] >= 0, attention)
+    last = torch.zeros_like(attention)
+    last[torch.arange(len(lengths)), lengths - 1] = True
+    assert torch.equal(rollout["expert_ids"][..., 0, 0] >= 0, attention & ~last)
+    ids = rollout["expert_ids"][attention & ~last]
+    assert bool(((ids >= 0) & (ids < 4)).all())
+    assert bool((ids[..., 1] > ids[..., 0]).all())  # two distinct experts, ascending
+    weights = rollout["gate_weights"][attention & ~last].double()
+    # norm_topk_prob: the weights sum to 1 up to their bfloat16 rounding (2 ulps of 1: 2^-7)
+    assert torch.allclose(weights.sum(-1), torch.ones_like(weights.sum(-1)), atol=2**-7)
+
+
+def test_the_recorded_figures_equal_a_numpy_recompute(run: dict[str, Any]) -> None:
+    attempt = run["attempt"]
+    a = _load(attempt / "routing_training.pt")["expert_ids"].numpy()
+    b = _load(attempt / "routing_rollout.pt")["expert_ids"].numpy()
+    diffs = _load(attempt / "token_diffs.pt")
+    attention = _load(attempt / "score_rollout.pt")["attention_mask"].bool().numpy()
+    both = (a[..., 0, 0] >= 0) & (b[..., 0, 0] >= 0) & attention
+    same = (a == b).all(-1)  # [rows, positions, layers]
+    agreement = [float(same[..., k][both].mean()) for k in range(a.shape[2])]
+    flipped = ~same.all(-1) & both
+    figures = run["comparison"]["diagnostics"]["routing"]["figures"]
+    assert figures["agreement_by_layer"] == pytest.approx(agreement, abs=1e-12)
+    assert figures["flip_share"] == pytest.approx(float(flipped[both].mean()), abs=1e-12)
+    assert figures["positions_compared"] == int(both.sum())
+    assert min(agreement) >= 0.9  # bf16 rounding flips a few tokens, not most
+    active = diffs["active_mask"].numpy()
+    diff = np.abs(
+        diffs["training_logprobs"].double().numpy() - diffs["rollout_logprobs"].double().numpy()
+    )
+    unrouted = attention & ~both
+    counts = {"flip": [], "no_flip": [], "unknown": []}
+    for r, t in zip(*np.nonzero(active), strict=True):
+        if unrouted[r, :t].any():
+            counts["unknown"].append(diff[r, t])
+        elif flipped[r, :t].any():
+            counts["flip"].append(diff[r, t])
+        else:
+            counts["no_flip"].append(diff[r, t])
+    for name, values in counts.items():
+        assert figures["drift"][name]["tokens"] == len(values), name
+        if values:
+            assert figures["drift"][name]["max_abs_diff"] == pytest.approx(max(values))
+    assert counts["unknown"] == []  # no prefix cache: every position before t is routed
+
+
+def test_the_weight_check_skips_the_experts_and_checks_the_router(run: dict[str, Any]) -> None:
+    attempt = run["attempt"]
+    for name in ("weights_rollout.json", "weights_training.json"):
+        document = json.loads((attempt / name).read_text())
+        assert document["refused"] is None, name
+        assert document["differences"] == [], name
+        checked = {t["name"] for t in document["tensors"]}
+        assert {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight"} <= checked
+        skipped = {s["name"] for s in document["skipped"] if s["reason"] == EXPERTS_NOT_CHECKED}
+        assert "model.layers.1.mlp.experts.3.down_proj.weight" in skipped, name
+        assert not any(".experts." in n for n in checked), name
+
+
+def test_verify_recomputes_the_routing_figures_and_names_a_tampered_one(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    code, out, err = cli("verify", run["run_dir"])
+    assert code == 0, out + err
+    import shutil
+
+    copy = tmp_path / ID
+    shutil.copytree(run["run_dir"], copy)
+    (comparison,) = copy.glob("cases/*/*/comparison.json")
+    document = json.loads(comparison.read_text())
+    figures = document["diagnostics"]["routing"]["figures"]
+    figures["agreement_by_layer"][0] = 0.5
+    comparison.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    reseal(copy, comparison)
+    code, out, err = cli("verify", copy)
+    assert code == 1
+    assert "routing_rollout.pt" in out + err
+    assert "recomputed offline differ" in out + err
+
+
+def test_report_and_run_table_carry_the_routing_view(run: dict[str, Any]) -> None:
+    assert "routing agree (min layer)" in run["text"]
+    assert "routing: " in run["text"] and "with a flip" in run["text"]
+    code, out, _err = cli("report", run["run_dir"], "--json")
+    assert code == 0
+    (case,) = json.loads(out)["cases"]
+    assert case["diagnostics"]["routing"] == run["comparison"]["diagnostics"]["routing"]
+    assert case["diagnostics"]["routing"]["rollout"]["status"] == "routing_captured"
