@@ -71,7 +71,7 @@ from pytest_logprob_drift.production.sources import (
     InputFile,
     nemo_rl_step,
 )
-from pytest_logprob_drift.store.documents import ImportedRow
+from pytest_logprob_drift.store.documents import ImportedRow, ImportFormat
 from pytest_logprob_drift.tensorio import inflation_problem
 
 UNSET = msgspec.UNSET
@@ -113,7 +113,7 @@ class Format:
     """A format's name, the source fields each side's logprobs come from, the rule of its
     active mask, and every field it reads."""
 
-    name: str
+    name: ImportFormat
     rollout: str
     training: str
     active: str

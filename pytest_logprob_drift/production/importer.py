@@ -11,7 +11,9 @@ attempt seals (requested/materialized/actual/identity documents, saying the step
 and no engine ran, ``score_rollout.pt``, ``score_training.pt``, ``comparison.json``,
 ``token_diffs.pt``) plus ``imported.json`` (``store.documents.ImportedStep``: the source row of
 every grid row). Logprobs are sealed in float32 when every value of the step is one exactly
-(what a float32 trainer logged), else in float64. A case id is the hash of the format, the
+(what a float32 trainer logged), else in float64; token ids in the narrowest of
+``ID_DTYPES`` that holds the step's largest id; no ``position_ids`` (the grid determines them:
+``store.sealed_tensors.grid_positions``). A case id is the hash of the format, the
 step, the SHA-256 of the step's own source bytes and the contract version.
 
 One step is held at a time. Everything is written under a temporary directory inside the
@@ -68,10 +70,15 @@ from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import execution_key
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
+    Actual,
+    ExecutionKeyPayload,
     ExperimentDocument,
+    IdentityDocument,
     ImportedInput,
     ImportedStep,
     ImportSource,
+    Materialized,
+    Requested,
 )
 from pytest_logprob_drift.store.files import fsync_dir, json_bytes, plain_name
 from pytest_logprob_drift.store.importance_check import SCORED_OUTCOMES, comparison_of
@@ -137,10 +144,24 @@ def _environment() -> dict[str, str | None]:
     }
 
 
-def _lossless_float32(values: torch.Tensor) -> bool:
-    """Whether every value is a float32 exactly (NaN and infinities included)."""
-    narrowed = values.to(torch.float32).to(torch.float64)
-    return bool(((narrowed == values) | (torch.isnan(values) & torch.isnan(narrowed))).all())
+def _float32_exactly(values: torch.Tensor) -> torch.Tensor | None:
+    """``values`` in float32 when every one is a float32 exactly (NaN and infinities
+    included), else None."""
+    narrowed = values.to(torch.float32)
+    same = narrowed.to(torch.float64) == values
+    if bool(same.all()) or bool(torch.isnan(values[~same]).all()):  # NaN narrows to NaN
+        return narrowed
+    return None
+
+
+ID_DTYPES: Final = (torch.int16, torch.int32, torch.int64)
+"""The dtypes an imported step's token ids are sealed in, narrowest first (signed: a reader
+may pad a row with -1)."""
+
+
+def narrowest_id_dtype(top: int) -> torch.dtype:
+    """The narrowest of ``ID_DTYPES`` that holds every id from 0 to ``top`` exactly."""
+    return next(d for d in ID_DTYPES if top <= torch.iinfo(d).max)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,7 +169,6 @@ class _Grid:
     token_ids: torch.Tensor
     attention: torch.Tensor
     active: torch.Tensor
-    positions: torch.Tensor
     rollout: torch.Tensor
     training: torch.Tensor
     starts: torch.Tensor
@@ -166,31 +186,49 @@ def _grid(step: Step, file_of: Callable[[int], str]) -> _Grid:
             f"of {len(rows) * width} cells, more than the {MAX_GRID_CELLS} one step may have",
         )
     shape = (len(rows), width)
-    token_ids = torch.zeros(shape, dtype=torch.int64)
-    attention = torch.zeros(shape, dtype=torch.bool)
-    active = torch.zeros(shape, dtype=torch.bool)
-    rollout = torch.zeros(shape, dtype=torch.float64)
-    training = torch.zeros(shape, dtype=torch.float64)
-    masked = None
-    for i, row in enumerate(rows):
-        n = row.token_ids.numel()
-        token_ids[i, :n] = row.token_ids
-        attention[i, :n] = True
-        active[i, :n] = row.active
-        rollout[i, :n] = row.rollout
-        training[i, :n] = row.training
-        if row.masked is not None:
-            masked = torch.zeros(shape, dtype=torch.bool) if masked is None else masked
-            masked[i, :n] = row.masked
-    if _lossless_float32(rollout) and _lossless_float32(training):
-        rollout, training = rollout.to(torch.float32), training.to(torch.float32)
-    positions = torch.arange(width, dtype=torch.int64).expand(shape) * attention
+    lengths = torch.tensor([r.token_ids.numel() for r in rows], dtype=torch.int64)
+    attention = torch.arange(width).expand(shape) < lengths.unsqueeze(1)
+
+    cells = attention.reshape(-1).nonzero().squeeze(1)  # each row's cells, row after row
+
+    def placed(dtype: torch.dtype, values: torch.Tensor) -> torch.Tensor:
+        """The rows' concatenated ``values`` on the grid, 0 past each row's end: one
+        indexed copy, no per-row copies."""
+        grid = torch.zeros(shape, dtype=dtype)
+        grid.view(-1).index_copy_(0, cells, values.to(dtype))
+        return grid
+
+    token_ids = placed(torch.int64, torch.cat([r.token_ids for r in rows]))
+    token_ids = token_ids.to(narrowest_id_dtype(int(token_ids.max())))
+    active = placed(torch.bool, torch.cat([r.active for r in rows]))
+    rollout_values = torch.cat([r.rollout for r in rows])
+    training_values = torch.cat([r.training for r in rows])
+    rollout32, training32 = _float32_exactly(rollout_values), _float32_exactly(training_values)
+    if rollout32 is not None and training32 is not None:  # padding's 0 is a float32 too
+        rollout, training = placed(torch.float32, rollout32), placed(torch.float32, training32)
+    else:
+        rollout = placed(torch.float64, rollout_values)
+        training = placed(torch.float64, training_values)
+    masked = (
+        placed(
+            torch.bool,
+            torch.cat(
+                [
+                    r.masked
+                    if r.masked is not None
+                    else torch.zeros(r.token_ids.numel(), dtype=torch.bool)
+                    for r in rows
+                ]
+            ),
+        )
+        if any(r.masked is not None for r in rows)
+        else None
+    )
     starts = torch.tensor([r.start for r in rows], dtype=torch.int64)
     return _Grid(
         token_ids=token_ids,
         attention=attention,
         active=active,
-        positions=positions.contiguous(),
         rollout=rollout,
         training=training,
         starts=starts,
@@ -282,7 +320,7 @@ class _Run:
             )
         imported = ImportedStep(
             schema_version=STEP_SCHEMA,
-            format=fmt.name,  # type: ignore[arg-type]
+            format=fmt.name,
             step=step.step,
             inputs=tuple(file_of(i) for i in step.inputs),
             rows_sha256=step.digest,
@@ -357,36 +395,28 @@ class _Run:
             "environment": self.environment,
         }
         writer = self.store.new_attempt(case_id, execution_key(payload))
-        writer.write_json(
-            layout.REQUESTED,
-            {
-                "case_id": case_id,
-                "label": label,
-                "knobs": {},
-                "changed": [],
-                "binding": {"imported": source},
-            },
+        writer.write_document(
+            Requested(
+                case_id=case_id, label=label, knobs={}, changed=(), binding={"imported": source}
+            )
         )
-        writer.write_json(layout.MATERIALIZED, {"knobs": {}, "operators": []})
-        writer.write_json(
-            layout.ACTUAL,
-            {"knobs": {}, "read_back": None, "operator_provenance": [], "training_evidence": None},
+        writer.write_document(Materialized(knobs={}, operators=()))
+        writer.write_document(
+            Actual(knobs={}, read_back=None, operator_provenance=(), training_evidence=None)
         )
-        writer.write_json(
-            layout.IDENTITY,
-            {
-                "identity": {"imported": source},
-                "rollout": {**IMPORTED_SIDE, "format": fmt.name},
-                "training": {**IMPORTED_SIDE, "format": fmt.name},
-                "execution_key_payload": payload,
-            },
+        writer.write_document(
+            IdentityDocument(
+                identity={"imported": source},
+                rollout={**IMPORTED_SIDE, "format": fmt.name},
+                training={**IMPORTED_SIDE, "format": fmt.name},
+                execution_key_payload=ExecutionKeyPayload(**payload),
+            )
         )
-        writer.write_json(layout.IMPORTED, msgspec.to_builtins(imported))
+        writer.write_document(imported)
         identity = {
             "token_ids": grid.token_ids,
             "attention_mask": grid.attention,
             "active_mask": grid.active,
-            "position_ids": grid.positions,
         }
         writer.write_bytes(
             layout.SCORE_ROLLOUT,
@@ -413,7 +443,7 @@ class _Run:
     def finish(self, experiment_id: str, records: Sequence[InputRecord]) -> None:
         source = ImportSource(
             schema_version=IMPORT_SCHEMA,
-            format=self.format.name,  # type: ignore[arg-type]
+            format=self.format.name,
             inputs=tuple(ImportedInput(path=r.path, sha256=r.sha256, size=r.size) for r in records),
             fields=self.format.fields,
             steps=len(self.cases),
