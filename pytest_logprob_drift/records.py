@@ -4,7 +4,7 @@ Owns the shapes every other module exchanges: the experiment config, the frozen 
 identity, knobs and their lifecycles, planned cases, structured plan issues and knob
 application records. Every record is a frozen, slotted, keyword-only dataclass whose
 ``canonical()`` form is plain JSON data; ``canonical_json`` serializes it with sorted keys and no
-spaces, which is what gets hashed. Also owns ``Record``, the base that gives records their
+spaces, which is what gets hashed. Also owns ``FrozenRecord``, the base that gives records their
 equality, hash and repr without a per-class ``exec`` at import (``plan`` start-up). Knows
 nothing about parsing files, planning rules, torch or any runtime.
 """
@@ -105,7 +105,7 @@ def frozen_mapping(items: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(sorted(items.items())))
 
 
-class Record:
+class FrozenRecord:
     """Equality, hashing and ``repr`` of a frozen record, taken from its dataclass fields.
 
     A record declared ``@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)``
@@ -209,7 +209,7 @@ class ApplicationStatus(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class CheckpointIdentity(Record):
+class CheckpointIdentity(FrozenRecord):
     """Immutable model weights: a local directory or a ``tiny://`` synthetic URI."""
 
     uri: str
@@ -218,7 +218,7 @@ class CheckpointIdentity(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class TokenizerIdentity(Record):
+class TokenizerIdentity(FrozenRecord):
     """The tokenizer both sides must use, and how prompts are encoded with it."""
 
     tokenizer_id: str
@@ -227,7 +227,7 @@ class TokenizerIdentity(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class PromptSet(Record):
+class PromptSet(FrozenRecord):
     """Prompts as token ids; ``source`` records the file they came from, if any."""
 
     token_ids: tuple[tuple[int, ...], ...]
@@ -239,7 +239,7 @@ class PromptSet(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class SamplingSpec(Record):
+class SamplingSpec(FrozenRecord):
     """How the rollout samples. ``top_p``, ``top_k`` and ``min_p`` are None when the sampler
     does not truncate by them (then they are left out of the canonical identity, so a config
     without them keeps its case ids); both sides must apply the same values."""
@@ -279,7 +279,7 @@ class PositionPolicy(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ScoringIdentity(Record):
+class ScoringIdentity(FrozenRecord):
     """The frozen logical input both scorers must share (CONTRACT: identity before numerics)."""
 
     checkpoint: CheckpointIdentity
@@ -304,7 +304,7 @@ class ScoringIdentity(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class Scenario(Record):
+class Scenario(FrozenRecord):
     """Metadata: which milestone the experiment belongs to and which device it names."""
 
     level: ScenarioLevel
@@ -312,7 +312,7 @@ class Scenario(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class Intervention(Record):
+class Intervention(FrozenRecord):
     """One declared path and the values it takes, each in its own case (raw, pre-normalization)."""
 
     path: str
@@ -321,7 +321,7 @@ class Intervention(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class BackendSelection(Record):
+class BackendSelection(FrozenRecord):
     """A named backend and its options (as written in the config)."""
 
     backend: str
@@ -329,7 +329,7 @@ class BackendSelection(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class OperatorSelection(Record):
+class OperatorSelection(FrozenRecord):
     """An explicit per-side backend choice for one semantic operator."""
 
     operation: str
@@ -338,7 +338,7 @@ class OperatorSelection(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class FullVocabularySpec(Record):
+class FullVocabularySpec(FrozenRecord):
     """Opt-in full-vocabulary diagnostics (``$.diagnostics.full_vocabulary``): per active
     position KL both ways and total variation over the whole vocabulary, and the ``top_k``
     tokens carrying most of it at the ``worst_positions`` positions. Never changes a verdict;
@@ -354,7 +354,7 @@ comparison.json's ``diagnostics.layers.reduction.positions_per_row`` is read in)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class LayerSpec(Record):
+class LayerSpec(FrozenRecord):
     """Opt-in layer diagnostics (``$.diagnostics.layers``: ``true`` or an object): which
     positions both sides capture. ``positions_per_row`` None: every position that scores an
     active token; ``k``: at most ``k`` of them per row, evenly spaced over the row's active
@@ -365,7 +365,7 @@ class LayerSpec(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ExperimentConfig(Record):
+class ExperimentConfig(FrozenRecord):
     """A strictly loaded ``cross_config.experiment_config.v1`` document (values still raw)."""
 
     schema_version: str
@@ -393,13 +393,17 @@ class ExperimentConfig(Record):
     """Opt-in (``$.diagnostics.layers``): both sides' hidden states at every layer, reduced
     (``numerics.layer_reduction``) and sealed per side. Never changes a verdict; not part of
     the case id (part of the execution key)."""
+    routing: bool = False
+    """Opt-in (``$.diagnostics.routing``): a mixture-of-experts model's expert choices per MoE
+    layer on both sides (``numerics.routing``), sealed per side. Never changes a verdict; not
+    part of the case id (part of the execution key)."""
 
 
 # ---------------------------------------------------------------------------- contract
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ResolvedContract(Record):
+class ResolvedContract(FrozenRecord):
     """A numerical contract entry with ``current`` already resolved to a concrete version."""
 
     source: str
@@ -415,7 +419,7 @@ class ResolvedContract(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class PlanIssue(Record):
+class PlanIssue(FrozenRecord):
     """A structured planning finding; errors stop execution, warnings do not."""
 
     severity: IssueSeverity
@@ -430,7 +434,7 @@ class PlanIssue(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class Knob(Record):
+class Knob(FrozenRecord):
     """One allowlisted configuration path and how deep it reaches."""
 
     path: str
@@ -439,7 +443,7 @@ class Knob(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class Case(Record):
+class Case(FrozenRecord):
     """One planned configuration: the normalized requested knob values and what changed."""
 
     case_id: str
@@ -452,7 +456,7 @@ class Case(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ExperimentPlan(Record):
+class ExperimentPlan(FrozenRecord):
     """The planned cases of one experiment, with the contract they are judged by."""
 
     schema_version: str
@@ -469,6 +473,7 @@ class ExperimentPlan(Record):
     full_vocabulary: FullVocabularySpec | None = None
     replay: bool = False
     layers: LayerSpec | None = None
+    routing: bool = False
 
     @property
     def has_errors(self) -> bool:
@@ -479,7 +484,7 @@ class ExperimentPlan(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class BuiltinCheckpoint(Record):
+class BuiltinCheckpoint(FrozenRecord):
     """A checkpoint a runtime builds from code instead of reading a directory, named by a URI
     with a scheme (``tiny://qwen3-h64-v1``), and what execution accepts of it: token ids below
     ``vocab_size``, prompt plus new tokens within ``max_positions`` (None: no fixed context),
@@ -505,7 +510,7 @@ class BuiltinCheckpoint(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ContextParallelRule(Record):
+class ContextParallelRule(FrozenRecord):
     """Where and for which checkpoints a runtime runs ``rollout.context_parallel_size`` > 1,
     and the engine setting it becomes there; anywhere else the case is refused with ``rule``
     (``plan.context_parallel``), never mapped onto another setting."""
@@ -521,7 +526,7 @@ class ContextParallelRule(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class KnobTrial(Record):
+class KnobTrial(FrozenRecord):
     """One standard one-at-a-time intervention a runtime executes: the knob, the values it
     executes for it (a value equal to the baseline's is left out by whoever plans from it),
     and what the case tests, in a sentence (``logprob-drift init`` writes it as the
@@ -533,7 +538,7 @@ class KnobTrial(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class RuntimeInfo(Record):
+class RuntimeInfo(FrozenRecord):
     """The static, torch-free description of one runtime: which scenario levels it executes on
     which device (``executes_on``: pairs, so that declaring a level on one device declares it
     nowhere else), the ``module:attr`` of its adapter factory (imported only when a case
@@ -612,7 +617,7 @@ class RuntimeInfo(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class KnobApplication(Record):
+class KnobApplication(FrozenRecord):
     """requested -> materialized -> actual for one knob, with evidence for the status."""
 
     knob: str

@@ -479,6 +479,39 @@ class DriftWorkerExtension:
             "reduction": tensor_bytes(out) if rank == READ_RANK else None,
         }
 
+    def routing_arm(self) -> int:
+        """Arm the routing capture (``routing_capture``) for the next generation; the MoE
+        layer count (0: the model has none, nothing is recorded)."""
+        from pytest_logprob_drift.runtimes.vllm import routing_capture
+
+        worker: Any = self
+        count = routing_capture.install(worker.get_model(), worker.model_runner)
+        routing_capture.arm()
+        return count
+
+    def routing_collect(self) -> dict[str, Any]:
+        """Disarm; this worker's routing (``routing_capture.collect``) as a rank reply: every
+        rank sends its TP rank and size and the SHA-256 of its tensors, only TP rank 0 the
+        tensors themselves (``layer_ranks.rank_zero_reduction`` checks the ranks agree)."""
+        from vllm.distributed.parallel_state import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
+
+        from pytest_logprob_drift.numerics.layer_reduction import reduction_sha256
+        from pytest_logprob_drift.runtimes.vllm import routing_capture
+        from pytest_logprob_drift.runtimes.vllm.layer_ranks import READ_RANK
+        from pytest_logprob_drift.tensorio import tensor_bytes
+
+        out = routing_capture.collect()
+        rank = int(get_tensor_model_parallel_rank())
+        return {
+            "tp_rank": rank,
+            "tp_size": int(get_tensor_model_parallel_world_size()),
+            "sha256": reduction_sha256(out),
+            "reduction": tensor_bytes(out) if rank == READ_RANK else None,
+        }
+
     def model_report(self) -> dict[str, Any]:
         """This worker's attention implementations and vocabulary shards (plain values only).
 

@@ -8,7 +8,9 @@ moment; each rank briefly holds one whole parameter at a time, and the whole mod
 network once per rank: the cost is one all-gather of the model plus one SHA-256 pass over it
 on rank 0) and rank 0 digests it. A name that is the very same parameter object as an
 earlier one (a tied LM head) and that the checkpoint does not hold is reported tied;
-non-persistent buffers (``rotary_emb.inv_freq``) are named and skipped with the reason.
+non-persistent buffers (``rotary_emb.inv_freq``) are named and skipped with the reason, and so
+are a mixture-of-experts model's expert tensors, the module's and the checkpoint's
+(``moe_experts``).
 Knows nothing about engines, processes, comparison or sealing.
 """
 
@@ -18,6 +20,7 @@ from collections.abc import Collection
 from typing import Any
 
 from pytest_logprob_drift.runtimes.weights.digest import dtype_name, tensor_sha256
+from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED, is_expert_tensor
 
 MODULE_POINT = "transformers module as loaded for scoring"
 FSDP_POINT = "FSDP2 ranks after sharding, each parameter gathered with full_tensor()"
@@ -45,7 +48,11 @@ def module_report(
     extra: dict[str, str] = {}
     seen: dict[int, str] = {}
     dtypes: list[str] = []
+    skipped: dict[str, str] = {n: EXPERTS_NOT_CHECKED for n in wanted if is_expert_tensor(n)}
     for name, param in model.named_parameters(remove_duplicate=False):
+        if is_expert_tensor(name):
+            skipped[name] = EXPERTS_NOT_CHECKED
+            continue
         first = seen.setdefault(id(param), name)
         if first != name and name not in wanted:
             tied[name] = first
@@ -64,7 +71,6 @@ def module_report(
         else:
             extra[name] = "held by the module; the checkpoint has no tensor of this name"
     non_persistent = _non_persistent(model)
-    skipped: dict[str, str] = {}
     for name, buffer in model.named_buffers(remove_duplicate=False):
         if name in non_persistent:
             skipped[name] = (

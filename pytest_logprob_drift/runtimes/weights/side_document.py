@@ -1,12 +1,12 @@
 """One side's sealed weight document: its digests beside the checkpoint's, and the differences.
 
-Owns joining a side report (the plain values ``vllm_layout.merge_ranks`` or
-``module_digests.module_report`` produce) with the checkpoint's digests cast to the side's
-declared dtype (``checkpoint``), per tensor and per rank slice, into a
-``store.documents.WeightsDocument``, and recording the differences ``store.weights_check``
-finds (the same function ``verify`` runs on the sealed document), with the max |difference|
-and the share of differing elements where the caller can hand over the side's tensor.
-Knows nothing about engines or cases.
+Owns joining a side report (``side_report.SideReport``: the plain values
+``vllm_layout.merge_ranks`` or ``module_digests.module_report`` produce, decoded once) with
+the checkpoint's digests cast to the side's declared dtype (``checkpoint``), per tensor and
+per rank slice, into a ``store.documents.WeightsDocument``, and recording the differences
+``store.weights_check`` finds (the same function ``verify`` runs on the sealed document),
+with the max |difference| and the share of differing elements where the caller can hand over
+the side's tensor. Knows nothing about engines or cases.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pytest_logprob_drift.runtimes.weights.checkpoint import (
     checkpoint_tensors,
 )
 from pytest_logprob_drift.runtimes.weights.digest import torch_dtype
+from pytest_logprob_drift.runtimes.weights.side_report import HeldTensor, SideReport, side_report
 from pytest_logprob_drift.store.documents import (
     NamedReason,
     SliceDigest,
@@ -32,6 +33,7 @@ from pytest_logprob_drift.store.documents import (
     TiedTensor,
     WeightDifference,
     WeightsDocument,
+    WeightSide,
 )
 from pytest_logprob_drift.store.weights_check import differences
 
@@ -39,13 +41,16 @@ SideTensor = Callable[[str], "torch.Tensor | None"]
 """The side's tensor of a checkpoint name when it is at hand (None: not at hand)."""
 
 
+NOT_HELD = HeldTensor(held=False)
+
+
 def refused_document(
-    side: str, runtime: str, dtype: str, point: str, reason: str
+    side: WeightSide, runtime: str, dtype: str, point: str, reason: str
 ) -> WeightsDocument:
     """The document of a side whose weights were not checked, with the reason."""
     return WeightsDocument(
         schema_version="cross_config.weights.v1",
-        side=side,  # type: ignore[arg-type]
+        side=side,
         runtime=runtime,
         dtype=dtype,
         point=point,
@@ -57,10 +62,10 @@ def refused_document(
 
 def side_document(
     *,
-    side: str,
+    side: WeightSide,
     runtime: str,
     declared_dtype: str,
-    report: Mapping[str, Any],
+    report: Mapping[str, Any] | SideReport,
     model_dir: Path,
     declared: Mapping[str, str] | None = None,
     via: Mapping[str, str] | None = None,
@@ -72,17 +77,18 @@ def side_document(
     checkpoint tensor it was made from (an untied float32 copy of a tied LM head): it is
     compared with that tensor. ``side_tensor``, when given, hands over the side's tensor of a
     name for the figures of a value difference."""
-    point = str(report.get("point", ""))
-    if "error" in report:
-        return refused_document(side, runtime, declared_dtype, point, str(report["error"]))
-    if report.get("refused"):
-        return refused_document(side, runtime, declared_dtype, point, str(report["refused"]))
-    held: Mapping[str, Any] = report["tensors"]
+    typed = side_report(report)
+    point = typed.point
+    if typed.error is not None:
+        return refused_document(side, runtime, declared_dtype, point, typed.error)
+    if typed.refused:
+        return refused_document(side, runtime, declared_dtype, point, typed.refused)
+    held = typed.tensors
     own = declared or {}
     through = via or {}
     copies = dict(derived or {})
-    skipped = dict(report.get("skipped", {}))
-    extra = {k: v for k, v in dict(report.get("extra", {})).items() if k not in copies}
+    skipped = dict(typed.skipped)
+    extra = {k: v for k, v in typed.extra.items() if k not in copies}
     names = [n for n in checkpoint_names(model_dir) if n not in skipped]
     wanted = [
         Wanted(
@@ -91,8 +97,8 @@ def side_document(
             dtype=torch_dtype(own.get(name, declared_dtype)),
             via=torch_dtype(through[name]) if name in through else None,
             spans=tuple(
-                SliceSpan(dim=int(s["dim"]), start=int(s["start"]), stop=int(s["stop"]))
-                for s in held.get(name, {}).get("slices", [])
+                SliceSpan(dim=s.dim, start=s.start, stop=s.stop)
+                for s in held.get(name, NOT_HELD).slices
             ),
         )
         for name in sorted({*names, *copies})
@@ -103,26 +109,26 @@ def side_document(
         ref = reference.get(want.name)
         if ref is None:
             continue  # a derived name whose source the checkpoint lacks: shown as extra below
-        entry = held.get(want.name, {"held": False})
-        on_side = bool(entry.get("held"))
+        entry = held.get(want.name, NOT_HELD)
+        on_side = entry.held
         tensors.append(
             TensorDigest(
                 name=want.name,
                 shape=ref.shape,
                 checkpoint=ref.sha256,
-                side=str(entry.get("sha256")) if on_side else None,
-                side_shape=tuple(entry["shape"]) if on_side and entry.get("shape") else None,
-                side_dtype=str(entry.get("dtype")) if on_side else None,
+                side=str(entry.sha256) if on_side else None,
+                side_shape=entry.shape if on_side and entry.shape else None,
+                side_dtype=str(entry.dtype) if on_side else None,
                 slices=tuple(
                     SliceDigest(
-                        rank=int(s["rank"]),
-                        dim=int(s["dim"]),
-                        start=int(s["start"]),
-                        stop=int(s["stop"]),
+                        rank=s.rank,
+                        dim=s.dim,
+                        start=s.start,
+                        stop=s.stop,
                         checkpoint=ref.slices[i],
-                        side=str(s["sha256"]),
+                        side=s.sha256,
                     )
-                    for i, s in enumerate(entry.get("slices", []))
+                    for i, s in enumerate(entry.slices)
                 )
                 if on_side
                 else (),
@@ -140,13 +146,13 @@ def side_document(
     )
     document = WeightsDocument(
         schema_version="cross_config.weights.v1",
-        side=side,  # type: ignore[arg-type]
+        side=side,
         runtime=runtime,
         dtype=declared_dtype,
         point=point,
-        tensor_parallel_size=int(report.get("tp_size", 1)),
+        tensor_parallel_size=typed.tp_size,
         tensors=tuple(tensors),
-        tied=tuple(TiedTensor(name=k, shares=v) for k, v in sorted(report.get("tied", {}).items())),
+        tied=tuple(TiedTensor(name=k, shares=v) for k, v in sorted(typed.tied.items())),
         skipped=tuple(NamedReason(name=k, reason=v) for k, v in sorted(skipped.items())),
         extra=tuple(NamedReason(name=k, reason=v) for k, v in sorted(extra.items())),
     )

@@ -12,7 +12,9 @@ the padding rows left out). Every rank digests its own span (a per-rank slice di
 spans are gathered to TP rank 0 over the TP group's CPU (gloo) group and rank 0 digests the
 whole tensor in the checkpoint's layout. A vLLM parameter no checkpoint name reaches is
 reported tied (the same parameter object as a mapped one: a tied LM head) or as held without
-a checkpoint source. Quantized layers and fused MoE experts are refused by name. The pure
+a checkpoint source. Quantized layers are refused by name; a mixture-of-experts model's fused
+experts are skipped, the checkpoint's per-expert tensors and vLLM's ``w13``/``w2`` alike
+(``moe_experts``), and its router checked like any replicated linear. The pure
 arithmetic (``split_rows``, ``qkv_rows``, ``merged_rows``, ``vocab_rows``) takes plain numbers
 so it is tested without an engine.
 
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 
 from pytest_logprob_drift.runtimes.weights.digest import dtype_name, slice_of, tensor_sha256
+from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED, is_expert_tensor
 
 QKV_SHARDS = ("q", "k", "v")
 
@@ -125,7 +128,8 @@ def whole(rows: int) -> RankSpan:
 
 
 class LayoutRefused(Exception):
-    """The model holds a layout this mapping does not cover (quantized, MoE): the reason."""
+    """The model holds a layout this mapping does not cover (quantized, pipeline stages): the
+    reason."""
 
 
 def _refusal(model: Any) -> str | None:
@@ -135,16 +139,15 @@ def _refusal(model: Any) -> str | None:
     if get_pp_group().world_size > 1:
         return "pipeline parallelism: the layers are spread over stages"
     for name, module in model.named_modules():
-        kind = type(module).__name__
-        if "MoE" in kind or "Expert" in kind:  # vLLM's MoE layers, whatever their class
-            return f"{name} is a {kind} (fused MoE experts: the mapping covers dense layers only)"
+        if is_expert_tensor(name + "."):  # fused MoE experts: skipped by name (moe_experts)
+            continue
         method = getattr(module, "quant_method", None)
         if method is not None and not type(method).__name__.startswith("Unquantized"):
             return f"{name} is quantized ({type(method).__name__})"
         if int(getattr(module, "num_added_embeddings", 0) or 0) > 0:
             return f"{name} has added (LoRA) vocabulary rows"
     for name, param in model.named_parameters():
-        if param.ndim >= 3:
+        if param.ndim >= 3 and not is_expert_tensor(name):
             return (
                 f"{name} is a {param.ndim}-D parameter {list(param.shape)} (fused experts or a "
                 "convolution: the mapping covers dense 1-D and 2-D weights only)"
@@ -270,6 +273,9 @@ def rank_report(model: Any, model_dir: Path, *, point: str) -> dict[str, Any]:
     placed: list[_Placed] = []
     shapes = _checkpoint_shapes(model_dir)
     for name in sorted(shapes):
+        if is_expert_tensor(name):
+            skipped[name] = EXPERTS_NOT_CHECKED
+            continue
         mapped = _mapped(model, name)
         if mapped is None:
             skipped[name] = "the model class's hf_to_vllm_mapper drops this checkpoint name"
@@ -302,7 +308,9 @@ def rank_report(model: Any, model_dir: Path, *, point: str) -> dict[str, Any]:
     for vllm_name, param in params.items():
         if vllm_name in mapped_names:
             continue
-        if id(param) in covered:
+        if is_expert_tensor(vllm_name):
+            skipped[vllm_name] = EXPERTS_NOT_CHECKED
+        elif id(param) in covered:
             tied[vllm_name] = by_object[id(param)]
         elif vllm_name not in {v.get("vllm_name") for v in tensors.values()}:
             extra[vllm_name] = "held by vLLM; no checkpoint tensor maps to it"

@@ -1,0 +1,69 @@
+"""A side's weight report as one type: what the workers or ranks digested, decoded once.
+
+Owns ``SideReport`` (with ``HeldTensor`` and ``HeldSlice``), the form of the plain values a
+side's processes send back (``vllm_layout.merge_ranks`` over the vLLM workers'
+``collective_rpc`` results, which vLLM sends as untyped msgpack; ``module_digests.module_report``
+in an FSDP rank or this process), and ``side_report``, which decodes them with
+``msgspec.convert`` once, where they arrive, so that ``side_document`` reads typed members
+instead of re-parsing dictionaries. A report that is not that shape is an error report naming
+the member. Knows nothing about engines or checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import msgspec
+
+Index = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class HeldSlice(msgspec.Struct, frozen=True, kw_only=True):
+    """One tensor-parallel rank's slice of a tensor: ``[start, stop)`` along ``dim`` of the
+    checkpoint's layout, and the digest of what that rank holds."""
+
+    rank: Index
+    dim: Index
+    start: Index
+    stop: Index
+    sha256: str
+
+
+class HeldTensor(msgspec.Struct, frozen=True, kw_only=True):
+    """What a side holds under one checkpoint name: whether it holds it, its shape and dtype,
+    the whole tensor's digest (None where this rank did not assemble it) and the rank slices."""
+
+    held: bool
+    shape: tuple[Index, ...] | None = None
+    dtype: str | None = None
+    sha256: str | None = None
+    slices: tuple[HeldSlice, ...] = ()
+    vllm_name: str | None = None
+
+
+class SideReport(msgspec.Struct, frozen=True, kw_only=True):
+    """A side's digests of its weights (``error``: none were taken, and why; ``refused``: a
+    layout the mapping does not cover)."""
+
+    point: str = ""
+    dtype: str = "none"
+    tp_size: Annotated[int, msgspec.Meta(ge=1)] = 1
+    tensors: dict[str, HeldTensor] = {}
+    tied: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    extra: dict[str, str] = {}
+    refused: str | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+
+def side_report(plain: Mapping[str, Any] | SideReport) -> SideReport:
+    """``plain`` (what a side's processes sent back) as a ``SideReport``; one that is not that
+    shape becomes an error report saying where."""
+    if isinstance(plain, SideReport):
+        return plain
+    try:
+        return msgspec.convert(dict(plain), SideReport)
+    except msgspec.ValidationError as exc:
+        return SideReport(point=str(plain.get("point", "")), error=f"weight report: {exc}")
