@@ -6,8 +6,9 @@ or the kill -9 loop; ``process`` for one that needs a fresh interpreter, ``sys.m
 exit, an ``RLIMIT_AS`` or timer bound, or non-UTF-8 argv. The fast loop is
 ``pytest -n 2 -m "not slow and not process"``; CI runs everything. Hypothesis draws
 ``HYPOTHESIS_PROFILE`` examples: ``dev`` (the default, small budgets) or ``ci`` (set by
-``.ci/run``). Repository paths and the runner wiring live in ``drift_testing`` (importable
-because this directory is on sys.path); ``cli_process``, for ``process`` tests only, runs
+``.ci/run``). Modules run heavy first (``module_order``). Repository paths and the runner
+wiring live in ``drift_testing`` (importable because this directory is on sys.path);
+``cli_process``, for ``process`` tests only, runs
 ``logprob-drift`` commands as processes forked from one server per test process
 (``cli_processes``).
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 from cli_processes import ForkServer
 from hypothesis import settings
+from module_order import heavy_modules_first, keep_collection_order
 from tmpfs import small_tmpfs
 
 # The suite keeps Python's compiled-module cache on (``__pycache__``, git-ignored) even where the
@@ -89,9 +91,16 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mount
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """``--dist loadfile`` hands out modules in collection's order (``module_order``)."""
+    keep_collection_order(config)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that uses ``cli_process`` without the ``process`` mark is a usage error: the fork
-    server's imports (seconds) stay out of the fast loop."""
+    """Heavy modules first (``module_order``). A test that uses ``cli_process`` without
+    the ``process`` mark is a usage error: the fork server's imports (seconds) stay out of the
+    fast loop."""
+    heavy_modules_first(items)
     unmarked = [
         item.nodeid
         for item in items

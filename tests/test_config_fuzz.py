@@ -435,6 +435,7 @@ def test_limits_mirror_the_runtimes() -> None:
     from pytest_logprob_drift.runtimes.tiny_model import (
         MAX_POSITIONS,
         TINY_ARCHITECTURES,
+        TINY_MOE_ARCHITECTURES,
         TINY_QWEN3_DEEP_NAME,
         TINY_QWEN3_NAME,
         TINY_SCHEME,
@@ -447,10 +448,11 @@ def test_limits_mirror_the_runtimes() -> None:
     for name in (TINY_QWEN3_NAME, TINY_QWEN3_DEEP_NAME):
         tiny = checkpoints[TINY_SCHEME + name]
         assert (tiny.vocab_size, tiny.max_positions) == (VOCAB_SIZE, MAX_POSITIONS)
-    for arch in TINY_ARCHITECTURES:  # the same vocabulary and context as the tiny Qwen3
+    builds = (*TINY_ARCHITECTURES, *TINY_MOE_ARCHITECTURES)
+    for arch in builds:  # the same vocabulary and context as the tiny Qwen3
         declared = checkpoints[TINY_SCHEME + arch.name]
         assert (declared.vocab_size, declared.max_positions) == (VOCAB_SIZE, MAX_POSITIONS)
-    assert len(checkpoints) == 3 + len(TINY_ARCHITECTURES)  # a new one needs its limits here
+    assert len(checkpoints) == 3 + len(builds)  # a new one needs its limits here
 
 
 def test_seed_limits_match_the_runtimes_derivations() -> None:

@@ -1,7 +1,8 @@
-"""Attribution's structural truths on real engines (slow): in bf16, a training-only knob leaves
-the rollout side bitwise equal, a rollout-only knob leaves the training side bitwise equal on
-the tokens both executions share, a knob that changes nothing is "no effect", and a rollout
-that samples other tokens is compared only on the shared prefix.
+"""Attribution's structural truths on real engines (slow; ``attribution_structure``): in bf16, a
+training-only knob leaves the rollout side bitwise equal, a rollout-only knob leaves the training
+side bitwise equal on the tokens both executions share, a knob that changes nothing is "no
+effect", and a rollout that samples other tokens is compared only on the shared prefix. Here on
+transformers; on vLLM in ``test_replay_vllm``, on the attribution its run without replay seals.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attribution_structure import assert_structure
 from drift_testing import EXPERIMENTS, make_runner
 
 from pytest_logprob_drift import plan_file
-from pytest_logprob_drift.attribution.analysis import NO_EFFECT
 from pytest_logprob_drift.attribution.document import document_json
 from pytest_logprob_drift.attribution.sealed import attribute_and_seal, verify_attribution
 
@@ -50,29 +51,6 @@ def attribution(
     return {c["label"]: c for c in document["cases"]} | {"_doc": document}
 
 
-def assert_structure(
-    cases: dict[str, Any], *, training_only: str, rollout_only: str, no_op: str
-) -> None:
-    assert cases["_doc"]["noise_floor"]["rollout_max_abs_delta"] == 0.0  # CPU: run to run exact
-    assert cases["_doc"]["noise_floor"]["training_max_abs_delta"] == 0.0
-    training = cases[training_only]
-    assert training["rollout"]["max_abs_delta"] == 0.0
-    assert training["rollout"]["bitwise_equal_fraction"] == 1.0
-    assert training["training"]["max_abs_delta"] > 0.0
-    assert training["earliest_divergence"] is None
-    assert training["classification"].startswith("moved the training side")
-    rollout = cases[rollout_only]
-    assert rollout["training"]["max_abs_delta"] == 0.0  # on the shared tokens
-    assert rollout["rollout"]["max_abs_delta"] > 0.0
-    assert "moved the rollout side" in rollout["classification"]
-    if rollout["earliest_divergence"] is not None:  # other tokens: only the prefix is compared
-        assert rollout["shared_tokens"] < training["shared_tokens"]
-        assert rollout["classification"].startswith(
-            f"changed the sampled tokens from position {rollout['earliest_divergence']}"
-        )
-    assert cases[no_op]["classification"] == NO_EFFECT
-
-
 def test_transformers_bf16_attribution(tmp_path: Path) -> None:
     cases = attribution(
         tmp_path,
@@ -89,23 +67,4 @@ def test_transformers_bf16_attribution(tmp_path: Path) -> None:
         training_only="training.compute_dtype=float32",
         rollout_only="rollout.dtype=float32",
         no_op="training.sharding=fsdp",
-    )
-
-
-def test_vllm_bf16_attribution(tmp_path: Path) -> None:
-    cases = attribution(
-        tmp_path,
-        "cross_config_s1_vllm_cpu_tiny_bf16.json",
-        "vllm-hf",
-        [
-            {"path": "training.compute_dtype", "values": ["float32"]},
-            {"path": "rollout.dtype", "values": ["float32"]},
-            {"path": "rollout.enable_prefix_caching", "values": [True]},
-        ],
-    )
-    assert_structure(
-        cases,
-        training_only="training.compute_dtype=float32",
-        rollout_only="rollout.dtype=float32",
-        no_op="rollout.enable_prefix_caching=true",
     )

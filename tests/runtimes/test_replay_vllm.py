@@ -1,5 +1,7 @@
 """Replay on the ``vllm-hf`` runtime (issue 22): the shipped S1 bf16 experiment with
-``diagnostics.replay`` on and off, one run each for the whole module.
+``diagnostics.replay`` on and off, one run each for the whole module (the one without replay
+runs its baseline twice, and its sealed attribution carries the structural truths of
+``attribution_structure`` on vLLM).
 
 The sealed prefill replay is checked against a vLLM engine built here (plain ``vllm.LLM``,
 ``prompt_logprobs=0``, the baseline's chunks), the figures and the float64 identity against
@@ -18,8 +20,10 @@ import torch
 
 pytest.importorskip("vllm")
 
+from attribution_structure import assert_structure
 from drift_testing import EXPERIMENTS, cli
 
+from pytest_logprob_drift.attribution.sealed import verify_attribution
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -33,14 +37,14 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
     return loaded
 
 
-def _run(directory: Path, replay: bool) -> dict[str, Any]:
+def _run(directory: Path, replay: bool, *extra: str) -> dict[str, Any]:
     config = json.loads(CONFIG.read_text())
     if replay:
         config["diagnostics"] = {"replay": True}
     path = directory / CONFIG.name
     path.write_text(json.dumps(config))
     artifacts = directory / "runs"
-    code, out, err = cli("run", path, "--runtime", "vllm-hf", "--artifacts", artifacts)
+    code, out, err = cli("run", path, "--runtime", "vllm-hf", "--artifacts", artifacts, *extra)
     assert code == 1, out[-3000:] + err[-3000:]  # bf16: every case is a MISMATCH under ws1
     run_dir = artifacts / config["experiment_id"]
     cases = {}
@@ -54,7 +58,7 @@ def _run(directory: Path, replay: bool) -> dict[str, Any]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     return {
         "on": _run(tmp_path_factory.mktemp("replay-on"), True),
-        "off": _run(tmp_path_factory.mktemp("replay-off"), False),
+        "off": _run(tmp_path_factory.mktemp("replay-off"), False, "--baseline-repeats", "2"),
     }
 
 
@@ -176,3 +180,22 @@ def test_verify_and_the_attribution_by_path(runs: dict[str, dict[str, Any]]) -> 
             # same sampled tokens: the prefill path moved iff the replays differ anywhere
             moved = not torch.equal(prefill, base)
             assert (entry["path"]["prefill"]["max_abs_delta"] > 0) is moved, entry["label"]
+
+
+def test_the_bf16_attribution_separates_the_sides_on_vllm(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    off = runs["off"]
+    assert {c["comparison"]["outcome"] for c in off["cases"].values()} == {"MISMATCH"}
+    baseline = off["cases"]["baseline"]["attempt"]
+    assert len(list(baseline.parent.glob("*/comparison.json"))) == 2  # the baseline, repeated
+    run_dir = off["run_dir"]
+    (directory,) = sorted((run_dir / "attributions").iterdir())
+    assert verify_attribution(run_dir, directory) == []
+    document = json.loads((directory / "attribution.json").read_text())
+    assert_structure(
+        {c["label"]: c for c in document["cases"]} | {"_doc": document},
+        training_only="training.compute_dtype=float32",
+        rollout_only="rollout.dtype=float32",
+        no_op="rollout.enable_prefix_caching=true",
+    )

@@ -77,7 +77,7 @@ def test_vllm_runs_compute_and_a_float32_head(tmp_path: Path) -> None:
     # The workers' LM head weight, read back from the live engine: the model's dtype.
     read_back = json.loads((baseline.attempt_dir / "actual.json").read_text())["read_back"]
     assert read_back["vllm.lm_head_dtype"] == read_back["vllm.dtype"] == "float32"
-    applied = json.loads(read_back["vllm.sampling_applied"])
+    applied = read_back["vllm.sampling_applied"]
     assert applied["observed"] is True
     assert applied["values"] == [{"temperature": 1.0, "top_p": 0.9, "top_k": 0, "min_p": 0.05}]
     sides = json.loads((baseline.attempt_dir / "identity.json").read_text())

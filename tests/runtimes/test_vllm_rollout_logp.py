@@ -116,7 +116,7 @@ def test_every_case_executes_and_the_backends_are_what_ran(run: dict[str, Any]) 
         assert (record["status"], record["actual"]) == ("applied", backend)
         evidence = actual["read_back"]["vllm.logp_evidence"]
         assert "installed in the sampler of all 1 worker(s)" in evidence, evidence
-        (worker,) = json.loads(actual["read_back"]["vllm.logp_injection"])
+        (worker,) = actual["read_back"]["vllm.logp_injection"]
         assert worker["backend"] == backend and worker["installed"] is True
         assert worker["model_runner"] == "CPUModelRunner" and worker["sampler_class"] == "Sampler"
         assert not any(worker["violations"].values())
@@ -127,7 +127,7 @@ def test_every_case_executes_and_the_backends_are_what_ran(run: dict[str, Any]) 
         assert prefill["evidence"]["logp_backend"] == backend
     baseline = _actual(cases["baseline"])
     assert baseline["knobs"]["logp.backend"]["actual"] == "native"
-    (worker,) = json.loads(baseline["read_back"]["vllm.logp_injection"])
+    (worker,) = baseline["read_back"]["vllm.logp_injection"]
     assert worker == {**worker, "installed": False, "untouched": True}
 
 

@@ -14,6 +14,9 @@ push; run with ``--replay`` so that the path split is there to read. The planted
 PASS; the prefill replay (which never reads the prefix cache) agrees with the trainer as the
 correct refit does, the decode path does not, and the read-back says how many prompt tokens
 were served from cache blocks computed under the previous policy.
+
+Planted pushes: one run of the three planted values (each INVALID_IDENTITY naming the tensor);
+the correct push they are set against is the shipped run's, not run again.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 pytest.importorskip("vllm")
 
 from drift_testing import EXPERIMENTS, cli
+from text_in_strings import text_in_strings
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 
@@ -105,6 +109,32 @@ def test_push_cases_agree_bitwise_with_the_checkpoint_case(shipped: dict[str, An
             assert "push" in document["point"]
 
 
+def test_actual_json_holds_no_format_inside_a_string(shipped: dict[str, Any]) -> None:
+    """``actual.json`` v2: the read-back of a ``weight_sync=trainer`` case (the weights that
+    arrived, the sampling applied, the logp injection) and the hf FSDP trainer's evidence
+    (per-rank lists and objects) are nested JSON; no string holds JSON or a Python literal."""
+    results = shipped["results"]
+    walked = []
+    for label in (
+        "rollout.weight_sync=trainer",
+        "training.sharding=fsdp,rollout.weight_sync=trainer",
+        "training.sharding=fsdp",
+    ):
+        document = json.loads((Path(results[label]["attempt_dir"]) / "actual.json").read_text())
+        assert document["schema_version"] == "cross_config.actual.v2"
+        assert text_in_strings(document) == [], label
+        walked.append(document)
+    pushed, fsdp_pushed, fsdp = walked
+    assert isinstance(pushed["read_back"]["vllm.weights_arrived"], dict)
+    assert isinstance(pushed["read_back"]["vllm.sampling_applied"]["values"], list)
+    assert isinstance(pushed["read_back"]["vllm.logp_injection"], list)
+    for document in (fsdp_pushed, fsdp):
+        evidence = document["training_evidence"]
+        assert evidence["world_size"] == 2
+        assert isinstance(evidence["rank_startup_s"], list)
+        assert len(evidence["rank_startup_s"]) == 2
+
+
 def test_the_read_back_says_how_the_weights_arrived(shipped: dict[str, Any]) -> None:
     from safetensors import safe_open
 
@@ -120,7 +150,7 @@ def test_the_read_back_says_how_the_weights_arrived(shipped: dict[str, Any]) -> 
         for sync in PUSHES:
             actual = _actual(results[_label(other, sync)])
             assert actual["rollout.weight_sync"] == sync
-            arrived = json.loads(actual["vllm.weights_arrived"])
+            arrived = actual["vllm.weights_arrived"]
             dtype = "bfloat16" if other == "rollout.dtype=bfloat16" else "float32"
             assert arrived["rollout_dtype"] == dtype
             assert arrived["tensor_bytes"] == numel * (2 if dtype == "bfloat16" else 4)
@@ -190,12 +220,12 @@ def test_a_skipped_reset_after_a_refit_serves_stale_cache_and_the_report_shows_i
     # rollout's prompts were served from cache blocks (computed under the previous policy).
     for result, reset in ((refit, True), (planted, False)):
         actual = _actual(result)
-        arrived = json.loads(actual["vllm.weights_arrived"])
+        arrived = actual["vllm.weights_arrived"]
         assert arrived["enable_prefix_caching"] is True
         assert arrived["prefix_cache_reset"] is reset
         assert arrived["previous_policy"]["served_prompts"] == 2
         assert actual["vllm.prompt_tokens_cached"] == (0 if reset else 2 * 128)
-    assert "not reset" in json.loads(_actual(planted)["vllm.weights_arrived"])["planted"]
+    assert "not reset" in _actual(planted)["vllm.weights_arrived"]["planted"]
     # The path split: the prefill replay (which never reads the prefix cache) agrees with the
     # trainer on the planted case as on the correct one; the decode path does not.
     comparison = json.loads((Path(planted["attempt_dir"]) / "comparison.json").read_text())
@@ -235,7 +265,6 @@ def _planted_config(work: Path) -> Path:
         {
             "path": "rollout.weight_sync",
             "values": [
-                "trainer",
                 "planted:drop_tied_embedding",
                 "planted:through_float16",
                 "planted:stale_tensor",
@@ -262,8 +291,8 @@ def _weights(result: Mapping[str, Any]) -> dict[str, Any]:
     return document
 
 
-def test_a_correct_push_seals_digests_equal_to_the_checkpoint(planted: dict[str, Any]) -> None:
-    results = planted["results"]
+def test_a_correct_push_seals_digests_equal_to_the_checkpoint(shipped: dict[str, Any]) -> None:
+    results = shipped["results"]
     for label in ("baseline", "rollout.weight_sync=trainer"):
         assert results[label]["outcome"] == "PASS", results[label]["reason"]
         document = _weights(results[label])
