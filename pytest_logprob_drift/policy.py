@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pytest_logprob_drift.errors import DriftError, Remedy
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
-from pytest_logprob_drift.records import PlanIssue, Record, RuntimeInfo
+from pytest_logprob_drift.records import FrozenRecord, PlanIssue, RuntimeInfo
 from pytest_logprob_drift.registry.catalog import (
     OperatorDescriptor,
     SemanticOperatorCatalog,
@@ -33,14 +33,14 @@ SMOKE_GROUP = "pytest_logprob_drift.smoke"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ExecutionPolicy(Record):
+class ExecutionPolicy(FrozenRecord):
     """What the user authorized on the command line (never in a config)."""
 
     allow_test_operators: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class Catalogs(Record):
+class Catalogs(FrozenRecord):
     """The catalogs one frontend session plans and executes with."""
 
     operators: SemanticOperatorCatalog

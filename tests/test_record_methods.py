@@ -1,7 +1,7 @@
-"""``Record``'s equality, hashing and repr are the ones ``dataclass`` would generate.
+"""``FrozenRecord``'s equality, hashing and repr are the ones ``dataclass`` would generate.
 
 Records on the planning path declare ``eq=False, repr=False`` and inherit the three methods
-from ``records.Record`` (issue 14: ``plan`` start-up). For every such class, real instances
+from ``records.FrozenRecord`` (issue 14: ``plan`` start-up). For every such class, real instances
 (from planning every shipped experiment, the catalogs, the knob table, and a few built here)
 are compared against a twin class that ``dataclass`` generates the methods for.
 """
@@ -26,22 +26,22 @@ from pytest_logprob_drift.records import (
     ApplicationStatus,
     BackendSelection,
     ContextParallelRule,
+    FrozenRecord,
     FullVocabularySpec,
     KnobApplication,
     Lifecycle,
     OperatorSelection,
-    Record,
     frozen_mapping,
 )
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.registry.session import ResolvedOperator
 
 
-def _record_classes() -> list[type[Record]]:
+def _record_classes() -> list[type[FrozenRecord]]:
     """Every record class its module defines (``dataclass(slots=True)`` replaces a class by a
     new one: the replaced one is still listed among the subclasses until collected)."""
-    found: list[type[Record]] = []
-    pending = list(Record.__subclasses__())
+    found: list[type[FrozenRecord]] = []
+    pending = list(FrozenRecord.__subclasses__())
     while pending:
         kind = pending.pop()
         pending.extend(kind.__subclasses__())
@@ -50,8 +50,8 @@ def _record_classes() -> list[type[Record]]:
     return sorted(found, key=lambda k: k.__qualname__)
 
 
-def _records_in(value: Any) -> Iterator[Record]:
-    if isinstance(value, Record):
+def _records_in(value: Any) -> Iterator[FrozenRecord]:
+    if isinstance(value, FrozenRecord):
         yield value
         for f in dataclasses.fields(value):  # type: ignore[arg-type]
             yield from _records_in(getattr(value, f.name))
@@ -63,7 +63,7 @@ def _records_in(value: Any) -> Iterator[Record]:
             yield from _records_in(item)
 
 
-def _instances() -> dict[type, list[Record]]:
+def _instances() -> dict[type, list[FrozenRecord]]:
     catalogs = assemble()
     roots: list[Any] = [
         catalogs,
@@ -112,7 +112,7 @@ def _instances() -> dict[type, list[Record]]:
             evidence="",
         ),
     ]
-    by_class: dict[type, list[Record]] = {}
+    by_class: dict[type, list[FrozenRecord]] = {}
     for record in _records_in(roots):
         bucket = by_class.setdefault(type(record), [])
         if len(bucket) < 12 and not any(record is seen for seen in bucket):
@@ -130,7 +130,7 @@ def _twin(kind: type) -> type:
     return dataclasses.dataclass(frozen=params.frozen, eq=True, repr=True)(body)
 
 
-def _as_twin(twin: type, record: Record) -> Any:
+def _as_twin(twin: type, record: FrozenRecord) -> Any:
     fields = dataclasses.fields(record)  # type: ignore[arg-type]
     return twin(**{f.name: getattr(record, f.name) for f in fields if f.init})
 
@@ -145,7 +145,7 @@ def test_records_declare_the_methods_they_inherit() -> None:
         params = kind.__dataclass_params__  # type: ignore[attr-defined]
         assert (params.eq, params.repr, params.frozen) == (False, False, True), kind
         for method in ("__eq__", "__hash__", "__repr__"):
-            assert getattr(kind, method) is getattr(Record, method), (kind, method)
+            assert getattr(kind, method) is getattr(FrozenRecord, method), (kind, method)
 
 
 @pytest.mark.parametrize("kind", _record_classes(), ids=lambda k: k.__qualname__)

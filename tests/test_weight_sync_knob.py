@@ -312,7 +312,7 @@ def test_the_report_says_how_pushed_weights_arrived() -> None:
     stale = weights_fact(
         {
             "rollout.weight_sync": "trainer_refit",
-            "vllm.weights_arrived": json.dumps(arrived),
+            "vllm.weights_arrived": {"weight_sync": "trainer", **arrived},
             "vllm.prompt_tokens_cached": 256,
         }
     )
@@ -325,12 +325,12 @@ def test_the_report_says_how_pushed_weights_arrived() -> None:
     fresh = weights_fact(
         {
             "rollout.weight_sync": "trainer",
-            "vllm.weights_arrived": json.dumps(arrived),
+            "vllm.weights_arrived": {"weight_sync": "trainer", **arrived},
             "vllm.prompt_tokens_cached": 0,
         }
     )
     assert fresh == "pushed from the trainer (trainer); prefix cache reset after the push"
     assert weights_fact({"rollout.weight_sync": "checkpoint"}) is None
     assert weights_fact({}) is None
-    broken = weights_fact({"rollout.weight_sync": "trainer", "vllm.weights_arrived": "{"})
-    assert broken == "pushed from the trainer (trainer)"
+    nothing = weights_fact({"rollout.weight_sync": "trainer", "vllm.weights_arrived": {}})
+    assert nothing == "pushed from the trainer (trainer)"

@@ -22,6 +22,7 @@ from typing import TextIO
 
 from pytest_logprob_drift.errors import ExitCode, one_line
 from pytest_logprob_drift.numerics import importance_text
+from pytest_logprob_drift.report import routing
 from pytest_logprob_drift.report.findings import findings
 from pytest_logprob_drift.report.page import publish_report
 from pytest_logprob_drift.report.steps import Crossing
@@ -56,6 +57,8 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
             print(one_line(_crossings_line(data.steps.crossings)), file=out)
     if data.steps is None or verbose:
         print(render_table(HEADERS, summary_rows(data)), file=out)
+    for line in routing.case_lines(data.cases):
+        print(one_line(line), file=out)
     if verbose:
         for view in data.cases:
             for line in importance_text.lines(view.diagnostics):

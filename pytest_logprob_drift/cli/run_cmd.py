@@ -35,7 +35,7 @@ from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
-from pytest_logprob_drift.numerics import importance_text, layer_text, path_split_text
+from pytest_logprob_drift.numerics import importance_text, layer_text, path_split_text, routing_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
@@ -192,6 +192,7 @@ def _run(
     full_vocabulary = divergence_text.has_full_vocabulary(diagnostics)
     split = path_split_text.has_path_split(diagnostics)
     layers = layer_text.has_layers(diagnostics)
+    routing = routing_text.has_routing(diagnostics)
     rows = [
         [
             r.case_id,
@@ -206,6 +207,7 @@ def _run(
             *(divergence_text.cells(d) if full_vocabulary else []),
             *(path_split_text.cells(d) if split else []),
             *(layer_text.cells(d) if layers else []),
+            *(routing_text.cells(d) if routing else []),
         ]
         for r, d in zip(results, diagnostics, strict=True)
     ]
@@ -241,6 +243,7 @@ def _run(
                     *(divergence_text.HEADERS if full_vocabulary else ()),
                     *(path_split_text.HEADERS if split else ()),
                     *(layer_text.HEADERS if layers else ()),
+                    *(routing_text.HEADERS if routing else ()),
                 ],
                 rows,
             ),
@@ -251,6 +254,7 @@ def _run(
                 *divergence_text.lines(d),
                 *path_split_text.lines(d),
                 *layer_text.lines(d),
+                *routing_text.lines(d),
             ]:
                 print(one_line(f"{r.label}: {line}"), file=out)
         print(

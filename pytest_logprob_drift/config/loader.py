@@ -480,10 +480,10 @@ def parse_config(
     interventions = _interventions(c, top.get("interventions", []), "$.interventions")
     pairs = _pairs(c, top.get("pairs", []), "$.pairs")
     operators = _operators(c, top.get("operators", {}), "$.operators")
-    full_vocabulary, replay, layers = (
+    full_vocabulary, replay, layers, routing = (
         _diagnostics(c, top["diagnostics"], "$.diagnostics")
         if "diagnostics" in top
-        else (None, False, None)
+        else (None, False, None, False)
     )
     scenario = _scenario(c, top.get("scenario"), "$.scenario") if "scenario" in top else None
     if strategy is Strategy.PAIRWISE and not pairs and "pairs" not in top:
@@ -514,6 +514,7 @@ def parse_config(
         full_vocabulary=full_vocabulary,
         replay=replay,
         layers=layers,
+        routing=routing,
         scenario=scenario,
         source=source,
     )
@@ -961,15 +962,16 @@ DIAGNOSTIC_LIMIT = 64
 
 def _diagnostics(
     c: _Collector, value: Any, path: str
-) -> tuple[FullVocabularySpec | None, bool, LayerSpec | None]:
+) -> tuple[FullVocabularySpec | None, bool, LayerSpec | None, bool]:
     """``{"full_vocabulary": true | {"top_k": k, "worst_positions": w}, "replay": bool,
-    "layers": true | {"positions_per_row": k}}``: opt-in diagnostics that never change a
-    verdict (absent or false: none)."""
-    obj = _object(c, value, path, ("full_vocabulary", "replay", "layers"))
+    "layers": true | {"positions_per_row": k}, "routing": bool}``: opt-in diagnostics that
+    never change a verdict (absent or false: none)."""
+    obj = _object(c, value, path, ("full_vocabulary", "replay", "layers", "routing"))
     if obj is None:
-        return None, False, None
+        return None, False, None, False
     replay = _typed(c, obj, "replay", path, _is_bool, "a boolean", default=False)
-    return _full_vocabulary(c, obj, path), bool(replay), _layers(c, obj, path)
+    routing = _typed(c, obj, "routing", path, _is_bool, "a boolean", default=False)
+    return _full_vocabulary(c, obj, path), bool(replay), _layers(c, obj, path), bool(routing)
 
 
 def _layers(c: _Collector, obj: dict[str, Any], path: str) -> LayerSpec | None:

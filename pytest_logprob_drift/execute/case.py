@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 import torch
 
 from pytest_logprob_drift.execute.diagnostics import full_vocabulary
@@ -41,6 +40,7 @@ from pytest_logprob_drift.execute.protocol import (
     strict_violations,
 )
 from pytest_logprob_drift.execute.replay import ReplayResult, replay_diagnostics
+from pytest_logprob_drift.execute.routing import RoutingResult, arm_rollout, routing_diagnostics
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
     KnobRecord,
@@ -65,8 +65,16 @@ from pytest_logprob_drift.registry.catalog import (
 from pytest_logprob_drift.registry.session import OperatorSession
 from pytest_logprob_drift.store import layout, weights_check
 from pytest_logprob_drift.store.attempt import Seal
-from pytest_logprob_drift.store.documents import WeightsDocument
+from pytest_logprob_drift.store.documents import (
+    Actual,
+    ExecutionKeyPayload,
+    IdentityDocument,
+    Requested,
+    WeightsDocument,
+)
+from pytest_logprob_drift.store.documents import Materialized as MaterializedDocument
 from pytest_logprob_drift.store.importance_check import comparison_of
+from pytest_logprob_drift.store.read_back import ACTUAL_SCHEMA
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes
 
@@ -111,6 +119,7 @@ class _Scored:
     read_back: dict[str, Any] = field(default_factory=dict)
     replay: ReplayResult | None = None
     layers: LayersResult | None = None
+    routing: RoutingResult | None = None
     provenance: list[dict[str, Any]] = field(default_factory=list)
     records: tuple[KnobApplication, ...] = ()
     weights: dict[str, WeightsDocument] = field(default_factory=dict)
@@ -243,10 +252,21 @@ def _score(
             return
         engine.receive_weights(scorer, identity)
     batch_size = int(binding.batch["size"])
+    armed = arm_rollout(engine) if binding.routing else None  # captured while it generates
     scored.rollout = engine.generate(identity, batch_size=batch_size, logp=kernels["rollout"])
     scored.training = scorer.score(
         identity, scored.rollout.tensors, batch_size=batch_size, logp=kernels["training"]
     )
+    if binding.routing:  # never changes the verdict
+        scored.routing = routing_diagnostics(
+            engine,
+            scorer,
+            scored.rollout,
+            scored.training,
+            armed=armed,
+            batch_size=batch_size,
+            threshold=run.contract.threshold,
+        )
     # Each engine's weights once per construction, after its first case (an operator installed
     # into an engine's processes runs before this).
     for side, held in (("rollout", engine), ("training", scorer)):
@@ -272,7 +292,9 @@ def _score(
             engine, scorer, identity, scored.rollout, batch_size=batch_size, spec=binding.layers
         )
     case = run.ec.case
-    scored.records = application_records(case.requested, run.materialized, actual)
+    # A knob reads back as a scalar; a part with parts is no knob's value (unobservable).
+    knobs = {k: v for k, v in actual.items() if not isinstance(v, (list, dict))}
+    scored.records = application_records(case.requested, run.materialized, knobs)
     reasons.extend(strict_violations(scored.records, changed=case.changed, strict=run.strict))
 
 
@@ -311,15 +333,15 @@ def _judge(
     return verdict, numeric
 
 
-def requested_document(case: Case, binding: RuntimeBinding) -> dict[str, Any]:
+def requested_document(case: Case, binding: RuntimeBinding) -> Requested:
     """``requested.json``: the case's named knobs and the binding it executes under."""
-    return {
-        "case_id": case.case_id,
-        "label": case.label,
-        "knobs": canonical(case.requested),
-        "changed": list(case.changed),
-        "binding": binding.sealed(),
-    }
+    return Requested(
+        case_id=case.case_id,
+        label=case.label,
+        knobs=canonical(case.requested),
+        changed=tuple(case.changed),
+        binding=binding.sealed(),
+    )
 
 
 def _write_attempt(
@@ -328,35 +350,32 @@ def _write_attempt(
     """Every payload, then COMPLETE last."""
     case, rollout, training = run.ec.case, scored.rollout, scored.training
     writer = run.store.new_attempt(case.case_id, run.execution_key)
-    writer.write_json(layout.REQUESTED, requested_document(case, run.binding))
-    writer.write_json(
-        layout.MATERIALIZED,
-        {
-            "knobs": {k: canonical(v) for k, v in sorted(run.materialized.items())},
-            "operators": [canonical(b) for b in run.ec.bindings],
-        },
+    writer.write_document(requested_document(case, run.binding))
+    writer.write_document(
+        MaterializedDocument(
+            knobs={k: canonical(v) for k, v in sorted(run.materialized.items())},
+            operators=tuple(canonical(b) for b in run.ec.bindings),
+        )
     )
-    writer.write_json(
-        layout.ACTUAL,
-        {
-            "knobs": _records_json(scored.records, "actual"),
-            "read_back": scored.read_back,
-            "operator_provenance": scored.provenance,
-            "training_evidence": dict(training.evidence) if training else None,
-        },
+    writer.write_document(
+        Actual(
+            knobs=_records_json(scored.records, "actual"),
+            read_back=scored.read_back,
+            operator_provenance=tuple(scored.provenance),
+            training_evidence=dict(training.evidence) if training else None,
+            schema_version=ACTUAL_SCHEMA,
+        )
     )
-    writer.write_json(
-        layout.IDENTITY,
-        {
-            "identity": run.identity.canonical_identity(),
-            "rollout": dict(rollout.identity) if rollout else None,
-            "training": dict(training.identity) if training else None,
-            "execution_key_payload": dict(run.key_payload),
-        },
+    writer.write_document(
+        IdentityDocument(
+            identity=run.identity.canonical_identity(),
+            rollout=dict(rollout.identity) if rollout else None,
+            training=dict(training.identity) if training else None,
+            execution_key_payload=ExecutionKeyPayload(**run.key_payload),
+        )
     )
-    for side, document in sorted(scored.weights.items()):
-        name = layout.WEIGHTS_ROLLOUT if side == "rollout" else layout.WEIGHTS_TRAINING
-        writer.write_json(name, msgspec.to_builtins(document))
+    for _side, document in sorted(scored.weights.items()):
+        writer.write_document(document)
     if rollout is not None and training is not None:
         writer.write_bytes(layout.SCORE_ROLLOUT, tensor_bytes(rollout.tensors))
         writer.write_bytes(
@@ -378,6 +397,10 @@ def _write_attempt(
     if scored.layers is not None and rollout is not None and training is not None:
         entries = {**entries, "layers": scored.layers.entry}
         for name, tensors in scored.layers.files.items():
+            writer.write_bytes(name, tensor_bytes(tensors))
+    if scored.routing is not None and rollout is not None and training is not None:
+        entries = {**entries, "routing": scored.routing.entry}
+        for name, tensors in scored.routing.files.items():
             writer.write_bytes(name, tensor_bytes(tensors))
     comparison = _comparison(run, scored, verdict, numeric, entries)
     writer.write_json(layout.COMPARISON, comparison.to_json())

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         TrainingSettings,
     )
     from pytest_logprob_drift.store.documents import WeightsDocument
+    from pytest_logprob_drift.store.read_back import ReadBackValue
 
     LogpKernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     TensorBatch = Mapping[str, torch.Tensor]
@@ -75,10 +76,10 @@ def backend_of(logp: Any) -> str:
 
 
 def merge_read_back(
-    rollout: Mapping[str, JSONScalar], training: Mapping[str, JSONScalar]
-) -> dict[str, JSONScalar]:
+    rollout: Mapping[str, ReadBackValue], training: Mapping[str, ReadBackValue]
+) -> dict[str, ReadBackValue]:
     """Union of both sides' actual values; a knob both report differently shows both."""
-    merged: dict[str, JSONScalar] = {**rollout, **training}
+    merged: dict[str, ReadBackValue] = {**rollout, **training}
     for key in set(rollout) & set(training):
         if rollout[key] != training[key]:
             merged[key] = f"rollout:{rollout[key]}|training:{training[key]}"
@@ -92,6 +93,11 @@ class Materialized:
     value: JSONScalar
     status: ApplicationStatus
     evidence: str
+
+
+WHEN_SET = "when_set"
+"""A binding field's ``sealed`` metadata: in ``requested.json`` only when set (a later opt-in,
+so bindings sealed before it keep their bytes)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,6 +125,10 @@ class RuntimeBinding:
     layers: LayerSpec | None = None
     """Opt-in: after paired scoring both sides capture and reduce their hidden states at every
     layer (``LayerCapture``), for the diagnostics only; in no construction fingerprint."""
+    routing: bool = field(default=False, metadata={"sealed": WHEN_SET})
+    """Opt-in: both sides capture the experts each MoE layer chose (``RolloutRoutingCapture``,
+    ``TrainingRoutingCapture``): the rollout while it generates, the trainer teacher-forced;
+    for the diagnostics only. Sealed only when on (absent: a binding sealed before it)."""
     rollout_settings: RolloutSettings = field(metadata={"sealed": False})
     """Every rollout knob typed, defaults filled in (``execute.side_settings``): what the
     rollout engine is built from. Derived from ``rollout``; never sealed or hashed."""
@@ -132,7 +142,8 @@ class RuntimeBinding:
         return {
             f.name: canonical(getattr(self, f.name))
             for f in fields(self)
-            if f.metadata.get("sealed", True)
+            if f.metadata.get("sealed", True) is True
+            or (f.metadata.get("sealed") == WHEN_SET and getattr(self, f.name))
         }
 
 
@@ -162,7 +173,8 @@ class TrainingOutput:
     consumed: TensorBatch
     identity: Mapping[str, JSONScalar]
     readonly_violations: tuple[str, ...]
-    evidence: Mapping[str, JSONScalar]
+    evidence: Mapping[str, ReadBackValue]
+    """What the scorer did, its lists and objects as nested JSON (``actual.json`` v2)."""
     full_vocab: Any = None
     """As ``RolloutOutput.full_vocab``, from the scorer's own logits."""
 
@@ -176,8 +188,9 @@ class RolloutEngine(Protocol):
         self, identity: ScoringIdentity, *, batch_size: int, logp: LogpKernel | None
     ) -> RolloutOutput: ...
 
-    def read_back(self) -> Mapping[str, JSONScalar]:
-        """Actual values, keyed by knob path, read from the live engine."""
+    def read_back(self) -> Mapping[str, ReadBackValue]:
+        """Actual values, keyed by knob path, read from the live engine (a part with parts
+        as nested JSON: ``store.read_back.read_back_part``)."""
         ...
 
     def close(self) -> None: ...
@@ -256,6 +269,36 @@ class LayerCapture(Protocol):
     ) -> Mapping[str, Any]: ...
 
 
+class RoutingUnavailable(Exception):
+    """A routing capture a side cannot do, with its reason; a diagnostic status
+    (``routing_unavailable``), never a knob status and never a verdict."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@runtime_checkable
+class RolloutRoutingCapture(Protocol):
+    """A rollout engine that records the experts each MoE layer chose while it generates:
+    armed before the case's generation (``RoutingUnavailable`` when it cannot), collected
+    after it on the canonical batch's grid (``numerics.routing``: ``expert_ids`` and
+    ``gate_weights``)."""
+
+    def arm_routing(self) -> None: ...
+
+    def collect_routing(self, rollout: TensorBatch) -> Mapping[str, Any]: ...
+
+
+@runtime_checkable
+class TrainingRoutingCapture(Protocol):
+    """A training scorer that records the experts each MoE layer chose in its teacher-forced
+    forward of the canonical batch (the scorer's chunks and masks), or raises
+    ``RoutingUnavailable``."""
+
+    def capture_routing(self, rollout: TensorBatch, *, batch_size: int) -> Mapping[str, Any]: ...
+
+
 @runtime_checkable
 class LayerCaptureEvidence(Protocol):
     """A ``LayerCapture`` side that says how its last capture ran (for example the FSDP
@@ -288,7 +331,7 @@ class TrainingScorer(Protocol):
         logp: LogpKernel | None,
     ) -> TrainingOutput: ...
 
-    def read_back(self) -> Mapping[str, JSONScalar]: ...
+    def read_back(self) -> Mapping[str, ReadBackValue]: ...
 
     def close(self) -> None: ...
 
@@ -388,6 +431,7 @@ def bind_case(
     full_vocabulary: FullVocabularySpec | None = None,
     replay: bool = False,
     layers: LayerSpec | None = None,
+    routing: bool = False,
     catalog: Mapping[str, KnobSpec] = KNOBS,
     settings: SettingsTypes | None = None,
 ) -> RuntimeBinding:
@@ -500,6 +544,7 @@ def bind_case(
         full_vocabulary=full_vocabulary,
         replay=replay,
         layers=layers,
+        routing=routing,
         rollout_settings=rollout_settings,
         training_settings=training_settings,
         request_settings=request_settings,

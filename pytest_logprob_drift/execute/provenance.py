@@ -106,4 +106,6 @@ def _diagnostics(binding: RuntimeBinding) -> dict[str, Any]:
     if binding.layers is not None:
         per_row = binding.layers.positions_per_row
         diagnostics["layers"] = True if per_row is None else {"positions_per_row": per_row}
+    if binding.routing:
+        diagnostics["routing"] = True
     return diagnostics

@@ -207,6 +207,7 @@ class Runner:
                 full_vocabulary=plan.full_vocabulary,
                 replay=plan.replay or self.replay,
                 layers=plan.layers,
+                routing=plan.routing,
                 settings=self.settings,
             )
         return self._bindings[ec.case.case_id]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pytest_logprob_drift.errors import ConfigError, UsageError
-from pytest_logprob_drift.records import BuiltinCheckpoint, Record, RuntimeInfo, Scenario
+from pytest_logprob_drift.records import BuiltinCheckpoint, FrozenRecord, RuntimeInfo, Scenario
 from pytest_logprob_drift.references import UnresolvedReference, resolve_reference
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # planning (``plan``, collection) never needs the execution p
 
 
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
-class RuntimeCatalog(Record):
+class RuntimeCatalog(FrozenRecord):
     """An immutable set of runtimes keyed by name."""
 
     runtimes: tuple[RuntimeInfo, ...] = ()

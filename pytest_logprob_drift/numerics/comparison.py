@@ -24,6 +24,7 @@ from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
+from pytest_logprob_drift.numerics.signature_record import SealedSignature
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import (
     LAYER_POSITIONS_LIMIT,
@@ -454,6 +455,82 @@ class LayerDiagnostics(Record, frozen=True):
         return self.training if name == "training" else self.rollout
 
 
+ROUTING_CAPTURED: Final = "routing_captured"
+ROUTING_UNAVAILABLE: Final = "routing_unavailable"
+
+
+class RoutingStatus(Record, frozen=True):
+    """What became of one side's routing capture (``diagnostics.routing.training`` /
+    ``.rollout``): ``routing_captured`` with its evidence, or ``routing_unavailable`` with the
+    side's reason. A diagnostic status: never a knob status, never a verdict."""
+
+    status: Literal["routing_captured", "routing_unavailable"]
+    evidence: Absent[dict[str, JSONScalar]] = None
+    reason: Absent[str] = None
+
+    def __post_init__(self) -> None:
+        _members(
+            self.status,
+            self.evidence,
+            self.reason,
+            evidence_with=(ROUTING_CAPTURED,),
+            reason_with=(ROUTING_UNAVAILABLE,),
+        )
+
+    @property
+    def captured(self) -> bool:
+        return self.status == ROUTING_CAPTURED
+
+
+class RoutingDriftClass(Record, frozen=True):
+    """The active tokens of one class of the drift split (``numerics.routing``)."""
+
+    tokens: Count
+    mismatch_share: Number | None
+    mean_abs_diff: Number | None
+    max_abs_diff: Number | None
+
+
+class RoutingDrift(Record, frozen=True):
+    flip: RoutingDriftClass
+    no_flip: RoutingDriftClass
+    unknown: RoutingDriftClass
+
+
+class RoutingWorstToken(Record, frozen=True):
+    """One of the active tokens with the largest |diff|, with where routing flipped before it."""
+
+    row: Count
+    position: Count
+    abs_diff: Number
+    routing: Literal["flip", "no_flip", "unknown"]
+    first_flip_position: Absent[Count] = None
+    first_flip_layer: Absent[Count] = None
+
+
+class RoutingFigures(Record, frozen=True):
+    """The routing view of a case (``numerics.routing.figures``)."""
+
+    moe_layers: Count
+    top_k: Count
+    positions_compared: Count
+    positions_training_only: Count
+    agreement_by_layer: tuple[Number | None, ...]
+    flip_share: Number | None
+    first_differing_layer_counts: tuple[Count, ...]
+    drift: RoutingDrift
+    worst: tuple[RoutingWorstToken, ...]
+
+
+class RoutingDiagnostics(Record, frozen=True):
+    """comparison.json's ``diagnostics.routing`` (opt-in ``diagnostics.routing``): each side's
+    capture status and the figures (None unless both captured)."""
+
+    training: RoutingStatus
+    rollout: RoutingStatus
+    figures: RoutingFigures | None
+
+
 class FigureRange(Record, frozen=True):
     """min / mean / max of one importance-sampling figure (None: a plain number past float64;
     its log is always recorded beside it)."""
@@ -568,6 +645,12 @@ class Diagnostics(Record, frozen=True):
     importance_sampling: Absent[ImportanceSamplingFigures] = None
     """Absent in comparisons sealed before it existed and for cases without scores."""
     layers: Absent[LayerDiagnostics] = None
+    signatures: Absent[tuple[SealedSignature, ...]] = None
+    """The step and sample scope drift signatures of a judged case (``numerics.signatures``;
+    empty: none). Absent in comparisons sealed before they existed and for cases without
+    scores."""
+    routing: Absent[RoutingDiagnostics] = None
+    """Opt-in ``diagnostics.routing`` of a mixture-of-experts case; absent otherwise."""
 
     def _has(self, key: str) -> bool:
         """Whether statistic ``key`` is sealed (an ``OVERFLOWING_STATISTICS`` member may be

@@ -21,11 +21,11 @@ from pytest_logprob_drift.plan.knobs import canonical_path, value_of
 from pytest_logprob_drift.records import (
     Case,
     ExperimentPlan,
+    FrozenRecord,
     IssueSeverity,
     KnobValue,
     OperatorSelection,
     PlanIssue,
-    Record,
     RuntimeInfo,
     canonical,
     frozen_mapping,
@@ -47,7 +47,7 @@ FSDP_WORLD_SIZE = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class OperatorBinding(Record):
+class OperatorBinding(FrozenRecord):
     """One side's backend for one semantic operation, fixed before a runtime exists."""
 
     operation: str
@@ -62,7 +62,7 @@ class OperatorBinding(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ExecutionCase(Record):
+class ExecutionCase(FrozenRecord):
     """A planned case and the operator binding of each side."""
 
     case: Case
@@ -98,7 +98,7 @@ class ExecutionCase(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ExecutionPlan(Record):
+class ExecutionPlan(FrozenRecord):
     """The operator-bound plan that execution runs (and its planning issues)."""
 
     plan: ExperimentPlan

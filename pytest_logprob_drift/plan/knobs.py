@@ -17,7 +17,7 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pytest_logprob_drift.records import Knob, KnobValue, Lifecycle, Record
+from pytest_logprob_drift.records import FrozenRecord, Knob, KnobValue, Lifecycle
 from pytest_logprob_drift.registry.catalog import NATIVE_BACKEND
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
@@ -191,7 +191,7 @@ class Side(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class KnobSpec(Record):
+class KnobSpec(FrozenRecord):
     """A knob, how to normalize its values, the side it reaches and the value a case that
     names none runs with."""
 

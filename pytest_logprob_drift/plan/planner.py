@@ -212,6 +212,7 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
         full_vocabulary=config.full_vocabulary,
         replay=config.replay,
         layers=config.layers,
+        routing=config.routing,
     )
 
 

@@ -20,8 +20,8 @@ from types import MappingProxyType
 
 from pytest_logprob_drift.errors import ConfigError
 from pytest_logprob_drift.records import (
+    FrozenRecord,
     Lifecycle,
-    Record,
     canonical_json,
     frozen_mapping,
     sha256_hex,
@@ -57,7 +57,7 @@ class FactoryStyle(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class OperatorDescriptor(Record):
+class OperatorDescriptor(FrozenRecord):
     """Everything a backend declares; immutable, hashed into execution identity."""
 
     operation: str
@@ -137,7 +137,7 @@ NATIVE_DESCRIPTOR = OperatorDescriptor(
 
 
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
-class SemanticOperatorCatalog(Record):
+class SemanticOperatorCatalog(FrozenRecord):
     """An immutable set of descriptors keyed by (operation, backend id)."""
 
     descriptors: tuple[OperatorDescriptor, ...] = ()

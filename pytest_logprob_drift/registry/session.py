@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pytest_logprob_drift.records import Record, canonical_json, frozen_mapping
+from pytest_logprob_drift.records import FrozenRecord, canonical_json, frozen_mapping
 from pytest_logprob_drift.references import UnresolvedReference, resolve_reference
 from pytest_logprob_drift.registry.capability import OperatorResolutionError, check_capability
 from pytest_logprob_drift.registry.catalog import (
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ResolvedOperator(Record):
+class ResolvedOperator(FrozenRecord):
     """One backend bound to one side of one case."""
 
     descriptor: OperatorDescriptor

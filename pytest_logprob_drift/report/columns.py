@@ -20,7 +20,7 @@ from typing import Any
 from msgspec import UNSET
 
 from pytest_logprob_drift.attribution.document import Ratio
-from pytest_logprob_drift.report import importance
+from pytest_logprob_drift.report import gates, importance
 from pytest_logprob_drift.report.markup import Child, Markup, el, fragment_link, page_link
 from pytest_logprob_drift.report.model import CaseView, ReportData
 from pytest_logprob_drift.report.summary import (
@@ -218,6 +218,11 @@ CASE_COLUMNS: tuple[Column, ...] = (
     ),
     Column(title="p99 |diff|", cell=_statistic("p99_abs_diff"), more=True),
     Column(title="mean |diff|", cell=_statistic("mean_abs_diff")),
+    Column(
+        title=gates.TITLE,
+        cell=lambda v: td(gates.failed_cell(v.gates), num=sum(not g.passed for g in v.gates)),
+        shown=lambda data: any(v.gates for v in data.cases),
+    ),
     *(Column(title=title, cell=_statistic(key), more=True) for title, key in PEER_METRICS),
     *(
         Column(

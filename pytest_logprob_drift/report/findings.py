@@ -2,7 +2,8 @@
 
 Owns turning a loaded run (``model.ReportData``) into ``Findings``: for an imported
 production run first the trend over its training steps in one sentence (``report.steps``),
-then the verdict counts, then
+then the drift signatures the logged numbers show (``report.signatures``), then the verdict
+counts, then
 the interventions whose sealed attribution document says they moved a side (the rollout side,
 the training side or both moved beyond the document's noise floor on the tokens they share
 with the baseline; the rule ``attribution.analysis.classify`` writes in words), in the
@@ -25,7 +26,6 @@ is never shown). Knows nothing about files, seals or how the findings are drawn.
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +38,10 @@ from pytest_logprob_drift.attribution.materiality import within_contract as is_w
 from pytest_logprob_drift.numerics.importance_text import ess_text
 from pytest_logprob_drift.numerics.layer_text import where_moved
 from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.report.gates import finding as gate_finding
 from pytest_logprob_drift.report.model import ReportData
+from pytest_logprob_drift.report.signatures import NamedSignature, named_signatures
+from pytest_logprob_drift.store.read_back import ReadBackValue, arrived
 
 
 class Side(enum.Enum):
@@ -103,29 +106,27 @@ FACTS: tuple[tuple[str, FactSource], ...] = (
 they are shown; a diagnostic that lands (path, layer, ESS) adds one entry here."""
 
 
-def weights_fact(read_back: Mapping[str, Any]) -> str | None:
+def weights_fact(read_back: Mapping[str, ReadBackValue]) -> str | None:
     """How the rollout got its weights, from the case's read-back, when it did not load the
     checkpoint from disk (``rollout.weight_sync``): pushed from the trainer, whether the prefix
     cache was reset after the push, and how many prompt tokens of the scored rollout were read
     from prefix-cache blocks (``vllm.prompt_tokens_cached``); blocks read after a push without
-    a reset were computed under the previous weights: stale cached state."""
+    a reset were computed under the previous weights: stale cached state. The read-back is
+    ``actual.json``'s as the store decoded it (``store.documents.Actual``: nested parts, a v1
+    document's text members already parsed there)."""
     sync = read_back.get("rollout.weight_sync")
     if not isinstance(sync, str) or sync == "checkpoint":
         return None
-    try:
-        arrived = json.loads(str(read_back.get("vllm.weights_arrived") or "{}"))
-    except ValueError:
-        arrived = {}
-    if not isinstance(arrived, dict):
-        arrived = {}
+    pushed = arrived(read_back)
+    caching = pushed is not None and pushed.enable_prefix_caching
+    reset = pushed is not None and pushed.prefix_cache_reset
     parts = [f"pushed from the trainer ({sync})"]
-    reset = bool(arrived.get("prefix_cache_reset"))
-    if arrived.get("enable_prefix_caching"):
+    if caching:
         parts.append(f"prefix cache {'reset' if reset else 'NOT reset'} after the push")
     cached = read_back.get("vllm.prompt_tokens_cached")
     if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0:
         text = f"{cached} prompt tokens of the scored rollout read from the prefix cache"
-        if arrived.get("enable_prefix_caching") and not reset:
+        if caching and not reset:
             text += ", blocks computed before the push: stale cached state, not the weights"
         parts.append(text)
     return "; ".join(parts)
@@ -221,6 +222,11 @@ class Findings:
     never ranked, whatever they moved."""
     threshold: float | None = None
     """The contract's threshold the materiality rule was applied with."""
+    signatures: tuple[NamedSignature, ...] = ()
+    """The drift signatures the logged numbers show (``report.signatures``); they lead the
+    findings after the trend, and never change a verdict."""
+    gates: str | None = None
+    """The frameworks' gates the judged cases fail, in one sentence (``report.gates``)."""
 
     def within_words(self) -> str | None:
         """The line naming the interventions within the contract (None: there are none)."""
@@ -264,7 +270,8 @@ class Findings:
 
     def lines(self) -> list[str]:
         """The terminal's findings: counts, the sentence, one line per finding."""
-        lines = [self.counts_words(), self.moved_words()]
+        lines = [f"signature {s.words()}" for s in self.signatures]
+        lines += [self.counts_words(), self.moved_words()]
         if self.trend is not None:
             lines.insert(0, self.trend)
         lines.extend(f"  {f.rank}. {f.words()}" for f in self.moved[:SHOWN])
@@ -273,6 +280,8 @@ class Findings:
         within = self.within_words()
         if within is not None:
             lines.append(within)
+        if self.gates is not None:
+            lines.append(self.gates)
         return lines
 
     def to_json(self) -> dict[str, Any]:
@@ -287,6 +296,8 @@ class Findings:
             "within_contract": list(self.within_contract),
             "sentence": self.moved_words(),
             "trend": self.trend,
+            "signatures": [s.words() for s in self.signatures],
+            "gates": self.gates,
         }
 
 
@@ -383,6 +394,7 @@ def findings(data: ReportData) -> Findings:
     counts = _counts([v.outcome for v in data.cases])
     document = data.attribution
     trend = None if data.steps is None else data.steps.trend()
+    signatures = named_signatures(data)
     if document is None:
         return Findings(
             cases=len(data.cases),
@@ -393,6 +405,8 @@ def findings(data: ReportData) -> Findings:
             moved=(),
             unmoved=(),
             trend=trend,
+            signatures=signatures,
+            gates=gate_finding([(v.label, v.gates) for v in data.cases]),
         )
     ordered = document.ranked()
     ordered += [e for e in document.cases if e.label not in document.ranking]
@@ -414,8 +428,10 @@ def findings(data: ReportData) -> Findings:
         rejected=bool(data.attribution_problems),
         interventions=len(ordered),
         moved=tuple(moved),
+        gates=gate_finding([(v.label, v.gates) for v in data.cases]),
         unmoved=tuple(unmoved),
         trend=trend,
         within_contract=tuple(apart),
         threshold=threshold(data),
+        signatures=signatures,
     )

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary, TopToken
-from pytest_logprob_drift.report import importance, layer_lines, plots
+from pytest_logprob_drift.report import gates, importance, layer_lines, plots
 from pytest_logprob_drift.report.columns import attempt_time, case_anchor, columns
 from pytest_logprob_drift.report.findings import SHOWN as FINDINGS_SHOWN
 from pytest_logprob_drift.report.findings import Findings, findings
@@ -43,6 +43,8 @@ from pytest_logprob_drift.report.markup import (
     page_link,
 )
 from pytest_logprob_drift.report.model import CaseView, ReportData, WorstToken
+from pytest_logprob_drift.report.signature_html import findings_links, signature_section
+from pytest_logprob_drift.report.signatures import named_signatures
 from pytest_logprob_drift.report.steps import FIGURES, StepSample, StepsView, format_value
 from pytest_logprob_drift.report.summary import (
     STATISTICS,
@@ -295,6 +297,7 @@ def _findings(found: Findings) -> Markup:
         "section",
         el("h2", "Findings"),
         el("p", el("b", found.trend), class_="trend") if found.trend is not None else None,
+        findings_links(found.signatures),
         el("p", f"{found.cases} case(s): ", counts, class_="counts"),
         el("p", found.moved_words(), class_="sentence bad" if found.rejected else "sentence"),
         el("ol", items) if found.moved else None,
@@ -304,6 +307,7 @@ def _findings(found: Findings) -> Markup:
         el("p", within, class_="muted within")
         if (within := found.within_words()) is not None
         else None,
+        el("p", found.gates, class_="gates") if found.gates is not None else None,
         id="findings",
     )
 
@@ -560,6 +564,31 @@ def _layers(data: ReportData, draw: bool) -> Markup | None:
         None if legend is None else el("p", legend, class_="muted"),
         notes,
         id="layers",
+    )
+
+
+def _routing(data: ReportData, draw: bool) -> Markup | None:
+    """Routing agreement by MoE layer of every case with routing diagnostics on one plot, and
+    each case's routing lines (worst tokens with where they flipped); nothing without any."""
+    from pytest_logprob_drift.report import routing
+
+    if not routing.routed_cases(data.cases):
+        return None
+    svg = routing.agreement_svg(data.cases) if draw else None
+    figure = None if svg is None else el("figure", svg, class_="plot wide", data_plot="routing")
+    return el(
+        "section",
+        el("h2", "Mixture of experts: routing agreement by layer, every case"),
+        el(
+            "p",
+            "Per MoE layer, the share of tokens both sides routed whose expert set is the same "
+            "(the rollout's as it generated, the trainer's teacher-forced), from each case's "
+            "sealed routing figures.",
+            class_="muted",
+        ),
+        figure,
+        (el("p", line, class_="muted") for line in routing.case_lines(data.cases)),
+        id="routing",
     )
 
 
@@ -948,7 +977,11 @@ def render_page(data: ReportData) -> str:
         [float(v.threshold) for v in detailed if v.threshold],
     )
     threshold = _num(data.header.contract.get("threshold"))
-    body: list[Child] = [_header(data), _steps(data.steps, draw)]
+    body: list[Child] = [
+        _header(data),
+        signature_section(data, named_signatures(data)),
+        _steps(data.steps, draw),
+    ]
     if not draw:
         body.append(
             el(
@@ -973,8 +1006,10 @@ def render_page(data: ReportData) -> str:
             )
     body += [
         _case_table(data),
+        gates.section([(v.label, v.gates) for v in data.cases]),
         _attribution(data, draw),
         _layers(data, draw),
+        _routing(data, draw),
         _invalid(data),
     ]
     if detailed:

@@ -40,6 +40,7 @@ from pytest_logprob_drift.attribution.sealed import (
 )
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
+from pytest_logprob_drift.numerics.gates import GateResult
 from pytest_logprob_drift.numerics.sample_drift import SampleDrift, sample_drift
 from pytest_logprob_drift.report.columns import case_anchor
 from pytest_logprob_drift.report.importance import with_read_time_figures
@@ -60,6 +61,7 @@ from pytest_logprob_drift.report.model import (
     WorstToken,
 )
 from pytest_logprob_drift.report.path_split import load_plot
+from pytest_logprob_drift.report.signatures import with_read_time_signatures
 from pytest_logprob_drift.report.steps import (
     WORST_PER_STEP,
     StepRow,
@@ -160,8 +162,10 @@ class _Shown:
         # verify_run has just checked every file; what is read here is checked again, from
         # the bytes read: the documents now, each tensor when case_detail loads it.
         self.seal = read_seal(attempt, keep=SHOWN_DOCUMENTS, every=False)
-        self.comparison = with_read_time_figures(
-            parse_comparison(self.seal.read(layout.COMPARISON)),
+        self.comparison = with_read_time_signatures(
+            with_read_time_figures(
+                parse_comparison(self.seal.read(layout.COMPARISON)), attempt, self.seal
+            ),
             attempt,
             self.seal,
         )
@@ -246,6 +250,18 @@ def _nan_safe(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return out
 
 
+def largest(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of the ``k`` largest of 1-D ``values``, largest first, ties in index order:
+    ``argsort(values, descending=True, stable=True)[:k]`` without sorting them all (a top-k,
+    then a stable sort of the values at or above the k-th)."""
+    k = min(k, values.numel())
+    if k == 0 or bool(torch.isnan(values).any()):  # NaN sorts as the largest: sort them all
+        return torch.argsort(values, descending=True, stable=True)[:k]
+    kth = torch.topk(values, k).values[-1]
+    candidates = (values >= kth).nonzero().squeeze(1)
+    return candidates[torch.argsort(values[candidates], descending=True, stable=True)][:k]
+
+
 def scatter(
     rollout: torch.Tensor, training: torch.Tensor, diff: torch.Tensor, threshold: float
 ) -> Scatter:
@@ -273,7 +289,7 @@ def scatter(
     col = ((rollout - low) * scale).floor().clamp(0, SCATTER_GRID - 1).to(torch.int64)
     row = ((training - low) * scale).floor().clamp(0, SCATTER_GRID - 1).to(torch.int64)
     grid = torch.bincount(row * SCATTER_GRID + col, minlength=SCATTER_GRID * SCATTER_GRID)
-    worst = torch.argsort(diff, descending=True, stable=True)[:SCATTER_OVERLAY]
+    worst = largest(diff, SCATTER_OVERLAY)
     return Scatter(
         points=False,
         rollout=rollout[worst].numpy(),
@@ -308,7 +324,7 @@ def worst_tokens(
     active = tensors["active_mask"]
     masked = torch.where(active, diff_grid, torch.tensor(-1.0, dtype=torch.float64)).flatten()
     width = active.shape[1]
-    order = torch.argsort(masked, descending=True, stable=True)[:WORST_TOKENS]
+    order = largest(masked, WORST_TOKENS)
     token_ids = tensors["token_ids"]
     valid = tensors.get("attention_mask", torch.ones_like(active))
     picked = [(int(i) // width, int(i) % width) for i in order.tolist() if masked[i] >= 0]
@@ -543,11 +559,13 @@ def load_report(
     views: list[CaseView] = []
     for case_id, attempts in sorted(by_case.items()):
         picked: _Shown | None = None
+        gates: tuple[GateResult, ...] = ()
         for status in sorted(attempts, key=lambda s: s.attempt_id, reverse=True):
             if status.status != "ok":
                 continue
             try:
                 picked = _Shown(run_dir / layout.CASES / case_id / status.attempt_id)
+                gates = status.gates
                 break
             except SealError as exc:  # changed since verify_run checked it
                 late_problems.append(AttemptStatus.refused(case_id, status.attempt_id, exc))
@@ -600,6 +618,7 @@ def load_report(
                 attribution=entries.get(case_id),
                 detail=None,
                 invalid_attempts=invalid,
+                gates=gates,
                 weights=picked.weights,
             )
         )
@@ -736,6 +755,7 @@ def _steps_view(
                 active_tokens=view.active_tokens,
                 mismatches=view.mismatches,
                 values=figure_values(view.diagnostics, view.active_tokens, view.mismatches),
+                gates=view.gates,
                 worst=tuple(
                     StepSample(
                         row=w.drift.row,

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from pytest_logprob_drift.attribution.document import Attribution, Case
 from pytest_logprob_drift.numerics.comparison import Diagnostics, KnobRecord
+from pytest_logprob_drift.numerics.gates import GateResult
 
 if TYPE_CHECKING:  # the record only; importing the store would import torch
     from pytest_logprob_drift.report.layers import LayerPlot
@@ -181,6 +182,8 @@ class CaseView:
     """The case's entry in the shown attribution (None without one)."""
     detail: CaseDetail | None
     invalid_attempts: int = 0
+    gates: tuple[GateResult, ...] = ()
+    """The frameworks' gates of the shown attempt (``numerics.gates``; empty: not judged)."""
     weights: tuple[tuple[str, str], ...] = ()
     """``(side, one line)`` of each side's sealed weight check (``store.weights_check.summary``):
     ``N tensors, all equal to the checkpoint cast to bfloat16``, or the differences."""

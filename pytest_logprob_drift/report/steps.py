@@ -29,7 +29,9 @@ from itertools import pairwise
 from typing import Any
 
 from pytest_logprob_drift.numerics.comparison import Diagnostics
+from pytest_logprob_drift.numerics.gates import GateResult
 from pytest_logprob_drift.numerics.peer_corrections import PEER_CORRECTIONS
+from pytest_logprob_drift.report import gates
 
 WORST_PER_STEP = 3
 """Worst samples listed per step (each linked to its tokens when the step is detailed)."""
@@ -125,6 +127,8 @@ class StepRow:
     worst: tuple[StepSample, ...] = ()
     anchor: str | None = None
     """The step's detailed section on the page (None: not detailed)."""
+    gates: tuple[GateResult, ...] = ()
+    """The frameworks' gates of the step (``numerics.gates``; empty: not judged)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,6 +142,7 @@ class StepRow:
             **{f.key: self.values.get(f.key) for f in FIGURES},
             "worst_samples": [w.to_json() for w in self.worst],
             "detailed": self.anchor is not None,
+            "gates_failed": None if not self.gates else [g.key for g in self.gates if not g.passed],
         }
 
 
@@ -223,6 +228,7 @@ class StepsView:
     def table(self) -> tuple[list[str], list[list[str]]]:
         """``(headers, rows)`` of the text table."""
         headers = ["step", "outcome", "samples", "active", "mismatches"] + [f.name for f in FIGURES]
+        headers.append(gates.TITLE)
         rows = [
             [
                 str(r.step),
@@ -231,6 +237,7 @@ class StepsView:
                 _show(r.active_tokens),
                 _show(r.mismatches),
                 *(format_value(f, r.values.get(f.key)) for f in FIGURES),
+                gates.failed_cell(r.gates),
             ]
             for r in self.rows
         ]

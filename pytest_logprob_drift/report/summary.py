@@ -21,9 +21,10 @@ from pytest_logprob_drift.attribution.text import summary_lines
 from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, ReductionStats
 from pytest_logprob_drift.numerics.framework_figures import SLIME_FIGURE, SLIME_PER_TOKEN_FIGURE
 from pytest_logprob_drift.numerics.text import REDUCTIONS
-from pytest_logprob_drift.report import importance
+from pytest_logprob_drift.report import gates, importance
 from pytest_logprob_drift.report.findings import findings, moved_side, threshold, within_contract
 from pytest_logprob_drift.report.model import ReportData
+from pytest_logprob_drift.report.signatures import named_signatures
 
 HEADERS = [
     "case_id",
@@ -34,6 +35,7 @@ HEADERS = [
     "max|diff|",
     "p99|diff|",
     "mean|diff|",
+    gates.TITLE,
     "k3 KL",
     *importance.HEADERS,
 ]
@@ -156,6 +158,7 @@ def summary_rows(data: ReportData) -> list[list[Any]]:
                 fmt_diff(d.statistic("max_abs_diff")),
                 fmt_diff(d.statistic("p99_abs_diff")),
                 fmt_diff(d.statistic("mean_abs_diff")),
+                gates.failed_cell(view.gates),
                 fmt_diff(d.statistic("approx_kl_k3")),
                 *importance.text_cells(d),
             ]
@@ -204,6 +207,7 @@ def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
                 "detailed": v.detail is not None,
                 "attribution": None if v.attribution is None else document_json(v.attribution),
                 "side_moved": side(v.attribution),
+                "gates": gates.case_json(v.gates),
                 "weights": dict(v.weights),
             }
             for v in data.cases
@@ -213,5 +217,7 @@ def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
         "ranking": [] if document is None else material(document.ranking, within_contract(data)),
         "findings": findings(data).to_json(),
         "steps": None if data.steps is None else data.steps.to_json(),
+        "signatures": [s.to_json() for s in named_signatures(data)],
         "unread": list(data.unread),
+        "gates": gates.definitions_json(),
     }

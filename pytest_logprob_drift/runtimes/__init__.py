@@ -126,7 +126,19 @@ TINY_QWEN3_DEEP = BuiltinCheckpoint(
 )
 """The deep tiny Qwen3 (``tiny_model.TINY_QWEN3_DEEP_NAME``: 8 decoder layers, otherwise the
 tiny one's tokenizer and widths), for the layer diagnostics."""
-TINY_CHECKPOINTS = (TINY_QWEN3, *TINY_ARCHITECTURES, TINY_QWEN3_DEEP)
+TINY_MOE_ARCHITECTURES = tuple(
+    BuiltinCheckpoint(
+        uri=f"tiny://{name}-h128-v1",
+        vocab_size=1024,
+        max_positions=512,
+        model_type=model_type,
+        **_TINY_ATTENTION,
+    )
+    for name, model_type in (("qwen3-moe", "qwen3_moe"), ("olmoe", "olmoe"))
+)
+"""The tiny mixture-of-experts builds of ``tiny_model.TINY_MOE_ARCHITECTURES`` (4 experts,
+top-2, every layer MoE; same vocabulary and context as the tiny Qwen3)."""
+TINY_CHECKPOINTS = (TINY_QWEN3, *TINY_ARCHITECTURES, TINY_QWEN3_DEEP, *TINY_MOE_ARCHITECTURES)
 
 VOCAB_PARALLEL = "vocab_parallel_collectives"
 """The alignment property of a backend that combines vocabulary shards with collectives

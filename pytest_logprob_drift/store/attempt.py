@@ -20,9 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.decode import Document
+from pytest_logprob_drift.store.documents import document_file
 from pytest_logprob_drift.store.files import (
     check_directory,
     fsync_dir,
@@ -139,6 +143,14 @@ class _BackgroundSync(threading.Thread):
             self.error = exc
 
 
+def _text(value: object) -> str:
+    """A ``str`` subclass (``torch.__version__``) as the string it is, as ``json`` writes it;
+    any other object JSON has no form for is refused."""
+    if isinstance(value, str):
+        return str(value)
+    raise NotImplementedError(f"{type(value).__name__} has no JSON form")
+
+
 class AttemptWriter:
     """Writes one attempt; ``seal()`` publishes COMPLETE last. Never overwrites anything."""
 
@@ -175,6 +187,11 @@ class AttemptWriter:
 
     def write_json(self, name: str, document: Any) -> None:
         self.write_bytes(name, json_bytes(document))
+
+    def write_document(self, document: Document) -> None:
+        """The one way an attempt's typed documents are written: as the file their type is
+        read from (``documents.document_file``), in the store's JSON form."""
+        self.write_json(document_file(document), msgspec.to_builtins(document, enc_hook=_text))
 
     def _durable(self) -> None:
         """Every payload and the directory durable: what COMPLETE may then vouch for."""

@@ -23,6 +23,7 @@ import msgspec
 
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.decode import Document
+from pytest_logprob_drift.store.read_back import WeightsArrived, arrived, upgraded
 
 JSONObject = dict[str, Any]
 """A JSON object kept whole (an engine's own record: shown or compared, never read by member)."""
@@ -48,12 +49,32 @@ class Materialized(Document, frozen=True, kw_only=True):
 
 
 class Actual(Document, frozen=True, kw_only=True):
-    """``actual.json``: what each side read back after scoring."""
+    """``actual.json``: what each side read back after scoring. v2 (``schema_version``) seals
+    the read-back's parts as nested JSON; a v1 document (no ``schema_version``) sealed three of
+    them as JSON text, parsed here once (``read_back.upgraded``), so every reader sees v2."""
 
     knobs: dict[str, JSONObject]
     read_back: JSONObject | None
     operator_provenance: tuple[JSONObject, ...]
     training_evidence: JSONObject | None
+    schema_version: Literal["cross_config.actual.v2"] | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        if self.read_back is None:
+            return
+        if self.schema_version is msgspec.UNSET:
+            msgspec.structs.force_setattr(self, "read_back", upgraded(self.read_back))
+        try:
+            arrived(self.read_back)
+        except msgspec.ValidationError as exc:
+            message, marker, below = str(exc).rpartition(" - at `$")
+            if not marker:  # a problem of the part itself (a member missing)
+                message, below = str(exc), "`"
+            raise ValueError(f"{message} - at `$.read_back.vllm.weights_arrived{below}") from None
+
+    def weights_arrived(self) -> WeightsArrived | None:
+        """How a trainer's push reached the rollout (None: nothing pushed)."""
+        return None if self.read_back is None else arrived(self.read_back)
 
 
 class ExecutionKeyPayload(Document, frozen=True, kw_only=True):
@@ -240,6 +261,18 @@ ATTEMPT_DOCUMENTS: Mapping[str, type[Document]] = {
 }
 """Each sealed JSON document of an attempt beside ``comparison.json``, and its type (those of
 ``layout.RECORD_FILES`` in every attempt, ``layout.OPTIONAL_DOCUMENTS`` where sealed)."""
+
+
+def document_file(document: Document) -> str:
+    """The file of an attempt ``document`` is sealed as, picked from its type
+    (``ATTEMPT_DOCUMENTS``; a ``WeightsDocument`` by its side); ``TypeError`` for a type that
+    is no attempt document."""
+    if isinstance(document, WeightsDocument):
+        return layout.WEIGHTS_ROLLOUT if document.side == "rollout" else layout.WEIGHTS_TRAINING
+    for name, kind in ATTEMPT_DOCUMENTS.items():
+        if type(document) is kind:
+            return name
+    raise TypeError(f"{type(document).__name__} is no attempt document")
 
 
 class ImportedInput(Document, frozen=True, kw_only=True):

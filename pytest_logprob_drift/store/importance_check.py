@@ -34,6 +34,7 @@ from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import ResolvedContract
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.seal import SealError
+from pytest_logprob_drift.store.signature_check import signatures
 
 SCORED_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH)
 """The outcomes whose comparison carries importance-sampling figures."""
@@ -61,13 +62,16 @@ def comparison_of(
     numerical: NumericCheck | None,
 ) -> Comparison:
     """comparison.json's record of a case judged by ``verdict``: its statistics and the
-    optional ``entries`` as typed diagnostics, the importance-sampling figures of a judged case
-    from its ``(training, rollout, active)`` scores (the very tensors token_diffs.pt seals), the
-    knob ``records`` and the numeric re-check. Both writers (an executed case, an imported step)
+    optional ``entries`` as typed diagnostics, the importance-sampling figures and the drift
+    signatures (``store.signature_check``) of a judged case from its ``(training, rollout,
+    active)`` scores (the very tensors token_diffs.pt seals), the knob ``records`` and the
+    numeric re-check. Both writers (an executed case, an imported step)
     build it here."""
     diagnostics = from_builtins({**verdict.diagnostics, **(entries or {})}, Diagnostics)
     if verdict.outcome in SCORED_OUTCOMES and scores is not None:
-        diagnostics = msgspec.structs.replace(diagnostics, importance_sampling=figures(*scores))
+        diagnostics = msgspec.structs.replace(
+            diagnostics, importance_sampling=figures(*scores), signatures=signatures(*scores)
+        )
     return Comparison(
         case_id=case_id,
         label=label,

@@ -51,6 +51,12 @@ LAYERS_TRAINING = "layers_training.pt"
 LAYERS_ROLLOUT = "layers_rollout.pt"
 """Opt-in layer diagnostics: the rollout side's reduced states, from its prefill path."""
 LAYER_FILES = (LAYERS_TRAINING, LAYERS_ROLLOUT)
+ROUTING_TRAINING = "routing_training.pt"
+"""Opt-in routing diagnostics (``diagnostics.routing``): the experts the training side chose per
+MoE layer, teacher-forced (``numerics.routing``)."""
+ROUTING_ROLLOUT = "routing_rollout.pt"
+"""Opt-in routing diagnostics: the experts the rollout engine chose while it generated."""
+ROUTING_FILES = (ROUTING_TRAINING, ROUTING_ROLLOUT)
 IMPORTED = "imported.json"
 """An imported step (``logprob-drift import``): where each row of the token grid came from in
 the production run's own files (``store.documents.ImportedStep``); absent from executed
@@ -68,7 +74,7 @@ RECORD_FILES = (REQUESTED, MATERIALIZED, ACTUAL, IDENTITY)
 actual, and the identity both sides scored)."""
 SCORE_FILES = (SCORE_ROLLOUT, SCORE_TRAINING, TOKEN_DIFFS)
 """The tensors of an attempt that has scores (PASS, MISMATCH, ZERO_ACTIVE_TOKENS)."""
-DIAGNOSTIC_FILES = (DIVERGENCE, *REPLAY_FILES, *LAYER_FILES)
+DIAGNOSTIC_FILES = (DIVERGENCE, *REPLAY_FILES, *LAYER_FILES, *ROUTING_FILES)
 """Tensor files of opt-in diagnostics: sealed when the diagnostic ran, absent otherwise."""
 OPTIONAL_DOCUMENTS = (IMPORTED, *WEIGHTS_FILES)
 """JSON documents an attempt seals only when it is of their kind (an imported step) or its

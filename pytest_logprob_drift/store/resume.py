@@ -27,6 +27,7 @@ from typing import TypeVar
 import torch
 
 from pytest_logprob_drift.numerics.comparison import NUMERIC_CHECK_KEYS, Comparison, NumericCheck
+from pytest_logprob_drift.numerics.gates import GateResult, gate_results
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
@@ -45,8 +46,10 @@ from pytest_logprob_drift.store.imported_check import check_imported
 from pytest_logprob_drift.store.layers_check import check_layers
 from pytest_logprob_drift.store.path_split_check import check_path_split
 from pytest_logprob_drift.store.rejudge import rejudge
+from pytest_logprob_drift.store.routing_check import check_routing_files
 from pytest_logprob_drift.store.seal import SealError
-from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
+from pytest_logprob_drift.store.sealed_tensors import check_positions, check_sealed_tensors
+from pytest_logprob_drift.store.signature_check import check_signatures, with_signatures
 from pytest_logprob_drift.store.weights_check import check_document, check_pair, check_weights
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 
@@ -72,6 +75,10 @@ class CheckedAttempt:
     comparison: Comparison
     """comparison.json's record; an attempt sealed before the importance-sampling figures
     existed gets them here, computed from its token_diffs.pt."""
+    gates: tuple[GateResult, ...] = ()
+    """The frameworks' gates (``numerics.gates``) of a judged attempt, computed from its
+    token_diffs.pt where it is checked (never sealed: they are the frameworks' bars, not the
+    verdict); empty for an outcome without scores."""
 
     @property
     def outcome(self) -> Outcome:
@@ -222,6 +229,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         None if actual is None else actual.knobs,
     )
     has_tensors = layout.TOKEN_DIFFS in seal.files
+    gates: tuple[GateResult, ...] = ()
     if outcome in TENSOR_OUTCOMES and not has_tensors:
         raise SealError(layout.TOKEN_DIFFS, f"required for outcome {outcome.value} but not sealed")
     if has_tensors:
@@ -230,6 +238,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             if name not in seal.files:
                 raise SealError(name, "required file is not sealed")
             scored[name] = load_sealed_tensors(directory, name, seal)
+        check_positions(scored, derived=imported is not None)
         diffs = load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal)
         _token_diff_shape(diffs)
         numeric = rejudge(comparison, diffs)
@@ -257,6 +266,14 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             layer_files[layout.LAYERS_ROLLOUT],
             scored[layout.SCORE_ROLLOUT],
         )
+        routing_files = _sealed_if_present(directory, seal, layout.ROUTING_FILES)
+        check_routing_files(
+            comparison.diagnostics,
+            routing_files[layout.ROUTING_TRAINING],
+            routing_files[layout.ROUTING_ROLLOUT],
+            diffs,
+            scored[layout.SCORE_ROLLOUT],
+        )
         _same_numeric_check(comparison.numerical, numeric)
         if outcome in TENSOR_OUTCOMES and outcome is not numeric.outcome:
             raise SealError(
@@ -265,4 +282,12 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
                 f"recomputed verdict {numeric.outcome.value}",
             )
         comparison = with_figures(comparison, check_importance_sampling(comparison, diffs))
-    return CheckedAttempt(directory=directory, seal=seal, comparison=comparison)
+        comparison = with_signatures(comparison, check_signatures(comparison, diffs))
+        if outcome in (Outcome.PASS, Outcome.MISMATCH):
+            gates = gate_results(
+                diffs["training_logprobs"],
+                diffs["rollout_logprobs"],
+                diffs["active_mask"],
+                slime_figure=comparison.diagnostics.slime_train_rollout_logprob_abs_diff,
+            )
+    return CheckedAttempt(directory=directory, seal=seal, comparison=comparison, gates=gates)

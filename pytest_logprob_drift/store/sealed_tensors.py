@@ -3,7 +3,9 @@
 Owns the shape of the tensor files an attempt seals, checked once where a sealed ``.pt`` is
 loaded (``store.resume.load_sealed_tensors``, which every reader uses): ``score_rollout.pt``
 and ``score_training.pt`` (the identity tensors and the side's logprobs on the ``[B, T]``
-token grid; the rollout's ``prompt_lengths`` ``[B]`` within ``0..T``), ``token_diffs.pt`` (both
+token grid; the rollout's ``prompt_lengths`` ``[B]`` within ``0..T``; ``position_ids`` are
+sealed by an executed attempt and derived from ``attention_mask`` for an imported one, whose
+grid determines them: ``check_positions``), ``token_diffs.pt`` (both
 sides' logprobs and the active mask on one grid, a single threshold) and ``divergence.pt``
 (``numerics.divergence_file``'s reductions on the grid, the worst positions' contributors
 ``[R, K]`` with ``R`` non-negative rows, the four sampling-processing values; that the grid and
@@ -46,7 +48,7 @@ _IDENTITY = {
     "token_ids": TensorSpec(kind=INTEGER, dims=GRID),
     "attention_mask": TensorSpec(kind=BOOL, dims=GRID),
     "active_mask": TensorSpec(kind=BOOL, dims=GRID),
-    "position_ids": TensorSpec(kind=INTEGER, dims=GRID),
+    "position_ids": TensorSpec(kind=INTEGER, dims=GRID, required=False),
     "logprobs": TensorSpec(kind=NUMERIC, dims=GRID),
 }
 SCHEMAS: Mapping[str, Mapping[str, TensorSpec]] = {
@@ -83,8 +85,44 @@ SCHEMAS: Mapping[str, Mapping[str, TensorSpec]] = {
         }
         for name in layout.LAYER_FILES
     },
+    **{
+        name: {  # numerics.routing; the rest is store.routing_check's
+            "expert_ids": TensorSpec(kind=INTEGER, dims=("B", "T", "M", "K")),
+            "gate_weights": TensorSpec(kind=FLOATING, dims=("B", "T", "M", "K")),
+        }
+        for name in layout.ROUTING_FILES
+    },
 }
 """Every tensor each sealed ``.pt`` declares (other names are allowed, checked by tensorio)."""
+
+
+def grid_positions(attention: torch.Tensor) -> torch.Tensor:
+    """The position ids of an imported step's ``[B, T]`` grid (each row's tokens from column
+    0, numbered from 0; 0 at padding): what an import sealed before issue 58 holds, and what an
+    import since derives instead of sealing them."""
+    width = attention.shape[-1]
+    return (torch.arange(width, dtype=torch.int64).expand(attention.shape) * attention).contiguous()
+
+
+def check_positions(scored: Mapping[str, Mapping[str, torch.Tensor]], *, derived: bool) -> None:
+    """Each score file's ``position_ids``: required where an engine chose them (``derived``
+    False: an executed attempt), optional where the grid determines them (an imported step),
+    and then, when sealed (an import sealed before issue 58), equal to ``grid_positions``: a
+    SealError naming the file otherwise."""
+    for name, tensors in scored.items():
+        positions = tensors.get("position_ids")
+        if positions is None:
+            if not derived:
+                raise SealError(name, "has no 'position_ids' tensor")
+            continue
+        if derived and not torch.equal(
+            positions.to(torch.int64), grid_positions(tensors["attention_mask"])
+        ):
+            raise SealError(
+                name,
+                "tensor 'position_ids' is not the imported grid's (each row numbered from 0 "
+                "over its tokens)",
+            )
 
 
 def _kind(tensor: torch.Tensor) -> str:

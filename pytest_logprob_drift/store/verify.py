@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from pytest_logprob_drift.errors import StorageError, UsageError
+from pytest_logprob_drift.numerics.gates import GateResult
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL, read_seal
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
@@ -55,6 +57,9 @@ class AttemptStatus:
     outcome: str | None = None
     file: str | None = None
     detail: str = ""
+    gates: tuple[GateResult, ...] = ()
+    """The frameworks' gates of a valid judged attempt (``CheckedAttempt.gates``; not in
+    ``verify``'s output)."""
 
     @classmethod
     def refused(cls, case_id: str, attempt_id: str, exc: SealError) -> AttemptStatus:
@@ -305,6 +310,11 @@ def _plan_disagrees(rows: tuple[PlanRow, ...], label: str, threshold: float) -> 
     return None
 
 
+class _AttemptIds(TypedDict):
+    case_id: str
+    attempt_id: str
+
+
 def verify_run(run_dir: Path) -> list[AttemptStatus]:
     """The status of every attempt under ``run_dir``, in case then attempt order. Under a seal
     key, an attempt sealed without any key is ``superseded`` (not invalid) when its case has an
@@ -314,7 +324,7 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
     unkeyed: set[int] = set()
     planned = planned_cases(run_dir)
     for attempt in iter_attempt_dirs(run_dir):
-        ids = {"case_id": attempt.parent.name, "attempt_id": attempt.name}
+        ids: _AttemptIds = {"case_id": attempt.parent.name, "attempt_id": attempt.name}
         if not (attempt / layout.COMPLETE).exists():
             statuses.append(
                 AttemptStatus(
@@ -354,7 +364,9 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
                 AttemptStatus(**ids, status="invalid", file=layout.PLAN, detail=disagreement)
             )
             continue
-        statuses.append(AttemptStatus(**ids, status="ok", outcome=checked.outcome.value))
+        statuses.append(
+            AttemptStatus(**ids, status="ok", outcome=checked.outcome.value, gates=checked.gates)
+        )
     if active_key() is None:
         return statuses
     keyed_cases = {s.case_id for s in statuses if s.status == "ok"}

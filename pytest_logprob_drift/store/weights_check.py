@@ -15,7 +15,7 @@ how digests are computed, or files other than the document it is given.
 from __future__ import annotations
 
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.store.documents import WeightDifference, WeightsDocument
+from pytest_logprob_drift.store.documents import DifferenceKind, WeightDifference, WeightsDocument
 from pytest_logprob_drift.store.seal import SealError
 
 DifferenceKey = tuple[str, str, int | None, str]
@@ -29,10 +29,8 @@ def differences(document: WeightsDocument) -> list[WeightDifference]:
     side = document.side
     found: list[WeightDifference] = []
 
-    def add(name: str, rank: int | None, kind: str, detail: str) -> None:
-        found.append(
-            WeightDifference(name=name, side=side, rank=rank, kind=kind, detail=detail)  # type: ignore[arg-type]
-        )
+    def add(name: str, rank: int | None, kind: DifferenceKind, detail: str) -> None:
+        found.append(WeightDifference(name=name, side=side, rank=rank, kind=kind, detail=detail))
 
     for t in document.tensors:
         if t.side is None:

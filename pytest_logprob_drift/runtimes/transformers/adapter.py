@@ -38,6 +38,7 @@ from pytest_logprob_drift.execute.protocol import (
     Materialized,
     ReplayOutput,
     RolloutOutput,
+    RoutingUnavailable,
     RuntimeBinding,
     TensorBatch,
     TrainingOutput,
@@ -66,11 +67,13 @@ from pytest_logprob_drift.runtimes.tiny_model import (
     special_token_ids,
 )
 from pytest_logprob_drift.runtimes.transformers import engine as hf_engine
+from pytest_logprob_drift.runtimes.transformers import moe
 from pytest_logprob_drift.runtimes.transformers.fsdp import FsdpScorerError, FsdpScorerGroup
 from pytest_logprob_drift.runtimes.weights.checkpoint import checkpoint_names
 from pytest_logprob_drift.runtimes.weights.module_digests import module_report
 from pytest_logprob_drift.runtimes.weights.side_document import side_document
-from pytest_logprob_drift.store.documents import WeightsDocument
+from pytest_logprob_drift.store.documents import WeightsDocument, WeightSide
+from pytest_logprob_drift.store.read_back import read_back_part
 
 ROLLOUT_ATTENTION = "sdpa"
 
@@ -200,7 +203,7 @@ def side_identity(
 
 
 def module_weights(
-    model: Any, model_dir: Path, *, side: str, dtype: str, lm_head_dtype: str
+    model: Any, model_dir: Path, *, side: WeightSide, dtype: str, lm_head_dtype: str
 ) -> WeightsDocument:
     """A module's weight document (``module_digests``): the checkpoint cast to ``dtype``; an
     LM head held in float32 by ``lm_head_dtype`` declared float32, through ``dtype`` (it is a
@@ -257,6 +260,7 @@ class HfRollout:
         self.full_vocabulary = binding.full_vocabulary is not None
         self.batch_size = 0
         self.backend_used = ""
+        self._routing: moe.GenerationRouting | None = None
         self.mode_used = ""
         self._weights: WeightsDocument | None = None
 
@@ -293,6 +297,26 @@ class HfRollout:
             },
             full_vocab=None if steps is None else active_rows(steps, tensors["active_mask"]),
         )
+
+    def arm_routing(self) -> None:
+        """Hook the rollout model's routers for the case's generation
+        (``moe.GenerationRouting``; ``execute.protocol.RolloutRoutingCapture``);
+        ``RoutingUnavailable`` for a dense model."""
+        if self._routing is not None:
+            self._routing.close()
+        try:
+            self._routing = moe.GenerationRouting(self.model)
+        except ValueError as exc:
+            raise RoutingUnavailable(str(exc)) from None
+
+    def collect_routing(self, rollout: TensorBatch) -> Mapping[str, Any]:
+        """What the routers chose while the model generated the case's rows, on the batch's
+        grid: -1 at padding and at each row's last sampled token."""
+        if self._routing is None:
+            raise RoutingUnavailable("the routing capture was not armed before the generation")
+        recorder, self._routing = self._routing, None
+        captured = recorder.on_grid(rollout["token_ids"], rollout["attention_mask"])
+        return {"expert_ids": captured.expert_ids, "gate_weights": captured.gate_weights}
 
     def replay_prefill(
         self,
@@ -488,10 +512,7 @@ class HfTrainingScorer:
                 **reported_sampling(self._truncation),
             },
             readonly_violations=violations,
-            evidence={
-                k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
-                for k, v in self.evidence.items()
-            },
+            evidence={k: read_back_part(v) for k, v in self.evidence.items()},
             full_vocab=torch.cat(full) if full else None,
         )
 
@@ -519,6 +540,21 @@ class HfTrainingScorer:
 
         self._layer_evidence = {}
         return capture_layers(self.model, consumed, batch_size=batch_size)
+
+    def capture_routing(self, rollout: TensorBatch, *, batch_size: int) -> Mapping[str, Any]:
+        """The training side's routing (``moe.capture_routing``: a hook on every MoE layer's
+        router in a teacher-forced forward with the scorer's chunks and masks;
+        ``execute.protocol.TrainingRoutingCapture``), on the in-process model; under FSDP and
+        for a dense model ``RoutingUnavailable`` says why."""
+        if self.group is not None:
+            raise RoutingUnavailable(
+                "the trainer runs in FSDP rank processes, which have no routing capture yet"
+            )
+        if not moe.moe_routers(self.model):
+            raise RoutingUnavailable("the model has no mixture-of-experts layer")
+        consumed = {k: rollout[k] for k in hf_engine.SCORER_KEYS}
+        captured = moe.capture_routing(self.model, consumed, batch_size=batch_size)
+        return {"expert_ids": captured.expert_ids, "gate_weights": captured.gate_weights}
 
     def weight_state(self) -> Mapping[str, torch.Tensor]:
         """The training model's parameters and persistent buffers by checkpoint name, whole
@@ -600,6 +636,7 @@ class HfTrainingScorer:
         )
 
     def read_back(self) -> Mapping[str, JSONScalar]:
+        moe_read_back: dict[str, JSONScalar] = {}  # in process only (FSDP ranks: not yet)
         if self.group is not None:
             ev = self.evidence
             world = int(ev.get("world_size", 0))
@@ -617,7 +654,11 @@ class HfTrainingScorer:
                 str(live["lm_head_dtype"]),
                 str(live["device"]),
             )
+            experts = moe.experts_implementation(self.model)
+            if experts is not None:
+                moe_read_back = {"training.experts_implementation": experts}
         return {
+            **moe_read_back,
             "training.compute_dtype": dtype,
             "training.attention_backend": attention,
             "training.sharding": sharding,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_logprob_drift.errors import UsageError
@@ -45,6 +46,7 @@ from pytest_logprob_drift.execute.protocol import (
     ReplayOutput,
     ReplayUnavailable,
     RolloutOutput,
+    RoutingUnavailable,
     RuntimeBinding,
     TensorBatch,
     WeightSource,
@@ -76,6 +78,7 @@ from pytest_logprob_drift.runtimes.vllm.logs import prepare_vllm_logging
 from pytest_logprob_drift.runtimes.vllm.platform import rollout_sampler
 from pytest_logprob_drift.runtimes.vllm.read_back import eager_of, sampling_applied
 from pytest_logprob_drift.store.documents import WeightsDocument
+from pytest_logprob_drift.store.read_back import ReadBackValue, read_back_part
 
 if TYPE_CHECKING:
     import torch
@@ -299,6 +302,7 @@ class VllmRollout:
         self.logp_evidence = ""
         self.sampling_observed: dict[str, Any] = {"observed": False, "values": []}
         self._layer_evidence: dict[str, JSONScalar] = {}
+        self._routing_layers = 0
         self._special = special_token_ids(self.checkpoint.path)
         self._weights: WeightsDocument | None = None
         self._installed = False
@@ -503,6 +507,37 @@ class VllmRollout:
         where = active[:, 1:].nonzero().to(torch.long)
         return stack_reductions(per_state, where)
 
+    def arm_routing(self) -> None:
+        """Arm the workers' routing capture for the case's generation (``engine.routing_arm``;
+        ``execute.protocol.RolloutRoutingCapture``); ``RoutingUnavailable`` under compiled
+        graphs or for a dense model."""
+        try:
+            layers = self.engine.routing_arm()
+        except ValueError as exc:
+            raise RoutingUnavailable(str(exc)) from None
+        if layers == 0:
+            self.engine.routing_collect()  # disarm
+            raise RoutingUnavailable("the model has no mixture-of-experts layer")
+        self._routing_layers = layers
+
+    def collect_routing(self, rollout: TensorBatch) -> Mapping[str, Any]:
+        """What the workers' routers chose while the engine generated the case's rows, rank 0's
+        after checking every rank's digest, placed on the batch's grid by each request's tokens
+        (``routing_rows.on_grid``); -1 at padding, at prompt tokens the prefix cache served and
+        at each row's last sampled token."""
+        from pytest_logprob_drift.runtimes.vllm.routing_rows import on_grid
+
+        captured = self.engine.routing_collect()
+        config = json.loads((Path(self.engine.spec.model_dir) / "config.json").read_text())
+        ids, weights = on_grid(
+            captured,
+            rollout["token_ids"],
+            rollout["attention_mask"],
+            moe_layers=self._routing_layers,
+            top_k=int(config["num_experts_per_tok"]),
+        )
+        return {"expert_ids": ids, "gate_weights": weights}
+
     def layer_capture_evidence(self) -> Mapping[str, JSONScalar]:
         """How the last ``capture_layers`` read the engine: its tensor parallel size, the TP
         rank whose reduction was kept (``read_rank``) and that every rank's agreed
@@ -564,9 +599,12 @@ class VllmRollout:
             },
         )
 
-    def read_back(self) -> Mapping[str, JSONScalar]:
+    def read_back(self) -> Mapping[str, ReadBackValue]:
+        """``actual.json`` v2's rollout read-back: the knobs' values as scalars, and the parts
+        that have parts (the weights that arrived, the sampling applied, each worker's logp
+        injection, the engine's list and object values) as nested JSON, never as text."""
         live = self.engine.read_back()
-        actual: dict[str, JSONScalar] = {
+        actual: dict[str, ReadBackValue] = {
             "rollout.dtype": str(live["dtype"]),
             "rollout.tensor_parallel_size": int(str(live["tensor_parallel_size"])),
             "rollout.context_parallel_size": self.engine.context_parallel_size(),
@@ -590,7 +628,7 @@ class VllmRollout:
                 logits_dtype=str(live["sampler_logits_dtype"]),
             ),
             # The sampling parameters the last call's requests ran with in the workers.
-            "vllm.sampling_applied": json.dumps(self.sampling_observed, sort_keys=True),
+            "vllm.sampling_applied": read_back_part(self.sampling_observed),
             "rollout.device": str(live["platform"]),
             "launcher": self.launcher,
             "vllm.executor_requested": self.engine.executor_requested,
@@ -604,16 +642,11 @@ class VllmRollout:
                 if self.weights_in
                 else "none: dummy weights, nothing pushed"
             ),
-            "vllm.weights_arrived": json.dumps(self.weights_arrived, sort_keys=True),
+            "vllm.weights_arrived": read_back_part(self.weights_arrived),
             "vllm.prompt_tokens_cached": self.engine.prompt_tokens_cached,
         }
         for key, value in live.items():
-            if key == "logp_injection":
-                actual["vllm.logp_injection"] = json.dumps(value, sort_keys=True)
-                continue
-            actual[f"vllm.{key}"] = (
-                value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
-            )
+            actual[f"vllm.{key}"] = read_back_part(value)
         return actual
 
     def weights(self) -> WeightsDocument:

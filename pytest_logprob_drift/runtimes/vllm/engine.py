@@ -727,6 +727,30 @@ class VllmRolloutEngine:
         }
         return per_state, layers, evidence
 
+    def routing_arm(self) -> int:
+        """Arm every worker's routing capture (``routing_capture``) for the generations that
+        follow; the MoE layer count (0: the model has none). Under compiled graphs
+        (``enforce_eager=False``) the wrapped routers and hooks do not run as Python:
+        ValueError, nothing is armed."""
+        if not self.spec.enforce_eager:
+            raise ValueError(
+                "the engine runs compiled graphs (enforce_eager=false), where the wrapped "
+                "routers and the model's hook do not run as Python; no routing was captured"
+            )
+        counts = {int(n) for n in self._live().collective_rpc("routing_arm")}
+        if len(counts) != 1:
+            raise RuntimeError(f"the workers report MoE layer counts {sorted(counts)}")
+        return counts.pop()
+
+    def routing_collect(self) -> dict[str, torch.Tensor]:
+        """Disarm; rank 0's routing since ``routing_arm`` (``routing_capture.collect``), after
+        checking every TP rank captured the same (``layer_ranks.rank_zero_reduction``)."""
+        return rank_zero_reduction(
+            self._live().collective_rpc("routing_collect"),
+            self.spec.tensor_parallel_size,
+            "routing capture",
+        )
+
     def replay_decode(
         self,
         prompts: Sequence[Sequence[int]],
