@@ -158,6 +158,10 @@ def run_section(
 # --------------------------------------------------------------------------- measuring
 
 
+# What the CLI imports beyond a CUDA image's own packages (pyproject's ``dependencies``).
+PROJECT_DEPENDENCIES = ("msgspec", "pytest")
+
+
 def _version(name: str) -> str:
     try:
         return importlib.metadata.version(name)
@@ -348,6 +352,7 @@ def environment(device_name: str) -> dict[str, Any]:
             "tokenizers": _version("tokenizers"),
             "safetensors": _version("safetensors"),
             "numpy": _version("numpy"),
+            **{name: _version(name) for name in PROJECT_DEPENDENCIES},
         },
         "vllm_imported": "vllm" in sys.modules,
     }
@@ -476,6 +481,13 @@ def _run_json(arguments: list[str], deadline: Deadline, what: str) -> tuple[int,
 
 
 def experiment(device_name: str, quick: bool, deadline: Deadline, folder: Path) -> dict[str, Any]:
+    missing = [name for name in PROJECT_DEPENDENCIES if _version(name) == "absent"]
+    if missing:
+        raise RuntimeError(
+            f"the project's own dependencies are not installed here: {', '.join(missing)}; "
+            "install their wheels without a registry (pip install --no-index --target DIR "
+            "WHEEL..., then PYTHONPATH=DIR), docs/GPU.md"
+        )
     config = _experiment_config(device_name, quick, folder)
     returncode, document = _run_json(
         [

@@ -14,6 +14,7 @@ this process (an interpreter start saved), with the same check of stdout against
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import subprocess
@@ -93,6 +94,8 @@ def test_the_cpu_dry_run_fills_every_section(tmp_path: Path) -> None:
     assert code == 0 and summary["ok"] is True
     assert sections["environment"]["device"] == "cpu"
     assert sections["environment"]["vllm_imported"] is False
+    for name in kit.PROJECT_DEPENDENCIES:  # what the CLI needs beyond a CUDA image's packages
+        assert sections["environment"]["versions"][name] == importlib.metadata.version(name)
     slp = sections["selected_logprob"]
     assert (slp["tokens"], slp["vocab"]) == kit.QUICK_SHAPE
     assert set(slp["backends"]) == {"native", "naive_float32", "reference", "chunked"}
@@ -155,6 +158,20 @@ def test_without_cuda_the_gpu_run_says_so_for_every_section(
     assert {s["status"] for s in summary["sections"].values()} == {"not_run"}
     assert all("no CUDA device" in s["reason"] for s in summary["sections"].values())
     assert code == 1
+
+
+def test_the_experiment_names_a_missing_project_dependency(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lent GPU image had no msgspec: the section says which package, not a CLI traceback."""
+    kit = _kit()
+    monkeypatch.setattr(kit, "PROJECT_DEPENDENCIES", ("msgspec", "no-such-dependency-here"))
+    with pytest.raises(RuntimeError) as raised:
+        kit.experiment("cpu", True, kit.Deadline(60.0), tmp_path)
+    assert str(raised.value).startswith(
+        "the project's own dependencies are not installed here: no-such-dependency-here;"
+    )
+    assert not (tmp_path / "artifacts").exists()  # refused before any run
 
 
 def test_the_vllm_section_says_why_it_cannot_run_here() -> None:
