@@ -32,7 +32,6 @@ KnobValue: TypeAlias = str | int | bool
 CONFIG_SCHEMA_VERSION = "cross_config.experiment_config.v1"
 PLAN_SCHEMA_VERSION = "cross_config.plan.v1"
 CASE_SCHEMA_VERSION = "cross_config.case.v1"
-KNOB_RECORD_SCHEMA_VERSION = "cross_config.knob_application.v1"
 
 
 _JSON_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
@@ -616,14 +615,3 @@ class RuntimeInfo(FrozenRecord):
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class KnobApplication(FrozenRecord):
-    """requested -> materialized -> actual for one knob, with evidence for the status."""
-
-    knob: str
-    lifecycle: Lifecycle
-    requested: KnobValue
-    materialized: JSONScalar
-    actual: JSONScalar
-    status: ApplicationStatus
-    evidence: str
