@@ -51,6 +51,7 @@ from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_dtype, side_topology
 from pytest_logprob_drift.records import (
     Case,
+    JsonObject,
     ResolvedContract,
     ScoringIdentity,
     canonical,
@@ -85,7 +86,7 @@ class ExecutedAttempt:
     records: tuple[KnobRecord, ...]
 
 
-def _records_json(records: tuple[KnobRecord, ...], stage: str) -> dict[str, Any]:
+def _records_json(records: tuple[KnobRecord, ...], stage: str) -> dict[str, JsonObject]:
     return {
         r.knob: {
             "lifecycle": r.lifecycle.value,
@@ -119,7 +120,7 @@ class _Scored:
     replay: ReplayResult | None = None
     layers: LayersResult | None = None
     routing: RoutingResult | None = None
-    provenance: list[dict[str, Any]] = field(default_factory=list)
+    provenance: list[JsonObject] = field(default_factory=list)
     records: tuple[KnobRecord, ...] = ()
     weights: dict[str, WeightsDocument] = field(default_factory=dict)
     """Each side's weight digests beside the checkpoint's, where its engine reports them."""

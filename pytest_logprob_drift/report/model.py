@@ -22,6 +22,7 @@ from pytest_logprob_drift.attribution.document import Attribution, Case
 from pytest_logprob_drift.numerics.comparison import Diagnostics, KnobRecord
 from pytest_logprob_drift.numerics.gates import GateResult
 from pytest_logprob_drift.records import JsonValue
+from pytest_logprob_drift.store.read_back import ReadBackValue
 
 if TYPE_CHECKING:  # the record only; importing the store would import torch
     from pytest_logprob_drift.report.layers import LayerPlot
@@ -150,7 +151,7 @@ class CaseDetail:
     identity_checks: tuple[tuple[str, str, str, bool], ...]
     """``(field, rollout, training, same)`` for each side-identity field."""
     training_evidence: Mapping[str, JsonValue]
-    read_back: Mapping[str, JsonValue]
+    read_back: Mapping[str, ReadBackValue]
     tokens: TokenView | None = None
     """Each shown sample's response tokens (None: the case's tensors give none)."""
     top_token_texts: Mapping[int, str] = field(default_factory=dict)
