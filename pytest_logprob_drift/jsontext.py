@@ -1,9 +1,10 @@
 """What can be told of a JSON text without parsing it: its nesting, its long integer literals.
 
-Owns the two scans the project runs over JSON bytes in C (``re`` and ``bytes.translate``),
-never recursing: ``strings_cut`` (the text with every string literal taken out, so what stays
-is structure and numbers), ``nested_deeper_than`` (each pass takes away the innermost bracket
-pairs, so a document of depth d costs d passes over its brackets) and ``json_nesting_fault``
+Owns the scans the project runs over JSON bytes in C (``re`` and ``bytes.translate``), never
+recursing: ``strings_cut`` (the text with every string literal taken out, so what stays is
+structure and numbers), ``long_integer`` (whether an integer literal may reach 2**64),
+``nested_deeper_than`` (each pass takes away the innermost bracket pairs, so a document of
+depth d costs d passes over its brackets) and ``json_nesting_fault``
 (where a text nests deeper than a limit, with its line and column). The store's edge
 (``store.decode``) uses them to skip walking a decoded document when no bound can be
 exceeded; ``prompts`` to refuse a checkpoint's tokenizer files before transformers reads
@@ -27,6 +28,25 @@ def strings_cut(data: bytes) -> bytes:
     if b"\\" not in data and data.count(b'"') % 2 == 0:
         return b"".join(data.split(b'"')[::2])
     return re.sub(_JSON_STRING, b"", data)
+
+
+_CLASSES = bytes(
+    ord("d") if chr(b).isdigit() and b < 128 else ord(" ") if b in b"[,:- \t\r\n" else ord(".")
+    for b in range(256)
+)
+"""JSON text as classes, for ``bytes.translate``: a digit ``d``; what may stand before an
+integer literal (``[``, ``,``, ``:``, ``-``, white space) a space; anything else (a fraction's
+``.``, an exponent's ``e``, a quote, a letter) ``.``."""
+_INTEGER_OF_20 = b" " + b"d" * 20
+"""Twenty digits where an integer literal may start: the shortest that can be 2**64 or more."""
+
+
+def long_integer(data: bytes) -> bool:
+    """Whether ``data`` may hold an integer literal of 2**64 or more: twenty digits in a row
+    that start where an integer may (never the digits of a fraction, an exponent, or a string
+    right after its quote or a letter). In C: one ``translate``, one ``find``."""
+    classes = data.translate(_CLASSES)
+    return classes.startswith(_INTEGER_OF_20[1:]) or _INTEGER_OF_20 in classes
 
 
 def nested_deeper_than(cut: bytes, limit: int) -> bool:

@@ -24,15 +24,20 @@ from pytest_logprob_drift.errors import Remedy
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any, TypeAlias
 
 JSONScalar: TypeAlias = str | int | float | bool | None
+JsonValue: TypeAlias = "JSONScalar | Sequence[JsonValue] | Mapping[str, JsonValue]"
+"""A JSON value as a type checker sees it (read-only containers, so a ``dict[str, int]`` or a
+tuple is one); annotations only: msgspec cannot type a recursive alias."""
+JsonObject: TypeAlias = "dict[str, JsonValue]"
+"""A JSON object being built or read (a report, an engine's evidence, a raw config)."""
 KnobValue: TypeAlias = str | int | bool
 
 CONFIG_SCHEMA_VERSION = "cross_config.experiment_config.v1"
 PLAN_SCHEMA_VERSION = "cross_config.plan.v1"
 CASE_SCHEMA_VERSION = "cross_config.case.v1"
-KNOB_RECORD_SCHEMA_VERSION = "cross_config.knob_application.v1"
 
 
 _JSON_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
@@ -614,16 +619,3 @@ class RuntimeInfo(FrozenRecord):
             f"scenario {scenario.level.value} on {scenario.device} is plan-only for runtime "
             f"{self.name!r} (it executes {self.where()})"
         )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class KnobApplication(FrozenRecord):
-    """requested -> materialized -> actual for one knob, with evidence for the status."""
-
-    knob: str
-    lifecycle: Lifecycle
-    requested: KnobValue
-    materialized: JSONScalar
-    actual: JSONScalar
-    status: ApplicationStatus
-    evidence: str

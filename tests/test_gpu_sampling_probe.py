@@ -17,6 +17,7 @@ import pytest
 
 from pytest_logprob_drift.runtimes.vllm import worker_ext
 from pytest_logprob_drift.runtimes.vllm.read_back import (
+    model_reports,
     model_runner,
     sampling_applied,
     sampling_seen,
@@ -66,11 +67,13 @@ def test_the_wrap_counts_each_call_shape_once_and_changes_nothing(
 
 
 def test_a_worker_whose_runner_is_not_probed_reports_nothing_seen() -> None:
-    v2_unprobed = {"sampling_probe": False, "model_runner": "v2", "sampling_seen": []}
-    assert sampling_seen([v2_unprobed]) == []
-    assert model_runner([v2_unprobed]) == "v2"
-    assert model_runner([{"vocab": {}}]) == "unknown"
-    assert sampling_applied([], sampling_seen([v2_unprobed])) == {"observed": False, "values": []}
+    v2_unprobed = model_reports(
+        [{"sampling_probe": False, "model_runner": "v2", "sampling_seen": []}]
+    )
+    assert sampling_seen(v2_unprobed) == []
+    assert model_runner(v2_unprobed) == "v2"
+    assert model_runner(model_reports([{"vocab": {}}])) == "unknown"
+    assert sampling_applied([], sampling_seen(v2_unprobed)) == {"observed": False, "values": []}
 
 
 def test_saw_nothing_is_unobservable_and_the_identity_check_names_it() -> None:

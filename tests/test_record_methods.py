@@ -23,13 +23,10 @@ from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.plan.knobs import KNOBS
 from pytest_logprob_drift.policy import Catalogs, ExecutionPolicy, assemble
 from pytest_logprob_drift.records import (
-    ApplicationStatus,
     BackendSelection,
     ContextParallelRule,
     FrozenRecord,
     FullVocabularySpec,
-    KnobApplication,
-    Lifecycle,
     OperatorSelection,
     frozen_mapping,
 )
@@ -93,24 +90,6 @@ def _instances() -> dict[type, list[FrozenRecord]]:
         FullVocabularySpec(),
         FullVocabularySpec(top_k=3),
         ContextParallelRule(devices=("cuda",), needs_mla=False, setting="s", rule="r"),
-        KnobApplication(
-            knob="rollout.dtype",
-            lifecycle=Lifecycle.ENGINE_CONSTRUCTION,
-            requested="bfloat16",
-            materialized="bfloat16",
-            actual="bfloat16",
-            status=ApplicationStatus.APPLIED,
-            evidence="model_config.dtype",
-        ),
-        KnobApplication(
-            knob="batch.size",
-            lifecycle=Lifecycle.REQUEST,
-            requested=4,
-            materialized=4,
-            actual=None,
-            status=ApplicationStatus.UNOBSERVABLE,
-            evidence="",
-        ),
     ]
     by_class: dict[type, list[FrozenRecord]] = {}
     for record in _records_in(roots):

@@ -74,12 +74,13 @@ def test_vllm_rollout_applies_both_values() -> None:
 
 
 def test_vllm_read_back_of_the_lm_head_dtype() -> None:
-    from pytest_logprob_drift.runtimes.vllm.read_back import lm_head_dtype
+    from pytest_logprob_drift.runtimes.vllm.read_back import lm_head_dtype, model_reports
 
-    assert lm_head_dtype([{"lm_head_dtype": "bfloat16"}, {"lm_head_dtype": "bfloat16"}]) == (
-        "bfloat16"
-    )
-    assert lm_head_dtype([{"lm_head_dtype": "float32"}, {"lm_head_dtype": "bfloat16"}]) == (
+    def dtype_of(*reports: dict[str, object]) -> str:
+        return lm_head_dtype(model_reports(reports))
+
+    assert dtype_of({"lm_head_dtype": "bfloat16"}, {"lm_head_dtype": "bfloat16"}) == "bfloat16"
+    assert dtype_of({"lm_head_dtype": "float32"}, {"lm_head_dtype": "bfloat16"}) == (
         "bfloat16,float32"
     )
-    assert lm_head_dtype([{"vocab": {}}]) == "unknown"
+    assert dtype_of({"vocab": {}}) == "unknown"

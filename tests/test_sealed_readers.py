@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import pytest
 import torch
 
@@ -223,3 +224,40 @@ def test_a_typed_document_names_the_first_path_at_fault(document: Any, problem: 
     with pytest.raises(JSONDocumentError) as refused:
         decode(data, Shaped)
     assert str(refused.value) == problem
+
+
+class Renamed(Document, frozen=True, kw_only=True, rename="camel"):
+    run_count: Annotated[int, msgspec.Meta(ge=0)]
+    evidence: Any = None
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (  # the first fault in document order, named by the JSON member (not the field)
+            b'{"runCount": 18446744073709551616, "evidence": [18446744073709551617]}',
+            "$.runCount: integer 18446744073709551616 is out of range (at most 2**64)",
+        ),
+        (
+            b'{"runCount": 1, "evidence": {"x": [0, -18446744073709551616]}}',
+            "$.evidence.x[1]: integer out of range (at most 2**64)",
+        ),
+        (b'{"runCount": -1}', "$.runCount: Expected `int` >= 0"),  # the bound lives in the type
+        (
+            b'{"runCount": 1, "evidence": ' + _nested(MAX_JSON_NESTING) + b"}",
+            "$.evidence" + "[0]" * (MAX_JSON_NESTING - 1) + ": nested deeper than 64 levels",
+        ),
+    ],
+)
+def test_a_bound_no_type_says_is_named_by_its_json_path(data: bytes, problem: str) -> None:
+    with pytest.raises(JSONDocumentError) as refused:
+        decode(data, Renamed)
+    assert str(refused.value) == problem
+
+
+def test_a_lone_surrogate_anywhere_is_named_by_its_path() -> None:
+    for data, path in [(b'"\\udc00"', "$"), (b'{"a": [{"b": ["\\ud800x"]}]}', "$.a[0].b[0]")]:
+        with pytest.raises(JSONDocumentError) as refused:
+            decode_any(data)
+        assert str(refused.value) == f"{path}: a string holds a lone surrogate (not Unicode)"
+    assert decode(b'{"runCount": 18446744073709551615}', Renamed).run_count == 2**64 - 1

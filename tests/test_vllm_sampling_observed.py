@@ -9,19 +9,43 @@ engine half is in ``tests/runtimes/test_rollout_lm_head.py``.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from pytest_logprob_drift.runtimes.vllm.read_back import sampling_applied, sampling_seen
+from pytest_logprob_drift.runtimes.vllm.read_back import (
+    model_reports,
+    sampling_applied,
+    sampling_seen,
+)
 
 A = {"temperature": 1.0, "top_p": 0.9, "top_k": 0, "min_p": 0.05}
 B = {"temperature": 1.0, "top_p": 1.0, "top_k": 5, "min_p": 0.0}
 
 
 def test_sampling_seen_reads_the_probe_of_the_first_worker_that_runs_it() -> None:
-    assert sampling_seen([{"vocab": {}}]) == []
-    assert sampling_seen([{"sampling_probe": False, "sampling_seen": [{**A, "requests": 1}]}]) == []
+    assert sampling_seen(model_reports([{"vocab": {}}])) == []
+    unprobed = {"sampling_probe": False, "sampling_seen": [{**A, "requests": 1}]}
+    assert sampling_seen(model_reports([unprobed])) == []
     reports = [{"sampling_probe": True, "sampling_seen": [{**A, "requests": 4}]}]
-    assert sampling_seen(reports) == [{**A, "requests": 4}]
+    assert sampling_seen(model_reports(reports)) == [{**A, "requests": 4}]
+
+
+@pytest.mark.parametrize(
+    ("report", "path"),
+    [
+        ({"sampling_seen": [{**A, "requests": -1}]}, "$.sampling_seen[0].requests"),
+        ({"sampling_seen": [{**A}]}, "$.sampling_seen[0]"),
+        ({"vocab": {"lm_head": {"tp_rank": 0}}}, "$.vocab[...]"),
+        ({"attention_backends": "TorchSDPA"}, "$.attention_backends"),
+        ({"sampling_probe": "yes"}, "$.sampling_probe"),
+    ],
+)
+def test_a_worker_report_of_another_shape_is_refused_naming_its_member(
+    report: dict[str, object], path: str
+) -> None:
+    with pytest.raises(msgspec.ValidationError) as refused:
+        model_reports([report])
+    assert str(refused.value).endswith(f"at `{path}`")
 
 
 def test_sampling_applied_is_what_entered_between_two_snapshots() -> None:

@@ -18,13 +18,14 @@ engines or how the document is sealed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from pytest_logprob_drift.numerics.comparison import LayerFigures
 from pytest_logprob_drift.numerics.layer_reduction import compare
 from pytest_logprob_drift.numerics.layer_text import LOGITS
+from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.resume import load_sealed_tensors
 
@@ -53,7 +54,7 @@ def _restrict(tensors: Mapping[str, torch.Tensor], rows: set[int]) -> dict[str, 
     }
 
 
-def _side(case: SealedExecution, reference: SealedExecution, name: str) -> dict[str, Any] | None:
+def _side(case: SealedExecution, reference: SealedExecution, name: str) -> JsonObject | None:
     if name not in case.seal.files or name not in reference.seal.files:
         return None
     rows = _identical_rows(case.rollout, reference.rollout)
@@ -102,7 +103,7 @@ def layer_noise_floor(
     return floor
 
 
-def floor_json(floor: LayerFloor | None) -> list[dict[str, Any]] | None:
+def floor_json(floor: LayerFloor | None) -> list[JsonObject] | None:
     """The attribution document's ``noise_floor.layers``: ``[{"state", "median_rel_error"}]``."""
     if floor is None:
         return None
@@ -128,7 +129,7 @@ def drift_enters(
 
 def by_layer(
     case: SealedExecution, reference: SealedExecution, floor: LayerFloor | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """``{"layers": ...}`` when both executions sealed a layer capture of some side, else {}."""
     sides = {side: _side(case, reference, name) for side, name in SIDE_FILES.items()}
     if all(v is None for v in sides.values()):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.attribution.document import document_json
@@ -40,7 +40,7 @@ from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
 from pytest_logprob_drift.policy import assemble, render_error, render_issue
-from pytest_logprob_drift.records import RuntimeInfo
+from pytest_logprob_drift.records import JsonObject, RuntimeInfo
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.run_attribution import seal_run_attribution
 from pytest_logprob_drift.runtimes.transformers.logs import transformers_log_file
@@ -311,7 +311,7 @@ def print_attribution(
         print(one_line(line), file=out)
 
 
-def _result_json(r: CaseResult) -> dict[str, Any]:
+def _result_json(r: CaseResult) -> JsonObject:
     c = r.comparison
     diagnostics = None if c is None else c.diagnostics
     return {

@@ -51,7 +51,7 @@ from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_dtype, side_topology
 from pytest_logprob_drift.records import (
     Case,
-    KnobApplication,
+    JsonObject,
     ResolvedContract,
     ScoringIdentity,
     canonical,
@@ -83,10 +83,10 @@ from pytest_logprob_drift.tensorio import tensor_bytes
 class ExecutedAttempt:
     seal: Seal
     verdict: Verdict
-    records: tuple[KnobApplication, ...]
+    records: tuple[KnobRecord, ...]
 
 
-def _records_json(records: tuple[KnobApplication, ...], stage: str) -> dict[str, Any]:
+def _records_json(records: tuple[KnobRecord, ...], stage: str) -> dict[str, JsonObject]:
     return {
         r.knob: {
             "lifecycle": r.lifecycle.value,
@@ -120,8 +120,8 @@ class _Scored:
     replay: ReplayResult | None = None
     layers: LayersResult | None = None
     routing: RoutingResult | None = None
-    provenance: list[dict[str, Any]] = field(default_factory=list)
-    records: tuple[KnobApplication, ...] = ()
+    provenance: list[JsonObject] = field(default_factory=list)
+    records: tuple[KnobRecord, ...] = ()
     weights: dict[str, WeightsDocument] = field(default_factory=dict)
     """Each side's weight digests beside the checkpoint's, where its engine reports them."""
 
@@ -443,6 +443,6 @@ def _comparison(
             else (training.logprobs, rollout.tensors["logprobs"], rollout.tensors["active_mask"])
         ),
         entries=entries,
-        records=[KnobRecord.of(r) for r in scored.records],
+        records=scored.records,
         numerical=numeric,
     )

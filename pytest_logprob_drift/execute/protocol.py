@@ -22,7 +22,6 @@ from pytest_logprob_drift.records import (
     ApplicationStatus,
     FullVocabularySpec,
     JSONScalar,
-    KnobApplication,
     KnobValue,
     LayerSpec,
     Lifecycle,
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
         SettingsTypes,
         TrainingSettings,
     )
+    from pytest_logprob_drift.numerics.comparison import KnobRecord
     from pytest_logprob_drift.store.documents import WeightsDocument
     from pytest_logprob_drift.store.read_back import ReadBackValue
 
@@ -578,12 +578,14 @@ def application_records(
     requested: Mapping[str, KnobValue],
     materialized: Mapping[str, Materialized],
     actual: Mapping[str, JSONScalar] | None,
-) -> tuple[KnobApplication, ...]:
+) -> tuple[KnobRecord, ...]:
     """Stage 3: join requested, materialized and actual. An ``applied`` record whose actual
     value disagrees with the request becomes ``error`` (a silent fallback: the engine did not
     do what was asked and nobody declared it), with the engine's word as evidence; ``fallback``
     is reserved for fallbacks the runtime declares at materialization."""
-    records: list[KnobApplication] = []
+    from pytest_logprob_drift.numerics.comparison import KnobRecord  # msgspec: not at collection
+
+    records: list[KnobRecord] = []
     for path in sorted(requested):
         m = materialized.get(path)
         if m is None:
@@ -615,7 +617,7 @@ def application_records(
                 f"{evidence}; declared fallback to {m.value!r} but the engine reports {value!r}"
             )
         records.append(
-            KnobApplication(
+            KnobRecord(
                 knob=path,
                 lifecycle=knob_lifecycle(path),
                 requested=requested[path],
@@ -629,7 +631,7 @@ def application_records(
 
 
 def strict_violations(
-    records: tuple[KnobApplication, ...], *, changed: tuple[str, ...], strict: bool
+    records: tuple[KnobRecord, ...], *, changed: tuple[str, ...], strict: bool
 ) -> list[str]:
     """Reasons strict execution rejects these records (empty when acceptable).
 

@@ -16,11 +16,15 @@ import importlib.metadata
 import platform
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pytest_logprob_drift.execute.protocol import Materialized, RuntimeBinding
 from pytest_logprob_drift.plan.binding import ExecutionCase
-from pytest_logprob_drift.records import ResolvedContract, ScoringIdentity, canonical
+from pytest_logprob_drift.records import (
+    JsonObject,
+    ResolvedContract,
+    ScoringIdentity,
+    canonical,
+)
 
 EXECUTION_KEY_VERSION = "cross_config.execution_key.v1"
 
@@ -68,7 +72,7 @@ def execution_key_payload(
     binding: RuntimeBinding,
     contract: ResolvedContract,
     environment: Mapping[str, str],
-) -> dict[str, Any]:
+) -> JsonObject:
     return {
         "version": EXECUTION_KEY_VERSION,
         "case_id": ec.case.case_id,
@@ -96,9 +100,9 @@ def execution_key_payload(
     }
 
 
-def _diagnostics(binding: RuntimeBinding) -> dict[str, Any]:
+def _diagnostics(binding: RuntimeBinding) -> JsonObject:
     """The opt-in diagnostics that change what an attempt seals."""
-    diagnostics: dict[str, Any] = {}
+    diagnostics: JsonObject = {}
     if binding.full_vocabulary is not None:
         diagnostics["full_vocabulary"] = canonical(binding.full_vocabulary)
     if binding.replay:

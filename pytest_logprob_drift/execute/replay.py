@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -42,7 +41,7 @@ from pytest_logprob_drift.numerics.path_split import (
     processing_is_identity,
 )
 from pytest_logprob_drift.numerics.sampling import Truncation
-from pytest_logprob_drift.records import ScoringIdentity
+from pytest_logprob_drift.records import JsonObject, JsonValue, ScoringIdentity
 from pytest_logprob_drift.store import layout
 
 
@@ -50,7 +49,7 @@ from pytest_logprob_drift.store import layout
 class ReplayResult:
     """comparison.json's ``path_split`` entry and the replay files to seal (name -> tensors)."""
 
-    entry: dict[str, Any]
+    entry: JsonObject
     files: dict[str, dict[str, torch.Tensor]]
 
 
@@ -132,7 +131,7 @@ def replay_diagnostics(
     identity: ScoringIdentity,
     rollout: RolloutOutput,
     training: TrainingOutput,
-    read_back: Mapping[str, Any],
+    read_back: Mapping[str, JsonValue],
     *,
     batch_size: int,
     logp: LogpKernel | None,

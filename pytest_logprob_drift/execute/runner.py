@@ -38,7 +38,7 @@ from pytest_logprob_drift.execute.side_settings import SettingsTypes
 from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.outcomes import Expectation, Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
-from pytest_logprob_drift.records import CaseKind, canonical
+from pytest_logprob_drift.records import CaseKind, JsonObject, JsonValue, canonical
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.store.attempt import execution_key
 from pytest_logprob_drift.store.resume import check_attempt
@@ -163,7 +163,7 @@ class Runner:
             replay=settings.replay,
         )
 
-    def _experiment_document(self) -> dict[str, Any]:
+    def _experiment_document(self) -> JsonObject:
         plan = self.plan.plan
         return {
             "experiment_id": plan.experiment_id,
@@ -301,7 +301,7 @@ class Runner:
         self,
         ec: ExecutionCase,
         materialized: Mapping[str, Materialized],
-        payload: Mapping[str, Any],
+        payload: Mapping[str, JsonValue],
         key: str,
     ) -> tuple[Path, Comparison]:
         plan = self.plan.plan
@@ -334,7 +334,7 @@ class Runner:
         self,
         ec: ExecutionCase,
         materialized: Mapping[str, Materialized],
-        payload: Mapping[str, Any],
+        payload: Mapping[str, JsonValue],
         key: str,
         primary: Path,
         valid: list[Path],

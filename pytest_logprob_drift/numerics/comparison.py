@@ -30,7 +30,6 @@ from pytest_logprob_drift.records import (
     LAYER_POSITIONS_LIMIT,
     ApplicationStatus,
     JSONScalar,
-    KnobApplication,
     KnobValue,
     Lifecycle,
     ResolvedContract,
@@ -760,8 +759,8 @@ class Contract(Record, frozen=True):
 
 
 class KnobRecord(Record, frozen=True):
-    """What a runtime did with one requested knob value, as sealed
-    (``records.KnobApplication``)."""
+    """requested -> materialized -> actual for one knob, with evidence for the status: built
+    by ``execute.protocol.application_records``, sealed as it is."""
 
     knob: str
     lifecycle: Lifecycle
@@ -770,18 +769,6 @@ class KnobRecord(Record, frozen=True):
     actual: JSONScalar
     status: ApplicationStatus
     evidence: str
-
-    @classmethod
-    def of(cls, record: KnobApplication) -> KnobRecord:
-        return cls(
-            knob=record.knob,
-            lifecycle=record.lifecycle,
-            requested=record.requested,
-            materialized=record.materialized,
-            actual=record.actual,
-            status=record.status,
-            evidence=record.evidence,
-        )
 
 
 class Comparison(Record, frozen=True):

@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pytest_logprob_drift.records import JsonObject
 
 if TYPE_CHECKING:  # the report reads the keys below without torch
     import torch
@@ -60,12 +62,12 @@ def slime_denominators(
 
 def slime_figures(
     training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor, batch: SlimeBatch
-) -> dict[str, Any]:
+) -> JsonObject:
     """slime's figure in both modes over a ``[B, T]`` grid (rows = samples), finite ones only
     (float64 on the logged values); none for a rollout trained in several steps."""
     import torch
 
-    figures: dict[str, Any] = {}
+    figures: JsonObject = {}
     if batch.global_batch_size is None or batch.global_batch_size <= 0:
         return figures  # several training steps: each logged its own figure
     masked = (training.to(torch.float64) - rollout.to(torch.float64)).abs() * active
@@ -86,7 +88,7 @@ MASKED_BY_RUN = "masked_by_run"
 
 def masked_by_run(
     training: torch.Tensor, rollout: torch.Tensor, masked: torch.Tensor, threshold: float
-) -> dict[str, Any]:
+) -> JsonObject:
     """The ``masked`` tokens (``[B, T]``, the run's own mask) judged apart by the contract's
     rule: samples, tokens, mismatches (``|diff| > threshold``), the largest finite |diff|
     (None: none) and the non-finite tokens among them."""

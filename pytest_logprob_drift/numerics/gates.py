@@ -21,7 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pytest_logprob_drift.records import JsonObject
 
 if TYPE_CHECKING:
     import torch
@@ -172,7 +174,7 @@ class GateResult:
     def gate(self) -> Gate:
         return GATE_BY_KEY[self.key]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"gate": self.key, "value": self.value, "passed": self.passed}
 
 

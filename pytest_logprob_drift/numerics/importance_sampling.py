@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -40,6 +39,7 @@ from pytest_logprob_drift.numerics.peer_corrections import (
     PeerCorrection,
     Statistic,
 )
+from pytest_logprob_drift.records import JsonObject
 
 __all__ = [
     "BAND_EDGES",
@@ -113,7 +113,7 @@ class ImportanceSampling:
     approx_kl_k3: float
     corrections: Mapping[str, float]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """JSON-safe: every float is finite or ``None`` (a plain number that overflows
         float64; its log is always present)."""
 

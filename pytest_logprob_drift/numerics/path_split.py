@@ -15,11 +15,11 @@ about engines, files, statuses or how the figures are shown.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from pytest_logprob_drift.numerics.sampling import Truncation
+from pytest_logprob_drift.records import JsonObject
 
 PAIRS = ("decode_prefill", "prefill_training", "decode_training")
 """The three pairs, each ``<minuend>_<subtrahend>`` of the per-token difference."""
@@ -107,7 +107,7 @@ def path_split(
     active: torch.Tensor,
     comparable: Mapping[str, bool],
     decode_replay: torch.Tensor | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The figures of one case's path split (JSON-safe; see the module docstring).
     ``comparable`` says, per pair of ``PAIRS``, whether its two sides are the same kind of
     logprob; an incomparable pair's statistics are None."""
@@ -118,7 +118,7 @@ def path_split(
             )
     mask = active.bool()
     diffs = differences(decode, prefill, training)
-    figures: dict[str, Any] = {"active_tokens": int(mask.sum())}
+    figures: JsonObject = {"active_tokens": int(mask.sum())}
     for pair in PAIRS:
         figures[pair] = _stats(diffs[pair][mask]) if comparable.get(pair, False) else None
     if comparable.get("decode_prefill", False):

@@ -29,6 +29,7 @@ import torch
 from pytest_logprob_drift.numerics.comparison import NumericCheck
 from pytest_logprob_drift.numerics.importance_sampling import approx_kl_k1, approx_kl_k3
 from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.records import JsonValue
 
 IDENTITY_TENSORS = ("token_ids", "attention_mask", "active_mask", "position_ids")
 WORST_TOKENS = 5
@@ -76,9 +77,9 @@ class Verdict:
 
 
 def identity_violations(
-    expected: Mapping[str, Any],
-    rollout_identity: Mapping[str, Any],
-    training_identity: Mapping[str, Any],
+    expected: Mapping[str, JsonValue],
+    rollout_identity: Mapping[str, JsonValue],
+    training_identity: Mapping[str, JsonValue],
     rollout_tensors: Mapping[str, torch.Tensor],
     consumed: Mapping[str, torch.Tensor],
     readonly_violations: tuple[str, ...],

@@ -32,6 +32,7 @@ from pytest_logprob_drift.records import (
     ExperimentConfig,
     ExperimentPlan,
     IssueSeverity,
+    JsonObject,
     KnobValue,
     PlanIssue,
     ResolvedContract,
@@ -58,7 +59,7 @@ def case_label(changes: Sequence[tuple[str, KnobValue]]) -> str:
 
 def case_id_payload(
     *, requested: Mapping[str, KnobValue], config: ExperimentConfig, contract: ResolvedContract
-) -> dict[str, Any]:
+) -> JsonObject:
     """The canonical case definition that ``case_id`` hashes."""
     return {
         "requested": dict(requested),

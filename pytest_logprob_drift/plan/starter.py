@@ -22,6 +22,8 @@ from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.plan.knobs import KNOBS, InvalidKnobValue
 from pytest_logprob_drift.records import (
     CONFIG_SCHEMA_VERSION,
+    JsonObject,
+    JsonValue,
     KnobValue,
     RuntimeInfo,
     ScenarioLevel,
@@ -70,7 +72,7 @@ def checkpoint_dtype(checkpoint_dir: Path) -> str:
     return "float32"
 
 
-def _prompt_file_facts(prompt_file: Path) -> tuple[int, Mapping[str, Any] | None]:
+def _prompt_file_facts(prompt_file: Path) -> tuple[int, Mapping[str, JsonValue] | None]:
     """How many prompts the file holds and its ``source`` record, read loosely: the loader
     checks the file strictly once the experiment is assembled."""
     from pytest_logprob_drift.config.loader import PROMPT_FILE_LIMIT, read_input_text
@@ -142,7 +144,7 @@ def starter_experiment(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     seed: int = DEFAULT_SEED,
     device: str = "cpu",
-) -> dict[str, Any]:
+) -> JsonObject:
     """The starter experiment document (``output``: where it will be written, so the prompt
     file is named relative to it)."""
     checkpoint_dir = checkpoint_dir.absolute()
@@ -157,7 +159,7 @@ def starter_experiment(
         "training.compute_dtype": dtype,
         **dict(runtime.baseline),
     }
-    baseline: dict[str, dict[str, Any]] = {}
+    baseline: dict[str, JsonObject] = {}
     for path, value in baseline_values.items():
         section, key = path.split(".", 1)
         baseline.setdefault(section, {})[key] = value

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.registry.catalog import OperatorDescriptor
 
 
@@ -30,7 +30,7 @@ class DriftHookSpecs:
     def pytest_logprob_drift_operators(
         self,
         config: pytest.Config,
-    ) -> Sequence[OperatorDescriptor | Mapping[str, Any]]:
+    ) -> Sequence[OperatorDescriptor | Mapping[str, JsonValue]]:
         """Operator backend descriptors to add to the catalog for this session, as
         ``OperatorDescriptor`` records or the plain-dict form entry points return. Planning
         (operator binding) and execution (the runner's catalog) both see them. Test-only

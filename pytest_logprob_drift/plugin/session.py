@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextvars
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -26,7 +26,7 @@ from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.plugin.options import DriftOptions
 from pytest_logprob_drift.policy import operator_catalog
-from pytest_logprob_drift.records import CaseKind
+from pytest_logprob_drift.records import CaseKind, JsonObject
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog, as_descriptor
 from pytest_logprob_drift.runtimes.vllm.logs import (
     EngineLogPolicy,
@@ -146,7 +146,7 @@ class DriftSession:
             )
         except ValueError:
             return None
-        cases: list[dict[str, Any]] = document["cases"]
+        cases: list[JsonObject] = document["cases"]
         return read_case_bytes(json_bytes(cases[0])) if cases else None
 
     def seal_attributions(self) -> None:

@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pytest_logprob_drift.records import FrozenRecord, canonical_json, frozen_mapping
+from pytest_logprob_drift.records import (
+    FrozenRecord,
+    JsonObject,
+    JsonValue,
+    canonical_json,
+    frozen_mapping,
+)
 from pytest_logprob_drift.references import UnresolvedReference, resolve_reference
 from pytest_logprob_drift.registry.capability import OperatorResolutionError, check_capability
 from pytest_logprob_drift.registry.catalog import (
@@ -33,9 +39,9 @@ class ResolvedOperator(FrozenRecord):
 
     descriptor: OperatorDescriptor
     target: str
-    options: Mapping[str, Any]
+    options: Mapping[str, JsonValue]
 
-    def provenance(self) -> dict[str, Any]:
+    def provenance(self) -> JsonObject:
         d = self.descriptor
         return {
             "operation": d.operation,
@@ -49,7 +55,7 @@ class ResolvedOperator(FrozenRecord):
             "options": dict(self.options),
         }
 
-    def reference(self) -> dict[str, Any] | None:
+    def reference(self) -> JsonObject | None:
         """What another process needs to build this side's kernel by name and prove which it
         built (None for the runtime's native path): the backend id, the factory
         (``module:attr``) and its style, the target and options a builder is called with, and
@@ -105,7 +111,7 @@ class OperatorSession:
         device: str,
         dtype: str | None,
         topology: Mapping[str, int],
-        options: Mapping[str, Any] | None = None,
+        options: Mapping[str, JsonValue] | None = None,
     ) -> ResolvedOperator:
         """Strict: the named backend or an error; never another backend."""
         self._check_open()
@@ -155,5 +161,5 @@ class OperatorSession:
             self._cache[key] = obj
         return self._cache[key]
 
-    def provenance(self) -> list[dict[str, Any]]:
+    def provenance(self) -> list[JsonObject]:
         return [r.provenance() for r in self._resolved]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from msgspec import UNSET
 
@@ -38,6 +37,7 @@ from pytest_logprob_drift.attribution.materiality import within_contract as is_w
 from pytest_logprob_drift.numerics.importance_text import ess_text
 from pytest_logprob_drift.numerics.layer_text import where_moved
 from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report.gates import finding as gate_finding
 from pytest_logprob_drift.report.model import ReportData
 from pytest_logprob_drift.report.signatures import NamedSignature, named_signatures
@@ -177,7 +177,7 @@ class Finding:
         parts.extend(f"{fact.name} {fact.text}" for fact in self.facts)
         return "; ".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "rank": self.rank,
             "label": self.label,
@@ -284,7 +284,7 @@ class Findings:
             lines.append(self.gates)
         return lines
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "cases": self.cases,
             "counts": dict(self.counts),
@@ -322,7 +322,7 @@ def _first_moved(entry: Case, side: Side) -> int | None:
 
 
 def _finding(
-    rank: int, entry: Case, side: Side, read_back: Mapping[str, Any] | None = None
+    rank: int, entry: Case, side: Side, read_back: Mapping[str, ReadBackValue] | None = None
 ) -> Finding:
     ratio = entry.effect.mean_ratio
     facts = []
@@ -354,7 +354,7 @@ def _counts(outcomes: Sequence[str]) -> tuple[tuple[str, int], ...]:
     return tuple((o, outcomes.count(o)) for o in seen)
 
 
-def _read_back(data: ReportData, label: str) -> Mapping[str, Any] | None:
+def _read_back(data: ReportData, label: str) -> Mapping[str, ReadBackValue] | None:
     """The case's read-back when the report loaded its detail (None otherwise)."""
     view = next((c for c in data.cases if c.label == label), None)
     return None if view is None or view.detail is None else view.detail.read_back

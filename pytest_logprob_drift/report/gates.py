@@ -11,9 +11,9 @@ formula, bar and source (``section``). Knows nothing about files, seals or tenso
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pytest_logprob_drift.numerics.gates import GATES, Gate, GateResult
+from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report.markup import Markup, el
 
 TITLE = "gates failed"
@@ -66,11 +66,11 @@ def finding(cases: Sequence[tuple[str, Sequence[GateResult]]]) -> str | None:
     return lead + "failing " + "; ".join(parts) + "."
 
 
-def case_json(gates: Sequence[GateResult]) -> list[dict[str, Any]]:
+def case_json(gates: Sequence[GateResult]) -> list[JsonObject]:
     return [r.to_json() for r in gates]
 
 
-def definitions_json() -> list[dict[str, Any]]:
+def definitions_json() -> list[JsonObject]:
     """Every gate as the report names it: its figure, formula, bar and source."""
     return [
         {

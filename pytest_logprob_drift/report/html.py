@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary, TopToken
+from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.report import gates, importance, layer_lines, plots
 from pytest_logprob_drift.report.columns import attempt_time, case_anchor, columns
 from pytest_logprob_drift.report.findings import SHOWN as FINDINGS_SHOWN
@@ -257,7 +258,7 @@ def _header(data: ReportData) -> Markup:
 _when = attempt_time
 
 
-def _versions(environments: Sequence[Mapping[str, Any]]) -> Markup | None:
+def _versions(environments: Sequence[Mapping[str, JsonValue]]) -> Markup | None:
     if not environments:
         return None
     keys = sorted({k for e in environments for k in e})

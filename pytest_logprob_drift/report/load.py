@@ -42,6 +42,7 @@ from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
 from pytest_logprob_drift.numerics.gates import GateResult
 from pytest_logprob_drift.numerics.sample_drift import SampleDrift, sample_drift
+from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.report.columns import case_anchor
 from pytest_logprob_drift.report.importance import with_read_time_figures
 from pytest_logprob_drift.report.layers import load_layer_plot
@@ -809,13 +810,13 @@ def _header(
     run_dir: Path, experiment: ExperimentDocument | None, shown: Collection[_Shown]
 ) -> Header:
     payloads = [s.identity.execution_key_payload for s in shown]
-    environments: list[Mapping[str, Any]] = []
+    environments: list[Mapping[str, JsonValue]] = []
     for payload in payloads:
         environment = payload.environment or {}
         if environment not in environments:
             environments.append(environment)
     attempt_ids = sorted(s.seal.attempt_id for s in shown)
-    contract: Mapping[str, Any] = (
+    contract: Mapping[str, JsonValue] = (
         experiment.contract
         if experiment is not None
         else next((p.contract for p in payloads if p.contract is not None), {})

@@ -21,6 +21,8 @@ import numpy.typing as npt
 from pytest_logprob_drift.attribution.document import Attribution, Case
 from pytest_logprob_drift.numerics.comparison import Diagnostics, KnobRecord
 from pytest_logprob_drift.numerics.gates import GateResult
+from pytest_logprob_drift.records import JsonValue
+from pytest_logprob_drift.store.read_back import ReadBackValue
 
 if TYPE_CHECKING:  # the record only; importing the store would import torch
     from pytest_logprob_drift.report.layers import LayerPlot
@@ -34,7 +36,7 @@ IntArray = npt.NDArray[np.int64]
 TokenDecoder = Callable[[Sequence[int]], Sequence[str]]
 """Token ids to the text of each token (one string per id)."""
 
-DecoderFactory = Callable[[Mapping[str, Any]], TokenDecoder | None]
+DecoderFactory = Callable[[Mapping[str, JsonValue]], TokenDecoder | None]
 """Given the sealed identity's ``checkpoint`` mapping (``uri``, ``digest``, ...), the decoder of
 its tokenizer, or None when there is none (the report then shows token ids). Frontends build
 it (resolving a checkpoint and loading a tokenizer is engine territory)."""
@@ -148,8 +150,8 @@ class CaseDetail:
     """Whether token text comes from the checkpoint's tokenizer (else ids)."""
     identity_checks: tuple[tuple[str, str, str, bool], ...]
     """``(field, rollout, training, same)`` for each side-identity field."""
-    training_evidence: Mapping[str, Any]
-    read_back: Mapping[str, Any]
+    training_evidence: Mapping[str, JsonValue]
+    read_back: Mapping[str, ReadBackValue]
     tokens: TokenView | None = None
     """Each shown sample's response tokens (None: the case's tensors give none)."""
     top_token_texts: Mapping[int, str] = field(default_factory=dict)
@@ -193,11 +195,11 @@ class CaseView:
 class Header:
     experiment_id: str
     scenario_id: str
-    scenario: Mapping[str, Any]
+    scenario: Mapping[str, JsonValue]
     strategy: str
-    contract: Mapping[str, Any]
+    contract: Mapping[str, JsonValue]
     runtimes: tuple[str, ...]
-    environments: tuple[Mapping[str, Any], ...]
+    environments: tuple[Mapping[str, JsonValue], ...]
     """The distinct sealed environments (versions) of the shown attempts."""
     first_attempt: str | None
     last_attempt: str | None

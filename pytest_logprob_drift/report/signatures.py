@@ -20,6 +20,7 @@ from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.numerics.signature_record import Evidence, Scope, SignatureId
 from pytest_logprob_drift.numerics.signatures import run_signatures
 from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.records import JsonObject, JsonValue
 from pytest_logprob_drift.report.model import CaseView, ReportData
 from pytest_logprob_drift.store import layout
 
@@ -44,7 +45,7 @@ class NamedSignature:
     sample: int | None
     case_id: str | None
     label: str | None
-    evidence: Mapping[str, Any]
+    evidence: Mapping[str, JsonValue]
     better_seen: bool = False
     """The case has a semantic offset over the full vocabulary, which sees this cause better."""
 
@@ -69,7 +70,7 @@ class NamedSignature:
             text += " (the case's semantic offset over the full vocabulary sees the cause better)"
         return text
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "id": self.id.value,
             "scope": self.scope.value,
@@ -104,7 +105,7 @@ def _shown(values: Any) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def _evidence_words(kind: SignatureId, e: Mapping[str, Any]) -> str:
+def _evidence_words(kind: SignatureId, e: Mapping[str, JsonValue]) -> str:
     if kind is SignatureId.ZERO_FILLED:
         return (
             f"the rollout logprob is exactly 0.0 on {e['tokens']} active token(s) (positions "

@@ -26,11 +26,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
 
 from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.numerics.gates import GateResult
 from pytest_logprob_drift.numerics.peer_corrections import PEER_CORRECTIONS
+from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report import gates
 
 WORST_PER_STEP = 3
@@ -94,7 +94,7 @@ class StepSample:
     max_abs_diff: float
     anchor: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "row": self.row,
             "sample": self.sample,
@@ -130,7 +130,7 @@ class StepRow:
     gates: tuple[GateResult, ...] = ()
     """The frameworks' gates of the step (``numerics.gates``; empty: not judged)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "step": self.step,
             "case_id": self.case_id,
@@ -207,7 +207,7 @@ class StepsView:
             )
         return f"The mismatch share {span}; {tail}."
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "threshold": self.threshold,
             "trend": self.trend(),

@@ -21,6 +21,7 @@ from pytest_logprob_drift.attribution.text import summary_lines
 from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, ReductionStats
 from pytest_logprob_drift.numerics.framework_figures import SLIME_FIGURE, SLIME_PER_TOKEN_FIGURE
 from pytest_logprob_drift.numerics.text import REDUCTIONS
+from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report import gates, importance
 from pytest_logprob_drift.report.findings import findings, moved_side, threshold, within_contract
 from pytest_logprob_drift.report.model import ReportData
@@ -177,7 +178,7 @@ def ranking_table(data: ReportData) -> tuple[list[str], list[list[str]], list[st
     )
 
 
-def report_json(data: ReportData, page: str | None) -> dict[str, Any]:
+def report_json(data: ReportData, page: str | None) -> JsonObject:
     """The ``report --json`` document: per case its sealed attribution entry as sealed (None
     without one) and the side it moved; the findings; the ranking of the material
     interventions (``attribution.materiality``: the sealed ranking without those within the

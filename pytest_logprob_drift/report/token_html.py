@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from pytest_logprob_drift.errors import one_line
+from pytest_logprob_drift.records import JsonObject, JsonValue
 from pytest_logprob_drift.report.markup import Markup, el, json_script
 from pytest_logprob_drift.report.model import CaseView, SampleTokens, TokenView
 
@@ -148,7 +149,7 @@ def _display(text: str) -> str:
     return one_line(text.replace("\n", "\u23ce"))
 
 
-def _sample(sample: SampleTokens, f8: bool) -> dict[str, Any]:
+def _sample(sample: SampleTokens, f8: bool) -> JsonObject:
     positions = sample.positions
     first = int(positions[0]) if positions.size else 0
     contiguous = bool(np.array_equal(positions, np.arange(first, first + positions.size)))
@@ -164,7 +165,7 @@ def _sample(sample: SampleTokens, f8: bool) -> dict[str, Any]:
     }
 
 
-def case_data(view: TokenView, decades: tuple[int, int]) -> dict[str, Any]:
+def case_data(view: TokenView, decades: tuple[int, int]) -> JsonObject:
     """One case's entry of the data block."""
     f8 = any(s.rollout.dtype == np.float64 or s.training.dtype == np.float64 for s in view.samples)
     return {
@@ -178,7 +179,7 @@ def case_data(view: TokenView, decades: tuple[int, int]) -> dict[str, Any]:
 
 def data_block(cases: Sequence[CaseView], decades: tuple[int, int]) -> Markup | None:
     """The page's one data block: the token view of every detailed case, by case id."""
-    document: Mapping[str, Any] = {
+    document: Mapping[str, JsonValue] = {
         v.case_id: case_data(v.detail.tokens, decades)
         for v in cases
         if v.detail is not None and v.detail.tokens is not None

@@ -43,6 +43,7 @@ from typing import Any
 from pytest_logprob_drift.config.input_file import size_text
 from pytest_logprob_drift.config.prompt_input import MAX_PROMPT_BYTES
 from pytest_logprob_drift.errors import UsageError, one_line
+from pytest_logprob_drift.records import JsonObject, JsonValue
 
 TEMPLATE_SECONDS = 2.0
 """CPU seconds (user and system) the template may take to compile, and to render one prompt (a
@@ -73,7 +74,7 @@ class ChatRenderer:
     ends the child). ``template_file``: where the template came from (named in refusals)."""
 
     def __init__(
-        self, template: str, variables: Mapping[str, Any], template_file: Path | str
+        self, template: str, variables: Mapping[str, JsonValue], template_file: Path | str
     ) -> None:
         self.template_file = str(template_file)
         self._stderr = tempfile.TemporaryFile()
@@ -116,7 +117,7 @@ class ChatRenderer:
         self._send({"messages": [dict(m) for m in messages]})
         return self._answer(where, compiling=False)
 
-    def _send(self, request: dict[str, Any]) -> None:
+    def _send(self, request: JsonObject) -> None:
         data = json.dumps(request).encode("ascii") + b"\n"  # \u escapes: any str travels
         try:
             assert self._proc.stdin is not None
@@ -326,12 +327,12 @@ def _template_line(exc: BaseException) -> int | None:
     return line
 
 
-def _answer(out: Any, answer: dict[str, Any]) -> None:
+def _answer(out: Any, answer: JsonObject) -> None:
     out.write(json.dumps(answer).encode("ascii") + b"\n")
     out.flush()
 
 
-def _failure(exc: BaseException) -> dict[str, Any]:
+def _failure(exc: BaseException) -> JsonObject:
     import jinja2
 
     line = _template_line(exc)
@@ -352,7 +353,7 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     return {"kind": "bound", "message": message, "line": line}
 
 
-def _render(template: Any, variables: Mapping[str, Any], messages: list[Any]) -> str:
+def _render(template: Any, variables: Mapping[str, JsonValue], messages: list[Any]) -> str:
     chunks: list[str] = []
     size = 0
     over = _OverBound(f"renders more than its output bound of {size_text(MAX_PROMPT_BYTES)}")
@@ -439,7 +440,7 @@ def child_main() -> int:
 
 def render_all(
     template: str,
-    variables: Mapping[str, Any],
+    variables: Mapping[str, JsonValue],
     template_file: Path | str,
     chats: Sequence[tuple[str, Sequence[Mapping[str, str]]]],
 ) -> Iterator[str]:

@@ -33,6 +33,7 @@ from pytest_logprob_drift.config.prompt_source import (
 )
 from pytest_logprob_drift.errors import UsageError
 from pytest_logprob_drift.jsontext import json_nesting_fault
+from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.runtimes.chat_template import ChatRenderer
 
 LISTED_LINES = 20
@@ -46,7 +47,7 @@ class FrozenPrompts:
     token_ids: tuple[tuple[int, ...], ...]
     source: PromptSource
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"token_ids": [list(row) for row in self.token_ids], "source": self.source.to_json()}
 
 

@@ -36,6 +36,7 @@ import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from pytest_logprob_drift.errors import DriftError, ExitCode
+from pytest_logprob_drift.records import JsonObject, JsonValue
 from pytest_logprob_drift.runtimes import TINY_SCHEME
 from pytest_logprob_drift.runtimes.transformers.library import model_construction, tf
 
@@ -308,7 +309,7 @@ def _save_checkpoint(
             pad_token_id=config.pad_token_id,
         )
         model.save_pretrained(target_dir, safe_serialization=True)
-    options: dict[str, Any] = {} if chat_template is None else {"chat_template": chat_template}
+    options: JsonObject = {} if chat_template is None else {"chat_template": chat_template}
     fast = tf.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS_TOKEN,
@@ -349,7 +350,7 @@ class TinyArchitecture:
     name: str
     config_class: str
     model_class: str
-    config: Mapping[str, Any]
+    config: Mapping[str, JsonValue]
     chat_tokens: tuple[str, ...]
     chat_template: str
 

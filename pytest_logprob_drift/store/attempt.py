@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from pytest_logprob_drift.errors import StorageError
-from pytest_logprob_drift.records import canonical_json, sha256_hex
+from pytest_logprob_drift.records import JsonValue, canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.decode import Document
 from pytest_logprob_drift.store.documents import document_file
@@ -63,7 +63,7 @@ ATTEMPT_SEAL = SealForm(
 """An attempt's COMPLETE: its ids, its execution key and every other file of the attempt."""
 
 
-def execution_key(payload: Mapping[str, Any]) -> str:
+def execution_key(payload: Mapping[str, JsonValue]) -> str:
     """The key an attempt is sealed under: SHA-256 of the canonical execution-key payload
     (which ``identity.json`` carries, so the key can be re-derived offline)."""
     return sha256_hex(canonical_json(payload))

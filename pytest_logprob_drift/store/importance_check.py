@@ -13,7 +13,6 @@ anything; knows nothing about engines or how the figures are shown.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import msgspec
 import torch
@@ -31,7 +30,7 @@ from pytest_logprob_drift.numerics.comparison import (
 from pytest_logprob_drift.numerics.importance_sampling import importance_sampling
 from pytest_logprob_drift.numerics.verdict import Verdict
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.records import ResolvedContract
+from pytest_logprob_drift.records import JsonValue, ResolvedContract
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.signature_check import signatures
@@ -57,7 +56,7 @@ def comparison_of(
     label: str,
     contract: ResolvedContract,
     scores: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-    entries: Mapping[str, Any] | None = None,
+    entries: Mapping[str, JsonValue] | None = None,
     records: Sequence[KnobRecord] = (),
     numerical: NumericCheck | None,
 ) -> Comparison:

@@ -11,12 +11,11 @@ are sealed in. Knows nothing about the formats' bytes or how a step was judged.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from pytest_logprob_drift.numerics.comparison import Comparison
-from pytest_logprob_drift.records import canonical_json, sha256_hex
+from pytest_logprob_drift.records import JsonValue, canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.documents import ImportedStep
 from pytest_logprob_drift.store.seal import SealError
@@ -49,7 +48,7 @@ def imported_label(step: int) -> str:
 def check_imported(
     imported: ImportedStep,
     comparison: Comparison,
-    payload: Mapping[str, Any],
+    payload: Mapping[str, JsonValue],
     diffs: Mapping[str, torch.Tensor],
 ) -> None:
     """A SealError on imported.json naming the first thing of the attempt it disagrees with:

@@ -27,7 +27,7 @@ from typing import Any
 
 from pytest_logprob_drift.config.input_file import NotRegularInput, OversizedInput, read_input
 from pytest_logprob_drift.errors import UsageError
-from pytest_logprob_drift.records import canonical_json
+from pytest_logprob_drift.records import JsonValue, canonical_json
 
 MAC_ALGORITHM = "hmac-sha256"
 MIN_KEY_BYTES = 16
@@ -48,15 +48,15 @@ class SealKey:
         """A public name of the key: the first 16 hex digits of an HMAC of a fixed label."""
         return hmac.new(self.secret, _KEY_ID_LABEL, hashlib.sha256).hexdigest()[:16]
 
-    def mac(self, document: Mapping[str, Any]) -> dict[str, str]:
+    def mac(self, document: Mapping[str, JsonValue]) -> dict[str, str]:
         """The ``mac`` entry that seals ``document`` (everything but ``mac`` itself)."""
         return {"algorithm": MAC_ALGORITHM, "key_id": self.key_id, "value": self._value(document)}
 
-    def _value(self, document: Mapping[str, Any]) -> str:
+    def _value(self, document: Mapping[str, JsonValue]) -> str:
         message = _MAC_LABEL + canonical_json(dict(document)).encode("utf-8")
         return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
 
-    def problem(self, document: Mapping[str, Any], mac: Any) -> str | None:
+    def problem(self, document: Mapping[str, JsonValue], mac: Any) -> str | None:
         """Why ``mac`` does not seal ``document`` under this key (None when it does)."""
         if mac is None:
             return f"not sealed with a key; {self.source} (key id {self.key_id}) is required"

@@ -15,7 +15,7 @@ from typing import Final, TypeAlias
 
 import msgspec
 
-from pytest_logprob_drift.store.decode import JSONDocumentError, Open, decode_any
+from pytest_logprob_drift.store.decode import JSONDocumentError, decode_any
 
 ACTUAL_SCHEMA: Final = "cross_config.actual.v2"
 """``actual.json``'s ``schema_version`` since its read-back holds nested parts (absent: v1)."""
@@ -49,6 +49,11 @@ def upgraded(read_back: Mapping[str, ReadBackValue]) -> dict[str, ReadBackValue]
             except JSONDocumentError as exc:
                 raise ValueError(f"not JSON text ({exc}) - at `$.read_back.{name}`") from None
     return parsed
+
+
+class Open(msgspec.Struct, frozen=True, kw_only=True):
+    """A sealed JSON object whose members beyond the declared ones are kept out of the type
+    (an engine's evidence, a runtime's self-description: read by nobody field by field)."""
 
 
 class WeightsArrived(Open, frozen=True, kw_only=True):

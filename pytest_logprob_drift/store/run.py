@@ -25,12 +25,11 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from pytest_logprob_drift.errors import ExitCode, InvalidRunError, StorageError
-from pytest_logprob_drift.records import canonical_json
+from pytest_logprob_drift.records import JsonValue, canonical_json
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import AttemptWriter
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode, decode_any
@@ -276,7 +275,7 @@ class ArtifactStore:
         finally:
             os.close(fd)
 
-    def _experiment_note(self, existing: bytes, experiment: Mapping[str, Any]) -> list[str]:
+    def _experiment_note(self, existing: bytes, experiment: Mapping[str, JsonValue]) -> list[str]:
         try:
             same = decode_any(existing) == json.loads(json_bytes(experiment))
         except JSONDocumentError:
@@ -305,7 +304,7 @@ class ArtifactStore:
         return -1
 
     def initialize(
-        self, experiment: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+        self, experiment: Mapping[str, JsonValue], rows: Sequence[Mapping[str, JsonValue]]
     ) -> list[str]:
         """Create experiment.json once; append plan rows not yet recorded; seal what was
         appended. Returns notes.
@@ -355,7 +354,9 @@ class ArtifactStore:
             )
         return log
 
-    def _initialize_locked(self, experiment: Mapping[str, Any], wanted: list[str]) -> list[str]:
+    def _initialize_locked(
+        self, experiment: Mapping[str, JsonValue], wanted: list[str]
+    ) -> list[str]:
         try:
             make_directory(self.cases_dir)
         except OSError as exc:

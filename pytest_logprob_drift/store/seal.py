@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.decode import Document, JSONDocumentError, decode
 from pytest_logprob_drift.store.files import (
@@ -134,7 +135,7 @@ class Manifest:
     """A parsed (or written) seal: its header, the digest of every covered file, its MAC."""
 
     form: SealForm
-    header: Mapping[str, Any]
+    header: Mapping[str, JsonValue]
     files: Mapping[str, Digest]
     mac: Mapping[str, str] | None = None
     """The keyed seal (``store.keys``), when it was sealed with a key."""

@@ -15,11 +15,11 @@ registration or authorization: that is the descriptors' and the session's job.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import torch
 
 from pytest_logprob_drift.config.contract import resolve_contract
+from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.runtimes.smoke.operators import OFFSET_MULTIPLE_OF_THRESHOLD
 
 
@@ -33,7 +33,7 @@ def reference_selected_logprob(logits: torch.Tensor, token_ids: torch.Tensor) ->
 
 
 def build_offset_selected_logprob(
-    *, target: str, options: Mapping[str, Any]
+    *, target: str, options: Mapping[str, JsonValue]
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Reference on the rollout side; reference minus a fixed offset on the training side."""
     if options:
@@ -48,7 +48,7 @@ def build_offset_selected_logprob(
 
 
 def build_rollout_offset_selected_logprob(
-    *, target: str, options: Mapping[str, Any]
+    *, target: str, options: Mapping[str, JsonValue]
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Reference minus a fixed offset (8x the ws1 threshold, in float32) on the rollout side;
     reference on the training side."""
@@ -66,7 +66,7 @@ def build_rollout_offset_selected_logprob(
 
 
 def build_rollout_weight_perturbation(
-    *, target: str, options: Mapping[str, Any]
+    *, target: str, options: Mapping[str, JsonValue]
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The reference formula on both sides; on the rollout side, inside a vLLM worker whose
     model the worker extension saw loaded, on the last TP rank: element [0, 0] of that rank's

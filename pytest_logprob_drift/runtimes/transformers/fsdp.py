@@ -28,13 +28,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import torch
 from torch import Tensor
 
 from pytest_logprob_drift.errors import RuntimeFailure
 from pytest_logprob_drift.numerics.sampling import Truncation
+from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.runtimes.transformers import engine
 from pytest_logprob_drift.runtimes.transformers import fsdp_messages as wire
 from pytest_logprob_drift.runtimes.transformers.engine import NATIVE_LOGP, REFERENCE_LOGP
@@ -271,7 +272,7 @@ class FsdpScorerGroup:
                 f"found {torch.cuda.device_count()}"
             )
 
-    def weights_report(self) -> Mapping[str, Any]:
+    def weights_report(self) -> Mapping[str, JsonValue]:
         """Rank 0's gathered weight digests, taken by every rank right after sharding
         (``fsdp_rank``; ``{"error": ...}`` when a rank could not take them)."""
         report = self._ready[0].weights if self._ready else None

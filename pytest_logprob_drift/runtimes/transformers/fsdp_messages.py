@@ -18,11 +18,12 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torch import Tensor
 
 from pytest_logprob_drift.numerics.sampling import Truncation
+from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
 __all__ = [
@@ -174,7 +175,7 @@ class ReadyEvidence:
     world_size: int
     backend: str
     startup_s: Mapping[str, float]
-    weights: Mapping[str, Any] | None = None
+    weights: Mapping[str, JsonValue] | None = None
     """The rank's digests of its model, gathered (``runtimes.weights.module_digests``): whole
     digests on rank 0 only."""
 

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from pytest_logprob_drift.execute.readonly import ReadOnlyGuard
+from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.references import resolve_reference
 from pytest_logprob_drift.runtimes.transformers import engine
 from pytest_logprob_drift.runtimes.transformers import fsdp_messages as wire
@@ -150,7 +151,7 @@ def start(
     return model, wire.Ready(rank=rank, pid=pid, evidence=evidence)
 
 
-def _weights(model: Any, model_dir: Path, rank: int) -> dict[str, Any]:
+def _weights(model: Any, model_dir: Path, rank: int) -> JsonObject:
     """This rank's part of the gathered weight digests (collective: every rank calls it right
     after sharding); a failure is reported, never raised past the group."""
     from pytest_logprob_drift.runtimes.weights.checkpoint import checkpoint_names

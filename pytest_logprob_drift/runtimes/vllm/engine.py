@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pytest_logprob_drift.errors import one_line
-from pytest_logprob_drift.records import MaskPolicy
+from pytest_logprob_drift.records import JsonObject, JsonValue, MaskPolicy
 from pytest_logprob_drift.runtimes.vllm import read_back as _read_back
 from pytest_logprob_drift.runtimes.vllm.layer_ranks import READ_RANK, rank_zero_reduction
 from pytest_logprob_drift.runtimes.vllm.logs import engine_output, prepare_vllm_logging
@@ -206,7 +206,7 @@ class PlatformMismatch(ValueError):
     """The vLLM platform this build detected is not the scenario device (nothing was built)."""
 
 
-def device_kwargs(spec: VllmEngineSpec, is_cpu: bool) -> dict[str, Any]:
+def device_kwargs(spec: VllmEngineSpec, is_cpu: bool) -> JsonObject:
     """The memory arguments of ``vllm.LLM`` on this platform: on a GPU the fraction of the
     device this engine may take (vLLM refuses to start unless that much is free), on CPU
     none (``kv_cache_memory_bytes`` alone sizes the cache)."""
@@ -290,9 +290,7 @@ class VllmRolloutEngine:
             spec, str(getattr(current_platform, "ray_device_key", "") or "")
         )
         self.executor_requested = spec.distributed_executor_backend or "default"
-        executor_kwargs: dict[str, Any] = (
-            {"distributed_executor_backend": executor} if executor else {}
-        )
+        executor_kwargs: JsonObject = {"distributed_executor_backend": executor} if executor else {}
         if spec.lm_head_dtype == "float32":
             executor_kwargs["hf_overrides"] = {"head_dtype": "float32"}
         if spec.prefill_context_parallel_size > 1:
@@ -303,7 +301,7 @@ class VllmRolloutEngine:
         self.prompt_tokens_cached = 0
         """The prompt tokens of the last ``generate`` vLLM served from its prefix cache
         (``RequestOutput.num_cached_tokens``, summed): blocks computed before this call."""
-        self.logp_installed: list[dict[str, Any]] | None = None
+        self.logp_installed: list[JsonObject] | None = None
         self.trace_replay = bool(spec.trace_replay and not self._is_cpu)
         self.trace_replay_reason = (
             "not asked for"
@@ -322,7 +320,7 @@ class VllmRolloutEngine:
                 ) as applied,
             ):
                 self.construction_env: Mapping[str, str | None] = dict(applied)
-                arguments: dict[str, Any] = dict(
+                arguments: JsonObject = dict(
                     model=spec.model_dir,
                     tokenizer=spec.model_dir,
                     skip_tokenizer_init=True,  # token-id prompts in, token ids out
@@ -345,7 +343,7 @@ class VllmRolloutEngine:
                 # Before any request: AMX permission in every worker (see worker_ext).
                 self.amx_enabled = [bool(r) for r in llm.collective_rpc("enable_amx")]
                 self.loaded_weights = self._weights("weights_loaded")
-                self.pushed_weights: dict[str, Any] | None = None
+                self.pushed_weights: JsonObject | None = None
                 """The workers' digests after the last ``push_weights`` (None before one)."""
                 self._handle.engine_processes = _engine_processes(llm)
                 self._handle.note_shm_segments()
@@ -353,7 +351,7 @@ class VllmRolloutEngine:
             self.close()
             raise
 
-    def _construct(self, llm_class: Any, arguments: dict[str, Any]) -> LLM:
+    def _construct(self, llm_class: Any, arguments: JsonObject) -> LLM:
         """``LLM(**arguments)``, with ``enable_trace_replay`` when ``trace_replay`` holds; when
         vLLM refuses it at configuration ("trace replay requires Model Runner V2", raised
         before any engine process starts), built again without it, the refusal recorded in
@@ -395,7 +393,7 @@ class VllmRolloutEngine:
 
     # -- weights
 
-    def _weights(self, method: str) -> dict[str, Any]:
+    def _weights(self, method: str) -> JsonObject:
         """Every worker's ``method`` report merged into one side report
         (``vllm_layout.merge_ranks``); ``{"error": ...}`` when a worker took none."""
         from pytest_logprob_drift.runtimes.weights.vllm_layout import merge_ranks
@@ -406,7 +404,7 @@ class VllmRolloutEngine:
             return {"error": "; ".join(sorted(set(errors)))}
         return merge_ranks(reports)
 
-    def live_weights(self) -> dict[str, Any]:
+    def live_weights(self) -> JsonObject:
         """The workers' digests of the model as it is now (``DriftWorkerExtension.weights_live``),
         merged; ``loaded_weights`` holds those taken at load, after construction."""
         return self._weights("weights_live")
@@ -428,7 +426,7 @@ class VllmRolloutEngine:
             amx_enabled=self.amx_enabled,
         )
 
-    def install_logp(self, reference: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def install_logp(self, reference: Mapping[str, JsonValue]) -> list[JsonObject]:
         """Install the catalog ``selected_logprob`` backend ``reference`` names in every worker's
         sampler (``DriftWorkerExtension.logp_install``), before the engine's first request of
         the case; returns each worker's report (TP rank order). Installed once per engine: the

@@ -16,13 +16,18 @@ Knows nothing about how the engine was built or shut down, about its processes o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final, TypeAlias
+
+import msgspec
+
+from pytest_logprob_drift.records import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     from vllm import LLM
 
 __all__ = [
     "MODEL_REPORT",
+    "ModelReport",
     "attention_backend",
     "attention_layers",
     "context_parallel_of",
@@ -45,18 +50,72 @@ MODEL_REPORT: Final = "model_report"
 _VOCAB_LAYERS: Final = ("embed_tokens", "lm_head")
 
 
-def worker_reports(llm: LLM) -> list[dict[str, Any]]:
+Count: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class VocabShard(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker's ``VocabParallelEmbedding`` shard (its ``shard_indices``)."""
+
+    tp_rank: Count
+    tp_size: Count
+    org_vocab_size: Count
+    num_embeddings_padded: Count
+    num_embeddings_per_partition: Count
+    padded_org_vocab_start_index: Count
+    padded_org_vocab_end_index: Count
+    org_vocab_start_index: Count
+    org_vocab_end_index: Count
+
+
+class SamplingSeen(msgspec.Struct, frozen=True, kw_only=True):
+    """Sampling parameters a worker's batch took in, and how many requests carried them."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    requests: Count
+
+
+class ModelReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker's ``DriftWorkerExtension.model_report``, decoded where ``collective_rpc``
+    returns it (vLLM sends utility results as plain msgpack). A member a worker did not send
+    reads as unreported (its default); members beyond these are dropped."""
+
+    extension_file: str | None = None
+    logp: dict[str, Any] | None = None
+    """``rollout_logp.report``: the installed kernel's self-description, sealed whole."""
+    lm_head_compute_dtype: str | None = None
+    sampler_logits_dtypes: tuple[str, ...] | None = None
+    sampler_logits_width: int | None = None
+    sampling_probe: bool = False
+    model_runner: str | None = None
+    sampling_probes: tuple[str, ...] = ()
+    sampling_seen: tuple[SamplingSeen, ...] | None = None
+    attention_backends: tuple[str, ...] = ()
+    attention_layers: dict[str, str] = {}
+    vocab: dict[str, VocabShard] = {}
+    lm_head_dtype: str | None = None
+
+
+def model_reports(plain: Sequence[object]) -> list[ModelReport]:
+    """``collective_rpc``'s plain values as ``ModelReport`` (``msgspec.ValidationError`` naming
+    the member of a report that has another shape)."""
+    return [msgspec.convert(report, ModelReport) for report in plain]
+
+
+def worker_reports(llm: LLM) -> list[ModelReport]:
     """Each worker's ``model_report``, in the order vLLM returns them (tensor-parallel rank)."""
-    return [dict(report) for report in llm.collective_rpc(MODEL_REPORT)]
+    return model_reports(llm.collective_rpc(MODEL_REPORT))
 
 
-def attention_backend(reports: Sequence[Mapping[str, Any]]) -> str:
+def attention_backend(reports: Sequence[ModelReport]) -> str:
     """The attention implementation class names the workers run, joined; ``unknown`` if none."""
-    backends = sorted({str(name) for r in reports for name in r.get("attention_backends", ())})
+    backends = sorted({name for r in reports for name in r.attention_backends})
     return ",".join(backends) if backends else "unknown"
 
 
-def vocab_layout(reports: Sequence[Mapping[str, Any]]) -> dict[str, object]:
+def vocab_layout(reports: Sequence[ModelReport]) -> dict[str, object]:
     """The TP vocabulary layout the workers' embedding and LM head really have.
 
     vLLM pads the vocabulary to a multiple of 64 (``DEFAULT_VOCAB_PADDING_SIZE``), then gives
@@ -66,21 +125,21 @@ def vocab_layout(reports: Sequence[Mapping[str, Any]]) -> dict[str, object]:
     """
     layout: dict[str, object] = {}
     for name in _VOCAB_LAYERS:
-        shards = [r["vocab"][name] for r in reports if name in r.get("vocab", {})]
+        shards = [r.vocab[name] for r in reports if name in r.vocab]
         if not shards:
             continue
         first = shards[0]
         layout[name] = {
-            "vocab_size": int(first["org_vocab_size"]),
-            "padded_vocab_size": int(first["num_embeddings_padded"]),
-            "per_rank_size": int(first["num_embeddings_per_partition"]),
+            "vocab_size": first.org_vocab_size,
+            "padded_vocab_size": first.num_embeddings_padded,
+            "per_rank_size": first.num_embeddings_per_partition,
             "ranks": [
                 {
-                    "rank": int(s["tp_rank"]),
-                    "padded_start": int(s["padded_org_vocab_start_index"]),
-                    "padded_end": int(s["padded_org_vocab_end_index"]),
-                    "vocab_start": int(s["org_vocab_start_index"]),
-                    "vocab_end": int(s["org_vocab_end_index"]),
+                    "rank": s.tp_rank,
+                    "padded_start": s.padded_org_vocab_start_index,
+                    "padded_end": s.padded_org_vocab_end_index,
+                    "vocab_start": s.org_vocab_start_index,
+                    "vocab_end": s.org_vocab_end_index,
                 }
                 for s in shards
             ],
@@ -88,73 +147,68 @@ def vocab_layout(reports: Sequence[Mapping[str, Any]]) -> dict[str, object]:
     return layout
 
 
-def lm_head_dtype(reports: Sequence[Mapping[str, Any]]) -> str:
+def lm_head_dtype(reports: Sequence[ModelReport]) -> str:
     """The dtype of the LM head weight the workers loaded, joined if they differ; ``unknown``
     when no worker reported one."""
-    dtypes = sorted({str(r["lm_head_dtype"]) for r in reports if "lm_head_dtype" in r})
-    return ",".join(dtypes) if dtypes else "unknown"
+    return joined(reports, "lm_head_dtype")
 
 
-def joined(reports: Sequence[Mapping[str, Any]], key: str) -> str:
-    """The workers' values of ``key`` (a string, or a list of strings), sorted and joined;
+def joined(reports: Sequence[ModelReport], key: str) -> str:
+    """The workers' values of the member ``key`` (a string, or strings), sorted and joined;
     ``unknown`` when no worker reported one."""
     values: set[str] = set()
     for report in reports:
-        value = report.get(key)
-        if isinstance(value, list):
+        value = getattr(report, key)
+        if isinstance(value, tuple):
             values.update(str(v) for v in value)
         elif value is not None:
             values.add(str(value))
     return ",".join(sorted(values)) if values else "unknown"
 
 
-def logp_injection(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def logp_injection(reports: Sequence[ModelReport]) -> list[dict[str, Any]]:
     """Each worker's ``selected_logprob`` injection report (``rollout_logp.report``), in TP rank
     order: whether a backend is installed, which (id, version, build fingerprint, factory,
     the kernel and its source's SHA-256), the sites patched, the model runner and sampler
     classes, the rows scored per site and the violations counted."""
-    return [dict(r.get("logp") or {"installed": "unreported"}) for r in reports]
+    return [dict(r.logp or {"installed": "unreported"}) for r in reports]
 
 
-def model_runner(reports: Sequence[Mapping[str, Any]]) -> str:
+def model_runner(reports: Sequence[ModelReport]) -> str:
     """The model runner (``v1``, ``v2``) the workers drive, joined if they differ; ``unknown``
     when no worker reported one."""
-    runners = sorted({str(r["model_runner"]) for r in reports if "model_runner" in r})
-    return ",".join(runners) if runners else "unknown"
+    return joined(reports, "model_runner")
 
 
-def sampling_seen(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def sampling_seen(reports: Sequence[ModelReport]) -> list[JsonObject]:
     """The sampling parameters of the requests the workers' model runners took in so far,
     with their counts (``DriftWorkerExtension.model_report``; every tensor-parallel worker
     takes in every request, so the first worker's list is the engine's). Empty when no worker
     runs a probe on the model runner it drives (``sampling_probe``): the adapter then
     reports the call's sampling unobservable."""
     for report in reports:
-        seen = report.get("sampling_seen")
-        if report.get("sampling_probe") and isinstance(seen, list):
-            return [dict(entry) for entry in seen]
+        if report.sampling_probe and report.sampling_seen is not None:
+            return [msgspec.to_builtins(entry) for entry in report.sampling_seen]
     return []
 
 
 def sampling_applied(
-    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
+    before: Sequence[Mapping[str, JsonValue]], after: Sequence[Mapping[str, JsonValue]]
+) -> JsonObject:
     """What the requests between two ``sampling_seen`` snapshots really ran with.
 
     ``observed``: whether some request entered a worker's batch in between; ``values``: the
     distinct ``{temperature, top_p, top_k, min_p}`` of those requests (one entry when every
     request of the call ran with the same parameters)."""
 
-    def key(entry: Mapping[str, Any]) -> tuple[float, float, int, float]:
-        return (
-            float(entry["temperature"]),
-            float(entry["top_p"]),
-            int(entry["top_k"]),
-            float(entry["min_p"]),
-        )
+    def seen(entries: Sequence[Mapping[str, JsonValue]]) -> list[SamplingSeen]:
+        return [msgspec.convert(entry, SamplingSeen) for entry in entries]
 
-    counts = {key(e): int(e["requests"]) for e in before}
-    new = [e for e in after if int(e["requests"]) > counts.get(key(e), 0)]
+    def key(entry: SamplingSeen) -> tuple[float, float, int, float]:
+        return (entry.temperature, entry.top_p, entry.top_k, entry.min_p)
+
+    counts = {key(e): e.requests for e in seen(before)}
+    new = [e for e in seen(after) if e.requests > counts.get(key(e), 0)]
     return {
         "observed": bool(new),
         "values": [
@@ -203,15 +257,14 @@ def eager_of(*, enforce_eager: bool, compilation_mode: str, cudagraph_mode: str)
     )
 
 
-def attention_layers(reports: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def attention_layers(reports: Sequence[ModelReport]) -> dict[str, int]:
     """How many attention layers run each implementation class, on the first worker that
     reports it (every TP rank builds the same layers)."""
     for report in reports:
-        per_layer = report.get("attention_layers")
-        if isinstance(per_layer, Mapping) and per_layer:
+        if report.attention_layers:
             counts: dict[str, int] = {}
-            for impl in per_layer.values():
-                counts[str(impl)] = counts.get(str(impl), 0) + 1
+            for impl in report.attention_layers.values():
+                counts[impl] = counts.get(impl, 0) + 1
             return dict(sorted(counts.items()))
     return {}
 

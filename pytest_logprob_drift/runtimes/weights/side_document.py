@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.runtimes.weights.checkpoint import (
     SliceSpan,
     Wanted,
@@ -65,7 +65,7 @@ def side_document(
     side: WeightSide,
     runtime: str,
     declared_dtype: str,
-    report: Mapping[str, Any] | SideReport,
+    report: Mapping[str, JsonValue] | SideReport,
     model_dir: Path,
     declared: Mapping[str, str] | None = None,
     via: Mapping[str, str] | None = None,

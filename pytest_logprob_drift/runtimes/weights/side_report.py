@@ -12,9 +12,11 @@ the member. Knows nothing about engines or checkpoints.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
+
+from pytest_logprob_drift.records import JsonValue
 
 Index = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -58,7 +60,7 @@ class SideReport(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
 
 
-def side_report(plain: Mapping[str, Any] | SideReport) -> SideReport:
+def side_report(plain: Mapping[str, JsonValue] | SideReport) -> SideReport:
     """``plain`` (what a side's processes sent back) as a ``SideReport``; one that is not that
     shape becomes an error report saying where."""
     if isinstance(plain, SideReport):
