@@ -54,6 +54,7 @@ from pytest_logprob_drift.numerics.framework_figures import (
     masked_by_run,
     slime_figures,
 )
+from pytest_logprob_drift.numerics.gates import GateResult, gate_results
 from pytest_logprob_drift.numerics.verdict import Verdict, judge
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.production.formats import FORMATS, READERS, Format, Row, Step
@@ -117,6 +118,9 @@ class ImportedCase:
     positive: int = 0
     """Active logprobs above 0 on either side (a logprob is at most 0): judged as logged,
     and the command says so."""
+    gates: tuple[GateResult, ...] = ()
+    """The field's gates (``numerics.gates``) of a judged step (PASS or MISMATCH); empty
+    otherwise."""
 
     @property
     def outcome(self) -> Outcome:
@@ -345,6 +349,14 @@ class _Run:
             comparison=comparison,
             positive=int(((grid.rollout > 0) & grid.active).sum())
             + int(((grid.training > 0) & grid.active).sum()),
+            gates=gate_results(
+                grid.training,
+                grid.rollout,
+                grid.active,
+                slime_figure=comparison.diagnostics.slime_train_rollout_logprob_abs_diff,
+            )
+            if verdict.outcome in (Outcome.PASS, Outcome.MISMATCH)
+            else (),
         )
         self.cases.append(case)
         self.samples += len(step.rows)
@@ -442,7 +454,6 @@ class _Run:
 
     def finish(self, experiment_id: str, records: Sequence[InputRecord]) -> None:
         source = ImportSource(
-            schema_version=IMPORT_SCHEMA,
             format=self.format.name,
             inputs=tuple(ImportedInput(path=r.path, sha256=r.sha256, size=r.size) for r in records),
             fields=self.format.fields,
