@@ -25,7 +25,14 @@ from typing import Any
 import numpy as np
 import pytest
 from drift_testing import cli
-from production_dumps import Sample, make_samples, write_nemo_rl_step, write_slime_dump
+from production_dumps import (
+    Sample,
+    make_samples,
+    neutral_rows,
+    write_jsonl,
+    write_nemo_rl_step,
+    write_slime_dump,
+)
 
 pytestmark = pytest.mark.process
 
@@ -284,11 +291,53 @@ def test_a_slime_dump_copied_in_chunks_then_a_signal(tmp_path: Path, signum: int
     _verify(runs / "s")
 
 
+def test_a_neutral_writer_one_file_a_step(tmp_path: Path) -> None:
+    """The neutral format followed as one file per step: a step is complete once a later
+    step's file appeared (the newest once it settled); the second written in pieces."""
+    source, log, runs = tmp_path / "source", tmp_path / "log", tmp_path / "runs"
+    source.mkdir()
+    log.mkdir()
+    steps = _steps(5, 3, planted_at=2)
+    actions = []
+    for k, samples in steps.items():
+        src = write_jsonl(source / f"step-{k:06d}.jsonl", neutral_rows(k, samples))
+        size = src.stat().st_size
+        actions.append(
+            {
+                "src": str(src),
+                "dst": str(log / src.name),
+                "wait": None if k == 1 else str(tmp_path / f"go-{k}"),
+                "cuts": [size // 2] if k == 2 else [],
+                "pause": 0.6,
+            }
+        )
+    writer = _writer(actions)
+    follower = Follower(
+        log, "--format", "jsonl", "--artifacts", runs, "--idle", "3", "--settle", "0.3",
+        "--poll", "0.05", "--experiment-id", "n", "--exit-on", "zero_filled",
+    )  # fmt: skip
+    lines = {}
+    for k in steps:
+        lines[k] = follower.until(f"step {k}: ")
+        if k + 1 in steps:
+            (tmp_path / f"go-{k + 1}").touch()
+    code, seen, err = follower.finish()
+    assert writer.wait(timeout=60) == 0
+    assert code == 1, [*seen, err]  # zero_filled never crossed: no exit 4
+    for k, samples in steps.items():
+        active = sum(sum(s.mask) for s in samples)
+        outcome = "MISMATCH" if k == 2 else "PASS"
+        assert lines[k].startswith(f"step {k}: {outcome}, 8 samples, ")
+        assert f"/{active} mismatching" in lines[k]
+    assert any(line.startswith("step 2: signature sample_outliers first crossed") for line in seen)
+    assert seen[-1].startswith("stopped (idle) after 3 step(s)")
+    _verify(runs / "n")
+
+
 def test_bad_follow_options_are_one_line_exit_2(tmp_path: Path) -> None:
     log = tmp_path / "log"
     log.mkdir()
     for args, needle in (
-        (("--format", "jsonl", "--follow", log), "--follow reads nemo-rl or slime"),
         (("--format", "nemo-rl", "--follow", log, "--exit-on", "nope"), "'nope' is neither"),
         (("--format", "nemo-rl", "--follow", log / "absent"), "not a directory"),
         (("--format", "nemo-rl", "--follow", log, log), "takes one directory"),

@@ -12,7 +12,10 @@ signature or a gate is first crossed. A step is complete:
   change since the previous poll; for the per-rank layout, when a later rollout's file exists,
   or the step has as many ranks as the first step sealed, or (the first step) its files have
   not changed for ``settle`` seconds;
-- neutral JSONL is not followed (a file holds many steps; see docs/PRODUCTION_RUNS.md).
+- neutral JSONL, followed as one file per step (``*.jsonl``/``*.ndjson``, the step read from
+  its first line): when a line of a later step has appeared (another file whose first line
+  names a later step), or, the newest, as NeMo-RL's newest; a file holding lines of two steps
+  is refused (write each step to its own file: docs/PRODUCTION_RUNS.md).
 
 Each step is judged and written by ``production.importer`` under a staging directory in the
 artifacts directory, then its case directory is renamed into the run's ``cases/`` and its plan
@@ -70,8 +73,7 @@ from pytest_logprob_drift.store.documents import ExperimentDocument, FollowedImp
 from pytest_logprob_drift.store.files import fsync_dir
 from pytest_logprob_drift.store.run import ArtifactStore, read_plan_log
 
-FOLLOWED_FORMATS: Final = ("nemo-rl", "slime")
-"""The formats ``--follow`` reads (neutral JSONL files hold many steps each)."""
+NEUTRAL_SUFFIXES: Final = (".jsonl", ".ndjson")
 SLIME_NAME = re.compile(r"([0-9]+)(?:_([0-9]+))?\.pt")
 """slime's ``<rollout_id>.pt`` (format_version 2) or ``<rollout_id>_<rank>.pt``."""
 ANY: Final = "any"
@@ -161,7 +163,7 @@ def _listing(directory: Path) -> list[Path]:
 
 
 def _nemo_decodes_whole(path: Path) -> bool:
-    """The file ends with a newline and every line is one JSON value."""
+    """The file ends with a newline and every line is one JSON value (a JSONL step file)."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -191,6 +193,49 @@ def _nemo_ready(
     for step, path in sorted(steps.items()):
         if step != last or (watch.unchanged_for(path, now) >= settle and _nemo_decodes_whole(path)):
             ready.append((step, [path]))
+    return ready
+
+
+class _StepOnly(msgspec.Struct):
+    step: int
+
+
+def _first_step(path: Path) -> int | None:
+    """The step the first whole line of a neutral file names (None: no whole line yet, or
+    one that does not name a step: the reader says why once the file is complete)."""
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(1 << 26)
+    except OSError:
+        return None
+    if not line.endswith(b"\n"):
+        return None
+    try:
+        return msgspec.json.decode(line, type=_StepOnly).step
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _neutral_ready(
+    directory: Path, watch: _Watch, settle: float, now: float
+) -> list[tuple[int, list[Path]]]:
+    files = [p for p in _listing(directory) if p.suffix.lower() in NEUTRAL_SUFFIXES and p.is_file()]
+    watch.update(files, now)
+    steps: dict[int, list[Path]] = {}
+    for path in files:
+        step = _first_step(path)
+        if step is not None:
+            steps.setdefault(step, []).append(path)
+    last = max(steps, default=None)
+    ready = []
+    for step, paths in sorted(steps.items()):
+        if len(paths) > 1:
+            raise ImportInputError(
+                sorted(paths)[1], f"step {step} again (also {sorted(paths)[0]}): one file a step"
+            )
+        path = paths[0]
+        if step != last or (watch.unchanged_for(path, now) >= settle and _nemo_decodes_whole(path)):
+            ready.append((step, paths))
     return ready
 
 
@@ -379,11 +424,6 @@ def follow(
 ) -> FollowResult:
     """Follow ``directory`` until a signal, ``idle`` seconds without a new complete step, or
     a crossing ``exit_on`` names; ``on_step`` is called once per complete step."""
-    if fmt not in FOLLOWED_FORMATS:
-        raise UsageError(
-            f"--follow reads {' or '.join(FOLLOWED_FORMATS)} (a {fmt} file holds many steps: "
-            "import it once the run is done)"
-        )
     if not directory.is_dir():
         raise UsageError(f"--follow {directory}: not a directory")
     if settle < 0 or (idle is not None and idle <= 0) or poll <= 0:
@@ -413,6 +453,8 @@ def follow(
             now = time.monotonic()
             if fmt == "nemo-rl":
                 ready = _nemo_ready(directory, watch, settle, now)
+            elif fmt == "jsonl":
+                ready = _neutral_ready(directory, watch, settle, now)
             else:
                 ready = _slime_ready(directory, watch, settle, now, ranks)
             for step_number, paths in ready:
