@@ -12,7 +12,10 @@ sample; nothing published), 3 a runtime failure. Exit 2 only when nothing was pu
 prompt file that cannot be written once the run is published (no sample to write, the file
 appeared meanwhile, a full disk) is one line on stderr and the run's own code. Under
 ``--seal-key-file``/``--seal-key-env`` (made active by the CLI) every seal carries the keyed
-MAC, so a keyed ``verify`` accepts the run. The work is ``production.importer``'s,
+MAC, so a keyed ``verify`` accepts the run. ``--follow LOGDIR [--settle S] [--idle S]
+[--poll S] [--exit-on NAMES]`` follows a live run instead (``production.follow``): one line
+per complete step and per first crossing, flushed as printed, exit 4 (``ExitCode.SIGNATURE``)
+on an ``--exit-on`` crossing. The work is ``production.importer``'s,
 imported when the command runs (it loads torch); this module's top is torch-free, so building
 the parser costs ``plan`` nothing.
 """
@@ -56,6 +59,12 @@ formats:
 PATH is a file or a directory (its files of the format, not recursively). Input files are at
 most 2 GiB; pickles are refused, never unpickled. Exit codes: 0 every step PASS, 1 some step
 has another outcome, 2 bad input (nothing published), 3 runtime failure.
+
+--follow LOGDIR follows a live run's log directory: each step sealed as soon as its file is
+complete (never a file still being written), one line per step and one per signature or gate
+first crossed; stops on SIGINT/SIGTERM or after --idle SECONDS without a new step; exit 4 when
+a signature or gate named by --exit-on (or 'any') is first crossed. Neutral JSONL is followed
+as one file per step. See docs/PRODUCTION_RUNS.md.
 
 --worst K --prompts-out FILE writes the K samples with the most drift (most mismatching
 active tokens, then largest max |diff|, over the steps judged PASS or MISMATCH) as a prompt
