@@ -32,6 +32,7 @@ from production_dumps import (
     write_jsonl,
     write_nemo_rl_step,
     write_slime_dump,
+    write_slime_rank_dumps,
 )
 
 pytestmark = pytest.mark.process
@@ -289,6 +290,50 @@ def test_a_slime_dump_copied_in_chunks_then_a_signal(tmp_path: Path, signum: int
     assert seen[-1].startswith(f"stopped ({signal.Signals(signum).name}) after 2 step(s)")
     assert len(_sealed_cases(runs / "s")) == 2
     _verify(runs / "s")
+
+
+def test_slime_rank_files_sealed_only_with_every_rank(tmp_path: Path) -> None:
+    """Per-rank dumps (2 data-parallel ranks): the first rollout is sealed once a later
+    rollout's file appeared, the next once it has both ranks; never with one rank."""
+    source, log, runs = tmp_path / "source", tmp_path / "log", tmp_path / "runs"
+    steps = _steps(13, 2, planted_at=None)
+    files = {k: write_slime_rank_dumps(source, k, samples) for k, samples in steps.items()}
+    (log / "train_data").mkdir(parents=True)
+    order = [(1, 0, None), (1, 1, "go-a"), (2, 0, None), (2, 1, "go-b")]
+    writer = _writer(
+        [
+            {
+                "src": str(files[k][rank]),
+                "dst": str(log / "train_data" / files[k][rank].name),
+                "wait": None if marker is None else str(tmp_path / marker),
+                "cuts": [],
+                "pause": 0.0,
+            }
+            for k, rank, marker in order
+        ]
+    )
+    follower = Follower(
+        log, "--format", "slime", "--artifacts", runs, "--poll", "0.05", "--experiment-id", "r",
+    )  # fmt: skip
+    follower.until("following ")  # polling from here on
+    # rank 0 of rollout 1 alone for many polls: nothing sealed (the wait only gives the
+    # follower the chance to get it wrong; the test cannot pass by a race)
+    threading.Event().wait(1.0)
+    assert follower.lines.empty() and follower.process.poll() is None
+    (tmp_path / "go-a").touch()
+    first = follower.until("step 1: ")
+    threading.Event().wait(1.0)  # rank 0 of rollout 2 alone: nothing sealed
+    assert follower.lines.empty() and follower.process.poll() is None
+    (tmp_path / "go-b").touch()
+    second = follower.until("step 2: ")
+    assert writer.wait(timeout=60) == 0
+    os.kill(follower.process.pid, signal.SIGTERM)
+    code, seen, err = follower.finish()
+    assert code == 0, [*seen, err]
+    for k, line in ((1, first), (2, second)):
+        active = sum(sum(s.mask) for s in steps[k])
+        assert line.startswith(f"step {k}: PASS, 8 samples, 0/{active} mismatching"), line
+    _verify(runs / "r")
 
 
 def test_a_neutral_writer_one_file_a_step(tmp_path: Path) -> None:

@@ -427,6 +427,11 @@ def _follow_command(args: argparse.Namespace, contract: Any, out: TextIO) -> int
         poll=args.poll,
         exit_on=exit_on,
         on_step=shown,
+        on_start=lambda run_dir: print(
+            one_line(f"following {args.paths[0]} ({args.input_format}) into {run_dir}"),
+            file=out,
+            flush=True,
+        ),
     )
     print(
         one_line(

@@ -9,9 +9,9 @@ signature or a gate is first crossed. A step is complete:
   changed for ``settle`` seconds, it ends with a newline and every line decodes as JSON;
 - slime ``.pt`` (``<rollout_id>.pt`` or per rank ``<rollout_id>_<rank>.pt``): when each file's
   zip end-of-central-directory record is present (``zipfile`` opens it) and its size did not
-  change since the previous poll; for the per-rank layout, when a later rollout's file exists,
-  or the step has as many ranks as the first step sealed, or (the first step) its files have
-  not changed for ``settle`` seconds;
+  change since the previous poll; for the per-rank layout, when a later rollout's file exists
+  or the step has the ranks ``0..k-1`` of the first step sealed (a dump names no world size,
+  so the first step waits for a later rollout's file);
 - neutral JSONL, followed as one file per step (``*.jsonl``/``*.ndjson``, the step read from
   its first line): when a line of a later step has appeared (another file whose first line
   names a later step), or, the newest, as NeMo-RL's newest; a file holding lines of two steps
@@ -250,7 +250,7 @@ def _zip_whole(path: Path) -> bool:
 
 
 def _slime_ready(
-    directory: Path, watch: _Watch, settle: float, now: float, ranks: list[int]
+    directory: Path, watch: _Watch, now: float, ranks: list[int]
 ) -> list[tuple[int, list[Path]]]:
     """``ranks``: the rank count of the first step sealed (empty before; filled here)."""
     if (directory / "train_data").is_dir():  # a --dump-details directory
@@ -271,11 +271,9 @@ def _slime_ready(
             continue
         per_rank = None not in files
         if per_rank and step == last:
-            complete_ranks = set(files) == set(range(len(files)))
-            if ranks:
-                if not (complete_ranks and len(files) >= ranks[0]):
-                    continue
-            elif not (complete_ranks and all(watch.unchanged_for(p, now) >= settle for p in paths)):
+            # the rank count is known from the first step sealed, whole once a later
+            # rollout's file appeared (a dump names no world size)
+            if not (ranks and set(files) == set(range(ranks[0]))):
                 continue
         if per_rank and not ranks:
             ranks.append(len(files))
@@ -421,9 +419,11 @@ def follow(
     poll: float = 0.25,
     exit_on: frozenset[str] = frozenset(),
     on_step: Callable[[FollowedStep], None] = lambda step: None,
+    on_start: Callable[[Path], None] = lambda run_dir: None,
 ) -> FollowResult:
     """Follow ``directory`` until a signal, ``idle`` seconds without a new complete step, or
-    a crossing ``exit_on`` names; ``on_step`` is called once per complete step."""
+    a crossing ``exit_on`` names; ``on_start`` is called with the run directory once it
+    exists and the signal handlers are in place, ``on_step`` once per complete step."""
     if not directory.is_dir():
         raise UsageError(f"--follow {directory}: not a directory")
     if settle < 0 or (idle is not None and idle <= 0) or poll <= 0:
@@ -449,6 +449,7 @@ def follow(
     environment = _environment()
     last_new = time.monotonic()
     with _Stop().installed() as stop:
+        on_start(run_dir)
         while True:
             now = time.monotonic()
             if fmt == "nemo-rl":
@@ -456,7 +457,7 @@ def follow(
             elif fmt == "jsonl":
                 ready = _neutral_ready(directory, watch, settle, now)
             else:
-                ready = _slime_ready(directory, watch, settle, now, ranks)
+                ready = _slime_ready(directory, watch, now, ranks)
             for step_number, paths in ready:
                 if step_number in done or stop.signal is not None:
                     continue
