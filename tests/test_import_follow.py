@@ -395,3 +395,41 @@ def test_bad_follow_options_are_one_line_exit_2(tmp_path: Path) -> None:
         assert needle in err and len(err.strip().splitlines()) == 1, err
         assert "Traceback" not in err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_followed_run_is_added_to_only_by_the_same_follow(tmp_path: Path) -> None:
+    """In process: an existing run that is not this follow's, and a step sealed from other
+    bytes, are one line, exit 2, nothing written; the earlier (whole-run) form still verifies
+    with its counts checked, the followed form without them."""
+    log, runs = tmp_path / "log", tmp_path / "runs"
+    log.mkdir()
+    steps = _steps(17, 2, planted_at=None)
+    for k, samples in steps.items():
+        write_nemo_rl_step(log, k, samples)
+    follow = ("import", "--format", "nemo-rl", "--follow", log, "--artifacts", runs)
+    timing = ("--settle", "0", "--idle", "0.3", "--poll", "0.02")
+    code, out, err = cli(*follow, *timing, "--experiment-id", "f")
+    assert code == 0, out + err
+    assert out.count("(sealed: cases/") == 2
+    before = _sealed_cases(runs / "f")
+
+    # a run imported at once under that name is not added to
+    code, out, err = cli("import", "--format", "nemo-rl", log, "--artifacts", runs,
+                         "--experiment-id", "whole")  # fmt: skip
+    assert code == 0, out + err
+    code, out, err = cli(*follow, *timing, "--experiment-id", "whole")
+    assert code == 2 and "not a follow of this directory" in err, out + err
+    assert len(err.strip().splitlines()) == 1
+    whole = json.loads((runs / "whole" / "experiment.json").read_text())["imported"]
+    assert (whole["schema_version"], whole["steps"]) == ("cross_config.import.v1", 2)
+    _verify(runs / "whole")
+
+    # step 1 rewritten with other numbers: refused, the sealed step untouched
+    write_nemo_rl_step(log, 1, _steps(19, 1, planted_at=None)[1])
+    code, out, err = cli(*follow, *timing, "--experiment-id", "f")
+    assert code == 2, out + err
+    assert "step 1 is sealed in" in err and "from other bytes" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert _sealed_cases(runs / "f") == before
+    assert not [p for p in runs.iterdir() if p.name.startswith(".")]  # no staging left
+    _verify(runs / "f")
