@@ -130,7 +130,9 @@ def _has_outliers(means: np.ndarray) -> bool:
     return bool(ratios[gap] >= 10.0 and ordered[gap + 1] >= 1e-3)
 
 
-def _steps(seed: int, count: int, planted_at: int | None) -> dict[int, list[Sample]]:
+def _steps(
+    seed: int, count: int, planted_at: int | None, offset_at: int | None = None
+) -> dict[int, list[Sample]]:
     rng = np.random.default_rng(seed)
     steps = {}
     for k in range(1, count + 1):
@@ -138,8 +140,33 @@ def _steps(seed: int, count: int, planted_at: int | None) -> dict[int, list[Samp
         if k == planted_at:  # sample 2 far above the rest on every response token
             s = samples[2]
             s.training = [float(np.float32(r - 0.02)) for r in s.rollout]
+        if k == offset_at:  # every sample's trainer 0.2 nats below its rollout
+            for s in samples:
+                s.training = [float(np.float32(r - 0.2)) for r in s.rollout]
         steps[k] = samples
     return steps
+
+
+def _gate_figures(samples: list[Sample]) -> dict[str, float]:
+    """prime-rl's mismatch KL (mean over tokens of exp(d) - d - 1, d = training - rollout)
+    and slime's CI figure (the samples' mean of each one's mean |d|), in float64."""
+    per_token, per_sample = [], []
+    for s in samples:
+        d = np.array(
+            [np.float64(t) - np.float64(r) for t, r, m in zip(s.training, s.rollout, s.mask,
+                                                             strict=True) if m == 1]
+        )  # fmt: skip
+        per_token.append(d)
+        per_sample.append(np.abs(d).mean())
+    d = np.concatenate(per_token)
+    return {
+        "prime_rl_mismatch_kl": float(np.mean(np.exp(d) - d - 1.0)),
+        "slime_ci": float(np.mean(per_sample)),
+    }
+
+
+def _printed_value(line: str) -> float:
+    return float(line.split("failed: ", 1)[1].split(" ", 1)[0])
 
 
 def _verify(run_dir: Path) -> str:
@@ -234,6 +261,10 @@ def test_a_nemo_rl_writer_followed_step_by_step_then_idle(tmp_path: Path) -> Non
     assert _sealed_cases(run_dir) == before
     assert (run_dir / "plan.jsonl").read_text().splitlines() == plan
     _verify(run_dir)
+    code, out, err = cli("report", run_dir, "--json")
+    assert code == 0, err
+    named = [(s["id"], s["step"], s["sample"]) for s in json.loads(out)["signatures"]]
+    assert named == [("sample_outliers", 3, 2)]  # what the follower printed, at read time
 
 
 def test_exit_4_at_the_step_that_crosses_the_named_signature(tmp_path: Path) -> None:
@@ -342,7 +373,7 @@ def test_a_neutral_writer_one_file_a_step(tmp_path: Path) -> None:
     source, log, runs = tmp_path / "source", tmp_path / "log", tmp_path / "runs"
     source.mkdir()
     log.mkdir()
-    steps = _steps(5, 3, planted_at=2)
+    steps = _steps(5, 3, planted_at=2, offset_at=3)
     actions = []
     for k, samples in steps.items():
         src = write_jsonl(source / f"step-{k:06d}.jsonl", neutral_rows(k, samples))
@@ -371,10 +402,21 @@ def test_a_neutral_writer_one_file_a_step(tmp_path: Path) -> None:
     assert code == 1, [*seen, err]  # zero_filled never crossed: no exit 4
     for k, samples in steps.items():
         active = sum(sum(s.mask) for s in samples)
-        outcome = "MISMATCH" if k == 2 else "PASS"
+        outcome = "PASS" if k == 1 else "MISMATCH"
         assert lines[k].startswith(f"step {k}: {outcome}, 8 samples, ")
         assert f"/{active} mismatching" in lines[k]
     assert any(line.startswith("step 2: signature sample_outliers first crossed") for line in seen)
+    # the offset step: gates first failed there, as the frameworks' formulas computed here say
+    gate_lines = [line for line in seen if " gate " in line]
+    assert gate_lines and all(line.startswith("step 3: gate ") for line in gate_lines)
+    expected = _gate_figures(steps[3])
+    assert expected["prime_rl_mismatch_kl"] > 0.015 and expected["slime_ci"] > 0.1
+    assert max(_gate_figures(steps[k])["prime_rl_mismatch_kl"] for k in (1, 2)) <= 0.015
+    for key, value in expected.items():
+        (line,) = [g for g in gate_lines if g.startswith(f"step 3: gate {key} first crossed")]
+        assert _printed_value(line) == pytest.approx(value, rel=1e-3)
+    # every rollout logprob 0.2 above the trainer's: the truncated-sampling signature
+    assert any(line.startswith("step 3: signature truncated_sampling first") for line in seen)
     assert seen[-1].startswith("stopped (idle) after 3 step(s)")
     _verify(runs / "n")
 
