@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import os
 import re
 import secrets
@@ -311,6 +312,14 @@ class FollowResult:
     """``idle``, ``SIGINT``, ``SIGTERM`` or ``exit-on``."""
 
 
+def _seconds(option: str, value: float, *, zero: bool) -> None:
+    """A finite number of seconds, above 0 (or at least 0 with ``zero``)."""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise UsageError(
+            f"{option} {value}: must be a number of seconds {'at least' if zero else 'above'} 0"
+        )
+
+
 def default_follow_id(fmt: str, directory: Path) -> str:
     """``follow-<format>-<12 hex>``: the hash of the format and the directory's real path."""
     digest = hashlib.sha256(f"{fmt}\0{os.path.realpath(directory)}".encode())
@@ -426,8 +435,10 @@ def follow(
     exists and the signal handlers are in place, ``on_step`` once per complete step."""
     if not directory.is_dir():
         raise UsageError(f"--follow {directory}: not a directory")
-    if settle < 0 or (idle is not None and idle <= 0) or poll <= 0:
-        raise UsageError("--settle must be at least 0 and --idle above 0 seconds")
+    _seconds("--settle", settle, zero=True)
+    _seconds("--poll", poll, zero=False)
+    if idle is not None:
+        _seconds("--idle", idle, zero=False)
     name = experiment_id or default_follow_id(fmt, directory)
     _check_experiment_id(name)
     experiment = _experiment(fmt, directory, contract, name)
