@@ -55,11 +55,11 @@ from pytest_logprob_drift.production.formats import FORMATS, READERS
 from pytest_logprob_drift.production.importer import (
     STAGING_PREFIX,
     ImportedCase,
-    _check_experiment_id,
-    _decodes,
-    _environment,
-    _remove_abandoned_staging,
-    _Run,
+    RunWriter,
+    check_decodes,
+    check_experiment_id,
+    environment_record,
+    remove_abandoned_staging,
 )
 from pytest_logprob_drift.production.sources import (
     MAX_INPUT_BYTES,
@@ -394,7 +394,7 @@ def _experiment(
         "identity": {},
         "imported": msgspec.to_builtins(source),
     }
-    _decodes(experiment, str(directory), "experiment.json")
+    check_decodes(experiment, str(directory), "experiment.json")
     return experiment
 
 
@@ -440,14 +440,14 @@ def follow(
     if idle is not None:
         _seconds("--idle", idle, zero=False)
     name = experiment_id or default_follow_id(fmt, directory)
-    _check_experiment_id(name)
+    check_experiment_id(name)
     experiment = _experiment(fmt, directory, contract, name)
     run_dir = artifacts / name
     if os.path.lexists(run_dir):
         _check_existing(run_dir, experiment)
     try:
         artifacts.mkdir(parents=True, exist_ok=True)
-        _remove_abandoned_staging(artifacts)
+        remove_abandoned_staging(artifacts)
     except OSError as exc:
         raise StorageError(artifacts, "create a directory to import into", exc) from None
     store = ArtifactStore(artifacts, name)
@@ -457,7 +457,7 @@ def follow(
     steps: list[FollowedStep] = []
     watch, crossings = _Watch(), _Crossings()
     ranks: list[int] = []
-    environment = _environment()
+    environment = environment_record()
     last_new = time.monotonic()
     with _Stop().installed() as stop:
         on_start(run_dir)
@@ -528,7 +528,7 @@ def _seal_step(
     except OSError as exc:
         raise StorageError(artifacts, "create a staging directory", exc) from None
     try:
-        run = _Run(FORMATS[fmt], contract, staging)
+        run = RunWriter(FORMATS[fmt], contract, staging)
         run.environment = environment
         opened: list[InputFile] = []
         try:
