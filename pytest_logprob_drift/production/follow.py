@@ -135,6 +135,8 @@ class _Watch:
     """What the polls saw of each file: its size and since when it has not changed."""
 
     files: dict[Path, _Seen] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+    """The steps handled: never looked at again (nor their files read)."""
 
     def update(self, paths: Sequence[Path], now: float) -> None:
         for path in paths:
@@ -166,10 +168,16 @@ def _listing(directory: Path) -> list[Path]:
 def _nemo_decodes_whole(path: Path) -> bool:
     """The file ends with a newline and every line is one JSON value (a JSONL step file)."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return False
+            f.seek(size - 1)
+            if f.read(1) != b"\n":  # checked before the whole file is read
+                return False
+            f.seek(0)
+            data = f.read()
     except OSError:
-        return False
-    if not data.endswith(b"\n"):
         return False
     try:
         for line in data.splitlines():
@@ -192,6 +200,8 @@ def _nemo_ready(
     last = max(steps, default=None)
     ready = []
     for step, path in sorted(steps.items()):
+        if step in watch.done:
+            continue
         if step != last or (watch.unchanged_for(path, now) >= settle and _nemo_decodes_whole(path)):
             ready.append((step, [path]))
     return ready
@@ -230,6 +240,8 @@ def _neutral_ready(
     last = max(steps, default=None)
     ready = []
     for step, paths in sorted(steps.items()):
+        if step in watch.done:
+            continue
         if len(paths) > 1:
             raise ImportInputError(
                 sorted(paths)[1], f"step {step} again (also {sorted(paths)[0]}): one file a step"
@@ -267,6 +279,8 @@ def _slime_ready(
     last = max(groups, default=None)
     ready = []
     for step, files in sorted(groups.items()):
+        if step in watch.done:
+            continue
         paths = [files[r] for r in sorted(files, key=lambda r: -1 if r is None else r)]
         if not all(watch.polled_twice(p, now) and _zip_whole(p) for p in paths):
             continue
@@ -453,7 +467,6 @@ def follow(
     store = ArtifactStore(artifacts, name)
     store.initialize(experiment, [])
     rows: list[dict[str, Any]] = []
-    done: set[int] = set()
     steps: list[FollowedStep] = []
     watch, crossings = _Watch(), _Crossings()
     ranks: list[int] = []
@@ -470,10 +483,10 @@ def follow(
             else:
                 ready = _slime_ready(directory, watch, now, ranks)
             for step_number, paths in ready:
-                if step_number in done or stop.signal is not None:
+                if step_number in watch.done or stop.signal is not None:
                     continue
                 handled = _seal_step(fmt, paths, contract, artifacts, store, environment)
-                done.add(step_number)
+                watch.done.add(step_number)
                 rows.append(handled.rows[0])
                 store.initialize(experiment, rows)
                 followed = FollowedStep(
