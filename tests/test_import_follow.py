@@ -286,7 +286,7 @@ def test_exit_4_at_the_step_that_crosses_the_named_signature(tmp_path: Path) -> 
     _verify(runs / "gate")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_slime_dump_copied_in_chunks_then_a_signal(tmp_path: Path, signum: int) -> None:
     source, log, runs = tmp_path / "source", tmp_path / "log", tmp_path / "runs"
     steps = _steps(3, 2, planted_at=None)
