@@ -478,3 +478,41 @@ def test_a_followed_run_is_added_to_only_by_the_same_follow(tmp_path: Path) -> N
     assert _sealed_cases(runs / "f") == before
     assert not [p for p in runs.iterdir() if p.name.startswith(".")]  # no staging left
     _verify(runs / "f")
+
+
+def test_a_killed_follower_is_resumed_by_the_next(tmp_path: Path) -> None:
+    """SIGKILL after step 1 was sealed: the next follow of the same directory says step 1 is
+    already sealed, seals only steps 2 and 3, removes the killed one's staging, and the run
+    verifies."""
+    log, runs = tmp_path / "log", tmp_path / "runs"
+    log.mkdir()
+    steps = _steps(23, 3, planted_at=None)
+    write_nemo_rl_step(log, 1, steps[1])
+    follower = Follower(
+        log, "--format", "nemo-rl", "--artifacts", runs, "--settle", "0.2", "--poll", "0.05",
+        "--experiment-id", "k",
+    )  # fmt: skip
+    follower.until("step 1: ")
+    abandoned = runs / f".import-{follower.process.pid}-{'0' * 16}"
+    abandoned.mkdir()  # what a kill in the middle of a step leaves
+    follower.process.kill()
+    assert follower.process.wait(timeout=60) == -signal.SIGKILL
+    first = _sealed_cases(runs / "k")
+    for k in (2, 3):
+        write_nemo_rl_step(log, k, steps[k])
+    code, out, err = cli(
+        "import", "--format", "nemo-rl", "--follow", log, "--artifacts", runs,
+        "--settle", "0", "--idle", "0.3", "--poll", "0.02", "--experiment-id", "k",
+    )  # fmt: skip
+    assert code == 0, out + err
+    assert [
+        line.split(" (")[1].split(":")[0] for line in out.splitlines() if "samples" in line
+    ] == [
+        "already sealed",
+        "sealed",
+        "sealed",
+    ]
+    after = _sealed_cases(runs / "k")
+    assert {c: after[c] for c in first} == first and len(after) == 3
+    assert not abandoned.exists()
+    _verify(runs / "k")
