@@ -28,6 +28,9 @@ class ExitCode(enum.IntEnum):
     """A bad config, command line, execution policy or artifact (one line, no traceback)."""
     RUNTIME_FAILURE = 3
     """A runtime or the framework itself failed."""
+    SIGNATURE = 4
+    """``import --follow --exit-on``: a named drift signature or gate was first crossed (the
+    step that crossed it is sealed), so a training job's sidecar can act."""
 
 
 class Remedy(enum.Enum):

@@ -12,7 +12,10 @@ sample; nothing published), 3 a runtime failure. Exit 2 only when nothing was pu
 prompt file that cannot be written once the run is published (no sample to write, the file
 appeared meanwhile, a full disk) is one line on stderr and the run's own code. Under
 ``--seal-key-file``/``--seal-key-env`` (made active by the CLI) every seal carries the keyed
-MAC, so a keyed ``verify`` accepts the run. The work is ``production.importer``'s,
+MAC, so a keyed ``verify`` accepts the run. ``--follow LOGDIR [--settle S] [--idle S]
+[--poll S] [--exit-on NAMES]`` follows a live run instead (``production.follow``): one line
+per complete step and per first crossing, flushed as printed, exit 4 (``ExitCode.SIGNATURE``)
+on an ``--exit-on`` crossing. The work is ``production.importer``'s,
 imported when the command runs (it loads torch); this module's top is torch-free, so building
 the parser costs ``plan`` nothing.
 """
@@ -56,6 +59,12 @@ formats:
 PATH is a file or a directory (its files of the format, not recursively). Input files are at
 most 2 GiB; pickles are refused, never unpickled. Exit codes: 0 every step PASS, 1 some step
 has another outcome, 2 bad input (nothing published), 3 runtime failure.
+
+--follow LOGDIR follows a live run's log directory: each step sealed as soon as its file is
+complete (never a file still being written), one line per step and one per signature or gate
+first crossed; stops on SIGINT/SIGTERM or after --idle SECONDS without a new step; exit 4 when
+a signature or gate named by --exit-on (or 'any') is first crossed. Neutral JSONL is followed
+as one file per step. See docs/PRODUCTION_RUNS.md.
 
 --worst K --prompts-out FILE writes the K samples with the most drift (most mismatching
 active tokens, then largest max |diff|, over the steps judged PASS or MISMATCH) as a prompt
@@ -109,6 +118,42 @@ def add_import_parser(sub: Any) -> None:
         help="the prompt file --worst writes (never overwritten)",
     )
     command.add_argument(
+        "--follow",
+        action="store_true",
+        help="follow one live log directory (nemo-rl, slime): seal each step once its file is "
+        "complete, one line per step and one per signature or gate first crossed",
+    )
+    command.add_argument(
+        "--settle",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="with --follow: the newest NeMo-RL step (or the first per-rank slime step) is "
+        "complete once its files have not changed for SECONDS (default 5)",
+    )
+    command.add_argument(
+        "--idle",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --follow: stop after SECONDS without a new complete step (default: only "
+        "on SIGINT/SIGTERM)",
+    )
+    command.add_argument(
+        "--poll",
+        type=float,
+        default=0.25,
+        metavar="SECONDS",
+        help="with --follow: how often the directory is listed (default 0.25)",
+    )
+    command.add_argument(
+        "--exit-on",
+        default=None,
+        metavar="NAMES",
+        help="with --follow: exit 4 once one of these comma-separated signatures or gates "
+        "(or 'any') is first crossed, the step that crossed it sealed",
+    )
+    command.add_argument(
         "--checkpoint",
         default=None,
         metavar="DIR",
@@ -153,6 +198,11 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from pytest_logprob_drift.tables import render_table
 
     contract = resolve_contract(CONTRACT_SOURCE, "current")
+    if args.follow:
+        return _follow_command(args, contract, out)
+    for option in ("exit_on", "idle"):
+        if getattr(args, option) is not None:
+            raise UsageError(f"--{option.replace('_', '-')} goes with --follow")
     worst, tokenizer_files = _worst_options(args)
     result = import_run(
         args.input_format,
@@ -326,3 +376,72 @@ def _print_worst(written: dict[str, Any], args: argparse.Namespace, out: TextIO)
         ),
         file=out,
     )
+
+
+def _follow_command(args: argparse.Namespace, contract: Any, out: TextIO) -> int:
+    """``import --follow DIR``: one line per complete step and per first crossing, flushed
+    as it happens (a sidecar reads them); exit 4 on an ``--exit-on`` crossing, else 0 every
+    step PASS, 1 some step has another outcome."""
+    from pytest_logprob_drift.outcomes import Outcome
+    from pytest_logprob_drift.production.follow import FollowedStep, exit_on_names, follow
+
+    if args.json or args.worst is not None or args.prompts_out is not None:
+        raise UsageError(
+            "--follow prints one line per step: not with --json, --worst or "
+            "--prompts-out (import the run once it is done for those)"
+        )
+    if len(args.paths) != 1:
+        raise UsageError("--follow takes one directory: the run's log directory")
+    exit_on = exit_on_names(args.exit_on)
+
+    def shown(step: FollowedStep) -> None:
+        case, c = step.case, step.case.comparison
+        what = "sealed" if step.sealed else "already sealed"
+        print(
+            one_line(
+                f"step {case.step}: {c.outcome.value}, {case.samples} samples, "
+                f"{c.mismatches}/{c.active_tokens} mismatching, max |diff| {_max_diff(case)} "
+                f"({what}: {case.attempt})"
+            ),
+            file=out,
+            flush=True,
+        )
+        for crossing in step.crossings:
+            print(
+                one_line(
+                    f"step {crossing.step}: {crossing.kind} {crossing.name} first crossed "
+                    f"({crossing.detail})"
+                ),
+                file=out,
+                flush=True,
+            )
+
+    result = follow(
+        args.input_format,
+        Path(args.paths[0]),
+        artifacts=Path(args.artifacts),
+        contract=contract,
+        experiment_id=args.experiment_id,
+        settle=args.settle,
+        idle=args.idle,
+        poll=args.poll,
+        exit_on=exit_on,
+        on_step=shown,
+        on_start=lambda run_dir: print(
+            one_line(f"following {args.paths[0]} ({args.input_format}) into {run_dir}"),
+            file=out,
+            flush=True,
+        ),
+    )
+    print(
+        one_line(
+            f"stopped ({result.stopped_by}) after {len(result.steps)} step(s); the run is at "
+            f"{result.run_dir} (verify: logprob-drift verify {result.run_dir})"
+        ),
+        file=out,
+        flush=True,
+    )
+    if result.stopped_by == "exit-on":
+        return ExitCode.SIGNATURE
+    passed = all(s.case.outcome is Outcome.PASS for s in result.steps)
+    return ExitCode.OK if passed else ExitCode.UNEXPECTED_OUTCOME

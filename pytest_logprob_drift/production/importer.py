@@ -54,6 +54,7 @@ from pytest_logprob_drift.numerics.framework_figures import (
     masked_by_run,
     slime_figures,
 )
+from pytest_logprob_drift.numerics.gates import GateResult, gate_results
 from pytest_logprob_drift.numerics.verdict import Verdict, judge
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.production.formats import FORMATS, READERS, Format, Row, Step
@@ -117,6 +118,9 @@ class ImportedCase:
     positive: int = 0
     """Active logprobs above 0 on either side (a logprob is at most 0): judged as logged,
     and the command says so."""
+    gates: tuple[GateResult, ...] = ()
+    """The field's gates (``numerics.gates``) of a judged step (PASS or MISMATCH); empty
+    otherwise."""
 
     @property
     def outcome(self) -> Outcome:
@@ -132,7 +136,7 @@ class ImportResult:
     cases: tuple[ImportedCase, ...]
 
 
-def _environment() -> dict[str, str | None]:
+def environment_record() -> dict[str, str | None]:
     try:
         version: str | None = importlib.metadata.version("pytest-logprob-drift")
     except importlib.metadata.PackageNotFoundError:
@@ -259,8 +263,9 @@ def _comparison(
     )
 
 
-class _Run:
-    """The run being written under a temporary directory."""
+class RunWriter:
+    """The run being written under a temporary directory (a whole import, or one followed
+    step: ``production.follow``)."""
 
     def __init__(
         self,
@@ -273,7 +278,7 @@ class _Run:
         self.worst = worst
         self.contract = contract
         self.store = ArtifactStore(staging, "run")
-        self.environment = _environment()
+        self.environment = environment_record()
         self.cases: list[ImportedCase] = []
         self.rows: list[dict[str, Any]] = []
         self.steps: dict[int, str] = {}
@@ -334,7 +339,7 @@ class _Run:
                 for r in step.rows
             ),
         )
-        _decodes(imported, file_of(step.inputs[0]), f"step {step.step}: imported.json")
+        check_decodes(imported, file_of(step.inputs[0]), f"step {step.step}: imported.json")
         attempt = self._write(case_id, label, step, grid, comparison, imported)
         case = ImportedCase(
             case_id=case_id,
@@ -345,6 +350,14 @@ class _Run:
             comparison=comparison,
             positive=int(((grid.rollout > 0) & grid.active).sum())
             + int(((grid.training > 0) & grid.active).sum()),
+            gates=gate_results(
+                grid.training,
+                grid.rollout,
+                grid.active,
+                slime_figure=comparison.diagnostics.slime_train_rollout_logprob_abs_diff,
+            )
+            if verdict.outcome in (Outcome.PASS, Outcome.MISMATCH)
+            else (),
         )
         self.cases.append(case)
         self.samples += len(step.rows)
@@ -442,7 +455,6 @@ class _Run:
 
     def finish(self, experiment_id: str, records: Sequence[InputRecord]) -> None:
         source = ImportSource(
-            schema_version=IMPORT_SCHEMA,
             format=self.format.name,
             inputs=tuple(ImportedInput(path=r.path, sha256=r.sha256, size=r.size) for r in records),
             fields=self.format.fields,
@@ -460,7 +472,7 @@ class _Run:
             "identity": {},
             "imported": msgspec.to_builtins(source),
         }
-        _decodes(experiment, str(records[0].path) if records else "import", "experiment.json")
+        check_decodes(experiment, str(records[0].path) if records else "import", "experiment.json")
         order = sorted(range(len(self.rows)), key=lambda i: self.cases[i].step)
         self.store.initialize(experiment, [self.rows[i] for i in order])
 
@@ -488,7 +500,7 @@ def _allocation_failure(step: int) -> Iterator[None]:
         ) from None
 
 
-def _decodes(document: object, file: str, what: str) -> None:
+def check_decodes(document: object, file: str, what: str) -> None:
     """Refuse (an ``ImportInputError`` naming ``file``) a ``document`` the store's decoder
     would not read back (an id of 64 bits or more, a file name that is not UTF-8, ...):
     anything an import publishes verifies."""
@@ -507,7 +519,7 @@ def default_experiment_id(fmt: str, records: Sequence[InputRecord]) -> str:
     return f"import-{fmt}-{digest.hexdigest()[:12]}"
 
 
-def _check_experiment_id(experiment_id: str) -> None:
+def check_experiment_id(experiment_id: str) -> None:
     fault = experiment_id_fault(experiment_id)
     if fault is None and not plain_name(experiment_id):
         fault = "not a plain directory name (no '/', not hidden, not '.' or '..')"
@@ -519,7 +531,7 @@ STAGING_PREFIX: Final = ".import-"
 """A staging directory is ``.import-<pid>-<16 hex>``: the importing process and a nonce."""
 
 
-def _remove_abandoned_staging(artifacts: Path) -> None:
+def remove_abandoned_staging(artifacts: Path) -> None:
     """Remove the staging directories of imports whose process no longer runs (killed before
     they could clean up); never one of a running import, never anything else."""
     for entry in os.scandir(artifacts):
@@ -561,18 +573,18 @@ def import_run(
     for path in files:  # refuse what can be refused before anything is read
         InputFile(path).close()
     if experiment_id is not None:
-        _check_experiment_id(experiment_id)
+        check_experiment_id(experiment_id)
         if os.path.lexists(artifacts / experiment_id):
             raise _exists(artifacts / experiment_id)
     try:
         artifacts.mkdir(parents=True, exist_ok=True)
-        _remove_abandoned_staging(artifacts)
+        remove_abandoned_staging(artifacts)
         staging = artifacts / f"{STAGING_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         staging.mkdir()
     except OSError as exc:
         raise StorageError(artifacts, "create a directory to import into", exc) from None
     try:
-        run = _Run(form, contract, staging, worst)
+        run = RunWriter(form, contract, staging, worst)
         opened: list[InputFile] = []
         try:
             for step in READERS[fmt](files, opened):
@@ -584,7 +596,7 @@ def import_run(
                 file.close()
         records = [file.record() for file in opened]
         name = experiment_id or default_experiment_id(fmt, records)
-        _check_experiment_id(name)
+        check_experiment_id(name)
         run.finish(name, records)
         target = artifacts / name
         try:

@@ -284,16 +284,40 @@ class ImportedInput(Document, frozen=True, kw_only=True):
     size: Index
 
 
-class ImportSource(Document, frozen=True, kw_only=True):
-    """``experiment.json``'s ``imported``: what an imported run was read from (the format,
-    every input file with its SHA-256 and size, the fields read, the limits applied)."""
+class ImportSource(
+    Document,
+    frozen=True,
+    kw_only=True,
+    tag_field="schema_version",
+    tag="cross_config.import.v1",
+):
+    """``experiment.json``'s ``imported`` of a run imported at once: what it was read from
+    (the format, every input file with its SHA-256 and size, the fields read, the limits
+    applied, the whole-run step and sample counts that verify checks)."""
 
-    schema_version: Literal["cross_config.import.v1"]
     format: ImportFormat
     inputs: tuple[ImportedInput, ...]
     fields: tuple[str, ...]
     steps: Index
     samples: Index
+    max_input_bytes: Index
+
+
+class FollowedImportSource(
+    Document,
+    frozen=True,
+    kw_only=True,
+    tag_field="schema_version",
+    tag="cross_config.import.v2",
+):
+    """``experiment.json``'s ``imported`` of a run followed while it was written (``import
+    --follow``): the format, the directory followed, the fields read and the limits applied;
+    no whole-run inputs or counts (the run grows step by step: each step's ``imported.json``
+    and seal hold its inputs' SHA-256)."""
+
+    format: ImportFormat
+    directory: str
+    fields: tuple[str, ...]
     max_input_bytes: Index
 
 
@@ -307,7 +331,7 @@ class ExperimentDocument(Document, frozen=True, kw_only=True):
     strategy: str
     strict_fallback: bool
     identity: JSONObject
-    imported: ImportSource | msgspec.UnsetType = msgspec.UNSET
+    imported: ImportSource | FollowedImportSource | msgspec.UnsetType = msgspec.UNSET
     """What an imported run (``logprob-drift import``) was read from; absent for a run the
     tool executed."""
 
