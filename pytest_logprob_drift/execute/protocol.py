@@ -294,9 +294,12 @@ class RolloutRoutingCapture(Protocol):
 class TrainingRoutingCapture(Protocol):
     """A training scorer that records the experts each MoE layer chose in its teacher-forced
     forward of the canonical batch (the scorer's chunks and masks), or raises
-    ``RoutingUnavailable``."""
+    ``RoutingUnavailable``; under the same router knobs as its scores (``rollout_routing``:
+    the rollout's expert ids, as ``TrainingScorer.score`` gets them)."""
 
-    def capture_routing(self, rollout: TensorBatch, *, batch_size: int) -> Mapping[str, Any]: ...
+    def capture_routing(
+        self, rollout: TensorBatch, *, batch_size: int, rollout_routing: Any | None = None
+    ) -> Mapping[str, Any]: ...
 
 
 @runtime_checkable
@@ -329,7 +332,13 @@ class TrainingScorer(Protocol):
         *,
         batch_size: int,
         logp: LogpKernel | None,
-    ) -> TrainingOutput: ...
+        rollout_routing: Any | None = None,
+    ) -> TrainingOutput:
+        """Score the rollout's tokens teacher-forced. ``rollout_routing``: the rollout's
+        expert ids (``[rows, positions, moe_layers, top_k]`` on the batch's grid, -1 where it
+        routed nothing), handed over only when the case's ``training.moe_routing`` is
+        ``replay``; a scorer that cannot replay them never gets such a case (planning)."""
+        ...
 
     def read_back(self) -> Mapping[str, ReadBackValue]: ...
 
