@@ -128,12 +128,21 @@ def _natural(k: int) -> Callable[[int, torch.Tensor, tuple[int, int, int]], torc
 
 
 def _project(model: Any, batch: dict[str, torch.Tensor], **knobs: Any) -> tuple[Any, Any]:
-    """The project's scores and sealed routing under ``moe.RouterOverride(**knobs)``."""
+    """The project's scores and sealed routing under ``moe.RouterOverride(**knobs)``; the
+    override counts what its hooks did (2 chunks x 2 MoE layers router calls)."""
     mask = batch["attention_mask"]
-    with moe.RouterOverride(model, mask, batch_size=BATCH_SIZE, **knobs):
+    override = moe.RouterOverride(model, mask, batch_size=BATCH_SIZE, **knobs)
+    with override:
         scores = hf_engine.hf_teacher_forced_score(
             model, batch, batch_size=BATCH_SIZE, logp_fn=hf_engine.native_selected_logprob
         )
+    assert override.float32_calls == (4 if knobs.get("float32") else 0)
+    assert override.flipped_calls == (2 if knobs.get("flip_layer") is not None else 0)
+    replay = knobs.get("replay")
+    if replay is not None:  # every token the rollout routed, in each chunk's trimmed width
+        spans = moe.chunk_spans(mask, batch_size=BATCH_SIZE)
+        given = sum(int((replay[a:b, :n, ..., 0] >= 0).sum()) for a, b, n in spans)
+        assert override.replayed_tokens == given > 0
     with moe.RouterOverride(model, mask, batch_size=BATCH_SIZE, **knobs):
         captured = moe.capture_routing(model, batch, batch_size=BATCH_SIZE)
     return scores, captured
@@ -237,3 +246,58 @@ def test_the_override_names_what_does_not_fit() -> None:
             model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
     assert model._forward_pre_hooks == {}  # the hooks are gone after the block
     assert all(r._forward_hooks == {} for r in moe.moe_routers(model))
+
+
+def test_the_scorer_applies_the_knobs_and_reads_back_what_its_hooks_did() -> None:
+    """The in-process scorer's router knobs: replay without the rollout's ids is a runtime
+    failure naming the knob; a dense model names the knob and the missing MoE layer; the
+    read-back says a non-default value only where its hook changed a router call."""
+    from pytest_logprob_drift.errors import RuntimeFailure
+    from pytest_logprob_drift.execute.side_settings import MoeRouting
+    from pytest_logprob_drift.runtimes.transformers.adapter import HfTrainingScorer
+
+    class _Scorer:
+        group = None
+        _router_override = HfTrainingScorer._router_override
+        _routers_observed = HfTrainingScorer._routers_observed
+        capture_routing = HfTrainingScorer.capture_routing
+
+        def __init__(self, model: Any, routing: str, float32: bool) -> None:
+            self.model = model
+            self.moe_routing = MoeRouting.from_knob(routing)
+            self.router_float32 = float32
+
+    model = _model("qwen3-moe-h128-v1", torch.float32)
+    batch = _batch()
+    natural = _Scorer(model, "natural", False)
+    assert natural._router_override(batch, 2, None) is None
+    assert natural._routers_observed(None) == {
+        "training.moe_routing": "natural",
+        "training.router_dtype": "model",
+    }
+    replay = _Scorer(model, "replay", True)
+    with pytest.raises(RuntimeFailure, match="replay: the scorer's call carries no rollout"):
+        replay._router_override(batch, 2, None)
+    ids = _rollout_ids(batch, 2, model.config.num_experts)
+    override = replay._router_override(batch, 2, ids)
+    assert override is not None
+    assert replay._routers_observed(override)["training.moe_routing"] == "natural"  # not run
+    with override:
+        hf_engine.hf_teacher_forced_score(
+            model, batch, batch_size=2, logp_fn=hf_engine.native_selected_logprob
+        )
+    assert replay._routers_observed(override) == {
+        "training.moe_routing": "replay",
+        "training.router_dtype": "float32",
+    }
+    sealed = replay.capture_routing(batch, batch_size=2, rollout_routing=ids)
+    routed = ids[..., 0] >= 0
+    assert torch.equal(sealed["expert_ids"][routed], ids[routed])
+    planted = _Scorer(model, "planted:flip-layer-1", False)
+    override = planted._router_override(batch, 2, None)
+    with override:
+        moe.capture_routing(model, batch, batch_size=2)
+    assert planted._routers_observed(override)["training.moe_routing"] == "planted:flip-layer-1"
+    dense = _Scorer(_model("qwen3-h64-v1", torch.float32), "natural", True)
+    with pytest.raises(RuntimeFailure, match=r"router_dtype=float32: .*no mixture-of-experts"):
+        dense._router_override(batch, 2, None)

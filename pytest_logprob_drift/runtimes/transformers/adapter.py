@@ -504,6 +504,7 @@ class HfTrainingScorer:
         self._truncation = Truncation(temperature=1.0)
         self._full: list[torch.Tensor] | None = None
         self._weights: WeightsDocument | None = None
+        self._routers_used: dict[str, JSONScalar] = {}
 
     def score(
         self,
@@ -528,6 +529,7 @@ class HfTrainingScorer:
             override = self._router_override(consumed, batch_size, rollout_routing)
             with override if override is not None else contextlib.nullcontext():
                 logprobs, violations = self._score_here(identity, consumed, batch_size, logp)
+            self._routers_used = self._routers_observed(override)
             self.semantics_used = self.semantics
         full, self._full = self._full, None
         return TrainingOutput(
@@ -566,6 +568,21 @@ class HfTrainingScorer:
 
         self._layer_evidence = {}
         return capture_layers(self.model, consumed, batch_size=batch_size)
+
+    def _routers_observed(self, override: moe.RouterOverride | None) -> dict[str, JSONScalar]:
+        """What the router hooks did in the last score, as the two knobs' read-back: a value
+        other than the default only where its hook changed at least one router call."""
+        if override is None:
+            return {"training.moe_routing": "natural", "training.router_dtype": "model"}
+        routing = "natural"
+        if self.moe_routing.replay and override.replayed_tokens > 0:
+            routing = "replay"
+        elif self.moe_routing.planted is not None and override.flipped_calls > 0:
+            routing = self.moe_routing.knob_value
+        return {
+            "training.moe_routing": routing,
+            "training.router_dtype": "float32" if override.float32_calls > 0 else "model",
+        }
 
     def _router_override(
         self, batch: TensorBatch, batch_size: int, rollout_routing: torch.Tensor | None
@@ -718,7 +735,7 @@ class HfTrainingScorer:
             )
             experts = moe.experts_implementation(self.model)
             if experts is not None:
-                moe_read_back = {"training.experts_implementation": experts}
+                moe_read_back = {"training.experts_implementation": experts, **self._routers_used}
         return {
             **moe_read_back,
             "training.compute_dtype": dtype,

@@ -250,7 +250,9 @@ class RouterOverride:
     plants ``flipped_choice`` at that MoE layer. A forward pre-hook on the model places each
     forward on its chunk of the batch (``chunk_spans``) and checks its shape. The hooks return
     the router's ``(logits, scores, indices)`` triple, so a capture hook registered after
-    these sees what the experts ran with."""
+    these sees what the experts ran with. What the hooks did is counted (``float32_calls``,
+    ``flipped_calls``, ``replayed_tokens``: router calls and token choices, over every
+    ``with`` block) for the read-back."""
 
     def __init__(
         self,
@@ -283,6 +285,7 @@ class RouterOverride:
         self.top_k = top_k_of(model)
         self._at = -1
         self._handles: list[Any] = []
+        self.float32_calls = self.flipped_calls = self.replayed_tokens = 0
 
     def __enter__(self) -> RouterOverride:
         self._at = -1
@@ -309,13 +312,16 @@ class RouterOverride:
                     if self.normalize:
                         top = top / top.sum(-1, keepdim=True)
                     scores = top
+                    self.float32_calls += 1
                 if self.flip_layer == layer:
                     indices, scores = flipped_choice(
                         logits, top_k=self.top_k, normalize=self.normalize
                     )
+                    self.flipped_calls += 1
                 if self.replay is not None:
                     start, stop, length = self.spans[self._at]
                     rows = self.replay[start:stop, :length, layer].reshape(-1, self.top_k)
+                    self.replayed_tokens += int((rows >= 0).all(-1).sum())
                     indices, scores = replayed_choice(
                         logits, rows.to(indices.device), indices, normalize=self.normalize
                     )
