@@ -201,3 +201,69 @@ def test_each_runtime_states_the_router_knobs() -> None:
         assert "planted" in planted["training.moe_routing"].evidence
     smoke = CpuSmokeAdapter().materialize({"training.moe_routing": "replay"})
     assert smoke["training.moe_routing"].status is not ApplicationStatus.APPLIED
+
+
+def test_expert_parallel_is_planned_not_executable_on_cpu_with_the_reason(tmp_path: Path) -> None:
+    """``rollout.expert_parallel`` (process lifecycle): a case that names it true on cpu is
+    plan-only with the probe's reason; not named, it is in no process fingerprint (every
+    other case keeps its own); the vLLM and transformers runtimes state it."""
+    pytest.importorskip("vllm")
+    from pytest_logprob_drift.plan.binding import EXPERT_PARALLEL_ON_CPU
+    from pytest_logprob_drift.records import ApplicationStatus
+    from pytest_logprob_drift.runtimes.transformers.adapter import HfAdapter
+    from pytest_logprob_drift.runtimes.vllm.adapter import VllmHfAdapter
+
+    spec = KNOBS["rollout.expert_parallel"]
+    assert spec.knob.lifecycle is Lifecycle.PROCESS and spec.default is False
+    assert canonical_path("rollout.ep") == "rollout.expert_parallel"
+    config = experiment_config(
+        tmp_path,
+        MOE,
+        {
+            "experiment_id": "moe-ep",
+            "baseline.rollout.tensor_parallel_size": 2,
+            "baseline.rollout.expert_parallel": False,
+            "interventions": [{"path": "rollout.expert_parallel", "values": [True]}],
+        },
+    )
+    code, out, err = cli("plan", config, "--json")
+    assert code == 0, err
+    rows = {row["label"]: row for row in json.loads(out)["cases"]}
+    assert rows["rollout.expert_parallel=true"]["executable_by"] == []
+    assert rows["baseline"]["executable_by"] == ["vllm-hf"]
+    code, out, err = cli("plan", config)
+    assert EXPERT_PARALLEL_ON_CPU in out and "cpu_fused_moe" in out
+    # Not named: no process fingerprint holds it (the MoE baseline's fingerprints are those
+    # of the same case planned with the knob removed from the catalog's process knobs).
+    execution_plan = plan_file(str(EXPERIMENTS / MOE))
+    base = next(ec for ec in execution_plan.cases if ec.case.label == "baseline")
+    identity = execution_plan.plan.identity
+    bound = bind_case(base, runtime_kind="vllm-hf", identity=identity, device="cpu")
+    without = {k: v for k, v in KNOBS.items() if k != "rollout.expert_parallel"}
+    from dataclasses import make_dataclass, replace
+    from typing import get_type_hints
+
+    from pytest_logprob_drift.execute.side_settings import SETTINGS_TYPES, RolloutSettings
+
+    hints = get_type_hints(RolloutSettings)
+    assert "expert_parallel" in hints
+    before = make_dataclass(  # the rollout settings as they were before the knob
+        "_Rollout",
+        [(name, hint) for name, hint in hints.items() if name != "expert_parallel"],
+        frozen=True,
+        kw_only=True,
+    )
+    old = bind_case(
+        base,
+        runtime_kind="vllm-hf",
+        identity=identity,
+        device="cpu",
+        catalog=without,
+        settings=replace(SETTINGS_TYPES, rollout=before),
+    )
+    assert bound.process_fingerprint == old.process_fingerprint
+    assert bound.rollout_construction_fingerprint == old.rollout_construction_fingerprint
+    vllm = VllmHfAdapter().materialize({"rollout.expert_parallel": True})
+    assert vllm["rollout.expert_parallel"].status is not ApplicationStatus.APPLIED
+    hf = HfAdapter().materialize({"rollout.expert_parallel": False})
+    assert hf["rollout.expert_parallel"].status is ApplicationStatus.APPLIED

@@ -161,7 +161,9 @@ KNOB_VALUES: dict[str, list[Any]] = {
 }
 
 
-KNOBS_ADDED_SINCE = frozenset({"training.moe_routing", "training.router_dtype"})
+KNOBS_ADDED_SINCE = frozenset(
+    {"training.moe_routing", "training.router_dtype", "rollout.expert_parallel"}
+)
 """Knobs added after the capture (issue 55's MoE router knobs: their statements are tested in
 ``tests/test_moe_router_knob_plan.py``)."""
 

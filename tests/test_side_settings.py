@@ -88,6 +88,7 @@ def test_a_case_that_names_nothing_runs_with_the_catalogs_defaults() -> None:
         logprobs_mode=LogprobsMode.RAW_LOGPROBS,
         lm_head_dtype=LmHeadDtype.COMPUTE,
         weight_sync=WeightSync(push=SyncPush.CHECKPOINT),
+        expert_parallel=False,
     )
     assert binding.training_settings == TrainingSettings(
         attention_backend=AttentionBackend(ec.case.requested["training.attention_backend"]),

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_topology
-from pytest_logprob_drift.plan.knobs import KNOBS, KnobSpec, Side, knob_lifecycle
+from pytest_logprob_drift.plan.knobs import (
+    FINGERPRINTED_WHEN_NAMED,
+    KNOBS,
+    KnobSpec,
+    Side,
+    knob_lifecycle,
+)
 from pytest_logprob_drift.records import (
     ApplicationStatus,
     FullVocabularySpec,
@@ -474,11 +480,14 @@ def bind_case(
     bindings = {b.target: canonical(b) for b in ec.bindings}
 
     def process_knobs(side: Side) -> dict[str, KnobValue | None]:
-        """The side's process-lifecycle knobs as named (null: not named)."""
+        """The side's process-lifecycle knobs as named (null: not named; a knob added later,
+        ``FINGERPRINTED_WHEN_NAMED``, only when named)."""
         return {
             path: requested[path] if path in requested else None
             for path, spec in catalog.items()
-            if spec.side is side and spec.knob.lifecycle is Lifecycle.PROCESS
+            if spec.side is side
+            and spec.knob.lifecycle is Lifecycle.PROCESS
+            and (path in requested or path not in FINGERPRINTED_WHEN_NAMED)
         }
 
     # Each side's engines live in that side's processes: a rollout engine depends on the

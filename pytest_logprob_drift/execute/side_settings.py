@@ -147,6 +147,7 @@ class RolloutSettings:
     logprobs_mode: LogprobsMode
     lm_head_dtype: LmHeadDtype
     weight_sync: WeightSync
+    expert_parallel: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -83,6 +83,8 @@ class ExecutionCase(FrozenRecord):
         moe = router_knobs_refusal(self.case.requested)
         if moe is not None:
             reasons.append(moe)
+        if self.case.requested.get("rollout.expert_parallel") is True and device == "cpu":
+            reasons.append(EXPERT_PARALLEL_ON_CPU)
         for b in self.bindings:
             why = runtime.logp_refusal(b.target, b.backend, properties.get(b.target, ()))
             if why is not None:
@@ -148,6 +150,14 @@ class ExecutionPlan(FrozenRecord):
                     entry["case_ids"].append(ec.case.case_id)
                     entry["labels"].append(ec.case.label)
         return list(found.values())
+
+
+EXPERT_PARALLEL_ON_CPU = (
+    "rollout.expert_parallel=true on cpu: vLLM 0.32's CPU build does not run expert "
+    "parallelism (CPUUnquantizedExperts.apply never passes the expert_map to cpu_fused_moe, "
+    "experts/cpu_moe.py; a TP 2 engine with enable_expert_parallel segfaulted in "
+    "cpu_fused_moe on its first prefill), and the transformers rollout has none"
+)
 
 
 def router_knobs_refusal(requested: Mapping[str, KnobValue]) -> str | None:

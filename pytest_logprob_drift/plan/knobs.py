@@ -2,15 +2,15 @@
 
 Owns the allowlisted knob paths (the contract's ten, then the sampling-semantics four:
 ``rollout.logprobs_mode``, ``training.logprob_semantics``, ``training.lm_head_dtype``,
-``rollout.lm_head_dtype``, then ``rollout.weight_sync``, then the mixture-of-experts two:
-``training.moe_routing`` and ``training.router_dtype``) with their lifecycles, meanings, sides
-(``Side``: which settings a value reaches, ``execute.side_settings``) and defaults (the value a
-case that names no value runs with), path and value aliases (``rollout.tp``, ``bf16``,
-``fa2``), normalizing a raw value into a canonical ``KnobValue`` (``InvalidKnobValue``
-otherwise; a test-only ``planted:NAME`` weight sync is checked against ``plan.planted_sync``
-here, once, a planted routing against ``plan.planted_routing``), the dtypes and attention
-backends each device supports, and how a knob value is spelled in a case label. Knows nothing
-about configs, cases or runtimes.
+``rollout.lm_head_dtype``, then ``rollout.weight_sync``, then the mixture-of-experts three:
+``rollout.expert_parallel``, ``training.moe_routing``, ``training.router_dtype``) with their
+lifecycles, meanings, sides (``Side``: which settings a value reaches,
+``execute.side_settings``) and defaults (the value a case that names no value runs with), path
+and value aliases (``rollout.tp``, ``bf16``, ``fa2``), normalizing a raw value into a canonical
+``KnobValue`` (``InvalidKnobValue`` otherwise; a test-only ``planted:NAME`` weight sync is
+checked against ``plan.planted_sync`` here, once, a planted routing against
+``plan.planted_routing``), the dtypes and attention backends each device supports, and how a
+knob value is spelled in a case label. Knows nothing about configs, cases or runtimes.
 """
 
 from __future__ import annotations
@@ -113,6 +113,8 @@ PATH_ALIASES: Mapping[str, str] = {
     "rollout.cast_lm_head_to_fp32": "rollout.lm_head_dtype",
     "rollout.weights": "rollout.weight_sync",
     "training.routing_replay": "training.moe_routing",
+    "rollout.ep": "rollout.expert_parallel",
+    "rollout.enable_expert_parallel": "rollout.expert_parallel",
     "training.moe_router_dtype": "training.router_dtype",
 }
 
@@ -414,6 +416,17 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
     ),
     KnobSpec(
         knob=Knob(
+            path="rollout.expert_parallel",
+            lifecycle=Lifecycle.PROCESS,
+            meaning="The rollout's MoE experts split over its tensor-parallel ranks "
+            "(vLLM's enable_expert_parallel) instead of each expert sharded over them.",
+        ),
+        normalize=_boolean,
+        side=Side.ROLLOUT,
+        default=False,
+    ),
+    KnobSpec(
+        knob=Knob(
             path="training.moe_routing",
             lifecycle=Lifecycle.REQUEST,
             meaning="Mixture-of-experts routing in the training scorer: its own router's "
@@ -437,6 +450,10 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
     ),
 )
 KNOBS: Mapping[str, KnobSpec] = {spec.knob.path: spec for spec in KNOB_CATALOG}
+
+FINGERPRINTED_WHEN_NAMED = frozenset({"rollout.expert_parallel"})
+"""Process knobs added after the process fingerprints were fixed: part of a process
+fingerprint only when a case names them, so that every other case keeps its own."""
 
 
 def value_of(requested: Mapping[str, KnobValue], path: str) -> KnobValue:

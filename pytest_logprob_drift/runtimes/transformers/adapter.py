@@ -889,6 +889,11 @@ class HfAdapter(TransformersTrainingAdapter):
 
     rollout_materialization: ClassVar[Mapping[str, Evidence]] = {
         "rollout.dtype": always("from_pretrained(dtype=...) for the rollout model"),
+        "rollout.expert_parallel": only(
+            False,
+            "every expert in the one rollout model",
+            why="the transformers rollout is one unsharded model: no expert parallelism",
+        ),
         "logp.backend": always("the bound kernel scores the raw logits on both sides"),
         "rollout.logprobs_mode": per_value(
             {
