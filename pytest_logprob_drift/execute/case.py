@@ -272,12 +272,14 @@ def _score(
                 f"{rolled_out.status.reason}"
             )
             return
+    # The rollout's expert ids go only to a replay case's scorer (others keep their call).
+    replay_ids = {} if replayed is None else {"rollout_routing": replayed}
     scored.training = scorer.score(
         identity,
         scored.rollout.tensors,
         batch_size=batch_size,
         logp=kernels["training"],
-        rollout_routing=replayed,
+        **replay_ids,
     )
     if binding.routing:  # never changes the verdict
         assert rolled_out is not None

@@ -131,7 +131,11 @@ def routing_diagnostics(
     if isinstance(scorer, TrainingRoutingCapture):
         trained, training_tensors = _checked(
             "training scorer",
-            lambda: scorer.capture_routing(batch, batch_size=batch_size, rollout_routing=replayed),
+            lambda: scorer.capture_routing(
+                batch,
+                batch_size=batch_size,
+                **({} if replayed is None else {"rollout_routing": replayed}),
+            ),
             grid,
         )
     else:

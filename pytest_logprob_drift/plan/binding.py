@@ -83,7 +83,7 @@ class ExecutionCase(FrozenRecord):
         moe = router_knobs_refusal(self.case.requested)
         if moe is not None:
             reasons.append(moe)
-        if self.case.requested.get("rollout.expert_parallel") is True and device == "cpu":
+        if value_of(self.case.requested, "rollout.expert_parallel") is True and device == "cpu":
             reasons.append(EXPERT_PARALLEL_ON_CPU)
         for b in self.bindings:
             why = runtime.logp_refusal(b.target, b.backend, properties.get(b.target, ()))
