@@ -82,6 +82,14 @@ def _values(path: str, normalize: Callable[[Any], Any]) -> tuple[str, str]:
             "executed only with the test-only authorization)",
             aliases,
         )
+    if normalize is knobs._moe_routing:
+        aliases = ", ".join(f"`{k}` = `{v}`" for k, v in knobs._MOE_ROUTING_ALIASES.items())
+        return (
+            _code(knobs.MOE_ROUTINGS)
+            + f"; test-only: `{knobs.PLANTED_ROUTING_PREFIX}NAME` (a planted routing change, "
+            "executed only with the test-only authorization)",
+            aliases,
+        )
     captured = inspect.getclosurevars(normalize).nonlocals
     if "choices" in captured:
         aliases: Mapping[str, str] = captured.get("aliases", {})

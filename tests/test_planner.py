@@ -26,6 +26,8 @@ from pytest_logprob_drift.plan.knobs import (
     LM_HEAD_DTYPES,
     LOGPROB_SEMANTICS,
     LOGPROBS_MODES,
+    MOE_ROUTINGS,
+    ROUTER_DTYPES,
     SHARDINGS,
     WEIGHT_SYNCS,
 )
@@ -76,6 +78,7 @@ def make_config(*, attention: str = "sdpa", device: str = "cuda") -> dict[str, A
                 "logprobs_mode": "raw_logprobs",
                 "lm_head_dtype": "compute",
                 "weight_sync": "checkpoint",
+                "expert_parallel": False,
             },
             "training": {
                 "attention_backend": attention,
@@ -83,6 +86,8 @@ def make_config(*, attention: str = "sdpa", device: str = "cuda") -> dict[str, A
                 "sharding": "fsdp",
                 "logprob_semantics": "raw",
                 "lm_head_dtype": "compute",
+                "moe_routing": "natural",
+                "router_dtype": "model",
             },
             "logp": {"backend": "native"},
         },
@@ -167,6 +172,10 @@ def test_knob_allowlist_is_exactly_the_contracts() -> None:
         "rollout.lm_head_dtype": Lifecycle.ENGINE_CONSTRUCTION,
         # How the rollout gets its weights (docs/WEIGHT_SYNC.md).
         "rollout.weight_sync": Lifecycle.ENGINE_CONSTRUCTION,
+        # Issue 55: mixture-of-experts knobs (docs/MOE.md).
+        "rollout.expert_parallel": Lifecycle.PROCESS,
+        "training.moe_routing": Lifecycle.REQUEST,
+        "training.router_dtype": Lifecycle.REQUEST,
     }
 
 
@@ -220,6 +229,9 @@ def alias_spellings(draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, 
     rollout[_spelled(draw, ["weight_sync", "weights"])] = _spelled(
         draw, ["checkpoint", "disk", "load", "Checkpoint"]
     )
+    rollout[_spelled(draw, ["expert_parallel", "ep", "enable_expert_parallel"])] = _spelled(
+        draw, false
+    )
     training: dict[str, Any] = {}
     training[_spelled(draw, ["attention_backend", "attn", "attn_implementation"])] = _spelled(
         draw, fa2
@@ -231,6 +243,12 @@ def alias_spellings(draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, 
     )
     training[_spelled(draw, ["lm_head_dtype", "cast_lm_head_to_fp32"])] = _spelled(
         draw, ["compute", "compute_dtype", "model"]
+    )
+    training[_spelled(draw, ["moe_routing", "routing_replay"])] = _spelled(
+        draw, ["natural", "Natural", "router"]
+    )
+    training[_spelled(draw, ["router_dtype", "moe_router_dtype"])] = _spelled(
+        draw, ["model", "compute", "Model"]
     )
     doc["baseline"]["rollout"] = rollout
     doc["baseline"]["training"] = training
@@ -458,6 +476,12 @@ def _valid_values(path: str) -> st.SearchStrategy[Any]:
         return st.sampled_from(LM_HEAD_DTYPES)
     if path == "rollout.weight_sync":
         return st.sampled_from(WEIGHT_SYNCS)
+    if path == "rollout.expert_parallel":
+        return st.booleans()
+    if path == "training.moe_routing":
+        return st.sampled_from(MOE_ROUTINGS)
+    if path == "training.router_dtype":
+        return st.sampled_from(ROUTER_DTYPES)
     return st.sampled_from(BACKENDS)
 
 

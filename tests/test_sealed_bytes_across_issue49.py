@@ -161,6 +161,13 @@ KNOB_VALUES: dict[str, list[Any]] = {
 }
 
 
+KNOBS_ADDED_SINCE = frozenset(
+    {"training.moe_routing", "training.router_dtype", "rollout.expert_parallel"}
+)
+"""Knobs added after the capture (issue 55's MoE router knobs: their statements are tested in
+``tests/test_moe_router_knob_plan.py``)."""
+
+
 def materialized_statements() -> dict[str, list[Any]]:
     from pytest_logprob_drift.runtimes.smoke.runtime import CpuSmokeAdapter
     from pytest_logprob_drift.runtimes.transformers.adapter import HfAdapter
@@ -187,5 +194,5 @@ def test_each_runtime_states_each_knob_as_it_did_before() -> None:
 
     if not vllm_platform_is_cpu():
         pytest.skip("captured on vLLM's CPU platform (its TP and CP rows name the platform)")
-    assert set(KNOB_VALUES) == set(knobs.KNOBS)
+    assert set(KNOB_VALUES) == set(knobs.KNOBS) - KNOBS_ADDED_SINCE
     assert materialized_statements() == json.loads(MATERIALIZED_BEFORE.read_text())

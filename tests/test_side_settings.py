@@ -26,7 +26,9 @@ from pytest_logprob_drift.execute.side_settings import (
     LmHeadDtype,
     LogprobSemantics,
     LogprobsMode,
+    MoeRouting,
     RolloutSettings,
+    RouterDtype,
     SettingsTypes,
     Sharding,
     SyncPush,
@@ -86,6 +88,7 @@ def test_a_case_that_names_nothing_runs_with_the_catalogs_defaults() -> None:
         logprobs_mode=LogprobsMode.RAW_LOGPROBS,
         lm_head_dtype=LmHeadDtype.COMPUTE,
         weight_sync=WeightSync(push=SyncPush.CHECKPOINT),
+        expert_parallel=False,
     )
     assert binding.training_settings == TrainingSettings(
         attention_backend=AttentionBackend(ec.case.requested["training.attention_backend"]),
@@ -93,6 +96,8 @@ def test_a_case_that_names_nothing_runs_with_the_catalogs_defaults() -> None:
         sharding=Sharding.NONE,
         logprob_semantics=LogprobSemantics.RAW,
         lm_head_dtype=LmHeadDtype.COMPUTE,
+        moe_routing=MoeRouting(),
+        router_dtype=RouterDtype.MODEL,
     )
     assert binding.request_settings.batch_size == ec.case.requested["batch.size"]
     assert binding.request_settings.logp_backend == "native"

@@ -40,7 +40,12 @@ from pytest_logprob_drift.execute.protocol import (
     strict_violations,
 )
 from pytest_logprob_drift.execute.replay import ReplayResult, replay_diagnostics
-from pytest_logprob_drift.execute.routing import RoutingResult, arm_rollout, routing_diagnostics
+from pytest_logprob_drift.execute.routing import (
+    RoutingResult,
+    arm_rollout,
+    collect_rollout,
+    routing_diagnostics,
+)
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
     KnobRecord,
@@ -252,18 +257,38 @@ def _score(
             return
         engine.receive_weights(scorer, identity)
     batch_size = int(binding.batch["size"])
-    armed = arm_rollout(engine) if binding.routing else None  # captured while it generates
+    replay = binding.training_settings.moe_routing.replay  # R3: the rollout's expert ids
+    routed = binding.routing or replay
+    armed = arm_rollout(engine) if routed else None  # captured while it generates
     scored.rollout = engine.generate(identity, batch_size=batch_size, logp=kernels["rollout"])
+    rolled_out = collect_rollout(engine, scored.rollout, armed=armed) if routed else None
+    replayed = None
+    if replay:
+        assert rolled_out is not None
+        replayed = rolled_out.expert_ids
+        if replayed is None:
+            reasons.append(
+                "training.moe_routing=replay: the rollout's expert ids are unavailable: "
+                f"{rolled_out.status.reason}"
+            )
+            return
+    # The rollout's expert ids go only to a replay case's scorer (others keep their call).
+    replay_ids = {} if replayed is None else {"rollout_routing": replayed}
     scored.training = scorer.score(
-        identity, scored.rollout.tensors, batch_size=batch_size, logp=kernels["training"]
+        identity,
+        scored.rollout.tensors,
+        batch_size=batch_size,
+        logp=kernels["training"],
+        **replay_ids,
     )
     if binding.routing:  # never changes the verdict
+        assert rolled_out is not None
         scored.routing = routing_diagnostics(
-            engine,
             scorer,
             scored.rollout,
             scored.training,
-            armed=armed,
+            rolled_out=rolled_out,
+            replayed=replayed,
             batch_size=batch_size,
             threshold=run.contract.threshold,
         )

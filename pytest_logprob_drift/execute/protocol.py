@@ -17,7 +17,13 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pytest_logprob_drift.plan.binding import ExecutionCase, side_topology
-from pytest_logprob_drift.plan.knobs import KNOBS, KnobSpec, Side, knob_lifecycle
+from pytest_logprob_drift.plan.knobs import (
+    FINGERPRINTED_WHEN_NAMED,
+    KNOBS,
+    KnobSpec,
+    Side,
+    knob_lifecycle,
+)
 from pytest_logprob_drift.records import (
     ApplicationStatus,
     FullVocabularySpec,
@@ -294,9 +300,12 @@ class RolloutRoutingCapture(Protocol):
 class TrainingRoutingCapture(Protocol):
     """A training scorer that records the experts each MoE layer chose in its teacher-forced
     forward of the canonical batch (the scorer's chunks and masks), or raises
-    ``RoutingUnavailable``."""
+    ``RoutingUnavailable``; under the same router knobs as its scores (``rollout_routing``:
+    the rollout's expert ids, as ``TrainingScorer.score`` gets them)."""
 
-    def capture_routing(self, rollout: TensorBatch, *, batch_size: int) -> Mapping[str, Any]: ...
+    def capture_routing(
+        self, rollout: TensorBatch, *, batch_size: int, rollout_routing: Any | None = None
+    ) -> Mapping[str, Any]: ...
 
 
 @runtime_checkable
@@ -329,7 +338,13 @@ class TrainingScorer(Protocol):
         *,
         batch_size: int,
         logp: LogpKernel | None,
-    ) -> TrainingOutput: ...
+        rollout_routing: Any | None = None,
+    ) -> TrainingOutput:
+        """Score the rollout's tokens teacher-forced. ``rollout_routing``: the rollout's
+        expert ids (``[rows, positions, moe_layers, top_k]`` on the batch's grid, -1 where it
+        routed nothing), handed over only when the case's ``training.moe_routing`` is
+        ``replay``; a scorer that cannot replay them never gets such a case (planning)."""
+        ...
 
     def read_back(self) -> Mapping[str, ReadBackValue]: ...
 
@@ -465,11 +480,14 @@ def bind_case(
     bindings = {b.target: canonical(b) for b in ec.bindings}
 
     def process_knobs(side: Side) -> dict[str, KnobValue | None]:
-        """The side's process-lifecycle knobs as named (null: not named)."""
+        """The side's process-lifecycle knobs as named (null: not named; a knob added later,
+        ``FINGERPRINTED_WHEN_NAMED``, only when named)."""
         return {
             path: requested[path] if path in requested else None
             for path, spec in catalog.items()
-            if spec.side is side and spec.knob.lifecycle is Lifecycle.PROCESS
+            if spec.side is side
+            and spec.knob.lifecycle is Lifecycle.PROCESS
+            and (path in requested or path not in FINGERPRINTED_WHEN_NAMED)
         }
 
     # Each side's engines live in that side's processes: a rollout engine depends on the

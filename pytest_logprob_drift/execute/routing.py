@@ -81,25 +81,61 @@ def _checked(
     return RoutingStatus(status=ROUTING_CAPTURED, evidence=evidence), tensors
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutRouting:
+    """The rollout's routing of one case, collected once after its generation: its status
+    and, when captured, its checked tensors (``expert_ids``, ``gate_weights``)."""
+
+    status: RoutingStatus
+    tensors: dict[str, torch.Tensor] | None
+
+    @property
+    def expert_ids(self) -> torch.Tensor | None:
+        """The rollout's expert ids (what ``training.moe_routing=replay`` hands the scorer)."""
+        return None if self.tensors is None else self.tensors[EXPERT_IDS]
+
+
+def collect_rollout(
+    engine: object, rollout: RolloutOutput, *, armed: RoutingStatus | None
+) -> RolloutRouting:
+    """The rollout's routing after its generation (``armed``: None when the capture was
+    armed before it, else its unavailable status), checked on the batch's grid."""
+    if armed is not None or not isinstance(engine, RolloutRoutingCapture):
+        status = armed or RoutingStatus(
+            status=ROUTING_UNAVAILABLE,
+            reason=f"the rollout engine ({type(engine).__name__}) has no routing capture",
+        )
+        return RolloutRouting(status=status, tensors=None)
+    batch = rollout.tensors
+    grid = (int(batch["token_ids"].shape[0]), int(batch["token_ids"].shape[1]))
+    status, tensors = _checked("rollout engine", lambda: engine.collect_routing(batch), grid)
+    return RolloutRouting(status=status, tensors=tensors)
+
+
 def routing_diagnostics(
-    engine: object,
     scorer: object,
     rollout: RolloutOutput,
     training: TrainingOutput,
     *,
-    armed: RoutingStatus | None,
+    rolled_out: RolloutRouting,
+    replayed: torch.Tensor | None,
     batch_size: int,
     threshold: float,
 ) -> RoutingResult:
-    """Both sides' routing (the rollout's armed before its generation: ``armed`` is None
-    when it was, else its unavailable status), sealed per side, and the figures where both
-    captured on the same grid."""
+    """Both sides' routing (the rollout's collected after its generation, ``rolled_out``;
+    the training side's captured under the same router knobs as its scores, ``replayed``:
+    the rollout's expert ids when it replays them), sealed per side, and the figures where
+    both captured on the same grid."""
     batch = rollout.tensors
     grid = (int(batch["token_ids"].shape[0]), int(batch["token_ids"].shape[1]))
     if isinstance(scorer, TrainingRoutingCapture):
         trained, training_tensors = _checked(
             "training scorer",
-            lambda: scorer.capture_routing(batch, batch_size=batch_size),
+            lambda: scorer.capture_routing(
+                batch,
+                batch_size=batch_size,
+                **({} if replayed is None else {"rollout_routing": replayed}),
+            ),
             grid,
         )
     else:
@@ -108,13 +144,7 @@ def routing_diagnostics(
             reason=f"the training scorer ({type(scorer).__name__}) has no routing capture",
         )
         training_tensors = None
-    rolled: RoutingStatus | None = armed
-    rollout_tensors = None
-    if rolled is None and isinstance(engine, RolloutRoutingCapture):
-        rolled, rollout_tensors = _checked(
-            "rollout engine", lambda: engine.collect_routing(batch), grid
-        )
-    assert rolled is not None
+    rolled, rollout_tensors = rolled_out.status, rolled_out.tensors
     files: dict[str, dict[str, torch.Tensor]] = {}
     if training_tensors is not None:
         files[layout.ROUTING_TRAINING] = training_tensors

@@ -126,6 +126,17 @@ class Runner:
                 "variant, which needs the test-only authorization",
                 remedy=Remedy.AUTHORIZE_TEST_OPERATORS,
             )
+        planted_routing = [
+            ec.case.label
+            for ec in execution_plan.cases
+            if self.binding(ec).training_settings.moe_routing.planted is not None
+        ]
+        if planted_routing and not allow_test_only:
+            raise UsageError(
+                f"case(s) {', '.join(planted_routing)} name a planted (test-only) "
+                "training.moe_routing variant, which needs the test-only authorization",
+                remedy=Remedy.AUTHORIZE_TEST_OPERATORS,
+            )
         self.catalog = catalog if allow_test_only else catalog.without_test_only()
         self.store = ArtifactStore(artifacts, execution_plan.plan.experiment_id)
         self.executable = self.info.executes(execution_plan.plan.scenario)

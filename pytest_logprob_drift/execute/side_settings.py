@@ -3,10 +3,11 @@
 Owns ``RolloutSettings``, ``TrainingSettings`` and ``RequestSettings`` (one frozen, kw-only
 dataclass per side, one field per knob of that side in the catalog, Enums where the value set
 is closed), the typed ``WeightSync`` (the push, and the test-only planted variant planning
-already resolved), and ``build_settings``: the catalog's default for every knob a case does
-not name, each value typed by its field. The settings are for the engines only: the named
-knobs stay what ``requested.json`` seals and what the construction fingerprints hash; nothing
-here is sealed or hashed. A knob added later is one catalog entry plus one field here (or in a
+already resolved) and ``MoeRouting`` (natural, replay, or a test-only planted routing
+change), and ``build_settings``: the catalog's default for every knob a case does not name,
+each value typed by its field. The settings are for the engines only: the named knobs stay
+what ``requested.json`` seals and what the construction fingerprints hash; nothing here is
+sealed or hashed. A knob added later is one catalog entry plus one field here (or in a
 subclass handed to ``execute.protocol.bind_case``). Knows nothing about engines or torch.
 """
 
@@ -17,7 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar, get_type_hints
 
-from pytest_logprob_drift.plan.knobs import KNOBS, KnobSpec, Side, planted_sync_name
+from pytest_logprob_drift.plan.knobs import (
+    KNOBS,
+    KnobSpec,
+    Side,
+    planted_routing_name,
+    planted_sync_name,
+)
+from pytest_logprob_drift.plan.planted_routing import RoutingVariant, routing_variant
 from pytest_logprob_drift.plan.planted_sync import SyncVariant, sync_variant
 from pytest_logprob_drift.records import KnobValue
 
@@ -91,6 +99,42 @@ class WeightSync:
         return self.push.value if self.planted is None else f"planted:{self.planted.name}"
 
 
+class RouterDtype(enum.Enum):
+    MODEL = "model"
+    FLOAT32 = "float32"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoeRouting:
+    """``training.moe_routing`` typed: ``replay`` (the rollout's expert ids, R3) or not, and
+    for a test-only ``planted:NAME`` value the planted variant."""
+
+    replay: bool = False
+    planted: RoutingVariant | None = None
+
+    @classmethod
+    def from_knob(cls, value: KnobValue) -> MoeRouting:
+        """From a value planning normalized (a planted name it already checked)."""
+        name = planted_routing_name(value)
+        if name is not None:
+            return cls(planted=routing_variant(name))
+        if value not in ("natural", "replay"):
+            raise ValueError(f"training.moe_routing: expected natural or replay, got {value!r}")
+        return cls(replay=value == "replay")
+
+    @property
+    def natural(self) -> bool:
+        """The training router's own choice, untouched."""
+        return not self.replay and self.planted is None
+
+    @property
+    def knob_value(self) -> str:
+        """The knob's value as requested."""
+        if self.planted is not None:
+            return f"planted:{self.planted.name}"
+        return "replay" if self.replay else "natural"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RolloutSettings:
     """Every ``rollout.*`` knob of a case, the catalog's default where it names none."""
@@ -103,6 +147,7 @@ class RolloutSettings:
     logprobs_mode: LogprobsMode
     lm_head_dtype: LmHeadDtype
     weight_sync: WeightSync
+    expert_parallel: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +159,8 @@ class TrainingSettings:
     sharding: Sharding
     logprob_semantics: LogprobSemantics
     lm_head_dtype: LmHeadDtype
+    moe_routing: MoeRouting
+    router_dtype: RouterDtype
 
     @property
     def sharded(self) -> bool:

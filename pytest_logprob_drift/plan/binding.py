@@ -80,6 +80,11 @@ class ExecutionCase(FrozenRecord):
         cp = context_parallel_refusal(runtime, self.case.requested, device, checkpoint)
         if cp is not None:
             reasons.append(cp)
+        moe = router_knobs_refusal(self.case.requested)
+        if moe is not None:
+            reasons.append(moe)
+        if value_of(self.case.requested, "rollout.expert_parallel") is True and device == "cpu":
+            reasons.append(EXPERT_PARALLEL_ON_CPU)
         for b in self.bindings:
             why = runtime.logp_refusal(b.target, b.backend, properties.get(b.target, ()))
             if why is not None:
@@ -145,6 +150,34 @@ class ExecutionPlan(FrozenRecord):
                     entry["case_ids"].append(ec.case.case_id)
                     entry["labels"].append(ec.case.label)
         return list(found.values())
+
+
+EXPERT_PARALLEL_ON_CPU = (
+    "rollout.expert_parallel=true on cpu: vLLM 0.32's CPU build does not run expert "
+    "parallelism (CPUUnquantizedExperts.apply never passes the expert_map to cpu_fused_moe, "
+    "experts/cpu_moe.py; a TP 2 engine with enable_expert_parallel segfaulted in "
+    "cpu_fused_moe on its first prefill), and the transformers rollout has none"
+)
+
+
+def router_knobs_refusal(requested: Mapping[str, KnobValue]) -> str | None:
+    """Why a case cannot change the training MoE router (``training.moe_routing``,
+    ``training.router_dtype``) under ``training.sharding=fsdp``: the router hooks (and the
+    rollout's expert ids that replay needs) run in the in-process scorer only, never reach the
+    FSDP rank processes; None when it can."""
+    if value_of(requested, "training.sharding") != "fsdp":
+        return None
+    named = [
+        f"{path}={requested[path]}"
+        for path in ("training.moe_routing", "training.router_dtype")
+        if path in requested and requested[path] != value_of({}, path)
+    ]
+    if not named:
+        return None
+    return (
+        f"{', '.join(named)} under training.sharding=fsdp: the router hooks run in the "
+        "unsharded scorer only (the rollout's expert ids do not reach the FSDP ranks)"
+    )
 
 
 def side_topology(requested: Mapping[str, KnobValue], target: str) -> dict[str, int]:

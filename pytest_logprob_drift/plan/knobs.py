@@ -2,13 +2,15 @@
 
 Owns the allowlisted knob paths (the contract's ten, then the sampling-semantics four:
 ``rollout.logprobs_mode``, ``training.logprob_semantics``, ``training.lm_head_dtype``,
-``rollout.lm_head_dtype``, then ``rollout.weight_sync``) with their lifecycles, meanings, sides
-(``Side``: which settings a value reaches, ``execute.side_settings``) and defaults (the value a
-case that names no value runs with), path and value aliases (``rollout.tp``, ``bf16``,
-``fa2``), normalizing a raw value into a canonical ``KnobValue`` (``InvalidKnobValue``
-otherwise; a test-only ``planted:NAME`` weight sync is checked against ``plan.planted_sync``
-here, once), the dtypes and attention backends each device supports, and how a knob value is
-spelled in a case label. Knows nothing about configs, cases or runtimes.
+``rollout.lm_head_dtype``, then ``rollout.weight_sync``, then the mixture-of-experts three:
+``rollout.expert_parallel``, ``training.moe_routing``, ``training.router_dtype``) with their
+lifecycles, meanings, sides (``Side``: which settings a value reaches,
+``execute.side_settings``) and defaults (the value a case that names no value runs with), path
+and value aliases (``rollout.tp``, ``bf16``, ``fa2``), normalizing a raw value into a canonical
+``KnobValue`` (``InvalidKnobValue`` otherwise; a test-only ``planted:NAME`` weight sync is
+checked against ``plan.planted_sync`` here, once, a planted routing against
+``plan.planted_routing``), the dtypes and attention backends each device supports, and how a
+knob value is spelled in a case label. Knows nothing about configs, cases or runtimes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ WEIGHT_SYNCS = ("checkpoint", "trainer", "trainer_refit")
 PLANTED_SYNC_PREFIX = "planted:"
 """``rollout.weight_sync=planted:NAME``: a test-only planted sync bug (its registry is the
 runtimes' ``planted_sync``); executing one needs the test-only authorization."""
+
+MOE_ROUTINGS = ("natural", "replay")
+ROUTER_DTYPES = ("model", "float32")
+PLANTED_ROUTING_PREFIX = "planted:"
+"""``training.moe_routing=planted:NAME``: a test-only planted routing change (its registry is
+``plan.planted_routing``); executing one needs the test-only authorization."""
 
 DEVICE_DTYPES: Mapping[str, tuple[str, ...]] = {
     "cpu": ("float32", "bfloat16", "float16"),
@@ -104,6 +112,10 @@ PATH_ALIASES: Mapping[str, str] = {
     "training.cast_lm_head_to_fp32": "training.lm_head_dtype",
     "rollout.cast_lm_head_to_fp32": "rollout.lm_head_dtype",
     "rollout.weights": "rollout.weight_sync",
+    "training.routing_replay": "training.moe_routing",
+    "rollout.ep": "rollout.expert_parallel",
+    "rollout.enable_expert_parallel": "rollout.expert_parallel",
+    "training.moe_router_dtype": "training.router_dtype",
 }
 
 
@@ -172,6 +184,40 @@ def planted_sync_name(value: KnobValue | None) -> str | None:
     production value); the one place the prefix is parsed."""
     if isinstance(value, str) and value.startswith(PLANTED_SYNC_PREFIX):
         return value[len(PLANTED_SYNC_PREFIX) :]
+    return None
+
+
+_MOE_ROUTING_ALIASES = {"r3": "replay", "rollout": "replay", "router": "natural"}
+_ROUTER_DTYPE_ALIASES = {
+    "fp32": "float32",
+    "f32": "float32",
+    "torch.float32": "float32",
+    "compute": "model",
+    "compute_dtype": "model",
+}
+
+
+def _moe_routing(raw: Any) -> KnobValue:
+    """One of ``MOE_ROUTINGS`` (or an alias), or a test-only ``planted:NAME`` whose NAME is a
+    planted routing variant (``plan.planted_routing``, imported only for such a value)."""
+    if isinstance(raw, str) and raw.strip().startswith(PLANTED_ROUTING_PREFIX):
+        name = raw.strip()[len(PLANTED_ROUTING_PREFIX) :]
+        from pytest_logprob_drift.plan.planted_routing import ROUTING_VARIANTS
+
+        if name not in ROUTING_VARIANTS:
+            raise InvalidKnobValue(
+                f"no planted routing variant {name!r} "
+                f"(known: {', '.join(sorted(ROUTING_VARIANTS))})"
+            )
+        return raw.strip()
+    return _choice(MOE_ROUTINGS, _MOE_ROUTING_ALIASES)(raw)
+
+
+def planted_routing_name(value: KnobValue | None) -> str | None:
+    """The planted variant a normalized ``training.moe_routing`` value names (None: a
+    production value); the one place the prefix is parsed."""
+    if isinstance(value, str) and value.startswith(PLANTED_ROUTING_PREFIX):
+        return value[len(PLANTED_ROUTING_PREFIX) :]
     return None
 
 
@@ -368,8 +414,46 @@ KNOB_CATALOG: tuple[KnobSpec, ...] = (
         side=Side.ROLLOUT,
         default="checkpoint",
     ),
+    KnobSpec(
+        knob=Knob(
+            path="rollout.expert_parallel",
+            lifecycle=Lifecycle.PROCESS,
+            meaning="The rollout's MoE experts split over its tensor-parallel ranks "
+            "(vLLM's enable_expert_parallel) instead of each expert sharded over them.",
+        ),
+        normalize=_boolean,
+        side=Side.ROLLOUT,
+        default=False,
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="training.moe_routing",
+            lifecycle=Lifecycle.REQUEST,
+            meaning="Mixture-of-experts routing in the training scorer: its own router's "
+            "choice (natural), or the rollout's expert ids per token and layer with their "
+            "weights recomputed from its own router logits (replay, R3).",
+        ),
+        normalize=_moe_routing,
+        side=Side.TRAINING,
+        default="natural",
+    ),
+    KnobSpec(
+        knob=Knob(
+            path="training.router_dtype",
+            lifecycle=Lifecycle.REQUEST,
+            meaning="The training MoE router's gate GEMM in the model's dtype, or in float32 "
+            "(input and weight upcast in a hook; the weight stays in the model dtype).",
+        ),
+        normalize=_choice(ROUTER_DTYPES, _ROUTER_DTYPE_ALIASES),
+        side=Side.TRAINING,
+        default="model",
+    ),
 )
 KNOBS: Mapping[str, KnobSpec] = {spec.knob.path: spec for spec in KNOB_CATALOG}
+
+FINGERPRINTED_WHEN_NAMED = frozenset({"rollout.expert_parallel"})
+"""Process knobs added after the process fingerprints were fixed: part of a process
+fingerprint only when a case names them, so that every other case keeps its own."""
 
 
 def value_of(requested: Mapping[str, KnobValue], path: str) -> KnobValue:

@@ -101,11 +101,15 @@ def test_training_routing_equals_plain_transformers(
 
 
 def test_the_scorer_seals_the_capture_and_refuses_a_dense_model() -> None:
+    from pytest_logprob_drift.execute.side_settings import MoeRouting
     from pytest_logprob_drift.runtimes.transformers.adapter import HfTrainingScorer
 
     class _Scorer:
         group = None
+        moe_routing = MoeRouting()
+        router_float32 = False
         capture_routing = HfTrainingScorer.capture_routing
+        _router_override = HfTrainingScorer._router_override
 
         def __init__(self, model: torch.nn.Module) -> None:
             self.model = model

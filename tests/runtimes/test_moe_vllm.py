@@ -6,6 +6,9 @@ padding. The recorded figures equal a numpy recompute from the sealed tensors wr
 the rollout's experts agree with the trainer's on most tokens (bf16 rounding flips a few); the
 weight check lists the experts as skipped and checks the router; verify recomputes the figures
 and names a tampered one; ``report --json`` and the run table carry the routing view.
+The same engine run serves two training-side cases (issue 55): with routing replay the
+trainer's sealed experts are the rollout's at every position the rollout routed (prompt and
+response), and the planted flip is found at layer 1 by the routing view.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("vllm")
 
 ID = "vllm-moe-routing"
+REPLAY = "training.moe_routing=replay"
+PLANTED = "flip-layer-1"
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:
@@ -44,16 +49,31 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "experiment_id": ID,
             "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
             "identity.sampling.max_new_tokens": 8,
-            "interventions": [],
+            # Training-side knobs only: every case reuses the one rollout engine.
+            "interventions": [
+                {"path": "training.moe_routing", "values": ["replay", f"planted:{PLANTED}"]}
+            ],
         },
     )
-    code, out, err = cli("run", config, "--runtime", "vllm-hf", "--artifacts", directory / "runs")
+    code, out, err = cli(
+        "run",
+        config,
+        "--runtime",
+        "vllm-hf",
+        "--artifacts",
+        directory / "runs",
+        "--allow-smoke-operators",
+    )
     run_dir = directory / "runs" / ID
-    (comparison,) = run_dir.glob("cases/*/*/comparison.json")
-    document = json.loads(comparison.read_text())
-    assert document["outcome"] in ("PASS", "MISMATCH"), out[-2000:] + err[-3000:]
-    assert code == (0 if document["outcome"] == "PASS" else 1), err[-3000:]
-    return {"run_dir": run_dir, "attempt": comparison.parent, "comparison": document, "text": out}
+    cases = {}
+    for comparison in run_dir.glob("cases/*/*/comparison.json"):
+        document = json.loads(comparison.read_text())
+        assert document["outcome"] in ("PASS", "MISMATCH"), out[-2000:] + err[-3000:]
+        cases[document["label"]] = {"attempt": comparison.parent, "comparison": document}
+    assert set(cases) == {"baseline", REPLAY, f"training.moe_routing=planted:{PLANTED}"}
+    assert code in (0, 1), err[-3000:]
+    base = cases["baseline"]
+    return {"run_dir": run_dir, **base, "cases": cases, "text": out}
 
 
 def test_each_side_routes_exactly_the_tokens_it_computed(run: dict[str, Any]) -> None:
@@ -136,7 +156,7 @@ def test_verify_recomputes_the_routing_figures_and_names_a_tampered_one(
 
     copy = tmp_path / ID
     shutil.copytree(run["run_dir"], copy)
-    (comparison,) = copy.glob("cases/*/*/comparison.json")
+    comparison = copy / run["attempt"].relative_to(run["run_dir"]) / "comparison.json"
     document = json.loads(comparison.read_text())
     figures = document["diagnostics"]["routing"]["figures"]
     figures["agreement_by_layer"][0] = 0.5
@@ -153,6 +173,42 @@ def test_report_and_run_table_carry_the_routing_view(run: dict[str, Any]) -> Non
     assert "routing: " in run["text"] and "with a flip" in run["text"]
     code, out, _err = cli("report", run["run_dir"], "--json")
     assert code == 0
-    (case,) = json.loads(out)["cases"]
+    (case,) = [c for c in json.loads(out)["cases"] if c["label"] == "baseline"]
     assert case["diagnostics"]["routing"] == run["comparison"]["diagnostics"]["routing"]
     assert case["diagnostics"]["routing"]["rollout"]["status"] == "routing_captured"
+
+
+def test_with_replay_the_trainer_routes_every_token_as_the_rollout_did(
+    run: dict[str, Any],
+) -> None:
+    """The sealed training experts equal the rollout's (vLLM's own capture) at every position
+    the rollout routed, prompt and response; elsewhere (the last sampled token) the trainer's
+    own choice; the routing view agrees at every layer."""
+    attempt = run["cases"][REPLAY]["attempt"]
+    training = _load(attempt / "routing_training.pt")["expert_ids"]
+    rollout = _load(attempt / "routing_rollout.pt")["expert_ids"]
+    scores = _load(attempt / "score_rollout.pt")
+    routed = rollout[..., 0, 0] >= 0
+    response = scores["active_mask"].bool()
+    assert (routed & response).any() and (routed & ~response).any()  # both kinds covered
+    assert torch.equal(training[routed], rollout[routed])
+    attention = scores["attention_mask"].bool()
+    assert torch.equal(training[..., 0, 0] >= 0, attention)
+    figures = run["cases"][REPLAY]["comparison"]["diagnostics"]["routing"]["figures"]
+    assert figures["agreement_by_layer"] == [1.0, 1.0]
+    assert figures["flip_share"] == 0.0
+    assert figures["positions_compared"] == int(routed.sum())
+
+
+def test_the_planted_flip_is_found_at_layer_1(run: dict[str, Any]) -> None:
+    routing = run["cases"][f"training.moe_routing=planted:{PLANTED}"]["comparison"]
+    figures = routing["diagnostics"]["routing"]["figures"]
+    baseline = run["comparison"]["diagnostics"]["routing"]["figures"]
+    compared = figures["positions_compared"]
+    # Layer 0 is untouched (as close to the rollout as the baseline's); at layer 1 every
+    # token's second expert was swapped, so the sets differ unless bf16 flipped the rollout
+    # the same way.
+    assert figures["agreement_by_layer"][0] == baseline["agreement_by_layer"][0]
+    assert figures["agreement_by_layer"][1] <= 0.1
+    counts = figures["first_differing_layer_counts"]
+    assert counts[1] >= 0.9 * compared - counts[0]

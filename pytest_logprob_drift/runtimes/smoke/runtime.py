@@ -16,9 +16,11 @@ proves framework plumbing only. Knows nothing about planning, artifacts or front
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
+from pytest_logprob_drift.errors import RuntimeFailure
 from pytest_logprob_drift.execute.protocol import (
     LogpKernel,
     Materialized,
@@ -206,7 +208,10 @@ class StatelessScorer:
         *,
         batch_size: int,
         logp: LogpKernel | None,
+        rollout_routing: Any | None = None,
     ) -> TrainingOutput:
+        if rollout_routing is not None:  # planning never hands it a replay case
+            raise RuntimeFailure("the synthetic scorer has no mixture-of-experts router")
         kernel = logp or native_selected_logprob
         self.backend_used = backend_of(logp)
         consumed = self.inputs(rollout)

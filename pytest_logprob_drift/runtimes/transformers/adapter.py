@@ -20,6 +20,7 @@ pytest; the engines below it know nothing of knobs.
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import hashlib
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ from pytest_logprob_drift.execute.protocol import (
     backend_of,
 )
 from pytest_logprob_drift.execute.readonly import ReadOnlyGuard, state_digest
+from pytest_logprob_drift.execute.side_settings import RouterDtype
 from pytest_logprob_drift.numerics.sampling import Truncation
 from pytest_logprob_drift.plan.binding import FSDP_WORLD_SIZE
 from pytest_logprob_drift.records import JSONScalar, KnobValue, ScoringIdentity
@@ -117,6 +119,23 @@ TRAINING_MATERIALIZATION: Mapping[str, Evidence] = {
             "float32"
         },
         otherwise="the LM head runs in training.compute_dtype",
+    ),
+    "training.moe_routing": per_value(
+        {
+            "natural": "the training router's own top-k choice",
+            "replay": "R3: a forward hook on every MoE router takes the rollout's expert ids per "
+            "token and layer (handed to the scorer's call) and weights them from the float32 "
+            "softmax of its own router logits",
+        },
+        otherwise="test-only planted routing change: a forward hook on the MoE router of "
+        "the named layer swaps each token's last chosen expert",
+    ),
+    "training.router_dtype": per_value(
+        {
+            "float32": "a forward hook on every MoE router recomputes the gate GEMM with its "
+            "input and weight upcast to float32 (the weight itself stays in the model dtype)"
+        },
+        otherwise="the gate GEMM in the model dtype (softmax and top-k in float32)",
     ),
 }
 """Training-side and shared knobs, common to every runtime whose trainer is transformers."""
@@ -442,6 +461,8 @@ class HfTrainingScorer:
         self.sharded = settings.sharded
         self.semantics = settings.logprob_semantics.value
         self.lm_head_dtype = settings.lm_head_dtype.value
+        self.moe_routing = settings.moe_routing
+        self.router_float32 = settings.router_dtype is RouterDtype.FLOAT32
         self.full_vocabulary = binding.full_vocabulary is not None
         self.model: Any = None
         self.group: FsdpScorerGroup | None = None
@@ -483,6 +504,7 @@ class HfTrainingScorer:
         self._truncation = Truncation(temperature=1.0)
         self._full: list[torch.Tensor] | None = None
         self._weights: WeightsDocument | None = None
+        self._routers_used: dict[str, JSONScalar] = {}
 
     def score(
         self,
@@ -491,6 +513,7 @@ class HfTrainingScorer:
         *,
         batch_size: int,
         logp: LogpKernel | None,
+        rollout_routing: torch.Tensor | None = None,
     ) -> TrainingOutput:
         self.batch_size = batch_size
         self.backend_used = backend_of(logp)
@@ -498,10 +521,15 @@ class HfTrainingScorer:
         self._full = [] if self.full_vocabulary else None
         consumed = {k: rollout[k] for k in hf_engine.SCORER_KEYS}
         if self.group is not None:
+            if not (self.moe_routing.natural and not self.router_float32):
+                raise RuntimeFailure("the FSDP rank processes have no router hooks")
             logprobs, violations = self._score_sharded(self.group, consumed, batch_size, logp)
             self.semantics_used = str(self.evidence.get("logprob_semantics", ""))
         else:
-            logprobs, violations = self._score_here(identity, consumed, batch_size, logp)
+            override = self._router_override(consumed, batch_size, rollout_routing)
+            with override if override is not None else contextlib.nullcontext():
+                logprobs, violations = self._score_here(identity, consumed, batch_size, logp)
+            self._routers_used = self._routers_observed(override)
             self.semantics_used = self.semantics
         full, self._full = self._full, None
         return TrainingOutput(
@@ -541,11 +569,60 @@ class HfTrainingScorer:
         self._layer_evidence = {}
         return capture_layers(self.model, consumed, batch_size=batch_size)
 
-    def capture_routing(self, rollout: TensorBatch, *, batch_size: int) -> Mapping[str, Any]:
+    def _routers_observed(self, override: moe.RouterOverride | None) -> dict[str, JSONScalar]:
+        """What the router hooks did in the last score, as the two knobs' read-back: a value
+        other than the default only where its hook changed at least one router call."""
+        if override is None:
+            return {"training.moe_routing": "natural", "training.router_dtype": "model"}
+        routing = "natural"
+        if self.moe_routing.replay and override.replayed_tokens > 0:
+            routing = "replay"
+        elif self.moe_routing.planted is not None and override.flipped_calls > 0:
+            routing = self.moe_routing.knob_value
+        return {
+            "training.moe_routing": routing,
+            "training.router_dtype": "float32" if override.float32_calls > 0 else "model",
+        }
+
+    def _router_override(
+        self, batch: TensorBatch, batch_size: int, rollout_routing: torch.Tensor | None
+    ) -> moe.RouterOverride | None:
+        """The router knobs' hooks for one pass over ``batch`` (None: every router natural
+        and in the model dtype); replay without the rollout's expert ids is a RuntimeFailure."""
+        if self.moe_routing.natural and not self.router_float32:
+            return None
+        if self.moe_routing.replay and rollout_routing is None:
+            raise RuntimeFailure(
+                "training.moe_routing=replay: the scorer's call carries no rollout expert ids"
+            )
+        planted = self.moe_routing.planted
+        try:
+            return moe.RouterOverride(
+                self.model,
+                batch["attention_mask"],
+                batch_size=batch_size,
+                float32=self.router_float32,
+                replay=rollout_routing if self.moe_routing.replay else None,
+                flip_layer=None if planted is None else planted.flip_layer,
+            )
+        except ValueError as exc:
+            raise RuntimeFailure(
+                f"training.moe_routing={self.moe_routing.knob_value}, training.router_dtype="
+                f"{'float32' if self.router_float32 else 'model'}: {exc}"
+            ) from None
+
+    def capture_routing(
+        self,
+        rollout: TensorBatch,
+        *,
+        batch_size: int,
+        rollout_routing: torch.Tensor | None = None,
+    ) -> Mapping[str, Any]:
         """The training side's routing (``moe.capture_routing``: a hook on every MoE layer's
         router in a teacher-forced forward with the scorer's chunks and masks;
-        ``execute.protocol.TrainingRoutingCapture``), on the in-process model; under FSDP and
-        for a dense model ``RoutingUnavailable`` says why."""
+        ``execute.protocol.TrainingRoutingCapture``), on the in-process model, under the same
+        router knobs as its scores (``rollout_routing``: the rollout's expert ids replay
+        takes); under FSDP and for a dense model ``RoutingUnavailable`` says why."""
         if self.group is not None:
             raise RoutingUnavailable(
                 "the trainer runs in FSDP rank processes, which have no routing capture yet"
@@ -553,7 +630,9 @@ class HfTrainingScorer:
         if not moe.moe_routers(self.model):
             raise RoutingUnavailable("the model has no mixture-of-experts layer")
         consumed = {k: rollout[k] for k in hf_engine.SCORER_KEYS}
-        captured = moe.capture_routing(self.model, consumed, batch_size=batch_size)
+        override = self._router_override(consumed, batch_size, rollout_routing)
+        with override if override is not None else contextlib.nullcontext():
+            captured = moe.capture_routing(self.model, consumed, batch_size=batch_size)
         return {"expert_ids": captured.expert_ids, "gate_weights": captured.gate_weights}
 
     def weight_state(self) -> Mapping[str, torch.Tensor]:
@@ -656,7 +735,7 @@ class HfTrainingScorer:
             )
             experts = moe.experts_implementation(self.model)
             if experts is not None:
-                moe_read_back = {"training.experts_implementation": experts}
+                moe_read_back = {"training.experts_implementation": experts, **self._routers_used}
         return {
             **moe_read_back,
             "training.compute_dtype": dtype,
@@ -810,6 +889,11 @@ class HfAdapter(TransformersTrainingAdapter):
 
     rollout_materialization: ClassVar[Mapping[str, Evidence]] = {
         "rollout.dtype": always("from_pretrained(dtype=...) for the rollout model"),
+        "rollout.expert_parallel": only(
+            False,
+            "every expert in the one rollout model",
+            why="the transformers rollout is one unsharded model: no expert parallelism",
+        ),
         "logp.backend": always("the bound kernel scores the raw logits on both sides"),
         "rollout.logprobs_mode": per_value(
             {

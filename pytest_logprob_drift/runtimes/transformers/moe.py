@@ -196,3 +196,144 @@ class GenerationRouting:
                         ids[row, position, layer] = chosen[flat]
                         weights[row, position, layer] = gates[flat]
         return RoutingCapture(expert_ids=ids, gate_weights=weights)
+
+
+def chunk_spans(attention_mask: torch.Tensor, *, batch_size: int) -> list[tuple[int, int, int]]:
+    """The ``(start, stop, length)`` of every chunk the teacher-forced scorer runs a forward
+    for (``engine.hf_teacher_forced_score``: chunks of ``batch_size`` rows trimmed to their
+    longest row; a chunk shorter than 2 tokens is skipped), in order."""
+    rows = int(attention_mask.shape[0])
+    spans = []
+    for start in range(0, rows, batch_size):
+        stop = min(start + batch_size, rows)
+        length = int(attention_mask[start:stop].sum(-1).max())
+        if length >= 2:
+            spans.append((start, stop, length))
+    return spans
+
+
+def replayed_choice(
+    logits: torch.Tensor, replay: torch.Tensor, natural: torch.Tensor, *, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """R3 for one router call: each token's experts are the rollout's (``replay``, ``[T, k]``;
+    a row of -1, a token the rollout did not route, keeps its ``natural`` choice), weighted by
+    the float32 softmax of this router's own ``logits`` over all experts, gathered at those
+    experts (and renormalized over them when ``normalize``, the model's ``norm_topk_prob``)."""
+    routed = (replay >= 0).all(-1, keepdim=True)
+    ids = torch.where(routed, replay.to(natural.dtype), natural)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights = probs.gather(-1, ids.long())
+    if normalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return ids, weights
+
+
+def flipped_choice(logits: torch.Tensor, *, top_k: int, normalize: bool) -> tuple[Any, Any]:
+    """A planted routing change for one router call: every token keeps its ``top_k - 1``
+    best experts and takes the best one it did not choose in place of its ``top_k``-th."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    order = probs.argsort(dim=-1, descending=True)
+    ids = torch.cat([order[:, : top_k - 1], order[:, top_k : top_k + 1]], dim=-1)
+    weights = probs.gather(-1, ids)
+    if normalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return ids, weights
+
+
+class RouterOverride:
+    """The training scorer's router knobs, applied by a forward hook on every MoE router for
+    the forwards of one teacher-forced pass over a canonical batch (``with`` block):
+    ``float32`` recomputes the gate GEMM with the router's input and weight upcast (the weight
+    itself stays in the model dtype); ``replay`` (``[rows, positions, moe_layers, top_k]``
+    expert ids on the batch's grid, -1 where the rollout routed nothing) takes the rollout's
+    experts, weighted from this router's own logits (``replayed_choice``); ``flip_layer``
+    plants ``flipped_choice`` at that MoE layer. A forward pre-hook on the model places each
+    forward on its chunk of the batch (``chunk_spans``) and checks its shape. The hooks return
+    the router's ``(logits, scores, indices)`` triple, so a capture hook registered after
+    these sees what the experts ran with. What the hooks did is counted (``float32_calls``,
+    ``flipped_calls``, ``replayed_tokens``: router calls and token choices, over every
+    ``with`` block) for the read-back."""
+
+    def __init__(
+        self,
+        model: Any,
+        attention_mask: torch.Tensor,
+        *,
+        batch_size: int,
+        float32: bool = False,
+        replay: torch.Tensor | None = None,
+        flip_layer: int | None = None,
+    ) -> None:
+        self.model = model
+        self.routers = moe_routers(model)
+        if not self.routers:
+            raise ValueError("the model has no mixture-of-experts layer to route")
+        if replay is not None and tuple(replay.shape[2:]) != (len(self.routers), top_k_of(model)):
+            raise ValueError(
+                f"the rollout's expert ids are [rows, positions, {tuple(replay.shape[2:])}], "
+                f"the model has {len(self.routers)} MoE layers of top-{top_k_of(model)}"
+            )
+        if flip_layer is not None and not 0 <= flip_layer < len(self.routers):
+            raise ValueError(
+                f"the planted flip names MoE layer {flip_layer}, the model has {len(self.routers)}"
+            )
+        self.spans = chunk_spans(attention_mask, batch_size=batch_size)
+        self.float32 = float32
+        self.replay = replay
+        self.flip_layer = flip_layer
+        self.normalize = bool(getattr(model.config, "norm_topk_prob", False))
+        self.top_k = top_k_of(model)
+        self._at = -1
+        self._handles: list[Any] = []
+        self.float32_calls = self.flipped_calls = self.replayed_tokens = 0
+
+    def __enter__(self) -> RouterOverride:
+        self._at = -1
+
+        def advance(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+            self._at += 1
+            if self._at >= len(self.spans):
+                raise RuntimeError("more forwards than the batch has chunks")
+            start, stop, length = self.spans[self._at]
+            shape = tuple(kwargs["input_ids"].shape)
+            if shape != (stop - start, length):
+                raise RuntimeError(
+                    f"forward {self._at} fed {shape}, its chunk is ({stop - start}, {length})"
+                )
+
+        def hook(layer: int) -> Any:
+            def route(module: Any, args: Any, out: Any) -> Any:
+                logits, scores, indices = out
+                if self.float32:
+                    hidden = args[0].reshape(-1, module.weight.shape[1])
+                    logits = torch.nn.functional.linear(hidden.float(), module.weight.float())
+                    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+                    top, indices = torch.topk(probs, self.top_k, dim=-1)
+                    if self.normalize:
+                        top = top / top.sum(-1, keepdim=True)
+                    scores = top
+                    self.float32_calls += 1
+                if self.flip_layer == layer:
+                    indices, scores = flipped_choice(
+                        logits, top_k=self.top_k, normalize=self.normalize
+                    )
+                    self.flipped_calls += 1
+                if self.replay is not None:
+                    start, stop, length = self.spans[self._at]
+                    rows = self.replay[start:stop, :length, layer].reshape(-1, self.top_k)
+                    self.replayed_tokens += int((rows >= 0).all(-1).sum())
+                    indices, scores = replayed_choice(
+                        logits, rows.to(indices.device), indices, normalize=self.normalize
+                    )
+                return logits, scores.to(out[1].dtype), indices.to(out[2].dtype)
+
+            return route
+
+        self._handles = [self.model.register_forward_pre_hook(advance, with_kwargs=True)]
+        self._handles += [r.register_forward_hook(hook(i)) for i, r in enumerate(self.routers)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []

@@ -54,6 +54,7 @@ from pytest_logprob_drift.execute.protocol import (
     backend_of,
 )
 from pytest_logprob_drift.execute.side_settings import SyncPush, WeightSync
+from pytest_logprob_drift.plan.binding import EXPERT_PARALLEL_ON_CPU
 from pytest_logprob_drift.records import JSONScalar, KnobValue, ScoringIdentity
 from pytest_logprob_drift.runtimes.batch import active_rows, replay_grid, sequences
 from pytest_logprob_drift.runtimes.materialization import (
@@ -214,6 +215,14 @@ def _context_parallel(path: str, value: KnobValue) -> Materialized:
         "engine starts and vLLM's PCPManager checks again; read back from the engine's "
         "parallel config, with decode_context_parallel_size required to be 1",
     )
+
+
+def _expert_parallel(path: str, value: KnobValue) -> Materialized:
+    if value is False:
+        return applied(value, "no expert parallelism: every expert sharded over the TP ranks")
+    if vllm_platform_is_cpu():
+        return unsupported(path, value, EXPERT_PARALLEL_ON_CPU)
+    return unsupported(path, value, "vllm.LLM(enable_expert_parallel=...) is not wired yet")
 
 
 def _logprobs_mode(_path: str, value: KnobValue) -> Materialized:
@@ -690,6 +699,7 @@ class VllmHfAdapter(TransformersTrainingAdapter):
         "rollout.dtype": always("vllm.LLM(dtype=...)"),
         "rollout.tensor_parallel_size": _tensor_parallel,
         "rollout.context_parallel_size": _context_parallel,
+        "rollout.expert_parallel": _expert_parallel,
         "rollout.enable_prefix_caching": always("vllm.LLM(enable_prefix_caching=...)"),
         "rollout.enforce_eager": always(
             "vllm.LLM(enforce_eager=...); False selects the compiled/graph path"
