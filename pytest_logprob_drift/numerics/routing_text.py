@@ -18,6 +18,7 @@ from pytest_logprob_drift.numerics.comparison import (
     Diagnostics,
     RoutingDiagnostics,
     RoutingDriftClass,
+    RoutingFigures,
     RoutingWorstToken,
 )
 
@@ -106,3 +107,21 @@ def lines(diagnostics: Diagnostics | None) -> list[str]:
         if not status.captured:
             out.append(f"routing ({side}): {status.status} ({status.reason})")
     return out
+
+
+def against_reference(case: Diagnostics | None, reference: Diagnostics | None) -> str | None:
+    """The case's routing beside its reference's, for a finding (what replay or a float32
+    router bought): ``same experts by layer 100.0%, 100.0% (baseline 99.0%, 99.0%); 0.0% with
+    a flip (baseline 1.0%)``; None unless both have routing figures."""
+    ours, theirs = _routing(case), _routing(reference)
+    if ours is None or theirs is None or ours.figures is None or theirs.figures is None:
+        return None
+
+    def by_layer(figures: RoutingFigures) -> str:
+        return ", ".join(_share(a) for a in figures.agreement_by_layer)
+
+    return (
+        f"same experts by layer {by_layer(ours.figures)} (baseline {by_layer(theirs.figures)}); "
+        f"{_share(ours.figures.flip_share)} with a flip (baseline "
+        f"{_share(theirs.figures.flip_share)})"
+    )

@@ -17,7 +17,9 @@ with a max |diff| below a tenth of the threshold) is never ranked; it is listed 
 More facts about a finding (its path, the layer it starts in, its importance-sampling cost)
 are added as ``FACTS`` entries, plus how the rollout got its weights when they were pushed
 from the trainer (``weights_fact``, from the case's read-back: a prefix cache not reset
-after the push shows as stale cached state): a name and a function from the sealed entry to
+after the push shows as stale cached state) and, for a MoE run that captured routing, the
+case's routing beside its reference's (``routing:``: what routing replay or a float32 router
+bought): a name and a function from the sealed entry to
 a short text (or None), shown after the effect by the text, JSON and HTML renderings alike.
 Reads the decoded document's records (``attribution.document``: a document of the wrong form
 is never shown). Knows nothing about files, seals or how the findings are drawn.
@@ -36,6 +38,7 @@ from pytest_logprob_drift.attribution.materiality import rule_words
 from pytest_logprob_drift.attribution.materiality import within_contract as is_within
 from pytest_logprob_drift.numerics.importance_text import ess_text
 from pytest_logprob_drift.numerics.layer_text import where_moved
+from pytest_logprob_drift.numerics.routing_text import against_reference
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report.gates import finding as gate_finding
@@ -322,7 +325,11 @@ def _first_moved(entry: Case, side: Side) -> int | None:
 
 
 def _finding(
-    rank: int, entry: Case, side: Side, read_back: Mapping[str, ReadBackValue] | None = None
+    rank: int,
+    entry: Case,
+    side: Side,
+    read_back: Mapping[str, ReadBackValue] | None = None,
+    routing: str | None = None,
 ) -> Finding:
     ratio = entry.effect.mean_ratio
     facts = []
@@ -333,6 +340,8 @@ def _finding(
     weights = None if read_back is None else weights_fact(read_back)
     if weights is not None:
         facts.append(Fact(name="weights:", text=weights))
+    if routing is not None:
+        facts.append(Fact(name="routing:", text=routing))
     return Finding(
         rank=rank,
         label=entry.label,
@@ -352,6 +361,15 @@ def _counts(outcomes: Sequence[str]) -> tuple[tuple[str, int], ...]:
     order = [o.value for o in Outcome]
     seen = sorted(set(outcomes), key=lambda o: (order.index(o) if o in order else len(order), o))
     return tuple((o, outcomes.count(o)) for o in seen)
+
+
+def _routing(data: ReportData, entry: Case) -> str | None:
+    """The case's routing beside its reference case's, when both captured it."""
+    views = {c.label: c for c in data.cases}
+    case, reference = views.get(entry.label), views.get(entry.reference.label)
+    if case is None or reference is None:
+        return None
+    return against_reference(case.diagnostics, reference.diagnostics)
 
 
 def _read_back(data: ReportData, label: str) -> Mapping[str, ReadBackValue] | None:
@@ -420,7 +438,9 @@ def findings(data: ReportData) -> Findings:
         if side is None:
             unmoved.append(entry.label)
         else:
-            moved.append(_finding(rank, entry, side, _read_back(data, entry.label)))
+            moved.append(
+                _finding(rank, entry, side, _read_back(data, entry.label), _routing(data, entry))
+            )
     return Findings(
         cases=len(data.cases),
         counts=counts,

@@ -178,6 +178,27 @@ def test_report_and_run_table_carry_the_routing_view(run: dict[str, Any]) -> Non
     assert case["diagnostics"]["routing"]["rollout"]["status"] == "routing_captured"
 
 
+def test_a_routing_finding_shows_the_case_beside_its_baseline(run: dict[str, Any]) -> None:
+    """What a routing knob bought, in its finding: the case's agreement by layer and flip share
+    beside the baseline's, as sealed in each case's comparison.json."""
+    code, out, _err = cli("report", run["run_dir"], "--json")
+    assert code == 0
+    planted = f"training.moe_routing=planted:{PLANTED}"
+    (finding,) = [f for f in json.loads(out)["findings"]["moved"] if f["label"] == planted]
+
+    def shares(label: str) -> tuple[str, str]:
+        figures = run["cases"][label]["comparison"]["diagnostics"]["routing"]["figures"]
+        by_layer = ", ".join(f"{a:.1%}" for a in figures["agreement_by_layer"])
+        return by_layer, f"{figures['flip_share']:.1%}"
+
+    (case_layers, case_flips), (base_layers, base_flips) = shares(planted), shares("baseline")
+    assert finding["facts"]["routing:"] == (
+        f"same experts by layer {case_layers} (baseline {base_layers}); "
+        f"{case_flips} with a flip (baseline {base_flips})"
+    )
+    assert "routing: same experts by layer" in finding["words"]
+
+
 def test_with_replay_the_trainer_routes_every_token_as_the_rollout_did(
     run: dict[str, Any],
 ) -> None:
