@@ -342,6 +342,41 @@ def test_fp32_case_passes_under_response_before_eos(
     assert not engine.closed
 
 
+@pytest.mark.slow
+def test_actual_that_disagrees_with_requested_is_strict_rejected(
+    engine: VllmRolloutEngine, tmp_path: Path
+) -> None:
+    """A lying adapter (the module's fp32 engine handed to a case that requests bf16: a silent
+    fallback) proves that an ``actual`` that disagrees with ``requested`` is STRICT_REJECTED."""
+    config = json.loads(S1_CONFIG.read_text())
+    config["experiment_id"] = "vllm-lying-adapter"
+    # As the module's engine in everything but the dtype the case requests.
+    config["baseline"]["rollout"]["enable_prefix_caching"] = True
+    config["interventions"] = [{"path": "rollout.dtype", "values": ["bfloat16"]}]
+    path = tmp_path / "lying.json"
+    path.write_text(json.dumps(config))
+    execution_plan = plan_file(str(path))
+    bf16 = [ec for ec in execution_plan.cases if ec.case.label == "rollout.dtype=bfloat16"]
+    catalogs = assemble()
+    with Runner(
+        execution_plan,
+        runtime="vllm-hf",
+        runtimes=catalogs.runtimes,
+        catalog=catalogs.operators,
+        artifacts=tmp_path / "runs",
+        adapter=_SharedEngineAdapter(engine),
+    ) as runner:
+        (result,) = runner.run(bf16)
+    assert result.outcome is Outcome.STRICT_REJECTED
+    assert "rollout.dtype" in result.reason and "fallback" in result.reason
+    records = {r["knob"]: r for r in result.comparison.to_json()["records"]}
+    assert records["rollout.dtype"]["actual"] == "float32"
+    assert records["rollout.dtype"]["requested"] == "bfloat16"
+    # Only the dtype disagrees: the engine's other settings are the case's.
+    assert records["rollout.enable_prefix_caching"]["actual"] is True
+    assert not engine.closed
+
+
 def test_close_ends_the_engine_processes(engine: VllmRolloutEngine) -> None:
     procs = engine.engine_process_ids()
     assert len(procs["engine_core"]) == 1 and len(procs["workers"]) == 1
