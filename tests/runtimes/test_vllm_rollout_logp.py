@@ -1,9 +1,9 @@
 """``logp.backend`` on the vLLM rollout side and vLLM's float32 LM head (issue 33), on real
-engines: the shipped S1 experiment run on ``vllm-hf`` with the contract's ``logp.backend``
-interventions added (``rlkernel.reference_logp``, ``rlkernel.chunked_logp`` and the test-only
-``smoke_only.logp_rollout_offset``) and ``rollout.lm_head_dtype=float32`` (alone, and paired
-with ``rollout.dtype=bfloat16``), with the prefill replay on (so the prompt-logprobs path
-runs the backend too).
+engines: the shipped S1 experiment's baseline and bf16 rollout run on ``vllm-hf`` with the
+contract's ``logp.backend`` interventions added (``rlkernel.reference_logp``,
+``rlkernel.chunked_logp`` and the test-only ``smoke_only.logp_rollout_offset``) and
+``rollout.lm_head_dtype=float32`` (alone, and paired with ``rollout.dtype=bfloat16``), with
+the prefill replay on (so the prompt-logprobs path runs the backend too).
 
 What must show: no case is STRICT_REJECTED; the rollout offset moves the rollout side's sealed
 scores by exactly the offset against the same float32 formula (the reference case's sealed
@@ -52,7 +52,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     document["experiment_id"] = "s1-rollout-logp"
     document["strategy"] = "pairwise"
     document["baseline"]["rollout"]["lm_head_dtype"] = "compute"
-    document["interventions"] += [
+    # S1's bf16 rollout (for the pair) and nothing else of S1: its engine, FSDP and batch cases
+    # run with the replay on in test_replay_vllm.py and through the plugin in test_vllm_runtime.py.
+    document["interventions"] = [
+        *(i for i in document["interventions"] if i["path"] == "rollout.dtype"),
         {"path": "logp.backend", "values": [REFERENCE, CHUNKED, OFFSET]},
         {"path": "rollout.lm_head_dtype", "values": ["float32"]},
     ]
@@ -104,7 +107,15 @@ def test_every_case_executes_and_the_backends_are_what_ran(run: dict[str, Any]) 
     # 1: some case is not PASS (rollout.dtype=bfloat16, the rollout offset, maybe the pair)
     assert run["code"] in (0, 1), run["out"][-3000:] + run["err"][-3000:]
     cases = run["cases"]
-    assert len(cases) == 12, sorted(cases)
+    assert sorted(cases) == sorted(
+        [
+            "baseline",
+            "rollout.dtype=bfloat16",
+            *(f"logp.backend={backend}" for backend in (REFERENCE, CHUNKED, OFFSET)),
+            HEAD,
+            PAIR,
+        ]
+    )
     for label, attempt in cases.items():
         outcome, reason = _outcome(attempt)
         assert outcome != "STRICT_REJECTED", (label, reason)

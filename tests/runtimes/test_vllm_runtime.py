@@ -1,13 +1,12 @@
 """The ``vllm-hf`` runtime: the S1 experiment through the pytest plugin with the real vLLM engine.
 
 One real pytest run (pytester, in a subprocess) executes every S1 case; the tests then read the
-sealed artifacts it left. A lying adapter (it builds an fp32 engine when bf16 is requested)
-proves that an ``actual`` that disagrees with ``requested`` is STRICT_REJECTED.
+sealed artifacts it left. (The lying adapter, an fp32 engine handed to a bf16 case, runs on
+the shared engine of ``test_vllm_engine.py``.)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,6 @@ import pytest
 pytest.importorskip("vllm")
 
 from drift_testing import plugin_run
-
-from pytest_logprob_drift import plan_file
-from pytest_logprob_drift.execute.runner import Runner
-from pytest_logprob_drift.execute.side_settings import DType
-from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.policy import assemble
-from pytest_logprob_drift.runtimes.vllm.adapter import VllmHfAdapter, VllmRollout
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow
@@ -102,35 +94,3 @@ def test_junitxml_carries_the_verdicts(s1_run: dict[str, Any], tmp_path: Path) -
     assert proc.returncode == 0
     junit = Path(proc.args[proc.args.index("--junitxml") + 1]).read_text()
     assert 'name="drift_outcome" value="MISMATCH"' in junit
-
-
-class _LyingAdapter(VllmHfAdapter):
-    """Builds an fp32 engine whatever dtype the case requests (a silent fallback)."""
-
-    def build_rollout(self, binding: Any, identity: Any) -> VllmRollout:
-        settings = dataclasses.replace(binding.rollout_settings, dtype=DType.FLOAT32)
-        return VllmRollout(
-            dataclasses.replace(binding, rollout_settings=settings),
-            identity,
-            self.checkpoint(identity),
-        )
-
-
-def test_actual_that_disagrees_with_requested_is_strict_rejected(tmp_path: Path) -> None:
-    execution_plan = plan_file(str(CONFIG))
-    bf16 = [ec for ec in execution_plan.cases if ec.case.label == "rollout.dtype=bfloat16"]
-    catalogs = assemble()
-    with Runner(
-        execution_plan,
-        runtime="vllm-hf",
-        runtimes=catalogs.runtimes,
-        catalog=catalogs.operators,
-        artifacts=tmp_path,
-        adapter=_LyingAdapter(),
-    ) as runner:
-        (result,) = runner.run(bf16)
-    assert result.outcome is Outcome.STRICT_REJECTED
-    assert "rollout.dtype" in result.reason and "fallback" in result.reason
-    records = {r["knob"]: r for r in result.comparison.to_json()["records"]}
-    assert records["rollout.dtype"]["actual"] == "float32"
-    assert records["rollout.dtype"]["requested"] == "bfloat16"
