@@ -31,7 +31,7 @@ from pytest_logprob_drift.attribution.layers import (
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.attempt import read_seal
+from pytest_logprob_drift.store.attempt import Seal, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.documents import Requested
 from pytest_logprob_drift.store.resume import load_sealed_document, load_sealed_tensors
@@ -64,9 +64,11 @@ class SealedExecution:
         "seal",
     )
 
-    def __init__(self, attempt_dir: Path) -> None:
+    def __init__(self, attempt_dir: Path, seal: Seal | None = None) -> None:
+        """``seal``: the attempt's seal as a check just verified it (its kept bytes are read
+        from it, not from the files again); read and verified here otherwise."""
         self.attempt_dir = attempt_dir
-        self.seal = read_seal(attempt_dir)
+        self.seal = read_seal(attempt_dir) if seal is None else seal
         comparison = parse_comparison(self.seal.read(layout.COMPARISON))
         requested = load_sealed_document(attempt_dir, layout.REQUESTED, self.seal, Requested)
         self.case_id = self.seal.case_id

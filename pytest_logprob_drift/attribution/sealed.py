@@ -17,7 +17,7 @@ sealed tensors, and reports any difference. Knows nothing about engines or front
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from pytest_logprob_drift.attribution.importance import as_recorded
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.records import canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.attempt import new_attempt_id
+from pytest_logprob_drift.store.attempt import Seal, new_attempt_id
 from pytest_logprob_drift.store.decode import JSONDocumentError
 from pytest_logprob_drift.store.files import (
     check_directory,
@@ -174,10 +174,26 @@ def attribution_dirs(run_dir: Path) -> list[Path]:
     )
 
 
-def _execution_for(run_dir: Path, reference: Input) -> SealedExecution:
+CheckedSeals = Mapping[tuple[str, str], Seal]
+"""Seals a check of the run has just verified (``store.verify.verify_run``'s ``ok`` attempts),
+by ``(case_id, attempt_id)``: an attempt among them is read from its seal, not checked again."""
+
+
+def _execution_for(
+    run_dir: Path, reference: Input, checked: CheckedSeals | None = None
+) -> SealedExecution:
     if not (plain_name(reference.case_id) and plain_name(reference.attempt_id)):
         raise SealError(layout.ATTRIBUTION, "names an attempt outside the run's cases/; refused")
     attempt = run_dir / layout.CASES / reference.case_id / reference.attempt_id
+    seal = (checked or {}).get((reference.case_id, reference.attempt_id))
+    if seal is not None:  # checked just now: the COMPLETE it verified is the one to compare
+        if str(seal.manifest.sha256) != reference.complete_sha256:
+            raise SealError(
+                layout.ATTRIBUTION,
+                f"attempt {reference.attempt_id} is no longer the one it "
+                "was computed from (its COMPLETE changed)",
+            )
+        return SealedExecution(attempt, seal)
     if not attempt.is_dir():
         raise SealError(
             layout.ATTRIBUTION,
@@ -211,10 +227,12 @@ def _execution_for(run_dir: Path, reference: Input) -> SealedExecution:
     return execution
 
 
-def recompute(run_dir: Path, document: Attribution) -> dict[str, Any]:
+def recompute(
+    run_dir: Path, document: Attribution, checked: CheckedSeals | None = None
+) -> dict[str, Any]:
     """The document recomputed from the attempts it names (the baseline's first: the
     document's rules hold)."""
-    executions = [_execution_for(run_dir, r) for r in document.inputs]
+    executions = [_execution_for(run_dir, r, checked) for r in document.inputs]
     repeats = document.noise_floor.repeats
     baseline, rest = executions[0], executions[1:]
     return attribute(document.experiment_id, baseline, rest[:repeats], rest[repeats:])
@@ -249,11 +267,14 @@ def differences(recorded: Any, recomputed: Any, path: str = "$") -> list[str]:
     )
 
 
-def verify_attribution(run_dir: Path, directory: Path) -> list[str]:
-    """Problems with one sealed attribution (empty when it is intact and reproducible)."""
+def verify_attribution(
+    run_dir: Path, directory: Path, checked: CheckedSeals | None = None
+) -> list[str]:
+    """Problems with one sealed attribution (empty when it is intact and reproducible);
+    ``checked``: attempts a check of the run has just verified (``CheckedSeals``)."""
     try:
         document = read_attribution(directory)
-        recomputed = read_attribution_bytes(json_bytes(recompute(run_dir, document)))
+        recomputed = read_attribution_bytes(json_bytes(recompute(run_dir, document, checked)))
     except SealError as exc:
         return [f"{exc.file}: {exc.message}"]
     except (KeyError, TypeError, ValueError) as exc:

@@ -3,50 +3,23 @@
 Owns the case table's importance-sampling columns (the normalized ESS and verl's TIS
 clipped-token fraction at cap 2), the per-case panel "what your correction would do" (each
 peer correction with its framework, the flag a user sets, its band and the fraction it would
-clip, drop or mask), the report text's lines, and supplying the figures at read time for a
-shown attempt sealed before they existed (from its sealed token_diffs.pt, never by executing
-anything; torch is imported only then, so rendering stays torch-free). Built with
+clip, drop or mask) and the report text's lines (the figures of an attempt sealed before they
+existed come from the check ``store.verify`` runs, from its sealed token_diffs.pt). Built with
 ``report.markup`` only; the names come from ``numerics.peer_corrections`` and the wording from
 ``numerics.importance_text``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pytest_logprob_drift.numerics import importance_text
-from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
+from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.numerics.peer_corrections import PEER_CORRECTIONS
-from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.report.markup import Markup, el
-from pytest_logprob_drift.store import layout
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
-if TYPE_CHECKING:
-    from pytest_logprob_drift.store.attempt import Seal
 
 HEADERS = (importance_text.ESS_HEADER, "verl TIS cap 2 clipped")
 """The case table's columns (the HTML page's and the report text's)."""
 
 PANEL_HEADERS = ("framework", "flag", "keeps", "measures", "fraction affected")
-
-
-def with_read_time_figures(comparison: Comparison, directory: Path, seal: Seal) -> Comparison:
-    """``comparison`` with its figures: the sealed part, or (sealed before the part existed)
-    the part computed now from the attempt's sealed token_diffs.pt. A SealError when
-    token_diffs.pt does not verify or cannot give them."""
-    if (
-        comparison.diagnostics.importance_sampling is not None
-        or comparison.outcome not in (Outcome.PASS, Outcome.MISMATCH)
-        or layout.TOKEN_DIFFS not in seal.files
-    ):
-        return comparison
-    # torch only here: rendering the page imports none (the loader has torch already)
-    from pytest_logprob_drift.store.importance_check import figures_of_diffs, with_figures
-    from pytest_logprob_drift.store.resume import load_sealed_tensors
-
-    diffs = load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal)
-    return with_figures(comparison, figures_of_diffs(diffs))
 
 
 def cells(diagnostics: Diagnostics) -> list[tuple[str, float | None]]:

@@ -2,8 +2,10 @@
 
 Owns turning ``RUN_DIR`` into ``model.ReportData``: the verify status of every attempt (from
 ``store.verify.verify_run``, the same check ``verify`` runs), the newest ``ok`` attempt of each
-case (its sealed JSON and tensors read back through the store's digest-checked loaders, so a
-file changed since the check is refused too), the sealed attribution when there is one (with
+case as that check decoded it (``on_ok``: its documents, its comparison, the bytes it hashed,
+so each attempt's files are read and hashed once and what is shown is what was checked; past
+``HELD_BYTES`` a tensor is read again through the store's digest-checked loader, so a file
+changed since the check is refused), the sealed attribution when there is one (with
 what ``verify`` finds wrong with it), which cases get a detailed section (at most
 ``MAX_DETAILED``: the cases that did not pass, then by attribution rank and max |diff|), and
 for those the aggregated plot data: |diff| on a fixed log grid, |diff| by response position
@@ -25,7 +27,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -33,6 +35,7 @@ import torch
 
 from pytest_logprob_drift.attribution.document import Attribution
 from pytest_logprob_drift.attribution.sealed import (
+    CheckedSeals,
     attribution_dirs,
     latest_attribution,
     read_attribution,
@@ -40,11 +43,9 @@ from pytest_logprob_drift.attribution.sealed import (
 )
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
-from pytest_logprob_drift.numerics.gates import GateResult
 from pytest_logprob_drift.numerics.sample_drift import SampleDrift, sample_drift
 from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.report.columns import case_anchor
-from pytest_logprob_drift.report.importance import with_read_time_figures
 from pytest_logprob_drift.report.layers import load_layer_plot
 from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
@@ -62,7 +63,6 @@ from pytest_logprob_drift.report.model import (
     WorstToken,
 )
 from pytest_logprob_drift.report.path_split import load_plot
-from pytest_logprob_drift.report.signatures import with_read_time_signatures
 from pytest_logprob_drift.report.steps import (
     WORST_PER_STEP,
     StepRow,
@@ -74,9 +74,7 @@ from pytest_logprob_drift.report.steps import (
 from pytest_logprob_drift.report.token_html import sample_anchor
 from pytest_logprob_drift.report.token_view import limits_note, token_view
 from pytest_logprob_drift.store import layout, weights_check
-from pytest_logprob_drift.store.attempt import read_seal
-from pytest_logprob_drift.store.comparison import parse_comparison
-from pytest_logprob_drift.store.decode import JSONDocumentError, decode
+from pytest_logprob_drift.store.decode import Document, JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
     Actual,
     ExperimentDocument,
@@ -87,7 +85,7 @@ from pytest_logprob_drift.store.documents import (
     WeightsDocument,
 )
 from pytest_logprob_drift.store.files import read_regular
-from pytest_logprob_drift.store.resume import load_sealed_document, load_sealed_tensors
+from pytest_logprob_drift.store.resume import CheckedAttempt, load_sealed_tensors
 from pytest_logprob_drift.store.run import read_plan_log
 from pytest_logprob_drift.store.seal import SealError
 from pytest_logprob_drift.store.verify import AttemptStatus, require_run_dir, verify_run
@@ -151,39 +149,70 @@ def _experiment(run_dir: Path) -> tuple[ExperimentDocument | None, tuple[str, ..
         )
 
 
-SHOWN_DOCUMENTS = (layout.COMPARISON, layout.REQUESTED, layout.IDENTITY)
-"""The sealed documents every shown case reads."""
+HELD_BYTES = 512 << 20
+"""The sealed bytes the report keeps from the check (``verify_run``'s ``on_ok``): every shown
+attempt's files while they fit, so each is read and hashed once; beyond, an attempt keeps its
+decoded documents only and a tensor it shows is read again, digest-checked, when plotted."""
+
+D = TypeVar("D", bound=Document)
+
+
+class _Checked:
+    """The newest ``ok`` attempt of each case as ``verify_run`` checked it (``on_ok``)."""
+
+    def __init__(self, budget: int) -> None:
+        self.by_case: dict[str, CheckedAttempt] = {}
+        self.budget = budget
+        self.held = 0
+
+    def __call__(self, checked: CheckedAttempt) -> None:
+        case_id = checked.seal.case_id
+        previous = self.by_case.get(case_id)
+        if previous is not None:
+            if previous.seal.attempt_id > checked.seal.attempt_id:
+                return
+            self.held -= _held(previous)
+        if self.held + _held(checked) > self.budget:  # keep the documents, not the bytes
+            checked = dataclasses.replace(
+                checked, seal=dataclasses.replace(checked.seal, contents={})
+            )
+        self.held += _held(checked)
+        self.by_case[case_id] = checked
+
+
+def _held(checked: CheckedAttempt) -> int:
+    return sum(len(data) for data in checked.seal.contents.values())
+
+
+def _document(checked: CheckedAttempt, name: str, kind: type[D]) -> D:
+    """The checked attempt's decoded document ``name`` (check_attempt requires it)."""
+    document = checked.documents.get(name)
+    if not isinstance(document, kind):
+        raise SealError(name, "required file is not sealed")
+    return document
 
 
 class _Shown:
-    """The sealed documents of a case's shown attempt."""
+    """A case's shown attempt as ``verify_run`` checked it: its seal (and the bytes it kept)
+    and its decoded documents; nothing is read again but a tensor whose bytes were not kept
+    (``HELD_BYTES``), checked against the seal from the bytes read."""
 
-    def __init__(self, attempt: Path) -> None:
-        self.directory = attempt
-        # verify_run has just checked every file; what is read here is checked again, from
-        # the bytes read: the documents now, each tensor when case_detail loads it.
-        self.seal = read_seal(attempt, keep=SHOWN_DOCUMENTS, every=False)
-        self.comparison = with_read_time_signatures(
-            with_read_time_figures(
-                parse_comparison(self.seal.read(layout.COMPARISON)), attempt, self.seal
-            ),
-            attempt,
-            self.seal,
-        )
-        self.requested = load_sealed_document(attempt, layout.REQUESTED, self.seal, Requested)
-        self.identity = load_sealed_document(attempt, layout.IDENTITY, self.seal, IdentityDocument)
+    def __init__(self, checked: CheckedAttempt) -> None:
+        self.directory = checked.directory
+        self.seal = checked.seal
+        self.comparison = checked.comparison
+        self.gates = checked.gates
+        self.requested = _document(checked, layout.REQUESTED, Requested)
+        self.identity = _document(checked, layout.IDENTITY, IdentityDocument)
+        self.actual = checked.documents.get(layout.ACTUAL)
+        self.imported = checked.documents.get(layout.IMPORTED)
         self.weights = tuple(
-            (
-                side,
-                weights_check.summary(
-                    load_sealed_document(attempt, name, self.seal, WeightsDocument)
-                ),
-            )
+            (side, weights_check.summary(_document(checked, name, WeightsDocument)))
             for side, name in (
                 ("rollout", layout.WEIGHTS_ROLLOUT),
                 ("training", layout.WEIGHTS_TRAINING),
             )
-            if name in self.seal.files
+            if name in checked.documents
         )
 
 
@@ -425,9 +454,7 @@ def case_detail(
     else:  # the first active column of each sample
         starts = torch.argmax(active.to(torch.int8), dim=1)
     diff = diff_grid[active]
-    actual: Actual | None = None
-    if layout.ACTUAL in seal.files:
-        actual = load_sealed_document(shown.directory, layout.ACTUAL, seal, Actual)
+    actual = shown.actual if isinstance(shown.actual, Actual) else None
     worst, decoded = worst_tokens(
         diff_grid,
         {**batch, "active_mask": active},
@@ -546,10 +573,13 @@ def load_report(
     """Everything the page and the terminal show about ``run_dir``; links are relative to
     ``page_dir`` (where the page will be written)."""
     require_run_dir(run_dir)
-    statuses = tuple(verify_run(run_dir))
+    checked = _Checked(HELD_BYTES)
+    statuses = tuple(verify_run(run_dir, on_ok=checked))
     plan = _plan_rows(run_dir)
     experiment, experiment_notes = _experiment(run_dir)
-    sealed, rejected = _checked_attribution(run_dir)
+    sealed, rejected = _checked_attribution(
+        run_dir, {(c.seal.case_id, c.seal.attempt_id): c.seal for c in checked.by_case.values()}
+    )
     attribution, left_out = usable_attribution(sealed, statuses)
     entries = {e.case_id: e for e in (attribution.cases if attribution else ())}
     by_case: dict[str, list[AttemptStatus]] = {}
@@ -559,17 +589,8 @@ def load_report(
     shown: dict[str, _Shown] = {}
     views: list[CaseView] = []
     for case_id, attempts in sorted(by_case.items()):
-        picked: _Shown | None = None
-        gates: tuple[GateResult, ...] = ()
-        for status in sorted(attempts, key=lambda s: s.attempt_id, reverse=True):
-            if status.status != "ok":
-                continue
-            try:
-                picked = _Shown(run_dir / layout.CASES / case_id / status.attempt_id)
-                gates = status.gates
-                break
-            except SealError as exc:  # changed since verify_run checked it
-                late_problems.append(AttemptStatus.refused(case_id, status.attempt_id, exc))
+        newest = checked.by_case.get(case_id)
+        picked = None if newest is None else _Shown(newest)
         invalid = sum(1 for s in attempts if s.status != "ok")
         row = plan.get(case_id)
         if picked is None:
@@ -619,7 +640,7 @@ def load_report(
                 attribution=entries.get(case_id),
                 detail=None,
                 invalid_attempts=invalid,
-                gates=gates,
+                gates=picked.gates,
                 weights=picked.weights,
             )
         )
@@ -699,10 +720,10 @@ def _step_worst(
     out: dict[str, _StepWorst] = {}
     for case_id, picked in shown.items():
         seal = picked.seal
-        if layout.IMPORTED not in seal.files:
+        imported = picked.imported
+        if not isinstance(imported, ImportedStep):
             continue
         try:
-            imported = load_sealed_document(picked.directory, layout.IMPORTED, seal, ImportedStep)
             ranked: list[SampleDrift] = []
             if picked.comparison.outcome.value in ("PASS", "MISMATCH"):
                 diffs = load_sealed_tensors(picked.directory, layout.TOKEN_DIFFS, seal)
@@ -779,9 +800,12 @@ def _steps_view(
     return steps_view(rows, threshold)
 
 
-def _checked_attribution(run_dir: Path) -> tuple[Attribution | None, tuple[str, ...]]:
+def _checked_attribution(
+    run_dir: Path, checked: CheckedSeals
+) -> tuple[Attribution | None, tuple[str, ...]]:
     """The newest sealed attribution whose seal holds, and what ``verify`` finds wrong with it
-    (a re-sealed document, attempts that changed): the page shows it marked as rejected."""
+    (a re-sealed document, attempts that changed): the page shows it marked as rejected. The
+    attempts ``verify_run`` has just checked (``checked``) are not checked again."""
     document = latest_attribution(run_dir)
     if document is None:
         return None, ()
@@ -791,7 +815,7 @@ def _checked_attribution(run_dir: Path) -> tuple[Attribution | None, tuple[str, 
         except (SealError, OSError, ValueError):
             continue
         if same:
-            return document, tuple(verify_attribution(run_dir, directory))
+            return document, tuple(verify_attribution(run_dir, directory, checked))
     return document, ()
 
 

@@ -1,10 +1,10 @@
 """The report's view of the drift signatures: which known cause the logged numbers point to.
 
 Owns collecting, from a loaded run, the step and sample scope signatures each shown case's
-comparison carries (sealed, or computed at read time for one sealed before them) and the run
-scope ones computed here from the imported steps' sealed ``mean_abs_diff``
-(``numerics.signatures.run_signatures``, never sealed; ``with_read_time_signatures`` fills
-a comparison sealed before signatures existed), each as one ``NamedSignature`` with the
+comparison carries (sealed, or, for one sealed before them, computed by the check that
+``store.verify`` runs from its token_diffs.pt) and the run scope ones computed here from the
+imported steps' sealed ``mean_abs_diff`` (``numerics.signatures.run_signatures``, never
+sealed), each as one ``NamedSignature`` with the
 sentence the findings, the text report and the page show and the ``report --json`` entry.
 Knows nothing about files, seals or how a page is drawn.
 """
@@ -13,20 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.numerics.signature_record import Evidence, Scope, SignatureId
 from pytest_logprob_drift.numerics.signatures import run_signatures
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject, JsonValue
 from pytest_logprob_drift.report.model import CaseView, ReportData
-from pytest_logprob_drift.store import layout
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
-if TYPE_CHECKING:
-    from pytest_logprob_drift.store.attempt import Seal
 
 BETTER_SEEN = (SignatureId.TEMPERED, SignatureId.TRUNCATED_SAMPLING, SignatureId.SHIFTED)
 """The signatures an executed case's semantic offset over the full vocabulary sees better."""
@@ -81,24 +74,6 @@ class NamedSignature:
                 k: list(v) if isinstance(v, tuple) else v for k, v in self.evidence.items()
             },
         }
-
-
-def with_read_time_signatures(comparison: Comparison, directory: Path, seal: Seal) -> Comparison:
-    """``comparison`` with its signatures: the sealed list, or (sealed before signatures
-    existed) the list computed now from the attempt's sealed token_diffs.pt. A SealError when
-    token_diffs.pt does not verify or cannot give them."""
-    if (
-        comparison.diagnostics.signatures is not None
-        or comparison.outcome not in (Outcome.PASS, Outcome.MISMATCH)
-        or layout.TOKEN_DIFFS not in seal.files
-    ):
-        return comparison
-    # torch only here: rendering the page imports none (the loader has torch already)
-    from pytest_logprob_drift.store.resume import load_sealed_tensors
-    from pytest_logprob_drift.store.signature_check import signatures_of_diffs, with_signatures
-
-    diffs = load_sealed_tensors(directory, layout.TOKEN_DIFFS, seal)
-    return with_signatures(comparison, signatures_of_diffs(diffs))
 
 
 def _shown(values: Any) -> str:

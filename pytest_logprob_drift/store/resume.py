@@ -20,7 +20,8 @@ knows nothing about engines or runtimes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,7 +33,7 @@ from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
-from pytest_logprob_drift.store.decode import JSONDocumentError, decode
+from pytest_logprob_drift.store.decode import Document, JSONDocumentError, decode
 from pytest_logprob_drift.store.divergence_check import check_divergence
 from pytest_logprob_drift.store.documents import (
     ATTEMPT_DOCUMENTS,
@@ -79,6 +80,10 @@ class CheckedAttempt:
     """The frameworks' gates (``numerics.gates``) of a judged attempt, computed from its
     token_diffs.pt where it is checked (never sealed: they are the frameworks' bars, not the
     verdict); empty for an outcome without scores."""
+    documents: Mapping[str, Document] = field(default_factory=dict, repr=False, compare=False)
+    """Every sealed JSON document beside comparison.json (``ATTEMPT_DOCUMENTS``), decoded once
+    from the bytes the seal checked, by file name: a reader of a checked attempt (the report)
+    takes them from here instead of reading them again."""
 
     @property
     def outcome(self) -> Outcome:
@@ -181,7 +186,13 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
     """Raise SealError naming the file at fault unless the attempt is complete and consistent."""
     seal = read_seal(
         directory,
-        keep=(layout.COMPARISON, *JSON_FILES, *layout.OPTIONAL_DOCUMENTS, *TENSOR_FILES),
+        keep=(
+            layout.COMPARISON,
+            *JSON_FILES,
+            *layout.OPTIONAL_DOCUMENTS,
+            *TENSOR_FILES,
+            *layout.DIAGNOSTIC_FILES,
+        ),
     )
     if expected_key is not None and seal.execution_key != expected_key:
         raise SealError(
@@ -197,12 +208,14 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
     identity: IdentityDocument | None = None
     actual: Actual | None = None
     weights: dict[str, WeightsDocument] = {}
+    documents: dict[str, Document] = {}
     for name, kind in ATTEMPT_DOCUMENTS.items():
         if name not in seal.files:
             if name in JSON_FILES:
                 raise SealError(name, "required file is not sealed")
             continue
         document = load_sealed_document(directory, name, seal, kind)
+        documents[name] = document
         if isinstance(document, ImportedStep):
             imported = document
         if isinstance(document, WeightsDocument):
@@ -290,4 +303,6 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
                 diffs["active_mask"],
                 slime_figure=comparison.diagnostics.slime_train_rollout_logprob_abs_diff,
             )
-    return CheckedAttempt(directory=directory, seal=seal, comparison=comparison, gates=gates)
+    return CheckedAttempt(
+        directory=directory, seal=seal, comparison=comparison, gates=gates, documents=documents
+    )

@@ -13,6 +13,7 @@ nothing about engines, runtimes or how results are printed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -30,7 +31,11 @@ from pytest_logprob_drift.store.documents import (
 )
 from pytest_logprob_drift.store.files import check_directory, read_regular
 from pytest_logprob_drift.store.keys import active_key, sealing_with
-from pytest_logprob_drift.store.resume import check_attempt, load_sealed_document
+from pytest_logprob_drift.store.resume import (
+    CheckedAttempt,
+    check_attempt,
+    load_sealed_document,
+)
 from pytest_logprob_drift.store.run import (
     RUN_SEAL,
     iter_attempt_dirs,
@@ -315,10 +320,16 @@ class _AttemptIds(TypedDict):
     attempt_id: str
 
 
-def verify_run(run_dir: Path) -> list[AttemptStatus]:
+def verify_run(
+    run_dir: Path, *, on_ok: Callable[[CheckedAttempt], None] | None = None
+) -> list[AttemptStatus]:
     """The status of every attempt under ``run_dir``, in case then attempt order. Under a seal
     key, an attempt sealed without any key is ``superseded`` (not invalid) when its case has an
-    attempt valid under the key: keyed resume re-executed it and never reuses it."""
+    attempt valid under the key: keyed resume re-executed it and never reuses it.
+
+    ``on_ok`` is handed each attempt found ``ok`` as it was checked (its seal holding the very
+    bytes hashed, its documents decoded), in the same order: a reader that renders from it
+    reads and hashes each attempt's files once, and what it renders is what was checked."""
     require_run_dir(run_dir)
     statuses: list[AttemptStatus] = []
     unkeyed: set[int] = set()
@@ -367,6 +378,8 @@ def verify_run(run_dir: Path) -> list[AttemptStatus]:
         statuses.append(
             AttemptStatus(**ids, status="ok", outcome=checked.outcome.value, gates=checked.gates)
         )
+        if on_ok is not None:
+            on_ok(checked)
     if active_key() is None:
         return statuses
     keyed_cases = {s.case_id for s in statuses if s.status == "ok"}
