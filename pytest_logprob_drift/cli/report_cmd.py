@@ -20,13 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import ExitCode, one_line
-from pytest_logprob_drift.numerics import importance_text
 from pytest_logprob_drift.report import routing
 from pytest_logprob_drift.report.findings import findings
 from pytest_logprob_drift.report.page import publish_report
 from pytest_logprob_drift.report.steps import Crossing
-from pytest_logprob_drift.report.summary import HEADERS, ranking_table, report_json, summary_rows
+from pytest_logprob_drift.report.summary import headers as summary_headers
+from pytest_logprob_drift.report.summary import ranking_table, report_json, summary_rows
 from pytest_logprob_drift.runtimes.token_text import token_decoder
 from pytest_logprob_drift.store.verify import require_run_dir
 from pytest_logprob_drift.tables import render_table
@@ -56,12 +57,16 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
         else:
             print(one_line(_crossings_line(data.steps.crossings)), file=out)
     if data.steps is None or verbose:
-        print(render_table(HEADERS, summary_rows(data)), file=out)
+        print(render_table(summary_headers(), summary_rows(data)), file=out)
     for line in routing.case_lines(data.cases):
         print(one_line(line), file=out)
     if verbose:
         for view in data.cases:
-            for line in importance_text.lines(view.diagnostics):
+            for line in (
+                line
+                for diagnostic in installed()
+                for line in diagnostic.report_lines(view.diagnostics)
+            ):
                 print(one_line(f"{view.label}: {line}"), file=out)
             for side, line in view.weights:
                 print(one_line(f"{view.label}: weights ({side}): {line}"), file=out)

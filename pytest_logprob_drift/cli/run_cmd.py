@@ -31,11 +31,12 @@ from pytest_logprob_drift.attribution.text import (
 )
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.cli import FLAGS, SEAL_KEY_FLAGS
+from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError, one_line
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
-from pytest_logprob_drift.numerics import importance_text, layer_text, path_split_text, routing_text
+from pytest_logprob_drift.numerics import layer_text, path_split_text, routing_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
@@ -193,6 +194,8 @@ def _run(
     split = path_split_text.has_path_split(diagnostics)
     layers = layer_text.has_layers(diagnostics)
     routing = routing_text.has_routing(diagnostics)
+    core = [d for d in installed() if d.always_in_table]
+    optional = [d for d in installed() if not d.always_in_table and d.shown(diagnostics)]
     rows = [
         [
             r.case_id,
@@ -201,13 +204,14 @@ def _run(
             "-" if r.comparison is None else r.comparison.active_tokens,
             "-" if r.comparison is None else r.comparison.mismatches,
             _max_diff(r),
-            importance_text.ess_cell(d),
+            *(cell for diagnostic in core for cell in diagnostic.table_cells(d)),
             "reused" if r.reused else ("new" if r.attempt_dir else "-"),
             "" if r.as_expected else f"expected {r.expected.value}",
             *(divergence_text.cells(d) if full_vocabulary else []),
             *(path_split_text.cells(d) if split else []),
             *(layer_text.cells(d) if layers else []),
             *(routing_text.cells(d) if routing else []),
+            *(cell for diagnostic in optional for cell in diagnostic.table_cells(d)),
         ]
         for r, d in zip(results, diagnostics, strict=True)
     ]
@@ -237,13 +241,14 @@ def _run(
                     "active",
                     "mismatches",
                     "max|diff|",
-                    importance_text.ESS_HEADER,
+                    *(header for diagnostic in core for header in diagnostic.table_headers()),
                     "attempt",
                     "note",
                     *(divergence_text.HEADERS if full_vocabulary else ()),
                     *(path_split_text.HEADERS if split else ()),
                     *(layer_text.HEADERS if layers else ()),
                     *(routing_text.HEADERS if routing else ()),
+                    *(h for diagnostic in optional for h in diagnostic.table_headers()),
                 ],
                 rows,
             ),
@@ -255,6 +260,7 @@ def _run(
                 *path_split_text.lines(d),
                 *layer_text.lines(d),
                 *routing_text.lines(d),
+                *(line for diagnostic in installed() for line in diagnostic.run_lines(d)),
             ]:
                 print(one_line(f"{r.label}: {line}"), file=out)
         print(
@@ -335,11 +341,11 @@ def _result_json(r: CaseResult) -> JsonObject:
             if diagnostics is None or diagnostics.semantic_offset is None
             else {"semantic_offset": diagnostics.semantic_offset.to_json()}
         ),
-        **(
-            {}
-            if diagnostics is None or diagnostics.importance_sampling is None
-            else {"importance_sampling": diagnostics.importance_sampling.to_json()}
-        ),
+        **{
+            diagnostic.name: part
+            for diagnostic in installed()
+            if (part := diagnostic.json_part(diagnostics)) is not None
+        },
         **(
             {}
             if diagnostics is None or diagnostics.layers is None

@@ -5,7 +5,7 @@ Owns the steps between "this case must run" and "its attempt is sealed": strict 
 ``OperatorSession``, rollout then read-only training scoring on engines from the
 fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, the
 opt-in full-vocabulary diagnostics (``execute.diagnostics``, sealed as ``divergence.pt``), the
-importance-sampling figures of a judged case (``store.importance_check``), each side's weight
+installed diagnostics' parts of a judged case (``store.comparison_record``), each side's weight
 digests where its engine reports them (a difference is an identity violation, a side whose
 layout is not covered is STRICT_REJECTED under strict execution), the opt-in replay
 (``execute.replay``, after the read-back so it cannot change what is read back), and writing every
@@ -70,6 +70,7 @@ from pytest_logprob_drift.registry.catalog import (
 from pytest_logprob_drift.registry.session import OperatorSession
 from pytest_logprob_drift.store import layout, weights_check
 from pytest_logprob_drift.store.attempt import Seal
+from pytest_logprob_drift.store.comparison_record import comparison_of
 from pytest_logprob_drift.store.documents import (
     Actual,
     ExecutionKeyPayload,
@@ -78,7 +79,6 @@ from pytest_logprob_drift.store.documents import (
     WeightsDocument,
 )
 from pytest_logprob_drift.store.documents import Materialized as MaterializedDocument
-from pytest_logprob_drift.store.importance_check import comparison_of
 from pytest_logprob_drift.store.read_back import ACTUAL_SCHEMA
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes

@@ -27,9 +27,10 @@ from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.attribution.document import Case as AttributedCase
 from pytest_logprob_drift.attribution.document import document_json
 from pytest_logprob_drift.attribution.text import layer_properties
+from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import DriftError, one_line
 from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
-from pytest_logprob_drift.numerics import importance_text, layer_text, path_split_text, routing_text
+from pytest_logprob_drift.numerics import layer_text, path_split_text, routing_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.outcomes import Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
@@ -280,7 +281,6 @@ class DriftCaseItem(pytest.Item):
                 ("drift_threshold", str(None if c is None else c.threshold)),
                 ("drift_attempt", str(result.attempt_dir)),
                 *diagnostic_properties(None if c is None else c.diagnostics),
-                *importance_text.properties(None if c is None else c.diagnostics),
             ]
         )
 
@@ -336,8 +336,8 @@ def render_evidence(result: CaseResult) -> str:
                     f"{w.rollout_logprob:>15.6f}  {w.training_logprob:>16.6f}  "
                     f"{w.abs_diff:.3e}"
                 )
-        if (figures := importance_text.headline(c.diagnostics)) is not None:
-            lines.append(figures)
+        for diagnostic in installed():
+            lines.extend(diagnostic.failure_lines(c.diagnostics))
         lines.extend(divergence_text.lines(c.diagnostics))
         lines.extend(path_split_text.lines(c.diagnostics))
         lines.extend(layer_text.lines(c.diagnostics))

@@ -5,7 +5,7 @@ knows: each step's rows on one ``[B, T]`` token grid (padded to the step's longe
 most ``MAX_GRID_CELLS`` cells), judged by ``numerics.verdict.judge`` with the contract's one
 rule on the active tokens (ZERO_ACTIVE_TOKENS, INVALID_ARTIFACT for a non-finite active score:
 that step only), with the verdict's statistics and worst tokens and, for a judged step, the
-importance-sampling figures (``store.importance_check``: what each framework's correction
+importance-sampling figures (``store.comparison_record``: what each framework's correction
 would clip), sealed as one attempt of a case per step (``store.attempt``): what an executed
 attempt seals (requested/materialized/actual/identity documents, saying the step was imported
 and no engine ran, ``score_rollout.pt``, ``score_training.pt``, ``comparison.json``,
@@ -69,6 +69,7 @@ from pytest_logprob_drift.production.worst import WorstSamples
 from pytest_logprob_drift.records import ResolvedContract, canonical, canonical_json
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import execution_key
+from pytest_logprob_drift.store.comparison_record import SCORED_OUTCOMES, comparison_of
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
     Actual,
@@ -82,7 +83,6 @@ from pytest_logprob_drift.store.documents import (
     Requested,
 )
 from pytest_logprob_drift.store.files import fsync_dir, json_bytes, plain_name
-from pytest_logprob_drift.store.importance_check import SCORED_OUTCOMES, comparison_of
 from pytest_logprob_drift.store.imported_check import imported_case_id, imported_label
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes

@@ -1,6 +1,6 @@
 """The case table's columns, declared once: what each shows, and which are behind "more columns".
 
-Owns ``CASE_COLUMNS``, the ordered list of the page's case-table columns: a title, the cell of
+Owns ``case_columns()``, the ordered list of the page's case-table columns: a title, the cell of
 one case (a ``<td>`` built with ``markup.el``, with its sort value in ``data-v``), whether it
 is in the default set or behind the page's "more columns" toggle (``more``), and when the
 column exists at all (the full-vocabulary columns when some case has those diagnostics, the
@@ -20,7 +20,9 @@ from typing import Any
 from msgspec import UNSET
 
 from pytest_logprob_drift.attribution.document import Ratio
-from pytest_logprob_drift.report import gates, importance
+from pytest_logprob_drift.diagnostics.protocol import Diagnostic
+from pytest_logprob_drift.diagnostics.registry import installed
+from pytest_logprob_drift.report import gates
 from pytest_logprob_drift.report.markup import Child, Markup, el, fragment_link, page_link
 from pytest_logprob_drift.report.model import CaseView, ReportData
 from pytest_logprob_drift.report.summary import (
@@ -153,9 +155,9 @@ def _full_vocabulary(index: int) -> Cell:
     return cell
 
 
-def _importance(index: int) -> Cell:
+def _diagnostic(diagnostic: Diagnostic, index: int) -> Cell:
     def cell(view: CaseView) -> CellValue:
-        text, value = importance.cells(view.diagnostics)[index]
+        text, value = diagnostic.report_cells(view.diagnostics)[index]
         return td(text, num=value, cls="n")
 
     return cell
@@ -204,7 +206,7 @@ def _attempt(view: CaseView) -> CellValue:
     return CellValue(link, attempt)
 
 
-CASE_COLUMNS: tuple[Column, ...] = (
+_CORE_COLUMNS: tuple[Column, ...] = (
     Column(title="case", cell=_label),
     Column(title="outcome", cell=lambda v: CellValue(v.outcome, None, "outcome")),
     Column(title="changed", cell=lambda v: td(", ".join(v.changed) or "(baseline)"), more=True),
@@ -230,10 +232,10 @@ CASE_COLUMNS: tuple[Column, ...] = (
         )
         for title, key in FRAMEWORK_FIGURES
     ),
-    *(
-        Column(title=title, cell=_importance(i), more=True)
-        for i, title in enumerate(importance.HEADERS)
-    ),
+)
+"""The columns before the installed diagnostics' (``case_columns``)."""
+
+_LATER_COLUMNS: tuple[Column, ...] = (
     *(
         Column(title=title, cell=_full_vocabulary(i), more=True, shown=has_full_vocabulary)
         for i, title in enumerate(
@@ -246,9 +248,23 @@ CASE_COLUMNS: tuple[Column, ...] = (
     Column(title="p99 ratio", cell=_p99_ratio, more=True, shown=_attributed),
     Column(title="attempt (UTC)", cell=_attempt, more=True),
 )
-"""Every case-table column in page order; ``more`` ones are behind the toggle."""
+"""The columns after the installed diagnostics' (``case_columns``)."""
+
+
+def case_columns() -> tuple[Column, ...]:
+    """Every case-table column in page order, each installed diagnostic's among them; ``more``
+    ones are behind the toggle."""
+    return (
+        *_CORE_COLUMNS,
+        *(
+            Column(title=title, cell=_diagnostic(diagnostic, i), more=True)
+            for diagnostic in installed()
+            for i, title in enumerate(diagnostic.report_headers())
+        ),
+        *_LATER_COLUMNS,
+    )
 
 
 def columns(data: ReportData) -> tuple[Column, ...]:
     """The columns this page has."""
-    return tuple(c for c in CASE_COLUMNS if c.shown(data))
+    return tuple(c for c in case_columns() if c.shown(data))

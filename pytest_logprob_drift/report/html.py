@@ -29,9 +29,10 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary, TopToken
 from pytest_logprob_drift.records import JsonValue
-from pytest_logprob_drift.report import gates, importance, layer_lines, plots
+from pytest_logprob_drift.report import gates, layer_lines, plots
 from pytest_logprob_drift.report.columns import attempt_time, case_anchor, columns
 from pytest_logprob_drift.report.findings import SHOWN as FINDINGS_SHOWN
 from pytest_logprob_drift.report.findings import Findings, findings
@@ -946,7 +947,7 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
         figures,
         _worst(detail.worst, detail.decoded, _tiny(detail.identity_checks)),
         token_section(view, decades),
-        importance.panel(view.diagnostics),
+        (diagnostic.report_section(view.diagnostics) for diagnostic in installed()),
         _full_vocabulary(view),
         _records(view),
         _identity(view),

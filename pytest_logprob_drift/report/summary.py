@@ -18,11 +18,12 @@ from pytest_logprob_drift.attribution.materiality import material
 from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
+from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, ReductionStats
 from pytest_logprob_drift.numerics.framework_figures import SLIME_FIGURE, SLIME_PER_TOKEN_FIGURE
 from pytest_logprob_drift.numerics.text import REDUCTIONS
 from pytest_logprob_drift.records import JsonObject
-from pytest_logprob_drift.report import gates, importance
+from pytest_logprob_drift.report import gates
 from pytest_logprob_drift.report.findings import findings, moved_side, threshold, within_contract
 from pytest_logprob_drift.report.model import ReportData
 from pytest_logprob_drift.report.signatures import named_signatures
@@ -38,8 +39,14 @@ HEADERS = [
     "mean|diff|",
     gates.TITLE,
     "k3 KL",
-    *importance.HEADERS,
 ]
+"""The text table's columns before the installed diagnostics' (``headers``)."""
+
+
+def headers() -> list[str]:
+    """The report text's case-table columns: ``HEADERS``, then each installed diagnostic's."""
+    return [*HEADERS, *(h for diagnostic in installed() for h in diagnostic.report_headers())]
+
 
 PEER_METRICS: tuple[tuple[str, str], ...] = (
     ("k1 KL", "approx_kl_k1"),
@@ -161,7 +168,7 @@ def summary_rows(data: ReportData) -> list[list[Any]]:
                 fmt_diff(d.statistic("mean_abs_diff")),
                 gates.failed_cell(view.gates),
                 fmt_diff(d.statistic("approx_kl_k3")),
-                *importance.text_cells(d),
+                *(text for diagnostic in installed() for text, _ in diagnostic.report_cells(d)),
             ]
         )
     return rows

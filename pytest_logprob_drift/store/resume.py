@@ -8,9 +8,9 @@ equals the current one, the tensor payloads load with ``weights_only=True`` from
 bytes that were hashed (each byte read and hashed once), ``token_diffs.pt`` holds exactly the
 logprobs and mask of ``score_rollout.pt`` and ``score_training.pt``, and the verdict
 recomputed offline from it under the installed contract's threshold (``store.rejudge``: never
-a sealed threshold) agrees with ``comparison.json``, figure for figure, and so do the
-importance-sampling figures (``store.importance_check``), and each side's sealed weight
-digests show exactly the differences recorded and the two sides agree
+a sealed threshold) agrees with ``comparison.json``, figure for figure, and so does
+each installed diagnostic's part (``diagnostics.registry``: each checks its own), and each
+side's sealed weight digests show exactly the differences recorded and the two sides agree
 (``store.weights_check``); an imported step's ``imported.json`` agrees with its attempt
 (``store.imported_check``).
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import torch
 
+from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.numerics.comparison import NUMERIC_CHECK_KEYS, Comparison, NumericCheck
 from pytest_logprob_drift.numerics.gates import GateResult, gate_results
 from pytest_logprob_drift.outcomes import Outcome
@@ -42,7 +43,6 @@ from pytest_logprob_drift.store.documents import (
     ImportedStep,
     WeightsDocument,
 )
-from pytest_logprob_drift.store.importance_check import check_importance_sampling, with_figures
 from pytest_logprob_drift.store.imported_check import check_imported
 from pytest_logprob_drift.store.layers_check import check_layers
 from pytest_logprob_drift.store.path_split_check import check_path_split
@@ -294,7 +294,9 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
                 f"outcome {outcome.value} disagrees with the "
                 f"recomputed verdict {numeric.outcome.value}",
             )
-        comparison = with_figures(comparison, check_importance_sampling(comparison, diffs))
+        for diagnostic in installed():
+            files = _sealed_if_present(directory, seal, diagnostic.sealed_files)
+            comparison = diagnostic.check(comparison, diffs, files)
         comparison = with_signatures(comparison, check_signatures(comparison, diffs))
         if outcome in (Outcome.PASS, Outcome.MISMATCH):
             gates = gate_results(

@@ -4,39 +4,28 @@ Owns computing ``diagnostics.importance_sampling`` from the tensors of ``token_d
 (``numerics.importance_sampling``, a pure function of them) as the typed part comparison.json
 records, and deciding whether a recorded part agrees with that recomputation: a part that
 differs, or one recorded for an outcome without scores, is refused. Attempts sealed before the
-part existed get it computed here at read time, never by executing anything again. Used by
-``execute.case`` (the part it seals), ``store.resume`` (so resume, ``verify`` and the report
-all apply the check) and the readers that open token_diffs.pt themselves. Never writes
+part existed get it computed here at read time, never by executing anything again. Called
+through the diagnostic (``diagnostic``) by the writers (``store.comparison_record``) and by
+``store.resume`` (so resume, ``verify`` and the report all apply the check). Never writes
 anything; knows nothing about engines or how the figures are shown.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import msgspec
 import torch
 
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
-    Contract,
-    Diagnostics,
     ImportanceSamplingFigures,
-    KnobRecord,
-    NumericCheck,
-    WorstToken,
     from_builtins,
 )
 from pytest_logprob_drift.numerics.importance_sampling import importance_sampling
-from pytest_logprob_drift.numerics.verdict import Verdict
-from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.records import JsonValue, ResolvedContract
 from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.comparison_record import SCORED_OUTCOMES
 from pytest_logprob_drift.store.seal import SealError
-from pytest_logprob_drift.store.signature_check import signatures
-
-SCORED_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH)
-"""The outcomes whose comparison carries importance-sampling figures."""
 
 
 def figures(
@@ -47,46 +36,6 @@ def figures(
     ``ValueError`` for inputs a verdict would not judge."""
     computed = importance_sampling(training.cpu(), rollout.cpu(), active.cpu())
     return from_builtins(computed.to_json(), ImportanceSamplingFigures)
-
-
-def comparison_of(
-    verdict: Verdict,
-    *,
-    case_id: str,
-    label: str,
-    contract: ResolvedContract,
-    scores: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-    entries: Mapping[str, JsonValue] | None = None,
-    records: Sequence[KnobRecord] = (),
-    numerical: NumericCheck | None,
-) -> Comparison:
-    """comparison.json's record of a case judged by ``verdict``: its statistics and the
-    optional ``entries`` as typed diagnostics, the importance-sampling figures and the drift
-    signatures (``store.signature_check``) of a judged case from its ``(training, rollout,
-    active)`` scores (the very tensors token_diffs.pt seals), the knob ``records`` and the
-    numeric re-check. Both writers (an executed case, an imported step)
-    build it here."""
-    diagnostics = from_builtins({**verdict.diagnostics, **(entries or {})}, Diagnostics)
-    if verdict.outcome in SCORED_OUTCOMES and scores is not None:
-        diagnostics = msgspec.structs.replace(
-            diagnostics, importance_sampling=figures(*scores), signatures=signatures(*scores)
-        )
-    return Comparison(
-        case_id=case_id,
-        label=label,
-        contract=Contract.of(contract),
-        outcome=verdict.outcome,
-        reason=verdict.reason,
-        threshold=verdict.threshold,
-        active_tokens=verdict.active_tokens,
-        mismatches=verdict.mismatches,
-        diagnostics=diagnostics,
-        worst_tokens=tuple(WorstToken(**w) for w in verdict.worst_tokens),
-        identity_violations=verdict.identity_violations,
-        records=tuple(records),
-        numerical=numerical,
-        nonfinite_tokens=verdict.nonfinite_tokens,
-    )
 
 
 def figures_of_diffs(diffs: Mapping[str, torch.Tensor]) -> ImportanceSamplingFigures:

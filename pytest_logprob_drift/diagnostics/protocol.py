@@ -1,0 +1,125 @@
+"""What a diagnostic is: the ``Diagnostic`` protocol the hubs call, and nothing else.
+
+A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` and
+``report --json``'s ``cases[].diagnostics.<name>``):
+
+- its pure computation over the scored pair (``seal``: the typed part sealed at execution
+  from the verdict's ``(training, rollout, active)`` scores, the tensors token_diffs.pt seals);
+- its sealed files (``sealed_files``: the store receives the names and loads them, digest
+  checked, for ``check``);
+- its offline check (``check``: the recorded part against what the sealed tensors give,
+  a ``SealError`` naming the file at fault; the part computed at read time for an attempt
+  sealed before it existed);
+- its views: the run table's columns (``table_headers`` / ``table_cells``; an
+  ``always_in_table`` diagnostic has its columns among the core ones, others only when a
+  case carries the part), the lines of the run output, of the plugin's failure text and of
+  the report's verbose text, its junit properties, the ``run --json`` member, the report's
+  columns and its section of the report's case article.
+
+Where the other parts go (not called by any hub yet; the diagnostics moved so far have none
+of them or keep them where they are): the config key ``diagnostics.<name>`` and its
+execution-key contribution are declared torch-free in the folder's ``__init__`` (config
+loading is on ``plan``'s path); engine-side capture stays in ``runtimes/`` behind a capture
+protocol the folder declares; a run-scope part (figures over all steps or cases) is computed at
+read time from the sealed parts by the report; the contribution to the attribution document
+(today's ESS and path members) stays in ``attribution/`` until part 2 of issue 51.
+
+Torch-free and cheap to import: tensors and markup appear in annotations only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
+    from pytest_logprob_drift.outcomes import Outcome
+    from pytest_logprob_drift.records import JsonObject
+    from pytest_logprob_drift.report.markup import Markup
+
+Scores = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
+"""``(training, rollout, active)`` of a judged case: token_diffs.pt's three tensors."""
+
+Tensors = Mapping[str, "torch.Tensor"]
+"""The tensors of one sealed file, by key."""
+
+
+class Diagnostic(Protocol):
+    """One installed diagnostic; see the module docstring for what each member is for."""
+
+    @property
+    def name(self) -> str:
+        """Its member of comparison.json's ``diagnostics`` (and its config key's last part)."""
+        ...
+
+    @property
+    def sealed_files(self) -> tuple[str, ...]:
+        """The attempt files it seals beside comparison.json (none: only its part)."""
+        ...
+
+    @property
+    def always_in_table(self) -> bool:
+        """Whether its run-table columns are core columns, shown for every run."""
+        ...
+
+    def seal(self, outcome: Outcome, scores: Scores | None) -> object | None:
+        """Its typed part of a case judged ``outcome`` from ``scores`` (None: no part)."""
+        ...
+
+    def check(
+        self,
+        comparison: Comparison,
+        diffs: Tensors,
+        files: Mapping[str, Tensors | None],
+    ) -> Comparison:
+        """``comparison`` once its part agrees with token_diffs.pt's ``diffs`` and its sealed
+        ``files`` (None: not sealed), the part filled where it was computed at read time; a
+        ``SealError`` naming the file at fault otherwise."""
+        ...
+
+    def shown(self, diagnostics: Sequence[Diagnostics | None]) -> bool:
+        """Whether its optional run-table columns are shown for these cases."""
+        ...
+
+    def table_headers(self) -> tuple[str, ...]:
+        """The run table's (and ``import``'s table's) columns."""
+        ...
+
+    def table_cells(self, diagnostics: Diagnostics | None) -> list[str]:
+        """A case's cells under ``table_headers``."""
+        ...
+
+    def run_lines(self, diagnostics: Diagnostics | None) -> list[str]:
+        """Lines the run command prints after its table for a case."""
+        ...
+
+    def failure_lines(self, diagnostics: Diagnostics | None) -> list[str]:
+        """Lines of the plugin's failure text for a case."""
+        ...
+
+    def report_lines(self, diagnostics: Diagnostics | None) -> list[str]:
+        """Lines of ``report -v``'s text for a case."""
+        ...
+
+    def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
+        """Junit name/value properties of a case."""
+        ...
+
+    def json_part(self, diagnostics: Diagnostics | None) -> JsonObject | None:
+        """Its member of ``run --json``'s result (None: none)."""
+        ...
+
+    def report_headers(self) -> tuple[str, ...]:
+        """The report's case-table columns (the page's and the text's)."""
+        ...
+
+    def report_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
+        """``(text, sort value)`` of a case under ``report_headers``."""
+        ...
+
+    def report_section(self, diagnostics: Diagnostics) -> Markup | None:
+        """Its section of the report's case article (None: none)."""
+        ...

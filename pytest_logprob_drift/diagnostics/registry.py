@@ -1,0 +1,48 @@
+"""The installed diagnostics: which ones a run computes, seals, checks and shows, in order.
+
+Owns the list of built-in diagnostics, loaded by module name the first time a hub asks (as
+pytest loads its plugins), so that importing this module, planning and config loading import
+no diagnostic, no torch and no markup. ``install`` adds one for this process (a diagnostic
+defined outside the package, such as the test tree's); ``uninstall`` removes it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.diagnostics.protocol import Diagnostic
+
+BUILTIN = ("pytest_logprob_drift.diagnostics.importance_sampling",)
+"""The built-in diagnostics' modules, in the order the hubs show them; each exports
+``DIAGNOSTIC``."""
+
+_loaded: list[Diagnostic] | None = None
+_extra: list[Diagnostic] = []
+
+
+def installed() -> tuple[Diagnostic, ...]:
+    """The built-in diagnostics, then those ``install``ed, in order."""
+    global _loaded
+    if _loaded is None:
+        _loaded = [importlib.import_module(module).DIAGNOSTIC for module in BUILTIN]
+    return (*_loaded, *_extra)
+
+
+def by_name(name: str) -> Diagnostic | None:
+    """The installed diagnostic whose part is ``diagnostics.<name>`` (None: not installed)."""
+    return next((d for d in installed() if d.name == name), None)
+
+
+def install(diagnostic: Diagnostic) -> None:
+    """Install ``diagnostic`` for this process, after the built-in ones; a ValueError when one
+    of that name is installed already."""
+    if by_name(diagnostic.name) is not None:
+        raise ValueError(f"diagnostic {diagnostic.name} is installed already")
+    _extra.append(diagnostic)
+
+
+def uninstall(name: str) -> None:
+    """Remove the diagnostic ``name`` that ``install`` added (built-in ones stay)."""
+    _extra[:] = [d for d in _extra if d.name != name]

@@ -1,0 +1,75 @@
+"""comparison.json's record of a judged case, as both writers build it.
+
+Owns assembling the ``Comparison`` of a case judged by a verdict: its statistics and the
+writer's entries as typed diagnostics, each installed diagnostic's sealed part
+(``diagnostics.registry``) and the drift signatures of a judged case from its
+``(training, rollout, active)`` scores (the very tensors token_diffs.pt seals), the knob
+records and the numeric re-check. Used by ``execute.case`` (an executed case) and
+``production.importer`` (an imported step); names no diagnostic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import msgspec
+import torch
+
+from pytest_logprob_drift.diagnostics.registry import installed
+from pytest_logprob_drift.numerics.comparison import (
+    Comparison,
+    Contract,
+    Diagnostics,
+    KnobRecord,
+    NumericCheck,
+    WorstToken,
+    from_builtins,
+)
+from pytest_logprob_drift.numerics.verdict import Verdict
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.records import JsonValue, ResolvedContract
+from pytest_logprob_drift.store.signature_check import signatures
+
+SCORED_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH)
+"""The outcomes whose comparison carries the figures of its scores."""
+
+
+def comparison_of(
+    verdict: Verdict,
+    *,
+    case_id: str,
+    label: str,
+    contract: ResolvedContract,
+    scores: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    entries: Mapping[str, JsonValue] | None = None,
+    records: Sequence[KnobRecord] = (),
+    numerical: NumericCheck | None,
+) -> Comparison:
+    """comparison.json's record of a case judged by ``verdict``: its statistics and the
+    optional ``entries`` as typed diagnostics, each installed diagnostic's part and the drift
+    signatures of a judged case from its ``(training, rollout, active)`` scores, the knob
+    ``records`` and the numeric re-check."""
+    diagnostics = from_builtins({**verdict.diagnostics, **(entries or {})}, Diagnostics)
+    parts = {
+        d.name: part for d in installed() if (part := d.seal(verdict.outcome, scores)) is not None
+    }
+    if verdict.outcome in SCORED_OUTCOMES and scores is not None:
+        parts["signatures"] = signatures(*scores)
+    if parts:
+        diagnostics = msgspec.structs.replace(diagnostics, **parts)
+    return Comparison(
+        case_id=case_id,
+        label=label,
+        contract=Contract.of(contract),
+        outcome=verdict.outcome,
+        reason=verdict.reason,
+        threshold=verdict.threshold,
+        active_tokens=verdict.active_tokens,
+        mismatches=verdict.mismatches,
+        diagnostics=diagnostics,
+        worst_tokens=tuple(WorstToken(**w) for w in verdict.worst_tokens),
+        identity_violations=verdict.identity_violations,
+        records=tuple(records),
+        numerical=numerical,
+        nonfinite_tokens=verdict.nonfinite_tokens,
+    )
