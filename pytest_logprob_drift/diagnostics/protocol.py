@@ -3,6 +3,8 @@
 A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` and
 ``report --json``'s ``cases[].diagnostics.<name>``):
 
+- its sealed part's type (``part_type``: a frozen msgspec record; a part whose name
+  ``Diagnostics`` does not declare is sealed after the declared members and decoded by it);
 - its pure computation over the scored pair (``seal``: the typed part sealed at execution
   from the verdict's ``(training, rollout, active)`` scores, the tensors token_diffs.pt seals);
 - its sealed files (``sealed_files``: the store receives the names and loads them, digest
@@ -53,6 +55,11 @@ class Diagnostic(Protocol):
     @property
     def name(self) -> str:
         """Its member of comparison.json's ``diagnostics`` (and its config key's last part)."""
+        ...
+
+    @property
+    def part_type(self) -> type:
+        """The typed document its part is decoded as (a ``numerics.comparison.Record``)."""
         ...
 
     @property

@@ -20,6 +20,7 @@ computed.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
@@ -650,6 +651,16 @@ class Diagnostics(Record, frozen=True):
     scores."""
     routing: Absent[RoutingDiagnostics] = None
     """Opt-in ``diagnostics.routing`` of a mixture-of-experts case; absent otherwise."""
+    installed_parts: Absent[Mapping[str, Any]] = None
+    """The parts of installed diagnostics that declare no member here, by name: sealed as
+    ``diagnostics.<name>`` beside the declared members (``to_json``), decoded by their
+    diagnostic (``store.comparison``). Never a member of comparison.json itself."""
+
+    def to_json(self) -> Any:
+        """The JSON object sealed: the declared members and each installed part."""
+        out = super().to_json()
+        out.update(out.pop("installed_parts", None) or {})
+        return out
 
     def _has(self, key: str) -> bool:
         """Whether statistic ``key`` is sealed (an ``OVERFLOWING_STATISTICS`` member may be
@@ -791,3 +802,9 @@ class Comparison(Record, frozen=True):
     nonfinite_tokens: Absent[Count] = None
     """INVALID_ARTIFACT for non-finite active scores: how many active tokens are (absent
     otherwise, and in comparisons sealed before it was counted, whose ``active_tokens`` is 0)."""
+
+    def to_json(self) -> Any:
+        """The JSON object sealed (``Diagnostics.to_json`` for its diagnostics)."""
+        out = super().to_json()
+        out["diagnostics"] = self.diagnostics.to_json()
+        return out

@@ -50,13 +50,17 @@ def comparison_of(
     signatures of a judged case from its ``(training, rollout, active)`` scores, the knob
     ``records`` and the numeric re-check."""
     diagnostics = from_builtins({**verdict.diagnostics, **(entries or {})}, Diagnostics)
-    parts = {
+    parts: dict[str, object] = {
         d.name: part for d in installed() if (part := d.seal(verdict.outcome, scores)) is not None
     }
     if verdict.outcome in SCORED_OUTCOMES and scores is not None:
         parts["signatures"] = signatures(*scores)
-    if parts:
-        diagnostics = msgspec.structs.replace(diagnostics, **parts)
+    declared = {k: v for k, v in parts.items() if k in Diagnostics.__struct_fields__}
+    installed_parts = {k: v for k, v in parts.items() if k not in declared}
+    if installed_parts:
+        declared["installed_parts"] = installed_parts
+    if declared:
+        diagnostics = msgspec.structs.replace(diagnostics, **declared)
     return Comparison(
         case_id=case_id,
         label=label,

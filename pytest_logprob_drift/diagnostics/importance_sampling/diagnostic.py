@@ -14,14 +14,11 @@ from typing import TYPE_CHECKING
 
 from pytest_logprob_drift.diagnostics.importance_sampling import section
 from pytest_logprob_drift.numerics import importance_text
+from pytest_logprob_drift.numerics.comparison import ImportanceSamplingFigures
 
 if TYPE_CHECKING:
     from pytest_logprob_drift.diagnostics.protocol import Scores, Tensors
-    from pytest_logprob_drift.numerics.comparison import (
-        Comparison,
-        Diagnostics,
-        ImportanceSamplingFigures,
-    )
+    from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
@@ -32,6 +29,7 @@ class ImportanceSamplingDiagnostic:
     """``diagnostics.importance_sampling`` of every judged case."""
 
     name: str = "importance_sampling"
+    part_type: type = ImportanceSamplingFigures
     sealed_files: tuple[str, ...] = ()
     always_in_table: bool = True
 

@@ -1,0 +1,122 @@
+"""The ``log_ratio_peak`` diagnostic: the active token whose r = training - rollout is largest."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import msgspec
+import torch
+
+from pytest_logprob_drift.diagnostics.protocol import Scores, Tensors
+from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, Record
+from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.records import JsonObject
+from pytest_logprob_drift.report.markup import Markup, el
+from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.seal import SealError
+
+NAME = "log_ratio_peak"
+HEADER = "peak r"
+
+
+class LogRatioPeak(Record, frozen=True):
+    """The part: the largest log-ratio over active tokens and where it is."""
+
+    log_ratio: float
+    sample: int
+    position: int
+
+
+def peak(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) -> LogRatioPeak:
+    """The part from token_diffs.pt's three tensors (float64 differences)."""
+    r = (training.cpu().to(torch.float64) - rollout.cpu().to(torch.float64)).masked_fill(
+        ~active.cpu(), -torch.inf
+    )
+    flat = int(torch.argmax(r))
+    sample, position = divmod(flat, r.shape[1])
+    return LogRatioPeak(log_ratio=float(r.flatten()[flat]), sample=sample, position=position)
+
+
+def _part(diagnostics: Diagnostics | None) -> LogRatioPeak | None:
+    if diagnostics is None or diagnostics.installed_parts is None:
+        return None
+    part = diagnostics.installed_parts.get(NAME)
+    return part if isinstance(part, LogRatioPeak) else None
+
+
+@dataclass(frozen=True, slots=True)
+class LogRatioPeakDiagnostic:
+    name: str = NAME
+    part_type: type = LogRatioPeak
+    sealed_files: tuple[str, ...] = ()
+    always_in_table: bool = False
+
+    def seal(self, outcome: Outcome, scores: Scores | None) -> LogRatioPeak | None:
+        if outcome not in (Outcome.PASS, Outcome.MISMATCH) or scores is None:
+            return None
+        return peak(*scores)
+
+    def check(
+        self, comparison: Comparison, diffs: Tensors, files: Mapping[str, Tensors | None]
+    ) -> Comparison:
+        recorded = _part(comparison.diagnostics)
+        if recorded is None:
+            return comparison
+        again = peak(diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"])
+        for field in LogRatioPeak.__struct_fields__:
+            if getattr(recorded, field) != getattr(again, field):
+                raise SealError(
+                    layout.COMPARISON,
+                    f"diagnostics.{NAME}.{field} differs from token_diffs.pt",
+                )
+        return comparison
+
+    def shown(self, diagnostics: Sequence[Diagnostics | None]) -> bool:
+        return any(_part(d) is not None for d in diagnostics)
+
+    def table_headers(self) -> tuple[str, ...]:
+        return (HEADER,)
+
+    def table_cells(self, diagnostics: Diagnostics | None) -> list[str]:
+        part = _part(diagnostics)
+        return ["-" if part is None else f"{part.log_ratio:.6g}"]
+
+    def run_lines(self, diagnostics: Diagnostics | None) -> list[str]:
+        part = _part(diagnostics)
+        return [] if part is None else [f"log-ratio peak at {part.sample}:{part.position}"]
+
+    def failure_lines(self, diagnostics: Diagnostics | None) -> list[str]:
+        return self.run_lines(diagnostics)
+
+    def report_lines(self, diagnostics: Diagnostics | None) -> list[str]:
+        return self.run_lines(diagnostics)
+
+    def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
+        part = _part(diagnostics)
+        return [] if part is None else [(f"drift_{NAME}", repr(part.log_ratio))]
+
+    def json_part(self, diagnostics: Diagnostics | None) -> JsonObject | None:
+        part = _part(diagnostics)
+        return None if part is None else msgspec.to_builtins(part)
+
+    def report_headers(self) -> tuple[str, ...]:
+        return (HEADER,)
+
+    def report_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
+        part = _part(diagnostics)
+        return [("-", None) if part is None else (f"{part.log_ratio:.6g}", part.log_ratio)]
+
+    def report_section(self, diagnostics: Diagnostics) -> Markup | None:
+        part = _part(diagnostics)
+        if part is None:
+            return None
+        return el(
+            "section",
+            el("h3", "Log-ratio peak"),
+            el("p", f"r = {part.log_ratio!r} at sample {part.sample}, position {part.position}"),
+            class_=NAME,
+        )
+
+
+DIAGNOSTIC = LogRatioPeakDiagnostic()

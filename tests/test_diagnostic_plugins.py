@@ -1,0 +1,265 @@
+"""Diagnostics as plugins (issue 51): a diagnostic defined only in the test tree
+(``tests/log_ratio_peak``, installed here) is computed, sealed, checked by verify, and shown
+in the run table, the report's table, text and page, and a part sealed by a diagnostic not
+installed is refused as such; the hubs name no single diagnostic (their imports read with
+``ast``).
+
+One real cpu-smoke run of the S0 experiment with the test diagnostic installed; its figures
+are recomputed here in float64 with plain Python from the sealed token_diffs.pt.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from drift_testing import OFFSET_EXPECT, REPO, S0, cli
+from log_ratio_peak import DIAGNOSTIC
+
+from pytest_logprob_drift.diagnostics import registry
+from pytest_logprob_drift.store.files import json_bytes
+from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE, TOKEN_DIFFS
+from pytest_logprob_drift.store.run import iter_attempt_dirs
+from pytest_logprob_drift.tensorio import tensors_from_bytes
+
+EXPERIMENT = "s0-cpu-smoke"
+NAME = "log_ratio_peak"
+
+
+@pytest.fixture(scope="module")
+def installed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The S0 run executed with the test diagnostic installed: its run directory and the run
+    command's table output. The diagnostic is uninstalled once the run is done (a test that
+    reads with it installed asks for ``plugin_installed``)."""
+    artifacts = tmp_path_factory.mktemp("diagnostic-plugin") / "runs"
+    registry.install(DIAGNOSTIC)
+    try:
+        code, out, err = cli(
+            "run",
+            S0,
+            "--runtime",
+            "cpu-smoke",
+            "--allow-smoke-operators",
+            "--expect",
+            OFFSET_EXPECT,
+            "--artifacts",
+            artifacts,
+        )
+    finally:
+        registry.uninstall(NAME)
+    assert code == 0, out + err
+    return artifacts / EXPERIMENT, out
+
+
+@pytest.fixture
+def plugin_installed(installed_run: tuple[Path, str]) -> Iterator[None]:
+    registry.install(DIAGNOSTIC)
+    try:
+        yield
+    finally:
+        registry.uninstall(NAME)
+
+
+def _comparisons(run_dir: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
+    out = {}
+    for attempt in iter_attempt_dirs(run_dir):
+        document = json.loads((attempt / COMPARISON).read_bytes())
+        out[document["label"]] = (attempt, document)
+    return out
+
+
+def _by_hand(attempt: Path) -> tuple[float, int, int]:
+    """(largest r over active tokens, its sample, its position) from token_diffs.pt."""
+    diffs = tensors_from_bytes((attempt / TOKEN_DIFFS).read_bytes())
+    training = diffs["training_logprobs"].to(torch.float64).tolist()
+    rollout = diffs["rollout_logprobs"].to(torch.float64).tolist()
+    active = diffs["active_mask"].tolist()
+    best: tuple[float, int, int] | None = None
+    for i, row in enumerate(active):
+        for j, on in enumerate(row):
+            r = training[i][j] - rollout[i][j]
+            if on and (best is None or r > best[0]):
+                best = (r, i, j)
+    assert best is not None
+    return best
+
+
+def _reseal(attempt: Path, document: dict[str, Any]) -> None:
+    path = attempt / COMPARISON
+    os.chmod(path, 0o644)
+    path.write_bytes(json_bytes(document))
+    seal = json.loads((attempt / COMPLETE).read_text())
+    seal["files"][COMPARISON] = hashlib.sha256(path.read_bytes()).hexdigest()
+    os.chmod(attempt / COMPLETE, 0o644)
+    (attempt / COMPLETE).write_bytes(json_bytes(seal))
+
+
+def test_the_part_is_sealed_beside_the_declared_ones_and_equals_a_recomputation(
+    installed_run: tuple[Path, str],
+) -> None:
+    run_dir, _ = installed_run
+    cases = _comparisons(run_dir)
+    assert len(cases) == 3
+    for label, (attempt, document) in cases.items():
+        assert "importance_sampling" in document["diagnostics"], label  # built-in kept
+        assert "installed_parts" not in document["diagnostics"], label
+        part = document["diagnostics"][NAME]
+        r, sample, position = _by_hand(attempt)
+        assert part == {"log_ratio": r, "sample": sample, "position": position}, label
+
+
+def test_the_run_table_shows_its_column(installed_run: tuple[Path, str]) -> None:
+    run_dir, out = installed_run
+    header = next(line for line in out.splitlines() if line.startswith("case_id"))
+    assert header.rstrip().endswith("peak r"), header
+    for label, (attempt, document) in _comparisons(run_dir).items():
+        row = next(line for line in out.splitlines() if line.startswith(document["case_id"]))
+        r, sample, position = _by_hand(attempt)
+        assert row.split()[-1] == f"{r:.6g}", row
+        assert f"{label}: log-ratio peak at {sample}:{position}" in out
+
+
+def test_verify_checks_the_part_and_names_a_tampered_figure(
+    installed_run: tuple[Path, str], plugin_installed: None, tmp_path: Path
+) -> None:
+    run_dir, _ = installed_run
+    code, out, err = cli("verify", run_dir)
+    assert (code, err) == (0, ""), out
+
+    runs = tmp_path / "runs"
+    shutil.copytree(run_dir, runs / EXPERIMENT)
+    attempt, document = _comparisons(runs / EXPERIMENT)["baseline"]
+    document["diagnostics"][NAME]["position"] += 1
+    _reseal(attempt, document)
+    code, out, err = cli("verify", runs / EXPERIMENT)
+    assert (code, err) == (1, ""), out
+    lines = [line for line in out.splitlines() if line.startswith(attempt.parent.name)]
+    assert len(lines) == 1 and "invalid" in lines[0], out
+    assert f"diagnostics.{NAME}.position differs from token_diffs.pt" in lines[0], lines[0]
+
+    document["diagnostics"][NAME]["position"] = "first"
+    _reseal(attempt, document)
+    code, out, _ = cli("verify", runs / EXPERIMENT)
+    assert code == 1
+    assert f"$.diagnostics.{NAME}.position: Expected `int`, got `str`" in out, out
+
+
+def test_a_part_of_a_diagnostic_not_installed_is_named_not_tampered(
+    installed_run: tuple[Path, str],
+) -> None:
+    run_dir, _ = installed_run
+    assert registry.by_name(NAME) is None
+    code, out, err = cli("verify", run_dir)
+    assert (code, err) == (1, ""), out
+    case_ids = {document["case_id"] for _, document in _comparisons(run_dir).values()}
+    refused = [line for line in out.splitlines() if line.split(" ")[0] in case_ids]
+    assert len(refused) == 3, out
+    attribution = [line for line in out.splitlines() if line.startswith("attribution ")]
+    assert len(attribution) == 1, out
+    for line in [*refused, *attribution]:
+        assert "invalid" in line, line
+        assert f"sealed by diagnostic {NAME}, not installed here" in line, line
+        assert "tamper" not in line, line
+
+
+def test_the_report_shows_its_column_section_and_lines(
+    installed_run: tuple[Path, str], plugin_installed: None, tmp_path: Path
+) -> None:
+    run_dir, _ = installed_run
+    runs = tmp_path / "runs"
+    shutil.copytree(run_dir, runs / EXPERIMENT)
+    page = tmp_path / "page.html"
+    code, out, err = cli("report", runs / EXPERIMENT, "--html", page, "--json")
+    assert code == 0, err
+    cases = {c["label"]: c for c in json.loads(out)["cases"]}
+    html = page.read_text()
+    for label, (attempt, _) in _comparisons(runs / EXPERIMENT).items():
+        r, sample, position = _by_hand(attempt)
+        assert cases[label]["diagnostics"][NAME] == {
+            "log_ratio": r,
+            "sample": sample,
+            "position": position,
+        }
+        assert f"r = {r!r} at sample {sample}, position {position}" in html
+    assert html.count("<h3>Log-ratio peak</h3>") == len(cases)
+    assert "<th class='more'>peak r</th>" in html
+    code, out, err = cli("report", runs / EXPERIMENT, "--html", page, "--verbose")
+    assert code == 0, err
+    assert "peak r" in next(line for line in out.splitlines() if line.startswith("case_id"))
+    for label, (attempt, _) in _comparisons(runs / EXPERIMENT).items():
+        _, sample, position = _by_hand(attempt)
+        assert f"{label}: log-ratio peak at {sample}:{position}" in out
+
+
+# ---- the hubs name no diagnostic ------------------------------------------------------------
+
+HUBS = (
+    "execute/case.py",
+    "store/resume.py",
+    "store/comparison.py",
+    "store/comparison_record.py",
+    "report/load.py",
+    "report/html.py",
+    "report/columns.py",
+    "report/summary.py",
+    "cli/run_cmd.py",
+    "cli/report_cmd.py",
+    "plugin/items.py",
+    "plugin/reporting.py",
+)
+MOVED = ("importance",)
+"""Words naming a diagnostic moved into ``diagnostics/`` (its modules and names)."""
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module and name ``path`` imports, dotted (``module.name`` for from-imports)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out += [f"{node.module}.{alias.name}" for alias in node.names]
+    return out
+
+
+def test_the_hubs_import_no_single_diagnostic() -> None:
+    package = REPO / "pytest_logprob_drift"
+    for hub in HUBS:
+        imports = _imports(package / hub)
+        assert imports, hub
+        named = [i for i in imports if any(word in i for word in MOVED)]
+        assert not named, (hub, named)
+        diagnostics = [i for i in imports if i.startswith("pytest_logprob_drift.diagnostics")]
+        assert all(
+            i.startswith(
+                (
+                    "pytest_logprob_drift.diagnostics.registry.",
+                    "pytest_logprob_drift.diagnostics.protocol.",
+                )
+            )
+            for i in diagnostics
+        ), (hub, diagnostics)
+
+
+def test_the_import_check_sees_a_named_diagnostic(tmp_path: Path) -> None:
+    """The check above can fail: a hub importing a moved diagnostic's view is caught."""
+    hub = tmp_path / "hub.py"
+    hub.write_text("from pytest_logprob_drift.numerics import importance_text\n")
+    assert _imports(hub) == ["pytest_logprob_drift.numerics.importance_text"]
+    assert any("importance" in i for i in _imports(hub))
+
+
+def test_registry_refuses_a_second_diagnostic_of_one_name() -> None:
+    builtin = registry.by_name("importance_sampling")
+    assert builtin is not None
+    with pytest.raises(ValueError, match="diagnostic importance_sampling is installed already"):
+        registry.install(builtin)
+    assert [d.name for d in registry.installed()].count("importance_sampling") == 1
