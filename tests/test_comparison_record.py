@@ -205,7 +205,12 @@ ERRORS: list[tuple[Mutation, str]] = [
         _set((DIAG, "mean_abs_diff"), None),
         "$.diagnostics.mean_abs_diff: Expected `int | float`, got `null`",
     ),
-    (_set((DIAG, "kl"), 1.0), "$.diagnostics: Object contains unknown field `kl`"),
+    # a member not declared is a part sealed by a diagnostic not installed (issue 51)
+    (_set((DIAG, "kl"), 1.0), "$.diagnostics.kl: sealed by diagnostic kl, not installed here"),
+    (
+        _set((DIAG, "installed_parts"), {}),
+        "$.diagnostics: Object contains unknown field `installed_parts`",
+    ),
     (_set(FULL, 3), "$.diagnostics.full_vocabulary: Expected `object`, got `int`"),
     (
         _set(FULL, {"unavailable": 3}),

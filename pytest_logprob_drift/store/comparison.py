@@ -53,7 +53,7 @@ def _with_installed_parts(data: bytes) -> Comparison:
         if diagnostic is None:
             raise SealError(
                 layout.COMPARISON,
-                f"diagnostics.{name}: sealed by diagnostic {name}, not installed here",
+                f"$.diagnostics.{name}: sealed by diagnostic {name}, not installed here",
             )
         try:
             parts[name] = from_builtins(members.pop(name), diagnostic.part_type)
