@@ -167,8 +167,9 @@ def _max_diff(case: ImportedCase) -> str:
 
 
 def _case_json(case: ImportedCase, run_dir: Path) -> dict[str, Any]:
+    from pytest_logprob_drift.diagnostics.registry import installed
+
     c = case.comparison
-    figures = c.diagnostics.importance_sampling
     return {
         "case_id": case.case_id,
         "label": case.label,
@@ -180,7 +181,11 @@ def _case_json(case: ImportedCase, run_dir: Path) -> dict[str, Any]:
         "active_tokens": c.active_tokens,
         "mismatches": c.mismatches,
         "max_abs_diff": c.diagnostics.max_abs_diff,
-        **({} if figures is None else {"importance_sampling": figures.to_json()}),
+        **{
+            diagnostic.name: part
+            for diagnostic in installed()
+            if (part := diagnostic.json_part(c.diagnostics)) is not None
+        },
         **(
             {}
             if c.diagnostics.masked_by_run is None
@@ -191,7 +196,7 @@ def _case_json(case: ImportedCase, run_dir: Path) -> dict[str, Any]:
 
 def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from pytest_logprob_drift.config.contract import resolve_contract
-    from pytest_logprob_drift.numerics import importance_text
+    from pytest_logprob_drift.diagnostics.registry import installed
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.production import worst as worst_samples
     from pytest_logprob_drift.production.importer import import_run
@@ -247,6 +252,7 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
         out.write("\n")
     else:
+        core = [d for d in installed() if d.always_in_table]
         rows = [
             [
                 c.case_id,
@@ -256,7 +262,11 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 c.comparison.active_tokens,
                 c.comparison.mismatches,
                 _max_diff(c),
-                importance_text.ess_cell(c.comparison.diagnostics),
+                *(
+                    cell
+                    for diagnostic in core
+                    for cell in diagnostic.table_cells(c.comparison.diagnostics)
+                ),
             ]
             for c in result.cases
         ]
@@ -268,7 +278,7 @@ def import_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             "active",
             "mismatches",
             "max|diff|",
-            importance_text.ESS_HEADER,
+            *(header for diagnostic in core for header in diagnostic.table_headers()),
         ]
         print(render_table(headers, rows), file=out)
         _print_masked_by_run(result.cases, out)
