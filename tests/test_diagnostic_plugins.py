@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterator
@@ -23,12 +24,13 @@ import pytest
 import torch
 from drift_testing import OFFSET_EXPECT, REPO, S0, cli
 from log_ratio_peak import DIAGNOSTIC
+from log_ratio_peak.diagnostic import FILE
 
 from pytest_logprob_drift.diagnostics import registry
 from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE, TOKEN_DIFFS
 from pytest_logprob_drift.store.run import iter_attempt_dirs
-from pytest_logprob_drift.tensorio import tensors_from_bytes
+from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
 EXPERIMENT = "s0-cpu-smoke"
 NAME = "log_ratio_peak"
@@ -125,6 +127,43 @@ def test_the_run_table_shows_its_column(installed_run: tuple[Path, str]) -> None
         r, sample, position = _by_hand(attempt)
         assert row.split()[-1] == f"{r:.6g}", row
         assert f"{label}: log-ratio peak at {sample}:{position}" in out
+
+
+def test_the_file_is_sealed_and_equals_a_recomputation(installed_run: tuple[Path, str]) -> None:
+    run_dir, _ = installed_run
+    for label, (attempt, _) in _comparisons(run_dir).items():
+        sealed = tensors_from_bytes((attempt / FILE).read_bytes())["log_ratio"].tolist()
+        diffs = tensors_from_bytes((attempt / TOKEN_DIFFS).read_bytes())
+        training = diffs["training_logprobs"].to(torch.float64).tolist()
+        rollout = diffs["rollout_logprobs"].to(torch.float64).tolist()
+        for i, row in enumerate(diffs["active_mask"].tolist()):
+            for j, on in enumerate(row):
+                expected = training[i][j] - rollout[i][j] if on else -math.inf
+                assert sealed[i][j] == expected, (label, i, j)
+        assert FILE in json.loads((attempt / COMPLETE).read_text())["files"], label
+
+
+def test_verify_names_a_tampered_sealed_file(
+    installed_run: tuple[Path, str], plugin_installed: None, tmp_path: Path
+) -> None:
+    run_dir, _ = installed_run
+    runs = tmp_path / "runs"
+    shutil.copytree(run_dir, runs / EXPERIMENT)
+    attempt, _ = _comparisons(runs / EXPERIMENT)["batch.size=1"]
+    path = attempt / FILE
+    tensors = tensors_from_bytes(path.read_bytes())
+    ratio = tensors["log_ratio"]
+    ratio[torch.isfinite(ratio)] += 1.0  # the active tokens
+    os.chmod(path, 0o644)
+    path.write_bytes(tensor_bytes(tensors))
+    seal = json.loads((attempt / COMPLETE).read_text())
+    seal["files"][FILE] = hashlib.sha256(path.read_bytes()).hexdigest()
+    os.chmod(attempt / COMPLETE, 0o644)
+    (attempt / COMPLETE).write_bytes(json_bytes(seal))
+    code, out, err = cli("verify", runs / EXPERIMENT)
+    assert (code, err) == (1, ""), out
+    (line,) = [line for line in out.splitlines() if line.startswith(attempt.parent.name)]
+    assert f"invalid  {FILE}  log_ratio differs from token_diffs.pt" in line, line
 
 
 def test_verify_checks_the_part_and_names_a_tampered_figure(

@@ -7,8 +7,8 @@ A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` 
   ``Diagnostics`` does not declare is sealed after the declared members and decoded by it);
 - its pure computation over the scored pair (``seal``: the typed part sealed at execution
   from the verdict's ``(training, rollout, active)`` scores, the tensors token_diffs.pt seals);
-- its sealed files (``sealed_files``: the store receives the names and loads them, digest
-  checked, for ``check``);
+- its sealed files (``sealed_files``, their tensors from ``files``: the attempt writer seals
+  them, the store receives the names and loads them, digest checked, for ``check``);
 - its offline check (``check``: the recorded part against what the sealed tensors give,
   a ``SealError`` naming the file at fault; the part computed at read time for an attempt
   sealed before it existed);
@@ -74,6 +74,11 @@ class Diagnostic(Protocol):
 
     def seal(self, outcome: Outcome, scores: Scores | None) -> object | None:
         """Its typed part of a case judged ``outcome`` from ``scores`` (None: no part)."""
+        ...
+
+    def files(self, outcome: Outcome, scores: Scores | None) -> Mapping[str, Tensors]:
+        """The tensors of its sealed files for a case judged ``outcome`` (names among
+        ``sealed_files``; none: nothing beside its part)."""
         ...
 
     def check(

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.execute.diagnostics import full_vocabulary
 from pytest_logprob_drift.execute.engine_pool import EnginePool
 from pytest_logprob_drift.execute.layers import LayersResult, layer_diagnostics
@@ -427,6 +428,11 @@ def _write_attempt(
         entries = {**entries, "routing": scored.routing.entry}
         for name, tensors in scored.routing.files.items():
             writer.write_bytes(name, tensor_bytes(tensors))
+    for diagnostic in installed():
+        for name, payload in diagnostic.files(verdict.outcome, _scores(scored)).items():
+            if name not in diagnostic.sealed_files:
+                raise ValueError(f"diagnostic {diagnostic.name} did not declare the file {name}")
+            writer.write_bytes(name, tensor_bytes(dict(payload)))
     comparison = _comparison(run, scored, verdict, numeric, entries)
     writer.write_json(layout.COMPARISON, comparison.to_json())
     if rollout is not None and training is not None:
@@ -444,6 +450,15 @@ def _write_attempt(
     return writer.seal()
 
 
+def _scores(scored: _Scored) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(training, rollout, active)`` of a case both sides scored: what token_diffs.pt seals
+    and what each installed diagnostic computes from."""
+    rollout, training = scored.rollout, scored.training
+    if rollout is None or training is None:
+        return None
+    return (training.logprobs, rollout.tensors["logprobs"], rollout.tensors["active_mask"])
+
+
 def _comparison(
     run: CaseExecution,
     scored: _Scored,
@@ -456,17 +471,12 @@ def _comparison(
     figures of a judged case (from the very tensors token_diffs.pt seals; never a verdict),
     and the numeric re-check."""
     case = run.ec.case
-    rollout, training = scored.rollout, scored.training
     return comparison_of(
         verdict,
         case_id=case.case_id,
         label=case.label,
         contract=run.contract,
-        scores=(
-            None
-            if rollout is None or training is None
-            else (training.logprobs, rollout.tensors["logprobs"], rollout.tensors["active_mask"])
-        ),
+        scores=_scores(scored),
         entries=entries,
         records=scored.records,
         numerical=numeric,

@@ -18,6 +18,9 @@ from pytest_logprob_drift.store.seal import SealError
 
 NAME = "log_ratio_peak"
 HEADER = "peak r"
+FILE = "log_ratio.pt"
+"""Its sealed file: ``log_ratio`` [B, L] float64, training - rollout on active tokens, -inf
+elsewhere."""
 
 
 class LogRatioPeak(Record, frozen=True):
@@ -28,11 +31,16 @@ class LogRatioPeak(Record, frozen=True):
     position: int
 
 
-def peak(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) -> LogRatioPeak:
-    """The part from token_diffs.pt's three tensors (float64 differences)."""
-    r = (training.cpu().to(torch.float64) - rollout.cpu().to(torch.float64)).masked_fill(
+def log_ratio(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """The sealed file's tensor from token_diffs.pt's three tensors (float64 differences)."""
+    return (training.cpu().to(torch.float64) - rollout.cpu().to(torch.float64)).masked_fill(
         ~active.cpu(), -torch.inf
     )
+
+
+def peak(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) -> LogRatioPeak:
+    """The part from token_diffs.pt's three tensors."""
+    r = log_ratio(training, rollout, active)
     flat = int(torch.argmax(r))
     sample, position = divmod(flat, r.shape[1])
     return LogRatioPeak(log_ratio=float(r.flatten()[flat]), sample=sample, position=position)
@@ -49,7 +57,7 @@ def _part(diagnostics: Diagnostics | None) -> LogRatioPeak | None:
 class LogRatioPeakDiagnostic:
     name: str = NAME
     part_type: type = LogRatioPeak
-    sealed_files: tuple[str, ...] = ()
+    sealed_files: tuple[str, ...] = (FILE,)
     always_in_table: bool = False
 
     def seal(self, outcome: Outcome, scores: Scores | None) -> LogRatioPeak | None:
@@ -57,13 +65,25 @@ class LogRatioPeakDiagnostic:
             return None
         return peak(*scores)
 
+    def files(self, outcome: Outcome, scores: Scores | None) -> Mapping[str, Tensors]:
+        if outcome not in (Outcome.PASS, Outcome.MISMATCH) or scores is None:
+            return {}
+        return {FILE: {"log_ratio": log_ratio(*scores)}}
+
     def check(
         self, comparison: Comparison, diffs: Tensors, files: Mapping[str, Tensors | None]
     ) -> Comparison:
         recorded = _part(comparison.diagnostics)
+        sealed = files[FILE]
+        if (recorded is None) != (sealed is None):
+            raise SealError(FILE if sealed is None else layout.COMPARISON, "part without file")
         if recorded is None:
             return comparison
-        again = peak(diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"])
+        assert sealed is not None
+        scores = (diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"])
+        if not torch.equal(sealed["log_ratio"], log_ratio(*scores)):
+            raise SealError(FILE, "log_ratio differs from token_diffs.pt")
+        again = peak(*scores)
         for field in LogRatioPeak.__struct_fields__:
             if getattr(recorded, field) != getattr(again, field):
                 raise SealError(

@@ -41,6 +41,9 @@ class ImportanceSamplingDiagnostic:
             return None
         return check.figures(*scores)
 
+    def files(self, outcome: Outcome, scores: Scores | None) -> Mapping[str, Tensors]:
+        return {}
+
     def check(
         self,
         comparison: Comparison,
