@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE, TOKEN_DIFFS
 from pytest_logprob_drift.store.run import iter_attempt_dirs
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
+
+pytest_plugins = ["pytester"]
 
 EXPERIMENT = "s0-cpu-smoke"
 NAME = "log_ratio_peak"
@@ -236,6 +239,38 @@ def test_the_report_shows_its_column_section_and_lines(
     for label, (attempt, _) in _comparisons(runs / EXPERIMENT).items():
         _, sample, position = _by_hand(attempt)
         assert f"{label}: log-ratio peak at {sample}:{position}" in out
+
+
+def test_the_plugin_records_its_property_and_failure_line(pytester: pytest.Pytester) -> None:
+    """The plugin's junit properties and failure text (pytest in this process, so the
+    diagnostic installed here is installed there)."""
+    shutil.copy(S0, pytester.path / S0.name)
+    registry.install(DIAGNOSTIC)
+    try:
+        result = pytester.runpytest(
+            "--drift-config",
+            S0.name,
+            "--drift-runtime",
+            "cpu-smoke",
+            "--drift-allow-smoke-operators",
+            "--junitxml",
+            "out.xml",
+        )
+    finally:
+        registry.uninstall(NAME)
+    result.assert_outcomes(passed=2, failed=1)
+    root = ET.parse(pytester.path / "out.xml").getroot()
+    for case in root.iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        r, sample, position = _by_hand(Path(str(props["drift_attempt"])))
+        assert props[f"drift_{NAME}"] == repr(r), case.get("name")
+        assert "drift_is_ess" in props  # the built-in diagnostic's properties stay
+    failing = next(c for c in root.iter("testcase") if c.find("failure") is not None)
+    attempt = next(
+        str(p.get("value")) for p in failing.iter("property") if p.get("name") == "drift_attempt"
+    )
+    _, sample, position = _by_hand(Path(attempt))
+    assert f"log-ratio peak at {sample}:{position}" in result.stdout.str()
 
 
 # ---- the hubs name no diagnostic ------------------------------------------------------------
