@@ -16,6 +16,8 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -337,3 +339,19 @@ def test_registry_refuses_a_second_diagnostic_of_one_name() -> None:
     with pytest.raises(ValueError, match="diagnostic importance_sampling is installed already"):
         registry.install(builtin)
     assert [d.name for d in registry.installed()].count("importance_sampling") == 1
+
+
+@pytest.mark.process  # sys.modules of a fresh interpreter
+def test_the_registry_imports_no_diagnostic_torch_or_typing_until_asked() -> None:
+    code = (
+        "import sys\n"
+        "from pytest_logprob_drift.diagnostics import registry\n"
+        "heavy = ('torch', 'typing', 'pytest_logprob_drift.diagnostics.importance_sampling')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "print([d.name for d in registry.installed()])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert proc.stdout.splitlines() == ["[]", "['importance_sampling']", "False"], proc.stdout

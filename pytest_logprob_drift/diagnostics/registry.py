@@ -9,8 +9,8 @@ defined outside the package, such as the test tree's); ``uninstall`` removes it.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # typing is never imported at run time (this module is torch-free too)
 if TYPE_CHECKING:
     from pytest_logprob_drift.diagnostics.protocol import Diagnostic
 

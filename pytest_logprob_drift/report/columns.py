@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
 
 from pytest_logprob_drift.attribution.document import Ratio
-from pytest_logprob_drift.diagnostics.protocol import Diagnostic
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.report import gates
 from pytest_logprob_drift.report.markup import Child, Markup, el, fragment_link, page_link
@@ -37,6 +36,9 @@ from pytest_logprob_drift.report.summary import (
     interval,
 )
 from pytest_logprob_drift.store import layout
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.diagnostics.protocol import Diagnostic
 
 
 def case_anchor(view: CaseView) -> str:
