@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
+    from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, Record
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
@@ -58,7 +58,7 @@ class Diagnostic(Protocol):
         ...
 
     @property
-    def part_type(self) -> type:
+    def part_type(self) -> type[Record]:
         """The typed document its part is decoded as (a ``numerics.comparison.Record``)."""
         ...
 
@@ -72,7 +72,7 @@ class Diagnostic(Protocol):
         """Whether its run-table columns are core columns, shown for every run."""
         ...
 
-    def seal(self, outcome: Outcome, scores: Scores | None) -> object | None:
+    def seal(self, outcome: Outcome, scores: Scores | None) -> Record | None:
         """Its typed part of a case judged ``outcome`` from ``scores`` (None: no part)."""
         ...
 

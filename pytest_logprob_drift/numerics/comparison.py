@@ -651,7 +651,7 @@ class Diagnostics(Record, frozen=True):
     scores."""
     routing: Absent[RoutingDiagnostics] = None
     """Opt-in ``diagnostics.routing`` of a mixture-of-experts case; absent otherwise."""
-    installed_parts: Absent[Mapping[str, Any]] = None
+    installed_parts: Absent[Mapping[str, Record]] = None
     """The parts of installed diagnostics that declare no member here, by name: sealed as
     ``diagnostics.<name>`` beside the declared members (``to_json``), decoded by their
     diagnostic (``store.comparison``). Never a member of comparison.json itself."""

@@ -16,7 +16,12 @@ from __future__ import annotations
 import msgspec
 
 from pytest_logprob_drift.diagnostics.registry import by_name
-from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, from_builtins
+from pytest_logprob_drift.numerics.comparison import (
+    Comparison,
+    Diagnostics,
+    Record,
+    from_builtins,
+)
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode, decode_any
 from pytest_logprob_drift.store.seal import SealError
@@ -47,7 +52,7 @@ def _with_installed_parts(data: bytes) -> Comparison:
     except JSONDocumentError as exc:
         raise SealError(layout.COMPARISON, str(exc)) from None
     members = document["diagnostics"]
-    parts: dict[str, object] = {}
+    parts: dict[str, Record] = {}
     for name in [key for key in members if key not in _DECLARED]:
         diagnostic = by_name(name)
         if diagnostic is None:

@@ -11,6 +11,7 @@ records and the numeric re-check. Used by ``execute.case`` (an executed case) an
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 import torch
@@ -50,7 +51,7 @@ def comparison_of(
     signatures of a judged case from its ``(training, rollout, active)`` scores, the knob
     ``records`` and the numeric re-check."""
     diagnostics = from_builtins({**verdict.diagnostics, **(entries or {})}, Diagnostics)
-    parts: dict[str, object] = {
+    parts: dict[str, Any] = {
         d.name: part for d in installed() if (part := d.seal(verdict.outcome, scores)) is not None
     }
     if verdict.outcome in SCORED_OUTCOMES and scores is not None:

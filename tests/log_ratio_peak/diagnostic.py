@@ -56,7 +56,7 @@ def _part(diagnostics: Diagnostics | None) -> LogRatioPeak | None:
 @dataclass(frozen=True, slots=True)
 class LogRatioPeakDiagnostic:
     name: str = NAME
-    part_type: type = LogRatioPeak
+    part_type: type[LogRatioPeak] = LogRatioPeak
     sealed_files: tuple[str, ...] = (FILE,)
     always_in_table: bool = False
 

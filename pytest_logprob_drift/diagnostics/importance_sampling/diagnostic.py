@@ -29,7 +29,7 @@ class ImportanceSamplingDiagnostic:
     """``diagnostics.importance_sampling`` of every judged case."""
 
     name: str = "importance_sampling"
-    part_type: type = ImportanceSamplingFigures
+    part_type: type[ImportanceSamplingFigures] = ImportanceSamplingFigures
     sealed_files: tuple[str, ...] = ()
     always_in_table: bool = True
 
