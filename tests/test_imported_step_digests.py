@@ -88,6 +88,28 @@ def test_a_neutral_step_holds_the_sha256_of_its_own_lines(tmp_path: Path) -> Non
     assert _verify(run_dir)[0] == 0
 
 
+def test_a_neutral_step_over_two_files_holds_each_files_part(tmp_path: Path) -> None:
+    """Step 1 begins in one file and ends in the next, where step 2 follows: step 1 holds
+    the SHA-256 of its lines of each file, step 2 of its own lines of the second."""
+    rng = np.random.default_rng(8)
+    one, two = neutral_rows(1, make_samples(rng, 3)), neutral_rows(2, make_samples(rng, 2))
+    (tmp_path / "in").mkdir()
+    a = write_jsonl(tmp_path / "in" / "a.jsonl", one[:2])
+    b = write_jsonl(tmp_path / "in" / "b.jsonl", one[2:] + two)
+    b_lines = b.read_bytes().splitlines(keepends=True)
+    run_dir = _import("jsonl", tmp_path / "in", tmp_path / "runs")
+    steps = _steps(run_dir)
+
+    def digest(data: bytes) -> dict[str, Any]:
+        return {"sha256": _sha(data), "size": len(data)}
+
+    assert [Path(p).name for p in steps[1][1]["inputs"]] == ["a.jsonl", "b.jsonl"]
+    assert steps[1][1]["input_digests"] == [digest(a.read_bytes()), digest(b_lines[0])]
+    assert steps[1][1]["rows_sha256"] == _sha(a.read_bytes() + b_lines[0])
+    assert steps[2][1]["input_digests"] == [digest(b"".join(b_lines[1:]))]
+    assert _verify(run_dir)[0] == 0
+
+
 def test_a_per_rank_slime_step_holds_each_ranks_sha256(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     files = write_slime_rank_dumps(tmp_path / "dump", 3, make_samples(rng, 4))

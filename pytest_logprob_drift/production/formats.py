@@ -954,7 +954,7 @@ def _read_neutral(files: Iterable[tuple[int, InputFile]]) -> Iterator[Step]:
     current: Step | None = None
     hasher = hashlib.sha256()
     seen: dict[int, int] = {}
-    parts: dict[int, tuple[Any, list[int]]] = {}
+    parts = _InputParts()
     for index, file in files:
         rows = 0
         for number, row, keys, data in _neutral_records(file):
@@ -977,13 +977,13 @@ def _read_neutral(files: Iterable[tuple[int, InputFile]]) -> Iterator[Step]:
                         "write each step's samples together"
                     )
                 if current is not None:
-                    _close_neutral(current, hasher, parts)
+                    parts.close(current, hasher)
                     yield current
                 current = Step(step=step_id)
                 done[step_id] = f"{file.path}:{number}"
                 hasher = hashlib.sha256()
                 seen = {}
-                parts = {}
+                parts = _InputParts()
             sample = source.sample
             if sample is not None:
                 if sample in seen:
@@ -992,26 +992,48 @@ def _read_neutral(files: Iterable[tuple[int, InputFile]]) -> Iterator[Step]:
                     )
                 seen[sample] = number
             if index not in current.inputs:
-                current.inputs.append(index)
-                parts[index] = (hashlib.sha256(), [0])
+                parts.next_input(current, hasher, index)
             hasher.update(data)
-            part, size = parts[index]
-            part.update(data)
-            size[0] += len(data)
+            parts.take(data)
             current.rows.append(parsed)
         if not rows:
             raise ImportInputError(file.path, "holds no rows: nothing to import")
     if current is not None:
-        _close_neutral(current, hasher, parts)
+        parts.close(current, hasher)
         yield current
 
 
-def _close_neutral(step: Step, hasher: Any, parts: dict[int, tuple[Any, list[int]]]) -> None:
-    """A neutral step's ``rows_sha256`` and, per input, the SHA-256 and size of its lines."""
-    step.digest = hasher.hexdigest()
-    step.input_digests = {
-        i: InputDigest(sha256=h.hexdigest(), size=n[0]) for i, (h, n) in parts.items()
-    }
+class _InputParts:
+    """A neutral step's own bytes per input file (its inputs are read one after another):
+    the step's hasher stands for its first input's until a second input starts, so one
+    file's lines are hashed once."""
+
+    def __init__(self) -> None:
+        self.digests: dict[int, InputDigest] = {}
+        self.part: Any = None
+        self.size = 0
+
+    def next_input(self, step: Step, hasher: Any, index: int) -> None:
+        if step.inputs:
+            self._finish(step, hasher)
+        step.inputs.append(index)
+        self.part = None if len(step.inputs) == 1 else hashlib.sha256()
+        self.size = 0
+
+    def take(self, data: bytes) -> None:
+        if self.part is not None:
+            self.part.update(data)
+        self.size += len(data)
+
+    def _finish(self, step: Step, hasher: Any) -> None:
+        sha = (hasher if self.part is None else self.part).hexdigest()
+        self.digests[step.inputs[-1]] = InputDigest(sha256=sha, size=self.size)
+
+    def close(self, step: Step, hasher: Any) -> None:
+        """The step's ``rows_sha256`` and, per input, the SHA-256 and size of its lines."""
+        self._finish(step, hasher)
+        step.digest = hasher.hexdigest()
+        step.input_digests = dict(self.digests)
 
 
 READERS = {"nemo-rl": read_nemo_rl, "slime": read_slime, "jsonl": read_neutral}
