@@ -536,6 +536,16 @@ def test_a_per_rank_slime_run_of_one_rollout_is_sealed(tmp_path: Path) -> None:
     assert code == 0, out + err
     assert "step 1:" not in out and "stopped (idle) after 0 step(s)" in out, out
 
+    # a later rollout with more ranks than the first one sealed: one line, exit 2
+    more = tmp_path / "more"
+    write_slime_rank_dumps(more, 1, samples, dp_size=1)
+    later = write_slime_rank_dumps(more, 2, _steps(33, 1, planted_at=None)[1], dp_size=2)
+    code, out, err = cli(*follow[:4], more, *follow[5:], "--experiment-id", "more")
+    assert code == 2, out + err
+    assert "step 1: PASS" in out
+    assert f"{later[1]}: rank 1 of rollout 2, where the first rollout sealed had 1 rank(s)" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
 
 def test_a_neutral_file_that_is_not_followable_is_one_line_exit_2(tmp_path: Path) -> None:
     """A step's lines after another step's, a first line naming no step, and a file cut

@@ -241,6 +241,8 @@ class _NeutralFile:
 
     identity: tuple[int, int]
     offset: int = 0
+    size: int = 0
+    """The file's size when last scanned (a partial line is not read again until it grows)."""
     lines: int = 0
     tail: bool = False
     segments: list[_Segment] = field(default_factory=list)
@@ -265,8 +267,9 @@ class _NeutralScan:
             raise ImportInputError(
                 path, "replaced or cut while followed (a followed file only grows)"
             )
-        if st.st_size == state.offset:
+        if st.st_size in (state.offset, state.size):
             return
+        state.size = st.st_size
         pending = bytearray()
         position = state.offset
         try:
@@ -403,6 +406,16 @@ def _slime_ready(
             continue
         if None not in files:  # per rank
             count = ranks[0] if ranks else len(files)
+            beyond = max(r for r in files if r is not None)
+            if ranks and beyond >= count:
+                if ready:  # sealed first; refused at the next poll
+                    break
+                raise ImportInputError(
+                    files[beyond],
+                    f"rank {beyond} of rollout {step}, where the first rollout sealed had "
+                    f"{count} rank(s) (ranks 0..{count - 1}): follow the run with a --settle "
+                    "longer than its ranks' dumps take to appear, into another --experiment-id",
+                )
             if set(files) != set(range(count)):
                 continue
             settled = all(watch.unchanged_for(p, now) >= settle for p in paths)
