@@ -12,7 +12,8 @@ signature or a gate is first crossed. A step is complete:
   change since the previous poll; for the per-rank layout, when the step has every rank: the
   ranks ``0..k-1`` of the first step sealed, or, before one was, ranks ``0..k-1`` of its own
   once a later rollout's file exists or (the newest rollout) none of its files changed for
-  ``settle`` seconds (a dump names no world size; so a run of one rollout is sealed too);
+  ``settle`` seconds (a dump names no world size; so a run of one rollout is sealed too; a
+  later rollout's rank beyond the count of the first sealed is refused);
 - neutral JSONL (``*.jsonl``/``*.ndjson``, one growing file or one file per step, each scanned
   to its last whole line as it grows): a step's lines are complete when a whole line of
   another step follows them in their file or another file holds a later step; the newest
@@ -397,7 +398,7 @@ def _slime_ready(
         groups.setdefault(int(match.group(1)), {})[rank] = path
     watch.update([p for g in groups.values() for p in g.values()], now)
     last = max(groups, default=None)
-    ready = []
+    ready: list[_Ready] = []
     for step, files in sorted(groups.items()):
         if step in watch.done:
             continue
