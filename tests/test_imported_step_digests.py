@@ -127,6 +127,22 @@ def test_a_per_rank_slime_step_holds_each_ranks_sha256(tmp_path: Path) -> None:
     assert _verify(run_dir)[0] == 0
 
 
+def test_a_step_keeps_its_case_id_across_forms(tmp_path: Path) -> None:
+    """The example NeMo-RL dumps imported now (v2 steps) are the cases of the run sealed from
+    them by an earlier release (tests/data/wave4, v1 steps): the form is not the step."""
+    root = Path(__file__).resolve().parent.parent
+    earlier = root / "tests/data/wave4/runs/wave4-nemo-rl"
+    forms = {json.loads(p.read_text())["schema_version"] for p in earlier.glob("cases/*/*/*.json")
+             if p.name == "imported.json"}  # fmt: skip
+    assert forms == {"cross_config.imported_step.v1"}
+    run_dir = _import("nemo-rl", root / "experiments/production/nemo-rl", tmp_path / "runs")
+    now = _steps(run_dir)
+    assert {d["schema_version"] for _, d in now.values()} == {"cross_config.imported_step.v2"}
+    assert {a.parent.name for a, _ in now.values()} == {
+        p.name for p in (earlier / "cases").iterdir()
+    }
+
+
 def _edited(nemo_run: tuple[Path, Path], tmp_path: Path, edit: Any) -> tuple[int, str]:
     """A copy of the NeMo-RL run with step 1's imported.json edited and resealed, verified."""
     run_dir = tmp_path / "run"

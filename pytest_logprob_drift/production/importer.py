@@ -299,7 +299,7 @@ class RunWriter:
         self.steps[step.step] = file_of(step.inputs[0])
         grid = _grid(step, file_of)
         case_id = imported_case_id(
-            STEP_SCHEMA, fmt.name, step.step, step.digest, contract.source, contract.version
+            fmt.name, step.step, step.digest, contract.source, contract.version
         )
         label = imported_label(step.step)
         verdict = judge(grid.training, grid.rollout, grid.active, contract.threshold)

@@ -20,20 +20,21 @@ import torch
 from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.records import JsonValue, canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.documents import ImportedStep
+from pytest_logprob_drift.store.documents import STEP_V1, ImportedStep
 from pytest_logprob_drift.store.seal import SealError
 
 LOGPROB_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def imported_case_id(
-    schema: str, fmt: str, step: int, rows_sha256: str, source: str, version: str
-) -> str:
-    """The case id of an imported step (16 hex digits)."""
+def imported_case_id(fmt: str, step: int, rows_sha256: str, source: str, version: str) -> str:
+    """The case id of an imported step (16 hex digits). It hashes the first form's schema
+    name (``STEP_V1``) whatever the form of ``imported.json``: the same step of the same bytes
+    under the same contract keeps its case id across forms (a run followed before v2 is
+    followed on without a step "sealed from other bytes")."""
     return sha256_hex(
         canonical_json(
             {
-                "schema": schema,
+                "schema": STEP_V1,
                 "format": fmt,
                 "step": step,
                 "rows_sha256": rows_sha256,
@@ -83,7 +84,6 @@ def check_imported(
     the case id it hashes to, the label, the source the execution key payload names
     (``payload``: identity.json's), the grid's rows or the logprobs' dtype."""
     case_id = imported_case_id(
-        imported.schema_version,
         imported.format,
         imported.step,
         imported.rows_sha256,
