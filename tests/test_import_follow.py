@@ -12,6 +12,7 @@ run passes, and following again adds nothing and rewrites nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
@@ -49,7 +50,8 @@ for a in actions:
             time.sleep(0.02)
     data = open(a["src"], "rb").read()
     cuts = a["cuts"]
-    with open(a["dst"] + ".part" if a.get("rename") else a["dst"], "wb") as f:
+    mode = "ab" if a.get("append") else "wb"
+    with open(a["dst"] + ".part" if a.get("rename") else a["dst"], mode) as f:
         start = 0
         for cut in cuts + [len(data)]:
             f.write(data[start:cut]); f.flush(); os.fsync(f.fileno())
@@ -345,6 +347,7 @@ def test_slime_rank_files_sealed_only_with_every_rank(tmp_path: Path) -> None:
     )
     follower = Follower(
         log, "--format", "slime", "--artifacts", runs, "--poll", "0.05", "--experiment-id", "r",
+        "--settle", "600",  # a lone rank never settles here: only the later rollout tells
     )  # fmt: skip
     follower.until("following ")  # polling from here on
     # rank 0 of rollout 1 alone for many polls: nothing sealed (the wait only gives the
@@ -419,6 +422,164 @@ def test_a_neutral_writer_one_file_a_step(tmp_path: Path) -> None:
     assert any(line.startswith("step 3: signature truncated_sampling first") for line in seen)
     assert seen[-1].startswith("stopped (idle) after 3 step(s)")
     _verify(runs / "n")
+
+
+def test_a_single_growing_neutral_file(tmp_path: Path) -> None:
+    """One neutral JSONL file the writer appends to, a line cut in two: step k is sealed once
+    a whole line of step k+1 follows it (never on a partial line, never on settling: the
+    settle time is out of reach), the newest step is left unsealed by SIGINT and sealed by
+    the next follow once settled; the steps' lines, digests and case ids are those of an
+    import of the whole file at once."""
+    source, log, runs = tmp_path / "source", tmp_path / "log", tmp_path / "runs"
+    source.mkdir()
+    log.mkdir()
+    steps = _steps(29, 3, planted_at=None, offset_at=2)
+    whole = write_jsonl(
+        source / "whole.jsonl",
+        [r for k, samples in steps.items() for r in neutral_rows(k, samples)],
+    )
+    data = whole.read_bytes()
+    lines = data.splitlines(keepends=True)
+    starts = {k: sum(len(line) for line in lines[: 8 * (k - 1)]) for k in (1, 2, 3)}
+    # part a: step 1 and half of step 2's first line; part b: the rest of step 2 and step 3's
+    # first line, cut mid-line; part c: the rest of step 3
+    cut_a = starts[2] + len(lines[8]) // 2
+    cut_b = starts[3] + len(lines[16])
+    parts = [data[:cut_a], data[cut_a:cut_b], data[cut_b:]]
+    actions = []
+    for i, part in enumerate(parts):
+        src = source / f"part-{i}"
+        src.write_bytes(part)
+        actions.append(
+            {
+                "src": str(src),
+                "dst": str(log / "drift.jsonl"),
+                "wait": None if i == 0 else str(tmp_path / f"go-{i}"),
+                "cuts": [len(part) - 7] if i == 1 else [],
+                "pause": 0.3,
+                "append": True,
+            }
+        )
+    writer = _writer(actions)
+    follower = Follower(
+        log, "--format", "jsonl", "--artifacts", runs, "--settle", "600", "--poll", "0.05",
+        "--experiment-id", "g",
+    )  # fmt: skip
+    follower.until("following ")
+    threading.Event().wait(1.0)  # step 1 whole, step 2's line half written: nothing sealed
+    assert follower.lines.empty() and follower.process.poll() is None
+    (tmp_path / "go-1").touch()
+    first = follower.until("step 1: ")
+    second = follower.until("step 2: ")
+    (tmp_path / "go-2").touch()
+    assert writer.wait(timeout=60) == 0
+    threading.Event().wait(0.5)  # step 3 whole but the newest, unsettled: not sealed
+    os.kill(follower.process.pid, signal.SIGINT)
+    code, seen, err = follower.finish()
+    assert code == 1, [*seen, err]  # step 2 MISMATCH
+    assert not [line for line in seen if line.startswith("step 3: ")]
+    assert seen[-1].startswith("stopped (SIGINT) after 2 step(s)")
+    assert first.startswith(f"step 1: PASS, 8 samples, 0/{sum(sum(s.mask) for s in steps[1])}")
+    assert second.startswith("step 2: MISMATCH, 8 samples, ")
+
+    code, out, err = cli(
+        "import", "--format", "jsonl", "--follow", log, "--artifacts", runs, "--settle", "0",
+        "--idle", "0.3", "--poll", "0.02", "--experiment-id", "g",
+    )  # fmt: skip
+    assert code == 1, out + err
+    assert [
+        line.split(" (")[1].split(":")[0] for line in out.splitlines() if "samples" in line
+    ] == [
+        "already sealed",
+        "already sealed",
+        "sealed",
+    ]
+    _verify(runs / "g")
+    assert (log / "drift.jsonl").read_bytes() == data
+    code, out, err = cli("import", "--format", "jsonl", whole, "--artifacts", runs,
+                         "--experiment-id", "at-once")  # fmt: skip
+    assert code == 1, out + err
+    assert set(_sealed_cases(runs / "g")) == set(_sealed_cases(runs / "at-once"))
+    for attempt in (runs / "g").glob("cases/*/*/imported.json"):
+        document = json.loads(attempt.read_text())
+        k = document["step"]
+        own = b"".join(lines[8 * (k - 1) : 8 * k])
+        assert document["input_digests"] == [
+            {"sha256": hashlib.sha256(own).hexdigest(), "size": len(own)}
+        ]
+        assert [r["line"] for r in document["rows"]] == list(range(8 * (k - 1) + 1, 8 * k + 1))
+
+
+def test_a_per_rank_slime_run_of_one_rollout_is_sealed(tmp_path: Path) -> None:
+    """Per-rank dumps of a single rollout (no later rollout will tell): sealed with every
+    rank once its files settled; a rollout missing rank 0 is never sealed."""
+    source, runs = tmp_path / "source", tmp_path / "runs"
+    samples = _steps(31, 1, planted_at=None)[1]
+    files = write_slime_rank_dumps(source, 1, samples)
+    follow = ("import", "--format", "slime", "--follow", source, "--artifacts", runs,
+              "--settle", "0.2", "--idle", "1", "--poll", "0.02")  # fmt: skip
+    code, out, err = cli(*follow, "--experiment-id", "one")
+    assert code == 0, out + err
+    active = sum(sum(s.mask) for s in samples)
+    assert f"step 1: PASS, 8 samples, 0/{active} mismatching" in out
+    (document,) = [
+        json.loads(p.read_text()) for p in (runs / "one").glob("cases/*/*/imported.json")
+    ]
+    assert [Path(p).name for p in document["inputs"]] == [f.name for f in files]
+    assert [d["sha256"] for d in document["input_digests"]] == [
+        hashlib.sha256(f.read_bytes()).hexdigest() for f in files
+    ]
+    _verify(runs / "one")
+
+    files[0].unlink()  # rank 1 alone
+    code, out, err = cli(*follow, "--experiment-id", "lone")
+    assert code == 0, out + err
+    assert "step 1:" not in out and "stopped (idle) after 0 step(s)" in out, out
+
+    # a later rollout with more ranks than the first one sealed: one line, exit 2
+    more = tmp_path / "more"
+    write_slime_rank_dumps(more, 1, samples, dp_size=1)
+    later = write_slime_rank_dumps(more, 2, _steps(33, 1, planted_at=None)[1], dp_size=2)
+    code, out, err = cli(*follow[:4], more, *follow[5:], "--experiment-id", "more")
+    assert code == 2, out + err
+    assert "step 1: PASS" in out
+    assert f"{later[1]}: rank 1 of rollout 2, where the first rollout sealed had 1 rank(s)" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_neutral_file_that_is_not_followable_is_one_line_exit_2(tmp_path: Path) -> None:
+    """A step's lines after another step's, a first line naming no step, and a file cut
+    while followed: one line naming the file and line, exit 2; what was sealed stays."""
+    log, runs = tmp_path / "log", tmp_path / "runs"
+    log.mkdir()
+    rows = {k: neutral_rows(k, samples) for k, samples in _steps(37, 2, planted_at=None).items()}
+    path = write_jsonl(log / "drift.jsonl", rows[1] + rows[2] + rows[1][:1])
+    follow = ("import", "--format", "jsonl", "--follow", log, "--artifacts", runs,
+              "--settle", "0", "--idle", "0.3", "--poll", "0.02")  # fmt: skip
+    code, out, err = cli(*follow, "--experiment-id", "again")
+    assert code == 2, out + err
+    assert f"{path}:17: step 1 again, after other steps (first at {path}:1)" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+    path.write_text('{"sample": 0}\n')
+    code, out, err = cli(*follow, "--experiment-id", "nostep")
+    assert code == 2, out + err
+    assert f"{path}:1: missing field(s) step, " in err, err  # the reader's own refusal
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+    write_jsonl(path, rows[1] + rows[2][:1])
+    follower = Follower(
+        log, "--format", "jsonl", "--artifacts", runs, "--settle", "600", "--poll", "0.05",
+        "--experiment-id", "cut",
+    )  # fmt: skip
+    follower.until("step 1: ")
+    path.write_bytes(path.read_bytes()[:100])
+    code, seen, err = follower.finish()
+    assert code == 2, [*seen, err]
+    assert f"{path}: replaced or cut while followed" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert len(_sealed_cases(runs / "cut")) == 1
+    _verify(runs / "cut")
 
 
 def test_bad_follow_options_are_one_line_exit_2(tmp_path: Path) -> None:

@@ -9,20 +9,25 @@ signature or a gate is first crossed. A step is complete:
   changed for ``settle`` seconds, it ends with a newline and every line decodes as JSON;
 - slime ``.pt`` (``<rollout_id>.pt`` or per rank ``<rollout_id>_<rank>.pt``): when each file's
   zip end-of-central-directory record is present (``zipfile`` opens it) and its size did not
-  change since the previous poll; for the per-rank layout, when a later rollout's file exists
-  or the step has the ranks ``0..k-1`` of the first step sealed (a dump names no world size,
-  so the first step waits for a later rollout's file);
-- neutral JSONL, followed as one file per step (``*.jsonl``/``*.ndjson``, the step read from
-  its first line): when a line of a later step has appeared (another file whose first line
-  names a later step), or, the newest, as NeMo-RL's newest; a file holding lines of two steps
-  is refused (write each step to its own file: docs/PRODUCTION_RUNS.md).
+  change since the previous poll; for the per-rank layout, when the step has every rank: the
+  ranks ``0..k-1`` of the first step sealed, or, before one was, ranks ``0..k-1`` of its own
+  once a later rollout's file exists or (the newest rollout) none of its files changed for
+  ``settle`` seconds (a dump names no world size; so a run of one rollout is sealed too; a
+  later rollout's rank beyond the count of the first sealed is refused);
+- neutral JSONL (``*.jsonl``/``*.ndjson``, one growing file or one file per step, each scanned
+  to its last whole line as it grows): a step's lines are complete when a whole line of
+  another step follows them in their file or another file holds a later step; the newest
+  step once its file has not changed for ``settle`` seconds and ends with a newline. Only
+  its own lines are read (``formats.read_neutral_span``); a step's lines after another
+  step's are refused.
 
 Each step is judged and written by ``production.importer`` under a staging directory in the
 artifacts directory, then its case directory is renamed into the run's ``cases/`` and its plan
 row appended under a new run seal (``store.run.ArtifactStore.initialize``). A step whose case
 is already in the run (the same format, step, bytes and contract) is never rewritten, so
 following the same directory again adds only the steps not yet sealed. ``experiment.json``'s
-``imported`` is ``store.documents.FollowedImportSource`` (no whole-run counts).
+``imported`` is ``store.documents.FollowedImportSource`` (no whole-run counts): each step's
+``imported.json`` (v2) holds its inputs' SHA-256.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from pytest_logprob_drift.numerics.gates import GATE_BY_KEY
 from pytest_logprob_drift.numerics.signature_record import SignatureId
 from pytest_logprob_drift.numerics.signatures import run_signatures
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.production.formats import FORMATS, READERS
+from pytest_logprob_drift.production.formats import FORMATS, READERS, read_neutral_span
 from pytest_logprob_drift.production.importer import (
     STAGING_PREFIX,
     ImportedCase,
@@ -63,6 +68,7 @@ from pytest_logprob_drift.production.importer import (
 )
 from pytest_logprob_drift.production.sources import (
     MAX_INPUT_BYTES,
+    MAX_LINE_BYTES,
     NEMO_RL_NAME,
     ImportInputError,
     InputFile,
@@ -188,9 +194,17 @@ def _nemo_decodes_whole(path: Path) -> bool:
     return True
 
 
-def _nemo_ready(
-    directory: Path, watch: _Watch, settle: float, now: float
-) -> list[tuple[int, list[Path]]]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Ready:
+    """A complete step: its files and, for a neutral file's step, the span of its lines
+    (``(start, stop, first line number)``)."""
+
+    step: int
+    paths: list[Path]
+    span: tuple[int, int, int] | None = None
+
+
+def _nemo_ready(directory: Path, watch: _Watch, settle: float, now: float) -> list[_Ready]:
     steps = {
         int(m.group(1)): p
         for p in _listing(directory)
@@ -203,7 +217,7 @@ def _nemo_ready(
         if step in watch.done:
             continue
         if step != last or (watch.unchanged_for(path, now) >= settle and _nemo_decodes_whole(path)):
-            ready.append((step, [path]))
+            ready.append(_Ready(step=step, paths=[path]))
     return ready
 
 
@@ -211,45 +225,148 @@ class _StepOnly(msgspec.Struct):
     step: int
 
 
-def _first_step(path: Path) -> int | None:
-    """The step the first whole line of a neutral file names (None: no whole line yet, or
-    one that does not name a step: the reader says why once the file is complete)."""
-    try:
-        with open(path, "rb") as f:
-            line = f.readline(1 << 26)
-    except OSError:
-        return None
-    if not line.endswith(b"\n"):
-        return None
+@dataclass(slots=True)
+class _Segment:
+    """The lines of one step in a neutral file: bytes ``[start, stop)`` from line ``first``."""
+
+    step: int
+    start: int
+    stop: int
+    first: int
+
+
+@dataclass(slots=True)
+class _NeutralFile:
+    """How far a neutral file was scanned (to the end of its last whole line), its steps'
+    segments in file order, and whether a partial line follows."""
+
+    identity: tuple[int, int]
+    offset: int = 0
+    size: int = 0
+    """The file's size when last scanned (a partial line is not read again until it grows)."""
+    lines: int = 0
+    tail: bool = False
+    segments: list[_Segment] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _NeutralScan:
+    """Every neutral file of the directory, scanned as it grows; where each step began."""
+
+    files: dict[Path, _NeutralFile] = field(default_factory=dict)
+    began: dict[int, str] = field(default_factory=dict)
+
+    def scan(self, path: Path) -> None:
+        """Read the whole lines appended to ``path`` since the last scan into segments."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        identity = (st.st_dev, st.st_ino)
+        state = self.files.setdefault(path, _NeutralFile(identity=identity))
+        if state.identity != identity or st.st_size < state.offset:
+            raise ImportInputError(
+                path, "replaced or cut while followed (a followed file only grows)"
+            )
+        if st.st_size in (state.offset, state.size):
+            return
+        state.size = st.st_size
+        pending = bytearray()
+        position = state.offset
+        try:
+            with open(path, "rb") as f:
+                f.seek(state.offset)
+                while chunk := f.read(1 << 20):
+                    pending += chunk
+                    while (end := pending.find(b"\n")) >= 0:
+                        line = bytes(pending[: end + 1])
+                        del pending[: end + 1]
+                        self._line(path, state, line, position)
+                        position += len(line)
+                    if len(pending) > MAX_LINE_BYTES:
+                        raise ImportInputError(
+                            path, f"line longer than {MAX_LINE_BYTES} bytes", line=state.lines + 1
+                        )
+        except OSError as exc:
+            raise ImportInputError(path, f"cannot read it: {exc.strerror or exc}") from None
+        state.offset, state.tail = position, bool(pending)
+
+    def _line(self, path: Path, state: _NeutralFile, line: bytes, position: int) -> None:
+        state.lines += 1
+        stop = position + len(line)
+        current = state.segments[-1] if state.segments else None
+        if not line.strip():
+            if current is not None:
+                current.stop = stop
+            return
+        step = _line_step(line)
+        if current is not None and (step is None or step == current.step):
+            current.stop = stop  # a line naming no step: the reader refuses it when sealed
+            return
+        if step is None:
+            _refuse_line(path, (position, stop, state.lines))
+            raise ImportInputError(path, "names no step", line=state.lines)
+        if step in self.began:
+            raise ImportInputError(
+                path,
+                f"step {step} again, after other steps (first at {self.began[step]}): write "
+                "each step's samples together",
+                line=state.lines,
+            )
+        self.began[step] = f"{path}:{state.lines}"
+        state.segments.append(_Segment(step=step, start=position, stop=stop, first=state.lines))
+
+
+def _line_step(line: bytes) -> int | None:
+    """The step a neutral line names (None: not a JSON object with an integer step)."""
     try:
         return msgspec.json.decode(line, type=_StepOnly).step
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 
+def _refuse_line(path: Path, span: tuple[int, int, int]) -> None:
+    """The neutral reader's own refusal of one line (what is wrong with it)."""
+    opened: list[InputFile] = []
+    try:
+        for _ in read_neutral_span(path, span, opened):
+            pass
+    finally:
+        for file in opened:
+            file.close()
+
+
 def _neutral_ready(
-    directory: Path, watch: _Watch, settle: float, now: float
-) -> list[tuple[int, list[Path]]]:
-    files = [p for p in _listing(directory) if p.suffix.lower() in NEUTRAL_SUFFIXES and p.is_file()]
+    directory: Path, watch: _Watch, scan: _NeutralScan, settle: float, now: float
+) -> list[_Ready]:
+    """Each neutral file's steps (a file may hold many, growing): a step is complete once a
+    line of another step follows it in its file or another file holds a later step; the
+    newest once its file has not changed for ``settle`` seconds and ends with a newline."""
+    files = sorted(
+        p for p in _listing(directory) if p.suffix.lower() in NEUTRAL_SUFFIXES and p.is_file()
+    )
     watch.update(files, now)
-    steps: dict[int, list[Path]] = {}
     for path in files:
-        step = _first_step(path)
-        if step is not None:
-            steps.setdefault(step, []).append(path)
-    last = max(steps, default=None)
+        scan.scan(path)
+    latest = {
+        path: max((s.step for s in state.segments), default=-1)
+        for path, state in scan.files.items()
+    }
     ready = []
-    for step, paths in sorted(steps.items()):
-        if step in watch.done:
-            continue
-        if len(paths) > 1:
-            raise ImportInputError(
-                sorted(paths)[1], f"step {step} again (also {sorted(paths)[0]}): one file a step"
+    for path, state in scan.files.items():
+        later_elsewhere = max((v for p, v in latest.items() if p != path), default=-1)
+        for number, segment in enumerate(state.segments):
+            if segment.step in watch.done:
+                continue
+            complete = (
+                number + 1 < len(state.segments)
+                or later_elsewhere > segment.step
+                or (not state.tail and watch.unchanged_for(path, now) >= settle)
             )
-        path = paths[0]
-        if step != last or (watch.unchanged_for(path, now) >= settle and _nemo_decodes_whole(path)):
-            ready.append((step, paths))
-    return ready
+            if complete:
+                span = (segment.start, segment.stop, segment.first)
+                ready.append(_Ready(step=segment.step, paths=[path], span=span))
+    return sorted(ready, key=lambda r: r.step)
 
 
 def _zip_whole(path: Path) -> bool:
@@ -263,9 +380,13 @@ def _zip_whole(path: Path) -> bool:
 
 
 def _slime_ready(
-    directory: Path, watch: _Watch, now: float, ranks: list[int]
-) -> list[tuple[int, list[Path]]]:
-    """``ranks``: the rank count of the first step sealed (empty before; filled here)."""
+    directory: Path, watch: _Watch, settle: float, now: float, ranks: list[int]
+) -> list[_Ready]:
+    """``ranks``: the rank count of the first per-rank step sealed (empty before; filled
+    here). A per-rank step is complete when each of its files is whole and its ranks are
+    every rank: ``0..k-1`` of that count once known; before, ``0..k-1`` of its own once a
+    later rollout's file appeared or (a run's newest rollout) none of its files changed for
+    ``settle`` seconds (a dump names no world size)."""
     if (directory / "train_data").is_dir():  # a --dump-details directory
         directory = directory / "train_data"
     groups: dict[int, dict[int | None, Path]] = {}
@@ -277,22 +398,33 @@ def _slime_ready(
         groups.setdefault(int(match.group(1)), {})[rank] = path
     watch.update([p for g in groups.values() for p in g.values()], now)
     last = max(groups, default=None)
-    ready = []
+    ready: list[_Ready] = []
     for step, files in sorted(groups.items()):
         if step in watch.done:
             continue
         paths = [files[r] for r in sorted(files, key=lambda r: -1 if r is None else r)]
         if not all(watch.polled_twice(p, now) and _zip_whole(p) for p in paths):
             continue
-        per_rank = None not in files
-        if per_rank and step == last:
-            # the rank count is known from the first step sealed, whole once a later
-            # rollout's file appeared (a dump names no world size)
-            if not (ranks and set(files) == set(range(ranks[0]))):
+        if None not in files:  # per rank
+            count = ranks[0] if ranks else len(files)
+            beyond = max(r for r in files if r is not None)
+            if ranks and beyond >= count:
+                if ready:  # sealed first; refused at the next poll
+                    break
+                raise ImportInputError(
+                    files[beyond],
+                    f"rank {beyond} of rollout {step}, where the first rollout sealed had "
+                    f"{count} rank(s) (ranks 0..{count - 1}): follow the run with a --settle "
+                    "longer than its ranks' dumps take to appear, into another --experiment-id",
+                )
+            if set(files) != set(range(count)):
                 continue
-        if per_rank and not ranks:
-            ranks.append(len(files))
-        ready.append((step, paths))
+            settled = all(watch.unchanged_for(p, now) >= settle for p in paths)
+            if not ranks and step == last and not settled:
+                continue
+            if not ranks:
+                ranks.append(count)
+        ready.append(_Ready(step=step, paths=paths))
     return ready
 
 
@@ -470,6 +602,7 @@ def follow(
     steps: list[FollowedStep] = []
     watch, crossings = _Watch(), _Crossings()
     ranks: list[int] = []
+    scan = _NeutralScan()
     environment = environment_record()
     last_new = time.monotonic()
     with _Stop().installed() as stop:
@@ -479,14 +612,14 @@ def follow(
             if fmt == "nemo-rl":
                 ready = _nemo_ready(directory, watch, settle, now)
             elif fmt == "jsonl":
-                ready = _neutral_ready(directory, watch, settle, now)
+                ready = _neutral_ready(directory, watch, scan, settle, now)
             else:
-                ready = _slime_ready(directory, watch, now, ranks)
-            for step_number, paths in ready:
-                if step_number in watch.done or stop.signal is not None:
+                ready = _slime_ready(directory, watch, settle, now, ranks)
+            for complete in ready:
+                if complete.step in watch.done or stop.signal is not None:
                     continue
-                handled = _seal_step(fmt, paths, contract, artifacts, store, environment)
-                watch.done.add(step_number)
+                handled = _seal_step(fmt, complete, contract, artifacts, store, environment)
+                watch.done.add(complete.step)
                 rows.append(handled.rows[0])
                 store.initialize(experiment, rows)
                 followed = FollowedStep(
@@ -527,7 +660,7 @@ class _Handled:
 
 def _seal_step(
     fmt: str,
-    paths: Sequence[Path],
+    complete: _Ready,
     contract: ResolvedContract,
     artifacts: Path,
     store: ArtifactStore,
@@ -544,8 +677,14 @@ def _seal_step(
         run = RunWriter(FORMATS[fmt], contract, staging)
         run.environment = environment
         opened: list[InputFile] = []
+        paths = complete.paths
         try:
-            for step in READERS[fmt](list(paths), opened):
+            steps = (
+                READERS[fmt](list(paths), opened)
+                if complete.span is None
+                else read_neutral_span(paths[0], complete.span, opened)
+            )
+            for step in steps:
                 run.add(step, opened)
         finally:
             for file in opened:

@@ -56,7 +56,7 @@ import hashlib
 import io
 import json
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,8 @@ from pytest_logprob_drift.production.sources import (
     InputFile,
     nemo_rl_step,
 )
-from pytest_logprob_drift.store.documents import ImportedRow, ImportFormat
+from pytest_logprob_drift.store.documents import ImportedRow, ImportFormat, InputDigest
+from pytest_logprob_drift.store.imported_check import rank_files_sha256
 from pytest_logprob_drift.tensorio import inflation_problem
 
 UNSET = msgspec.UNSET
@@ -104,6 +105,8 @@ class Step:
     rows: list[Row] = field(default_factory=list)
     inputs: list[int] = field(default_factory=list)
     digest: str = ""
+    input_digests: dict[int, InputDigest] = field(default_factory=dict)
+    """Per member of ``inputs``: the SHA-256 and size of the step's own bytes of it."""
     slime: SlimeBatch | None = None
     """What slime's own drift figure needs (a slime step only)."""
 
@@ -469,7 +472,9 @@ def read_nemo_rl(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Ste
             step.rows.append(_nemo_row(row, line, where, source))
         if not step.rows:
             raise ImportInputError(file.path, "holds no rows: nothing to import")
-        step.digest = file.record().sha256
+        record = file.record()
+        step.digest = record.sha256
+        step.input_digests[index] = InputDigest(sha256=record.sha256, size=record.size)
         yield step
 
 
@@ -586,7 +591,9 @@ def read_slime(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Step]
         samples = dump["samples"]
         if not isinstance(samples, list) or not samples:
             raise ImportInputError(file.path, "samples is empty: nothing to import")
-        step = Step(step=step_id, inputs=[index], digest=file.record().sha256)
+        record = file.record()
+        step = Step(step=step_id, inputs=[index], digest=record.sha256)
+        step.input_digests[index] = InputDigest(sha256=record.sha256, size=record.size)
         groups: list[tuple[int | None, float | None]] = []
         for position, sample in enumerate(samples):
             where = _Where(file.path, sample=position)
@@ -679,7 +686,7 @@ class _RankDumps:
         self.first: Path | None = None
         self.ranks: dict[int, Path] = {}
         self.inputs: list[int] = []
-        self.digests: list[str] = []
+        self.digests: list[InputDigest] = []
         self.samples: dict[int, _RankSample] = {}
         self.sizes: Any = None
         self.done: dict[int, Path] = {}
@@ -705,7 +712,8 @@ class _RankDumps:
             )
         self.ranks[rank] = file.path
         self.inputs.append(index)
-        self.digests.append(file.record().sha256)
+        record = file.record()
+        self.digests.append(InputDigest(sha256=record.sha256, size=record.size))
         data = dump["rollout_data"]
         if not isinstance(data, dict):
             raise where.error(f"rollout_data is {type(data).__name__}, not a dict")
@@ -742,10 +750,8 @@ class _RankDumps:
         assert first is not None
         self.done[rollout] = first
         step = Step(step=rollout, inputs=list(self.inputs))
-        digest = hashlib.sha256()
-        for sha in self.digests:
-            digest.update(bytes.fromhex(sha))
-        step.digest = digest.hexdigest()
+        step.input_digests = dict(zip(self.inputs, self.digests, strict=True))
+        step.digest = rank_files_sha256(d.sha256 for d in self.digests)
         groups: list[tuple[int | None, float | None]] = []
         for key in sorted(self.samples):
             sample = self.samples[key]
@@ -930,12 +936,26 @@ def _parquet_records(file: InputFile) -> Iterator[tuple[int, _NeutralRow, Any, b
 def read_neutral(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Step]:
     """Steps of the neutral format, each yielded when the next one starts (a step's samples
     are written together)."""
+    return _read_neutral(_open(path, opened) for path in paths)
+
+
+def read_neutral_span(
+    path: Path, span: tuple[int, int, int], opened: list[InputFile]
+) -> Iterator[Step]:
+    """The steps of the whole lines ``span`` (``(start, stop, first line number)``) of a
+    neutral JSONL file that may still grow (``production.follow``: one step's lines)."""
+    file = InputFile(path, span=span)
+    opened.append(file)
+    return _read_neutral([(len(opened) - 1, file)])
+
+
+def _read_neutral(files: Iterable[tuple[int, InputFile]]) -> Iterator[Step]:
     done: dict[int, str] = {}
     current: Step | None = None
     hasher = hashlib.sha256()
     seen: dict[int, int] = {}
-    for path in paths:
-        index, file = _open(path, opened)
+    parts = _InputParts()
+    for index, file in files:
         rows = 0
         for number, row, keys, data in _neutral_records(file):
             rows += 1
@@ -957,12 +977,13 @@ def read_neutral(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Ste
                         "write each step's samples together"
                     )
                 if current is not None:
-                    current.digest = hasher.hexdigest()
+                    parts.close(current, hasher)
                     yield current
                 current = Step(step=step_id)
                 done[step_id] = f"{file.path}:{number}"
                 hasher = hashlib.sha256()
                 seen = {}
+                parts = _InputParts()
             sample = source.sample
             if sample is not None:
                 if sample in seen:
@@ -971,14 +992,48 @@ def read_neutral(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Ste
                     )
                 seen[sample] = number
             if index not in current.inputs:
-                current.inputs.append(index)
+                parts.next_input(current, hasher, index)
             hasher.update(data)
+            parts.take(data)
             current.rows.append(parsed)
         if not rows:
             raise ImportInputError(file.path, "holds no rows: nothing to import")
     if current is not None:
-        current.digest = hasher.hexdigest()
+        parts.close(current, hasher)
         yield current
+
+
+class _InputParts:
+    """A neutral step's own bytes per input file (its inputs are read one after another):
+    the step's hasher stands for its first input's until a second input starts, so one
+    file's lines are hashed once."""
+
+    def __init__(self) -> None:
+        self.digests: dict[int, InputDigest] = {}
+        self.part: Any = None
+        self.size = 0
+
+    def next_input(self, step: Step, hasher: Any, index: int) -> None:
+        if step.inputs:
+            self._finish(step, hasher)
+        step.inputs.append(index)
+        self.part = None if len(step.inputs) == 1 else hashlib.sha256()
+        self.size = 0
+
+    def take(self, data: bytes) -> None:
+        if self.part is not None:
+            self.part.update(data)
+        self.size += len(data)
+
+    def _finish(self, step: Step, hasher: Any) -> None:
+        sha = (hasher if self.part is None else self.part).hexdigest()
+        self.digests[step.inputs[-1]] = InputDigest(sha256=sha, size=self.size)
+
+    def close(self, step: Step, hasher: Any) -> None:
+        """The step's ``rows_sha256`` and, per input, the SHA-256 and size of its lines."""
+        self._finish(step, hasher)
+        step.digest = hasher.hexdigest()
+        step.input_digests = dict(self.digests)
 
 
 READERS = {"nemo-rl": read_nemo_rl, "slime": read_slime, "jsonl": read_neutral}

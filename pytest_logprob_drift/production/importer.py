@@ -72,6 +72,7 @@ from pytest_logprob_drift.store.attempt import execution_key
 from pytest_logprob_drift.store.comparison_record import SCORED_OUTCOMES, comparison_of
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
+    STEP_V2,
     Actual,
     ExecutionKeyPayload,
     ExperimentDocument,
@@ -92,7 +93,8 @@ MAX_GRID_CELLS = 2**26
 of 128k tokens), so rows of very different lengths cannot blow a step up. A step at this cap
 peaks near 4 GiB resident (``benchmarks/bench_import_memory.py``); where that cannot be had,
 the failed allocation is the command's one "out of memory" line naming the step."""
-STEP_SCHEMA: Final = "cross_config.imported_step.v1"
+STEP_SCHEMA: Final = STEP_V2
+"""The form of ``imported.json`` written (v1: sealed by earlier releases, still read)."""
 IMPORT_SCHEMA: Final = "cross_config.import.v1"
 IMPORTED_SIDE = {
     "source": "imported",
@@ -297,7 +299,7 @@ class RunWriter:
         self.steps[step.step] = file_of(step.inputs[0])
         grid = _grid(step, file_of)
         case_id = imported_case_id(
-            STEP_SCHEMA, fmt.name, step.step, step.digest, contract.source, contract.version
+            fmt.name, step.step, step.digest, contract.source, contract.version
         )
         label = imported_label(step.step)
         verdict = judge(grid.training, grid.rollout, grid.active, contract.threshold)
@@ -338,6 +340,7 @@ class RunWriter:
                 msgspec.structs.replace(r.source, input=step.inputs.index(r.source.input))
                 for r in step.rows
             ),
+            input_digests=tuple(step.input_digests[i] for i in step.inputs),
         )
         check_decodes(imported, file_of(step.inputs[0]), f"step {step.step}: imported.json")
         attempt = self._write(case_id, label, step, grid, comparison, imported)

@@ -82,9 +82,18 @@ class InputFile:
     empty, not a pickle; ``lines()`` or ``read_all()`` reads it once and ``record()`` then
     gives its SHA-256 and size."""
 
-    def __init__(self, path: Path, *, limit: int = MAX_INPUT_BYTES) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        limit: int = MAX_INPUT_BYTES,
+        span: tuple[int, int, int] | None = None,
+    ) -> None:
+        """``span``: ``(start, stop, first line number)``: ``lines()`` reads only the bytes
+        ``[start, stop)``, whole lines of a file still growing (``production.follow``)."""
         self.path = path
         self.limit = limit
+        self.span = span
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -95,19 +104,22 @@ class InputFile:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise ImportInputError(path, "not a regular file")
-            if info.st_size > limit:
+            size = info.st_size if span is None else span[1] - span[0]
+            if span is not None and not 0 <= span[0] <= span[1] <= info.st_size:
+                raise ImportInputError(path, f"shrank below byte {span[1]} while followed")
+            if size > limit:
                 raise ImportInputError(
                     path,
-                    f"{info.st_size} bytes, larger than the import limit of {_size_text(limit)}",
+                    f"{size} bytes, larger than the import limit of {_size_text(limit)}",
                 )
-            if info.st_size == 0:
+            if size == 0:
                 raise ImportInputError(path, "empty file: nothing to import")
             head = os.pread(fd, 8, 0)
         except BaseException:
             os.close(fd)
             raise
         self._fd: int | None = fd
-        self.size = info.st_size
+        self.size = size
         self.head = head
         if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
             self.close()
@@ -142,14 +154,21 @@ class InputFile:
         pass (a line longer than ``MAX_LINE_BYTES`` is refused)."""
         if self._fd is None:
             raise ValueError("input already read")
+        start, stop, first = (0, None, 1) if self.span is None else self.span
+        os.lseek(self._fd, start, os.SEEK_SET)
         stream = io.BufferedReader(io.FileIO(self._fd, closefd=True), buffer_size=1 << 20)
         self._fd = None
-        number = 0
+        number = first - 1
+        left = None if stop is None else stop - start
         with stream:
-            while True:
-                line = stream.readline(MAX_LINE_BYTES + 1)
+            while left is None or left > 0:
+                line = stream.readline(
+                    MAX_LINE_BYTES + 1 if left is None else min(MAX_LINE_BYTES + 1, left)
+                )
                 if not line:
                     break
+                if left is not None:
+                    left -= len(line)
                 number += 1
                 self._take(line)
                 if len(line) > MAX_LINE_BYTES:
@@ -164,6 +183,8 @@ class InputFile:
 
     def read_all(self) -> bytes:
         """Every byte of the file (at most its limit)."""
+        if self.span is not None:
+            raise ValueError("a span is read by lines()")
         if self._fd is None:
             raise ValueError("input already read")
         fd, self._fd = self._fd, None

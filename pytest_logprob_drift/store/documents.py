@@ -17,7 +17,7 @@ compares it as a whole and reads no member of it. Knows nothing about what the f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -128,14 +128,32 @@ class ImportedRow(Document, frozen=True, kw_only=True):
     sample: Index | None = None
 
 
+Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+"""A SHA-256 in lowercase hex."""
+STEP_V1: Final = "cross_config.imported_step.v1"
+STEP_V2: Final = "cross_config.imported_step.v2"
+
+
+class InputDigest(Document, frozen=True, kw_only=True):
+    """What a step read from one of its input files: the SHA-256 and size of the step's own
+    bytes of it (the whole file for a NeMo-RL step file and a slime dump, each rank's file
+    for slime's per-rank dumps; the step's lines of it for the neutral format, whose file
+    may hold many steps and grow while followed)."""
+
+    sha256: Sha256
+    size: Index
+
+
 class ImportedStep(Document, frozen=True, kw_only=True):
     """``imported.json``: one training step of a production run, imported (``logprob-drift
     import``): the format, the step, the input files it was read from, the SHA-256 of the
     step's own source bytes (what its case id hashes), the source fields each side's logprobs
     came from, the dtype they are sealed in, and one ``ImportedRow`` per row of the token grid,
-    in grid order (the ``sample`` of a worst token is a grid row)."""
+    in grid order (the ``sample`` of a worst token is a grid row). v2 adds ``input_digests``:
+    one ``InputDigest`` per member of ``inputs``, in that order (provenance: a followed run
+    has no whole-run list of its inputs); a v1 document has none."""
 
-    schema_version: Literal["cross_config.imported_step.v1"]
+    schema_version: Literal["cross_config.imported_step.v1", "cross_config.imported_step.v2"]
     format: ImportFormat
     step: Index
     inputs: tuple[str, ...]
@@ -146,8 +164,20 @@ class ImportedStep(Document, frozen=True, kw_only=True):
     logprob_dtype: Literal["float32", "float64"]
     samples: Index
     rows: tuple[ImportedRow, ...]
+    input_digests: tuple[InputDigest, ...] | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
+        digests = self.input_digests
+        if self.schema_version == STEP_V1 and digests is not msgspec.UNSET:
+            raise ValueError(f"a {STEP_V1} document has no input_digests - at `$.input_digests`")
+        if self.schema_version == STEP_V2:
+            if digests is msgspec.UNSET:
+                raise ValueError(f"{STEP_V2} requires input_digests - at `$`")
+            if len(digests) != len(self.inputs):
+                raise ValueError(
+                    f"{len(digests)} input digest(s) for {len(self.inputs)} input(s) - at "
+                    "`$.input_digests`"
+                )
         if self.samples != len(self.rows):
             raise ValueError(f"samples is {self.samples}, rows holds {len(self.rows)} - at `$`")
         for number, row in enumerate(self.rows):
@@ -303,12 +333,15 @@ class ImportSource(
     max_input_bytes: Index
 
 
+FOLLOWED_TAG: Final = "cross_config.import.v2"
+
+
 class FollowedImportSource(
     Document,
     frozen=True,
     kw_only=True,
     tag_field="schema_version",
-    tag="cross_config.import.v2",
+    tag=FOLLOWED_TAG,
 ):
     """``experiment.json``'s ``imported`` of a run followed while it was written (``import
     --follow``): the format, the directory followed, the fields read and the limits applied;

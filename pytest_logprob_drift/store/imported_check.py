@@ -4,33 +4,37 @@ Owns the case id of an imported step (the hash of the step schema, the format, t
 SHA-256 of the step's own source bytes and the contract source and version: the importer names
 a case with it, verify recomputes it from ``imported.json``) and the cross-checks of
 ``imported.json`` with the rest of its attempt: the case id, the label (``step=<step>``), the
-step the execution key payload names, one source row per grid row and the dtype the logprobs
-are sealed in. Knows nothing about the formats' bytes or how a step was judged.
+step the execution key payload names, one source row per grid row, the dtype the logprobs
+are sealed in and, for a v2 step, its ``rows_sha256`` against its inputs' own SHA-256s where
+those determine it. Knows nothing about the formats' bytes or how a step was judged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Mapping
 
+import msgspec
 import torch
 
 from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.records import JsonValue, canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.documents import ImportedStep
+from pytest_logprob_drift.store.documents import STEP_V1, ImportedStep
 from pytest_logprob_drift.store.seal import SealError
 
 LOGPROB_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def imported_case_id(
-    schema: str, fmt: str, step: int, rows_sha256: str, source: str, version: str
-) -> str:
-    """The case id of an imported step (16 hex digits)."""
+def imported_case_id(fmt: str, step: int, rows_sha256: str, source: str, version: str) -> str:
+    """The case id of an imported step (16 hex digits). It hashes the first form's schema
+    name (``STEP_V1``) whatever the form of ``imported.json``: the same step of the same bytes
+    under the same contract keeps its case id across forms (a run followed before v2 is
+    followed on without a step "sealed from other bytes")."""
     return sha256_hex(
         canonical_json(
             {
-                "schema": schema,
+                "schema": STEP_V1,
                 "format": fmt,
                 "step": step,
                 "rows_sha256": rows_sha256,
@@ -38,6 +42,31 @@ def imported_case_id(
             }
         )
     )[:16]
+
+
+def rank_files_sha256(digests: Iterable[str]) -> str:
+    """A per-rank slime step's ``rows_sha256``: the SHA-256 of its rank files' SHA-256s (raw
+    bytes, in rank-file order)."""
+    digest = hashlib.sha256()
+    for sha in digests:
+        digest.update(bytes.fromhex(sha))
+    return digest.hexdigest()
+
+
+def derived_rows_sha256(imported: ImportedStep) -> frozenset[str] | None:
+    """What a v2 step's ``rows_sha256`` may be, derived from its ``input_digests`` (None: not
+    derivable: a v1 step, or a neutral step read from more than one file, whose lines hash
+    together): a NeMo-RL step file's or a neutral step's one input's own SHA-256; a slime
+    dump's, or the SHA-256 of its rank files' SHA-256s."""
+    digests = imported.input_digests
+    if digests is msgspec.UNSET:
+        return None
+    shas = [d.sha256 for d in digests]
+    if imported.format == "slime":
+        return frozenset(
+            {rank_files_sha256(shas), *shas[:1]} if len(shas) == 1 else {rank_files_sha256(shas)}
+        )
+    return frozenset(shas) if len(shas) == 1 else None
 
 
 def imported_label(step: int) -> str:
@@ -55,7 +84,6 @@ def check_imported(
     the case id it hashes to, the label, the source the execution key payload names
     (``payload``: identity.json's), the grid's rows or the logprobs' dtype."""
     case_id = imported_case_id(
-        imported.schema_version,
         imported.format,
         imported.step,
         imported.rows_sha256,
@@ -74,6 +102,13 @@ def check_imported(
             layout.COMPARISON,
             f"label {comparison.label!r} is not that of step {imported.step} "
             f"({imported_label(imported.step)!r})",
+        )
+    derived = derived_rows_sha256(imported)
+    if derived is not None and imported.rows_sha256 not in derived:
+        raise SealError(
+            layout.IMPORTED,
+            f"rows_sha256 {imported.rows_sha256[:16]}... is not what its input_digests make "
+            f"for a {imported.format} step of {len(imported.inputs)} input file(s)",
         )
     source = {
         "format": imported.format,

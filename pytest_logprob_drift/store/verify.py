@@ -18,13 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+import msgspec
+
 from pytest_logprob_drift.errors import StorageError, UsageError
 from pytest_logprob_drift.numerics.gates import GateResult
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL, read_seal
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
+    FOLLOWED_TAG,
     ExperimentDocument,
+    FollowedImportSource,
     ImportedStep,
     ImportSource,
     PlanRow,
@@ -204,6 +208,8 @@ def _experiment_problems(
     except JSONDocumentError as exc:
         return [RunFileStatus(file=layout.EXPERIMENT, status="invalid", detail=str(exc))]
     source = document.imported
+    if isinstance(source, FollowedImportSource):
+        return _followed_problems(run_dir)
     if not isinstance(source, ImportSource):
         return []
     steps = len({row.case_id for row in rows})
@@ -228,16 +234,41 @@ def _experiment_problems(
     return []
 
 
-def _imported_samples(attempt: Path) -> int:
-    """How many source rows a sealed imported step names (0 where it cannot be read: the
-    attempt's own check says why)."""
+def _followed_problems(run_dir: Path) -> list[RunFileStatus]:
+    """A followed run has no whole-run list of inputs: each step's imported.json holds its
+    inputs' SHA-256 (v2), so a step without them is refused."""
+    for attempt in iter_attempt_dirs(run_dir):
+        imported = _imported_step(attempt)
+        if imported is not None and imported.input_digests is msgspec.UNSET:
+            where = attempt.relative_to(run_dir) / layout.IMPORTED
+            return [
+                RunFileStatus(
+                    file=layout.EXPERIMENT,
+                    status="invalid",
+                    detail=f"$.imported is a followed run's ({FOLLOWED_TAG}), and {where} is "
+                    f"{imported.schema_version}, without its inputs' SHA-256 (input_digests)",
+                )
+            ]
+    return []
+
+
+def _imported_step(attempt: Path) -> ImportedStep | None:
+    """A sealed imported step's imported.json (None where it cannot be read: the attempt's
+    own check says why)."""
     try:
         seal = read_seal(attempt, keep=(layout.IMPORTED,), every=False)
         if layout.IMPORTED not in seal.files:
-            return 0
-        return load_sealed_document(attempt, layout.IMPORTED, seal, ImportedStep).samples
+            return None
+        return load_sealed_document(attempt, layout.IMPORTED, seal, ImportedStep)
     except (SealError, OSError):
-        return 0
+        return None
+
+
+def _imported_samples(attempt: Path) -> int:
+    """How many source rows a sealed imported step names (0 where it cannot be read: the
+    attempt's own check says why)."""
+    imported = _imported_step(attempt)
+    return 0 if imported is None else imported.samples
 
 
 def _unkeyed(path: Path, form: SealForm) -> bool:
