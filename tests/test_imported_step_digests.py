@@ -1,9 +1,9 @@
 """Each imported step's ``imported.json`` v2 holds its inputs' SHA-256 (issue 57): per input
 file for NeMo-RL and slime (per rank file for slime's per-rank dumps), the step's own lines for
 the neutral format; checked against ``hashlib`` of the written bytes here. Verify checks the
-field's form, that it agrees with ``rows_sha256`` where the inputs determine it, and, in a
-followed run, that it is present; a v1 step (no digests) still verifies in a run imported at
-once (the sealed fixtures under tests/data: tests/test_wave4_runs.py)."""
+field's form and that it agrees with ``rows_sha256`` where the inputs determine it; a v1 step
+(no digests) still verifies, in a run imported at once (tests/test_wave4_runs.py) and in a run
+followed before the digests (tests/data/before_issue57)."""
 
 from __future__ import annotations
 
@@ -186,28 +186,58 @@ def test_a_steps_input_digests_are_checked(
     assert "imported.json" in out and needle in out, out
 
 
-def test_a_followed_run_needs_each_steps_digests(tmp_path: Path) -> None:
-    """A followed run has no whole-run inputs: a step without its inputs' SHA-256 (a v1
-    imported.json) is refused there by experiment.json's check; the same v1 step in a run
-    imported at once is not (its inputs are listed in experiment.json)."""
-    logs, runs = tmp_path / "logs", tmp_path / "runs"
-    logs.mkdir()
-    write_nemo_rl_step(logs, 1, make_samples(np.random.default_rng(3), 3))
-    code, out, err = cli(
-        "import", "--format", "nemo-rl", "--follow", logs, "--artifacts", runs,
-        "--settle", "0", "--idle", "0.3", "--poll", "0.02", "--experiment-id", "f",
-    )  # fmt: skip
-    assert code == 0, out + err
-    assert _verify(runs / "f")[0] == 0
-    attempt, document = _steps(runs / "f")[1]
-    data = (logs / "train_data_step1.jsonl").read_bytes()
-    assert document["input_digests"] == [{"sha256": _sha(data), "size": len(data)}]
+BEFORE_ISSUE57 = Path(__file__).resolve().parent / "data" / "before_issue57" / "runs"
+EXAMPLE_DUMPS = Path(__file__).resolve().parents[1] / "experiments" / "production" / "nemo-rl"
 
-    document.pop("input_digests")
-    document["schema_version"] = "cross_config.imported_step.v1"
-    path = attempt / "imported.json"
-    path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
-    reseal(runs / "f", path)
-    code, out = _verify(runs / "f")
-    assert code != 0
-    assert "experiment.json" in out and "without its inputs' SHA-256 (input_digests)" in out, out
+
+def _outcomes(run_dir: Path) -> dict[int, str]:
+    """Each step's outcome as ``report --json`` gives it."""
+    code, out, err = cli("report", run_dir, "--json")
+    assert code in (0, 1), out + err
+    cases = json.loads(out)["cases"]
+    return {int(case["label"].removeprefix("step=")): case["outcome"] for case in cases}
+
+
+def test_a_run_followed_before_the_digests_verifies_reports_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run followed by the release before the digests (v1 steps under a followed
+    experiment.json, sealed at 5b7a035 from the example NeMo-RL dumps) still verifies and
+    reports with its outcomes; following the same dumps again into it adds nothing, and a new
+    step joins it as v2 beside the v1 steps, the whole run still verifying."""
+    run = tmp_path / "runs" / "follow-nemo-rl-before-issue57"
+    shutil.copytree(BEFORE_ISSUE57 / run.name, run)
+    steps = _steps(run)
+    assert {doc["schema_version"] for _, doc in steps.values()} == {"cross_config.imported_step.v1"}
+    code, out = _verify(run)
+    assert code == 0 and "6 attempt(s), 0 attribution(s), 0 invalid" in out, out
+    before = _outcomes(run)
+    # the outcomes the example dumps are built to give (scripts/make_example_dumps.py):
+    # steps 1-2 all float32, steps 3-6 with bfloat16 rollouts
+    assert before == {1: "PASS", 2: "PASS", 3: "MISMATCH", 4: "MISMATCH", 5: "MISMATCH",
+                      6: "MISMATCH"}  # fmt: skip
+
+    # the run names the directory as it was given (relative to the repository root)
+    monkeypatch.chdir(tmp_path)
+    logs = Path("experiments/production/nemo-rl")
+    shutil.copytree(EXAMPLE_DUMPS, logs)
+    follow = ("import", "--format", "nemo-rl", "--follow", logs, "--artifacts", run.parent,
+              "--settle", "0", "--idle", "0.3", "--poll", "0.02", "--experiment-id", run.name)  # fmt: skip
+    code, out, err = cli(*follow)
+    assert code == 1, out + err  # steps 3-6 are MISMATCH, as when first followed
+    assert "(sealed:" not in out and out.count("(already sealed: cases/") == 6, out
+    assert len(_steps(run)) == 6
+
+    write_nemo_rl_step(logs, 7, make_samples(np.random.default_rng(7), 3))
+    code, out, err = cli(*follow)
+    assert code == 1, out + err
+    assert out.count("(sealed: cases/") == 1 and out.count("(already sealed: cases/") == 6, out
+    steps = _steps(run)
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6, 7]
+    data = (logs / "train_data_step7.jsonl").read_bytes()
+    assert steps[7][1]["schema_version"] == "cross_config.imported_step.v2"
+    assert steps[7][1]["input_digests"] == [{"sha256": _sha(data), "size": len(data)}]
+    code, out = _verify(run)
+    assert code == 0 and "7 attempt(s), 0 attribution(s), 0 invalid" in out, out
+    after = _outcomes(run)
+    assert {step: after[step] for step in before} == before

@@ -18,15 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-import msgspec
-
 from pytest_logprob_drift.errors import StorageError, UsageError
 from pytest_logprob_drift.numerics.gates import GateResult
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL, read_seal
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
-    FOLLOWED_TAG,
     ExperimentDocument,
     FollowedImportSource,
     ImportedStep,
@@ -209,7 +206,7 @@ def _experiment_problems(
         return [RunFileStatus(file=layout.EXPERIMENT, status="invalid", detail=str(exc))]
     source = document.imported
     if isinstance(source, FollowedImportSource):
-        return _followed_problems(run_dir)
+        return []  # no whole-run counts; each step's own imported.json form is its check
     if not isinstance(source, ImportSource):
         return []
     steps = len({row.case_id for row in rows})
@@ -231,24 +228,6 @@ def _experiment_problems(
                 f"{samples}",
             )
         ]
-    return []
-
-
-def _followed_problems(run_dir: Path) -> list[RunFileStatus]:
-    """A followed run has no whole-run list of inputs: each step's imported.json holds its
-    inputs' SHA-256 (v2), so a step without them is refused."""
-    for attempt in iter_attempt_dirs(run_dir):
-        imported = _imported_step(attempt)
-        if imported is not None and imported.input_digests is msgspec.UNSET:
-            where = attempt.relative_to(run_dir) / layout.IMPORTED
-            return [
-                RunFileStatus(
-                    file=layout.EXPERIMENT,
-                    status="invalid",
-                    detail=f"$.imported is a followed run's ({FOLLOWED_TAG}), and {where} is "
-                    f"{imported.schema_version}, without its inputs' SHA-256 (input_digests)",
-                )
-            ]
     return []
 
 
