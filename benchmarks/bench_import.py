@@ -19,9 +19,9 @@ both read from the page cache):
 With ``--busy N``, N busy loops (``while True: pass`` in child processes) run beside the
 baseline and the import, as on a shared machine. Reports seconds (wall, and CPU for the
 baseline and the import), peak RSS (``ru_maxrss`` of each child), the ratios and the sealed
-run's size against the input's. Goals (issue 58): import
-at most 1.0x the baseline, with or without busy loops; sealed run at most 0.6x the input;
-``report`` within 1.5x of ``verify``; peak memory independent of the step count.
+run's size against the input's. Goals (issue 58): import at most 1.0x the baseline, with or
+without busy loops; sealed run at most 0.6x the input; ``report`` within 1.5x of ``verify``;
+peak memory independent of the step count.
 
     .venv/bin/python benchmarks/bench_import.py [--steps 20] [--small 5] [--samples 512]
         [--tokens 1024] [--busy N] [--dir D] [--keep]
