@@ -17,10 +17,11 @@ both read from the page cache):
 - ``verify`` and ``report --json`` of the imported run (``report`` writes its page too).
 
 With ``--busy N``, N busy loops (``while True: pass`` in child processes) run beside the
-baseline and the import, as on a shared machine. Reports seconds, peak RSS (``ru_maxrss`` of
-each child), the ratios and the sealed run's size against the input's. Goals (issue 58): import
-at most 1.0x the baseline, with or without busy loops; sealed run at most 0.6x the input;
-``report`` within 1.5x of ``verify``; peak memory independent of the step count.
+baseline and the import, as on a shared machine. Reports seconds (wall, and CPU for the
+baseline and the import), peak RSS (``ru_maxrss`` of each child), the ratios and the sealed
+run's size against the input's. Goals (issue 58): import at most 1.0x the baseline, with or
+without busy loops; sealed run at most 0.6x the input; ``report`` within 1.5x of ``verify``;
+peak memory independent of the step count.
 
     .venv/bin/python benchmarks/bench_import.py [--steps 20] [--small 5] [--samples 512]
         [--tokens 1024] [--busy N] [--dir D] [--keep]
@@ -97,7 +98,8 @@ def child(mode: str, paths: list[str]) -> None:
                 lines += 1
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": seconds, "peak_mib": peak, "lines": lines}))
+    cpu = time.process_time()
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "peak_mib": peak, "lines": lines}))
 
 
 def baseline(paths: list[Path]) -> dict[str, float]:
@@ -110,8 +112,8 @@ def baseline(paths: list[Path]) -> dict[str, float]:
 
 
 def command(*args: str) -> dict[str, float]:
-    """``python -m pytest_logprob_drift ARGS`` in a child: its wall seconds, its own peak RSS
-    (``os.wait4``'s rusage) and the lines it printed."""
+    """``python -m pytest_logprob_drift ARGS`` in a child: its wall seconds, its own CPU
+    seconds and peak RSS (``os.wait4``'s rusage) and the lines it printed."""
     start = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         child = subprocess.Popen(
@@ -127,6 +129,7 @@ def command(*args: str) -> dict[str, float]:
         raise SystemExit(f"{args[0]} exited {child.returncode}:\n{errors[-2000:]}")
     return {
         "seconds": seconds,
+        "cpu": usage.ru_utime + usage.ru_stime,
         "peak_mib": usage.ru_maxrss / 1024,
         "lines": len(printed.splitlines()),
     }
@@ -214,6 +217,10 @@ def main() -> int:
             f"peak RSS {small['peak_mib']:.0f} MiB"
         )
         print(f"import / json.loads time: {i_s / b_s:.2f}x (goal <= 1.0x)")
+        print(
+            f"import / json.loads CPU seconds (user + sys, less sensitive to other jobs): "
+            f"{full['cpu']:.2f} s / {base['cpu']:.2f} s = {full['cpu'] / base['cpu']:.2f}x"
+        )
         print(
             f"peak RSS {args.steps} steps - {small_steps} steps: "
             f"{full['peak_mib'] - small['peak_mib']:+.0f} MiB (goal: independent of the step count)"

@@ -260,7 +260,8 @@ def _diagnostics(
     signed = t - r
     diff = signed.abs()
     log_ratio = signed  # log(p_train / p_rollout), sampled from the rollout policy
-    quantiles = torch.quantile(diff, torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64))
+    ascending = torch.sort(diff).values  # one sort: the quantiles and the worst tokens' bar
+    quantiles = _quantiles(ascending, (0.5, 0.9, 0.99))
     diagnostics = {
         "mean_abs_diff": float(diff.mean()),
         "p50_abs_diff": float(quantiles[0]),
@@ -277,7 +278,7 @@ def _diagnostics(
         ),
     }
     positions = active.nonzero()
-    order = torch.argsort(diff, descending=True, stable=True)[:WORST_TOKENS]
+    order = _largest(diff, ascending, WORST_TOKENS)
     worst = [
         {
             "sample": int(positions[i][0]),
@@ -286,6 +287,27 @@ def _diagnostics(
             "training_logprob": float(t[i]),
             "abs_diff": float(diff[i]),
         }
-        for i in order.tolist()
+        for i in order
     ]
     return diagnostics, worst
+
+
+def _quantiles(ascending: torch.Tensor, levels: tuple[float, ...]) -> torch.Tensor:
+    """``torch.quantile`` (linear interpolation) of the values sorted in ``ascending``, without
+    sorting them again: the order statistics below and above each rank, interpolated by
+    ``torch.lerp`` as ``torch.quantile`` does (the same float64 values)."""
+    ranks = torch.tensor(levels, dtype=torch.float64) * (ascending.numel() - 1)
+    below = ranks.floor().long()
+    return torch.lerp(ascending[below], ascending[ranks.ceil().long()], ranks - below)
+
+
+def _largest(values: torch.Tensor, ascending: torch.Tensor, count: int) -> list[int]:
+    """The indices of the ``count`` largest ``values`` (finite), ties in index order: what a
+    stable descending argsort puts first, sorting only the values at or above the
+    ``count``-th largest (``ascending``: ``values`` sorted)."""
+    if not values.numel():
+        return []
+    bar = ascending[max(ascending.numel() - count, 0)]
+    candidates = (values >= bar).nonzero().squeeze(1)
+    ranked = torch.argsort(values[candidates], descending=True, stable=True)
+    return candidates[ranked[:count]].tolist()

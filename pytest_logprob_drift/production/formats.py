@@ -52,6 +52,7 @@ verdict makes the step INVALID_ARTIFACT. Knows nothing about seals, verdicts or 
 from __future__ import annotations
 
 import array
+import contextlib
 import hashlib
 import io
 import json
@@ -452,6 +453,143 @@ def _nemo_row(row: _NemoRow, line: bytes, where: _Where, source: ImportedRow) ->
     )
 
 
+@dataclass(slots=True, kw_only=True)
+class _NemoRead:
+    """One NeMo-RL line as read: its fields' shapes checked, its values not yet (a step's
+    values are checked together: ``_nemo_step_rows``)."""
+
+    ids: array.array[int]
+    mask: array.array[float]
+    rollout: array.array[float]
+    training: array.array[float]
+    length: int
+    sample_mask: bool
+    where: _Where
+    source: ImportedRow
+    idx: int | _Unset
+
+
+def _nemo_read(row: _NemoRow, line: bytes, where: _Where, source: ImportedRow) -> _NemoRead:
+    """``row``'s fields as arrays when their shapes are those ``_nemo_row`` takes; else the
+    line's refusal, as ``_nemo_row`` words it."""
+    read = None
+    with contextlib.suppress(OverflowError, TypeError, ValueError):
+        read = _nemo_fast(row, where, source)
+    if read is None:
+        _nemo_row(row, line, where, source)  # raises the line's refusal
+        raise AssertionError(f"{where.file}:{where.line}: a NeMo-RL row refused, then read")
+    return read
+
+
+def _nemo_fast(row: _NemoRow, where: _Where, source: ImportedRow) -> _NemoRead | None:
+    """The checks of ``_nemo_row`` that need no scan of a row's values (None when one fails:
+    ``_nemo_row`` then words the refusal)."""
+    ids, mask = row.token_ids, row.token_loss_mask
+    rollout, training = row.generation_logprobs, row.prev_logprobs
+    samples, lengths = row.sample_loss_mask, row.input_lengths
+    if (
+        isinstance(ids, _Unset)
+        or isinstance(mask, _Unset)
+        or isinstance(rollout, _Unset)
+        or isinstance(training, _Unset)
+        or isinstance(samples, _Unset)
+        or isinstance(lengths, _Unset)
+    ):
+        return None
+    if not len(ids) == len(mask) == len(rollout) == len(training) == len(samples) == len(lengths):
+        return None
+    if len(ids) != 1 or samples[0] not in (0.0, 1.0):
+        return None
+    width, length = len(ids[0]), lengths[0]
+    if not (len(mask[0]) == len(rollout[0]) == len(training[0]) == width) or not (
+        0 <= length <= width
+    ):
+        return None
+    return _NemoRead(
+        ids=array.array("q", ids[0]),
+        mask=array.array("d", mask[0]),
+        rollout=array.array("d", rollout[0]),
+        training=array.array("d", training[0]),
+        length=length,
+        sample_mask=samples[0] == 1.0,
+        where=where,
+        source=source,
+        idx=row.idx,
+    )
+
+
+def _column(parts: Sequence[array.array[Any]], code: str, dtype: torch.dtype) -> torch.Tensor:
+    """The rows' arrays end to end, as one tensor (one copy)."""
+    whole = array.array(code)
+    for part in parts:
+        whole.extend(part)
+    return torch.frombuffer(whole, dtype=dtype) if whole else torch.zeros(0, dtype=dtype)
+
+
+def _nemo_step_rows(reads: Sequence[_NemoRead]) -> list[Row]:
+    """The rows of a step's lines, their values checked together (a negative token id, a mask
+    that is not 0/1, a token_loss_mask 1 beyond input_lengths: the first such line's refusal,
+    as ``_nemo_row`` words it) and placed as ``_nemo_row`` places them."""
+    if not reads:
+        return []
+    widths = [len(r.ids) for r in reads]
+    count = torch.tensor(widths, dtype=torch.int64)
+    ids = _column([r.ids for r in reads], "q", torch.int64)
+    mask = _column([r.mask for r in reads], "d", torch.float64)
+    row_of = torch.repeat_interleave(torch.arange(len(reads)), count)
+    offsets = torch.cumsum(count, 0) - count
+    position = torch.arange(ids.numel()) - offsets[row_of]
+    ones = mask == 1
+    lengths = torch.tensor([r.length for r in reads], dtype=torch.int64)
+    bad = (ids < 0) | ((mask != 0) & ~ones) | (ones & (position >= lengths[row_of]))
+    if bool(bad.any()):
+        read = reads[int(row_of[int(bad.nonzero()[0][0])])]
+        _nemo_row(_nemo_decoded(read), b"", read.where, read.source)  # raises its refusal
+        raise AssertionError(f"{read.where.file}:{read.where.line}: a value refused, then read")
+    rollout = _column([r.rollout for r in reads], "d", torch.float64)
+    training = _column([r.training for r in reads], "d", torch.float64)
+    counted = ones & (position >= 1)  # column 0: no logprob (0 by NeMo-RL's convention)
+    samples = torch.tensor([r.sample_mask for r in reads], dtype=torch.bool)
+    active = counted & samples[row_of]
+    none = torch.iinfo(torch.int64).max
+    first = torch.full((len(reads),), none, dtype=torch.int64)
+    first.scatter_reduce_(0, row_of, torch.where(ones, position, none), "amin")
+    starts = torch.where(first == none, lengths, first).tolist()
+    rows: list[Row] = []
+    at = 0
+    for read, width, start in zip(reads, widths, starts, strict=True):
+        end = at + width
+        masked = None
+        if not read.sample_mask and bool(counted[at:end].any()):
+            masked = counted[at:end]
+        rows.append(
+            Row(
+                token_ids=ids[at:end],
+                rollout=rollout[at:end],
+                training=training[at:end],
+                active=active[at:end],
+                start=start,
+                source=read.source,
+                masked=masked,
+            )
+        )
+        at = end
+    return rows
+
+
+def _nemo_decoded(read: _NemoRead) -> _NemoRow:
+    """``read`` as the decoded row it came from (to word a refusal with ``_nemo_row``)."""
+    return _NemoRow(
+        token_ids=[read.ids.tolist()],
+        token_loss_mask=[read.mask.tolist()],
+        sample_loss_mask=[1.0 if read.sample_mask else 0.0],
+        generation_logprobs=[read.rollout.tolist()],
+        prev_logprobs=[read.training.tolist()],
+        input_lengths=[read.length],
+        idx=read.idx,
+    )
+
+
 def _open(path: Path, opened: list[InputFile]) -> tuple[int, InputFile]:
     file = InputFile(path)
     opened.append(file)
@@ -464,12 +602,19 @@ def read_nemo_rl(paths: Sequence[Path], opened: list[InputFile]) -> Iterator[Ste
         index, file = _open(path, opened)
         _not_zip(file, "NeMo-RL")
         step = Step(step=nemo_rl_step(file.path), inputs=[index])
+        reads: list[_NemoRead] = []
         for number, line in file.lines():
             where = _Where(file.path, line=number)
-            row = _line_object(line, _NemoRow, _NEMO_DECODER, where, "nemo-rl")
-            sample = row.idx if isinstance(row.idx, int) and row.idx >= 0 else None
-            source = ImportedRow(input=index, line=number, sample=sample)
-            step.rows.append(_nemo_row(row, line, where, source))
+            try:
+                row = _line_object(line, _NemoRow, _NEMO_DECODER, where, "nemo-rl")
+                sample = row.idx if isinstance(row.idx, int) and row.idx >= 0 else None
+                source = ImportedRow(input=index, line=number, sample=sample)
+                reads.append(_nemo_read(row, line, where, source))
+            except ImportInputError:
+                _nemo_step_rows(reads)  # an earlier line's refusal comes first
+                raise
+        step.rows = _nemo_step_rows(reads)
+        del reads
         if not step.rows:
             raise ImportInputError(file.path, "holds no rows: nothing to import")
         record = file.record()

@@ -503,6 +503,20 @@ def _allocation_failure(step: int) -> Iterator[None]:
         ) from None
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch at one intra-op thread while steps are read, judged and sealed (then as it was):
+    each operation is on a few MB, where threads gain little, and on a busy machine torch's
+    threads wait on each other (``benchmarks/bench_import.py``: an import of 10 steps beside
+    other jobs took 18-20 s with two threads, 9.5-14.5 s with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def check_decodes(document: object, file: str, what: str) -> None:
     """Refuse (an ``ImportInputError`` naming ``file``) a ``document`` the store's decoder
     would not read back (an id of 64 bits or more, a file name that is not UTF-8, ...):
@@ -590,10 +604,11 @@ def import_run(
         run = RunWriter(form, contract, staging, worst)
         opened: list[InputFile] = []
         try:
-            for step in READERS[fmt](files, opened):
-                with _allocation_failure(step.step):
-                    run.add(step, opened)
-                del step
+            with one_thread():
+                for step in READERS[fmt](files, opened):
+                    with _allocation_failure(step.step):
+                        run.add(step, opened)
+                    del step
         finally:
             for file in opened:
                 file.close()
