@@ -222,7 +222,8 @@ def test_a_run_followed_before_the_digests_verifies_reports_and_resumes(
     logs = Path("experiments/production/nemo-rl")
     shutil.copytree(EXAMPLE_DUMPS, logs)
     follow = ("import", "--format", "nemo-rl", "--follow", logs, "--artifacts", run.parent,
-              "--settle", "0", "--idle", "0.3", "--poll", "0.02", "--experiment-id", run.name)  # fmt: skip
+              "--settle", "0", "--idle", "0.3", "--poll", "0.02",
+              "--experiment-id", run.name)  # fmt: skip
     code, out, err = cli(*follow)
     assert code == 1, out + err  # steps 3-6 are MISMATCH, as when first followed
     assert "(sealed:" not in out and out.count("(already sealed: cases/") == 6, out
