@@ -667,6 +667,7 @@ class VllmRollout:
         model."""
         if self._weights is None:
             from pytest_logprob_drift.runtimes.weights.side_document import side_document
+            from pytest_logprob_drift.runtimes.weights.side_report import SideReport
             from pytest_logprob_drift.runtimes.weights.vllm_layout import overlay
 
             report = self.engine.loaded_weights
@@ -674,7 +675,7 @@ class VllmRollout:
                 # Pushed weights: digested after the push and the prefix-cache reset, never
                 # the dummy weights the engine was built with.
                 pushed = self.engine.pushed_weights
-                report = pushed if pushed is not None else {"error": "no push was digested"}
+                report = pushed if pushed is not None else SideReport(error="no push was digested")
             if self._installed:
                 report = overlay(report, self.engine.live_weights())
             self._weights = side_document(

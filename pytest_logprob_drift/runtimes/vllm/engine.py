@@ -57,6 +57,7 @@ from pytest_logprob_drift.runtimes.vllm.processes import (
     reap,
     release_orphaned_shm,
 )
+from pytest_logprob_drift.runtimes.weights.side_report import SideReport
 
 if TYPE_CHECKING:
     import torch
@@ -343,7 +344,7 @@ class VllmRolloutEngine:
                 # Before any request: AMX permission in every worker (see worker_ext).
                 self.amx_enabled = [bool(r) for r in llm.collective_rpc("enable_amx")]
                 self.loaded_weights = self._weights("weights_loaded")
-                self.pushed_weights: JsonObject | None = None
+                self.pushed_weights: SideReport | None = None
                 """The workers' digests after the last ``push_weights`` (None before one)."""
                 self._handle.engine_processes = _engine_processes(llm)
                 self._handle.note_shm_segments()
@@ -393,18 +394,18 @@ class VllmRolloutEngine:
 
     # -- weights
 
-    def _weights(self, method: str) -> JsonObject:
+    def _weights(self, method: str) -> SideReport:
         """Every worker's ``method`` report merged into one side report
-        (``vllm_layout.merge_ranks``); ``{"error": ...}`` when a worker took none."""
+        (``vllm_layout.merge_ranks``); an ``error`` report when a worker took none."""
         from pytest_logprob_drift.runtimes.weights.vllm_layout import merge_ranks
 
         reports = self._live().collective_rpc(method)
         errors = [str(r["error"]) for r in reports if "error" in r]
         if errors:
-            return {"error": "; ".join(sorted(set(errors)))}
+            return SideReport(error="; ".join(sorted(set(errors))))
         return merge_ranks(reports)
 
-    def live_weights(self) -> JsonObject:
+    def live_weights(self) -> SideReport:
         """The workers' digests of the model as it is now (``DriftWorkerExtension.weights_live``),
         merged; ``loaded_weights`` holds those taken at load, after construction."""
         return self._weights("weights_live")
