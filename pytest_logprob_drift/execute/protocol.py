@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         TrainingSettings,
     )
     from pytest_logprob_drift.numerics.comparison import KnobRecord
+    from pytest_logprob_drift.registry.session import KernelReference
     from pytest_logprob_drift.store.documents import WeightsDocument
     from pytest_logprob_drift.store.read_back import ReadBackValue
 
@@ -67,7 +68,7 @@ class BoundKernel:
     kernel: Callable[..., Any]
     factory: str | None = None
     """``module:attr`` of the kernel when it can be imported by name (e.g. in a rank process)."""
-    reference: Mapping[str, Any] | None = None
+    reference: KernelReference | None = None
     """What another process needs to build the same kernel and prove it did
     (``ResolvedOperator.reference``: backend, factory, factory style, target, options,
     version, build fingerprint), for runtimes that run the kernel outside this process (vLLM

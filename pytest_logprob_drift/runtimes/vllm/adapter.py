@@ -84,6 +84,7 @@ from pytest_logprob_drift.store.read_back import ReadBackValue, read_back_part
 if TYPE_CHECKING:
     import torch
 
+    from pytest_logprob_drift.registry.session import KernelReference
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 
 MODEL_LEN_QUANTUM = 64
@@ -127,7 +128,7 @@ def _observed_truncation(
     )
 
 
-def _reference(logp: LogpKernel | None) -> Mapping[str, Any] | None:
+def _reference(logp: LogpKernel | None) -> KernelReference | None:
     """What a vLLM worker needs to build the case's rollout kernel (None for native, or for a
     kernel with no importable factory, which ``injection_actual`` then reports as not
     injected)."""
@@ -141,7 +142,7 @@ def _injection(live: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _logp_ran(
     logp: LogpKernel | None,
-    reference: Mapping[str, Any] | None,
+    reference: KernelReference | None,
     earlier: Mapping[str, Any],
     live: Mapping[str, Any],
     *,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pytest_logprob_drift.errors import one_line
-from pytest_logprob_drift.records import JsonObject, JsonValue, MaskPolicy
+from pytest_logprob_drift.records import JsonObject, MaskPolicy
 from pytest_logprob_drift.runtimes.vllm import read_back as _read_back
 from pytest_logprob_drift.runtimes.vllm.layer_ranks import READ_RANK, rank_zero_reduction
 from pytest_logprob_drift.runtimes.vllm.logs import engine_output, prepare_vllm_logging
@@ -62,6 +62,8 @@ from pytest_logprob_drift.runtimes.weights.side_report import SideReport
 if TYPE_CHECKING:
     import torch
     from vllm import LLM
+
+    from pytest_logprob_drift.registry.session import KernelReference
 
 __all__ = [
     "DTYPES",
@@ -427,7 +429,7 @@ class VllmRolloutEngine:
             amx_enabled=self.amx_enabled,
         )
 
-    def install_logp(self, reference: Mapping[str, JsonValue]) -> list[JsonObject]:
+    def install_logp(self, reference: KernelReference) -> list[JsonObject]:
         """Install the catalog ``selected_logprob`` backend ``reference`` names in every worker's
         sampler (``DriftWorkerExtension.logp_install``), before the engine's first request of
         the case; returns each worker's report (TP rank order). Installed once per engine: the
@@ -435,7 +437,7 @@ class VllmRolloutEngine:
         if self.logp_installed is None:
             self.logp_installed = [
                 dict(r)
-                for r in self._live().collective_rpc("logp_install", args=(dict(reference),))
+                for r in self._live().collective_rpc("logp_install", args=(reference.copy(),))
             ]
         return self.logp_installed
 

@@ -48,7 +48,11 @@ import dataclasses
 import hashlib
 import inspect
 from collections import Counter
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.registry.session import KernelReference
+
 
 __all__ = [
     "MODES",
@@ -98,7 +102,7 @@ _PATCHED: Final = (
 class _State:
     """The injection of one sampler (one per worker)."""
 
-    def __init__(self, spec: dict[str, Any], kernel: Any) -> None:
+    def __init__(self, spec: KernelReference, kernel: Any) -> None:
         self.spec = spec
         self.kernel = kernel
         self.counts: Counter[str] = Counter()
@@ -106,7 +110,7 @@ class _State:
         self.pending: dict[str, Any] = {}
 
 
-def build_kernel(spec: dict[str, Any]) -> Any:
+def build_kernel(spec: KernelReference) -> Any:
     """The kernel named by ``spec`` (``factory``: ``module:attr``; ``factory_style``
     ``builder``: called with ``target`` and ``options``)."""
     from pytest_logprob_drift.references import resolve_reference
@@ -221,7 +225,7 @@ def _check_temperature(cls: Any, module: Any) -> None:
             raise ValueError("vLLM's Sampler.apply_temperature differs from the out-of-place copy")
 
 
-def install_on_sampler(sampler: Any, spec: dict[str, Any], kernel: Any) -> list[str]:
+def install_on_sampler(sampler: Any, spec: KernelReference, kernel: Any) -> list[str]:
     """Replace the selected-logprob computation of ``sampler`` (a V1 ``Sampler``) by
     ``kernel``; returns the sites patched (``SITES``). Idempotent for the same spec; a sampler
     that already carries another injection is a ValueError."""
@@ -411,7 +415,7 @@ def logits_seen() -> dict[str, Any]:
     }
 
 
-def install(worker: Any, spec: dict[str, Any]) -> dict[str, Any]:
+def install(worker: Any, spec: KernelReference) -> dict[str, Any]:
     """Install ``spec``'s kernel in this worker's sampler; returns ``report(worker)`` with
     ``error`` set when nothing was installed (a sampler of another class, a kernel that cannot
     be built here). Model runner V1: the sampler instance's attributes (``install_on_sampler``);
@@ -434,13 +438,13 @@ def install(worker: Any, spec: dict[str, Any]) -> dict[str, Any]:
     else:
         try:
             kernel = build_kernel(spec)
-            install_on_sampler(runner.sampler, dict(spec), kernel)
+            install_on_sampler(runner.sampler, spec.copy(), kernel)
         except Exception as exc:  # reported; the adapter refuses the case
             error = f"{type(exc).__name__}: {exc}"
     return {**report(worker), **({"error": error} if error else {})}
 
 
-def _install_v2(worker: Any, runner: Any, spec: dict[str, Any]) -> dict[str, Any]:
+def _install_v2(worker: Any, runner: Any, spec: KernelReference) -> dict[str, Any]:
     from vllm.v1.worker.gpu.sample.sampler import Sampler as V2Sampler
 
     from pytest_logprob_drift.runtimes.vllm import rollout_logp_v2
@@ -455,7 +459,7 @@ def _install_v2(worker: Any, runner: Any, spec: dict[str, Any]) -> dict[str, Any
     else:
         try:
             kernel = build_kernel(spec)
-            rollout_logp_v2.install(dict(spec), kernel, str(sampler.logprobs_mode), _score)
+            rollout_logp_v2.install(spec.copy(), kernel, str(sampler.logprobs_mode), _score)
         except Exception as exc:  # reported; the adapter refuses the case
             error = f"{type(exc).__name__}: {exc}"
     return {**report(worker), **({"error": error} if error else {})}

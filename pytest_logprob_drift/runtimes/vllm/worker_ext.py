@@ -44,6 +44,7 @@ from pytest_logprob_drift.runtimes.vllm import rollout_logp
 if TYPE_CHECKING:
     import torch
 
+    from pytest_logprob_drift.registry.session import KernelReference
     from pytest_logprob_drift.runtimes.weights.side_report import RankReport
 
 _VOCAB_LAYERS = ("embed_tokens", "lm_head")
@@ -354,11 +355,11 @@ class DriftWorkerExtension:
         model_dir = Path(str(worker.vllm_config.model_config.model))
         return rank_report(worker.get_model(), model_dir, point=LIVE_POINT)
 
-    def logp_install(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def logp_install(self, spec: KernelReference) -> dict[str, Any]:
         """Install the catalog ``selected_logprob`` backend ``spec`` names in this worker's
         sampler (``rollout_logp.install``); returns what the worker then runs
         (``rollout_logp.report``, with ``error`` when nothing was installed)."""
-        return rollout_logp.install(self, dict(spec))
+        return rollout_logp.install(self, spec)
 
     def weights_begin(self) -> bool:
         """Open an in-place weight update of this worker's model in checkpoint format, as
