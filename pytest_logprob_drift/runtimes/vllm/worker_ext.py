@@ -355,7 +355,7 @@ class DriftWorkerExtension:
         model_dir = Path(str(worker.vllm_config.model_config.model))
         return rank_report(worker.get_model(), model_dir, point=LIVE_POINT)
 
-    def logp_install(self, spec: KernelReference) -> dict[str, Any]:
+    def logp_install(self, spec: KernelReference) -> rollout_logp.LogpReport:
         """Install the catalog ``selected_logprob`` backend ``spec`` names in this worker's
         sampler (``rollout_logp.install``); returns what the worker then runs
         (``rollout_logp.report``, with ``error`` when nothing was installed)."""
