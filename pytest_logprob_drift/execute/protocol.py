@@ -27,6 +27,7 @@ from pytest_logprob_drift.plan.knobs import (
 from pytest_logprob_drift.records import (
     ApplicationStatus,
     FullVocabularySpec,
+    JsonObject,
     JSONScalar,
     KnobValue,
     LayerSpec,
@@ -144,7 +145,7 @@ class RuntimeBinding:
     request_settings: RequestSettings = field(metadata={"sealed": False})
     """As ``rollout_settings``, for the request-level knobs (both sides)."""
 
-    def sealed(self) -> dict[str, Any]:
+    def sealed(self) -> JsonObject:
         """The binding as ``requested.json`` seals it: every field but the typed settings."""
         return {
             f.name: canonical(getattr(self, f.name))
@@ -273,7 +274,7 @@ class LayerCapture(Protocol):
 
     def capture_layers(
         self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int
-    ) -> Mapping[str, Any]: ...
+    ) -> TensorBatch: ...
 
 
 class RoutingUnavailable(Exception):
@@ -294,7 +295,7 @@ class RolloutRoutingCapture(Protocol):
 
     def arm_routing(self) -> None: ...
 
-    def collect_routing(self, rollout: TensorBatch) -> Mapping[str, Any]: ...
+    def collect_routing(self, rollout: TensorBatch) -> TensorBatch: ...
 
 
 @runtime_checkable
@@ -306,7 +307,7 @@ class TrainingRoutingCapture(Protocol):
 
     def capture_routing(
         self, rollout: TensorBatch, *, batch_size: int, rollout_routing: Any | None = None
-    ) -> Mapping[str, Any]: ...
+    ) -> TensorBatch: ...
 
 
 @runtime_checkable
@@ -358,7 +359,7 @@ class WeightSource(Protocol):
     rollout engine: every parameter and persistent buffer by checkpoint name, each whole
     (gathered under FSDP), in the side's own dtype; tied names share one tensor."""
 
-    def weight_state(self) -> Mapping[str, Any]: ...
+    def weight_state(self) -> TensorBatch: ...
 
 
 @runtime_checkable

@@ -530,7 +530,7 @@ class VllmRollout:
             raise RoutingUnavailable("the model has no mixture-of-experts layer")
         self._routing_layers = layers
 
-    def collect_routing(self, rollout: TensorBatch) -> Mapping[str, Any]:
+    def collect_routing(self, rollout: TensorBatch) -> TensorBatch:
         """What the workers' routers chose while the engine generated the case's rows, rank 0's
         after checking every rank's digest, placed on the batch's grid by each request's tokens
         (``routing_rows.on_grid``); -1 at padding, at prompt tokens the prefix cache served and
