@@ -25,7 +25,9 @@ from pytest_logprob_drift.errors import Remedy
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any, TypeAlias
+    from typing import Any, TypeAlias, TypeVar
+
+    V = TypeVar("V")
 
 JSONScalar: TypeAlias = str | int | float | bool | None
 JsonValue: TypeAlias = "JSONScalar | Sequence[JsonValue] | Mapping[str, JsonValue]"
@@ -105,7 +107,7 @@ def sha256_hex(text: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def frozen_mapping(items: Mapping[str, Any]) -> Mapping[str, Any]:
+def frozen_mapping(items: Mapping[str, V]) -> Mapping[str, V]:
     """A read-only, key-sorted view used for mapping fields of frozen records."""
     return MappingProxyType(dict(sorted(items.items())))
 
@@ -238,7 +240,7 @@ class PromptSet(FrozenRecord):
     token_ids: tuple[tuple[int, ...], ...]
     source: str | None = None
 
-    def canonical_identity(self) -> dict[str, Any]:
+    def canonical_identity(self) -> JsonObject:
         # The content is the identity; where it was read from is not.
         return {"token_ids": canonical(self.token_ids)}
 
@@ -296,7 +298,7 @@ class ScoringIdentity(FrozenRecord):
     packing: PackingPolicy = PackingPolicy.PADDED
     positions: PositionPolicy = PositionPolicy.FROM_ATTENTION_MASK
 
-    def canonical_identity(self) -> dict[str, Any]:
+    def canonical_identity(self) -> JsonObject:
         data = canonical(self)
         data["prompts"] = self.prompts.canonical_identity()
         for name in SAMPLING_TRUNCATION:
@@ -330,7 +332,7 @@ class BackendSelection(FrozenRecord):
     """A named backend and its options (as written in the config)."""
 
     backend: str
-    options: Mapping[str, Any] = field(default_factory=lambda: frozen_mapping({}))
+    options: Mapping[str, JsonValue] = field(default_factory=lambda: frozen_mapping({}))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
@@ -381,7 +383,7 @@ class ExperimentConfig(FrozenRecord):
     strategy: Strategy
     strict_fallback: bool
     identity: ScoringIdentity
-    baseline: Mapping[str, Any]
+    baseline: Mapping[str, JsonValue]
     """Flattened ``path -> raw value`` with the JSON path of each in ``baseline_json_paths``."""
     baseline_json_paths: Mapping[str, str]
     interventions: tuple[Intervention, ...]

@@ -269,9 +269,7 @@ def test_the_logits_probe_works_on_a_plain_sampler(monkeypatch: pytest.MonkeyPat
         def __call__(self, logits: torch.Tensor, batch: object) -> str:
             return f"sampled {tuple(logits.shape)}"
 
-    monkeypatch.setattr(
-        rollout_logp, "_LOGITS_SEEN", {"dtypes": rollout_logp.Counter(), "width": None}
-    )
+    monkeypatch.setattr(rollout_logp, "_LOGITS_SEEN", rollout_logp._LogitsSeen())
     sampler = PlainSampler()
     rollout_logp.observe_logits(sampler)
     rollout_logp.observe_logits(sampler)  # once
@@ -280,4 +278,4 @@ def test_the_logits_probe_works_on_a_plain_sampler(monkeypatch: pytest.MonkeyPat
         "sampler_logits_dtypes": ["bfloat16"],
         "sampler_logits_width": 17,
     }
-    assert rollout_logp._LOGITS_SEEN["dtypes"]["bfloat16"] == 1
+    assert rollout_logp._LOGITS_SEEN.dtypes["bfloat16"] == 1

@@ -30,10 +30,11 @@ from pytest_logprob_drift.attribution.layers import (
 )
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.outcomes import Outcome
+from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
-from pytest_logprob_drift.store.documents import Requested
+from pytest_logprob_drift.store.documents import KnobScalar, Requested
 from pytest_logprob_drift.store.resume import load_sealed_document, load_sealed_tensors
 
 ATTRIBUTION_SCHEMA_VERSION = "cross_config.attribution.v1"
@@ -76,7 +77,7 @@ class SealedExecution:
         self.label = comparison.label
         self.layers = comparison.diagnostics.layers
         self.changed = requested.changed
-        self.requested: Mapping[str, Any] = requested.knobs
+        self.requested: Mapping[str, KnobScalar] = requested.knobs
         self.outcome = comparison.outcome.value
         self.complete_sha256 = str(self.seal.manifest.sha256)  # of the COMPLETE just parsed
         self._scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
@@ -185,7 +186,7 @@ def _comparison(
     reference: SealedExecution,
     floor: SideFloor,
     layer_floor: LayerFloor | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     alignment, rollout, training = _sides(case, reference)
     return {
         "reference": {"case_id": reference.case_id, "label": reference.label},
@@ -207,7 +208,7 @@ def _by_path(
     decode: Movement,
     training: Movement,
     floor: SideFloor,
-) -> dict[str, Any]:
+) -> JsonObject:
     """``path``, when both executions sealed a prefill replay: how far the rollout's prefill
     replay moved on the shared tokens and the path classification (``classify_path``); the
     rollout's noise floor stands for both of its paths."""

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pytest_logprob_drift.records import JsonObject
+
 RESAMPLES = 1000
 SEED = 20261129
 CONFIDENCE = 0.95
@@ -55,7 +57,7 @@ class DriftEffect:
     resamples: int
     seed: int
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JsonObject:
         return {
             "mean_ratio": self.mean.to_json(),
             "p99_ratio": self.p99.to_json(),

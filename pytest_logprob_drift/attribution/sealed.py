@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pytest_logprob_drift.attribution.analysis import (
     ATTRIBUTION_SCHEMA_VERSION,
@@ -36,7 +36,7 @@ from pytest_logprob_drift.attribution.document import (
 )
 from pytest_logprob_drift.attribution.importance import as_recorded
 from pytest_logprob_drift.errors import StorageError
-from pytest_logprob_drift.records import canonical_json, sha256_hex
+from pytest_logprob_drift.records import JsonObject, JsonValue, canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, new_attempt_id
 from pytest_logprob_drift.store.decode import JSONDocumentError
@@ -87,7 +87,7 @@ class SealedAttribution:
     reused: bool
 
 
-def inputs_digest(document: dict[str, Any]) -> str:
+def inputs_digest(document: Mapping[str, JsonValue]) -> str:
     return sha256_hex(
         canonical_json({"version": ATTRIBUTION_SCHEMA_VERSION, "inputs": document["inputs"]})
     )[:16]
@@ -128,7 +128,7 @@ def _read_seal(directory: Path) -> Manifest:
     )
 
 
-def write_attribution(run_dir: Path, document: dict[str, Any]) -> SealedAttribution:
+def write_attribution(run_dir: Path, document: JsonObject) -> SealedAttribution:
     """Seal ``document`` (as ``attribute`` builds it) under the run, or reuse a valid sealed
     one of the same inputs; its record is decoded from the bytes written."""
     data = json_bytes(document)
@@ -282,14 +282,22 @@ def verify_attribution(
     return differences(document_json(document), document_json(as_recorded(document, recomputed)))
 
 
-def verify_attributions(run_dir: Path) -> list[dict[str, Any]]:
+class AttributionCheck(TypedDict):
+    """One sealed attribution's check, as ``verify --json`` prints it."""
+
+    attribution_id: str
+    status: str
+    problems: list[str]
+
+
+def verify_attributions(run_dir: Path) -> list[AttributionCheck]:
     """Every sealed attribution's check: ``attribution_id``, ``status`` (``ok``, ``invalid`` or,
     under a seal key, ``superseded``: intact but sealed without the key, in a run that has an
     attribution sealed with it, as after a keyed resume) and ``problems`` (empty unless
     invalid)."""
     checked = [(d, verify_attribution(run_dir, d)) for d in attribution_dirs(run_dir)]
     keyed = active_key() is not None and any(not problems for _, problems in checked)
-    results: list[dict[str, Any]] = []
+    results: list[AttributionCheck] = []
     for directory, problems in checked:
         status = "invalid" if problems else "ok"
         if problems and keyed and _intact_unkeyed(run_dir, directory):

@@ -38,6 +38,7 @@ from pytest_logprob_drift.records import (
     ExperimentConfig,
     FullVocabularySpec,
     Intervention,
+    JsonValue,
     LayerSpec,
     MaskPolicy,
     OperatorSelection,
@@ -55,12 +56,20 @@ from pytest_logprob_drift.records import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
-    from typing import Any, TypeVar
+    from typing import Any, TypedDict, TypeVar
 
     from pytest_logprob_drift.config import prompt_source
     from pytest_logprob_drift.records import BuiltinCheckpoint
 
     E = TypeVar("E", bound=enum.Enum)
+
+    class _Truncation(TypedDict):
+        """``SamplingSpec``'s truncation fields as ``_truncation`` reads them."""
+
+        top_p: float | None
+        top_k: int | None
+        min_p: float | None
+
 
 # Keys that would let a config decide how it is executed or judged. Refused anywhere.
 _EXPECTED = "expected outcomes belong to the CLI or the plugin's options (SELECTOR=OUTCOME)"
@@ -164,7 +173,7 @@ def _type_name(value: Any) -> str:
 
 def _object(
     c: _Collector, value: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
-) -> dict[str, Any] | None:
+) -> dict[str, JsonValue] | None:
     if not isinstance(value, dict):
         c.fail(path, f"expected an object, got {_type_name(value)}")
         return None
@@ -181,7 +190,7 @@ def _object(
 
 def _typed(
     c: _Collector,
-    obj: Mapping[str, Any],
+    obj: Mapping[str, JsonValue],
     key: str,
     path: str,
     check: Callable[[Any], bool],
@@ -231,7 +240,7 @@ def _is_number(v: Any) -> bool:
 
 def _enum(
     c: _Collector,
-    obj: Mapping[str, Any],
+    obj: Mapping[str, JsonValue],
     key: str,
     path: str,
     enum_type: type[E],
@@ -808,7 +817,7 @@ def _sampling(c: _Collector, value: Any, path: str) -> SamplingSpec | None:
     )
 
 
-def _truncation(c: _Collector, obj: Mapping[str, Any], path: str) -> dict[str, Any] | None:
+def _truncation(c: _Collector, obj: Mapping[str, JsonValue], path: str) -> _Truncation | None:
     """The optional sampling truncation; absent means the sampler does not truncate by it
     (so ``top_p`` 1 and ``min_p`` 0, which truncate nothing, are spelled by leaving them out)."""
     top_p = _typed(
@@ -840,8 +849,8 @@ def _truncation(c: _Collector, obj: Mapping[str, Any], path: str) -> dict[str, A
     }
 
 
-def _baseline(c: _Collector, value: Any, path: str) -> tuple[dict[str, Any], dict[str, str]]:
-    flat: dict[str, Any] = {}
+def _baseline(c: _Collector, value: Any, path: str) -> tuple[dict[str, JsonValue], dict[str, str]]:
+    flat: dict[str, JsonValue] = {}
     json_paths: dict[str, str] = {}
     obj = _object(c, value, path, BASELINE_SECTIONS)
     if obj is None:
@@ -884,7 +893,7 @@ def _interventions(c: _Collector, value: Any, path: str) -> tuple[Intervention, 
         if "values" in obj and (not isinstance(values, list) or not values):
             c.fail(f"{ipath}.values", f"expected a non-empty array, got {_type_name(values)}")
             continue
-        if knob is None or values is None:
+        if knob is None or not isinstance(values, list):
             continue
         for j, raw in enumerate(values):
             if isinstance(raw, (dict, list)) or raw is None:
@@ -974,7 +983,7 @@ def _diagnostics(
     return _full_vocabulary(c, obj, path), bool(replay), _layers(c, obj, path), bool(routing)
 
 
-def _layers(c: _Collector, obj: dict[str, Any], path: str) -> LayerSpec | None:
+def _layers(c: _Collector, obj: dict[str, JsonValue], path: str) -> LayerSpec | None:
     if "layers" not in obj:
         return None
     spec = obj["layers"]
@@ -998,7 +1007,9 @@ def _layers(c: _Collector, obj: dict[str, Any], path: str) -> LayerSpec | None:
     return LayerSpec(positions_per_row=per_row)
 
 
-def _full_vocabulary(c: _Collector, obj: dict[str, Any], path: str) -> FullVocabularySpec | None:
+def _full_vocabulary(
+    c: _Collector, obj: dict[str, JsonValue], path: str
+) -> FullVocabularySpec | None:
     if "full_vocabulary" not in obj:
         return None
     spec = obj["full_vocabulary"]

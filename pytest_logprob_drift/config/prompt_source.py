@@ -23,7 +23,7 @@ the import was given ``--checkpoint DIR`` (then planning checks them as for vers
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,8 @@ from pytest_logprob_drift.jsontext import json_nesting_fault
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
     from typing import Any
+
+    from pytest_logprob_drift.records import JsonObject
 
 SOURCE_SCHEMA = "pytest_logprob_drift.prompt_source.v1"
 IMPORTED_SOURCE_SCHEMA = "pytest_logprob_drift.prompt_source.v2"
@@ -100,7 +102,7 @@ class PromptSource:
     truncated: tuple[int, ...] = ()
     """Input lines whose prompts were cut to ``max_prompt_tokens`` (``--truncate``)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "schema": SOURCE_SCHEMA,
             "input": {
@@ -196,7 +198,7 @@ class ImportedPrompt:
     mismatches: int
     max_abs_diff: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "step": self.step,
             "case_id": self.case_id,
@@ -227,7 +229,7 @@ class ImportedPromptSource:
     add_special_tokens: None = None
     """Prompts taken as logged were never tokenized here (version 1 records the choice)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "schema": IMPORTED_SOURCE_SCHEMA,
             "run": {
@@ -250,7 +252,7 @@ def _count(value: object) -> bool:
     return type(value) is int and value >= 0
 
 
-def _members(value: dict[str, Any], path: str, required: set[str], optional: set[str]) -> None:
+def _members(value: Collection[str], path: str, required: set[str], optional: set[str]) -> None:
     unknown = sorted(set(value) - required - optional)
     if unknown:
         raise SourceShapeError(f"{path}.{unknown[0]}", "unknown member")

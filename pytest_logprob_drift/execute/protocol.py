@@ -27,6 +27,7 @@ from pytest_logprob_drift.plan.knobs import (
 from pytest_logprob_drift.records import (
     ApplicationStatus,
     FullVocabularySpec,
+    JsonObject,
     JSONScalar,
     KnobValue,
     LayerSpec,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         TrainingSettings,
     )
     from pytest_logprob_drift.numerics.comparison import KnobRecord
+    from pytest_logprob_drift.registry.session import KernelReference
     from pytest_logprob_drift.store.documents import WeightsDocument
     from pytest_logprob_drift.store.read_back import ReadBackValue
 
@@ -67,7 +69,7 @@ class BoundKernel:
     kernel: Callable[..., Any]
     factory: str | None = None
     """``module:attr`` of the kernel when it can be imported by name (e.g. in a rank process)."""
-    reference: Mapping[str, Any] | None = None
+    reference: KernelReference | None = None
     """What another process needs to build the same kernel and prove it did
     (``ResolvedOperator.reference``: backend, factory, factory style, target, options,
     version, build fingerprint), for runtimes that run the kernel outside this process (vLLM
@@ -143,7 +145,7 @@ class RuntimeBinding:
     request_settings: RequestSettings = field(metadata={"sealed": False})
     """As ``rollout_settings``, for the request-level knobs (both sides)."""
 
-    def sealed(self) -> dict[str, Any]:
+    def sealed(self) -> JsonObject:
         """The binding as ``requested.json`` seals it: every field but the typed settings."""
         return {
             f.name: canonical(getattr(self, f.name))
@@ -272,7 +274,7 @@ class LayerCapture(Protocol):
 
     def capture_layers(
         self, identity: ScoringIdentity, rollout: TensorBatch, *, batch_size: int
-    ) -> Mapping[str, Any]: ...
+    ) -> TensorBatch: ...
 
 
 class RoutingUnavailable(Exception):
@@ -293,7 +295,7 @@ class RolloutRoutingCapture(Protocol):
 
     def arm_routing(self) -> None: ...
 
-    def collect_routing(self, rollout: TensorBatch) -> Mapping[str, Any]: ...
+    def collect_routing(self, rollout: TensorBatch) -> TensorBatch: ...
 
 
 @runtime_checkable
@@ -305,7 +307,7 @@ class TrainingRoutingCapture(Protocol):
 
     def capture_routing(
         self, rollout: TensorBatch, *, batch_size: int, rollout_routing: Any | None = None
-    ) -> Mapping[str, Any]: ...
+    ) -> TensorBatch: ...
 
 
 @runtime_checkable
@@ -357,7 +359,7 @@ class WeightSource(Protocol):
     rollout engine: every parameter and persistent buffer by checkpoint name, each whole
     (gathered under FSDP), in the side's own dtype; tied names share one tensor."""
 
-    def weight_state(self) -> Mapping[str, Any]: ...
+    def weight_state(self) -> TensorBatch: ...
 
 
 @runtime_checkable

@@ -29,7 +29,7 @@ from pytest_logprob_drift.numerics.semantic_offset import (
     processing_tensor,
     semantic_offset,
 )
-from pytest_logprob_drift.records import JSONScalar
+from pytest_logprob_drift.records import JsonObject, JSONScalar
 
 __all__ = [
     "SEALED_KEYS",
@@ -68,12 +68,12 @@ def summarize(
     divergence: Mapping[str, Tensor],
     active: Tensor,
     contributors: Mapping[str, Tensor] | None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The JSON summary of sealed reductions (``[B, L]`` float64 each, valid where ``active``):
     statistics per reduction, the worst positions by total variation with their top tokens.
     A pure function of the tensors, so ``verify`` recomputes it exactly."""
     positions = active.nonzero()
-    summary: dict[str, Any] = {
+    summary: JsonObject = {
         "positions": int(positions.shape[0]),
         **{name: _stats(divergence[name][active]) for name in DIVERGENCE_FIELDS[:3]},
         "truncated_positions": int(
@@ -83,7 +83,7 @@ def summarize(
             ).sum()
         ),
     }
-    worst: list[dict[str, Any]] = []
+    worst: list[JsonObject] = []
     if contributors is not None:
         for i, row in enumerate(contributors["rows"].tolist()):
             sample, position = (int(v) for v in positions[row].tolist())

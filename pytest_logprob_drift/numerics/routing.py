@@ -21,9 +21,11 @@ engine or file.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 import torch
+
+from pytest_logprob_drift.records import JsonObject
 
 EXPERT_IDS: Final = "expert_ids"
 GATE_WEIGHTS: Final = "gate_weights"
@@ -81,7 +83,7 @@ def figures(
     training_logprobs: torch.Tensor,
     rollout_logprobs: torch.Tensor,
     threshold: float,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The routing view (see the module docstring) as plain JSON values; ValueError when the
     two sides' tensors do not share a shape."""
     a, b = training[EXPERT_IDS], rollout[EXPERT_IDS]
@@ -121,7 +123,7 @@ def figures(
         values = diff[active]
         for i in values.argsort(descending=True, stable=True)[:WORST_TOKENS].tolist():
             r, t = (int(n) for n in where[i])
-            entry: dict[str, Any] = {
+            entry: JsonObject = {
                 "row": r,
                 "position": t,
                 "abs_diff": float(values[i]),

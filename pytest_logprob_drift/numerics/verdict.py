@@ -29,7 +29,7 @@ import torch
 from pytest_logprob_drift.numerics.comparison import NumericCheck
 from pytest_logprob_drift.numerics.importance_sampling import approx_kl_k1, approx_kl_k3
 from pytest_logprob_drift.outcomes import Outcome
-from pytest_logprob_drift.records import JsonValue
+from pytest_logprob_drift.records import JsonObject, JsonValue
 
 IDENTITY_TENSORS = ("token_ids", "attention_mask", "active_mask", "position_ids")
 WORST_TOKENS = 5
@@ -49,8 +49,8 @@ class Verdict:
     """Active tokens with a non-finite logprob on either side (INVALID_ARTIFACT for
     non-finite scores only; None otherwise)."""
 
-    def to_json(self) -> dict[str, Any]:
-        document = {
+    def to_json(self) -> JsonObject:
+        document: JsonObject = {
             "outcome": self.outcome.value,
             "reason": self.reason,
             "threshold": self.threshold,

@@ -40,7 +40,18 @@ from pytest_logprob_drift.registry.catalog import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypedDict
+
+    from pytest_logprob_drift.records import JsonValue
+
+    class RuntimeRefusal(TypedDict):
+        """One runtime's reason not to execute some cases, with their ids and labels."""
+
+        runtime: str
+        reason: str
+        case_ids: list[str]
+        labels: list[str]
+
 
 FSDP_WORLD_SIZE = 2
 """Training world size the runtimes use for ``training.sharding=fsdp`` (derived, recorded)."""
@@ -53,7 +64,7 @@ class OperatorBinding(FrozenRecord):
     operation: str
     target: str
     backend: str
-    options: Mapping[str, Any]
+    options: Mapping[str, JsonValue]
     descriptor_fingerprint: str
     version: str
     test_only: bool
@@ -131,13 +142,13 @@ class ExecutionPlan(FrozenRecord):
             for ec in self.cases
         ]
 
-    def refusals(self, runtimes: Sequence[RuntimeInfo]) -> list[dict[str, Any]]:
+    def refusals(self, runtimes: Sequence[RuntimeInfo]) -> list[RuntimeRefusal]:
         """Why each of ``runtimes`` that executes the scenario still cannot execute some cases
         (``ExecutionCase.runtime_refusals``): one entry per runtime and reason, with the case
         ids and labels it holds for, in case order: what ``plan`` prints beside
         ``executable_by``."""
         device, checkpoint = self.plan.scenario.device, self.plan.identity.checkpoint.uri
-        found: dict[tuple[str, str], dict[str, Any]] = {}
+        found: dict[tuple[str, str], RuntimeRefusal] = {}
         for runtime in sorted(runtimes, key=lambda r: r.name):
             if not runtime.executes(self.plan.scenario):
                 continue
@@ -195,12 +206,12 @@ def side_dtype(requested: Mapping[str, KnobValue], target: str) -> str | None:
     return None if value is None else str(value)
 
 
-_NO_OPTIONS: Mapping[str, Any] = frozen_mapping({})
+_NO_OPTIONS: Mapping[str, JsonValue] = frozen_mapping({})
 
 
 def _selection_for(
     case: Case, explicit: OperatorSelection | None, target: str
-) -> tuple[str, Mapping[str, Any], str]:
+) -> tuple[str, Mapping[str, JsonValue], str]:
     if explicit is not None:
         side = explicit.rollout if target == "rollout" else explicit.training
         return side.backend, side.options, "explicit"

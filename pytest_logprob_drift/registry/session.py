@@ -30,7 +30,19 @@ from pytest_logprob_drift.registry.catalog import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypedDict
+
+    class KernelReference(TypedDict):
+        """What another process needs to build a side's kernel by name and prove which it
+        built (``ResolvedOperator.reference``); plain JSON, sent to vLLM workers."""
+
+        backend: str
+        factory: str
+        factory_style: str
+        target: str
+        options: JsonObject
+        version: str
+        build_fingerprint: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
@@ -55,7 +67,7 @@ class ResolvedOperator(FrozenRecord):
             "options": dict(self.options),
         }
 
-    def reference(self) -> JsonObject | None:
+    def reference(self) -> KernelReference | None:
         """What another process needs to build this side's kernel by name and prove which it
         built (None for the runtime's native path): the backend id, the factory
         (``module:attr``) and its style, the target and options a builder is called with, and

@@ -14,26 +14,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
+from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.runtimes import TINY_SCHEME
 
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def checkpoint_directory(checkpoint: Mapping[str, Any]) -> Path | None:
+def checkpoint_directory(checkpoint: Mapping[str, JsonValue]) -> Path | None:
     """The local directory of the checkpoint (None when it has none)."""
     uri = str(checkpoint.get("uri") or "")
     digest = checkpoint.get("digest")
     if uri.startswith(TINY_SCHEME):  # the builder (torch, transformers) only for a tiny URI
         from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 
-        return resolve_checkpoint(uri, expected_digest=digest if digest else None).path
+        return resolve_checkpoint(uri, expected_digest=str(digest) if digest else None).path
     path = Path(uri)
     return path if uri and path.is_dir() else None
 
 
-def token_decoder(checkpoint: Mapping[str, Any]) -> Callable[[Sequence[int]], list[str]] | None:
+def token_decoder(
+    checkpoint: Mapping[str, JsonValue],
+) -> Callable[[Sequence[int]], list[str]] | None:
     """Decode each token id to its text with the checkpoint's own tokenizer, or None."""
     directory = checkpoint_directory(checkpoint)
     if directory is None or not (directory / TOKENIZER_FILE).is_file():

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from pytest_logprob_drift.records import JsonValue
+from pytest_logprob_drift.records import JsonObject, JsonValue
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.decode import Document, JSONDocumentError, decode
 from pytest_logprob_drift.store.files import (
@@ -124,7 +124,7 @@ class Digest:
             data = data[: self.length]
         return hashlib.sha256(data).hexdigest() == self.sha256
 
-    def to_json(self) -> str | dict[str, Any]:
+    def to_json(self) -> str | JsonObject:
         if self.length is None:
             return self.sha256
         return {"bytes": self.length, "sha256": self.sha256}
@@ -142,14 +142,14 @@ class Manifest:
     sha256: str | None = None
     """The digest of the manifest's own bytes as read or written."""
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> JsonObject:
         """The manifest's JSON without ``mac``: what a MAC seals."""
         digests = {name: digest.to_json() for name, digest in self.files.items()}
         if self.form.files_key is None:
             return {**self.header, **digests}
         return {**self.header, self.form.files_key: digests}
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> JsonObject:
         document = self.body()
         if self.mac is not None:
             document["mac"] = dict(self.mac)
@@ -161,7 +161,7 @@ class Manifest:
 
 
 def new_manifest(
-    form: SealForm, header: Mapping[str, Any], files: Mapping[str, Digest | str]
+    form: SealForm, header: Mapping[str, JsonValue], files: Mapping[str, Digest | str]
 ) -> Manifest:
     """A manifest to write: digests sorted by name, ``mac`` under the active seal key."""
     manifest = Manifest(

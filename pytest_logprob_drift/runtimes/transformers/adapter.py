@@ -328,7 +328,7 @@ class HfRollout:
         except ValueError as exc:
             raise RoutingUnavailable(str(exc)) from None
 
-    def collect_routing(self, rollout: TensorBatch) -> Mapping[str, Any]:
+    def collect_routing(self, rollout: TensorBatch) -> TensorBatch:
         """What the routers chose while the model generated the case's rows, on the batch's
         grid: -1 at padding and at each row's last sampled token."""
         if self._routing is None:
@@ -617,7 +617,7 @@ class HfTrainingScorer:
         *,
         batch_size: int,
         rollout_routing: torch.Tensor | None = None,
-    ) -> Mapping[str, Any]:
+    ) -> TensorBatch:
         """The training side's routing (``moe.capture_routing``: a hook on every MoE layer's
         router in a teacher-forced forward with the scorer's chunks and masks;
         ``execute.protocol.TrainingRoutingCapture``), on the in-process model, under the same

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final, TypedDict, cast
 
 from pytest_logprob_drift.runtimes.ray_cluster import import_ray
 from pytest_logprob_drift.runtimes.transformers import fsdp_messages as wire
@@ -40,6 +40,16 @@ __all__ = ["RankActor", "RayFsdpScorerGroup"]
 _CLOSE_S: Final = 10.0
 
 
+class RankPlace(TypedDict):
+    """Where one Ray rank runs: its node, process and start time (``RankActor.where``)."""
+
+    node_id: str
+    node_ip: str
+    actor_id: str
+    pid: int
+    started_unix: float
+
+
 class RankActor:
     """One FSDP rank inside a Ray worker process (used as ``ray.remote(RankActor)``)."""
 
@@ -52,7 +62,7 @@ class RankActor:
         self.pid = os.getpid()
         self.model: Any = None
 
-    def where(self) -> dict[str, Any]:
+    def where(self) -> RankPlace:
         """This rank's node, process and start time."""
         ray = import_ray()
         context = ray.get_runtime_context()
@@ -122,7 +132,7 @@ class _RayState(_GroupState):
     actors: list[Any] = field(default_factory=list)
     channels: list[_ActorChannel] = field(default_factory=list)
     placement_group: Any = None
-    where: list[dict[str, Any]] = field(default_factory=list)
+    where: list[RankPlace] = field(default_factory=list)
 
 
 def _shutdown_ray(state: _GroupState, grace_s: float) -> None:

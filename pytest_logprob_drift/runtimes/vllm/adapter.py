@@ -84,6 +84,7 @@ from pytest_logprob_drift.store.read_back import ReadBackValue, read_back_part
 if TYPE_CHECKING:
     import torch
 
+    from pytest_logprob_drift.registry.session import KernelReference
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 
 MODEL_LEN_QUANTUM = 64
@@ -127,7 +128,7 @@ def _observed_truncation(
     )
 
 
-def _reference(logp: LogpKernel | None) -> Mapping[str, Any] | None:
+def _reference(logp: LogpKernel | None) -> KernelReference | None:
     """What a vLLM worker needs to build the case's rollout kernel (None for native, or for a
     kernel with no importable factory, which ``injection_actual`` then reports as not
     injected)."""
@@ -141,7 +142,7 @@ def _injection(live: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _logp_ran(
     logp: LogpKernel | None,
-    reference: Mapping[str, Any] | None,
+    reference: KernelReference | None,
     earlier: Mapping[str, Any],
     live: Mapping[str, Any],
     *,
@@ -529,7 +530,7 @@ class VllmRollout:
             raise RoutingUnavailable("the model has no mixture-of-experts layer")
         self._routing_layers = layers
 
-    def collect_routing(self, rollout: TensorBatch) -> Mapping[str, Any]:
+    def collect_routing(self, rollout: TensorBatch) -> TensorBatch:
         """What the workers' routers chose while the engine generated the case's rows, rank 0's
         after checking every rank's digest, placed on the batch's grid by each request's tokens
         (``routing_rows.on_grid``); -1 at padding, at prompt tokens the prefix cache served and
@@ -667,6 +668,7 @@ class VllmRollout:
         model."""
         if self._weights is None:
             from pytest_logprob_drift.runtimes.weights.side_document import side_document
+            from pytest_logprob_drift.runtimes.weights.side_report import SideReport
             from pytest_logprob_drift.runtimes.weights.vllm_layout import overlay
 
             report = self.engine.loaded_weights
@@ -674,7 +676,7 @@ class VllmRollout:
                 # Pushed weights: digested after the push and the prefix-cache reset, never
                 # the dummy weights the engine was built with.
                 pushed = self.engine.pushed_weights
-                report = pushed if pushed is not None else {"error": "no push was digested"}
+                report = pushed if pushed is not None else SideReport(error="no push was digested")
             if self._installed:
                 report = overlay(report, self.engine.live_weights())
             self._weights = side_document(

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pytest_logprob_drift.errors import one_line
-from pytest_logprob_drift.records import JsonObject, JsonValue, MaskPolicy
+from pytest_logprob_drift.records import JsonObject, MaskPolicy
 from pytest_logprob_drift.runtimes.vllm import read_back as _read_back
 from pytest_logprob_drift.runtimes.vllm.layer_ranks import READ_RANK, rank_zero_reduction
 from pytest_logprob_drift.runtimes.vllm.logs import engine_output, prepare_vllm_logging
@@ -57,10 +57,13 @@ from pytest_logprob_drift.runtimes.vllm.processes import (
     reap,
     release_orphaned_shm,
 )
+from pytest_logprob_drift.runtimes.weights.side_report import SideReport
 
 if TYPE_CHECKING:
     import torch
     from vllm import LLM
+
+    from pytest_logprob_drift.registry.session import KernelReference
 
 __all__ = [
     "DTYPES",
@@ -343,7 +346,7 @@ class VllmRolloutEngine:
                 # Before any request: AMX permission in every worker (see worker_ext).
                 self.amx_enabled = [bool(r) for r in llm.collective_rpc("enable_amx")]
                 self.loaded_weights = self._weights("weights_loaded")
-                self.pushed_weights: JsonObject | None = None
+                self.pushed_weights: SideReport | None = None
                 """The workers' digests after the last ``push_weights`` (None before one)."""
                 self._handle.engine_processes = _engine_processes(llm)
                 self._handle.note_shm_segments()
@@ -393,18 +396,18 @@ class VllmRolloutEngine:
 
     # -- weights
 
-    def _weights(self, method: str) -> JsonObject:
+    def _weights(self, method: str) -> SideReport:
         """Every worker's ``method`` report merged into one side report
-        (``vllm_layout.merge_ranks``); ``{"error": ...}`` when a worker took none."""
+        (``vllm_layout.merge_ranks``); an ``error`` report when a worker took none."""
         from pytest_logprob_drift.runtimes.weights.vllm_layout import merge_ranks
 
         reports = self._live().collective_rpc(method)
         errors = [str(r["error"]) for r in reports if "error" in r]
         if errors:
-            return {"error": "; ".join(sorted(set(errors)))}
+            return SideReport(error="; ".join(sorted(set(errors))))
         return merge_ranks(reports)
 
-    def live_weights(self) -> JsonObject:
+    def live_weights(self) -> SideReport:
         """The workers' digests of the model as it is now (``DriftWorkerExtension.weights_live``),
         merged; ``loaded_weights`` holds those taken at load, after construction."""
         return self._weights("weights_live")
@@ -426,7 +429,7 @@ class VllmRolloutEngine:
             amx_enabled=self.amx_enabled,
         )
 
-    def install_logp(self, reference: Mapping[str, JsonValue]) -> list[JsonObject]:
+    def install_logp(self, reference: KernelReference) -> list[JsonObject]:
         """Install the catalog ``selected_logprob`` backend ``reference`` names in every worker's
         sampler (``DriftWorkerExtension.logp_install``), before the engine's first request of
         the case; returns each worker's report (TP rank order). Installed once per engine: the
@@ -434,7 +437,7 @@ class VllmRolloutEngine:
         if self.logp_installed is None:
             self.logp_installed = [
                 dict(r)
-                for r in self._live().collective_rpc("logp_install", args=(dict(reference),))
+                for r in self._live().collective_rpc("logp_install", args=(reference.copy(),))
             ]
         return self.logp_installed
 

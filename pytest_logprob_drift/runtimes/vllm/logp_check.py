@@ -21,10 +21,14 @@ or comparison.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_logprob_drift.runtimes.vllm.rollout_logp import SITES, VIOLATIONS
 from pytest_logprob_drift.runtimes.vllm.rollout_logp_v2 import SITES as V2_SITES
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.registry.session import KernelReference
+
 
 __all__ = ["PROMPT", "SAMPLED", "injection_actual", "lm_head_actual"]
 
@@ -44,7 +48,7 @@ def _count(report: Mapping[str, Any], group: str, name: str) -> int:
 def injection_actual(
     *,
     asked: str,
-    reference: Mapping[str, Any] | None,
+    reference: KernelReference | None,
     before: Sequence[Mapping[str, Any]],
     after: Sequence[Mapping[str, Any]],
     rows: int,

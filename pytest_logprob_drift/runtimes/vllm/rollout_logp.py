@@ -48,7 +48,13 @@ import dataclasses
 import hashlib
 import inspect
 from collections import Counter
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypedDict
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_logprob_drift.registry.session import KernelReference
+
 
 __all__ = [
     "MODES",
@@ -98,15 +104,17 @@ _PATCHED: Final = (
 class _State:
     """The injection of one sampler (one per worker)."""
 
-    def __init__(self, spec: dict[str, Any], kernel: Any) -> None:
+    def __init__(self, spec: KernelReference, kernel: Any) -> None:
         self.spec = spec
         self.kernel = kernel
         self.counts: Counter[str] = Counter()
         self.processed: Any = None
-        self.pending: dict[str, Any] = {}
+        self.pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        """The last ``compute_logprobs`` call's scores, logits and logits snapshot, until the
+        ``gather_logprobs`` that pairs with it."""
 
 
-def build_kernel(spec: dict[str, Any]) -> Any:
+def build_kernel(spec: KernelReference) -> Any:
     """The kernel named by ``spec`` (``factory``: ``module:attr``; ``factory_style``
     ``builder``: called with ``target`` and ``options``)."""
     from pytest_logprob_drift.references import resolve_reference
@@ -221,7 +229,7 @@ def _check_temperature(cls: Any, module: Any) -> None:
             raise ValueError("vLLM's Sampler.apply_temperature differs from the out-of-place copy")
 
 
-def install_on_sampler(sampler: Any, spec: dict[str, Any], kernel: Any) -> list[str]:
+def install_on_sampler(sampler: Any, spec: KernelReference, kernel: Any) -> list[str]:
     """Replace the selected-logprob computation of ``sampler`` (a V1 ``Sampler``) by
     ``kernel``; returns the sites patched (``SITES``). Idempotent for the same spec; a sampler
     that already carries another injection is a ValueError."""
@@ -334,17 +342,17 @@ def install_on_sampler(sampler: Any, spec: dict[str, Any], kernel: Any) -> list[
 
     def compute_logprobs(logits: Any) -> Any:
         scores = cls.compute_logprobs(logits)
-        state.pending = {"scores": scores, "logits": logits, "snapshot": _snapshot(logits)}
+        state.pending = (scores, logits, _snapshot(logits))
         return scores
 
     def gather_logprobs(logprobs: Any, num_logprobs: int, token_ids: Any) -> Any:
         gathered = cls.gather_logprobs(logprobs, num_logprobs, token_ids)
-        pending, state.pending = state.pending, {}
-        if pending.get("scores") is not logprobs:
+        pending, state.pending = state.pending, None
+        if pending is None or pending[0] is not logprobs:
             state.counts["unpaired_gather"] += 1
             return gathered
-        logits = pending["logits"]
-        if not _unchanged(logits, pending["snapshot"]):
+        _, logits, snapshot = pending
+        if not _unchanged(logits, snapshot):
             state.counts["logits_modified"] += 1
         values = _score(state, logits, token_ids.long())
         if values is None:
@@ -371,8 +379,43 @@ def mode_is_processed(sampler: Any) -> bool:
     return str(sampler.logprobs_mode) == "processed_logprobs"
 
 
-_LOGITS_SEEN: dict[str, Any] = {"dtypes": Counter(), "width": None}
-"""What the sampler of this worker received (``_observe_logits``): dtypes and the last width."""
+@dataclasses.dataclass
+class _LogitsSeen:
+    """What the sampler of this worker received (``_observe_logits``): dtypes and the last width."""
+
+    dtypes: Counter[str] = dataclasses.field(default_factory=Counter)
+    width: int | None = None
+
+
+_LOGITS_SEEN = _LogitsSeen()
+
+
+class LogitsSeen(TypedDict):
+    """The logits this worker's sampler received, as ``model_report`` carries them."""
+
+    sampler_logits_dtypes: list[str]
+    sampler_logits_width: int | None
+
+
+class LogpReport(TypedDict, total=False):
+    """What this worker's sampler runs (``report``); ``error`` when an install put nothing in."""
+
+    model_runner: str
+    runner: str
+    sampler_class: str
+    logprobs_mode: str
+    untouched: bool
+    installed: bool
+    backend: str
+    version: str
+    build_fingerprint: str
+    factory: str
+    kernel: str
+    kernel_source_sha256: str
+    sites: list[str]
+    counts: dict[str, int]
+    violations: dict[str, int]
+    error: str
 
 
 def observe_logits(sampler: Any) -> None:
@@ -385,8 +428,8 @@ def observe_logits(sampler: Any) -> None:
     def hook(_module: Any, args: Any, kwargs: Any) -> None:
         logits = kwargs.get("logits") if "logits" in kwargs else (args[0] if args else None)
         if logits is not None:
-            _LOGITS_SEEN["dtypes"][str(logits.dtype).removeprefix("torch.")] += 1
-            _LOGITS_SEEN["width"] = int(logits.shape[-1])
+            _LOGITS_SEEN.dtypes[str(logits.dtype).removeprefix("torch.")] += 1
+            _LOGITS_SEEN.width = int(logits.shape[-1])
 
     if hasattr(sampler, "register_forward_pre_hook"):  # V1's Sampler is a torch Module
         sampler.register_forward_pre_hook(hook, with_kwargs=True)
@@ -404,14 +447,14 @@ def observe_logits(sampler: Any) -> None:
     sampler._drift_logits_observed = True
 
 
-def logits_seen() -> dict[str, Any]:
+def logits_seen() -> LogitsSeen:
     return {
-        "sampler_logits_dtypes": sorted(_LOGITS_SEEN["dtypes"]),
-        "sampler_logits_width": _LOGITS_SEEN["width"],
+        "sampler_logits_dtypes": sorted(_LOGITS_SEEN.dtypes),
+        "sampler_logits_width": _LOGITS_SEEN.width,
     }
 
 
-def install(worker: Any, spec: dict[str, Any]) -> dict[str, Any]:
+def install(worker: Any, spec: KernelReference) -> LogpReport:
     """Install ``spec``'s kernel in this worker's sampler; returns ``report(worker)`` with
     ``error`` set when nothing was installed (a sampler of another class, a kernel that cannot
     be built here). Model runner V1: the sampler instance's attributes (``install_on_sampler``);
@@ -434,13 +477,13 @@ def install(worker: Any, spec: dict[str, Any]) -> dict[str, Any]:
     else:
         try:
             kernel = build_kernel(spec)
-            install_on_sampler(runner.sampler, dict(spec), kernel)
+            install_on_sampler(runner.sampler, spec.copy(), kernel)
         except Exception as exc:  # reported; the adapter refuses the case
             error = f"{type(exc).__name__}: {exc}"
-    return {**report(worker), **({"error": error} if error else {})}
+    return _with_error(report(worker), error)
 
 
-def _install_v2(worker: Any, runner: Any, spec: dict[str, Any]) -> dict[str, Any]:
+def _install_v2(worker: Any, runner: Any, spec: KernelReference) -> LogpReport:
     from vllm.v1.worker.gpu.sample.sampler import Sampler as V2Sampler
 
     from pytest_logprob_drift.runtimes.vllm import rollout_logp_v2
@@ -455,17 +498,24 @@ def _install_v2(worker: Any, runner: Any, spec: dict[str, Any]) -> dict[str, Any
     else:
         try:
             kernel = build_kernel(spec)
-            rollout_logp_v2.install(dict(spec), kernel, str(sampler.logprobs_mode), _score)
+            rollout_logp_v2.install(spec.copy(), kernel, str(sampler.logprobs_mode), _score)
         except Exception as exc:  # reported; the adapter refuses the case
             error = f"{type(exc).__name__}: {exc}"
-    return {**report(worker), **({"error": error} if error else {})}
+    return _with_error(report(worker), error)
+
+
+def _with_error(report: LogpReport, error: str | None) -> LogpReport:
+    """``report`` with ``error`` set when an install put nothing in."""
+    if error:
+        report["error"] = error
+    return report
 
 
 def _runner_kind(worker: Any) -> str:
     return "v2" if bool(getattr(worker, "use_v2_model_runner", False)) else "v1"
 
 
-def report(worker: Any) -> dict[str, Any]:
+def report(worker: Any) -> LogpReport:
     """What this worker's sampler runs: the installed backend and its provenance, the sites
     patched, the model runner (its class and ``runner``: ``v1``/``v2``), the counters, and
     whether the sampler is vLLM's own."""
@@ -482,7 +532,7 @@ def report(worker: Any) -> dict[str, Any]:
         state = vars(sampler).get("_drift_logp") if sampler is not None else None
         sites = list(SITES)
         untouched = sampler is not None and sampler_untouched(sampler)
-    base: dict[str, Any] = {
+    base: LogpReport = {
         "model_runner": type(runner).__name__,
         "runner": kind,
         "sampler_class": type(sampler).__name__,

@@ -38,7 +38,11 @@ from __future__ import annotations
 import inspect
 from collections import Counter
 from contextlib import contextmanager
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.registry.session import KernelReference
+
 
 __all__ = [
     "SITES",
@@ -103,7 +107,7 @@ def _original(function: Any) -> Any:
 class _State:
     """The injection of this process (one V2 worker)."""
 
-    def __init__(self, spec: dict[str, Any], kernel: Any, mode: str) -> None:
+    def __init__(self, spec: KernelReference, kernel: Any, mode: str) -> None:
         self.spec = spec
         self.kernel = kernel
         self.mode = mode
@@ -197,7 +201,7 @@ def _marked(wrapper: Any, original: Any) -> Any:
     return wrapper
 
 
-def install(spec: dict[str, Any], kernel: Any, mode: str, score: Any) -> list[str]:
+def install(spec: KernelReference, kernel: Any, mode: str, score: Any) -> list[str]:
     """Replace the V2 targets in this process for ``spec``'s ``kernel`` (``mode``: the
     sampler's ``logprobs_mode``); returns ``SITES``. Idempotent for the same spec; another
     spec already installed is a ValueError."""

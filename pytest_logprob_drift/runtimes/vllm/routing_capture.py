@@ -17,11 +17,38 @@ Knows nothing about cases, rows or files; imported only inside vLLM worker proce
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-_STATE: dict[str, Any] = {"armed": False, "installed": None, "steps": []}
-"""The capture's state in this worker: ``installed`` (the model wrapped), ``layers`` (MoE
-layer count), ``armed``, ``steps`` (one record per forward while armed)."""
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class _Step:
+    """One forward while armed: its flattened tokens and positions, the requests it served
+    (``req_ids``, their token offsets ``query_start_loc``) and, per MoE layer index, each
+    router call's ``(ids, weights)``."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    req_ids: list[str]
+    query_start_loc: list[int]
+    layers: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+
+
+@dataclass
+class _Capture:
+    """The capture's state in this worker: ``installed`` (the model wrapped), ``layers`` (MoE
+    layer count), ``armed``, ``steps`` (one record per forward while armed)."""
+
+    armed: bool = False
+    installed: Any = None
+    layers: int = 0
+    steps: list[_Step] = field(default_factory=list)
+
+
+_STATE = _Capture()
 
 
 def _moe_runners(model: Any) -> list[Any]:
@@ -38,16 +65,16 @@ def _moe_runners(model: Any) -> list[Any]:
 def install(model: Any, runner: Any) -> int:
     """Wrap every MoE layer's router and hook the model (once per worker); the MoE layer
     count (0: no MoE layer, nothing wrapped)."""
-    if _STATE["installed"] is model:
-        return int(_STATE["layers"])
+    if _STATE.installed is model:
+        return _STATE.layers
     runners = _moe_runners(model)
     for index, moe in enumerate(runners):
         original = moe.router.select_experts
 
         def select(*args: Any, _original: Any = original, _index: int = index, **kw: Any) -> Any:
             weights, ids = _original(*args, **kw)
-            if _STATE["armed"] and _STATE["steps"]:
-                _STATE["steps"][-1]["layers"].setdefault(_index, []).append(
+            if _STATE.armed and _STATE.steps:
+                _STATE.steps[-1].layers.setdefault(_index, []).append(
                     (ids.detach().to("cpu", copy=True), weights.detach().float().to("cpu"))
                 )
             return weights, ids
@@ -55,30 +82,29 @@ def install(model: Any, runner: Any) -> int:
         moe.router.select_experts = select
 
     def snapshot(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
-        if not _STATE["armed"]:
+        if not _STATE.armed:
             return
         batch = runner.input_batch
         count = int(batch.num_reqs)
-        _STATE["steps"].append(
-            {
-                "input_ids": kwargs["input_ids"].detach().to("cpu", copy=True),
-                "positions": kwargs["positions"].detach().to("cpu", copy=True),
-                "req_ids": list(batch.req_ids[:count]),
-                "query_start_loc": [int(n) for n in runner.query_start_loc.np[: count + 1]],
-                "layers": {},
-            }
+        _STATE.steps.append(
+            _Step(
+                input_ids=kwargs["input_ids"].detach().to("cpu", copy=True),
+                positions=kwargs["positions"].detach().to("cpu", copy=True),
+                req_ids=list(batch.req_ids[:count]),
+                query_start_loc=[int(n) for n in runner.query_start_loc.np[: count + 1]],
+            )
         )
 
     model.register_forward_pre_hook(snapshot, with_kwargs=True)
-    _STATE.update(installed=model, layers=len(runners))
+    _STATE.installed, _STATE.layers = model, len(runners)
     return len(runners)
 
 
 def arm() -> None:
-    _STATE.update(armed=True, steps=[])
+    _STATE.armed, _STATE.steps = True, []
 
 
-def collect() -> dict[str, Any]:
+def collect() -> dict[str, torch.Tensor]:
     """Disarm; per request (numbered ``n`` in the order of vLLM's internal request ids),
     ``{n}.positions`` int64 ``[P]``, ``{n}.tokens`` int64 ``[P]``, ``{n}.expert_ids`` int64
     ``[P, layers, k]`` (ascending per token) and ``{n}.gate_weights`` float32 (same order),
@@ -86,19 +112,18 @@ def collect() -> dict[str, Any]:
     layer's router ran other than once, or a position routed twice, is a RuntimeError."""
     import torch
 
-    _STATE["armed"] = False
-    steps: list[dict[str, Any]] = _STATE.pop("steps", [])
-    _STATE["steps"] = []
-    layers = int(_STATE["layers"])
+    _STATE.armed = False
+    steps, _STATE.steps = _STATE.steps, []
+    layers = _STATE.layers
     if layers == 0:  # a dense model: nothing was routed
         return {}
-    per_request: dict[str, dict[int, tuple[int, Any, Any]]] = {}
+    per_request: dict[str, dict[int, tuple[int, torch.Tensor, torch.Tensor]]] = {}
     for number, step in enumerate(steps):
-        starts = step["query_start_loc"]
+        starts = step.query_start_loc
         total = starts[-1]
         if total == 0:
             continue
-        calls = step["layers"]
+        calls = step.layers
         if sorted(calls) != list(range(layers)) or any(len(c) != 1 for c in calls.values()):
             raise RuntimeError(
                 f"forward {number}: the MoE routers ran {[len(c) for c in calls.values()]} times "
@@ -108,14 +133,14 @@ def collect() -> dict[str, Any]:
         weights = torch.stack([calls[i][0][1][:total] for i in range(layers)], dim=1)
         order = ids.argsort(dim=-1)
         ids, weights = ids.gather(-1, order), weights.gather(-1, order)
-        for slot, req_id in enumerate(step["req_ids"]):
+        for slot, req_id in enumerate(step.req_ids):
             seen = per_request.setdefault(str(req_id), {})
             for j in range(starts[slot], starts[slot + 1]):
-                position = int(step["positions"][j])
+                position = int(step.positions[j])
                 if position in seen:
                     raise RuntimeError(f"request {req_id}: position {position} routed twice")
-                seen[position] = (int(step["input_ids"][j]), ids[j], weights[j])
-    out: dict[str, Any] = {}
+                seen[position] = (int(step.input_ids[j]), ids[j], weights[j])
+    out: dict[str, torch.Tensor] = {}
     for n, req_id in enumerate(sorted(per_request)):
         seen = per_request[req_id]
         positions = sorted(seen)

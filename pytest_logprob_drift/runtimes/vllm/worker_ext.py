@@ -34,10 +34,18 @@ processes; imported only inside vLLM worker processes, where vLLM and torch are 
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_logprob_drift.runtimes.vllm import rollout_logp
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_logprob_drift.registry.session import KernelReference
+    from pytest_logprob_drift.runtimes.weights.side_report import RankReport
 
 _VOCAB_LAYERS = ("embed_tokens", "lm_head")
 
@@ -50,14 +58,24 @@ PUSH_POINT = (
     "vLLM worker, after the trainer's push: each layer as loaded by vLLM's layerwise reload, "
     "before process_weights_after_loading (where the CPU build packs linear weights)"
 )
-_WEIGHTS: dict[str, Any] = {}
-"""This worker's load-time weight report (``loaded``), or why it could not be taken (``error``),
-and a weak reference to the model it was taken from (``model``)."""
+
+
+@dataclass
+class _LoadDigests:
+    """This worker's load-time weight report (``loaded``), or why it could not be taken
+    (``error``), and a weak reference to the model it was taken from (``model``)."""
+
+    model: weakref.ref[Any] | None = None
+    loaded: RankReport | None = None
+    error: str | None = None
+
+
+_WEIGHTS = _LoadDigests()
 
 
 def loaded_model() -> Any:
     """The model this worker process loaded (None before a load, or outside a worker)."""
-    ref = _WEIGHTS.get("model")
+    ref = _WEIGHTS.model
     return None if ref is None else ref()
 
 
@@ -75,17 +93,16 @@ def _install_weight_digests() -> bool:
         return True
 
     def digest_then_process(model: Any, model_config: Any, target_device: Any) -> Any:
-        import weakref
         from pathlib import Path
 
         from pytest_logprob_drift.runtimes.weights.vllm_layout import rank_report
 
-        _WEIGHTS["model"] = weakref.ref(model)
+        _WEIGHTS.model = weakref.ref(model)
         try:
-            _WEIGHTS["loaded"] = rank_report(model, Path(str(model_config.model)), point=LOAD_POINT)
-            _WEIGHTS.pop("error", None)
+            _WEIGHTS.loaded = rank_report(model, Path(str(model_config.model)), point=LOAD_POINT)
+            _WEIGHTS.error = None
         except Exception as exc:  # reported, never silently: weights_loaded returns it
-            _WEIGHTS["error"] = f"{type(exc).__name__}: {exc}"
+            _WEIGHTS.error = f"{type(exc).__name__}: {exc}"
         return original(model, model_config, target_device)
 
     digest_then_process._drift_weights = True  # type: ignore[attr-defined]
@@ -172,8 +189,20 @@ def model_runner(worker: Any) -> str:
     return "v2" if bool(getattr(worker, "use_v2_model_runner", False)) else "v1"
 
 
-_LAYERS: dict[str, Any] = {"armed": False}
-"""The layer capture's state in this worker (``layers_arm`` / ``layers_collect``)."""
+@dataclass
+class _LayerCapture:
+    """The layer capture's state in this worker (``layers_arm`` / ``layers_collect``): the
+    model hooked (``installed``), whether armed, the armed request's token count and the
+    positions kept, and the states seen per state index."""
+
+    armed: bool = False
+    installed: Any = None
+    tokens: int = 0
+    positions: list[int] = field(default_factory=list)
+    seen: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+
+
+_LAYERS = _LayerCapture()
 
 
 def _install_layer_hooks(model: Any) -> int:
@@ -186,21 +215,21 @@ def _install_layer_hooks(model: Any) -> int:
     ``(normed, residual)``: its first element. Returns the number of decoder layers."""
     body = model.model
     layers = list(body.layers)
-    if _LAYERS.get("installed") is model:
+    if _LAYERS.installed is model:
         return len(layers)
 
     def hook(index: int, kind: str) -> Any:
         def record(_module: Any, _args: Any, out: Any) -> None:
-            if not _LAYERS["armed"]:
+            if not _LAYERS.armed:
                 return
             if kind == "layer":
                 state = out[0] + out[1] if isinstance(out, tuple) else out
             else:
                 state = out[0] if isinstance(out, tuple) else out
-            rows = _LAYERS["tokens"] - (1 if kind == "logits" else 0)
+            rows = _LAYERS.tokens - (1 if kind == "logits" else 0)
             if state is None or int(state.shape[0]) != rows:
                 return  # another forward (the sampled position's logits, a decode step)
-            _LAYERS["seen"].setdefault(index, []).append(state.detach())
+            _LAYERS.seen.setdefault(index, []).append(state.detach())
 
         return record
 
@@ -208,14 +237,21 @@ def _install_layer_hooks(model: Any) -> int:
     modules += [(body.norm, "state"), (model.logits_processor, "logits")]
     for index, (module, kind) in enumerate(modules):
         module.register_forward_hook(hook(index, kind))
-    _LAYERS["installed"] = model
+    _LAYERS.installed = model
     return len(layers)
 
 
-_PUSHED: dict[str, Any] = {}
-"""The last push's tensors as each layer held them once loaded and before its post-load
-processing (``tensors``: module name -> parameter name -> a copy), and the layerwise reload's
-own ``_layerwise_process`` while a push is open (``original``)."""
+@dataclass
+class _PushCapture:
+    """The last push's tensors as each layer held them once loaded and before its post-load
+    processing (``tensors``: module name -> parameter name -> a copy), and the layerwise
+    reload's own ``_layerwise_process`` while a push is open (``original``)."""
+
+    tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    original: Any = None
+
+
+_PUSHED = _PushCapture()
 
 
 def _capture_pushed(model: Any) -> None:
@@ -228,7 +264,7 @@ def _capture_pushed(model: Any) -> None:
     from vllm.model_executor.model_loader.reload import layerwise
 
     names = {id(m): n for n, m in model.named_modules()}
-    captured: dict[str, dict[str, Any]] = {}
+    captured: dict[str, dict[str, torch.Tensor]] = {}
     original = layerwise._layerwise_process
 
     def process(layer: Any, info: Any) -> Any:
@@ -250,16 +286,34 @@ def _capture_pushed(model: Any) -> None:
             del method.process_weights_after_loading
 
     layerwise._layerwise_process = process
-    _PUSHED.update(tensors=captured, original=original)
+    _PUSHED.tensors, _PUSHED.original = captured, original
 
 
 def _release_capture() -> None:
     """Put the layerwise reload's ``_layerwise_process`` back (idempotent)."""
     from vllm.model_executor.model_loader.reload import layerwise
 
-    original = _PUSHED.pop("original", None)
+    original, _PUSHED.original = _PUSHED.original, None
     if original is not None:
         layerwise._layerwise_process = original
+
+
+class PushedTensor(TypedDict):
+    """What a push left in one parameter before post-load processing (``weights_pushed``)."""
+
+    shape: list[int]
+    dtype: str
+    sha256: str
+
+
+class RankReply(TypedDict):
+    """One rank's reply to a reduction request (``layers_collect``, ``routing_collect``): its
+    TP rank and size, the SHA-256 of its tensors, and (TP rank 0 only) their wire bytes."""
+
+    tp_rank: int
+    tp_size: int
+    sha256: str
+    reduction: bytes | None
 
 
 class DriftWorkerExtension:
@@ -283,14 +337,14 @@ class DriftWorkerExtension:
             return False
         return bool(torch.cpu._init_amx())
 
-    def weights_loaded(self) -> dict[str, Any]:
+    def weights_loaded(self) -> RankReport:
         """This worker's digests of the weights it loaded (``vllm_layout.rank_report``, taken
         before post-load processing), or ``{"error": ...}`` when none were taken."""
-        if "loaded" in _WEIGHTS:
-            return dict(_WEIGHTS["loaded"])
-        return {"error": _WEIGHTS.get("error", "the model was loaded before the digest hook")}
+        if _WEIGHTS.loaded is not None:
+            return _WEIGHTS.loaded.copy()
+        return {"error": _WEIGHTS.error or "the model was loaded before the digest hook"}
 
-    def weights_live(self) -> dict[str, Any]:
+    def weights_live(self) -> RankReport:
         """This worker's digests of its model as it is now (collective over the TP group:
         ask every worker at once, as ``collective_rpc`` does)."""
         from pathlib import Path
@@ -301,11 +355,11 @@ class DriftWorkerExtension:
         model_dir = Path(str(worker.vllm_config.model_config.model))
         return rank_report(worker.get_model(), model_dir, point=LIVE_POINT)
 
-    def logp_install(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def logp_install(self, spec: KernelReference) -> rollout_logp.LogpReport:
         """Install the catalog ``selected_logprob`` backend ``spec`` names in this worker's
         sampler (``rollout_logp.install``); returns what the worker then runs
         (``rollout_logp.report``, with ``error`` when nothing was installed)."""
-        return rollout_logp.install(self, dict(spec))
+        return rollout_logp.install(self, spec)
 
     def weights_begin(self) -> bool:
         """Open an in-place weight update of this worker's model in checkpoint format, as
@@ -365,7 +419,7 @@ class DriftWorkerExtension:
                 method()
         return sorted(name for name, _ in worker.get_model().named_parameters())
 
-    def weights_after_push(self) -> dict[str, Any]:
+    def weights_after_push(self) -> RankReport:
         """This worker's digests of the weights the last push left it
         (``vllm_layout.rank_report``, collective over the TP group): every layer the push
         processed is read with the tensors it held just before ``process_weights_after_loading``
@@ -379,7 +433,7 @@ class DriftWorkerExtension:
 
         from pytest_logprob_drift.runtimes.weights.vllm_layout import rank_report
 
-        captured: dict[str, dict[str, Any]] = dict(_PUSHED.get("tensors") or {})
+        captured = dict(_PUSHED.tensors)
         if not captured:
             return {"error": "no push has run in this worker"}
         worker: Any = self
@@ -405,7 +459,7 @@ class DriftWorkerExtension:
             for module, name, original in reversed(swapped):
                 module._parameters[name] = original
 
-    def weights_pushed(self) -> dict[str, dict[str, Any]]:
+    def weights_pushed(self) -> dict[str, dict[str, PushedTensor]]:
         """What the last push left in each processed layer just before its post-load
         processing (``_capture_pushed``): module name -> parameter name -> shape, dtype and
         the SHA-256 of its bytes. Empty before any push."""
@@ -413,8 +467,8 @@ class DriftWorkerExtension:
 
         import torch
 
-        out: dict[str, dict[str, Any]] = {}
-        for module, params in dict(_PUSHED.get("tensors") or {}).items():
+        out: dict[str, dict[str, PushedTensor]] = {}
+        for module, params in dict(_PUSHED.tensors).items():
             out[module] = {
                 name: {
                     "shape": [int(d) for d in tensor.shape],
@@ -433,10 +487,11 @@ class DriftWorkerExtension:
         layer count."""
         worker: Any = self
         count = _install_layer_hooks(worker.get_model())
-        _LAYERS.update(armed=True, tokens=int(tokens), positions=list(positions), seen={})
+        _LAYERS.armed, _LAYERS.tokens = True, int(tokens)
+        _LAYERS.positions, _LAYERS.seen = list(positions), {}
         return count
 
-    def layers_collect(self) -> dict[str, Any]:
+    def layers_collect(self) -> RankReply:
         """Disarm; the reduction (``numerics.layer_reduction.reduce_states``) of each state at
         the armed positions, in state order (embeddings, layers, final norm, logits), as the
         project's tensor wire format (``tensorio``: ``{k}.digests``, ``{k}.projections``,
@@ -455,10 +510,10 @@ class DriftWorkerExtension:
         from pytest_logprob_drift.runtimes.vllm.layer_ranks import READ_RANK
         from pytest_logprob_drift.tensorio import tensor_bytes
 
-        _LAYERS["armed"] = False
-        seen: dict[int, list[Any]] = _LAYERS.pop("seen", {})
-        expected = len(list(_LAYERS["installed"].model.layers)) + 3
-        out: dict[str, Any] = {}
+        _LAYERS.armed = False
+        seen, _LAYERS.seen = _LAYERS.seen, {}
+        expected = len(list(_LAYERS.installed.model.layers)) + 3
+        out: dict[str, torch.Tensor] = {}
         for index in range(expected):
             states = seen.get(index, [])
             if len(states) != 1:
@@ -466,7 +521,7 @@ class DriftWorkerExtension:
                     f"state {index} was recorded {len(states)} times for one request "
                     "(the forward did not run once over the whole prompt)"
                 )
-            picked = states[0][torch.tensor(_LAYERS["positions"], dtype=torch.long)]
+            picked = states[0][torch.tensor(_LAYERS.positions, dtype=torch.long)]
             digests, projections, norms = reduce_states(picked)
             out[f"{index}.digests"] = digests
             out[f"{index}.projections"] = projections
@@ -489,7 +544,7 @@ class DriftWorkerExtension:
         routing_capture.arm()
         return count
 
-    def routing_collect(self) -> dict[str, Any]:
+    def routing_collect(self) -> RankReply:
         """Disarm; this worker's routing (``routing_capture.collect``) as a rank reply: every
         rank sends its TP rank and size and the SHA-256 of its tensors, only TP rank 0 the
         tensors themselves (``layer_ranks.rank_zero_reduction`` checks the ranks agree)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.runtimes.weights.digest import dtype_name, tensor_sha256
 from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED, is_expert_tensor
 
@@ -36,14 +37,14 @@ def _non_persistent(model: Any) -> set[str]:
 
 def module_report(
     model: Any, checkpoint_names: Collection[str], *, point: str = MODULE_POINT, rank: int = 0
-) -> dict[str, Any]:
+) -> JsonObject:
     """``model``'s digests as a side report (the form ``side_document`` reads): per name,
     ``held``, ``shape``, ``dtype`` and ``sha256`` (None on ranks other than 0), plus ``tied``,
     ``skipped`` and ``extra``. Collective under FSDP (see the module docstring)."""
     from torch.distributed.tensor import DTensor
 
     wanted = set(checkpoint_names)
-    tensors: dict[str, Any] = {}
+    tensors: JsonObject = {}
     tied: dict[str, str] = {}
     extra: dict[str, str] = {}
     seen: dict[int, str] = {}
@@ -59,7 +60,7 @@ def module_report(
             continue
         full = param.full_tensor() if isinstance(param, DTensor) else param
         dtypes.append(dtype_name(full.dtype))
-        entry = {
+        entry: JsonObject = {
             "held": True,
             "shape": [int(n) for n in full.shape],
             "dtype": dtype_name(full.dtype),

@@ -12,7 +12,7 @@ the member. Knows nothing about engines or checkpoints.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Required, TypedDict
 
 import msgspec
 
@@ -58,6 +58,45 @@ class SideReport(msgspec.Struct, frozen=True, kw_only=True):
     refused: str | None = None
     seconds: float = 0.0
     error: str | None = None
+
+
+class RankSlice(TypedDict):
+    """One vLLM worker's slice of a tensor as it sends it (``HeldSlice`` without the rank)."""
+
+    dim: int
+    start: int
+    stop: int
+    sha256: str
+
+
+class RankTensor(TypedDict, total=False):
+    """One checkpoint tensor as one vLLM worker sends it (``vllm_layout.rank_report``): held
+    or not, and where held its dtype, this rank's ``slice`` and (TP rank 0) shape and digest."""
+
+    held: Required[bool]
+    vllm_name: Required[str]
+    dtype: str
+    slice: RankSlice
+    shape: list[int] | None
+    sha256: str | None
+
+
+class RankReport(TypedDict, total=False):
+    """One vLLM worker's weight digests as plain values (``collective_rpc`` sends them as
+    untyped msgpack; ``vllm_layout.merge_ranks`` makes one ``SideReport`` of every rank's);
+    ``error`` alone when the worker took none."""
+
+    tp_rank: int
+    tp_size: int
+    point: str
+    dtype: str
+    tensors: dict[str, RankTensor]
+    tied: dict[str, str]
+    skipped: dict[str, str]
+    extra: dict[str, str]
+    refused: str | None
+    seconds: float
+    error: str
 
 
 def side_report(plain: Mapping[str, JsonValue] | SideReport) -> SideReport:

@@ -29,10 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from pytest_logprob_drift.runtimes.weights.digest import dtype_name, slice_of, tensor_sha256
 from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED, is_expert_tensor
+from pytest_logprob_drift.runtimes.weights.side_report import (
+    HeldSlice,
+    HeldTensor,
+    RankReport,
+    RankTensor,
+    SideReport,
+)
 
 QKV_SHARDS = ("q", "k", "v")
 
@@ -245,7 +253,7 @@ def _is_packed_away(module: Any, param: Any) -> bool:
     return int(param.numel()) == 0 and hasattr(module, "cpu_linear")
 
 
-def rank_report(model: Any, model_dir: Path, *, point: str) -> dict[str, Any]:
+def rank_report(model: Any, model_dir: Path, *, point: str) -> RankReport:
     """This rank's digests of ``model`` in the checkpoint's names (collective over the TP group:
     every rank of the engine must call it at the same moment).
 
@@ -262,13 +270,17 @@ def rank_report(model: Any, model_dir: Path, *, point: str) -> dict[str, Any]:
     started = time.perf_counter()
     group = get_tp_group()
     rank, size = int(group.rank_in_group), int(group.world_size)
-    base: dict[str, Any] = {"tp_rank": rank, "tp_size": size, "point": point}
     params = dict(model.named_parameters(remove_duplicate=False))
-    base["dtype"] = dtype_name(next(iter(params.values())).dtype) if params else "none"
+    base: RankReport = {
+        "tp_rank": rank,
+        "tp_size": size,
+        "point": point,
+        "dtype": dtype_name(next(iter(params.values())).dtype) if params else "none",
+    }
     refused = _refusal(model)
     if refused is not None:
         return {**base, "tensors": {}, "tied": {}, "skipped": {}, "extra": {}, "refused": refused}
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, RankTensor] = {}
     skipped: dict[str, str] = {}
     placed: list[_Placed] = []
     shapes = _checkpoint_shapes(model_dir)
@@ -325,14 +337,15 @@ def rank_report(model: Any, model_dir: Path, *, point: str) -> dict[str, Any]:
     }
 
 
-def _digest_placed(item: _Placed, group: Any, rank: int, size: int) -> dict[str, Any]:
+def _digest_placed(item: _Placed, group: Any, rank: int, size: int) -> RankTensor:
     """This rank's slice digest of one placed tensor, and (TP rank 0) the whole tensor's,
     assembled from every rank's span."""
     import torch.distributed as dist
 
     span = item.span
     local = slice_of(item.param.detach(), span.local_dim, span.local_start, span.local_stop)
-    entry: dict[str, Any] = {
+    local_sha256 = tensor_sha256(local)
+    entry: RankTensor = {
         "held": True,
         "vllm_name": item.vllm_name,
         "dtype": dtype_name(local.dtype),
@@ -340,12 +353,12 @@ def _digest_placed(item: _Placed, group: Any, rank: int, size: int) -> dict[str,
             "dim": 0 if span.dim is None else span.dim,
             "start": span.start,
             "stop": span.stop,
-            "sha256": tensor_sha256(local),
+            "sha256": local_sha256,
         },
     }
     if span.dim is None or size == 1:
         entry["shape"] = [int(n) for n in local.shape]
-        entry["sha256"] = entry["slice"]["sha256"] if rank == 0 else None
+        entry["sha256"] = local_sha256 if rank == 0 else None
         return entry
     gathered: list[Any] | None = [None] * size if rank == 0 else None
     dist.gather_object(
@@ -375,7 +388,7 @@ def _digest_placed(item: _Placed, group: Any, rank: int, size: int) -> dict[str,
     return entry
 
 
-def merge_ranks(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def merge_ranks(reports: Sequence[RankReport]) -> SideReport:
     """One side report from every rank's ``rank_report`` (rank 0's whole-tensor digests,
     every rank's slices); a RuntimeError when the ranks do not form one TP group."""
     ordered = sorted(reports, key=lambda r: int(r["tp_rank"]))
@@ -383,43 +396,59 @@ def merge_ranks(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if [int(r["tp_rank"]) for r in ordered] != list(range(size)):
         raise RuntimeError(f"weight reports came from ranks {[r['tp_rank'] for r in ordered]}")
     head = ordered[0]
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, HeldTensor] = {}
     for name, entry in head["tensors"].items():
-        merged = {k: v for k, v in entry.items() if k != "slice"}
-        merged["slices"] = [
-            {**r["tensors"][name]["slice"], "rank": int(r["tp_rank"])}
-            for r in ordered
-            if r["tensors"].get(name, {}).get("held")
-        ]
-        tensors[name] = merged
+        slices = []
+        for r in ordered:
+            held = r["tensors"].get(name)
+            if held is not None and held["held"]:
+                part = held["slice"]
+                slices.append(
+                    HeldSlice(
+                        rank=int(r["tp_rank"]),
+                        dim=part["dim"],
+                        start=part["start"],
+                        stop=part["stop"],
+                        sha256=part["sha256"],
+                    )
+                )
+        shape = entry.get("shape")
+        tensors[name] = HeldTensor(
+            held=entry["held"],
+            shape=None if shape is None else tuple(shape),
+            dtype=entry.get("dtype"),
+            sha256=entry.get("sha256"),
+            slices=tuple(slices),
+            vllm_name=entry["vllm_name"],
+        )
     refused = next((r["refused"] for r in ordered if r.get("refused")), None)
-    return {
-        "point": head["point"],
-        "dtype": head["dtype"],
-        "tp_size": size,
-        "seconds": max(float(r.get("seconds", 0.0)) for r in ordered),
-        "tensors": tensors,
-        "tied": dict(head["tied"]),
-        "skipped": dict(head["skipped"]),
-        "extra": dict(head["extra"]),
-        "refused": refused,
-    }
+    return SideReport(
+        point=head["point"],
+        dtype=head["dtype"],
+        tp_size=size,
+        seconds=max(float(r.get("seconds", 0.0)) for r in ordered),
+        tensors=tensors,
+        tied=dict(head["tied"]),
+        skipped=dict(head["skipped"]),
+        extra=dict(head["extra"]),
+        refused=refused,
+    )
 
 
-def overlay(loaded: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+def overlay(loaded: SideReport, live: SideReport) -> SideReport:
     """The load-time side report with every tensor the live model still holds readably taken
     from ``live`` instead (``merge_ranks`` reports both): what the workers hold now where it
     can be read, what they loaded where it cannot (a linear packed by the CPU build). An
     error in either is the result's error."""
     for report in (loaded, live):
-        if "error" in report:
-            return {"error": str(report["error"])}
-    tensors = dict(loaded["tensors"])
-    tensors.update({n: e for n, e in live["tensors"].items() if e.get("held")})
-    return {
-        **loaded,
-        "point": f"{loaded['point']}; re-read from the live model after an operator was "
+        if report.error is not None:
+            return SideReport(error=report.error)
+    tensors = dict(loaded.tensors)
+    tensors.update({n: e for n, e in live.tensors.items() if e.held})
+    return msgspec.structs.replace(
+        loaded,
+        point=f"{loaded.point}; re-read from the live model after an operator was "
         "installed in the workers, where still readable",
-        "tensors": tensors,
-        "refused": loaded.get("refused") or live.get("refused"),
-    }
+        tensors=tensors,
+        refused=loaded.refused or live.refused,
+    )
