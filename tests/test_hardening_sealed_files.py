@@ -83,7 +83,7 @@ def _invalid_attempt(run_dir: Path, attempt: Path) -> dict[str, Any]:
     """verify's entry for ``attempt`` (it must be invalid); report and a resume survive it."""
     [entry] = [a for a in _verify(run_dir)["attempts"] if a["attempt_id"] == attempt.name]
     assert entry["status"] == "invalid", entry
-    code, out, err = cli("report", run_dir, "--html", run_dir.parent / "page.html")
+    code, out, err = cli("report", run_dir, "--no-html")
     assert (code, err) == (0, ""), err
     assert f"invalid attempt (not shown): {attempt.parent.name}/{attempt.name}" in out
     code, out, err = _run(run_dir.parent)
@@ -164,7 +164,7 @@ def test_a_non_numeric_noise_floor_is_an_invalid_attribution(
     assert attribution["problems"] == [
         f"attribution.json: $.noise_floor.rollout_max_abs_delta: {fault}"
     ]
-    code, out, err = cli("report", run_dir, "--html", run_dir.parent / "page.html")
+    code, out, err = cli("report", run_dir, "--no-html")
     assert (code, err) == (0, ""), err
     assert "drift attribution" not in out  # an attribution that does not read is not shown
     code, _, err = _run(run_dir.parent)
@@ -180,7 +180,7 @@ def test_a_ranking_that_names_no_case_is_an_invalid_attribution(run_dir: Path) -
     assert attribution["problems"] == [
         "attribution.json: $.ranking[2]: names no case of the document"
     ]
-    code, _, err = cli("report", run_dir, "--html", run_dir.parent / "page.html")
+    code, _, err = cli("report", run_dir, "--no-html")
     assert (code, err) == (0, ""), err
 
 
@@ -203,7 +203,7 @@ def test_an_attribution_naming_no_input_is_invalid(run_dir: Path) -> None:
     code, out, err = cli("verify", run_dir)
     assert (code, err) == (1, ""), (code, out, err)
     assert f"attribution {path.parent.name}: invalid: {problem}" in out.splitlines()
-    code, out, err = cli("report", run_dir, "--html", run_dir.parent / "page.html")
+    code, out, err = cli("report", run_dir, "--no-html")
     assert (code, err) == (0, ""), err
     assert "drift attribution" not in out
 

@@ -263,7 +263,7 @@ def test_a_nemo_rl_writer_followed_step_by_step_then_idle(tmp_path: Path) -> Non
     assert _sealed_cases(run_dir) == before
     assert (run_dir / "plan.jsonl").read_text().splitlines() == plan
     _verify(run_dir)
-    code, out, err = cli("report", run_dir, "--json")
+    code, out, err = cli("report", run_dir, "--json", "--no-html")
     assert code == 0, err
     named = [(s["id"], s["step"], s["sample"]) for s in json.loads(out)["signatures"]]
     assert named == [("sample_outliers", 3, 2)]  # what the follower printed, at read time

@@ -120,7 +120,7 @@ def test_report_and_verify_finish_on_nonfinite_active_tokens(
     page = (tmp / "page.html").read_text()
     assert "2 non-finite not drawn" in page
     assert page.count("<svg") > 5
-    code, out, err = cli("report", run, "--json", "--html", tmp / "page2.html")
+    code, out, err = cli("report", run, "--json", "--no-html")
     assert code == 0, err
     document = json.loads(out)
     outcomes = {c["label"]: (c["outcome"], c["active_tokens"]) for c in document["cases"]}
@@ -147,7 +147,7 @@ def test_a_run_sealed_before_the_count_verifies_and_reports_as_it_did(tmp_path: 
     code, out, err = cli("verify", run, "--json")
     assert code == 0, err
     assert {a["status"] for a in json.loads(out)["attempts"]} == {"ok"}
-    code, out, err = cli("report", run, "--json", "--html", tmp_path / "page.html")
+    code, out, err = cli("report", run, "--json", "--no-html")
     assert code == 0, err
     shown = {c["label"]: (c["outcome"], c["active_tokens"]) for c in json.loads(out)["cases"]}
     assert shown == {f"step={s}": (c["outcome"], c["active_tokens"]) for s, c in sealed.items()}
@@ -207,7 +207,7 @@ def test_every_format_reports_and_verifies_with_infinity_and_nan_at_active_token
     run = tmp_path / "runs" / "x"
     for args in (
         ("report", run, "--html", tmp_path / "a.html"),
-        ("report", run, "--json", "--html", tmp_path / "b.html"),
+        ("report", run, "--json", "--no-html"),
         ("verify", run),
     ):
         code, out, err = cli(*args)

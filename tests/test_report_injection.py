@@ -254,7 +254,7 @@ def test_a_hostile_run_runs_no_script_and_injects_nothing(
 
 
 def test_the_terminal_says_the_attribution_does_not_verify(hostile_run: Path) -> None:
-    code, out, err = cli("report", hostile_run, "--html", hostile_run.parent / "terminal.html")
+    code, out, err = cli("report", hostile_run, "--no-html")
     assert code == 0, err
     assert "the sealed attribution above does not verify" in out
     code, out, _ = cli("verify", hostile_run)

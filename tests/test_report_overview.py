@@ -138,7 +138,7 @@ def test_the_detailed_sections_lead_with_the_cases_that_did_not_pass(tmp_path: P
     # the tiny model's samples read as noise: the page says why, beside its decoded tokens
     assert "a built-in tiny checkpoint: its weights are seeded, not trained" in html
     order = re.findall(r"<article class='case' id='case-[^']*' data-case='([^']*)'", html)
-    code, out, err = cli("report", run_dir, "--html", tmp_path / "again.html", "--json")
+    code, out, err = cli("report", run_dir, "--no-html", "--json")
     assert code == 0, err
     cases = {c["case_id"]: c for c in json.loads(out)["cases"]}
     assert cases[order[0]]["outcome"] == "MISMATCH"

@@ -1,10 +1,11 @@
 """Where ``report --html`` may write its page (issue 21, class 8): never inside the run's
 sealed tree (``cases/``, ``attributions/``, ``seals/``: an unsealed file there makes ``verify``
 reject the attempt or attribution it lands in), links followed; and a path that is a directory
-is refused as one, not as "already exists"."""
+is refused as one, not as "already exists"; ``--no-html`` writes none and prints the same."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -67,6 +68,38 @@ def test_a_page_path_that_is_a_directory_says_so(clean_run: Path, tmp_path: Path
     expected = f"logprob-drift: error: report page {tmp_path} is a directory; name a file"
     assert err.strip() == expected
     assert "already exists" not in out + err
+
+
+def test_no_html_prints_the_same_report_and_writes_no_page(clean_run: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(clean_run, run_dir)
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    code, text, err = cli("report", run_dir, "--no-html")
+    assert code == 0, err
+    code, document, err = cli("report", run_dir, "--no-html", "--json")
+    assert code == 0, err
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    assert "HTML report" not in text
+    assert text.splitlines()[-1].endswith("the HTML page (without --no-html)")
+    assert json.loads(document)["html"] is None
+    # The same report as with the page, the page's own line aside.
+    code, with_page, err = cli("report", run_dir)
+    assert code == 0, err
+    (page,) = run_dir.glob("report-*.html")
+    assert f"HTML report: {page} (" in with_page
+    shown = [line for line in with_page.splitlines() if not line.startswith("HTML report: ")]
+    assert shown[:-1] == text.splitlines()[:-1]
+    code, again, err = cli("report", run_dir, "--json")
+    assert code == 0, err
+    assert json.loads(again) == json.loads(document) | {"html": str(page)}
+    # Both at once is a usage error that writes nothing.
+    target = tmp_path / "page.html"
+    code, out, err = cli("report", run_dir, "--no-html", "--html", target)
+    assert code == 2, out + err
+    assert (
+        err == "logprob-drift report: error: argument --html: not allowed with argument --no-html\n"
+    )
+    assert out == "" and not target.exists()
 
 
 @pytest.mark.slow

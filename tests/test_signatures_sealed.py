@@ -47,7 +47,7 @@ def _import(artifacts: Path, source: Path, experiment_id: str) -> Path:
 def _report(run_dir: Path, page: Path) -> tuple[dict[str, Any], str]:
     code, out, err = cli("report", run_dir, "--json", "--html", page)
     assert (code, err) == (0, ""), out
-    code, text, err = cli("report", run_dir)
+    code, text, err = cli("report", run_dir, "--no-html")
     assert (code, err) == (0, ""), text
     return json.loads(out), text
 

@@ -192,7 +192,7 @@ def test_an_experiment_json_the_read_model_refuses_is_invalid(
         and "the steps view of an import are not shown" in line
         for line in out.splitlines()
     ), out
-    code, out, _ = cli("report", run, "--json", "--html", tmp_path / "page2.html")
+    code, out, _ = cli("report", run, "--json", "--no-html")
     report = json.loads(out)
     assert report["steps"] is None and report["unread"][0].startswith("experiment.json")
 

@@ -319,20 +319,27 @@ def build_parser() -> argparse.ArgumentParser:
         "directory, and write one self-contained HTML page (no network: plots as inline SVG, "
         "the 'report' extra; without it the page says so). Every attempt is verified first; "
         "invalid ones are listed, never plotted.",
-        epilog="exit codes: 0 the report was written, 2 usage error (not a run directory, an "
-        "HTML path inside the sealed tree or one that exists), 3 runtime failure.\n\n"
+        epilog="exit codes: 0 the report was printed (and its page written), 2 usage error "
+        "(not a run directory, an HTML path inside the sealed tree or one that exists), "
+        "3 runtime failure.\n\n"
         "example:\n  logprob-drift report runs/s1-vllm-cpu-tiny --html s1.html",
         formatter_class=RawDescriptionFormatter,
     )
     report.add_argument(
         "run_dir", metavar="RUN_DIR", help="a run directory (ARTIFACTS/<experiment_id>)"
     )
-    report.add_argument(
+    page = report.add_mutually_exclusive_group()
+    page.add_argument(
         "--html",
         default=None,
         metavar="PATH",
         help="HTML output path, never overwritten "
         "(default: RUN_DIR/report-<newest attempt id>.html)",
+    )
+    page.add_argument(
+        "--no-html",
+        action="store_true",
+        help="print the report only; write no HTML page (the plots are the page's time)",
     )
     report.add_argument(
         "--json", action="store_true", help="print the report (findings, rows) as JSON"

@@ -7,9 +7,9 @@ invalid attempts, one screen for a run of a few cases; ``--verbose`` adds each s
 samples, each case's corrections and weight checks, and an import's case table (or
 ``--json``), saying when the shown attribution
 does not verify, and publishing the HTML page next to the run (or at ``--html``; created
-exclusively, never overwritten, refused inside the run's sealed tree or on a directory) through
-``report.page``, with the token decoder of ``runtimes.token_text`` so the page shows token
-text. Knows nothing about execution.
+exclusively, never overwritten, refused inside the run's sealed tree or on a directory; none
+with ``--no-html``) through ``report.page``, with the token decoder of ``runtimes.token_text``
+so the page shows token text. Knows nothing about execution.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import ExitCode, one_line
 from pytest_logprob_drift.report import routing
 from pytest_logprob_drift.report.findings import findings
-from pytest_logprob_drift.report.page import publish_report
+from pytest_logprob_drift.report.load import load_report
+from pytest_logprob_drift.report.page import PublishedReport, publish_report
 from pytest_logprob_drift.report.steps import Crossing
 from pytest_logprob_drift.report.summary import headers as summary_headers
 from pytest_logprob_drift.report.summary import ranking_table, report_json, summary_rows
@@ -36,12 +37,17 @@ from pytest_logprob_drift.tables import render_table
 def report_command(args: argparse.Namespace, out: TextIO) -> int:
     run_dir = Path(args.run_dir)
     require_run_dir(run_dir)
-    published = publish_report(
-        run_dir, Path(args.html) if args.html else None, decoder_factory=token_decoder
-    )
-    data = published.data
+    published: PublishedReport | None = None
+    if args.no_html:
+        data = load_report(run_dir, page_dir=run_dir, decoder_factory=token_decoder)
+    else:
+        published = publish_report(
+            run_dir, Path(args.html) if args.html else None, decoder_factory=token_decoder
+        )
+        data = published.data
     if args.json:
-        json.dump(report_json(data, str(published.path)), out, indent=2, sort_keys=True)
+        page = None if published is None else str(published.path)
+        json.dump(report_json(data, page), out, indent=2, sort_keys=True)
         out.write("\n")
         return ExitCode.OK
     for line in findings(data).lines():
@@ -93,9 +99,9 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
         print(one_line(line), file=out)
     for note in data.unread:
         print(one_line(note), file=out)
-    if published.written:
+    if published is not None and published.written:
         print(one_line(f"HTML report: {published.path} ({published.size / 1e6:.2f} MB)"), file=out)
-    else:
+    elif published is not None:
         print(
             one_line(
                 f"HTML report: {published.path} already exists; not overwritten "
@@ -106,7 +112,7 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
     if not verbose:
         print(
             "more: report --verbose (each case's corrections and weight checks), "
-            "report --json, the HTML page",
+            "report --json, the HTML page" + ("" if published else " (without --no-html)"),
             file=out,
         )
     return ExitCode.OK

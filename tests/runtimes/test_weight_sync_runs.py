@@ -2,21 +2,21 @@
 
 Agreement: the shipped experiment (``cross_config_s1_vllm_cpu_weight_sync.json``, tiny Qwen2
 with its LM head tied to the embedding; TP 1 and 2, unsharded and FSDP2 trainers, float32 and
-bfloat16 rollouts) is run once for the module with ``--pairwise``. Every push case
-(``trainer``, ``trainer_refit``) must have the verdict of, and seal bitwise the rollout scores
-of, the case that loads the checkpoint from disk with the same other knobs; the scores are
-read here from the sealed tensors (``torch.load(weights_only=True)``), never from the tool's
-own comparison. ``verify`` passes on the run.
+bfloat16 rollouts) is run once for the module with ``--pairwise``, its push values cut to
+``trainer`` (8 cases, listed exactly): a push into a TP 2 engine, from an FSDP trainer and
+into a bfloat16 engine each needs one case, and ``trainer_refit`` is run once, in the stale
+cache run below, not again beside each of them. Every push case must have the verdict of, and
+seal bitwise the rollout scores of, the case that loads the checkpoint from disk with the same
+other knobs; the scores are read here from the sealed tensors (``torch.load(weights_only=True)``),
+never from the tool's own comparison. ``verify`` passes on both runs.
 
-The stale prefix cache: prompts longer than one KV-cache block (128 tokens on the CPU build),
-prefix caching on, a correct refit against the planted one that skips the reset after the
-push; run with ``--replay`` so that the path split is there to read. The planted case is not a
-PASS; the prefill replay (which never reads the prefix cache) agrees with the trainer as the
-correct refit does, the decode path does not, and the read-back says how many prompt tokens
-were served from cache blocks computed under the previous policy.
-
-Planted pushes: one run of the three planted values (each INVALID_IDENTITY naming the tensor);
-the correct push they are set against is the shipped run's, not run again.
+The stale prefix cache and the planted pushes share one run: prompts longer than one KV-cache
+block (128 tokens on the CPU build), prefix caching on, a correct refit against the planted one
+that skips the reset after the push, and the three planted weight values (each
+INVALID_IDENTITY naming the tensor); run with ``--replay`` so that the path split is there to
+read. The planted reset is not a PASS; the prefill replay (which never reads the prefix cache)
+agrees with the trainer as the correct refit does, the decode path does not, and the read-back
+says how many prompt tokens were served from cache blocks computed under the previous policy.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from drift_testing import EXPERIMENTS, cli
+from drift_testing import EXPERIMENTS, cli, experiment_config
 from text_in_strings import text_in_strings
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
@@ -40,13 +40,13 @@ from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 pytestmark = pytest.mark.slow
 
 SHIPPED = EXPERIMENTS / "cross_config_s1_vllm_cpu_weight_sync.json"
-PUSHES = ("trainer", "trainer_refit")
 OTHERS = (
     None,
     "rollout.tensor_parallel_size=2",
     "training.sharding=fsdp",
     "rollout.dtype=bfloat16",
 )
+PLANTED = ("planted:drop_tied_embedding", "planted:through_float16", "planted:stale_tensor")
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:
@@ -77,36 +77,68 @@ def _actual(result: Mapping[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _run(SHIPPED, tmp_path_factory.mktemp("weight-sync"), "--pairwise")
+    work = tmp_path_factory.mktemp("weight-sync")
+    interventions = json.loads(SHIPPED.read_text())["interventions"]
+    assert interventions[0] == {
+        "path": "rollout.weight_sync",
+        "values": ["trainer", "trainer_refit"],
+    }
+    config = experiment_config(
+        work,
+        SHIPPED,
+        {
+            "interventions": [
+                {"path": "rollout.weight_sync", "values": ["trainer"]},
+                *interventions[1:],
+            ]
+        },
+    )
+    return _run(config, work / "runs", "--pairwise")
+
+
+def _push_cases(
+    shipped: Mapping[str, Any], stale: Mapping[str, Any]
+) -> list[tuple[str | None, str, Mapping[str, Any], Mapping[str, Any]]]:
+    """(other knob, push, the checkpoint case, the push case) for every push case of the two
+    runs: ``trainer`` beside each other knob (shipped run), ``trainer_refit`` on the baseline
+    (stale cache run)."""
+    results, refit = shipped["results"], stale["results"]
+    cases: list[tuple[str | None, str, Mapping[str, Any], Mapping[str, Any]]] = [
+        (other, "trainer", results[_label(other, None)], results[_label(other, "trainer")])
+        for other in OTHERS
+    ]
+    cases.append(
+        (None, "trainer_refit", refit["baseline"], refit["rollout.weight_sync=trainer_refit"])
+    )
+    return cases
 
 
 def test_every_case_ran_and_verify_passes(shipped: dict[str, Any]) -> None:
     results = shipped["results"]
-    assert len(results) == 12
-    for other in OTHERS:
-        for sync in (None, *PUSHES):
-            assert results[_label(other, sync)]["attempt_dir"], _label(other, sync)
+    assert sorted(results) == sorted(
+        _label(other, sync) for other in OTHERS for sync in (None, "trainer")
+    )
+    for label, result in results.items():
+        assert result["attempt_dir"], label
     code, out, err = cli("verify", shipped["artifacts"] / "s1-vllm-cpu-weight-sync")
     assert code == 0, out + err
 
 
-def test_push_cases_agree_bitwise_with_the_checkpoint_case(shipped: dict[str, Any]) -> None:
-    results = shipped["results"]
-    for other in OTHERS:
-        loaded = results[_label(other, None)]
+def test_push_cases_agree_bitwise_with_the_checkpoint_case(
+    shipped: dict[str, Any], stale: dict[str, Any]
+) -> None:
+    for other, sync, loaded, pushed in _push_cases(shipped, stale):
         reference = _load(Path(loaded["attempt_dir"]) / "score_rollout.pt")
-        for sync in PUSHES:
-            pushed = results[_label(other, sync)]
-            assert pushed["outcome"] == loaded["outcome"], _label(other, sync)
-            assert pushed["mismatches"] == loaded["mismatches"]
-            scores = _load(Path(pushed["attempt_dir"]) / "score_rollout.pt")
-            assert set(scores) == set(reference)
-            for name, tensor in reference.items():
-                assert torch.equal(scores[name], tensor), (_label(other, sync), name)
-            # The pushed engine's weight digests (taken after the push) equal the checkpoint's.
-            document = _weights(pushed)
-            assert document["differences"] == [], _label(other, sync)
-            assert "push" in document["point"]
+        assert pushed["outcome"] == loaded["outcome"], _label(other, sync)
+        assert pushed["mismatches"] == loaded["mismatches"]
+        scores = _load(Path(pushed["attempt_dir"]) / "score_rollout.pt")
+        assert set(scores) == set(reference)
+        for name, tensor in reference.items():
+            assert torch.equal(scores[name], tensor), (_label(other, sync), name)
+        # The pushed engine's weight digests (taken after the push) equal the checkpoint's.
+        document = _weights(pushed)
+        assert document["differences"] == [], _label(other, sync)
+        assert "push" in document["point"]
 
 
 def test_actual_json_holds_no_format_inside_a_string(shipped: dict[str, Any]) -> None:
@@ -135,7 +167,9 @@ def test_actual_json_holds_no_format_inside_a_string(shipped: dict[str, Any]) ->
         assert len(evidence["rank_startup_s"]) == 2
 
 
-def test_the_read_back_says_how_the_weights_arrived(shipped: dict[str, Any]) -> None:
+def test_the_read_back_says_how_the_weights_arrived(
+    shipped: dict[str, Any], stale: dict[str, Any]
+) -> None:
     from safetensors import safe_open
 
     path = resolve_checkpoint("tiny://qwen2-h64-v1", expected_digest=None).path
@@ -144,28 +178,26 @@ def test_the_read_back_says_how_the_weights_arrived(shipped: dict[str, Any]) -> 
     assert "lm_head.weight" not in stored  # tied: the file holds the embedding once
     numel = sum(int(torch.tensor(shape).prod()) for shape in stored.values())
     numel += int(torch.tensor(stored["model.embed_tokens.weight"]).prod())  # the tied head
-    results = shipped["results"]
-    for other in OTHERS:
-        assert _actual(results[_label(other, None)])["rollout.weight_sync"] == "checkpoint"
-        for sync in PUSHES:
-            actual = _actual(results[_label(other, sync)])
-            assert actual["rollout.weight_sync"] == sync
-            arrived = actual["vllm.weights_arrived"]
-            dtype = "bfloat16" if other == "rollout.dtype=bfloat16" else "float32"
-            assert arrived["rollout_dtype"] == dtype
-            assert arrived["tensor_bytes"] == numel * (2 if dtype == "bfloat16" else 4)
-            assert arrived["tensors"] == len(stored) + 1
-            assert arrived["chunks"] > 1 and arrived["seconds"] > 0
-            assert arrived["tie_groups"] == [["model.embed_tokens.weight", "lm_head.weight"]]
-            assert arrived["left_out"] == []
-            assert arrived["not_loaded_by_vllm"] == []
-            tp = 2 if other == "rollout.tensor_parallel_size=2" else 1
-            assert len(arrived["loaded_by_vllm"]) == tp
-            world = 2 if other == "training.sharding=fsdp" else 1
-            assert arrived["source_evidence"]["world_size"] == world
-            if world == 2:
-                assert arrived["source_evidence"]["ranks_agree"] is True
-            assert ("previous_policy" in arrived) == (sync == "trainer_refit")
+    for other, sync, loaded, pushed in _push_cases(shipped, stale):
+        assert _actual(loaded)["rollout.weight_sync"] == "checkpoint"
+        actual = _actual(pushed)
+        assert actual["rollout.weight_sync"] == sync
+        arrived = actual["vllm.weights_arrived"]
+        dtype = "bfloat16" if other == "rollout.dtype=bfloat16" else "float32"
+        assert arrived["rollout_dtype"] == dtype
+        assert arrived["tensor_bytes"] == numel * (2 if dtype == "bfloat16" else 4)
+        assert arrived["tensors"] == len(stored) + 1
+        assert arrived["chunks"] > 1 and arrived["seconds"] > 0
+        assert arrived["tie_groups"] == [["model.embed_tokens.weight", "lm_head.weight"]]
+        assert arrived["left_out"] == []
+        assert arrived["not_loaded_by_vllm"] == []
+        tp = 2 if other == "rollout.tensor_parallel_size=2" else 1
+        assert len(arrived["loaded_by_vllm"]) == tp
+        world = 2 if other == "training.sharding=fsdp" else 1
+        assert arrived["source_evidence"]["world_size"] == world
+        if world == 2:
+            assert arrived["source_evidence"]["ranks_agree"] is True
+        assert ("previous_policy" in arrived) == (sync == "trainer_refit")
 
 
 # --------------------------------------------------------------------------- stale prefix cache
@@ -186,7 +218,10 @@ def _stale_config(work: Path) -> Path:
     document["baseline"]["batch"]["size"] = 2
     document["baseline"]["rollout"]["enable_prefix_caching"] = True
     document["interventions"] = [
-        {"path": "rollout.weight_sync", "values": ["trainer_refit", "planted:keep_prefix_cache"]}
+        {
+            "path": "rollout.weight_sync",
+            "values": ["trainer_refit", "planted:keep_prefix_cache", *PLANTED],
+        }
     ]
     document.pop("pairs")
     document["strategy"] = "one_at_a_time"
@@ -258,32 +293,6 @@ def test_a_skipped_reset_after_a_refit_serves_stale_cache_and_the_report_shows_i
 # --------------------------------------------------------------------------- planted weights
 
 
-def _planted_config(work: Path) -> Path:
-    document: dict[str, Any] = copy.deepcopy(json.loads(SHIPPED.read_text()))
-    document["experiment_id"] = "weight-sync-planted"
-    document["interventions"] = [
-        {
-            "path": "rollout.weight_sync",
-            "values": [
-                "planted:drop_tied_embedding",
-                "planted:through_float16",
-                "planted:stale_tensor",
-            ],
-        }
-    ]
-    document.pop("pairs")
-    document["strategy"] = "one_at_a_time"
-    path = work / "planted.json"
-    path.write_text(json.dumps(document))
-    return path
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    work = tmp_path_factory.mktemp("planted")
-    return _run(_planted_config(work), work / "runs", "--allow-smoke-operators")
-
-
 def _weights(result: Mapping[str, Any]) -> dict[str, Any]:
     document: dict[str, Any] = json.loads(
         (Path(result["attempt_dir"]) / "weights_rollout.json").read_text()
@@ -306,11 +315,19 @@ def test_a_correct_push_seals_digests_equal_to_the_checkpoint(shipped: dict[str,
 
 
 def test_every_planted_push_ends_invalid_identity_naming_the_tensor(
-    planted: dict[str, Any],
+    stale: dict[str, Any],
 ) -> None:
     from pytest_logprob_drift.plan.planted_sync import EMBEDDING, STALE_TENSOR
 
-    results = planted["results"]
+    results = stale["results"]
+    assert sorted(results) == sorted(
+        [
+            "baseline",
+            "rollout.weight_sync=trainer_refit",
+            "rollout.weight_sync=planted:keep_prefix_cache",
+            *(f"rollout.weight_sync={name}" for name in PLANTED),
+        ]
+    )
     expected = {
         "planted:drop_tied_embedding": {EMBEDDING},
         "planted:stale_tensor": {STALE_TENSOR},
@@ -325,5 +342,5 @@ def test_every_planted_push_ends_invalid_identity_naming_the_tensor(
     assert half["outcome"] == "INVALID_IDENTITY"
     named = {d["name"] for d in _weights(half)["differences"]}
     assert STALE_TENSOR in named and len(named) > 10
-    code, out, err = cli("verify", planted["artifacts"] / "weight-sync-planted")
+    code, out, err = cli("verify", stale["artifacts"] / "weight-sync-stale-cache")
     assert code == 0, out + err
