@@ -252,12 +252,6 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
                 layout.COMPLETE,
                 "execution key does not match the execution-key payload sealed in identity.json",
             )
-    if imported is not None and own_set:
-        if execution_key(sealed_key_payload(imported, comparison)) != seal.execution_key:
-            raise SealError(
-                layout.COMPLETE,
-                "execution key does not match what imported.json and comparison.json make",
-            )
     check_pair(
         weights,
         None if identity is None else identity.execution_key_payload.materialization,
@@ -328,6 +322,12 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
                 diffs["rollout_logprobs"],
                 diffs["active_mask"],
                 slime_figure=comparison.diagnostics.slime_train_rollout_logprob_abs_diff,
+            )
+    if imported is not None and own_set:  # last: what each document says is checked first
+        if execution_key(sealed_key_payload(imported, comparison)) != seal.execution_key:
+            raise SealError(
+                layout.COMPLETE,
+                "execution key does not match what imported.json and comparison.json make",
             )
     return CheckedAttempt(
         directory=directory, seal=seal, comparison=comparison, gates=gates, documents=documents
