@@ -126,9 +126,19 @@ def test_nemo_rl_and_slime_dumps_are_judged_per_step_as_numpy_recomputes(tmp_pat
     assert step10["logprob_dtype"] == "float32"
     assert step10["rollout_logprobs"] == "generation_logprobs"
     assert step10["training_logprobs"] == "prev_logprobs"
-    identity = json.loads((Path(results[3]["attempt_dir"]) / "identity.json").read_text())
-    assert identity["rollout"]["source"] == identity["training"]["source"] == "imported"
-    assert identity["rollout"]["engine"] is None
+    # the step's own document set: imported.json (v3, with the importing environment) beside
+    # comparison.json and the tensors; nothing requested, materialized, read back or identified
+    attempt_dir = Path(results[3]["attempt_dir"])
+    assert step10["schema_version"] == "cross_config.imported_step.v3"
+    assert set(step10["environment"]) == {"python", "torch", "pytest_logprob_drift"}
+    assert sorted(p.name for p in attempt_dir.iterdir()) == [
+        "COMPLETE",
+        "comparison.json",
+        "imported.json",
+        "score_rollout.pt",
+        "score_training.pt",
+        "token_diffs.pt",
+    ]
 
     code, verified = _verify(run_dir)
     assert code == 0, verified

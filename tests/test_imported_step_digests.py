@@ -1,6 +1,6 @@
-"""Each imported step's ``imported.json`` v2 holds its inputs' SHA-256 (issue 57): per input
-file for NeMo-RL and slime (per rank file for slime's per-rank dumps), the step's own lines for
-the neutral format; checked against ``hashlib`` of the written bytes here. Verify checks the
+"""Each imported step's ``imported.json`` v2 (and v3) holds its inputs' SHA-256 (issue 57): per
+input file for NeMo-RL and slime (per rank file for slime's per-rank dumps), the step's own lines
+for the neutral format; checked against ``hashlib`` of the written bytes here. Verify checks the
 field's form and that it agrees with ``rows_sha256`` where the inputs determine it; a v1 step
 (no digests) still verifies, in a run imported at once (tests/test_wave4_runs.py) and in a run
 followed before the digests (tests/data/before_issue57)."""
@@ -66,7 +66,7 @@ def test_a_nemo_rl_step_holds_its_files_sha256(nemo_run: tuple[Path, Path]) -> N
     assert sorted(steps) == [1, 2]
     for step, (_, document) in steps.items():
         data = (logs / f"train_data_step{step}.jsonl").read_bytes()
-        assert document["schema_version"] == "cross_config.imported_step.v2"
+        assert document["schema_version"] == "cross_config.imported_step.v3"
         assert document["input_digests"] == [{"sha256": _sha(data), "size": len(data)}]
         assert document["rows_sha256"] == _sha(data)
     assert _verify(run_dir)[0] == 0
@@ -128,7 +128,7 @@ def test_a_per_rank_slime_step_holds_each_ranks_sha256(tmp_path: Path) -> None:
 
 
 def test_a_step_keeps_its_case_id_across_forms(tmp_path: Path) -> None:
-    """The example NeMo-RL dumps imported now (v2 steps) are the cases of the run sealed from
+    """The example NeMo-RL dumps imported now (v3 steps) are the cases of the run sealed from
     them by an earlier release (tests/data/wave4, v1 steps): the form is not the step."""
     root = Path(__file__).resolve().parent.parent
     earlier = root / "tests/data/wave4/runs/wave4-nemo-rl"
@@ -137,7 +137,7 @@ def test_a_step_keeps_its_case_id_across_forms(tmp_path: Path) -> None:
     assert forms == {"cross_config.imported_step.v1"}
     run_dir = _import("nemo-rl", root / "experiments/production/nemo-rl", tmp_path / "runs")
     now = _steps(run_dir)
-    assert {d["schema_version"] for _, d in now.values()} == {"cross_config.imported_step.v2"}
+    assert {d["schema_version"] for _, d in now.values()} == {"cross_config.imported_step.v3"}
     assert {a.parent.name for a, _ in now.values()} == {
         p.name for p in (earlier / "cases").iterdir()
     }
@@ -171,7 +171,7 @@ def _edited(nemo_run: tuple[Path, Path], tmp_path: Path, edit: Any) -> tuple[int
             "$.input_digests[0].size",
         ),
         (lambda d: d["input_digests"].append(d["input_digests"][0]), "2 input digest(s) for 1"),
-        (lambda d: d.pop("input_digests"), "cross_config.imported_step.v2 requires input_digests"),
+        (lambda d: d.pop("input_digests"), "cross_config.imported_step.v3 requires input_digests"),
         (
             lambda d: d.update(schema_version="cross_config.imported_step.v1"),
             "a cross_config.imported_step.v1 document has no input_digests",
@@ -204,7 +204,8 @@ def test_a_run_followed_before_the_digests_verifies_reports_and_resumes(
     """A run followed by the release before the digests (v1 steps under a followed
     experiment.json, sealed at 5b7a035 from the example NeMo-RL dumps) still verifies and
     reports with its outcomes; following the same dumps again into it adds nothing, and a new
-    step joins it as v2 beside the v1 steps, the whole run still verifying."""
+    step joins it as v3 (its own document set) beside the v1 steps, the whole run still
+    verifying."""
     run = tmp_path / "runs" / "follow-nemo-rl-before-issue57"
     shutil.copytree(BEFORE_ISSUE57 / run.name, run)
     steps = _steps(run)
@@ -236,7 +237,7 @@ def test_a_run_followed_before_the_digests_verifies_reports_and_resumes(
     steps = _steps(run)
     assert sorted(steps) == [1, 2, 3, 4, 5, 6, 7]
     data = (logs / "train_data_step7.jsonl").read_bytes()
-    assert steps[7][1]["schema_version"] == "cross_config.imported_step.v2"
+    assert steps[7][1]["schema_version"] == "cross_config.imported_step.v3"
     assert steps[7][1]["input_digests"] == [{"sha256": _sha(data), "size": len(data)}]
     code, out = _verify(run)
     assert code == 0 and "7 attempt(s), 0 attribution(s), 0 invalid" in out, out

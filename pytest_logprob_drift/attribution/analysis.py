@@ -71,13 +71,18 @@ class SealedExecution:
         self.attempt_dir = attempt_dir
         self.seal = read_seal(attempt_dir) if seal is None else seal
         comparison = parse_comparison(self.seal.read(layout.COMPARISON))
-        requested = load_sealed_document(attempt_dir, layout.REQUESTED, self.seal, Requested)
         self.case_id = self.seal.case_id
         self.attempt_id = self.seal.attempt_id
         self.label = comparison.label
         self.layers = comparison.diagnostics.layers
-        self.changed = requested.changed
-        self.requested: Mapping[str, KnobScalar] = requested.knobs
+        self.changed: tuple[str, ...] = ()
+        self.requested: Mapping[str, KnobScalar] = {}
+        # an imported step of its own documents (v3 imported.json) seals no requested.json:
+        # nothing was requested or changed
+        if layout.REQUESTED in self.seal.files or layout.IMPORTED not in self.seal.files:
+            requested = load_sealed_document(attempt_dir, layout.REQUESTED, self.seal, Requested)
+            self.changed = requested.changed
+            self.requested = requested.knobs
         self.outcome = comparison.outcome.value
         self.complete_sha256 = str(self.seal.manifest.sha256)  # of the COMPLETE just parsed
         self._scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None

@@ -6,12 +6,14 @@ most ``MAX_GRID_CELLS`` cells), judged by ``numerics.verdict.judge`` with the co
 rule on the active tokens (ZERO_ACTIVE_TOKENS, INVALID_ARTIFACT for a non-finite active score:
 that step only), with the verdict's statistics and worst tokens and, for a judged step, the
 importance-sampling figures (``store.comparison_record``: what each framework's correction
-would clip), sealed as one attempt of a case per step (``store.attempt``): what an executed
-attempt seals (requested/materialized/actual/identity documents, saying the step was imported
-and no engine ran, ``score_rollout.pt``, ``score_training.pt``, ``comparison.json``,
-``token_diffs.pt``) plus ``imported.json`` (``store.documents.ImportedStep``: the source row of
-every grid row). Logprobs are sealed in float32 when every value of the step is one exactly
-(what a float32 trainer logged), else in float64; token ids in the narrowest of
+would clip), sealed as one attempt of a case per step (``store.attempt``): the
+``score_rollout.pt``, ``score_training.pt``, ``comparison.json`` and ``token_diffs.pt`` an
+executed attempt seals, plus the step's own document ``imported.json``
+(``store.documents.ImportedStep`` v3: the source row of every grid row and the importing
+environment; no requested, materialized, actual or identity document: nothing was planned,
+materialized or read back), each written through the store's one attempt writer
+(``AttemptWriter.write_document``). Logprobs are sealed in float32 when every value of the step
+is one exactly (what a float32 trainer logged), else in float64; token ids in the narrowest of
 ``ID_DTYPES`` that holds the step's largest id; no ``position_ids`` (the grid determines them:
 ``store.sealed_tensors.grid_positions``). A case id is the hash of the format, the
 step, the SHA-256 of the step's own source bytes and the contract version.
@@ -72,19 +74,18 @@ from pytest_logprob_drift.store.attempt import execution_key
 from pytest_logprob_drift.store.comparison_record import SCORED_OUTCOMES, comparison_of
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
-    STEP_V2,
-    Actual,
-    ExecutionKeyPayload,
+    STEP_V3,
     ExperimentDocument,
-    IdentityDocument,
     ImportedInput,
     ImportedStep,
     ImportSource,
-    Materialized,
-    Requested,
 )
 from pytest_logprob_drift.store.files import fsync_dir, json_bytes, plain_name
-from pytest_logprob_drift.store.imported_check import imported_case_id, imported_label
+from pytest_logprob_drift.store.imported_check import (
+    imported_case_id,
+    imported_key_payload,
+    imported_label,
+)
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes
 
@@ -93,17 +94,9 @@ MAX_GRID_CELLS = 2**26
 of 128k tokens), so rows of very different lengths cannot blow a step up. A step at this cap
 peaks near 4 GiB resident (``benchmarks/bench_import_memory.py``); where that cannot be had,
 the failed allocation is the command's one "out of memory" line naming the step."""
-STEP_SCHEMA: Final = STEP_V2
-"""The form of ``imported.json`` written (v1: sealed by earlier releases, still read)."""
-IMPORT_SCHEMA: Final = "cross_config.import.v1"
-IMPORTED_SIDE = {
-    "source": "imported",
-    "engine": None,
-    "identity": "one logged record holds both sides' token ids, masks and positions; no "
-    "engine ran here and nothing could be checked beyond that record",
-}
-"""What identity.json records for each side of an imported step (the same on both: there is
-one record, so the identity tensors are equal by construction)."""
+STEP_SCHEMA: Final = STEP_V3
+"""The form of ``imported.json`` written: the step's own document set (v1 and v2, sealed by
+earlier releases beside requested/materialized/actual/identity documents, are still read)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,7 +138,7 @@ def environment_record() -> dict[str, str | None]:
         version = None
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a str subclass: msgspec encodes plain strings only
         "pytest_logprob_drift": version,
     }
 
@@ -341,9 +334,10 @@ class RunWriter:
                 for r in step.rows
             ),
             input_digests=tuple(step.input_digests[i] for i in step.inputs),
+            environment=self.environment,
         )
         check_decodes(imported, file_of(step.inputs[0]), f"step {step.step}: imported.json")
-        attempt = self._write(case_id, label, step, grid, comparison, imported)
+        attempt = self._write(case_id, grid, comparison, imported)
         case = ImportedCase(
             case_id=case_id,
             label=label,
@@ -385,49 +379,15 @@ class RunWriter:
     def _write(
         self,
         case_id: str,
-        label: str,
-        step: Step,
         grid: _Grid,
         comparison: Comparison,
         imported: ImportedStep,
     ) -> str:
-        fmt, contract = self.format, self.contract
-        source = {"format": fmt.name, "step": step.step, "rows_sha256": step.digest}
-        payload: dict[str, Any] = {
-            "version": IMPORT_SCHEMA,
-            "case_id": case_id,
-            "identity": {"imported": source},
-            "materialization": {},
-            "requested": {},
-            "scorer": None,
-            "operators": [],
-            "runtime": f"import:{fmt.name}",
-            "fingerprints": {},
-            "contract": {
-                "source": contract.source,
-                "version": contract.version,
-                "threshold": contract.threshold,
-            },
-            "environment": self.environment,
-        }
+        contract = self.contract
+        payload = imported_key_payload(
+            imported, case_id, contract.source, contract.version, contract.threshold
+        )
         writer = self.store.new_attempt(case_id, execution_key(payload))
-        writer.write_document(
-            Requested(
-                case_id=case_id, label=label, knobs={}, changed=(), binding={"imported": source}
-            )
-        )
-        writer.write_document(Materialized(knobs={}, operators=()))
-        writer.write_document(
-            Actual(knobs={}, read_back=None, operator_provenance=(), training_evidence=None)
-        )
-        writer.write_document(
-            IdentityDocument(
-                identity={"imported": source},
-                rollout={**IMPORTED_SIDE, "format": fmt.name},
-                training={**IMPORTED_SIDE, "format": fmt.name},
-                execution_key_payload=ExecutionKeyPayload(**payload),
-            )
-        )
         writer.write_document(imported)
         identity = {
             "token_ids": grid.token_ids,

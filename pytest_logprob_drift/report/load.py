@@ -85,6 +85,7 @@ from pytest_logprob_drift.store.documents import (
     WeightsDocument,
 )
 from pytest_logprob_drift.store.files import read_regular
+from pytest_logprob_drift.store.imported_check import sealed_key_payload
 from pytest_logprob_drift.store.resume import CheckedAttempt, load_sealed_tensors
 from pytest_logprob_drift.store.run import read_plan_log
 from pytest_logprob_drift.store.seal import SealError
@@ -202,10 +203,19 @@ class _Shown:
         self.seal = checked.seal
         self.comparison = checked.comparison
         self.gates = checked.gates
-        self.requested = _document(checked, layout.REQUESTED, Requested)
-        self.identity = _document(checked, layout.IDENTITY, IdentityDocument)
         self.actual = checked.documents.get(layout.ACTUAL)
         self.imported = checked.documents.get(layout.IMPORTED)
+        self.requested: Requested | None = None
+        self.identity: IdentityDocument | None = None
+        self.key_payload: Mapping[str, JsonValue]
+        """What the attempt's execution key hashes (environment, runtime, contract)."""
+        if isinstance(self.imported, ImportedStep) and self.imported.self_contained:
+            # an imported step of its own documents: nothing requested, no sides' identity
+            self.key_payload = sealed_key_payload(self.imported, checked.comparison)
+        else:
+            self.requested = _document(checked, layout.REQUESTED, Requested)
+            self.identity = _document(checked, layout.IDENTITY, IdentityDocument)
+            self.key_payload = self.identity.execution_key_payload.payload()
         self.weights = tuple(
             (side, weights_check.summary(_document(checked, name, WeightsDocument)))
             for side, name in (
@@ -391,7 +401,9 @@ def worst_tokens(
     return tuple(worst), texts is not None
 
 
-def _identity_checks(identity: IdentityDocument) -> tuple[tuple[str, str, str, bool], ...]:
+def _identity_checks(identity: IdentityDocument | None) -> tuple[tuple[str, str, str, bool], ...]:
+    if identity is None:  # an imported step of its own documents: one record, no sides
+        return ()
     rollout = identity.rollout or {}
     training = identity.training or {}
     checks = []
@@ -402,14 +414,14 @@ def _identity_checks(identity: IdentityDocument) -> tuple[tuple[str, str, str, b
 
 
 def _decoder_for(
-    identity: IdentityDocument,
+    identity: IdentityDocument | None,
     factory: DecoderFactory | None,
     cache: dict[str, TokenDecoder | None],
 ) -> TokenDecoder | None:
     if factory is None:
         return None
-    checkpoint = dict(identity.identity.get("checkpoint") or {})
-    digest = (identity.rollout or {}).get("checkpoint_digest")
+    checkpoint = {} if identity is None else dict(identity.identity.get("checkpoint") or {})
+    digest = None if identity is None else (identity.rollout or {}).get("checkpoint_digest")
     if checkpoint.get("digest") is None and digest is not None:
         checkpoint["digest"] = digest
     key = json.dumps(checkpoint, sort_keys=True)
@@ -626,7 +638,7 @@ def load_report(
             CaseView(
                 case_id=case_id,
                 label=comparison.label,
-                changed=picked.requested.changed,
+                changed=() if picked.requested is None else picked.requested.changed,
                 outcome=comparison.outcome.value,
                 reason=comparison.reason,
                 attempt_id=picked.seal.attempt_id,
@@ -833,17 +845,19 @@ def _with_detail(view: CaseView, detail: CaseDetail | None) -> CaseView:
 def _header(
     run_dir: Path, experiment: ExperimentDocument | None, shown: Collection[_Shown]
 ) -> Header:
-    payloads = [s.identity.execution_key_payload for s in shown]
+    payloads = [s.key_payload for s in shown]
     environments: list[Mapping[str, JsonValue]] = []
     for payload in payloads:
-        environment = payload.environment or {}
+        environment = payload.get("environment") or {}
+        if not isinstance(environment, Mapping):
+            continue
         if environment not in environments:
             environments.append(environment)
     attempt_ids = sorted(s.seal.attempt_id for s in shown)
     contract: Mapping[str, JsonValue] = (
         experiment.contract
         if experiment is not None
-        else next((p.contract for p in payloads if p.contract is not None), {})
+        else next((c for p in payloads if isinstance(c := p.get("contract"), Mapping)), {})
     )
     return Header(
         experiment_id=run_dir.name if experiment is None else experiment.experiment_id,
@@ -851,7 +865,9 @@ def _header(
         scenario={} if experiment is None else dict(experiment.scenario),
         strategy="-" if experiment is None else experiment.strategy,
         contract=dict(contract),
-        runtimes=tuple(sorted({p.runtime for p in payloads if p.runtime})),
+        runtimes=tuple(
+            sorted({r for p in payloads if isinstance(r := p.get("runtime"), str) and r})
+        ),
         environments=tuple(environments),
         first_attempt=attempt_ids[0] if attempt_ids else None,
         last_attempt=attempt_ids[-1] if attempt_ids else None,

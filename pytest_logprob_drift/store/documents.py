@@ -132,6 +132,11 @@ Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 """A SHA-256 in lowercase hex."""
 STEP_V1: Final = "cross_config.imported_step.v1"
 STEP_V2: Final = "cross_config.imported_step.v2"
+STEP_V3: Final = "cross_config.imported_step.v3"
+"""The imported step's own document set: ``imported.json`` is the attempt's one document
+beside ``comparison.json`` (no requested/materialized/actual/identity: nothing was planned,
+materialized or read back), and it carries the importing environment the execution key
+hashes (``store.imported_check.imported_key_payload``)."""
 
 
 class InputDigest(Document, frozen=True, kw_only=True):
@@ -151,9 +156,15 @@ class ImportedStep(Document, frozen=True, kw_only=True):
     came from, the dtype they are sealed in, and one ``ImportedRow`` per row of the token grid,
     in grid order (the ``sample`` of a worst token is a grid row). v2 adds ``input_digests``:
     one ``InputDigest`` per member of ``inputs``, in that order (provenance: a followed run
-    has no whole-run list of its inputs); a v1 document has none."""
+    has no whole-run list of its inputs); a v1 document has none. v3 (``STEP_V3``) adds
+    ``environment`` and is the attempt's only document beside ``comparison.json``; v1 and v2
+    steps sealed requested/materialized/actual/identity documents with empty members."""
 
-    schema_version: Literal["cross_config.imported_step.v1", "cross_config.imported_step.v2"]
+    schema_version: Literal[
+        "cross_config.imported_step.v1",
+        "cross_config.imported_step.v2",
+        "cross_config.imported_step.v3",
+    ]
     format: ImportFormat
     step: Index
     inputs: tuple[str, ...]
@@ -165,14 +176,29 @@ class ImportedStep(Document, frozen=True, kw_only=True):
     samples: Index
     rows: tuple[ImportedRow, ...]
     input_digests: tuple[InputDigest, ...] | msgspec.UnsetType = msgspec.UNSET
+    environment: dict[str, str | None] | msgspec.UnsetType = msgspec.UNSET
+    """v3: the importing environment (python, torch, this package's version), which an
+    earlier form sealed in ``identity.json``'s execution-key payload."""
+
+    @property
+    def self_contained(self) -> bool:
+        """Whether this is the step's own document set (v3: no requested, materialized, actual
+        or identity document beside it)."""
+        return self.schema_version == STEP_V3
 
     def __post_init__(self) -> None:
         digests = self.input_digests
         if self.schema_version == STEP_V1 and digests is not msgspec.UNSET:
             raise ValueError(f"a {STEP_V1} document has no input_digests - at `$.input_digests`")
-        if self.schema_version == STEP_V2:
+        if self.self_contained and self.environment is msgspec.UNSET:
+            raise ValueError(f"{STEP_V3} requires environment - at `$`")
+        if not self.self_contained and self.environment is not msgspec.UNSET:
+            raise ValueError(
+                f"a {self.schema_version} document has no environment - at `$.environment`"
+            )
+        if self.schema_version != STEP_V1:
             if digests is msgspec.UNSET:
-                raise ValueError(f"{STEP_V2} requires input_digests - at `$`")
+                raise ValueError(f"{self.schema_version} requires input_digests - at `$`")
             if len(digests) != len(self.inputs):
                 raise ValueError(
                     f"{len(digests)} input digest(s) for {len(self.inputs)} input(s) - at "

@@ -4,15 +4,18 @@ Owns the case id of an imported step (the hash of the step schema, the format, t
 SHA-256 of the step's own source bytes and the contract source and version: the importer names
 a case with it, verify recomputes it from ``imported.json``) and the cross-checks of
 ``imported.json`` with the rest of its attempt: the case id, the label (``step=<step>``), the
-step the execution key payload names, one source row per grid row, the dtype the logprobs
-are sealed in and, for a v2 step, its ``rows_sha256`` against its inputs' own SHA-256s where
-those determine it. Knows nothing about the formats' bytes or how a step was judged.
+step the execution key payload names (``identity.json``'s for a v1/v2 step; a v3 step's payload
+is ``imported_key_payload``, from ``imported.json`` and ``comparison.json``), one source row
+per grid row, the dtype the logprobs are sealed in and, for a v2 or v3 step, its
+``rows_sha256`` against its inputs' own SHA-256s where those determine it. Knows nothing about
+the formats' bytes or how a step was judged.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 import msgspec
 import torch
@@ -74,15 +77,52 @@ def imported_label(step: int) -> str:
     return f"step={step}"
 
 
+IMPORT_KEY_SCHEMA: Final = "cross_config.import_key.v2"
+"""The form of a v3 step's execution-key payload (``imported_key_payload``); v1 and v2 steps
+sealed theirs, in an executed case's shape, in ``identity.json``."""
+
+
+def imported_key_payload(
+    imported: ImportedStep, case_id: str, source: str, version: str, threshold: float
+) -> dict[str, JsonValue]:
+    """What a v3 step's execution key hashes (``store.attempt.execution_key``): the case, the
+    step's source (format, step, ``rows_sha256``), the contract and the importing environment,
+    all in ``imported.json`` and ``comparison.json`` (verify re-derives it offline)."""
+    environment: dict[str, JsonValue] = (
+        {} if imported.environment is msgspec.UNSET else dict(imported.environment)
+    )
+    return {
+        "version": IMPORT_KEY_SCHEMA,
+        "case_id": case_id,
+        "imported": {
+            "format": imported.format,
+            "step": imported.step,
+            "rows_sha256": imported.rows_sha256,
+        },
+        "runtime": f"import:{imported.format}",
+        "contract": {"source": source, "version": version, "threshold": threshold},
+        "environment": environment,
+    }
+
+
+def sealed_key_payload(imported: ImportedStep, comparison: Comparison) -> dict[str, JsonValue]:
+    """A sealed v3 step's execution-key payload, from its two documents."""
+    contract = comparison.contract
+    return imported_key_payload(
+        imported, comparison.case_id, contract.source, contract.version, contract.threshold
+    )
+
+
 def check_imported(
     imported: ImportedStep,
     comparison: Comparison,
-    payload: Mapping[str, JsonValue],
+    payload: Mapping[str, JsonValue] | None,
     diffs: Mapping[str, torch.Tensor],
 ) -> None:
     """A SealError on imported.json naming the first thing of the attempt it disagrees with:
     the case id it hashes to, the label, the source the execution key payload names
-    (``payload``: identity.json's), the grid's rows or the logprobs' dtype."""
+    (``payload``: identity.json's, None for a v3 step, whose key is re-derived from
+    imported.json itself), the grid's rows or the logprobs' dtype."""
     case_id = imported_case_id(
         imported.format,
         imported.step,
@@ -115,7 +155,7 @@ def check_imported(
         "step": imported.step,
         "rows_sha256": imported.rows_sha256,
     }
-    if payload.get("identity") != {"imported": source}:
+    if payload is not None and payload.get("identity") != {"imported": source}:
         raise SealError(
             layout.IMPORTED,
             "format, step or rows_sha256 differ from the source identity.json's execution key "

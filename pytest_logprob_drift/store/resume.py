@@ -12,7 +12,9 @@ a sealed threshold) agrees with ``comparison.json``, figure for figure, and so d
 each installed diagnostic's part (``diagnostics.registry``: each checks its own), and each
 side's sealed weight digests show exactly the differences recorded and the two sides agree
 (``store.weights_check``); an imported step's ``imported.json`` agrees with its attempt
-(``store.imported_check``).
+(``store.imported_check``), and a v3 step (its own document set) seals no requested,
+materialized, actual or identity document and its execution key is what ``imported.json`` and
+``comparison.json`` make.
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
 still be reused. Used by the runner, ``store.verify`` and the report. Never writes anything;
 knows nothing about engines or runtimes.
@@ -38,12 +40,13 @@ from pytest_logprob_drift.store.decode import Document, JSONDocumentError, decod
 from pytest_logprob_drift.store.divergence_check import check_divergence
 from pytest_logprob_drift.store.documents import (
     ATTEMPT_DOCUMENTS,
+    STEP_V3,
     Actual,
     IdentityDocument,
     ImportedStep,
     WeightsDocument,
 )
-from pytest_logprob_drift.store.imported_check import check_imported
+from pytest_logprob_drift.store.imported_check import check_imported, sealed_key_payload
 from pytest_logprob_drift.store.layers_check import check_layers
 from pytest_logprob_drift.store.path_split_check import check_path_split
 from pytest_logprob_drift.store.rejudge import rejudge
@@ -59,7 +62,9 @@ T = TypeVar("T")
 TENSOR_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH, Outcome.ZERO_ACTIVE_TOKENS)
 TOKEN_DIFF_KEYS = {"training_logprobs", "rollout_logprobs", "active_mask", "threshold"}
 JSON_FILES = (layout.REQUESTED, layout.MATERIALIZED, layout.ACTUAL, layout.IDENTITY)
-"""The documents every attempt seals (``layout.OPTIONAL_DOCUMENTS`` are checked where sealed)."""
+"""The documents every attempt seals but an imported step of its own document set (v3
+``imported.json``, which seals none of them); ``layout.OPTIONAL_DOCUMENTS`` are checked where
+sealed."""
 TENSOR_FILES = (layout.SCORE_ROLLOUT, layout.SCORE_TRAINING, layout.TOKEN_DIFFS)
 CROSS_CHECKS = (
     ("rollout_logprobs", layout.SCORE_ROLLOUT, "logprobs"),
@@ -182,6 +187,14 @@ def _sealed_if_present(
     }
 
 
+def _imported_step(directory: Path, seal: Seal) -> ImportedStep | None:
+    """The attempt's imported.json (None: not an imported step); its form decides which
+    documents the attempt must seal."""
+    if layout.IMPORTED not in seal.files:
+        return None
+    return load_sealed_document(directory, layout.IMPORTED, seal, ImportedStep)
+
+
 def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttempt:
     """Raise SealError naming the file at fault unless the attempt is complete and consistent."""
     seal = read_seal(
@@ -204,20 +217,24 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
     outcome = comparison.outcome
     if comparison.case_id != seal.case_id:
         raise SealError(layout.COMPARISON, "case id differs from the seal")
-    imported: ImportedStep | None = None
     identity: IdentityDocument | None = None
     actual: Actual | None = None
     weights: dict[str, WeightsDocument] = {}
     documents: dict[str, Document] = {}
+    imported = _imported_step(directory, seal)
+    own_set = imported is not None and imported.self_contained
     for name, kind in ATTEMPT_DOCUMENTS.items():
         if name not in seal.files:
-            if name in JSON_FILES:
+            if name in JSON_FILES and not own_set:
                 raise SealError(name, "required file is not sealed")
+            continue
+        if name in JSON_FILES and own_set:
+            raise SealError(name, f"sealed beside a {STEP_V3} imported.json (a step seals none)")
+        if name == layout.IMPORTED and imported is not None:
+            documents[name] = imported  # decoded once, above
             continue
         document = load_sealed_document(directory, name, seal, kind)
         documents[name] = document
-        if isinstance(document, ImportedStep):
-            imported = document
         if isinstance(document, WeightsDocument):
             side = "rollout" if name == layout.WEIGHTS_ROLLOUT else "training"
             check_document(name, document)
@@ -256,8 +273,9 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         _token_diff_shape(diffs)
         numeric = rejudge(comparison, diffs)
         cross_check(diffs, scored)
-        if imported is not None and identity is not None:
-            check_imported(imported, comparison, identity.execution_key_payload.payload(), diffs)
+        if imported is not None:
+            payload = None if identity is None else identity.execution_key_payload.payload()
+            check_imported(imported, comparison, payload, diffs)
         full = layout.DIVERGENCE in seal.files
         check_divergence(
             comparison.diagnostics,
@@ -304,6 +322,12 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
                 diffs["rollout_logprobs"],
                 diffs["active_mask"],
                 slime_figure=comparison.diagnostics.slime_train_rollout_logprob_abs_diff,
+            )
+    if imported is not None and own_set:  # last: what each document says is checked first
+        if execution_key(sealed_key_payload(imported, comparison)) != seal.execution_key:
+            raise SealError(
+                layout.COMPLETE,
+                "execution key does not match what imported.json and comparison.json make",
             )
     return CheckedAttempt(
         directory=directory, seal=seal, comparison=comparison, gates=gates, documents=documents
