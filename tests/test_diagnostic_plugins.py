@@ -291,7 +291,7 @@ HUBS = (
     "plugin/items.py",
     "plugin/reporting.py",
 )
-MOVED = ("importance",)
+MOVED = ("importance", "path_split", "replay")
 """Words naming a diagnostic moved into ``diagnostics/`` (its modules and names)."""
 
 
@@ -346,7 +346,8 @@ def test_the_registry_imports_no_diagnostic_torch_or_typing_until_asked() -> Non
     code = (
         "import sys\n"
         "from pytest_logprob_drift.diagnostics import registry\n"
-        "heavy = ('torch', 'typing', 'pytest_logprob_drift.diagnostics.importance_sampling')\n"
+        "heavy = ('torch', 'typing', 'pytest_logprob_drift.diagnostics.importance_sampling',\n"
+        "         'pytest_logprob_drift.diagnostics.path_split')\n"
         "print([m for m in heavy if m in sys.modules])\n"
         "print([d.name for d in registry.installed()])\n"
         "print('torch' in sys.modules)\n"
@@ -354,4 +355,4 @@ def test_the_registry_imports_no_diagnostic_torch_or_typing_until_asked() -> Non
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
-    assert proc.stdout.splitlines() == ["[]", "['importance_sampling']", "False"], proc.stdout
+    assert proc.stdout.splitlines() == ["[]", "['importance_sampling', 'path_split']", "False"], proc.stdout

@@ -36,7 +36,7 @@ from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
-from pytest_logprob_drift.numerics import layer_text, path_split_text, routing_text
+from pytest_logprob_drift.numerics import layer_text, routing_text
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
@@ -191,7 +191,6 @@ def _run(
     attribution = attribute_run(run_dir, execution_plan.plan.experiment_id, results, err)
     diagnostics = [None if r.comparison is None else r.comparison.diagnostics for r in results]
     full_vocabulary = divergence_text.has_full_vocabulary(diagnostics)
-    split = path_split_text.has_path_split(diagnostics)
     layers = layer_text.has_layers(diagnostics)
     routing = routing_text.has_routing(diagnostics)
     core = [d for d in installed() if d.always_in_table]
@@ -208,10 +207,9 @@ def _run(
             "reused" if r.reused else ("new" if r.attempt_dir else "-"),
             "" if r.as_expected else f"expected {r.expected.value}",
             *(divergence_text.cells(d) if full_vocabulary else []),
-            *(path_split_text.cells(d) if split else []),
+            *(cell for diagnostic in optional for cell in diagnostic.table_cells(d)),
             *(layer_text.cells(d) if layers else []),
             *(routing_text.cells(d) if routing else []),
-            *(cell for diagnostic in optional for cell in diagnostic.table_cells(d)),
         ]
         for r, d in zip(results, diagnostics, strict=True)
     ]
@@ -245,10 +243,9 @@ def _run(
                     "attempt",
                     "note",
                     *(divergence_text.HEADERS if full_vocabulary else ()),
-                    *(path_split_text.HEADERS if split else ()),
+                    *(h for diagnostic in optional for h in diagnostic.table_headers()),
                     *(layer_text.HEADERS if layers else ()),
                     *(routing_text.HEADERS if routing else ()),
-                    *(h for diagnostic in optional for h in diagnostic.table_headers()),
                 ],
                 rows,
             ),
@@ -257,10 +254,9 @@ def _run(
         for r, d in zip(results, diagnostics, strict=True):
             for line in [
                 *divergence_text.lines(d),
-                *path_split_text.lines(d),
+                *(line for diagnostic in installed() for line in diagnostic.run_lines(d)),
                 *layer_text.lines(d),
                 *routing_text.lines(d),
-                *(line for diagnostic in installed() for line in diagnostic.run_lines(d)),
             ]:
                 print(one_line(f"{r.label}: {line}"), file=out)
         print(

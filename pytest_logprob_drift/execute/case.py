@@ -28,10 +28,12 @@ from pytest_logprob_drift.execute.layers import LayersResult, layer_diagnostics
 from pytest_logprob_drift.execute.protocol import (
     BoundKernel,
     Materialized,
+    RolloutEngine,
     RolloutOutput,
     RuntimeAdapter,
     RuntimeBinding,
     TrainingOutput,
+    TrainingScorer,
     WeightDigests,
     WeightReceiver,
     WeightSource,
@@ -40,7 +42,6 @@ from pytest_logprob_drift.execute.protocol import (
     merge_read_back,
     strict_violations,
 )
-from pytest_logprob_drift.execute.replay import ReplayResult, replay_diagnostics
 from pytest_logprob_drift.execute.routing import (
     RoutingResult,
     arm_rollout,
@@ -58,6 +59,7 @@ from pytest_logprob_drift.plan.binding import ExecutionCase, side_dtype, side_to
 from pytest_logprob_drift.records import (
     Case,
     JsonObject,
+    JsonValue,
     ResolvedContract,
     ScoringIdentity,
     canonical,
@@ -116,6 +118,21 @@ def _rejected(reasons: list[str], threshold: float) -> Verdict:
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _CaseUnderCapture:
+    """``diagnostics.protocol.CaseUnderCapture`` of one case both sides have scored."""
+
+    binding: RuntimeBinding
+    engine: RolloutEngine
+    scorer: TrainingScorer
+    identity: ScoringIdentity
+    rollout: RolloutOutput
+    training: TrainingOutput
+    read_back: Mapping[str, JsonValue]
+    batch_size: int
+    rollout_logp: BoundKernel | None
+
+
 @dataclass(slots=True, kw_only=True)
 class _Scored:
     """What one paired scoring produced (None sides when a refusal came first)."""
@@ -123,7 +140,8 @@ class _Scored:
     rollout: RolloutOutput | None = None
     training: TrainingOutput | None = None
     read_back: dict[str, Any] = field(default_factory=dict)
-    replay: ReplayResult | None = None
+    captured: dict[str, object] = field(default_factory=dict)
+    """Each installed diagnostic's capture, by name (``diagnostics.protocol``)."""
     layers: LayersResult | None = None
     routing: RoutingResult | None = None
     provenance: list[JsonObject] = field(default_factory=list)
@@ -303,16 +321,21 @@ def _score(
                 reasons.append(f"weights ({side}) not checked: {document.refused}")
     actual = merge_read_back(engine.read_back(), scorer.read_back())
     scored.read_back = dict(actual)
-    if binding.replay:  # never changes the verdict
-        scored.replay = replay_diagnostics(
-            engine,
-            identity,
-            scored.rollout,
-            scored.training,
-            actual,
-            batch_size=batch_size,
-            logp=kernels["rollout"],
-        )
+    under_capture = _CaseUnderCapture(
+        binding=binding,
+        engine=engine,
+        scorer=scorer,
+        identity=identity,
+        rollout=scored.rollout,
+        training=scored.training,
+        read_back=actual,
+        batch_size=batch_size,
+        rollout_logp=kernels["rollout"],
+    )
+    for diagnostic in installed():  # never changes the verdict
+        captured = diagnostic.capture(under_capture)
+        if captured is not None:
+            scored.captured[diagnostic.name] = captured
     if binding.layers is not None:  # never changes the verdict
         scored.layers = layer_diagnostics(
             engine, scorer, identity, scored.rollout, batch_size=batch_size, spec=binding.layers
@@ -416,10 +439,6 @@ def _write_attempt(
         entries = extra.entries
         if extra.tensors is not None:
             writer.write_bytes(layout.DIVERGENCE, tensor_bytes(extra.tensors))
-    if scored.replay is not None and rollout is not None and training is not None:
-        entries = {**entries, "path_split": scored.replay.entry}
-        for name, tensors in scored.replay.files.items():
-            writer.write_bytes(name, tensor_bytes(tensors))
     if scored.layers is not None and rollout is not None and training is not None:
         entries = {**entries, "layers": scored.layers.entry}
         for name, tensors in scored.layers.files.items():
@@ -429,7 +448,8 @@ def _write_attempt(
         for name, tensors in scored.routing.files.items():
             writer.write_bytes(name, tensor_bytes(tensors))
     for diagnostic in installed():
-        for name, payload in diagnostic.files(verdict.outcome, _scores(scored)).items():
+        captured = scored.captured.get(diagnostic.name)
+        for name, payload in diagnostic.files(verdict.outcome, _scores(scored), captured).items():
             if name not in diagnostic.sealed_files:
                 raise ValueError(f"diagnostic {diagnostic.name} did not declare the file {name}")
             writer.write_bytes(name, tensor_bytes(dict(payload)))
@@ -477,6 +497,7 @@ def _comparison(
         label=case.label,
         contract=run.contract,
         scores=_scores(scored),
+        captured=scored.captured,
         entries=entries,
         records=scored.records,
         numerical=numeric,

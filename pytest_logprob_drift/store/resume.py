@@ -45,7 +45,6 @@ from pytest_logprob_drift.store.documents import (
 )
 from pytest_logprob_drift.store.imported_check import check_imported
 from pytest_logprob_drift.store.layers_check import check_layers
-from pytest_logprob_drift.store.path_split_check import check_path_split
 from pytest_logprob_drift.store.rejudge import rejudge
 from pytest_logprob_drift.store.routing_check import check_routing_files
 from pytest_logprob_drift.store.seal import SealError
@@ -264,14 +263,6 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             load_sealed_tensors(directory, layout.DIVERGENCE, seal) if full else None,
             diffs,
         )
-        replays = _sealed_if_present(directory, seal, layout.REPLAY_FILES)
-        check_path_split(
-            comparison.diagnostics,
-            replays[layout.SCORE_ROLLOUT_PREFILL],
-            replays[layout.SCORE_ROLLOUT_DECODE_REPLAY],
-            scored[layout.SCORE_ROLLOUT],
-            scored[layout.SCORE_TRAINING],
-        )
         layer_files = _sealed_if_present(directory, seal, layout.LAYER_FILES)
         check_layers(
             comparison.diagnostics,
@@ -296,7 +287,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             )
         for diagnostic in installed():
             files = _sealed_if_present(directory, seal, diagnostic.sealed_files)
-            comparison = diagnostic.check(comparison, diffs, files)
+            comparison = diagnostic.check(comparison, diffs, files, scored)
         comparison = with_signatures(comparison, check_signatures(comparison, diffs))
         if outcome in (Outcome.PASS, Outcome.MISMATCH):
             gates = gate_results(

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 import torch
 
-from pytest_logprob_drift.diagnostics.protocol import Scores, Tensors
+from pytest_logprob_drift.diagnostics.protocol import Captured, CaseUnderCapture, Scores, Tensors
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, Record
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report.markup import Markup, el
 from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.attempt import Seal
 from pytest_logprob_drift.store.seal import SealError
 
 NAME = "log_ratio_peak"
@@ -60,18 +62,29 @@ class LogRatioPeakDiagnostic:
     sealed_files: tuple[str, ...] = (FILE,)
     always_in_table: bool = False
 
-    def seal(self, outcome: Outcome, scores: Scores | None) -> LogRatioPeak | None:
+    def capture(self, case: CaseUnderCapture) -> Captured | None:
+        return None
+
+    def seal(
+        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
+    ) -> LogRatioPeak | None:
         if outcome not in (Outcome.PASS, Outcome.MISMATCH) or scores is None:
             return None
         return peak(*scores)
 
-    def files(self, outcome: Outcome, scores: Scores | None) -> Mapping[str, Tensors]:
+    def files(
+        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
+    ) -> Mapping[str, Tensors]:
         if outcome not in (Outcome.PASS, Outcome.MISMATCH) or scores is None:
             return {}
         return {FILE: {"log_ratio": log_ratio(*scores)}}
 
     def check(
-        self, comparison: Comparison, diffs: Tensors, files: Mapping[str, Tensors | None]
+        self,
+        comparison: Comparison,
+        diffs: Tensors,
+        files: Mapping[str, Tensors | None],
+        scored: Mapping[str, Tensors],
     ) -> Comparison:
         recorded = _part(comparison.diagnostics)
         sealed = files[FILE]
@@ -137,6 +150,12 @@ class LogRatioPeakDiagnostic:
             el("p", f"r = {part.log_ratio!r} at sample {part.sample}, position {part.position}"),
             class_=NAME,
         )
+
+    def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
+        return None
+
+    def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
+        return ()
 
 
 DIAGNOSTIC = LogRatioPeakDiagnostic()
