@@ -1,4 +1,8 @@
-"""The ``log_ratio_peak`` diagnostic: the active token whose r = training - rollout is largest."""
+"""The ``log_ratio_peak`` diagnostic: the active token whose r = training - rollout is largest.
+
+Its capture (``Diagnostic.capture``) takes the rollout engine's sampled token ids from the
+scored case, on any runtime; the part names the token sampled at the peak, checked offline
+against score_rollout.pt."""
 
 from __future__ import annotations
 
@@ -26,11 +30,19 @@ elsewhere."""
 
 
 class LogRatioPeak(Record, frozen=True):
-    """The part: the largest log-ratio over active tokens and where it is."""
+    """The part: the largest log-ratio over active tokens, where it is and the token the
+    rollout engine sampled there (from the capture)."""
 
     log_ratio: float
     sample: int
     position: int
+    token_id: int
+
+
+class SampledTokens(msgspec.Struct, frozen=True):
+    """The capture: the rollout engine's sampled token ids ``[B, L]`` of the case."""
+
+    token_ids: list[list[int]]
 
 
 def log_ratio(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -40,12 +52,22 @@ def log_ratio(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tenso
     )
 
 
-def peak(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) -> LogRatioPeak:
-    """The part from token_diffs.pt's three tensors."""
+def peak(
+    training: torch.Tensor,
+    rollout: torch.Tensor,
+    active: torch.Tensor,
+    token_ids: Sequence[Sequence[int]],
+) -> LogRatioPeak:
+    """The part from token_diffs.pt's three tensors and the sampled ``token_ids``."""
     r = log_ratio(training, rollout, active)
     flat = int(torch.argmax(r))
     sample, position = divmod(flat, r.shape[1])
-    return LogRatioPeak(log_ratio=float(r.flatten()[flat]), sample=sample, position=position)
+    return LogRatioPeak(
+        log_ratio=float(r.flatten()[flat]),
+        sample=sample,
+        position=position,
+        token_id=int(token_ids[sample][position]),
+    )
 
 
 def _part(diagnostics: Diagnostics | None) -> LogRatioPeak | None:
@@ -63,14 +85,16 @@ class LogRatioPeakDiagnostic:
     always_in_table: bool = False
 
     def capture(self, case: CaseUnderCapture) -> Captured | None:
-        return None
+        return SampledTokens(token_ids=case.rollout.tensors["token_ids"].tolist())
 
     def seal(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
     ) -> LogRatioPeak | None:
         if outcome not in (Outcome.PASS, Outcome.MISMATCH) or scores is None:
             return None
-        return peak(*scores)
+        if not isinstance(captured, SampledTokens):
+            raise ValueError(f"{NAME}: a scored case without its capture")
+        return peak(*scores, captured.token_ids)
 
     def files(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
@@ -96,12 +120,13 @@ class LogRatioPeakDiagnostic:
         scores = (diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"])
         if not torch.equal(sealed["log_ratio"], log_ratio(*scores)):
             raise SealError(FILE, "log_ratio differs from token_diffs.pt")
-        again = peak(*scores)
+        again = peak(*scores, scored[layout.SCORE_ROLLOUT]["token_ids"].tolist())
         for field in LogRatioPeak.__struct_fields__:
             if getattr(recorded, field) != getattr(again, field):
                 raise SealError(
                     layout.COMPARISON,
-                    f"diagnostics.{NAME}.{field} differs from token_diffs.pt",
+                    f"diagnostics.{NAME}.{field} differs from "
+                    + (layout.SCORE_ROLLOUT if field == "token_id" else layout.TOKEN_DIFFS),
                 )
         return comparison
 
