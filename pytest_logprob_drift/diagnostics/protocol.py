@@ -140,9 +140,11 @@ class Diagnostic(Protocol):
 
     def seal(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
-    ) -> Record | None:
-        """Its typed part of a case judged ``outcome`` from ``scores`` and its own
-        ``captured`` (None: no part)."""
+    ) -> Mapping[str, Record]:
+        """Its typed parts of a case judged ``outcome`` from ``scores`` and its own
+        ``captured``, by member of comparison.json's ``diagnostics``: its ``name``, or each
+        declared member it owns (the full vocabulary and its semantic offset); none: no
+        part."""
         ...
 
     def files(
@@ -193,8 +195,9 @@ class Diagnostic(Protocol):
         """Junit name/value properties of a case."""
         ...
 
-    def json_part(self, diagnostics: Diagnostics | None) -> JsonObject | None:
-        """Its member of ``run --json``'s result (None: none)."""
+    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
+        """Its members of ``run --json``'s (and ``import --json``'s) result, by key (empty:
+        none)."""
         ...
 
     def report_headers(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 BUILTIN = (
     "pytest_logprob_drift.diagnostics.importance_sampling",
+    "pytest_logprob_drift.diagnostics.full_vocabulary",
     "pytest_logprob_drift.diagnostics.path_split",
 )
 """The built-in diagnostics' modules, in the order the hubs show them; each exports

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from pytest_logprob_drift.diagnostics.registry import installed
-from pytest_logprob_drift.execute.diagnostics import full_vocabulary
 from pytest_logprob_drift.execute.engine_pool import EnginePool
 from pytest_logprob_drift.execute.layers import LayersResult, layer_diagnostics
 from pytest_logprob_drift.execute.protocol import (
@@ -432,13 +431,6 @@ def _write_attempt(
             tensor_bytes({"logprobs": training.logprobs, **training.consumed}),
         )
     entries: dict[str, Any] = {}
-    spec = run.binding.full_vocabulary
-    if spec is not None and rollout is not None and training is not None:
-        # never changes the verdict
-        extra = full_vocabulary(spec, rollout, training, sampling=run.identity.sampling)
-        entries = extra.entries
-        if extra.tensors is not None:
-            writer.write_bytes(layout.DIVERGENCE, tensor_bytes(extra.tensors))
     if scored.layers is not None and rollout is not None and training is not None:
         entries = {**entries, "layers": scored.layers.entry}
         for name, tensors in scored.layers.files.items():

@@ -55,9 +55,9 @@ def comparison_of(
     diagnostics = from_builtins({**verdict.diagnostics, **(entries or {})}, Diagnostics)
     captures = captured or {}
     parts: dict[str, Any] = {
-        d.name: part
+        member: part
         for d in installed()
-        if (part := d.seal(verdict.outcome, scores, captures.get(d.name))) is not None
+        for member, part in d.seal(verdict.outcome, scores, captures.get(d.name)).items()
     }
     if verdict.outcome in SCORED_OUTCOMES and scores is not None:
         parts["signatures"] = signatures(*scores)

@@ -35,7 +35,6 @@ from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.decode import Document, JSONDocumentError, decode
-from pytest_logprob_drift.store.divergence_check import check_divergence
 from pytest_logprob_drift.store.documents import (
     ATTEMPT_DOCUMENTS,
     Actual,
@@ -257,12 +256,6 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         cross_check(diffs, scored)
         if imported is not None and identity is not None:
             check_imported(imported, comparison, identity.execution_key_payload.payload(), diffs)
-        full = layout.DIVERGENCE in seal.files
-        check_divergence(
-            comparison.diagnostics,
-            load_sealed_tensors(directory, layout.DIVERGENCE, seal) if full else None,
-            diffs,
-        )
         layer_files = _sealed_if_present(directory, seal, layout.LAYER_FILES)
         check_layers(
             comparison.diagnostics,

@@ -89,12 +89,12 @@ class LogRatioPeakDiagnostic:
 
     def seal(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
-    ) -> LogRatioPeak | None:
+    ) -> Mapping[str, LogRatioPeak]:
         if outcome not in (Outcome.PASS, Outcome.MISMATCH) or scores is None:
-            return None
+            return {}
         if not isinstance(captured, SampledTokens):
             raise ValueError(f"{NAME}: a scored case without its capture")
-        return peak(*scores, captured.token_ids)
+        return {NAME: peak(*scores, captured.token_ids)}
 
     def files(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
@@ -154,9 +154,9 @@ class LogRatioPeakDiagnostic:
         part = _part(diagnostics)
         return [] if part is None else [(f"drift_{NAME}", repr(part.log_ratio))]
 
-    def json_part(self, diagnostics: Diagnostics | None) -> JsonObject | None:
+    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
         part = _part(diagnostics)
-        return None if part is None else msgspec.to_builtins(part)
+        return {} if part is None else {NAME: msgspec.to_builtins(part)}
 
     def report_headers(self) -> tuple[str, ...]:
         return (HEADER,)

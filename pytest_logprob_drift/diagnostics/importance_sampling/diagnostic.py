@@ -46,13 +46,13 @@ class ImportanceSamplingDiagnostic:
 
     def seal(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
-    ) -> ImportanceSamplingFigures | None:
+    ) -> Mapping[str, ImportanceSamplingFigures]:
         from pytest_logprob_drift.diagnostics.importance_sampling import check
         from pytest_logprob_drift.store.comparison_record import SCORED_OUTCOMES
 
         if outcome not in SCORED_OUTCOMES or scores is None:
-            return None
-        return check.figures(*scores)
+            return {}
+        return {self.name: check.figures(*scores)}
 
     def files(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
@@ -92,9 +92,9 @@ class ImportanceSamplingDiagnostic:
     def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
         return importance_text.properties(diagnostics)
 
-    def json_part(self, diagnostics: Diagnostics | None) -> JsonObject | None:
+    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
         figures = importance_text.figures_of(diagnostics)
-        return None if figures is None else figures.to_json()
+        return {} if figures is None else {self.name: figures.to_json()}
 
     def report_headers(self) -> tuple[str, ...]:
         return section.HEADERS

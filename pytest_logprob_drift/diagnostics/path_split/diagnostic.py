@@ -66,9 +66,9 @@ class PathSplitDiagnostic:
 
     def seal(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
-    ) -> PathSplit | None:
+    ) -> Mapping[str, PathSplit]:
         replay = _replay(captured)
-        return None if replay is None else from_builtins(replay.entry, PathSplit)
+        return {} if replay is None else {self.name: from_builtins(replay.entry, PathSplit)}
 
     def files(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
@@ -115,8 +115,8 @@ class PathSplitDiagnostic:
     def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
         return views.properties(diagnostics)
 
-    def json_part(self, diagnostics: Diagnostics | None) -> JsonObject | None:
-        return None
+    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
+        return {}
 
     def report_headers(self) -> tuple[str, ...]:
         return ()
