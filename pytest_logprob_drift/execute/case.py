@@ -3,13 +3,13 @@
 Owns the steps between "this case must run" and "its attempt is sealed": strict pre-checks
 (stale registry state, materialization), per-case operator resolution through a fresh
 ``OperatorSession``, rollout then read-only training scoring on engines from the
-fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, the
-opt-in full-vocabulary diagnostics (``execute.diagnostics``, sealed as ``divergence.pt``), the
-installed diagnostics' parts of a judged case (``store.comparison_record``), each side's weight
-digests where its engine reports them (a difference is an identity violation, a side whose
-layout is not covered is STRICT_REJECTED under strict execution), the opt-in replay
-(``execute.replay``, after the read-back so it cannot change what is read back), and writing every
-payload before COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
+fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, each
+installed diagnostic's capture (``diagnostics.registry``: handed the scored case after the
+read-back, so it cannot change what is read back), their parts and sealed files
+(``store.comparison_record``), each side's weight digests where its engine reports them (a
+difference is an identity violation, a side whose layout is not covered is STRICT_REJECTED
+under strict execution), the opt-in layer and routing captures, and writing every payload
+before COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
 about which operator backends exist.
 """
 
@@ -478,10 +478,9 @@ def _comparison(
     numeric: NumericCheck | None,
     entries: Mapping[str, Any],
 ) -> Comparison:
-    """The case's comparison record: the verdict, its statistics and the full-vocabulary
-    ``entries`` (``execute.diagnostics``) as typed diagnostics, the importance-sampling
-    figures of a judged case (from the very tensors token_diffs.pt seals; never a verdict),
-    and the numeric re-check."""
+    """The case's comparison record: the verdict, its statistics and the layer / routing
+    ``entries`` as typed diagnostics, each installed diagnostic's parts (from the very tensors
+    token_diffs.pt seals and its own capture; never a verdict), and the numeric re-check."""
     case = run.ec.case
     return comparison_of(
         verdict,
