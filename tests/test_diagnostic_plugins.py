@@ -31,7 +31,7 @@ from log_ratio_peak.diagnostic import FILE
 
 from pytest_logprob_drift.diagnostics import registry
 from pytest_logprob_drift.store.files import json_bytes
-from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE, TOKEN_DIFFS
+from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE, SCORE_ROLLOUT, TOKEN_DIFFS
 from pytest_logprob_drift.store.run import iter_attempt_dirs
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
@@ -120,7 +120,10 @@ def test_the_part_is_sealed_beside_the_declared_ones_and_equals_a_recomputation(
         assert "installed_parts" not in document["diagnostics"], label
         part = document["diagnostics"][NAME]
         r, sample, position = _by_hand(attempt)
-        assert part == {"log_ratio": r, "sample": sample, "position": position}, label
+        sampled = tensors_from_bytes((attempt / SCORE_ROLLOUT).read_bytes())["token_ids"]
+        token_id = int(sampled[sample, position])
+        expected = {"log_ratio": r, "sample": sample, "position": position, "token_id": token_id}
+        assert part == expected, label
 
 
 def test_the_run_table_shows_its_column(installed_run: tuple[Path, str]) -> None:
@@ -189,6 +192,13 @@ def test_verify_checks_the_part_and_names_a_tampered_figure(
     assert len(lines) == 1 and "invalid" in lines[0], out
     assert f"diagnostics.{NAME}.position differs from token_diffs.pt" in lines[0], lines[0]
 
+    document["diagnostics"][NAME]["position"] -= 1  # back to what was sealed
+    document["diagnostics"][NAME]["token_id"] += 1  # not the token the engine sampled there
+    _reseal(attempt, document)
+    code, out, err = cli("verify", runs / EXPERIMENT)
+    assert (code, err) == (1, ""), out
+    assert f"diagnostics.{NAME}.token_id differs from {SCORE_ROLLOUT}" in out, out
+
     document["diagnostics"][NAME]["position"] = "first"
     _reseal(attempt, document)
     code, out, _ = cli("verify", runs / EXPERIMENT)
@@ -227,10 +237,12 @@ def test_the_report_shows_its_column_section_and_lines(
     html = page.read_text()
     for label, (attempt, _) in _comparisons(runs / EXPERIMENT).items():
         r, sample, position = _by_hand(attempt)
+        sampled = tensors_from_bytes((attempt / SCORE_ROLLOUT).read_bytes())["token_ids"]
         assert cases[label]["diagnostics"][NAME] == {
             "log_ratio": r,
             "sample": sample,
             "position": position,
+            "token_id": int(sampled[sample, position]),
         }
         assert f"r = {r!r} at sample {sample}, position {position}" in html
     assert html.count("<h3>Log-ratio peak</h3>") == len(cases)
@@ -291,8 +303,11 @@ HUBS = (
     "plugin/items.py",
     "plugin/reporting.py",
 )
-MOVED = ("importance",)
+MOVED = ("importance", "path_split", "replay")
 """Words naming a diagnostic moved into ``diagnostics/`` (its modules and names)."""
+MOVED_BUT_THE_REPORT = ("full_vocab", "divergence", "semantic_offset", "numerics.text")
+"""Words naming the full-vocabulary diagnostic: moved, but the report's columns and case
+section (``report/``) still name it."""
 
 
 def _imports(path: Path) -> list[str]:
@@ -311,7 +326,8 @@ def test_the_hubs_import_no_single_diagnostic() -> None:
     for hub in HUBS:
         imports = _imports(package / hub)
         assert imports, hub
-        named = [i for i in imports if any(word in i for word in MOVED)]
+        words = MOVED if hub.startswith("report/") else MOVED + MOVED_BUT_THE_REPORT
+        named = [i for i in imports if any(word in i.lower() for word in words)]
         assert not named, (hub, named)
         diagnostics = [i for i in imports if i.startswith("pytest_logprob_drift.diagnostics")]
         assert all(
@@ -346,7 +362,9 @@ def test_the_registry_imports_no_diagnostic_torch_or_typing_until_asked() -> Non
     code = (
         "import sys\n"
         "from pytest_logprob_drift.diagnostics import registry\n"
-        "heavy = ('torch', 'typing', 'pytest_logprob_drift.diagnostics.importance_sampling')\n"
+        "heavy = ('torch', 'typing', 'pytest_logprob_drift.diagnostics.importance_sampling',\n"
+        "         'pytest_logprob_drift.diagnostics.path_split',\n"
+        "         'pytest_logprob_drift.diagnostics.full_vocabulary')\n"
         "print([m for m in heavy if m in sys.modules])\n"
         "print([d.name for d in registry.installed()])\n"
         "print('torch' in sys.modules)\n"
@@ -354,4 +372,5 @@ def test_the_registry_imports_no_diagnostic_torch_or_typing_until_asked() -> Non
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
-    assert proc.stdout.splitlines() == ["[]", "['importance_sampling']", "False"], proc.stdout
+    expected = ["[]", "['importance_sampling', 'full_vocabulary', 'path_split']", "False"]
+    assert proc.stdout.splitlines() == expected, proc.stdout

@@ -4,7 +4,7 @@
 CUDA vLLM samples with Triton top-k/top-p kernels (and, under model runner V2, its own min_p),
 whose ties and thresholds may differ. Execution records that statement in the summary's
 optional ``reproduces`` field: comparisons written before it read and write back unchanged,
-and the offline re-check (``store.divergence_check``) compares what the sealed tensors
+and the offline re-check (``diagnostics.full_vocabulary.check``) compares what the sealed tensors
 determine, not this execution evidence.
 """
 
@@ -67,9 +67,9 @@ def test_a_reproduces_that_is_not_a_string_is_refused_by_path(bad: object) -> No
 
 def test_the_offline_recheck_ignores_the_statement_but_not_the_diagnosis() -> None:
     torch = pytest.importorskip("torch")
+    from pytest_logprob_drift.diagnostics.full_vocabulary.check import check_divergence
     from pytest_logprob_drift.execute.diagnostics import reproduction_statement
     from pytest_logprob_drift.numerics.divergence_file import sealed_diagnostics, sealed_tensors
-    from pytest_logprob_drift.store.divergence_check import check_divergence
     from pytest_logprob_drift.store.seal import SealError
 
     gen = torch.Generator().manual_seed(3)

@@ -23,7 +23,7 @@ from pytest_logprob_drift.attribution.analysis import (
     classify_path,
 )
 from pytest_logprob_drift.attribution.text import PATH_HEADERS, path_rows
-from pytest_logprob_drift.numerics import path_split_text
+from pytest_logprob_drift.diagnostics.path_split import views as path_split_text
 from pytest_logprob_drift.numerics.comparison import Diagnostics, PathSplit, from_builtins
 from pytest_logprob_drift.numerics.path_split import (
     PAIRS,

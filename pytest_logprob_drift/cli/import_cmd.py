@@ -182,9 +182,9 @@ def _case_json(case: ImportedCase, run_dir: Path) -> dict[str, Any]:
         "mismatches": c.mismatches,
         "max_abs_diff": c.diagnostics.max_abs_diff,
         **{
-            diagnostic.name: part
+            key: part
             for diagnostic in installed()
-            if (part := diagnostic.json_part(c.diagnostics)) is not None
+            for key, part in diagnostic.json_parts(c.diagnostics).items()
         },
         **(
             {}

@@ -36,8 +36,7 @@ from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
-from pytest_logprob_drift.numerics import layer_text, path_split_text, routing_text
-from pytest_logprob_drift.numerics import text as divergence_text
+from pytest_logprob_drift.numerics import layer_text, routing_text
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
 from pytest_logprob_drift.policy import assemble, render_error, render_issue
@@ -190,8 +189,6 @@ def _run(
         print(one_line(f"transformers logs: {log} (-v shows them here)"), file=err)
     attribution = attribute_run(run_dir, execution_plan.plan.experiment_id, results, err)
     diagnostics = [None if r.comparison is None else r.comparison.diagnostics for r in results]
-    full_vocabulary = divergence_text.has_full_vocabulary(diagnostics)
-    split = path_split_text.has_path_split(diagnostics)
     layers = layer_text.has_layers(diagnostics)
     routing = routing_text.has_routing(diagnostics)
     core = [d for d in installed() if d.always_in_table]
@@ -207,11 +204,9 @@ def _run(
             *(cell for diagnostic in core for cell in diagnostic.table_cells(d)),
             "reused" if r.reused else ("new" if r.attempt_dir else "-"),
             "" if r.as_expected else f"expected {r.expected.value}",
-            *(divergence_text.cells(d) if full_vocabulary else []),
-            *(path_split_text.cells(d) if split else []),
+            *(cell for diagnostic in optional for cell in diagnostic.table_cells(d)),
             *(layer_text.cells(d) if layers else []),
             *(routing_text.cells(d) if routing else []),
-            *(cell for diagnostic in optional for cell in diagnostic.table_cells(d)),
         ]
         for r, d in zip(results, diagnostics, strict=True)
     ]
@@ -244,11 +239,9 @@ def _run(
                     *(header for diagnostic in core for header in diagnostic.table_headers()),
                     "attempt",
                     "note",
-                    *(divergence_text.HEADERS if full_vocabulary else ()),
-                    *(path_split_text.HEADERS if split else ()),
+                    *(h for diagnostic in optional for h in diagnostic.table_headers()),
                     *(layer_text.HEADERS if layers else ()),
                     *(routing_text.HEADERS if routing else ()),
-                    *(h for diagnostic in optional for h in diagnostic.table_headers()),
                 ],
                 rows,
             ),
@@ -256,11 +249,9 @@ def _run(
         )
         for r, d in zip(results, diagnostics, strict=True):
             for line in [
-                *divergence_text.lines(d),
-                *path_split_text.lines(d),
+                *(line for diagnostic in installed() for line in diagnostic.run_lines(d)),
                 *layer_text.lines(d),
                 *routing_text.lines(d),
-                *(line for diagnostic in installed() for line in diagnostic.run_lines(d)),
             ]:
                 print(one_line(f"{r.label}: {line}"), file=out)
         print(
@@ -331,20 +322,10 @@ def _result_json(r: CaseResult) -> JsonObject:
         "active_tokens": None if c is None else c.active_tokens,
         "mismatches": None if c is None else c.mismatches,
         "max_abs_diff": _max_abs_diff(r),
-        **(
-            {}
-            if diagnostics is None or diagnostics.full_vocabulary is None
-            else {"full_vocabulary": diagnostics.full_vocabulary.to_json()}
-        ),
-        **(
-            {}
-            if diagnostics is None or diagnostics.semantic_offset is None
-            else {"semantic_offset": diagnostics.semantic_offset.to_json()}
-        ),
         **{
-            diagnostic.name: part
+            key: part
             for diagnostic in installed()
-            if (part := diagnostic.json_part(diagnostics)) is not None
+            for key, part in diagnostic.json_parts(diagnostics).items()
         },
         **(
             {}

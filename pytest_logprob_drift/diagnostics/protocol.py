@@ -5,24 +5,32 @@ A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` 
 
 - its sealed part's type (``part_type``: a frozen msgspec record; a part whose name
   ``Diagnostics`` does not declare is sealed after the declared members and decoded by it);
+- its engine-side capture (``capture``: what it takes from the case's engines after the paired
+  scoring, through a ``CaseUnderCapture`` that ``execute.case`` hands every installed
+  diagnostic; the engine calls themselves stay in ``execute/`` or ``runtimes/`` behind the
+  capture protocol the folder names, e.g. ``execute.replay`` for the path split; None: it
+  captures nothing for this case);
 - its pure computation over the scored pair (``seal``: the typed part sealed at execution
-  from the verdict's ``(training, rollout, active)`` scores, the tensors token_diffs.pt seals);
+  from the verdict's ``(training, rollout, active)`` scores, the tensors token_diffs.pt seals,
+  and its own capture);
 - its sealed files (``sealed_files``, their tensors from ``files``: the attempt writer seals
   them, the store receives the names and loads them, digest checked, for ``check``);
-- its offline check (``check``: the recorded part against what the sealed tensors give,
-  a ``SealError`` naming the file at fault; the part computed at read time for an attempt
-  sealed before it existed);
+- its offline check (``check``: the recorded part against what the sealed tensors give
+  (token_diffs.pt, score_rollout.pt / score_training.pt and its own files), a ``SealError``
+  naming the file at fault; the part computed at read time for an attempt sealed before it
+  existed);
 - its views: the run table's columns (``table_headers`` / ``table_cells``; an
   ``always_in_table`` diagnostic has its columns among the core ones, others only when a
   case carries the part), the lines of the run output, of the plugin's failure text and of
   the report's verbose text, its junit properties, the ``run --json`` member, the report's
-  columns and its section of the report's case article.
+  columns, its section of the report's case article and its figures (``report_plot`` reads
+  the plot data from the sealed files when the report loads a shown case, ``report_figures``
+  draws it).
 
 Where the other parts go (not called by any hub yet; the diagnostics moved so far have none
 of them or keep them where they are): the config key ``diagnostics.<name>`` and its
 execution-key contribution are declared torch-free in the folder's ``__init__`` (config
-loading is on ``plan``'s path); engine-side capture stays in ``runtimes/`` behind a capture
-protocol the folder declares; a run-scope part (figures over all steps or cases) is computed at
+loading is on ``plan``'s path); a run-scope part (figures over all steps or cases) is computed at
 read time from the sealed parts by the report; the contribution to the attribution document
 (today's ESS and path members) stays in ``attribution/`` until part 2 of issue 51.
 
@@ -35,18 +43,72 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
+    from pytest_logprob_drift.execute.protocol import (
+        LogpKernel,
+        RolloutEngine,
+        RolloutOutput,
+        RuntimeBinding,
+        TrainingOutput,
+        TrainingScorer,
+    )
     from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, Record
     from pytest_logprob_drift.outcomes import Outcome
-    from pytest_logprob_drift.records import JsonObject
+    from pytest_logprob_drift.records import JsonObject, JsonValue, ScoringIdentity
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.store.attempt import Seal
 
 Scores = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
 """``(training, rollout, active)`` of a judged case: token_diffs.pt's three tensors."""
 
 Tensors = Mapping[str, "torch.Tensor"]
 """The tensors of one sealed file, by key."""
+
+
+Captured = object
+"""What one diagnostic's ``capture`` took from a case's engines; only its own ``seal`` and
+``files`` read it (None: nothing captured)."""
+
+
+class CaseUnderCapture(Protocol):
+    """What ``execute.case`` hands every installed diagnostic once both sides have scored a
+    case and the engines' read-back is known (before the layer capture)."""
+
+    @property
+    def binding(self) -> RuntimeBinding:
+        """The case's bound settings (which opt-in diagnostics it asks for)."""
+        ...
+
+    @property
+    def engine(self) -> RolloutEngine: ...
+
+    @property
+    def scorer(self) -> TrainingScorer: ...
+
+    @property
+    def identity(self) -> ScoringIdentity: ...
+
+    @property
+    def rollout(self) -> RolloutOutput: ...
+
+    @property
+    def training(self) -> TrainingOutput: ...
+
+    @property
+    def read_back(self) -> Mapping[str, JsonValue]:
+        """Both engines' read-back knobs (merged)."""
+        ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def rollout_logp(self) -> LogpKernel | None:
+        """The rollout side's logp kernel (None: the engine's own)."""
+        ...
 
 
 class Diagnostic(Protocol):
@@ -72,11 +134,22 @@ class Diagnostic(Protocol):
         """Whether its run-table columns are core columns, shown for every run."""
         ...
 
-    def seal(self, outcome: Outcome, scores: Scores | None) -> Record | None:
-        """Its typed part of a case judged ``outcome`` from ``scores`` (None: no part)."""
+    def capture(self, case: CaseUnderCapture) -> Captured | None:
+        """What it takes from the case's engines (None: nothing, e.g. not asked for)."""
         ...
 
-    def files(self, outcome: Outcome, scores: Scores | None) -> Mapping[str, Tensors]:
+    def seal(
+        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
+    ) -> Mapping[str, Record]:
+        """Its typed parts of a case judged ``outcome`` from ``scores`` and its own
+        ``captured``, by member of comparison.json's ``diagnostics``: its ``name``, or each
+        declared member it owns (the full vocabulary and its semantic offset); none: no
+        part."""
+        ...
+
+    def files(
+        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
+    ) -> Mapping[str, Tensors]:
         """The tensors of its sealed files for a case judged ``outcome`` (names among
         ``sealed_files``; none: nothing beside its part)."""
         ...
@@ -86,10 +159,12 @@ class Diagnostic(Protocol):
         comparison: Comparison,
         diffs: Tensors,
         files: Mapping[str, Tensors | None],
+        scored: Mapping[str, Tensors],
     ) -> Comparison:
-        """``comparison`` once its part agrees with token_diffs.pt's ``diffs`` and its sealed
-        ``files`` (None: not sealed), the part filled where it was computed at read time; a
-        ``SealError`` naming the file at fault otherwise."""
+        """``comparison`` once its part agrees with token_diffs.pt's ``diffs``, the sealed
+        scores (``scored``: score_rollout.pt and score_training.pt by file name) and its
+        sealed ``files`` (None: not sealed), the part filled where it was computed at read
+        time; a ``SealError`` naming the file at fault otherwise."""
         ...
 
     def shown(self, diagnostics: Sequence[Diagnostics | None]) -> bool:
@@ -120,8 +195,9 @@ class Diagnostic(Protocol):
         """Junit name/value properties of a case."""
         ...
 
-    def json_part(self, diagnostics: Diagnostics | None) -> JsonObject | None:
-        """Its member of ``run --json``'s result (None: none)."""
+    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
+        """Its members of ``run --json``'s (and ``import --json``'s) result, by key (empty:
+        none)."""
         ...
 
     def report_headers(self) -> tuple[str, ...]:
@@ -134,4 +210,12 @@ class Diagnostic(Protocol):
 
     def report_section(self, diagnostics: Diagnostics) -> Markup | None:
         """Its section of the report's case article (None: none)."""
+        ...
+
+    def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
+        """Its plot data of a shown case, read from the attempt's sealed files (None: none)."""
+        ...
+
+    def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
+        """Its figures of a shown case (name, svg) from ``report_plot``'s data (none)."""
         ...

@@ -14,7 +14,11 @@ TYPE_CHECKING = False  # typing is never imported at run time (this module is to
 if TYPE_CHECKING:
     from pytest_logprob_drift.diagnostics.protocol import Diagnostic
 
-BUILTIN = ("pytest_logprob_drift.diagnostics.importance_sampling",)
+BUILTIN = (
+    "pytest_logprob_drift.diagnostics.importance_sampling",
+    "pytest_logprob_drift.diagnostics.full_vocabulary",
+    "pytest_logprob_drift.diagnostics.path_split",
+)
 """The built-in diagnostics' modules, in the order the hubs show them; each exports
 ``DIAGNOSTIC``."""
 

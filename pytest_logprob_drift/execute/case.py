@@ -3,13 +3,13 @@
 Owns the steps between "this case must run" and "its attempt is sealed": strict pre-checks
 (stale registry state, materialization), per-case operator resolution through a fresh
 ``OperatorSession``, rollout then read-only training scoring on engines from the
-fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, the
-opt-in full-vocabulary diagnostics (``execute.diagnostics``, sealed as ``divergence.pt``), the
-installed diagnostics' parts of a judged case (``store.comparison_record``), each side's weight
-digests where its engine reports them (a difference is an identity violation, a side whose
-layout is not covered is STRICT_REJECTED under strict execution), the opt-in replay
-(``execute.replay``, after the read-back so it cannot change what is read back), and writing every
-payload before COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
+fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, each
+installed diagnostic's capture (``diagnostics.registry``: handed the scored case after the
+read-back, so it cannot change what is read back), their parts and sealed files
+(``store.comparison_record``), each side's weight digests where its engine reports them (a
+difference is an identity violation, a side whose layout is not covered is STRICT_REJECTED
+under strict execution), the opt-in layer and routing captures, and writing every payload
+before COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
 about which operator backends exist.
 """
 
@@ -22,16 +22,17 @@ from typing import Any
 import torch
 
 from pytest_logprob_drift.diagnostics.registry import installed
-from pytest_logprob_drift.execute.diagnostics import full_vocabulary
 from pytest_logprob_drift.execute.engine_pool import EnginePool
 from pytest_logprob_drift.execute.layers import LayersResult, layer_diagnostics
 from pytest_logprob_drift.execute.protocol import (
     BoundKernel,
     Materialized,
+    RolloutEngine,
     RolloutOutput,
     RuntimeAdapter,
     RuntimeBinding,
     TrainingOutput,
+    TrainingScorer,
     WeightDigests,
     WeightReceiver,
     WeightSource,
@@ -40,7 +41,6 @@ from pytest_logprob_drift.execute.protocol import (
     merge_read_back,
     strict_violations,
 )
-from pytest_logprob_drift.execute.replay import ReplayResult, replay_diagnostics
 from pytest_logprob_drift.execute.routing import (
     RoutingResult,
     arm_rollout,
@@ -58,6 +58,7 @@ from pytest_logprob_drift.plan.binding import ExecutionCase, side_dtype, side_to
 from pytest_logprob_drift.records import (
     Case,
     JsonObject,
+    JsonValue,
     ResolvedContract,
     ScoringIdentity,
     canonical,
@@ -116,6 +117,21 @@ def _rejected(reasons: list[str], threshold: float) -> Verdict:
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _CaseUnderCapture:
+    """``diagnostics.protocol.CaseUnderCapture`` of one case both sides have scored."""
+
+    binding: RuntimeBinding
+    engine: RolloutEngine
+    scorer: TrainingScorer
+    identity: ScoringIdentity
+    rollout: RolloutOutput
+    training: TrainingOutput
+    read_back: Mapping[str, JsonValue]
+    batch_size: int
+    rollout_logp: BoundKernel | None
+
+
 @dataclass(slots=True, kw_only=True)
 class _Scored:
     """What one paired scoring produced (None sides when a refusal came first)."""
@@ -123,7 +139,8 @@ class _Scored:
     rollout: RolloutOutput | None = None
     training: TrainingOutput | None = None
     read_back: dict[str, Any] = field(default_factory=dict)
-    replay: ReplayResult | None = None
+    captured: dict[str, object] = field(default_factory=dict)
+    """Each installed diagnostic's capture, by name (``diagnostics.protocol``)."""
     layers: LayersResult | None = None
     routing: RoutingResult | None = None
     provenance: list[JsonObject] = field(default_factory=list)
@@ -303,16 +320,21 @@ def _score(
                 reasons.append(f"weights ({side}) not checked: {document.refused}")
     actual = merge_read_back(engine.read_back(), scorer.read_back())
     scored.read_back = dict(actual)
-    if binding.replay:  # never changes the verdict
-        scored.replay = replay_diagnostics(
-            engine,
-            identity,
-            scored.rollout,
-            scored.training,
-            actual,
-            batch_size=batch_size,
-            logp=kernels["rollout"],
-        )
+    under_capture = _CaseUnderCapture(
+        binding=binding,
+        engine=engine,
+        scorer=scorer,
+        identity=identity,
+        rollout=scored.rollout,
+        training=scored.training,
+        read_back=actual,
+        batch_size=batch_size,
+        rollout_logp=kernels["rollout"],
+    )
+    for diagnostic in installed():  # never changes the verdict
+        captured = diagnostic.capture(under_capture)
+        if captured is not None:
+            scored.captured[diagnostic.name] = captured
     if binding.layers is not None:  # never changes the verdict
         scored.layers = layer_diagnostics(
             engine, scorer, identity, scored.rollout, batch_size=batch_size, spec=binding.layers
@@ -409,17 +431,6 @@ def _write_attempt(
             tensor_bytes({"logprobs": training.logprobs, **training.consumed}),
         )
     entries: dict[str, Any] = {}
-    spec = run.binding.full_vocabulary
-    if spec is not None and rollout is not None and training is not None:
-        # never changes the verdict
-        extra = full_vocabulary(spec, rollout, training, sampling=run.identity.sampling)
-        entries = extra.entries
-        if extra.tensors is not None:
-            writer.write_bytes(layout.DIVERGENCE, tensor_bytes(extra.tensors))
-    if scored.replay is not None and rollout is not None and training is not None:
-        entries = {**entries, "path_split": scored.replay.entry}
-        for name, tensors in scored.replay.files.items():
-            writer.write_bytes(name, tensor_bytes(tensors))
     if scored.layers is not None and rollout is not None and training is not None:
         entries = {**entries, "layers": scored.layers.entry}
         for name, tensors in scored.layers.files.items():
@@ -429,7 +440,8 @@ def _write_attempt(
         for name, tensors in scored.routing.files.items():
             writer.write_bytes(name, tensor_bytes(tensors))
     for diagnostic in installed():
-        for name, payload in diagnostic.files(verdict.outcome, _scores(scored)).items():
+        captured = scored.captured.get(diagnostic.name)
+        for name, payload in diagnostic.files(verdict.outcome, _scores(scored), captured).items():
             if name not in diagnostic.sealed_files:
                 raise ValueError(f"diagnostic {diagnostic.name} did not declare the file {name}")
             writer.write_bytes(name, tensor_bytes(dict(payload)))
@@ -466,10 +478,9 @@ def _comparison(
     numeric: NumericCheck | None,
     entries: Mapping[str, Any],
 ) -> Comparison:
-    """The case's comparison record: the verdict, its statistics and the full-vocabulary
-    ``entries`` (``execute.diagnostics``) as typed diagnostics, the importance-sampling
-    figures of a judged case (from the very tensors token_diffs.pt seals; never a verdict),
-    and the numeric re-check."""
+    """The case's comparison record: the verdict, its statistics and the layer / routing
+    ``entries`` as typed diagnostics, each installed diagnostic's parts (from the very tensors
+    token_diffs.pt seals and its own capture; never a verdict), and the numeric re-check."""
     case = run.ec.case
     return comparison_of(
         verdict,
@@ -477,6 +488,7 @@ def _comparison(
         label=case.label,
         contract=run.contract,
         scores=_scores(scored),
+        captured=scored.captured,
         entries=entries,
         records=scored.records,
         numerical=numeric,

@@ -62,7 +62,6 @@ from pytest_logprob_drift.report.token_html import (
 
 if TYPE_CHECKING:
     from pytest_logprob_drift.report.layers import LayerPlot
-    from pytest_logprob_drift.report.path_split import PathSplitPlot
 
 RANKING_SHOWN = 30
 """Interventions named in the ranking line (all of them are in the table)."""
@@ -888,18 +887,6 @@ def _files(view: CaseView) -> Markup:
     )
 
 
-def path_split_figures(plot: PathSplitPlot | None) -> tuple[tuple[str, Markup], ...]:
-    """The decode/prefill split's two figures (``report.path_split``), none without it."""
-    if plot is None:
-        return ()
-    from pytest_logprob_drift.report import path_split  # loads torch: only for a replay
-
-    return (
-        ("path-split", path_split.distributions_svg(plot)),
-        ("path-split-position", path_split.by_position_svg(plot)),
-    )
-
-
 def layer_figures(plot: LayerPlot | None) -> tuple[tuple[str, Markup], ...]:
     """The layer diagnostics' two figures (``report.layers``), none without them."""
     if plot is None:
@@ -922,7 +909,11 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
             ("histogram", plots.histogram_svg(detail.histogram, threshold, decades)),
             ("position", plots.profile_svg(detail.profile, threshold)),
             ("scatter", plots.scatter_svg(detail.scatter, threshold)),
-            *path_split_figures(detail.path_split),
+            *(
+                figure
+                for diagnostic in installed()
+                for figure in diagnostic.report_figures(detail.plots.get(diagnostic.name))
+            ),
             *layer_figures(detail.layers),
         )
         figures = el(

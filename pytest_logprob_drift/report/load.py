@@ -41,6 +41,7 @@ from pytest_logprob_drift.attribution.sealed import (
     read_attribution,
     verify_attribution,
 )
+from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
 from pytest_logprob_drift.numerics.sample_drift import SampleDrift, sample_drift
@@ -62,7 +63,6 @@ from pytest_logprob_drift.report.model import (
     TokenDecoder,
     WorstToken,
 )
-from pytest_logprob_drift.report.path_split import load_plot
 from pytest_logprob_drift.report.steps import (
     WORST_PER_STEP,
     StepRow,
@@ -504,7 +504,12 @@ def case_detail(
         identity_checks=_identity_checks(shown.identity),
         training_evidence=dict((actual and actual.training_evidence) or {}),
         read_back=dict((actual and actual.read_back) or {}),
-        path_split=load_plot(shown.directory, seal, shown.comparison.diagnostics.path_split),
+        plots={
+            diagnostic.name: plot
+            for diagnostic in installed()
+            if (plot := diagnostic.report_plot(shown.directory, seal, shown.comparison.diagnostics))
+            is not None
+        },
         layers=load_layer_plot(shown.directory, seal, shown.comparison.diagnostics.layers),
     )
 

@@ -26,7 +26,6 @@ from pytest_logprob_drift.store.read_back import ReadBackValue
 
 if TYPE_CHECKING:  # the record only; importing the store would import torch
     from pytest_logprob_drift.report.layers import LayerPlot
-    from pytest_logprob_drift.report.path_split import PathSplitPlot
     from pytest_logprob_drift.report.steps import StepsView
     from pytest_logprob_drift.store.verify import AttemptStatus
 
@@ -157,8 +156,9 @@ class CaseDetail:
     top_token_texts: Mapping[int, str] = field(default_factory=dict)
     """The text of each token id named at the full-vocabulary worst positions (empty without a
     tokenizer or without the diagnostics)."""
-    path_split: PathSplitPlot | None = None
-    """The decode/prefill/training split's plot data (``report.path_split``; opt-in replay)."""
+    plots: Mapping[str, object] = field(default_factory=dict)
+    """Each installed diagnostic's plot data of the case (``Diagnostic.report_plot``), by
+    name; none without."""
     layers: LayerPlot | None = None
     """Rollout-vs-training relative error by layer (``report.layers``; opt-in layers)."""
 

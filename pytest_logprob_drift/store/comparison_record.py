@@ -42,17 +42,22 @@ def comparison_of(
     label: str,
     contract: ResolvedContract,
     scores: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    captured: Mapping[str, object] | None = None,
     entries: Mapping[str, JsonValue] | None = None,
     records: Sequence[KnobRecord] = (),
     numerical: NumericCheck | None,
 ) -> Comparison:
     """comparison.json's record of a case judged by ``verdict``: its statistics and the
-    optional ``entries`` as typed diagnostics, each installed diagnostic's part and the drift
-    signatures of a judged case from its ``(training, rollout, active)`` scores, the knob
+    optional ``entries`` as typed diagnostics, each installed diagnostic's part (from the
+    scores and its own ``captured``, by name) and the drift signatures of a judged case from
+    its ``(training, rollout, active)`` scores, the knob
     ``records`` and the numeric re-check."""
     diagnostics = from_builtins({**verdict.diagnostics, **(entries or {})}, Diagnostics)
+    captures = captured or {}
     parts: dict[str, Any] = {
-        d.name: part for d in installed() if (part := d.seal(verdict.outcome, scores)) is not None
+        member: part
+        for d in installed()
+        for member, part in d.seal(verdict.outcome, scores, captures.get(d.name)).items()
     }
     if verdict.outcome in SCORED_OUTCOMES and scores is not None:
         parts["signatures"] = signatures(*scores)

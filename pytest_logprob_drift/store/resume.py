@@ -37,7 +37,6 @@ from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, execution_key, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.decode import Document, JSONDocumentError, decode
-from pytest_logprob_drift.store.divergence_check import check_divergence
 from pytest_logprob_drift.store.documents import (
     ATTEMPT_DOCUMENTS,
     STEP_V3,
@@ -48,7 +47,6 @@ from pytest_logprob_drift.store.documents import (
 )
 from pytest_logprob_drift.store.imported_check import check_imported, sealed_key_payload
 from pytest_logprob_drift.store.layers_check import check_layers
-from pytest_logprob_drift.store.path_split_check import check_path_split
 from pytest_logprob_drift.store.rejudge import rejudge
 from pytest_logprob_drift.store.routing_check import check_routing_files
 from pytest_logprob_drift.store.seal import SealError
@@ -276,20 +274,6 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         if imported is not None:
             payload = None if identity is None else identity.execution_key_payload.payload()
             check_imported(imported, comparison, payload, diffs)
-        full = layout.DIVERGENCE in seal.files
-        check_divergence(
-            comparison.diagnostics,
-            load_sealed_tensors(directory, layout.DIVERGENCE, seal) if full else None,
-            diffs,
-        )
-        replays = _sealed_if_present(directory, seal, layout.REPLAY_FILES)
-        check_path_split(
-            comparison.diagnostics,
-            replays[layout.SCORE_ROLLOUT_PREFILL],
-            replays[layout.SCORE_ROLLOUT_DECODE_REPLAY],
-            scored[layout.SCORE_ROLLOUT],
-            scored[layout.SCORE_TRAINING],
-        )
         layer_files = _sealed_if_present(directory, seal, layout.LAYER_FILES)
         check_layers(
             comparison.diagnostics,
@@ -314,7 +298,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             )
         for diagnostic in installed():
             files = _sealed_if_present(directory, seal, diagnostic.sealed_files)
-            comparison = diagnostic.check(comparison, diffs, files)
+            comparison = diagnostic.check(comparison, diffs, files, scored)
         comparison = with_signatures(comparison, check_signatures(comparison, diffs))
         if outcome in (Outcome.PASS, Outcome.MISMATCH):
             gates = gate_results(

@@ -1,19 +1,25 @@
-"""The ``log_ratio_peak`` diagnostic: the active token whose r = training - rollout is largest."""
+"""The ``log_ratio_peak`` diagnostic: the active token whose r = training - rollout is largest.
+
+Its capture (``Diagnostic.capture``) takes the rollout engine's sampled token ids from the
+scored case, on any runtime; the part names the token sampled at the peak, checked offline
+against score_rollout.pt."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 import torch
 
-from pytest_logprob_drift.diagnostics.protocol import Scores, Tensors
+from pytest_logprob_drift.diagnostics.protocol import Captured, CaseUnderCapture, Scores, Tensors
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, Record
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report.markup import Markup, el
 from pytest_logprob_drift.store import layout
+from pytest_logprob_drift.store.attempt import Seal
 from pytest_logprob_drift.store.seal import SealError
 
 NAME = "log_ratio_peak"
@@ -24,11 +30,19 @@ elsewhere."""
 
 
 class LogRatioPeak(Record, frozen=True):
-    """The part: the largest log-ratio over active tokens and where it is."""
+    """The part: the largest log-ratio over active tokens, where it is and the token the
+    rollout engine sampled there (from the capture)."""
 
     log_ratio: float
     sample: int
     position: int
+    token_id: int
+
+
+class SampledTokens(msgspec.Struct, frozen=True):
+    """The capture: the rollout engine's sampled token ids ``[B, L]`` of the case."""
+
+    token_ids: list[list[int]]
 
 
 def log_ratio(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -38,12 +52,22 @@ def log_ratio(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tenso
     )
 
 
-def peak(training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor) -> LogRatioPeak:
-    """The part from token_diffs.pt's three tensors."""
+def peak(
+    training: torch.Tensor,
+    rollout: torch.Tensor,
+    active: torch.Tensor,
+    token_ids: Sequence[Sequence[int]],
+) -> LogRatioPeak:
+    """The part from token_diffs.pt's three tensors and the sampled ``token_ids``."""
     r = log_ratio(training, rollout, active)
     flat = int(torch.argmax(r))
     sample, position = divmod(flat, r.shape[1])
-    return LogRatioPeak(log_ratio=float(r.flatten()[flat]), sample=sample, position=position)
+    return LogRatioPeak(
+        log_ratio=float(r.flatten()[flat]),
+        sample=sample,
+        position=position,
+        token_id=int(token_ids[sample][position]),
+    )
 
 
 def _part(diagnostics: Diagnostics | None) -> LogRatioPeak | None:
@@ -60,18 +84,31 @@ class LogRatioPeakDiagnostic:
     sealed_files: tuple[str, ...] = (FILE,)
     always_in_table: bool = False
 
-    def seal(self, outcome: Outcome, scores: Scores | None) -> LogRatioPeak | None:
-        if outcome not in (Outcome.PASS, Outcome.MISMATCH) or scores is None:
-            return None
-        return peak(*scores)
+    def capture(self, case: CaseUnderCapture) -> Captured | None:
+        return SampledTokens(token_ids=case.rollout.tensors["token_ids"].tolist())
 
-    def files(self, outcome: Outcome, scores: Scores | None) -> Mapping[str, Tensors]:
+    def seal(
+        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
+    ) -> Mapping[str, LogRatioPeak]:
+        if outcome not in (Outcome.PASS, Outcome.MISMATCH) or scores is None:
+            return {}
+        if not isinstance(captured, SampledTokens):
+            raise ValueError(f"{NAME}: a scored case without its capture")
+        return {NAME: peak(*scores, captured.token_ids)}
+
+    def files(
+        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
+    ) -> Mapping[str, Tensors]:
         if outcome not in (Outcome.PASS, Outcome.MISMATCH) or scores is None:
             return {}
         return {FILE: {"log_ratio": log_ratio(*scores)}}
 
     def check(
-        self, comparison: Comparison, diffs: Tensors, files: Mapping[str, Tensors | None]
+        self,
+        comparison: Comparison,
+        diffs: Tensors,
+        files: Mapping[str, Tensors | None],
+        scored: Mapping[str, Tensors],
     ) -> Comparison:
         recorded = _part(comparison.diagnostics)
         sealed = files[FILE]
@@ -83,12 +120,13 @@ class LogRatioPeakDiagnostic:
         scores = (diffs["training_logprobs"], diffs["rollout_logprobs"], diffs["active_mask"])
         if not torch.equal(sealed["log_ratio"], log_ratio(*scores)):
             raise SealError(FILE, "log_ratio differs from token_diffs.pt")
-        again = peak(*scores)
+        again = peak(*scores, scored[layout.SCORE_ROLLOUT]["token_ids"].tolist())
         for field in LogRatioPeak.__struct_fields__:
             if getattr(recorded, field) != getattr(again, field):
                 raise SealError(
                     layout.COMPARISON,
-                    f"diagnostics.{NAME}.{field} differs from token_diffs.pt",
+                    f"diagnostics.{NAME}.{field} differs from "
+                    + (layout.SCORE_ROLLOUT if field == "token_id" else layout.TOKEN_DIFFS),
                 )
         return comparison
 
@@ -116,9 +154,9 @@ class LogRatioPeakDiagnostic:
         part = _part(diagnostics)
         return [] if part is None else [(f"drift_{NAME}", repr(part.log_ratio))]
 
-    def json_part(self, diagnostics: Diagnostics | None) -> JsonObject | None:
+    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
         part = _part(diagnostics)
-        return None if part is None else msgspec.to_builtins(part)
+        return {} if part is None else {NAME: msgspec.to_builtins(part)}
 
     def report_headers(self) -> tuple[str, ...]:
         return (HEADER,)
@@ -137,6 +175,12 @@ class LogRatioPeakDiagnostic:
             el("p", f"r = {part.log_ratio!r} at sample {part.sample}, position {part.position}"),
             class_=NAME,
         )
+
+    def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
+        return None
+
+    def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
+        return ()
 
 
 DIAGNOSTIC = LogRatioPeakDiagnostic()

@@ -392,8 +392,8 @@ def test_the_report_draws_the_split_of_every_case(on: dict[str, Any], tmp_path: 
     html = page.read_text()
     for name in ("path-split", "path-split-position"):
         assert html.count(f"data-plot='{name}'") == len(on["cases"]), name
+    from pytest_logprob_drift.diagnostics.path_split.plot import plot_data
     from pytest_logprob_drift.numerics.comparison import PathSplit, from_builtins
-    from pytest_logprob_drift.report.path_split import plot_data
 
     for label, case in on["cases"].items():
         rollout = _load(case["attempt"] / "score_rollout.pt")

@@ -17,11 +17,19 @@ from pytest_logprob_drift.numerics import importance_text
 from pytest_logprob_drift.numerics.comparison import ImportanceSamplingFigures
 
 if TYPE_CHECKING:
-    from pytest_logprob_drift.diagnostics.protocol import Scores, Tensors
+    from pathlib import Path
+
+    from pytest_logprob_drift.diagnostics.protocol import (
+        Captured,
+        CaseUnderCapture,
+        Scores,
+        Tensors,
+    )
     from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.store.attempt import Seal
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,15 +41,22 @@ class ImportanceSamplingDiagnostic:
     sealed_files: tuple[str, ...] = ()
     always_in_table: bool = True
 
-    def seal(self, outcome: Outcome, scores: Scores | None) -> ImportanceSamplingFigures | None:
+    def capture(self, case: CaseUnderCapture) -> Captured | None:
+        return None
+
+    def seal(
+        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
+    ) -> Mapping[str, ImportanceSamplingFigures]:
         from pytest_logprob_drift.diagnostics.importance_sampling import check
         from pytest_logprob_drift.store.comparison_record import SCORED_OUTCOMES
 
         if outcome not in SCORED_OUTCOMES or scores is None:
-            return None
-        return check.figures(*scores)
+            return {}
+        return {self.name: check.figures(*scores)}
 
-    def files(self, outcome: Outcome, scores: Scores | None) -> Mapping[str, Tensors]:
+    def files(
+        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
+    ) -> Mapping[str, Tensors]:
         return {}
 
     def check(
@@ -49,6 +64,7 @@ class ImportanceSamplingDiagnostic:
         comparison: Comparison,
         diffs: Tensors,
         files: Mapping[str, Tensors | None],
+        scored: Mapping[str, Tensors],
     ) -> Comparison:
         from pytest_logprob_drift.diagnostics.importance_sampling import check
 
@@ -76,9 +92,9 @@ class ImportanceSamplingDiagnostic:
     def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
         return importance_text.properties(diagnostics)
 
-    def json_part(self, diagnostics: Diagnostics | None) -> JsonObject | None:
+    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
         figures = importance_text.figures_of(diagnostics)
-        return None if figures is None else figures.to_json()
+        return {} if figures is None else {self.name: figures.to_json()}
 
     def report_headers(self) -> tuple[str, ...]:
         return section.HEADERS
@@ -88,6 +104,12 @@ class ImportanceSamplingDiagnostic:
 
     def report_section(self, diagnostics: Diagnostics) -> Markup | None:
         return section.panel(diagnostics)
+
+    def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
+        return None
+
+    def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
+        return ()
 
 
 DIAGNOSTIC = ImportanceSamplingDiagnostic()

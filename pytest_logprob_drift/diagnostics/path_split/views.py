@@ -2,8 +2,8 @@
 
 Owns how the CLI run table, the plugin's failure text and junit properties show where the
 drift enters (``numerics.comparison.PathSplit``; written by ``execute.replay``, checked by
-``store.path_split_check``): two table cells (max |decode - prefill| inside the rollout engine,
-max |prefill - training| across engines), a line, and ``drift_path_*`` properties. Knows
+``diagnostics.path_split.check``): two table cells (max |decode - prefill| inside the rollout
+engine, max |prefill - training| across engines), a line, and ``drift_path_*`` properties. Knows
 nothing about torch, files or how the numbers were computed; a comparison without a path split
 renders as nothing (the table keeps its columns only when some case has one).
 """

@@ -1,0 +1,14 @@
+"""The path-split diagnostic: where the drift enters (decode vs prefill vs training).
+
+One folder: ``diagnostic`` (the ``Diagnostic`` the hubs loop over), ``views`` (the run table's
+cells, lines and junit properties), ``check`` (the sealed replay files and the recorded part
+checked offline) and ``plot`` (the report's two figures). Its capture is ``execute.replay``
+(the rollout engine's ``PrefillReplay`` / ``DecodeReplay``, implemented in ``runtimes/``); its
+pure computation is ``numerics.path_split`` (shared with that capture). Asked for by the
+case's ``diagnostics.replay`` (config and execution key unchanged, in ``config/``); its
+attribution contribution (the path members) stays in ``attribution/``.
+"""
+
+from pytest_logprob_drift.diagnostics.path_split.diagnostic import DIAGNOSTIC
+
+__all__ = ["DIAGNOSTIC"]
