@@ -151,17 +151,24 @@ def test_a_tampered_v3_document_is_named(
     assert all(needle in out for needle in needles), out
 
 
-def test_an_earlier_form_record_sealed_beside_v3_is_named(
-    runs: dict[str, Path], tmp_path: Path
+@pytest.mark.parametrize(
+    ("source_run", "name"),
+    [("wave4-nemo-rl", "requested.json"), ("wave4-hf-deep-layers", "weights_rollout.json")],
+)
+def test_an_executed_attempt_document_sealed_beside_v3_is_named(
+    runs: dict[str, Path], tmp_path: Path, source_run: str, name: str
 ) -> None:
+    """Nothing was requested, materialized, read back or loaded for an imported step: a run-side
+    document (an earlier form's record or a side's weight digests) sealed beside a v3
+    ``imported.json`` is refused, naming it."""
     run_dir = _copy(runs["nemo-rl"], tmp_path)
     attempt = _attempts(run_dir)[0]
-    earlier = next((WAVE4 / "runs" / "wave4-nemo-rl" / "cases").glob("*/*/requested.json"))
-    shutil.copy(earlier, attempt / "requested.json")
-    reseal(run_dir, attempt / "requested.json")
+    earlier = next((WAVE4 / "runs" / source_run / "cases").glob(f"*/*/{name}"))
+    shutil.copy(earlier, attempt / name)
+    reseal(run_dir, attempt / name)
     code, out = _verify(run_dir)
     assert code != 0
-    assert "requested.json" in out and "sealed beside a cross_config.imported_step.v3" in out, out
+    assert name in out and "sealed beside a cross_config.imported_step.v3" in out, out
 
 
 def test_an_earlier_form_step_still_needs_its_records(tmp_path: Path) -> None:

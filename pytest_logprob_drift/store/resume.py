@@ -226,7 +226,7 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
             if name in JSON_FILES and not own_set:
                 raise SealError(name, "required file is not sealed")
             continue
-        if name in JSON_FILES and own_set:
+        if own_set and name != layout.IMPORTED:
             raise SealError(name, f"sealed beside a {STEP_V3} imported.json (a step seals none)")
         if name == layout.IMPORTED and imported is not None:
             documents[name] = imported  # decoded once, above
