@@ -12,7 +12,9 @@ rollout logprobs equal the backend's formula applied here to logits taken from a
 ``vllm.LLM`` through its own ``collective_rpc`` (not from the project's engine); the float32
 head executes, every worker reads back float32 logits at the sampler over a bfloat16 head
 weight, its prefill replay equals a float32 head computed here from the plain engine's final
-hidden states (and not the bfloat16 head), and the attribution says it moved the rollout side.
+hidden states (and not the bfloat16 head), and the attribution says it moved the rollout side;
+the bf16 rollout's sealed prefill replay is exactly what that plain bfloat16 engine gives for
+the sealed sequences (one plain engine per dtype for the module).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +176,20 @@ def _plain_engine(model_dir: Path, dtype: str, seed: int) -> Any:
         max_model_len=64,
         kv_cache_memory_bytes=64 * 1024 * 1024,
         enforce_eager=True,
+        enable_prefix_caching=False,  # as the S1 cases' engines (and nothing cached to reuse)
     )
+
+
+@pytest.fixture(scope="module")
+def bf16_engine(run: dict[str, Any]) -> Iterator[Any]:
+    """One plain bfloat16 ``vllm.LLM`` (not the project's engine) for the module's bf16
+    checks: the float32 head computed here, and the prefill replay redone here."""
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    checkpoint = resolve_checkpoint(run["identity"]["checkpoint"]["uri"], expected_digest=None)
+    llm = _plain_engine(checkpoint.path, "bfloat16", int(run["identity"]["sampling"]["seed"]))
+    yield llm
+    llm.llm_engine.engine_core.shutdown()
+    del llm
 
 
 def _prompt_path_captures(llm: Any, rows: list[list[int]]) -> list[tuple[Any, Any, Any]]:
@@ -273,7 +289,9 @@ def test_production_backends_match_their_formula_on_a_plain_engines_logits(
         del llm
 
 
-def test_the_float32_head_is_read_back_and_matches_one_computed_here(run: dict[str, Any]) -> None:
+def test_the_float32_head_is_read_back_and_matches_one_computed_here(
+    run: dict[str, Any], bf16_engine: Any
+) -> None:
     cases = run["cases"]
     for label, model_dtype in ((HEAD, "float32"), (PAIR, "bfloat16")):
         actual = _actual(cases[label])
@@ -287,15 +305,8 @@ def test_the_float32_head_is_read_back_and_matches_one_computed_here(run: dict[s
     assert bf16["knobs"]["rollout.lm_head_dtype"]["actual"] == "compute"
     assert bf16["read_back"]["vllm.sampler_logits_dtype"] == "bfloat16"
 
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    checkpoint = resolve_checkpoint(run["identity"]["checkpoint"]["uri"], expected_digest=None)
-    llm = _plain_engine(checkpoint.path, "bfloat16", int(run["identity"]["sampling"]["seed"]))
-    try:
-        rows, prefill, rollout = _sealed_rows(cases[PAIR], "score_rollout_prefill.pt")
-        captures = _prompt_path_captures(llm, rows)
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
+    rows, prefill, rollout = _sealed_rows(cases[PAIR], "score_rollout_prefill.pt")
+    captures = _prompt_path_captures(bf16_engine, rows)
     active = rollout["active_mask"].bool()
     worst32 = worst16 = 0.0
     for i, (row, (hidden, logits16, weight)) in enumerate(zip(rows, captures, strict=True)):
@@ -315,3 +326,35 @@ def test_the_float32_head_is_read_back_and_matches_one_computed_here(run: dict[s
     entries = {c["label"]: c for c in run["attribution"]["cases"]}
     assert "rollout" in entries[PAIR]["classification"], entries[PAIR]["classification"]
     assert "training" not in entries[PAIR]["classification"]
+
+
+def test_an_independent_vllm_engine_replays_the_bf16_rollout_the_same(
+    run: dict[str, Any], bf16_engine: Any
+) -> None:
+    """The bf16 rollout's sealed prefill replay is exactly what the plain engine gives: the
+    sealed sequences resubmitted here in the run's chunks, ``prompt_logprobs=0``."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    attempt = run["cases"]["rollout.dtype=bfloat16"]
+    rollout = _rollout(attempt)
+    sealed = _rollout(attempt, "score_rollout_prefill.pt")["logprobs"]
+    chunk = json.loads(S1.read_text())["baseline"]["batch"]["size"]
+    lengths = rollout["attention_mask"].sum(-1).tolist()
+    rows = [rollout["token_ids"][i, :n].tolist() for i, n in enumerate(lengths)]
+    assert len(rows) > chunk - 1  # at least one whole chunk
+    mine = torch.zeros_like(sealed)
+    for start in range(0, len(rows), chunk):
+        outputs = bf16_engine.generate(
+            [TokensPrompt(prompt_token_ids=r) for r in rows[start : start + chunk]],
+            SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
+            use_tqdm=False,
+        )
+        for j, out in enumerate(outputs):
+            row = start + j
+            for k in range(1, len(rows[row])):
+                mine[row, k] = out.prompt_logprobs[k][rows[row][k]].logprob
+    active = rollout["active_mask"].bool()
+    assert int(active.sum()) > 0
+    mine = torch.where(active, mine, torch.zeros_like(mine))
+    torch.testing.assert_close(sealed, mine, rtol=0, atol=0)
