@@ -13,6 +13,7 @@ response), and the planted flip is found at layer 1 by the routing view.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,10 @@ import pytest
 import torch
 from drift_testing import EXPERIMENTS, cli, experiment_config
 from resealing import reseal
+from safetensors.torch import load_file
 
-from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED
+from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED, FUSED_ON_BOTH
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm")
@@ -134,17 +137,50 @@ def test_the_recorded_figures_equal_a_numpy_recompute(run: dict[str, Any]) -> No
     assert counts["unknown"] == []  # no prefix cache: every position before t is routed
 
 
-def test_the_weight_check_skips_the_experts_and_checks_the_router(run: dict[str, Any]) -> None:
+def _sha(tensor: torch.Tensor) -> str:
+    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_the_weight_check_covers_every_expert_half_and_the_router(run: dict[str, Any]) -> None:
+    """Every per-expert checkpoint tensor is checked on both sides (vLLM's fused w13/w2 read
+    per expert, gate and up apart, before the CPU prepack; transformers' fused gate_up_proj
+    reverted to per-expert names), each digest recomputed here from the safetensors file
+    with hashlib and a plain torch cast, whole and per rank."""
     attempt = run["attempt"]
-    for name in ("weights_rollout.json", "weights_training.json"):
-        document = json.loads((attempt / name).read_text())
-        assert document["refused"] is None, name
-        assert document["differences"] == [], name
-        checked = {t["name"] for t in document["tensors"]}
-        assert {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight"} <= checked
-        skipped = {s["name"] for s in document["skipped"] if s["reason"] == EXPERTS_NOT_CHECKED}
-        assert "model.layers.1.mlp.experts.3.down_proj.weight" in skipped, name
-        assert not any(".experts." in n for n in checked), name
+    model_dir = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
+    (checkpoint,) = Path(model_dir).glob("*.safetensors")
+    stored = {n: t.to(torch.bfloat16) for n, t in load_file(str(checkpoint)).items()}
+    experts = {n for n in stored if ".mlp.experts." in n}
+    assert len(experts) == 2 * 4 * 3  # layers x experts x (gate, up, down)
+    for side in ("weights_rollout.json", "weights_training.json"):
+        document = json.loads((attempt / side).read_text())
+        assert document["refused"] is None, side
+        assert document["differences"] == [], side
+        tensors = {t["name"]: t for t in document["tensors"]}
+        assert set(tensors) == set(stored), side
+        for name, tensor in tensors.items():
+            assert tensor["checkpoint"] == tensor["side"] == _sha(stored[name]), (side, name)
+            for part in tensor["slices"]:  # one rank's rows (gate, up) or columns (down)
+                piece = stored[name].narrow(
+                    part["dim"], part["start"], part["stop"] - part["start"]
+                )
+                assert part["checkpoint"] == part["side"] == _sha(piece), (side, name, part)
+        skipped = {s["name"]: s["reason"] for s in document["skipped"]}
+        assert not any(r == EXPERTS_NOT_CHECKED for r in skipped.values()), side
+        fused = {n for n, r in skipped.items() if r == FUSED_ON_BOTH}
+        prefix = "model.layers.1.mlp.experts."
+        if side == "weights_rollout.json":
+            assert {
+                prefix + "routed_experts.w13_weight",
+                prefix + "routed_experts.w2_weight",
+            } <= fused
+            w13 = [t["slices"] for n, t in tensors.items() if n.endswith("up_proj.weight")]
+            assert all(s and s[0]["dim"] == 0 for s in w13)  # TP 1: the whole rows
+            down = [t["slices"] for n, t in tensors.items() if n.endswith("down_proj.weight")]
+            assert all(s and s[0]["dim"] == 1 for s in down)
+        else:
+            assert {prefix + "gate_up_proj", prefix + "down_proj"} <= fused, side
 
 
 def test_verify_recomputes_the_routing_figures_and_names_a_tampered_one(

@@ -353,7 +353,7 @@ class DriftWorkerExtension:
 
         worker: Any = self
         model_dir = Path(str(worker.vllm_config.model_config.model))
-        return rank_report(worker.get_model(), model_dir, point=LIVE_POINT)
+        return rank_report(worker.get_model(), model_dir, point=LIVE_POINT, live=True)
 
     def logp_install(self, spec: KernelReference) -> rollout_logp.LogpReport:
         """Install the catalog ``selected_logprob`` backend ``spec`` names in this worker's
