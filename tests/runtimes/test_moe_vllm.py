@@ -34,6 +34,8 @@ pytest.importorskip("vllm")
 ID = "vllm-moe-routing"
 REPLAY = "training.moe_routing=replay"
 PLANTED = "flip-layer-1"
+SWAP = "swap_expert_gate_up"
+PUSH = "rollout.weight_sync=trainer"
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:
@@ -52,9 +54,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "experiment_id": ID,
             "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
             "identity.sampling.max_new_tokens": 8,
-            # Training-side knobs only: every case reuses the one rollout engine.
+            # Training-side knobs reuse the one checkpoint-loaded rollout engine; the pushes
+            # (the trainer's per-expert tensors, and the planted [up; gate] swap) one more.
+            "baseline.rollout.weight_sync": "checkpoint",
             "interventions": [
-                {"path": "training.moe_routing", "values": ["replay", f"planted:{PLANTED}"]}
+                {"path": "training.moe_routing", "values": ["replay", f"planted:{PLANTED}"]},
+                {"path": "rollout.weight_sync", "values": ["trainer", f"planted:{SWAP}"]},
             ],
         },
     )
@@ -71,9 +76,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cases = {}
     for comparison in run_dir.glob("cases/*/*/comparison.json"):
         document = json.loads(comparison.read_text())
-        assert document["outcome"] in ("PASS", "MISMATCH"), out[-2000:] + err[-3000:]
+        planted_push = document["label"] == f"rollout.weight_sync=planted:{SWAP}"
+        expected = ("INVALID_IDENTITY",) if planted_push else ("PASS", "MISMATCH")
+        assert document["outcome"] in expected, out[-2000:] + err[-3000:]
         cases[document["label"]] = {"attempt": comparison.parent, "comparison": document}
-    assert set(cases) == {"baseline", REPLAY, f"training.moe_routing=planted:{PLANTED}"}
+    assert set(cases) == {
+        "baseline",
+        REPLAY,
+        f"training.moe_routing=planted:{PLANTED}",
+        PUSH,
+        f"rollout.weight_sync=planted:{SWAP}",
+    }
     assert code in (0, 1), err[-3000:]
     base = cases["baseline"]
     return {"run_dir": run_dir, **base, "cases": cases, "text": out}
@@ -269,3 +282,51 @@ def test_the_planted_flip_is_found_at_layer_1(run: dict[str, Any]) -> None:
     assert figures["agreement_by_layer"][1] <= 0.1
     counts = figures["first_differing_layer_counts"]
     assert counts[1] >= 0.9 * compared - counts[0]
+
+
+def test_the_push_reproduces_the_checkpoint_loaded_scores_bitwise(run: dict[str, Any]) -> None:
+    """The trainer's per-expert tensors pushed into a dummy-loaded engine: the rollout scores
+    are the checkpoint-loaded baseline's, bitwise (vLLM 0.32's reload skipped the CPU experts'
+    prepack and ran on scrambled experts until the worker extension re-ran it), and the
+    digests taken after the push equal the checkpoint's for every expert half."""
+    pushed, loaded = run["cases"][PUSH], run["cases"]["baseline"]
+    assert pushed["comparison"]["outcome"] == loaded["comparison"]["outcome"]
+    reference = _load(loaded["attempt"] / "score_rollout.pt")
+    scores = _load(pushed["attempt"] / "score_rollout.pt")
+    assert set(scores) == set(reference)
+    for name, tensor in reference.items():
+        assert torch.equal(scores[name], tensor), name
+    document = json.loads((pushed["attempt"] / "weights_rollout.json").read_text())
+    assert "push" in document["point"]
+    assert document["refused"] is None and document["differences"] == []
+    experts = {t["name"] for t in document["tensors"] if ".mlp.experts." in t["name"]}
+    assert len(experts) == 2 * 4 * 3
+
+
+def test_a_planted_gate_up_swap_is_named_by_tensor_expert_and_side(run: dict[str, Any]) -> None:
+    from pytest_logprob_drift.plan.planted_sync import SWAPPED_EXPERT
+
+    case = run["cases"][f"rollout.weight_sync=planted:{SWAP}"]
+    gate, up = SWAPPED_EXPERT
+    assert case["comparison"]["outcome"] == "INVALID_IDENTITY"
+    rollout = json.loads((case["attempt"] / "weights_rollout.json").read_text())
+    training = json.loads((case["attempt"] / "weights_training.json").read_text())
+    assert training["differences"] == []
+    # each half, whole and as TP rank 0's slice of it
+    assert sorted((d["name"], d["kind"]) for d in rollout["differences"]) == [
+        (gate, "slice"),
+        (gate, "values"),
+        (up, "slice"),
+        (up, "values"),
+    ]
+    assert rollout["side"] == "rollout"
+    # what the engine holds as expert 2's gate is the checkpoint's up projection, and back
+    model_dir = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
+    (checkpoint,) = Path(model_dir).glob("*.safetensors")
+    stored = load_file(str(checkpoint))
+    held = {t["name"]: t["side"] for t in rollout["tensors"]}
+    assert held[gate] == _sha(stored[up].to(torch.bfloat16))
+    assert held[up] == _sha(stored[gate].to(torch.bfloat16))
+    code, out, err = cli("report", run["run_dir"], "--json")
+    assert code == 0, err
+    assert gate in out
