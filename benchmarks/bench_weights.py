@@ -157,7 +157,7 @@ def vllm_share(uri: str, tp: int, dtype: str) -> float:
     start = time.perf_counter()
     with VllmRolloutEngine(spec) as engine:
         load = time.perf_counter() - start
-        workers = float(engine.loaded_weights.get("seconds", 0.0))
+        workers = float(engine.loaded_weights.seconds or 0.0)
         start = time.perf_counter()
         side_document(
             side="rollout",
