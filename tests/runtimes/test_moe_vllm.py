@@ -4,11 +4,15 @@ The rollout's routing is what vLLM's routers chose while it generated (never a r
 exactly at padding and at each row's last sampled token; the trainer's is -1 exactly at
 padding. The recorded figures equal a numpy recompute from the sealed tensors written here;
 the rollout's experts agree with the trainer's on most tokens (bf16 rounding flips a few); the
-weight check lists the experts as skipped and checks the router; verify recomputes the figures
-and names a tampered one; ``report --json`` and the run table carry the routing view.
+weight check covers every expert, gate and up apart, and the router (each digest recomputed
+here from the safetensors file); verify recomputes the figures and names a tampered one;
+``report --json`` and the run table carry the routing view.
 The same engine run serves two training-side cases (issue 55): with routing replay the
 trainer's sealed experts are the rollout's at every position the rollout routed (prompt and
 response), and the planted flip is found at layer 1 by the routing view.
+Three more rollout engines (the MoE expert weights): a TP 2 engine (per-rank expert digests),
+the trainer's push (its rollout scores bitwise the checkpoint-loaded baseline's) and the
+planted ``[up; gate]`` push (INVALID_IDENTITY naming both halves of the expert).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ REPLAY = "training.moe_routing=replay"
 PLANTED = "flip-layer-1"
 SWAP = "swap_expert_gate_up"
 PUSH = "rollout.weight_sync=trainer"
+TP2 = "rollout.tensor_parallel_size=2"
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:
@@ -60,6 +65,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "interventions": [
                 {"path": "training.moe_routing", "values": ["replay", f"planted:{PLANTED}"]},
                 {"path": "rollout.weight_sync", "values": ["trainer", f"planted:{SWAP}"]},
+                {"path": "rollout.tensor_parallel_size", "values": [2]},
             ],
         },
     )
@@ -86,6 +92,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         f"training.moe_routing=planted:{PLANTED}",
         PUSH,
         f"rollout.weight_sync=planted:{SWAP}",
+        TP2,
     }
     assert code in (0, 1), err[-3000:]
     base = cases["baseline"]
@@ -159,14 +166,16 @@ def test_the_weight_check_covers_every_expert_half_and_the_router(run: dict[str,
     """Every per-expert checkpoint tensor is checked on both sides (vLLM's fused w13/w2 read
     per expert, gate and up apart, before the CPU prepack; transformers' fused gate_up_proj
     reverted to per-expert names), each digest recomputed here from the safetensors file
-    with hashlib and a plain torch cast, whole and per rank."""
-    attempt = run["attempt"]
+    with hashlib and a plain torch cast, whole and per rank (TP 1 and TP 2: rank r holds rows
+    [r*I/2, (r+1)*I/2) of gate and of up, the same columns of down)."""
     model_dir = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
     (checkpoint,) = Path(model_dir).glob("*.safetensors")
     stored = {n: t.to(torch.bfloat16) for n, t in load_file(str(checkpoint)).items()}
     experts = {n for n in stored if ".mlp.experts." in n}
     assert len(experts) == 2 * 4 * 3  # layers x experts x (gate, up, down)
-    for side in ("weights_rollout.json", "weights_training.json"):
+    runs = [(1, run["attempt"], side) for side in ("weights_rollout.json", "weights_training.json")]
+    runs.append((2, run["cases"][TP2]["attempt"], "weights_rollout.json"))
+    for tp, attempt, side in runs:
         document = json.loads((attempt / side).read_text())
         assert document["refused"] is None, side
         assert document["differences"] == [], side
@@ -188,10 +197,14 @@ def test_the_weight_check_covers_every_expert_half_and_the_router(run: dict[str,
                 prefix + "routed_experts.w13_weight",
                 prefix + "routed_experts.w2_weight",
             } <= fused
-            w13 = [t["slices"] for n, t in tensors.items() if n.endswith("up_proj.weight")]
-            assert all(s and s[0]["dim"] == 0 for s in w13)  # TP 1: the whole rows
-            down = [t["slices"] for n, t in tensors.items() if n.endswith("down_proj.weight")]
-            assert all(s and s[0]["dim"] == 1 for s in down)
+            assert document["tensor_parallel_size"] == tp
+            for name in experts:
+                rows = stored[name].shape[1 if name.endswith("down_proj.weight") else 0] // tp
+                spans = [
+                    (p["rank"], p["dim"], p["start"], p["stop"]) for p in tensors[name]["slices"]
+                ]
+                dim = 1 if name.endswith("down_proj.weight") else 0
+                assert spans == [(r, dim, r * rows, (r + 1) * rows) for r in range(tp)], name
         else:
             assert {prefix + "gate_up_proj", prefix + "down_proj"} <= fused, side
 
