@@ -17,6 +17,12 @@ Three figures:
    and by the checkpoint reference (1x, with a cast), at the measured GB/s, against a load time
    of ``--load-8b-s`` seconds (default 60 s, a local-NVMe load of 16 GB; an assumption, not a
    measurement on this machine).
+4. The same paper estimate for a Qwen3-30B-A3B-sized mixture-of-experts model (30.53e9
+   parameters, 61.06e9 bytes in bfloat16, 48 layers x 128 experts x 3 per-expert tensors =
+   18432 expert tensors, each digested per expert and per half) against ``--load-moe-s``
+   seconds (default 240 s, an assumption); the number of per-tensor gathers over the TP group
+   (one per expert tensor at TP > 1) is printed beside it, not timed. ``--models
+   tiny://qwen3-moe-h128-v1 --tp 1`` measures figure 2 on the tiny MoE build.
 
 Goal: the digests take at most ``GOAL`` (0.25) of the engine's load. Exits 1 when a measured
 tiny-model share misses it (``--no-goal``: report only). The tiny models' loads are dominated by
@@ -40,6 +46,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 GOAL = 0.25
 EIGHT_B_BYTES = 16.06e9
+MOE_30B_BYTES = 61.06e9
+MOE_30B_EXPERT_TENSORS = 48 * 128 * 3
 
 
 def hashing(gib: float, repeats: int) -> float:
@@ -149,7 +157,7 @@ def vllm_share(uri: str, tp: int, dtype: str) -> float:
     start = time.perf_counter()
     with VllmRolloutEngine(spec) as engine:
         load = time.perf_counter() - start
-        workers = float(engine.loaded_weights.get("seconds", 0.0))
+        workers = float(engine.loaded_weights.seconds or 0.0)
         start = time.perf_counter()
         side_document(
             side="rollout",
@@ -199,6 +207,7 @@ def main() -> int:
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--load-8b-s", type=float, default=60.0)
+    parser.add_argument("--load-moe-s", type=float, default=240.0)
     parser.add_argument("--no-goal", action="store_true")
     args = parser.parse_args()
     gbps = hashing(args.gib, args.repeats)
@@ -211,6 +220,16 @@ def main() -> int:
         f"(at the pooled {pooled:.2f} GB/s measured here; 1 thread: {one:.2f} GB/s) = "
         f"{side_s + ref_s:.1f} s, {(side_s + ref_s) / args.load_8b_s:.2f}x of a "
         f"{args.load_8b_s:.0f} s load (goal {GOAL}x)"
+    )
+    moe_side_s = MOE_30B_BYTES * (1 + 1 / args.tp) / (gbps * 1e9)
+    moe_ref_s = MOE_30B_BYTES / (pooled * 1e9)
+    gathers = MOE_30B_EXPERT_TENSORS if args.tp > 1 else 0
+    print(
+        f"Qwen3-30B-A3B-sized MoE bfloat16 estimate at TP {args.tp}: {moe_side_s:.1f} s on TP "
+        f"rank 0 + {moe_ref_s:.1f} s for the checkpoint reference = "
+        f"{moe_side_s + moe_ref_s:.1f} s, {(moe_side_s + moe_ref_s) / args.load_moe_s:.2f}x of "
+        f"a {args.load_moe_s:.0f} s load (goal {GOAL}x); plus {gathers} per-expert-tensor "
+        "gathers over the TP group's CPU group (not timed)"
     )
     shares = []
     for uri in args.models:

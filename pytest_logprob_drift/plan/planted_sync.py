@@ -2,7 +2,8 @@
 
 Owns the registry of planted variants a case names as ``rollout.weight_sync=planted:NAME``
 (``plan.knobs.PLANTED_SYNC_PREFIX``; planning refuses a name that is not here): each says what the
-push leaves out, the dtype it pushes through, the tensors it sends from the previous policy, whether
+push leaves out, the dtype it pushes through, the tensors it sends from the previous policy or
+under each other's names, whether
 the refit skips the prefix cache reset, and which push it plants into (``trainer`` or
 ``trainer_refit``). The runner refuses such a case unless the execution policy authorizes test-only
 backends, exactly as it refuses a test-only ``selected_logprob`` backend (the same flag:
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
 EMBEDDING: Final = "model.embed_tokens.weight"
 LM_HEAD: Final = "lm_head.weight"
 STALE_TENSOR: Final = "model.layers.0.mlp.down_proj.weight"
+SWAPPED_EXPERT: Final = (
+    "model.layers.1.mlp.experts.2.gate_proj.weight",
+    "model.layers.1.mlp.experts.2.up_proj.weight",
+)
+"""One expert's gate and up halves of a mixture-of-experts checkpoint (the tiny MoE builds)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +43,8 @@ class SyncVariant:
     skip: tuple[str, ...] = ()
     through: str | None = None
     stale: tuple[str, ...] = ()
+    swapped: tuple[tuple[str, str], ...] = ()
+    """Pairs of tensors pushed under each other's names (an expert's ``[up; gate]``)."""
     keep_prefix_cache: bool = False
 
 
@@ -58,6 +66,12 @@ SYNC_VARIANTS: Final[Mapping[str, SyncVariant]] = {
             name="stale_tensor",
             description=f"{STALE_TENSOR} is pushed from the previous policy",
             stale=(STALE_TENSOR,),
+        ),
+        SyncVariant(
+            name="swap_expert_gate_up",
+            description=f"expert 2 of layer 1 is pushed as [up; gate]: {SWAPPED_EXPERT[0]} "
+            f"and {SWAPPED_EXPERT[1]} under each other's names",
+            swapped=(SWAPPED_EXPERT,),
         ),
         SyncVariant(
             name="keep_prefix_cache",

@@ -71,7 +71,31 @@ def gathered_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         if callable(full):
             tensor = full()
         seen[key] = whole[name] = tensor.cpu()
-    return whole
+    return _per_expert(module, whole)
+
+
+def _per_expert(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with a mixture-of-experts model's fused expert tensors (transformers 5's
+    ``experts.gate_up_proj``) replaced, in place in the order, by the checkpoint's per-expert
+    tensors they hold (``moe_experts.expert_tensors``: transformers' own reverse conversion,
+    what ``save_pretrained`` writes and RL frameworks export)."""
+    from pytest_logprob_drift.runtimes.weights.moe_experts import (
+        expert_index,
+        expert_tensors,
+        is_expert_tensor,
+    )
+
+    fused = [n for n in state if is_expert_tensor(n) and expert_index(n) is None]
+    if not fused:
+        return state
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name not in fused:
+            out[name] = tensor
+            continue
+        for expert_name, expert in expert_tensors(module, {name: tensor}).items():
+            out[expert_name] = expert.contiguous()
+    return out
 
 
 def tie_groups(state: Mapping[str, torch.Tensor]) -> list[list[str]]:
@@ -159,7 +183,8 @@ def previous_policy(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
 class PlantedSync(Protocol):
     """A test-only way of getting the push wrong (the registry is ``runtimes.
     planted_sync``): ``skip``: left out of the push; ``through``: a dtype every tensor is
-    cast through first; ``stale``: tensors sent from the previous policy."""
+    cast through first; ``stale``: tensors sent from the previous policy; ``swapped``: pairs
+    sent under each other's names."""
 
     @property
     def skip(self) -> tuple[str, ...]: ...
@@ -169,6 +194,9 @@ class PlantedSync(Protocol):
 
     @property
     def stale(self) -> tuple[str, ...]: ...
+
+    @property
+    def swapped(self) -> tuple[tuple[str, str], ...]: ...
 
 
 def planted_state(
@@ -193,6 +221,11 @@ def planted_state(
             if name not in state:
                 raise KeyError(f"the planted stale tensor {name!r} is not in the state")
             out[name] = before[name]
+    for first, second in variant.swapped:
+        for name in (first, second):
+            if name not in state:
+                raise KeyError(f"the planted swapped tensor {name!r} is not in the state")
+        out[first], out[second] = state[second], state[first]
     return out, tuple(n for n in variant.skip if n in state)
 
 

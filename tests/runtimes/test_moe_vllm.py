@@ -4,15 +4,20 @@ The rollout's routing is what vLLM's routers chose while it generated (never a r
 exactly at padding and at each row's last sampled token; the trainer's is -1 exactly at
 padding. The recorded figures equal a numpy recompute from the sealed tensors written here;
 the rollout's experts agree with the trainer's on most tokens (bf16 rounding flips a few); the
-weight check lists the experts as skipped and checks the router; verify recomputes the figures
-and names a tampered one; ``report --json`` and the run table carry the routing view.
+weight check covers every expert, gate and up apart, and the router (each digest recomputed
+here from the safetensors file); verify recomputes the figures and names a tampered one;
+``report --json`` and the run table carry the routing view.
 The same engine run serves two training-side cases (issue 55): with routing replay the
 trainer's sealed experts are the rollout's at every position the rollout routed (prompt and
 response), and the planted flip is found at layer 1 by the routing view.
+Three more rollout engines (the MoE expert weights): a TP 2 engine (per-rank expert digests),
+the trainer's push (its rollout scores bitwise the checkpoint-loaded baseline's) and the
+planted ``[up; gate]`` push (INVALID_IDENTITY naming both halves of the expert).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -22,8 +27,10 @@ import pytest
 import torch
 from drift_testing import EXPERIMENTS, cli, experiment_config
 from resealing import reseal
+from safetensors.torch import load_file
 
-from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED
+from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED, FUSED_ON_BOTH
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm")
@@ -31,6 +38,9 @@ pytest.importorskip("vllm")
 ID = "vllm-moe-routing"
 REPLAY = "training.moe_routing=replay"
 PLANTED = "flip-layer-1"
+SWAP = "swap_expert_gate_up"
+PUSH = "rollout.weight_sync=trainer"
+TP2 = "rollout.tensor_parallel_size=2"
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:
@@ -49,9 +59,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "experiment_id": ID,
             "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
             "identity.sampling.max_new_tokens": 8,
-            # Training-side knobs only: every case reuses the one rollout engine.
+            # Training-side knobs reuse the one checkpoint-loaded rollout engine; the pushes
+            # (the trainer's per-expert tensors, and the planted [up; gate] swap) one more.
+            "baseline.rollout.weight_sync": "checkpoint",
             "interventions": [
-                {"path": "training.moe_routing", "values": ["replay", f"planted:{PLANTED}"]}
+                {"path": "training.moe_routing", "values": ["replay", f"planted:{PLANTED}"]},
+                {"path": "rollout.weight_sync", "values": ["trainer", f"planted:{SWAP}"]},
+                {"path": "rollout.tensor_parallel_size", "values": [2]},
             ],
         },
     )
@@ -68,9 +82,18 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cases = {}
     for comparison in run_dir.glob("cases/*/*/comparison.json"):
         document = json.loads(comparison.read_text())
-        assert document["outcome"] in ("PASS", "MISMATCH"), out[-2000:] + err[-3000:]
+        planted_push = document["label"] == f"rollout.weight_sync=planted:{SWAP}"
+        expected = ("INVALID_IDENTITY",) if planted_push else ("PASS", "MISMATCH")
+        assert document["outcome"] in expected, out[-2000:] + err[-3000:]
         cases[document["label"]] = {"attempt": comparison.parent, "comparison": document}
-    assert set(cases) == {"baseline", REPLAY, f"training.moe_routing=planted:{PLANTED}"}
+    assert set(cases) == {
+        "baseline",
+        REPLAY,
+        f"training.moe_routing=planted:{PLANTED}",
+        PUSH,
+        f"rollout.weight_sync=planted:{SWAP}",
+        TP2,
+    }
     assert code in (0, 1), err[-3000:]
     base = cases["baseline"]
     return {"run_dir": run_dir, **base, "cases": cases, "text": out}
@@ -134,17 +157,56 @@ def test_the_recorded_figures_equal_a_numpy_recompute(run: dict[str, Any]) -> No
     assert counts["unknown"] == []  # no prefix cache: every position before t is routed
 
 
-def test_the_weight_check_skips_the_experts_and_checks_the_router(run: dict[str, Any]) -> None:
-    attempt = run["attempt"]
-    for name in ("weights_rollout.json", "weights_training.json"):
-        document = json.loads((attempt / name).read_text())
-        assert document["refused"] is None, name
-        assert document["differences"] == [], name
-        checked = {t["name"] for t in document["tensors"]}
-        assert {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight"} <= checked
-        skipped = {s["name"] for s in document["skipped"] if s["reason"] == EXPERTS_NOT_CHECKED}
-        assert "model.layers.1.mlp.experts.3.down_proj.weight" in skipped, name
-        assert not any(".experts." in n for n in checked), name
+def _sha(tensor: torch.Tensor) -> str:
+    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_the_weight_check_covers_every_expert_half_and_the_router(run: dict[str, Any]) -> None:
+    """Every per-expert checkpoint tensor is checked on both sides (vLLM's fused w13/w2 read
+    per expert, gate and up apart, before the CPU prepack; transformers' fused gate_up_proj
+    reverted to per-expert names), each digest recomputed here from the safetensors file
+    with hashlib and a plain torch cast, whole and per rank (TP 1 and TP 2: rank r holds rows
+    [r*I/2, (r+1)*I/2) of gate and of up, the same columns of down)."""
+    model_dir = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
+    (checkpoint,) = Path(model_dir).glob("*.safetensors")
+    stored = {n: t.to(torch.bfloat16) for n, t in load_file(str(checkpoint)).items()}
+    experts = {n for n in stored if ".mlp.experts." in n}
+    assert len(experts) == 2 * 4 * 3  # layers x experts x (gate, up, down)
+    runs = [(1, run["attempt"], side) for side in ("weights_rollout.json", "weights_training.json")]
+    runs.append((2, run["cases"][TP2]["attempt"], "weights_rollout.json"))
+    for tp, attempt, side in runs:
+        document = json.loads((attempt / side).read_text())
+        assert document["refused"] is None, side
+        assert document["differences"] == [], side
+        tensors = {t["name"]: t for t in document["tensors"]}
+        assert set(tensors) == set(stored), side
+        for name, tensor in tensors.items():
+            assert tensor["checkpoint"] == tensor["side"] == _sha(stored[name]), (side, name)
+            for part in tensor["slices"]:  # one rank's rows (gate, up) or columns (down)
+                piece = stored[name].narrow(
+                    part["dim"], part["start"], part["stop"] - part["start"]
+                )
+                assert part["checkpoint"] == part["side"] == _sha(piece), (side, name, part)
+        skipped = {s["name"]: s["reason"] for s in document["skipped"]}
+        assert not any(r == EXPERTS_NOT_CHECKED for r in skipped.values()), side
+        fused = {n for n, r in skipped.items() if r == FUSED_ON_BOTH}
+        prefix = "model.layers.1.mlp.experts."
+        if side == "weights_rollout.json":
+            assert {
+                prefix + "routed_experts.w13_weight",
+                prefix + "routed_experts.w2_weight",
+            } <= fused
+            assert document["tensor_parallel_size"] == tp
+            for name in experts:
+                rows = stored[name].shape[1 if name.endswith("down_proj.weight") else 0] // tp
+                spans = [
+                    (p["rank"], p["dim"], p["start"], p["stop"]) for p in tensors[name]["slices"]
+                ]
+                dim = 1 if name.endswith("down_proj.weight") else 0
+                assert spans == [(r, dim, r * rows, (r + 1) * rows) for r in range(tp)], name
+        else:
+            assert {prefix + "gate_up_proj", prefix + "down_proj"} <= fused, side
 
 
 def test_verify_recomputes_the_routing_figures_and_names_a_tampered_one(
@@ -233,3 +295,51 @@ def test_the_planted_flip_is_found_at_layer_1(run: dict[str, Any]) -> None:
     assert figures["agreement_by_layer"][1] <= 0.1
     counts = figures["first_differing_layer_counts"]
     assert counts[1] >= 0.9 * compared - counts[0]
+
+
+def test_the_push_reproduces_the_checkpoint_loaded_scores_bitwise(run: dict[str, Any]) -> None:
+    """The trainer's per-expert tensors pushed into a dummy-loaded engine: the rollout scores
+    are the checkpoint-loaded baseline's, bitwise (vLLM 0.32's reload skipped the CPU experts'
+    prepack and ran on scrambled experts until the worker extension re-ran it), and the
+    digests taken after the push equal the checkpoint's for every expert half."""
+    pushed, loaded = run["cases"][PUSH], run["cases"]["baseline"]
+    assert pushed["comparison"]["outcome"] == loaded["comparison"]["outcome"]
+    reference = _load(loaded["attempt"] / "score_rollout.pt")
+    scores = _load(pushed["attempt"] / "score_rollout.pt")
+    assert set(scores) == set(reference)
+    for name, tensor in reference.items():
+        assert torch.equal(scores[name], tensor), name
+    document = json.loads((pushed["attempt"] / "weights_rollout.json").read_text())
+    assert "push" in document["point"]
+    assert document["refused"] is None and document["differences"] == []
+    experts = {t["name"] for t in document["tensors"] if ".mlp.experts." in t["name"]}
+    assert len(experts) == 2 * 4 * 3
+
+
+def test_a_planted_gate_up_swap_is_named_by_tensor_expert_and_side(run: dict[str, Any]) -> None:
+    from pytest_logprob_drift.plan.planted_sync import SWAPPED_EXPERT
+
+    case = run["cases"][f"rollout.weight_sync=planted:{SWAP}"]
+    gate, up = SWAPPED_EXPERT
+    assert case["comparison"]["outcome"] == "INVALID_IDENTITY"
+    rollout = json.loads((case["attempt"] / "weights_rollout.json").read_text())
+    training = json.loads((case["attempt"] / "weights_training.json").read_text())
+    assert training["differences"] == []
+    # each half, whole and as TP rank 0's slice of it
+    assert sorted((d["name"], d["kind"]) for d in rollout["differences"]) == [
+        (gate, "slice"),
+        (gate, "values"),
+        (up, "slice"),
+        (up, "values"),
+    ]
+    assert rollout["side"] == "rollout"
+    # what the engine holds as expert 2's gate is the checkpoint's up projection, and back
+    model_dir = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
+    (checkpoint,) = Path(model_dir).glob("*.safetensors")
+    stored = load_file(str(checkpoint))
+    held = {t["name"]: t["side"] for t in rollout["tensors"]}
+    assert held[gate] == _sha(stored[up].to(torch.bfloat16))
+    assert held[up] == _sha(stored[gate].to(torch.bfloat16))
+    code, out, err = cli("report", run["run_dir"], "--json")
+    assert code == 0, err
+    assert gate in out

@@ -1,7 +1,9 @@
-"""The weight check of a mixture-of-experts model on the transformers side: the expert tensors
-(the checkpoint's per-expert ones and transformers 5's fused ones) are listed as skipped with
-one reason, and every other tensor, the router ``mlp.gate.weight`` included, is checked
-against ``hashlib`` over the safetensors file's tensors cast with plain torch (written here)."""
+"""The weight check of a mixture-of-experts model on the transformers side: transformers 5's
+fused ``experts.gate_up_proj [E, 2I, H]`` / ``experts.down_proj`` are checked as the
+checkpoint's per-expert tensors (through transformers' own reverse conversion), every tensor,
+the router ``mlp.gate.weight`` included, against ``hashlib`` over the safetensors file's
+tensors cast with plain torch (written here); a gate/up swap in one expert and a changed
+router are named exactly."""
 
 from __future__ import annotations
 
@@ -18,7 +20,11 @@ pytest.importorskip("transformers")
 from pytest_logprob_drift.runtimes.tiny_model import TINY_MOE_ARCHITECTURES, resolve_checkpoint
 from pytest_logprob_drift.runtimes.transformers.adapter import module_weights
 from pytest_logprob_drift.runtimes.weights.module_digests import module_report
-from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED
+from pytest_logprob_drift.runtimes.weights.moe_experts import (
+    FUSED_ON_BOTH,
+    expert_index,
+    expert_span,
+)
 from pytest_logprob_drift.store.weights_check import differences
 
 PER_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
@@ -30,7 +36,7 @@ def _sha(tensor: torch.Tensor) -> str:
 
 
 @pytest.mark.parametrize("name", [a.name for a in TINY_MOE_ARCHITECTURES])
-def test_experts_are_skipped_and_the_rest_router_included_is_checked(name: str) -> None:
+def test_every_expert_half_and_the_router_is_checked(name: str) -> None:
     from transformers import AutoModelForCausalLM
 
     path = resolve_checkpoint(f"tiny://{name}", expected_digest=None).path
@@ -41,33 +47,58 @@ def test_experts_are_skipped_and_the_rest_router_included_is_checked(name: str) 
     report = module_report(model, set(stored))
     experts = {n for n in stored if PER_EXPERT.match(n)}
     assert len(experts) == 2 * 4 * 3  # layers x experts x projections
-    dense = set(stored) - experts
-    assert {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight"} <= dense
-    assert set(report["tensors"]) == dense
-    for tensor_name in dense:
-        assert report["tensors"][tensor_name]["sha256"] == _sha(
-            stored[tensor_name].to(torch.bfloat16)
-        ), tensor_name
+    assert {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight"} <= set(stored)
+    assert set(report["tensors"]) == set(stored)
+    for tensor_name, tensor in stored.items():
+        assert report["tensors"][tensor_name]["sha256"] == _sha(tensor.to(torch.bfloat16)), (
+            tensor_name
+        )
     fused = {
         f"model.layers.{i}.mlp.experts.{p}" for i in range(2) for p in ("gate_up_proj", "down_proj")
     }
-    assert {n: r for n, r in report["skipped"].items() if r == EXPERTS_NOT_CHECKED}.keys() == (
-        experts | fused
-    )
+    assert {n for n, r in report["skipped"].items() if r == FUSED_ON_BOTH} == fused
     assert report["extra"] == {}
     document = module_weights(
         model, path, side="training", dtype="bfloat16", lm_head_dtype="bfloat16"
     )
     assert document.refused is None
     assert differences(document) == []
-    assert {t.name for t in document.tensors} == dense
-    assert {s.name for s in document.skipped} >= experts | fused
-    # a router that no longer holds the checkpoint's values is found
+    assert {t.name for t in document.tensors} == set(stored)
+    # expert 2 of layer 1 holding [up; gate] (NeMo-RL#2586's class): both halves named
+    experts_module = model.model.layers[1].mlp.experts
     with torch.no_grad():
-        model.model.layers[1].mlp.gate.weight[0, 0] += 1.0
+        half = experts_module.gate_up_proj.shape[1] // 2
+        gate_up = experts_module.gate_up_proj[2].clone()
+        experts_module.gate_up_proj[2] = torch.cat([gate_up[half:], gate_up[:half]])
+        model.model.layers[0].mlp.gate.weight[0, 0] += 1.0
     changed = module_weights(
         model, path, side="training", dtype="bfloat16", lm_head_dtype="bfloat16"
     )
-    assert [(d.name, d.kind) for d in differences(changed)] == [
-        ("model.layers.1.mlp.gate.weight", "values")
+    assert sorted((d.name, d.kind) for d in differences(changed)) == [
+        ("model.layers.0.mlp.gate.weight", "values"),
+        ("model.layers.1.mlp.experts.2.gate_proj.weight", "values"),
+        ("model.layers.1.mlp.experts.2.up_proj.weight", "values"),
     ]
+
+
+def test_expert_spans_per_rank_gate_then_up() -> None:
+    """The arithmetic of vLLM's w13/w2 per rank, against the loader's own rule written here:
+    rank r holds gate rows [r*I/TP, (r+1)*I/TP) first, then the same up rows; w2 columns."""
+    for tp in (1, 2, 4):
+        local = 64 // tp
+        for rank in range(tp):
+            gate = expert_span("w1", expert=3, local=local, checkpoint=64, tp_size=tp, tp_rank=rank)
+            up = expert_span("w3", expert=3, local=local, checkpoint=64, tp_size=tp, tp_rank=rank)
+            down = expert_span("w2", expert=3, local=local, checkpoint=64, tp_size=tp, tp_rank=rank)
+            assert (gate.local_dim, gate.local_start, gate.local_stop) == (0, 0, local)
+            assert (up.local_dim, up.local_start, up.local_stop) == (0, local, 2 * local)
+            assert (down.local_dim, down.local_start, down.local_stop) == (1, 0, local)
+            for span in (gate, up, down):
+                assert (span.start, span.stop, span.expert) == (rank * local, (rank + 1) * local, 3)
+            assert (gate.dim, up.dim, down.dim) == (0, 0, 1)
+    with pytest.raises(ValueError, match="not an even split"):
+        expert_span("w1", expert=0, local=32, checkpoint=48, tp_size=2, tp_rank=0)
+    with pytest.raises(ValueError, match="no expert shard 'w4'"):
+        expert_span("w4", expert=0, local=32, checkpoint=64, tp_size=2, tp_rank=0)
+    assert expert_index("model.layers.1.mlp.experts.13.up_proj.weight") == 13
+    assert expert_index("model.layers.1.mlp.experts.gate_up_proj") is None

@@ -277,6 +277,7 @@ def _capture_pushed(model: Any) -> None:
             captured[names.get(id(target), type(target).__name__)] = {
                 n: p.detach().clone() for n, p in target.named_parameters(recurse=False)
             }
+            _forget_moe_kernel(method)
             return inner(target)
 
         method.process_weights_after_loading = snapshot
@@ -287,6 +288,20 @@ def _capture_pushed(model: Any) -> None:
 
     layerwise._layerwise_process = process
     _PUSHED.tensors, _PUSHED.original = captured, original
+
+
+def _forget_moe_kernel(method: Any) -> None:
+    """On vLLM's CPU build, drop an unquantized MoE layer's built kernel before the layer is
+    processed again after a push, so that processing runs as at load time (pad, prepack).
+    vLLM 0.32's ``UnquantizedFusedMoEMethod.process_weights_after_loading`` runs the CPU
+    experts' prepack only while ``moe_kernel`` is None; on a reload it skips it, and the
+    layerwise reload then copies the unpacked weights into the packed storage, so the engine
+    computes with scrambled experts (measured: docs/MOE.md). The layerwise reload copies the
+    processed tensors back into the original storage afterwards, as for a linear."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and getattr(method, "moe_kernel", None) is not None:
+        method.moe_kernel = None
 
 
 def _release_capture() -> None:
@@ -353,7 +368,7 @@ class DriftWorkerExtension:
 
         worker: Any = self
         model_dir = Path(str(worker.vllm_config.model_config.model))
-        return rank_report(worker.get_model(), model_dir, point=LIVE_POINT)
+        return rank_report(worker.get_model(), model_dir, point=LIVE_POINT, live=True)
 
     def logp_install(self, spec: KernelReference) -> rollout_logp.LogpReport:
         """Install the catalog ``selected_logprob`` backend ``spec`` names in this worker's

@@ -8,9 +8,12 @@ moment; each rank briefly holds one whole parameter at a time, and the whole mod
 network once per rank: the cost is one all-gather of the model plus one SHA-256 pass over it
 on rank 0) and rank 0 digests it. A name that is the very same parameter object as an
 earlier one (a tied LM head) and that the checkpoint does not hold is reported tied;
-non-persistent buffers (``rotary_emb.inv_freq``) are named and skipped with the reason, and so
-are a mixture-of-experts model's expert tensors, the module's and the checkpoint's
-(``moe_experts``).
+non-persistent buffers (``rotary_emb.inv_freq``) are named and skipped with the reason. A
+mixture-of-experts layer's fused expert parameters (transformers 5's ``experts.gate_up_proj``,
+``experts.down_proj``) are turned back into the checkpoint's per-expert tensors by
+transformers' own reverse conversion (``moe_experts.expert_tensors``), one layer at a time,
+and each is digested under its checkpoint name; the fused parameters are listed as skipped
+with that reason.
 Knows nothing about engines, processes, comparison or sealing.
 """
 
@@ -21,7 +24,11 @@ from typing import Any
 
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.runtimes.weights.digest import dtype_name, tensor_sha256
-from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED, is_expert_tensor
+from pytest_logprob_drift.runtimes.weights.moe_experts import (
+    FUSED_ON_BOTH,
+    expert_tensors,
+    is_expert_tensor,
+)
 
 MODULE_POINT = "transformers module as loaded for scoring"
 FSDP_POINT = "FSDP2 ranks after sharding, each parameter gathered with full_tensor()"
@@ -49,10 +56,12 @@ def module_report(
     extra: dict[str, str] = {}
     seen: dict[int, str] = {}
     dtypes: list[str] = []
-    skipped: dict[str, str] = {n: EXPERTS_NOT_CHECKED for n in wanted if is_expert_tensor(n)}
+    skipped: dict[str, str] = {}
+    expert_groups: dict[str, dict[str, Any]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
-        if is_expert_tensor(name):
-            skipped[name] = EXPERTS_NOT_CHECKED
+        if is_expert_tensor(name) and name not in wanted:
+            layer = name[: name.index("experts.")]
+            expert_groups.setdefault(layer, {})[name] = param
             continue
         first = seen.setdefault(id(param), name)
         if first != name and name not in wanted:
@@ -71,6 +80,29 @@ def module_report(
             tensors[name] = entry
         else:
             extra[name] = "held by the module; the checkpoint has no tensor of this name"
+    for group in expert_groups.values():
+        fused = {
+            name: (param.full_tensor() if isinstance(param, DTensor) else param).detach()
+            for name, param in group.items()
+        }
+        for name, tensor in expert_tensors(model, fused).items():
+            entry = {
+                "held": True,
+                "shape": [int(n) for n in tensor.shape],
+                "dtype": dtype_name(tensor.dtype),
+                "sha256": tensor_sha256(tensor) if rank == 0 else None,
+            }
+            if name in wanted:
+                tensors[name] = entry
+            elif name in fused:
+                extra[name] = "expert tensor the checkpoint does not hold"
+            else:
+                extra[name] = (
+                    "expert tensor (per transformers' reverse conversion) the "
+                    "checkpoint does not hold"
+                )
+        skipped.update({name: FUSED_ON_BOTH for name in fused if name not in extra})
+        del fused
     non_persistent = _non_persistent(model)
     for name, buffer in model.named_buffers(remove_duplicate=False):
         if name in non_persistent:

@@ -12,9 +12,10 @@ the padding rows left out). Every rank digests its own span (a per-rank slice di
 spans are gathered to TP rank 0 over the TP group's CPU (gloo) group and rank 0 digests the
 whole tensor in the checkpoint's layout. A vLLM parameter no checkpoint name reaches is
 reported tied (the same parameter object as a mapped one: a tied LM head) or as held without
-a checkpoint source. Quantized layers are refused by name; a mixture-of-experts model's fused
-experts are skipped, the checkpoint's per-expert tensors and vLLM's ``w13``/``w2`` alike
-(``moe_experts``), and its router checked like any replicated linear. The pure
+a checkpoint source. Quantized layers are refused by name; a mixture-of-experts model's
+per-expert checkpoint tensors are placed in vLLM's fused ``w13``/``w2`` by the layer's own
+expert mapping (``moe_experts.expert_places``: one expert of the fused parameter, gate and up
+apart, this rank's rows or columns), and its router checked like any replicated linear. The pure
 arithmetic (``split_rows``, ``qkv_rows``, ``merged_rows``, ``vocab_rows``) takes plain numbers
 so it is tested without an engine.
 
@@ -33,7 +34,11 @@ import msgspec
 import torch
 
 from pytest_logprob_drift.runtimes.weights.digest import dtype_name, slice_of, tensor_sha256
-from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED, is_expert_tensor
+from pytest_logprob_drift.runtimes.weights.moe_experts import (
+    FUSED_ON_BOTH,
+    expert_places,
+    is_expert_tensor,
+)
 from pytest_logprob_drift.runtimes.weights.side_report import (
     HeldSlice,
     HeldTensor,
@@ -231,6 +236,8 @@ class _Placed:
     vllm_name: str
     param: Any
     span: RankSpan
+    expert: int | None = None
+    """The expert of a fused expert parameter (``param[expert]`` holds the tensor)."""
 
 
 def _checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
@@ -253,7 +260,7 @@ def _is_packed_away(module: Any, param: Any) -> bool:
     return int(param.numel()) == 0 and hasattr(module, "cpu_linear")
 
 
-def rank_report(model: Any, model_dir: Path, *, point: str) -> RankReport:
+def rank_report(model: Any, model_dir: Path, *, point: str, live: bool = False) -> RankReport:
     """This rank's digests of ``model`` in the checkpoint's names (collective over the TP group:
     every rank of the engine must call it at the same moment).
 
@@ -262,7 +269,8 @@ def rank_report(model: Any, model_dir: Path, *, point: str) -> RankReport:
     ``sha256`` on TP rank 0 only, and this rank's ``slice``: dim, start, stop, sha256),
     ``tied`` (vLLM parameter name -> checkpoint name it shares), ``skipped`` and ``extra``
     (name -> reason), ``refused`` (None, or why the layout is not covered), ``seconds`` (what
-    taking them cost this rank)."""
+    taking them cost this rank). ``live``: the model is read as it runs (after post-load
+    processing), where a built MoE kernel's experts are not readable (``moe_experts``)."""
     import time
 
     from vllm.distributed.parallel_state import get_tp_group
@@ -284,9 +292,30 @@ def rank_report(model: Any, model_dir: Path, *, point: str) -> RankReport:
     skipped: dict[str, str] = {}
     placed: list[_Placed] = []
     shapes = _checkpoint_shapes(model_dir)
+    experts, not_placed = expert_places(model, shapes, live=live)
+    skipped.update(not_placed)
     for name in sorted(shapes):
-        if is_expert_tensor(name):
-            skipped[name] = EXPERTS_NOT_CHECKED
+        if name in experts:
+            where = experts[name]
+            span = RankSpan(
+                local_dim=where.span.local_dim,
+                local_start=where.span.local_start,
+                local_stop=where.span.local_stop,
+                dim=where.span.dim,
+                start=where.span.start,
+                stop=where.span.stop,
+            )
+            placed.append(
+                _Placed(
+                    name=name,
+                    vllm_name=where.param_name,
+                    param=params[where.param_name],
+                    span=span,
+                    expert=where.span.expert,
+                )
+            )
+            continue
+        if name in not_placed:
             continue
         mapped = _mapped(model, name)
         if mapped is None:
@@ -319,10 +348,10 @@ def rank_report(model: Any, model_dir: Path, *, point: str) -> RankReport:
     extra: dict[str, str] = {}
     for vllm_name, param in params.items():
         if vllm_name in mapped_names:
+            if any(p.vllm_name == vllm_name and p.expert is not None for p in placed):
+                skipped[vllm_name] = FUSED_ON_BOTH
             continue
-        if is_expert_tensor(vllm_name):
-            skipped[vllm_name] = EXPERTS_NOT_CHECKED
-        elif id(param) in covered:
+        if id(param) in covered:
             tied[vllm_name] = by_object[id(param)]
         elif vllm_name not in {v.get("vllm_name") for v in tensors.values()}:
             extra[vllm_name] = "held by vLLM; no checkpoint tensor maps to it"
@@ -343,11 +372,12 @@ def _digest_placed(item: _Placed, group: Any, rank: int, size: int) -> RankTenso
     import torch.distributed as dist
 
     span = item.span
-    local = slice_of(item.param.detach(), span.local_dim, span.local_start, span.local_stop)
+    held = item.param.detach() if item.expert is None else item.param.detach()[item.expert]
+    local = slice_of(held, span.local_dim, span.local_start, span.local_stop)
     local_sha256 = tensor_sha256(local)
     entry: RankTensor = {
         "held": True,
-        "vllm_name": item.vllm_name,
+        "vllm_name": item.vllm_name if item.expert is None else f"{item.vllm_name}[{item.expert}]",
         "dtype": dtype_name(local.dtype),
         "slice": {
             "dim": 0 if span.dim is None else span.dim,
