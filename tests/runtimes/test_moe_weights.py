@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 
 pytest.importorskip("transformers")
 
+from pytest_logprob_drift.check.weights_check import differences
 from pytest_logprob_drift.runtimes.tiny_model import TINY_MOE_ARCHITECTURES, resolve_checkpoint
 from pytest_logprob_drift.runtimes.transformers.adapter import module_weights
 from pytest_logprob_drift.runtimes.weights.module_digests import module_report
 from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED
-from pytest_logprob_drift.store.weights_check import differences
 
 PER_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
 
