@@ -3,7 +3,7 @@
 Builds a synthetic sealed run with ``synthetic_run.py`` (not timed), then, each in a fresh
 interpreter so peak memory is the step's own, best of R rounds:
 
-- verify:      ``store.verify.verify_run`` (every seal, every tensor file loaded, every verdict
+- verify:      ``check.verify.verify_run`` (every seal, every tensor file loaded, every verdict
                recomputed, and since issue 24 every case's importance-sampling figures
                recomputed and compared), what ``logprob-drift verify`` does for the attempts;
 - attribution: loading every attempt's sealed scores and computing the attribution document
@@ -38,7 +38,7 @@ import json, resource, sys, time
 from pathlib import Path
 run_dir, step = Path(sys.argv[1]), sys.argv[2]
 import torch  # imported before timing: both steps need it, neither should pay for it
-from pytest_logprob_drift.store.verify import verify_run
+from pytest_logprob_drift.check.verify import verify_run
 from pytest_logprob_drift.attribution.sealed import attribute_attempts
 from pytest_logprob_drift.store.run import iter_attempt_dirs
 from pytest_logprob_drift.numerics.importance_sampling import importance_sampling

@@ -104,9 +104,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def _samples(attempt: Path) -> list[dict[str, Any]]:
     """Each sample of a sealed attempt: prompt, response, response-aligned mask and both
     sides' logprobs, read through the store's digest-checked loaders."""
+    from pytest_logprob_drift.check.resume import load_sealed_tensors
     from pytest_logprob_drift.store import layout
     from pytest_logprob_drift.store.attempt import read_seal
-    from pytest_logprob_drift.store.resume import load_sealed_tensors
 
     seal = read_seal(attempt)
     batch = load_sealed_tensors(attempt, layout.SCORE_ROLLOUT, seal)

@@ -18,9 +18,9 @@ import pytest
 from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0, cli_completed
 from drift_testing import cli as in_process
 
+from pytest_logprob_drift.check.resume import check_attempt
 from pytest_logprob_drift.cli import main
 from pytest_logprob_drift.store.layout import COMPLETE
-from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.run import iter_attempt_dirs
 from pytest_logprob_drift.store.seal import SealError
 

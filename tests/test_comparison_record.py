@@ -24,12 +24,12 @@ import pytest
 from drift_testing import S0, FaultyCpuSmokeAdapter, cli, copy_of_s0, run_by_label, run_s0
 
 from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.check.resume import check_attempt
 from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE
-from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.run import iter_attempt_dirs
 from pytest_logprob_drift.store.seal import SealError
 

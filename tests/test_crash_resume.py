@@ -34,11 +34,11 @@ from typing import Any
 import pytest
 from drift_testing import S0
 
+from pytest_logprob_drift.check.resume import check_attempt
+from pytest_logprob_drift.check.verify import verify_run_files
 from pytest_logprob_drift.store.layout import COMPLETE
-from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.run import iter_attempt_dirs
 from pytest_logprob_drift.store.seal import SealError
-from pytest_logprob_drift.store.verify import verify_run_files
 
 EXPECT = "logp.backend=smoke_only.logp_offset=MISMATCH"
 RUN_ARGS = [

@@ -291,9 +291,9 @@ def test_the_plugin_records_its_property_and_failure_line(pytester: pytest.Pytes
 
 HUBS = (
     "execute/case.py",
-    "store/resume.py",
+    "check/resume.py",
     "store/comparison.py",
-    "store/comparison_record.py",
+    "comparison_record.py",
     "report/load.py",
     "report/html.py",
     "report/columns.py",

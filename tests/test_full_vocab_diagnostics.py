@@ -19,6 +19,8 @@ import torch
 from drift_testing import ATTEMPT_FILES, OFFSET_LABEL, S0, run_by_label
 
 from pytest_logprob_drift import ConfigError, plan_file
+from pytest_logprob_drift.check.resume import check_attempt, load_sealed_tensors
+from pytest_logprob_drift.check.verify import verify_run
 from pytest_logprob_drift.diagnostics.full_vocabulary.check import check_divergence
 from pytest_logprob_drift.execute.runner import CaseResult
 from pytest_logprob_drift.numerics.comparison import Diagnostics, from_builtins
@@ -29,9 +31,7 @@ from pytest_logprob_drift.runtimes.smoke.runtime import (
     CpuSmokeAdapter,
     SyntheticCausalModel,
 )
-from pytest_logprob_drift.store.resume import check_attempt, load_sealed_tensors
 from pytest_logprob_drift.store.seal import SealError
-from pytest_logprob_drift.store.verify import verify_run
 
 
 def config(work: Path, diagnostics: Any | None, name: str = "config.json") -> str:

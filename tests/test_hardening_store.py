@@ -21,13 +21,14 @@ import torch
 from drift_testing import OFFSET_EXPECT, cli, experiment_document, plan_row, run_s0
 from tmpfs import fill
 
+from pytest_logprob_drift.check.resume import check_attempt
+from pytest_logprob_drift.check.verify import verify_run, verify_run_files
 from pytest_logprob_drift.errors import ExitCode, InvalidRunError, StorageError
 from pytest_logprob_drift.store.attempt import read_seal
 from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.keys import SealKey, load_seal_key, sealing_with
 from pytest_logprob_drift.store.layout import COMPLETE, run_seal_name
 from pytest_logprob_drift.store.layout import PLAN as PLAN_FILE
-from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.run import (
     ArtifactStore,
     iter_attempt_dirs,
@@ -36,7 +37,6 @@ from pytest_logprob_drift.store.run import (
     run_seals,
 )
 from pytest_logprob_drift.store.seal import SealError, write_manifest
-from pytest_logprob_drift.store.verify import verify_run, verify_run_files
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
 EXPECT = OFFSET_EXPECT

@@ -19,11 +19,11 @@ import pytest
 import torch
 from drift_testing import cli, copy_of_s0
 
+from pytest_logprob_drift.check.resume import check_attempt
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE, TOKEN_DIFFS
-from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.run import iter_attempt_dirs
 from pytest_logprob_drift.tensorio import tensors_from_bytes
 

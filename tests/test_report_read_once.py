@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from pytest_logprob_drift.check.verify import verify_run
 from pytest_logprob_drift.report import load
 from pytest_logprob_drift.report.load import load_report
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.verify import verify_run
 
 WAVE4 = Path(__file__).resolve().parent / "data" / "wave4" / "runs"
 RUNS = sorted(p.name for p in WAVE4.iterdir())

@@ -28,6 +28,7 @@ from drift_testing import (
 )
 
 from pytest_logprob_drift import UsageError, plan_file
+from pytest_logprob_drift.check.resume import check_attempt
 from pytest_logprob_drift.errors import Remedy
 from pytest_logprob_drift.execute.protocol import Materialized, RolloutOutput, RuntimeBinding
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
@@ -42,7 +43,6 @@ from pytest_logprob_drift.runtimes.smoke.runtime import (
     SyntheticRollout,
 )
 from pytest_logprob_drift.store.attempt import AttemptWriter
-from pytest_logprob_drift.store.resume import check_attempt
 
 
 def s0_document() -> dict[str, Any]:

@@ -28,14 +28,14 @@ from pytest_logprob_drift.attribution.sealed import (
     read_attribution,
     write_attribution,
 )
+from pytest_logprob_drift.check.resume import load_sealed_document
+from pytest_logprob_drift.check.verify import verify_run_files
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import ATTEMPT_SEAL, AttemptWriter, read_seal
 from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.keys import SealKey, load_seal_key, sealing_with
-from pytest_logprob_drift.store.resume import load_sealed_document
 from pytest_logprob_drift.store.run import RUN_SEAL, ArtifactStore, read_run_seal, run_seals
 from pytest_logprob_drift.store.seal import SealError, SealForm, read_manifest
-from pytest_logprob_drift.store.verify import verify_run_files
 
 KEY = SealKey(b"k" * 32, "the test key")
 OTHER_KEY = SealKey(b"o" * 32, "another test key")

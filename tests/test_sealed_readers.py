@@ -1,7 +1,7 @@
 """The strict readers every sealed file goes through (issue 21, class 4), on their own.
 
 ``store.decode.decode`` (every stored JSON file, into its type), ``tensorio.tensors_from_bytes``
-(every ``.pt``) and ``store.sealed_tensors.check_sealed_tensors`` (each ``.pt`` against its
+(every ``.pt``) and ``check.sealed_tensors.check_sealed_tensors`` (each ``.pt`` against its
 file's schema): what they accept is what ``json.loads``/``torch.load`` give for the same bytes,
 and each refusal says what is wrong in one line (with the JSON path, or the byte offset).
 The end-to-end cases (a re-sealed run through ``verify``, ``report`` and ``run``)
@@ -18,6 +18,7 @@ import msgspec
 import pytest
 import torch
 
+from pytest_logprob_drift.check.sealed_tensors import check_sealed_tensors
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.decode import (
     MAX_JSON_NESTING,
@@ -27,7 +28,6 @@ from pytest_logprob_drift.store.decode import (
     decode_any,
 )
 from pytest_logprob_drift.store.seal import SealError
-from pytest_logprob_drift.store.sealed_tensors import check_sealed_tensors
 from pytest_logprob_drift.tensorio import TensorFormatError, tensor_bytes, tensors_from_bytes
 
 

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from resealing import reseal
 
-from pytest_logprob_drift.store.resume import check_attempt
+from pytest_logprob_drift.check.resume import check_attempt
+from pytest_logprob_drift.check.verify import verify_run, verify_run_files
 from pytest_logprob_drift.store.seal import SealError
-from pytest_logprob_drift.store.verify import verify_run, verify_run_files
 from pytest_logprob_drift.tensorio import tensor_bytes, tensors_from_bytes
 
 NEMO_RL = REPO / "experiments" / "production" / "nemo-rl"

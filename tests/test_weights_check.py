@@ -1,4 +1,4 @@
-"""The weight check's comparison and its offline re-check (``store.weights_check``).
+"""The weight check's comparison and its offline re-check (``check.weights_check``).
 
 Documents are built by hand here, so every kind of difference is produced on purpose; each
 expected line is written out in the test, not derived from the module under test. The last
@@ -16,6 +16,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from pytest_logprob_drift.check.weights_check import (
+    check_weights,
+    differences,
+    summary,
+    violations,
+)
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
@@ -26,12 +32,6 @@ from pytest_logprob_drift.store.documents import (
     WeightsDocument,
 )
 from pytest_logprob_drift.store.seal import SealError
-from pytest_logprob_drift.store.weights_check import (
-    check_weights,
-    differences,
-    summary,
-    violations,
-)
 
 
 def _hex(text: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from resealing import reseal
 
-from pytest_logprob_drift.store.verify import verify_run
+from pytest_logprob_drift.check.verify import verify_run
 
 RUN = Path(__file__).parent / "data" / "wave4" / "runs" / "wave4-hf-bf16"
 ROLLOUT, TRAINING = "weights_rollout.json", "weights_training.json"

@@ -29,13 +29,13 @@ from pytest_logprob_drift.attribution.layers import (
     layer_noise_floor,
 )
 from pytest_logprob_drift.attribution.ranking import rank_key
+from pytest_logprob_drift.check.resume import load_sealed_document, load_sealed_tensors
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.documents import KnobScalar, Requested
-from pytest_logprob_drift.store.resume import load_sealed_document, load_sealed_tensors
 
 ATTRIBUTION_SCHEMA_VERSION = "cross_config.attribution.v1"
 ATTRIBUTED_OUTCOMES = (Outcome.PASS.value, Outcome.MISMATCH.value)

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pytest_logprob_drift.check.resume import load_sealed_tensors
 from pytest_logprob_drift.numerics.comparison import LayerFigures
 from pytest_logprob_drift.numerics.layer_reduction import compare
 from pytest_logprob_drift.numerics.layer_text import LOGITS
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.resume import load_sealed_tensors
 
 if TYPE_CHECKING:
     from pytest_logprob_drift.attribution.analysis import SealedExecution

@@ -35,6 +35,7 @@ from pytest_logprob_drift.attribution.document import (
     read_attribution_bytes,
 )
 from pytest_logprob_drift.attribution.importance import as_recorded
+from pytest_logprob_drift.check.resume import check_attempt
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.records import JsonObject, JsonValue, canonical_json, sha256_hex
 from pytest_logprob_drift.store import layout
@@ -50,7 +51,6 @@ from pytest_logprob_drift.store.files import (
     sha256_file,
 )
 from pytest_logprob_drift.store.keys import active_key, sealing_with
-from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.seal import (
     FilesManifest,
     Manifest,
@@ -175,7 +175,7 @@ def attribution_dirs(run_dir: Path) -> list[Path]:
 
 
 CheckedSeals = Mapping[tuple[str, str], Seal]
-"""Seals a check of the run has just verified (``store.verify.verify_run``'s ``ok`` attempts),
+"""Seals a check of the run has just verified (``check.verify.verify_run``'s ``ok`` attempts),
 by ``(case_id, attempt_id)``: an attempt among them is read from its seal, not checked again."""
 
 

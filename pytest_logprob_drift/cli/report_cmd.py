@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from pytest_logprob_drift.check.verify import require_run_dir
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import ExitCode, one_line
 from pytest_logprob_drift.report import routing
@@ -30,7 +31,6 @@ from pytest_logprob_drift.report.steps import Crossing
 from pytest_logprob_drift.report.summary import headers as summary_headers
 from pytest_logprob_drift.report.summary import ranking_table, report_json, summary_rows
 from pytest_logprob_drift.runtimes.token_text import token_decoder
-from pytest_logprob_drift.store.verify import require_run_dir
 from pytest_logprob_drift.tables import render_table
 
 

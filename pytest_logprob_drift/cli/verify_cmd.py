@@ -1,6 +1,6 @@
 """The ``verify`` command: re-check every seal of a run and recompute every verdict offline.
 
-Owns printing ``store.verify``'s per-attempt statuses, the run's own files against their run
+Owns printing ``check.verify``'s per-attempt statuses, the run's own files against their run
 seals (``experiment.json``, ``plan.jsonl``), and each sealed attribution's check
 (``attribution.sealed.verify_attribution``: its seal, the attempts it names, and the document
 recomputed from them) as a table or ``--json``, and the exit code (1 when any attempt, run
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TextIO
 
 from pytest_logprob_drift.attribution.sealed import verify_attributions
+from pytest_logprob_drift.check.verify import verify_run, verify_run_files
 from pytest_logprob_drift.errors import ExitCode, one_line
-from pytest_logprob_drift.store.verify import verify_run, verify_run_files
 from pytest_logprob_drift.tables import render_table
 
 

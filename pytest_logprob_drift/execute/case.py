@@ -6,7 +6,7 @@ Owns the steps between "this case must run" and "its attempt is sealed": strict 
 fingerprint-keyed pool, read-back of actual values, identity validation and the verdict, each
 installed diagnostic's capture (``diagnostics.registry``: handed the scored case after the
 read-back, so it cannot change what is read back), their parts and sealed files
-(``store.comparison_record``), each side's weight digests where its engine reports them (a
+(``comparison_record``), each side's weight digests where its engine reports them (a
 difference is an identity violation, a side whose layout is not covered is STRICT_REJECTED
 under strict execution), the opt-in layer and routing captures, and writing every payload
 before COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from pytest_logprob_drift.check import weights_check
+from pytest_logprob_drift.comparison_record import comparison_of
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.execute.engine_pool import EnginePool
 from pytest_logprob_drift.execute.layers import LayersResult, layer_diagnostics
@@ -70,9 +72,8 @@ from pytest_logprob_drift.registry.catalog import (
     SemanticOperatorCatalog,
 )
 from pytest_logprob_drift.registry.session import OperatorSession
-from pytest_logprob_drift.store import layout, weights_check
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
-from pytest_logprob_drift.store.comparison_record import comparison_of
 from pytest_logprob_drift.store.documents import (
     Actual,
     ExecutionKeyPayload,

@@ -323,7 +323,7 @@ class LayerCaptureEvidence(Protocol):
 class WeightDigests(Protocol):
     """An engine that reports the weights it holds, per checkpoint tensor, beside the
     checkpoint's (``store.documents.WeightsDocument``, differences already found by
-    ``store.weights_check``); taken once per engine construction."""
+    ``check.weights_check``); taken once per engine construction."""
 
     def weights(self) -> WeightsDocument: ...
 

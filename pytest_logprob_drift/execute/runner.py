@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_logprob_drift.check.resume import check_attempt
 from pytest_logprob_drift.errors import Remedy, UsageError
 from pytest_logprob_drift.execute.case import CaseExecution, execute_case
 from pytest_logprob_drift.execute.engine_pool import EnginePool
@@ -41,7 +42,6 @@ from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.records import CaseKind, JsonObject, JsonValue, canonical
 from pytest_logprob_drift.registry.catalog import SemanticOperatorCatalog
 from pytest_logprob_drift.store.attempt import execution_key
-from pytest_logprob_drift.store.resume import check_attempt
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.store.seal import SealError
 

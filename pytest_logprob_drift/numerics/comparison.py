@@ -431,7 +431,7 @@ Positive: TypeAlias = Annotated[int, msgspec.Meta(ge=1)]
 
 class LayerReduction(Record, frozen=True):
     """``diagnostics.layers.reduction``: the parameters the sides' states were reduced with
-    (``numerics.layer_reduction``; ``store.layers_check`` compares them with those of the
+    (``numerics.layer_reduction``; ``check.layers_check`` compares them with those of the
     sealed reductions), and ``positions_per_row`` when the capture read at most that many
     positions per row (``numerics.layer_reduction.capture_mask``; the config's range,
     1 .. ``LAYER_POSITIONS_LIMIT``)."""

@@ -2,7 +2,7 @@
 
 Owns how the CLI run output, the plugin's failure text and the report's text show where the
 two sides' MoE routers chose different experts (``numerics.comparison.RoutingDiagnostics``;
-written by ``execute.routing``, checked by ``store.routing_check``): two run-table cells (the
+written by ``execute.routing``, checked by ``check.routing_check``): two run-table cells (the
 lowest per-layer agreement and the share of tokens with a flip), a line per case (agreement by
 layer, the flip share, the drift split by flip / no flip / unknown, the worst tokens with where
 they flipped, each side's status when it did not capture). Knows nothing about torch, files or

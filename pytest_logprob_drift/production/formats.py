@@ -65,6 +65,7 @@ from typing import Any
 import msgspec
 import torch
 
+from pytest_logprob_drift.check.imported_check import rank_files_sha256
 from pytest_logprob_drift.numerics.framework_figures import SlimeBatch, slime_denominators
 from pytest_logprob_drift.production.sources import (
     NEUTRAL_DOCS,
@@ -73,7 +74,6 @@ from pytest_logprob_drift.production.sources import (
     nemo_rl_step,
 )
 from pytest_logprob_drift.store.documents import ImportedRow, ImportFormat, InputDigest
-from pytest_logprob_drift.store.imported_check import rank_files_sha256
 from pytest_logprob_drift.tensorio import inflation_problem
 
 UNSET = msgspec.UNSET

@@ -5,7 +5,7 @@ knows: each step's rows on one ``[B, T]`` token grid (padded to the step's longe
 most ``MAX_GRID_CELLS`` cells), judged by ``numerics.verdict.judge`` with the contract's one
 rule on the active tokens (ZERO_ACTIVE_TOKENS, INVALID_ARTIFACT for a non-finite active score:
 that step only), with the verdict's statistics and worst tokens and, for a judged step, the
-importance-sampling figures (``store.comparison_record``: what each framework's correction
+importance-sampling figures (``comparison_record``: what each framework's correction
 would clip), sealed as one attempt of a case per step (``store.attempt``): the
 ``score_rollout.pt``, ``score_training.pt``, ``comparison.json`` and ``token_diffs.pt`` an
 executed attempt seals, plus the step's own document ``imported.json``
@@ -15,7 +15,7 @@ materialized or read back), each written through the store's one attempt writer
 (``AttemptWriter.write_document``). Logprobs are sealed in float32 when every value of the step
 is one exactly (what a float32 trainer logged), else in float64; token ids in the narrowest of
 ``ID_DTYPES`` that holds the step's largest id; no ``position_ids`` (the grid determines them:
-``store.sealed_tensors.grid_positions``). A case id is the hash of the format, the
+``check.sealed_tensors.grid_positions``). A case id is the hash of the format, the
 step, the SHA-256 of the step's own source bytes and the contract version.
 
 One step is held at a time. Everything is written under a temporary directory inside the
@@ -46,6 +46,12 @@ from typing import Any, Final
 import msgspec
 import torch
 
+from pytest_logprob_drift.check.imported_check import (
+    imported_case_id,
+    imported_key_payload,
+    imported_label,
+)
+from pytest_logprob_drift.comparison_record import SCORED_OUTCOMES, comparison_of
 from pytest_logprob_drift.config.limits import experiment_id_fault
 from pytest_logprob_drift.errors import StorageError, UsageError
 from pytest_logprob_drift.numerics.comparison import (
@@ -71,7 +77,6 @@ from pytest_logprob_drift.production.worst import WorstSamples
 from pytest_logprob_drift.records import ResolvedContract, canonical, canonical_json
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import execution_key
-from pytest_logprob_drift.store.comparison_record import SCORED_OUTCOMES, comparison_of
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
     STEP_V3,
@@ -81,11 +86,6 @@ from pytest_logprob_drift.store.documents import (
     ImportSource,
 )
 from pytest_logprob_drift.store.files import fsync_dir, json_bytes, plain_name
-from pytest_logprob_drift.store.imported_check import (
-    imported_case_id,
-    imported_key_payload,
-    imported_label,
-)
 from pytest_logprob_drift.store.run import ArtifactStore
 from pytest_logprob_drift.tensorio import tensor_bytes
 

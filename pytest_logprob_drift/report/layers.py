@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_logprob_drift.check.resume import load_sealed_tensors
 from pytest_logprob_drift.numerics.comparison import LayerDiagnostics
 from pytest_logprob_drift.numerics.layer_reduction import relative_errors, state_names
 from pytest_logprob_drift.report.layer_lines import HEAT_HIGH as HEAT_HIGH
@@ -29,7 +30,6 @@ from pytest_logprob_drift.report.markup import Markup
 from pytest_logprob_drift.report.plots import LINE_COLOURS, log_ticks, new_figure, to_svg
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
-from pytest_logprob_drift.store.resume import load_sealed_tensors
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

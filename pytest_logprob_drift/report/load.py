@@ -1,7 +1,7 @@
 """Reading a run directory into a report: statuses, the shown attempt of each case, plot data.
 
 Owns turning ``RUN_DIR`` into ``model.ReportData``: the verify status of every attempt (from
-``store.verify.verify_run``, the same check ``verify`` runs), the newest ``ok`` attempt of each
+``check.verify.verify_run``, the same check ``verify`` runs), the newest ``ok`` attempt of each
 case as that check decoded it (``on_ok``: its documents, its comparison, the bytes it hashed,
 so each attempt's files are read and hashed once and what is shown is what was checked; past
 ``HELD_BYTES`` a tensor is read again through the store's digest-checked loader, so a file
@@ -41,6 +41,10 @@ from pytest_logprob_drift.attribution.sealed import (
     read_attribution,
     verify_attribution,
 )
+from pytest_logprob_drift.check import weights_check
+from pytest_logprob_drift.check.imported_check import sealed_key_payload
+from pytest_logprob_drift.check.resume import CheckedAttempt, load_sealed_tensors
+from pytest_logprob_drift.check.verify import AttemptStatus, require_run_dir, verify_run
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
@@ -73,7 +77,7 @@ from pytest_logprob_drift.report.steps import (
 )
 from pytest_logprob_drift.report.token_html import sample_anchor
 from pytest_logprob_drift.report.token_view import limits_note, token_view
-from pytest_logprob_drift.store import layout, weights_check
+from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.decode import Document, JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
     Actual,
@@ -85,11 +89,8 @@ from pytest_logprob_drift.store.documents import (
     WeightsDocument,
 )
 from pytest_logprob_drift.store.files import read_regular
-from pytest_logprob_drift.store.imported_check import sealed_key_payload
-from pytest_logprob_drift.store.resume import CheckedAttempt, load_sealed_tensors
 from pytest_logprob_drift.store.run import read_plan_log
 from pytest_logprob_drift.store.seal import SealError
-from pytest_logprob_drift.store.verify import AttemptStatus, require_run_dir, verify_run
 
 MAX_DETAILED = 24
 """Cases with a detailed section; the others are summarized by their table row."""

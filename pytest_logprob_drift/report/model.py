@@ -25,9 +25,9 @@ from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.store.read_back import ReadBackValue
 
 if TYPE_CHECKING:  # the record only; importing the store would import torch
+    from pytest_logprob_drift.check.verify import AttemptStatus
     from pytest_logprob_drift.report.layers import LayerPlot
     from pytest_logprob_drift.report.steps import StepsView
-    from pytest_logprob_drift.store.verify import AttemptStatus
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -187,7 +187,7 @@ class CaseView:
     gates: tuple[GateResult, ...] = ()
     """The frameworks' gates of the shown attempt (``numerics.gates``; empty: not judged)."""
     weights: tuple[tuple[str, str], ...] = ()
-    """``(side, one line)`` of each side's sealed weight check (``store.weights_check.summary``):
+    """``(side, one line)`` of each side's sealed weight check (``check.weights_check.summary``):
     ``N tensors, all equal to the checkpoint cast to bfloat16``, or the differences."""
 
 

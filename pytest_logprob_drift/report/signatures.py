@@ -2,7 +2,7 @@
 
 Owns collecting, from a loaded run, the step and sample scope signatures each shown case's
 comparison carries (sealed, or, for one sealed before them, computed by the check that
-``store.verify`` runs from its token_diffs.pt) and the run scope ones computed here from the
+``check.verify`` runs from its token_diffs.pt) and the run scope ones computed here from the
 imported steps' sealed ``mean_abs_diff`` (``numerics.signatures.run_signatures``, never
 sealed), each as one ``NamedSignature`` with the
 sentence the findings, the text report and the page show and the ``report --json`` entry.

@@ -6,7 +6,7 @@ next one is written; all of them, and the directory, durable before ``COMPLETE``
 last), and the attempt's seal: ``COMPLETE``, a manifest (``store.seal``) with header
 ``case_id``, ``attempt_id``, ``execution_key`` and the SHA-256 of every other file, plus ``mac``
 under a seal key. ``read_seal`` treats the directory as untrusted input. Knows nothing about
-what the files contain (``store.resume`` checks that), runtimes or verdicts.
+what the files contain (``check.resume`` checks that), runtimes or verdicts.
 """
 
 from __future__ import annotations

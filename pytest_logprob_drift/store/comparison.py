@@ -6,7 +6,7 @@ the attempt's ``SealError`` on ``comparison.json``, naming the JSON path at faul
 offset of a syntax error). A member of ``diagnostics`` that the record does not declare is the
 part of an installed diagnostic (``diagnostics.registry``), decoded strictly by its type into
 ``Diagnostics.installed_parts``, or one sealed by a diagnostic not installed here, refused as
-such (never as tampered). Used where an attempt is checked (``store.resume``) and by the
+such (never as tampered). Used where an attempt is checked (``check.resume``) and by the
 readers that open an attempt's comparison themselves (attribution, the report). Knows nothing
 about what the numbers mean or how they were computed.
 """

@@ -136,7 +136,7 @@ STEP_V3: Final = "cross_config.imported_step.v3"
 """The imported step's own document set: ``imported.json`` is the attempt's one document
 beside ``comparison.json`` (no requested/materialized/actual/identity: nothing was planned,
 materialized or read back), and it carries the importing environment the execution key
-hashes (``store.imported_check.imported_key_payload``)."""
+hashes (``check.imported_check.imported_key_payload``)."""
 
 
 class InputDigest(Document, frozen=True, kw_only=True):
@@ -272,7 +272,7 @@ class TiedTensor(Document, frozen=True, kw_only=True):
 
 
 class WeightDifference(Document, frozen=True, kw_only=True):
-    """One way a side's weights differ from the checkpoint's (``store.weights_check``):
+    """One way a side's weights differ from the checkpoint's (``check.weights_check``):
     the tensor, the side, the tensor-parallel rank (None: the whole tensor), the kind, and
     how (shapes, dtypes, or digests and, where the tensor was at hand, the max |difference|
     and the share of elements that differ)."""
@@ -289,7 +289,7 @@ class WeightsDocument(Document, frozen=True, kw_only=True):
     checkpoint tensor, after its engine was built, with the checkpoint's digests beside them
     (``sha256sum``-style hex), what was skipped and why, tied tensors, tensors held that no
     checkpoint tensor maps to, a refusal (a layout the mapping does not cover) and the
-    differences found (``store.weights_check`` recomputes them)."""
+    differences found (``check.weights_check`` recomputes them)."""
 
     schema_version: Literal["cross_config.weights.v1"]
     side: WeightSide

@@ -27,6 +27,8 @@ pytest.importorskip("transformers")
 from drift_testing import S0_HF, run_by_label  # noqa: E402
 
 from pytest_logprob_drift import plan_file  # noqa: E402
+from pytest_logprob_drift.check.resume import check_attempt, load_sealed_tensors  # noqa: E402
+from pytest_logprob_drift.check.verify import verify_run  # noqa: E402
 from pytest_logprob_drift.config.contract import resolve_contract  # noqa: E402
 from pytest_logprob_drift.numerics.full_vocabulary import Divergence, full_vocab_divergence  # noqa: E402
 from pytest_logprob_drift.numerics.sampling import Truncation  # noqa: E402
@@ -35,8 +37,6 @@ from pytest_logprob_drift.runtimes.batch import active_rows  # noqa: E402
 from pytest_logprob_drift.runtimes.tiny_model import ResolvedCheckpoint, resolve_checkpoint  # noqa: E402
 from pytest_logprob_drift.runtimes.transformers import engine as hf_engine  # noqa: E402
 from pytest_logprob_drift.runtimes.transformers import fsdp as fsdp_scoring  # noqa: E402
-from pytest_logprob_drift.store.resume import check_attempt, load_sealed_tensors  # noqa: E402
-from pytest_logprob_drift.store.verify import verify_run  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

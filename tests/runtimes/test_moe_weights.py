@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 pytest.importorskip("transformers")
 
+from pytest_logprob_drift.check.weights_check import differences
 from pytest_logprob_drift.runtimes.tiny_model import TINY_MOE_ARCHITECTURES, resolve_checkpoint
 from pytest_logprob_drift.runtimes.transformers.adapter import module_weights
 from pytest_logprob_drift.runtimes.weights.module_digests import module_report
@@ -25,7 +26,6 @@ from pytest_logprob_drift.runtimes.weights.moe_experts import (
     expert_index,
     expert_span,
 )
-from pytest_logprob_drift.store.weights_check import differences
 
 PER_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
 

@@ -24,10 +24,10 @@ transformers = pytest.importorskip("transformers")
 from drift_testing import S0_HF, run_by_label  # noqa: E402
 
 from pytest_logprob_drift import plan_file  # noqa: E402
+from pytest_logprob_drift.check.resume import check_attempt, load_sealed_tensors  # noqa: E402
+from pytest_logprob_drift.check.verify import verify_run  # noqa: E402
 from pytest_logprob_drift.outcomes import Outcome  # noqa: E402
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint  # noqa: E402
-from pytest_logprob_drift.store.resume import check_attempt, load_sealed_tensors  # noqa: E402
-from pytest_logprob_drift.store.verify import verify_run  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

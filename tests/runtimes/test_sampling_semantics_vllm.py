@@ -22,7 +22,7 @@ pytest.importorskip("vllm")
 
 from drift_testing import plugin_run
 
-from pytest_logprob_drift.store.verify import verify_run
+from pytest_logprob_drift.check.verify import verify_run
 
 pytestmark = pytest.mark.slow
 

@@ -20,11 +20,11 @@ pytest.importorskip("transformers")
 from drift_testing import S0_HF, S1, experiment_config, run_by_label
 
 from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.check.verify import verify_run
 from pytest_logprob_drift.execute.runner import CaseResult
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.report.html import render_page
 from pytest_logprob_drift.report.load import load_report
-from pytest_logprob_drift.store.verify import verify_run
 
 pytestmark = pytest.mark.slow
 

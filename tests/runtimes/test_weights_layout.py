@@ -133,9 +133,9 @@ def test_a_float32_head_over_a_bfloat16_body_is_the_checkpoint_through_bfloat16(
     """``lm_head_dtype=float32`` copies the bfloat16-loaded head to float32: its digest is the
     checkpoint's head (or, tied, embedding) cast to bfloat16 and then float32, and the document
     says so; a head that held the checkpoint's float32 values would differ."""
+    from pytest_logprob_drift.check.weights_check import summary
     from pytest_logprob_drift.runtimes.transformers.adapter import module_weights
     from pytest_logprob_drift.runtimes.transformers.engine import load_model
-    from pytest_logprob_drift.store.weights_check import summary
 
     path = resolve_checkpoint(uri, expected_digest=None).path
     model = load_model(path, dtype="bfloat16", attn_implementation="sdpa", lm_head_dtype="float32")

@@ -4,7 +4,7 @@ Owns deciding whether ``divergence.pt`` and the ``full_vocabulary`` / ``semantic
 entries of comparison.json agree: the summary is recomputed from the sealed tensors and the
 sampled-token logprobs of ``token_diffs.pt`` alone (``divergence.sealed_diagnostics``) and must
 equal what comparison.json records (its tensors on ``token_diffs.pt``'s grid); a summary
-recorded without its tensors is refused. Used by ``store.resume`` (so resume, ``verify`` and
+recorded without its tensors is refused. Used by ``check.resume`` (so resume, ``verify`` and
 the report all apply it). Never writes anything; knows nothing about engines.
 """
 

@@ -5,8 +5,8 @@ Owns computing ``diagnostics.importance_sampling`` from the tensors of ``token_d
 records, and deciding whether a recorded part agrees with that recomputation: a part that
 differs, or one recorded for an outcome without scores, is refused. Attempts sealed before the
 part existed get it computed here at read time, never by executing anything again. Called
-through the diagnostic (``diagnostic``) by the writers (``store.comparison_record``) and by
-``store.resume`` (so resume, ``verify`` and the report all apply the check). Never writes
+through the diagnostic (``diagnostic``) by the writers (``comparison_record``) and by
+``check.resume`` (so resume, ``verify`` and the report all apply the check). Never writes
 anything; knows nothing about engines or how the figures are shown.
 """
 
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import msgspec
 import torch
 
+from pytest_logprob_drift.comparison_record import SCORED_OUTCOMES
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
     ImportanceSamplingFigures,
@@ -24,7 +25,6 @@ from pytest_logprob_drift.numerics.comparison import (
 )
 from pytest_logprob_drift.numerics.importance_sampling import importance_sampling
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.comparison_record import SCORED_OUTCOMES
 from pytest_logprob_drift.store.seal import SealError
 
 

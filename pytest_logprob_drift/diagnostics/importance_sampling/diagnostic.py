@@ -47,8 +47,8 @@ class ImportanceSamplingDiagnostic:
     def seal(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
     ) -> Mapping[str, ImportanceSamplingFigures]:
+        from pytest_logprob_drift.comparison_record import SCORED_OUTCOMES
         from pytest_logprob_drift.diagnostics.importance_sampling import check
-        from pytest_logprob_drift.store.comparison_record import SCORED_OUTCOMES
 
         if outcome not in SCORED_OUTCOMES or scores is None:
             return {}

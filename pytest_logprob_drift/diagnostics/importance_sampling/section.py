@@ -4,7 +4,7 @@ Owns the case table's importance-sampling columns (the normalized ESS and verl's
 clipped-token fraction at cap 2), the per-case panel "what your correction would do" (each
 peer correction with its framework, the flag a user sets, its band and the fraction it would
 clip, drop or mask) and the report text's lines (the figures of an attempt sealed before they
-existed come from the check ``store.verify`` runs, from its sealed token_diffs.pt), shown
+existed come from the check ``check.verify`` runs, from its sealed token_diffs.pt), shown
 through the diagnostic (``diagnostic``). Built with ``report.markup`` only; the names come
 from ``numerics.peer_corrections`` and the wording from ``numerics.importance_text``.
 """

@@ -5,7 +5,7 @@ comparison.json's ``diagnostics.path_split`` agree: a replay file is sealed exac
 replay is recorded as run; it holds ``numerics.path_split.REPLAY_TENSORS`` on the grid of
 ``score_rollout.pt`` with its very masks; its token ids are the sampled ones (a replay of
 other tokens is refused); and the figures recomputed from the sealed tensors
-(``numerics.path_split.path_split``) equal the recorded ones. Used by ``store.resume`` (so
+(``numerics.path_split.path_split``) equal the recorded ones. Used by ``check.resume`` (so
 resume, ``verify`` and the report all apply it). Never writes anything; knows nothing about
 engines.
 """

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pytest_logprob_drift.check.resume import load_sealed_tensors
 from pytest_logprob_drift.numerics.comparison import PathSplit
 from pytest_logprob_drift.report.markup import Markup
 from pytest_logprob_drift.report.plots import (
@@ -30,7 +31,6 @@ from pytest_logprob_drift.report.plots import (
 )
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
-from pytest_logprob_drift.store.resume import load_sealed_tensors
 
 LOG10_LOW, LOG10_HIGH, PER_DECADE = -12, 1, 8
 """The histograms' shared bins: ``PER_DECADE`` per decade from 1e-12 to 10 nats."""

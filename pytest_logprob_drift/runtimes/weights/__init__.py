@@ -5,6 +5,6 @@ safetensors files (``checkpoint``), the training side's digests of a live module
 (``module_digests``, FSDP gathered) and the vLLM side's mapping of its fused, sharded,
 padded layout back to the checkpoint's names (``vllm_layout``). The comparison of a side's
 digests with the checkpoint's, which ``verify`` recomputes from sealed documents, is torch-free
-and lives in ``store.weights_check``. Every submodule imports torch; none is imported at
+and lives in ``check.weights_check``. Every submodule imports torch; none is imported at
 planning time.
 """

@@ -4,7 +4,7 @@ Owns joining a side report (``side_report.SideReport``: the plain values
 ``vllm_layout.merge_ranks`` or ``module_digests.module_report`` produce, decoded once) with
 the checkpoint's digests cast to the side's declared dtype (``checkpoint``), per tensor and
 per rank slice, into a ``store.documents.WeightsDocument``, and recording the differences
-``store.weights_check`` finds (the same function ``verify`` runs on the sealed document),
+``check.weights_check`` finds (the same function ``verify`` runs on the sealed document),
 with the max |difference| and the share of differing elements where the caller can hand over
 the side's tensor. Knows nothing about engines or cases.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from pytest_logprob_drift.check.weights_check import differences
 from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.runtimes.weights.checkpoint import (
     SliceSpan,
@@ -35,7 +36,6 @@ from pytest_logprob_drift.store.documents import (
     WeightsDocument,
     WeightSide,
 )
-from pytest_logprob_drift.store.weights_check import differences
 
 SideTensor = Callable[[str], "torch.Tensor | None"]
 """The side's tensor of a checkpoint name when it is at hand (None: not at hand)."""

@@ -1,7 +1,7 @@
 """What each sealed ``.pt`` of an attempt must hold: names, dtype kinds, ranks, one token grid.
 
 Owns the shape of the tensor files an attempt seals, checked once where a sealed ``.pt`` is
-loaded (``store.resume.load_sealed_tensors``, which every reader uses): ``score_rollout.pt``
+loaded (``check.resume.load_sealed_tensors``, which every reader uses): ``score_rollout.pt``
 and ``score_training.pt`` (the identity tensors and the side's logprobs on the ``[B, T]``
 token grid; the rollout's ``prompt_lengths`` ``[B]`` within ``0..T``; ``position_ids`` are
 sealed by an executed attempt and derived from ``attention_mask`` for an imported one, whose
@@ -77,7 +77,7 @@ SCHEMAS: Mapping[str, Mapping[str, TensorSpec]] = {
         SEALED_TOP_KEYS[1]: TensorSpec(kind=INTEGER, dims=("R", "K")),
     },
     **{
-        name: {  # numerics.layer_reduction; the rest is store.layers_check's
+        name: {  # numerics.layer_reduction; the rest is check.layers_check's
             "digests": TensorSpec(kind=INTEGER, dims=("S", "N", 16)),
             "projections": TensorSpec(kind=FLOATING, dims=("S", "N", 64)),
             "norms": TensorSpec(kind=FLOATING, dims=("S", "N")),
@@ -86,7 +86,7 @@ SCHEMAS: Mapping[str, Mapping[str, TensorSpec]] = {
         for name in layout.LAYER_FILES
     },
     **{
-        name: {  # numerics.routing; the rest is store.routing_check's
+        name: {  # numerics.routing; the rest is check.routing_check's
             "expert_ids": TensorSpec(kind=INTEGER, dims=("B", "T", "M", "K")),
             "gate_weights": TensorSpec(kind=FLOATING, dims=("B", "T", "M", "K")),
         }

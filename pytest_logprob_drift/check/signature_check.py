@@ -15,30 +15,16 @@ from collections.abc import Mapping
 import msgspec
 import torch
 
+from pytest_logprob_drift.check.rejudge import ABS_TOLERANCE, REL_TOLERANCE
 from pytest_logprob_drift.numerics.comparison import Comparison
+from pytest_logprob_drift.numerics.score_signatures import signatures
 from pytest_logprob_drift.numerics.signature_record import SealedSignature
-from pytest_logprob_drift.numerics.signatures import step_signatures
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
-from pytest_logprob_drift.store.rejudge import ABS_TOLERANCE, REL_TOLERANCE
 from pytest_logprob_drift.store.seal import SealError
 
 SIGNED_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH)
 """The outcomes whose comparison carries signatures (those with finite active scores)."""
-
-
-def signatures(
-    training: torch.Tensor, rollout: torch.Tensor, active: torch.Tensor
-) -> tuple[SealedSignature, ...]:
-    """The step and sample scope signatures of the verdict's three tensors (in float64 on the
-    CPU, so those sealed at execution are those ``verify`` recomputes from token_diffs.pt)."""
-    return tuple(
-        step_signatures(
-            training.detach().cpu().to(torch.float64).numpy(),
-            rollout.detach().cpu().to(torch.float64).numpy(),
-            active.detach().cpu().to(torch.bool).numpy(),
-        )
-    )
 
 
 def signatures_of_diffs(diffs: Mapping[str, torch.Tensor]) -> tuple[SealedSignature, ...]:

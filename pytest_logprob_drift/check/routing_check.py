@@ -5,7 +5,7 @@ Owns deciding whether ``routing_training.pt`` / ``routing_rollout.pt`` and compa
 ``routing_captured``; it holds a well-formed routing (``numerics.routing.check_routing``) on
 ``score_rollout.pt``'s grid, with the recorded MoE layer, top-k and routed position counts; and
 the figures recomputed from the sealed tensors (with ``token_diffs.pt``'s logprobs, active mask
-and threshold) equal the recorded ones. Used by ``store.resume`` (so resume, ``verify`` and the
+and threshold) equal the recorded ones. Used by ``check.resume`` (so resume, ``verify`` and the
 report all apply it). Never writes anything; knows nothing about engines.
 """
 

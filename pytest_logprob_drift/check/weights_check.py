@@ -8,7 +8,7 @@ identity-violation lines the verdict receives, and the offline check ``verify`` 
 documents (``check_weights``): the recorded differences must be exactly those the sealed
 digests show, the document must be the side its file names, and an attempt whose weights
 differ must be INVALID_IDENTITY. Torch-free; used by the execution path (through the
-runtimes, which build the documents) and by ``store.resume``. Knows nothing about engines,
+runtimes, which build the documents) and by ``check.resume``. Knows nothing about engines,
 how digests are computed, or files other than the document it is given.
 """
 

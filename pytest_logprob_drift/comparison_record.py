@@ -26,10 +26,10 @@ from pytest_logprob_drift.numerics.comparison import (
     WorstToken,
     from_builtins,
 )
+from pytest_logprob_drift.numerics.score_signatures import signatures
 from pytest_logprob_drift.numerics.verdict import Verdict
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonValue, ResolvedContract
-from pytest_logprob_drift.store.signature_check import signatures
 
 SCORED_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH)
 """The outcomes whose comparison carries the figures of its scores."""

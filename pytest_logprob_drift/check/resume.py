@@ -7,16 +7,16 @@ seal key its MAC verifies), ``comparison.json`` parses strictly into its record
 equals the current one, the tensor payloads load with ``weights_only=True`` from the exact
 bytes that were hashed (each byte read and hashed once), ``token_diffs.pt`` holds exactly the
 logprobs and mask of ``score_rollout.pt`` and ``score_training.pt``, and the verdict
-recomputed offline from it under the installed contract's threshold (``store.rejudge``: never
+recomputed offline from it under the installed contract's threshold (``check.rejudge``: never
 a sealed threshold) agrees with ``comparison.json``, figure for figure, and so does
 each installed diagnostic's part (``diagnostics.registry``: each checks its own), and each
 side's sealed weight digests show exactly the differences recorded and the two sides agree
-(``store.weights_check``); an imported step's ``imported.json`` agrees with its attempt
-(``store.imported_check``), and a v3 step (its own document set) seals no requested,
+(``check.weights_check``); an imported step's ``imported.json`` agrees with its attempt
+(``check.imported_check``), and a v3 step (its own document set) seals no requested,
 materialized, actual or identity document and its execution key is what ``imported.json`` and
 ``comparison.json`` make.
 Partial, malformed or tampered attempts are reported and skipped; an older valid attempt may
-still be reused. Used by the runner, ``store.verify`` and the report. Never writes anything;
+still be reused. Used by the runner, ``check.verify`` and the report. Never writes anything;
 knows nothing about engines or runtimes.
 """
 
@@ -29,6 +29,13 @@ from typing import TypeVar
 
 import torch
 
+from pytest_logprob_drift.check.imported_check import check_imported, sealed_key_payload
+from pytest_logprob_drift.check.layers_check import check_layers
+from pytest_logprob_drift.check.rejudge import rejudge
+from pytest_logprob_drift.check.routing_check import check_routing_files
+from pytest_logprob_drift.check.sealed_tensors import check_positions, check_sealed_tensors
+from pytest_logprob_drift.check.signature_check import check_signatures, with_signatures
+from pytest_logprob_drift.check.weights_check import check_document, check_pair, check_weights
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.numerics.comparison import NUMERIC_CHECK_KEYS, Comparison, NumericCheck
 from pytest_logprob_drift.numerics.gates import GateResult, gate_results
@@ -45,14 +52,7 @@ from pytest_logprob_drift.store.documents import (
     ImportedStep,
     WeightsDocument,
 )
-from pytest_logprob_drift.store.imported_check import check_imported, sealed_key_payload
-from pytest_logprob_drift.store.layers_check import check_layers
-from pytest_logprob_drift.store.rejudge import rejudge
-from pytest_logprob_drift.store.routing_check import check_routing_files
 from pytest_logprob_drift.store.seal import SealError
-from pytest_logprob_drift.store.sealed_tensors import check_positions, check_sealed_tensors
-from pytest_logprob_drift.store.signature_check import check_signatures, with_signatures
-from pytest_logprob_drift.store.weights_check import check_document, check_pair, check_weights
 from pytest_logprob_drift.tensorio import TensorFormatError, tensors_from_bytes
 
 T = TypeVar("T")
@@ -102,7 +102,7 @@ def _sealed_bytes(directory: Path, name: str, seal: Seal) -> bytes:
 
 def load_sealed_tensors(directory: Path, name: str, seal: Seal) -> dict[str, torch.Tensor]:
     """Load a sealed ``.pt`` from the very bytes whose digest is checked; tensors only, each
-    as its file declares it (``store.sealed_tensors``)."""
+    as its file declares it (``check.sealed_tensors``)."""
     data = _sealed_bytes(directory, name, seal)
     try:
         tensors = tensors_from_bytes(data)

@@ -7,7 +7,7 @@ recomputed from the sealed tensors agrees), ``incomplete`` (never sealed; resume
 or run seal made without the key, which a seal made with the key replaces); and checking the
 run's own files against their run seals (``experiment.json`` and every sealed prefix of
 ``plan.jsonl``; rows appended after the last seal are ``incomplete``). Reads through
-``store.resume``'s checks only and never writes anything, so a read-only run verifies. Knows
+``check.resume``'s checks only and never writes anything, so a read-only run verifies. Knows
 nothing about engines, runtimes or how results are printed.
 """
 
@@ -18,6 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from pytest_logprob_drift.check.resume import (
+    CheckedAttempt,
+    check_attempt,
+    load_sealed_document,
+)
 from pytest_logprob_drift.errors import StorageError, UsageError
 from pytest_logprob_drift.numerics.gates import GateResult
 from pytest_logprob_drift.store import layout
@@ -32,11 +37,6 @@ from pytest_logprob_drift.store.documents import (
 )
 from pytest_logprob_drift.store.files import check_directory, read_regular
 from pytest_logprob_drift.store.keys import active_key, sealing_with
-from pytest_logprob_drift.store.resume import (
-    CheckedAttempt,
-    check_attempt,
-    load_sealed_document,
-)
 from pytest_logprob_drift.store.run import (
     RUN_SEAL,
     iter_attempt_dirs,

@@ -8,7 +8,7 @@ for every active ``t``, row-major; the ``positions_per_row`` subset when compari
 ``reduction`` names one) with the recorded state, decoder layer and position counts; the
 reduction's recorded parameters (``projection_dim``, ``projection_seed``, ``digest_bytes``)
 are the ones the sealed reductions were made with; and the figures recomputed from the sealed
-reductions equal the recorded ones. Used by ``store.resume`` (so resume, ``verify`` and the
+reductions equal the recorded ones. Used by ``check.resume`` (so resume, ``verify`` and the
 report all apply it). Never writes anything; knows nothing about engines.
 """
 
