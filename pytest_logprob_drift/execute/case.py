@@ -8,7 +8,7 @@ installed diagnostic's capture (``diagnostics.registry``: handed the scored case
 read-back, so it cannot change what is read back), their parts and sealed files
 (``comparison_record``), each side's weight digests where its engine reports them (a
 difference is an identity violation, a side whose layout is not covered is STRICT_REJECTED
-under strict execution), the opt-in layer and routing captures, and writing every payload
+under strict execution), the opt-in routing capture, and writing every payload
 before COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
 about which operator backends exist.
 """
@@ -469,7 +469,7 @@ def _comparison(
     numeric: NumericCheck | None,
     entries: Mapping[str, Any],
 ) -> Comparison:
-    """The case's comparison record: the verdict, its statistics and the layer / routing
+    """The case's comparison record: the verdict, its statistics and the routing
     ``entries`` as typed diagnostics, each installed diagnostic's parts (from the very tensors
     token_diffs.pt seals and its own capture; never a verdict), and the numeric re-check."""
     case = run.ec.case
