@@ -308,6 +308,18 @@ MOVED = ("importance", "path_split", "replay")
 MOVED_BUT_THE_REPORT = ("full_vocab", "divergence", "semantic_offset", "numerics.text")
 """Words naming the full-vocabulary diagnostic: moved, but the report's columns and case
 section (``report/``) still name it."""
+LAYERS = (
+    "layer_text",
+    "layers_check",
+    "layer_reduction",
+    "execute.layers",
+    "report.layers",
+    "diagnostics.layers",
+)
+"""Modules of the layers diagnostic (moved into ``diagnostics/layers/``): no hub names them
+(the attribution's layer contributions, ``attribution.layers`` / ``attribution.text``'s
+``layer_properties`` and its tables, and the report's run-scope ``report.layer_lines`` are
+not the diagnostic's modules)."""
 
 
 def _imports(path: Path) -> list[str]:
@@ -326,7 +338,7 @@ def test_the_hubs_import_no_single_diagnostic() -> None:
     for hub in HUBS:
         imports = _imports(package / hub)
         assert imports, hub
-        words = MOVED if hub.startswith("report/") else MOVED + MOVED_BUT_THE_REPORT
+        words = (MOVED if hub.startswith("report/") else MOVED + MOVED_BUT_THE_REPORT) + LAYERS
         named = [i for i in imports if any(word in i.lower() for word in words)]
         assert not named, (hub, named)
         diagnostics = [i for i in imports if i.startswith("pytest_logprob_drift.diagnostics")]
@@ -347,6 +359,23 @@ def test_the_import_check_sees_a_named_diagnostic(tmp_path: Path) -> None:
     hub.write_text("from pytest_logprob_drift.numerics import importance_text\n")
     assert _imports(hub) == ["pytest_logprob_drift.numerics.importance_text"]
     assert any("importance" in i for i in _imports(hub))
+    hub.write_text("from pytest_logprob_drift.execute.layers import layer_diagnostics\n")
+    assert any(word in i for i in _imports(hub) for word in LAYERS)
+    hub.write_text("from pytest_logprob_drift.report import layer_lines\n")
+    assert not any(word in i for i in _imports(hub) for word in LAYERS)
+
+
+def test_layers_is_installed_last_so_the_hubs_show_it_where_they_did() -> None:
+    """The layers diagnostic is a built-in one, after the others: its run-table columns, lines,
+    junit properties and figures come after theirs, as before it moved."""
+    from pytest_logprob_drift.diagnostics.registry import BUILTIN, by_name
+
+    assert BUILTIN[-1] == "pytest_logprob_drift.diagnostics.layers"
+    layers = by_name("layers")
+    assert layers is not None
+    assert layers.sealed_files == ("layers_training.pt", "layers_rollout.pt")
+    assert not layers.always_in_table
+    assert not layers.shown([None])
 
 
 def test_registry_refuses_a_second_diagnostic_of_one_name() -> None:
@@ -364,7 +393,8 @@ def test_the_registry_imports_no_diagnostic_torch_or_typing_until_asked() -> Non
         "from pytest_logprob_drift.diagnostics import registry\n"
         "heavy = ('torch', 'typing', 'pytest_logprob_drift.diagnostics.importance_sampling',\n"
         "         'pytest_logprob_drift.diagnostics.path_split',\n"
-        "         'pytest_logprob_drift.diagnostics.full_vocabulary')\n"
+        "         'pytest_logprob_drift.diagnostics.full_vocabulary',\n"
+        "         'pytest_logprob_drift.diagnostics.layers')\n"
         "print([m for m in heavy if m in sys.modules])\n"
         "print([d.name for d in registry.installed()])\n"
         "print('torch' in sys.modules)\n"
@@ -372,5 +402,9 @@ def test_the_registry_imports_no_diagnostic_torch_or_typing_until_asked() -> Non
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
-    expected = ["[]", "['importance_sampling', 'full_vocabulary', 'path_split']", "False"]
+    expected = [
+        "[]",
+        "['importance_sampling', 'full_vocabulary', 'path_split', 'layers']",
+        "False",
+    ]
     assert proc.stdout.splitlines() == expected, proc.stdout

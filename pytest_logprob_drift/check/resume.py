@@ -30,7 +30,6 @@ from typing import TypeVar
 import torch
 
 from pytest_logprob_drift.check.imported_check import check_imported, sealed_key_payload
-from pytest_logprob_drift.check.layers_check import check_layers
 from pytest_logprob_drift.check.rejudge import rejudge
 from pytest_logprob_drift.check.routing_check import check_routing_files
 from pytest_logprob_drift.check.sealed_tensors import check_positions, check_sealed_tensors
@@ -274,13 +273,6 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         if imported is not None:
             payload = None if identity is None else identity.execution_key_payload.payload()
             check_imported(imported, comparison, payload, diffs)
-        layer_files = _sealed_if_present(directory, seal, layout.LAYER_FILES)
-        check_layers(
-            comparison.diagnostics,
-            layer_files[layout.LAYERS_TRAINING],
-            layer_files[layout.LAYERS_ROLLOUT],
-            scored[layout.SCORE_ROLLOUT],
-        )
         routing_files = _sealed_if_present(directory, seal, layout.ROUTING_FILES)
         check_routing_files(
             comparison.diagnostics,

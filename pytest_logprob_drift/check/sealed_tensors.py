@@ -77,7 +77,7 @@ SCHEMAS: Mapping[str, Mapping[str, TensorSpec]] = {
         SEALED_TOP_KEYS[1]: TensorSpec(kind=INTEGER, dims=("R", "K")),
     },
     **{
-        name: {  # numerics.layer_reduction; the rest is check.layers_check's
+        name: {  # numerics.layer_reduction; the rest is diagnostics.layers.check's
             "digests": TensorSpec(kind=INTEGER, dims=("S", "N", 16)),
             "projections": TensorSpec(kind=FLOATING, dims=("S", "N", 64)),
             "norms": TensorSpec(kind=FLOATING, dims=("S", "N")),

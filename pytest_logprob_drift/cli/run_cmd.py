@@ -36,7 +36,7 @@ from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
-from pytest_logprob_drift.numerics import layer_text, routing_text
+from pytest_logprob_drift.numerics import routing_text
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
 from pytest_logprob_drift.policy import assemble, render_error, render_issue
@@ -189,7 +189,6 @@ def _run(
         print(one_line(f"transformers logs: {log} (-v shows them here)"), file=err)
     attribution = attribute_run(run_dir, execution_plan.plan.experiment_id, results, err)
     diagnostics = [None if r.comparison is None else r.comparison.diagnostics for r in results]
-    layers = layer_text.has_layers(diagnostics)
     routing = routing_text.has_routing(diagnostics)
     core = [d for d in installed() if d.always_in_table]
     optional = [d for d in installed() if not d.always_in_table and d.shown(diagnostics)]
@@ -205,7 +204,6 @@ def _run(
             "reused" if r.reused else ("new" if r.attempt_dir else "-"),
             "" if r.as_expected else f"expected {r.expected.value}",
             *(cell for diagnostic in optional for cell in diagnostic.table_cells(d)),
-            *(layer_text.cells(d) if layers else []),
             *(routing_text.cells(d) if routing else []),
         ]
         for r, d in zip(results, diagnostics, strict=True)
@@ -240,7 +238,6 @@ def _run(
                     "attempt",
                     "note",
                     *(h for diagnostic in optional for h in diagnostic.table_headers()),
-                    *(layer_text.HEADERS if layers else ()),
                     *(routing_text.HEADERS if routing else ()),
                 ],
                 rows,
@@ -250,7 +247,6 @@ def _run(
         for r, d in zip(results, diagnostics, strict=True):
             for line in [
                 *(line for diagnostic in installed() for line in diagnostic.run_lines(d)),
-                *layer_text.lines(d),
                 *routing_text.lines(d),
             ]:
                 print(one_line(f"{r.label}: {line}"), file=out)
@@ -327,9 +323,4 @@ def _result_json(r: CaseResult) -> JsonObject:
             for diagnostic in installed()
             for key, part in diagnostic.json_parts(diagnostics).items()
         },
-        **(
-            {}
-            if diagnostics is None or diagnostics.layers is None
-            else {"layers": diagnostics.layers.to_json()}
-        ),
     }

@@ -75,7 +75,7 @@ Captured = object
 
 class CaseUnderCapture(Protocol):
     """What ``execute.case`` hands every installed diagnostic once both sides have scored a
-    case and the engines' read-back is known (before the layer capture)."""
+    case and the engines' read-back is known."""
 
     @property
     def binding(self) -> RuntimeBinding:

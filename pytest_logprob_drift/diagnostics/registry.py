@@ -18,6 +18,7 @@ BUILTIN = (
     "pytest_logprob_drift.diagnostics.importance_sampling",
     "pytest_logprob_drift.diagnostics.full_vocabulary",
     "pytest_logprob_drift.diagnostics.path_split",
+    "pytest_logprob_drift.diagnostics.layers",
 )
 """The built-in diagnostics' modules, in the order the hubs show them; each exports
 ``DIAGNOSTIC``."""

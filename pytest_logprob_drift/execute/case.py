@@ -8,7 +8,7 @@ installed diagnostic's capture (``diagnostics.registry``: handed the scored case
 read-back, so it cannot change what is read back), their parts and sealed files
 (``comparison_record``), each side's weight digests where its engine reports them (a
 difference is an identity violation, a side whose layout is not covered is STRICT_REJECTED
-under strict execution), the opt-in layer and routing captures, and writing every payload
+under strict execution), the opt-in routing capture, and writing every payload
 before COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
 about which operator backends exist.
 """
@@ -25,7 +25,6 @@ from pytest_logprob_drift.check import weights_check
 from pytest_logprob_drift.comparison_record import comparison_of
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.execute.engine_pool import EnginePool
-from pytest_logprob_drift.execute.layers import LayersResult, layer_diagnostics
 from pytest_logprob_drift.execute.protocol import (
     BoundKernel,
     Materialized,
@@ -142,7 +141,6 @@ class _Scored:
     read_back: dict[str, Any] = field(default_factory=dict)
     captured: dict[str, object] = field(default_factory=dict)
     """Each installed diagnostic's capture, by name (``diagnostics.protocol``)."""
-    layers: LayersResult | None = None
     routing: RoutingResult | None = None
     provenance: list[JsonObject] = field(default_factory=list)
     records: tuple[KnobRecord, ...] = ()
@@ -336,10 +334,6 @@ def _score(
         captured = diagnostic.capture(under_capture)
         if captured is not None:
             scored.captured[diagnostic.name] = captured
-    if binding.layers is not None:  # never changes the verdict
-        scored.layers = layer_diagnostics(
-            engine, scorer, identity, scored.rollout, batch_size=batch_size, spec=binding.layers
-        )
     case = run.ec.case
     # A knob reads back as a scalar; a part with parts is no knob's value (unobservable).
     knobs = {k: v for k, v in actual.items() if not isinstance(v, (list, dict))}
@@ -432,10 +426,6 @@ def _write_attempt(
             tensor_bytes({"logprobs": training.logprobs, **training.consumed}),
         )
     entries: dict[str, Any] = {}
-    if scored.layers is not None and rollout is not None and training is not None:
-        entries = {**entries, "layers": scored.layers.entry}
-        for name, tensors in scored.layers.files.items():
-            writer.write_bytes(name, tensor_bytes(tensors))
     if scored.routing is not None and rollout is not None and training is not None:
         entries = {**entries, "routing": scored.routing.entry}
         for name, tensors in scored.routing.files.items():
@@ -479,7 +469,7 @@ def _comparison(
     numeric: NumericCheck | None,
     entries: Mapping[str, Any],
 ) -> Comparison:
-    """The case's comparison record: the verdict, its statistics and the layer / routing
+    """The case's comparison record: the verdict, its statistics and the routing
     ``entries`` as typed diagnostics, each installed diagnostic's parts (from the very tensors
     token_diffs.pt seals and its own capture; never a verdict), and the numeric re-check."""
     case = run.ec.case

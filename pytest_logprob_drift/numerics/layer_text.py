@@ -2,7 +2,7 @@
 
 Owns how the CLI run output, the plugin's failure text and junit properties show where in the
 network the two sides' states part (``numerics.comparison.LayerDiagnostics``; written by
-``execute.layers``, checked by ``check.layers_check``): two run-table cells (the first state
+``execute.layers``, checked by ``diagnostics.layers.check``): two run-table cells (the first state
 where the sides stop being bitwise equal, in words, and the max relative error at the logits),
 a line per case (the first state where the rollout's states stop being bitwise equal to the
 training's, the max relative error at the embeddings, the last decoder layer, the final norm and

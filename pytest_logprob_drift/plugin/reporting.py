@@ -29,7 +29,6 @@ from pytest_logprob_drift.attribution.text import (
 )
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import one_line
-from pytest_logprob_drift.numerics import layer_text
 from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.plugin.session import drift_session
@@ -37,11 +36,9 @@ from pytest_logprob_drift.tables import render_table
 
 
 def diagnostic_properties(diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
-    """The junit properties of a case's diagnostics (each installed diagnostic's, then
-    layers): what ``--junitxml`` records beside the verdict."""
-    return [
-        p for diagnostic in installed() for p in diagnostic.properties(diagnostics)
-    ] + layer_text.properties(diagnostics)
+    """The junit properties of a case's diagnostics (each installed diagnostic's): what
+    ``--junitxml`` records beside the verdict."""
+    return [p for diagnostic in installed() for p in diagnostic.properties(diagnostics)]
 
 
 def tag_report(

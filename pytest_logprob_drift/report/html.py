@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary, TopToken
@@ -59,9 +59,6 @@ from pytest_logprob_drift.report.token_html import (
     data_block,
     token_section,
 )
-
-if TYPE_CHECKING:
-    from pytest_logprob_drift.report.layers import LayerPlot
 
 RANKING_SHOWN = 30
 """Interventions named in the ranking line (all of them are in the table)."""
@@ -887,18 +884,6 @@ def _files(view: CaseView) -> Markup:
     )
 
 
-def layer_figures(plot: LayerPlot | None) -> tuple[tuple[str, Markup], ...]:
-    """The layer diagnostics' two figures (``report.layers``), none without them."""
-    if plot is None:
-        return ()
-    from pytest_logprob_drift.report import layers  # loads torch: only for layer captures
-
-    return (
-        ("layers-heatmap", layers.heatmap_svg(plot)),
-        ("layers-by-state", layers.by_state_svg(plot)),
-    )
-
-
 def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Markup:
     detail = view.detail
     assert detail is not None
@@ -914,7 +899,6 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
                 for diagnostic in installed()
                 for figure in diagnostic.report_figures(detail.plots.get(diagnostic.name))
             ),
-            *layer_figures(detail.layers),
         )
         figures = el(
             "div",

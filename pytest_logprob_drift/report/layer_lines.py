@@ -10,9 +10,9 @@ capture), and the figure: states on x, the relative error on a log y axis (0 dra
 ``HEAT_LOW``, above ``HEAT_HIGH`` at ``HEAT_HIGH``), one colour per case, the median solid and
 the max dashed, a legend by case label (the first ``LEGEND_MAX`` cases; the page says so past
 that). Also the log scale's fixed range (``HEAT_LOW`` .. ``HEAT_HIGH``) and the states' tick
-names, which the per-case figures (``report.layers``) share. Drawn with ``report.plots``'
-figure set-up (Agg, SVG); case labels are plain text, never mathtext. Knows nothing about the
-page around the figure, files or how the states were captured.
+names, which the per-case figures (``diagnostics.layers.plot``) share. Drawn with
+``report.plots``' figure set-up (Agg, SVG); case labels are plain text, never mathtext. Knows
+nothing about the page around the figure, files or how the states were captured.
 """
 
 from __future__ import annotations

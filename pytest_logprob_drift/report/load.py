@@ -51,7 +51,6 @@ from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
 from pytest_logprob_drift.numerics.sample_drift import SampleDrift, sample_drift
 from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.report.columns import case_anchor
-from pytest_logprob_drift.report.layers import load_layer_plot
 from pytest_logprob_drift.report.model import (
     HIST_BINS_PER_DECADE,
     HIST_LOG10_HIGH,
@@ -511,7 +510,6 @@ def case_detail(
             if (plot := diagnostic.report_plot(shown.directory, seal, shown.comparison.diagnostics))
             is not None
         },
-        layers=load_layer_plot(shown.directory, seal, shown.comparison.diagnostics.layers),
     )
 
 

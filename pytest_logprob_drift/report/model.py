@@ -26,7 +26,6 @@ from pytest_logprob_drift.store.read_back import ReadBackValue
 
 if TYPE_CHECKING:  # the record only; importing the store would import torch
     from pytest_logprob_drift.check.verify import AttemptStatus
-    from pytest_logprob_drift.report.layers import LayerPlot
     from pytest_logprob_drift.report.steps import StepsView
 
 FloatArray = npt.NDArray[np.float64]
@@ -159,8 +158,6 @@ class CaseDetail:
     plots: Mapping[str, object] = field(default_factory=dict)
     """Each installed diagnostic's plot data of the case (``Diagnostic.report_plot``), by
     name; none without."""
-    layers: LayerPlot | None = None
-    """Rollout-vs-training relative error by layer (``report.layers``; opt-in layers)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -342,8 +342,8 @@ def test_verify_refuses_other_positions_and_a_missing_file(
 
 
 def test_the_report_draws_the_layers_of_every_case(on: dict[str, Any], tmp_path: Path) -> None:
+    from pytest_logprob_drift.diagnostics.layers.plot import load_layer_plot
     from pytest_logprob_drift.numerics.comparison import Diagnostics, from_builtins
-    from pytest_logprob_drift.report.layers import load_layer_plot
     from pytest_logprob_drift.store.attempt import read_seal
 
     page = tmp_path / "report.html"

@@ -9,7 +9,8 @@ for every active ``t``, row-major; the ``positions_per_row`` subset when compari
 reduction's recorded parameters (``projection_dim``, ``projection_seed``, ``digest_bytes``)
 are the ones the sealed reductions were made with; and the figures recomputed from the sealed
 reductions equal the recorded ones. Used by ``check.resume`` (so resume, ``verify`` and the
-report all apply it). Never writes anything; knows nothing about engines.
+report all apply it, through the ``Diagnostic``). Never writes anything; knows nothing about
+engines.
 """
 
 from __future__ import annotations

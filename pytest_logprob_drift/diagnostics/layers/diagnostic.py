@@ -1,0 +1,151 @@
+"""The layers ``Diagnostic``: its capture, part, files, check and views, for the hubs.
+
+Owns binding ``diagnostics.layers`` to the protocol: the layer capture after the paired
+scoring when the case asks for it (``execute.layers``, imported on first use: it needs torch),
+the part and the layer files sealed from that capture, the offline check (``check``) and its
+views (``numerics.layer_text``: the run table's optional columns, lines, junit properties and
+the ``run --json`` member; ``plot``: the report's two figures). Torch-free at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pytest_logprob_drift.numerics import layer_text
+from pytest_logprob_drift.numerics.comparison import LayerDiagnostics, from_builtins
+from pytest_logprob_drift.store import layout
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pytest_logprob_drift.diagnostics.protocol import (
+        Captured,
+        CaseUnderCapture,
+        Scores,
+        Tensors,
+    )
+    from pytest_logprob_drift.execute.layers import LayersResult
+    from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
+    from pytest_logprob_drift.outcomes import Outcome
+    from pytest_logprob_drift.records import JsonObject
+    from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.store.attempt import Seal
+
+
+def _layers(captured: Captured | None, scores: Scores | None) -> LayersResult | None:
+    """The capture of a case both sides scored (None: not asked for, or not scored)."""
+    from pytest_logprob_drift.execute.layers import LayersResult
+
+    if scores is None or not isinstance(captured, LayersResult):
+        return None
+    return captured
+
+
+@dataclass(frozen=True, slots=True)
+class LayersDiagnostic:
+    """``diagnostics.layers`` of a case that asks for the layer capture."""
+
+    name: str = "layers"
+    part_type: type[LayerDiagnostics] = LayerDiagnostics
+    sealed_files: tuple[str, ...] = layout.LAYER_FILES
+    always_in_table: bool = False
+
+    def capture(self, case: CaseUnderCapture) -> Captured | None:
+        spec = case.binding.layers
+        if spec is None:
+            return None
+        from pytest_logprob_drift.execute.layers import layer_diagnostics
+
+        return layer_diagnostics(
+            case.engine,
+            case.scorer,
+            case.identity,
+            case.rollout,
+            batch_size=case.batch_size,
+            spec=spec,
+        )
+
+    def seal(
+        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
+    ) -> Mapping[str, LayerDiagnostics]:
+        layers = _layers(captured, scores)
+        return {} if layers is None else {self.name: from_builtins(layers.entry, LayerDiagnostics)}
+
+    def files(
+        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
+    ) -> Mapping[str, Tensors]:
+        layers = _layers(captured, scores)
+        return {} if layers is None else layers.files
+
+    def check(
+        self,
+        comparison: Comparison,
+        diffs: Tensors,
+        files: Mapping[str, Tensors | None],
+        scored: Mapping[str, Tensors],
+    ) -> Comparison:
+        from pytest_logprob_drift.diagnostics.layers.check import check_layers
+
+        check_layers(
+            comparison.diagnostics,
+            files[layout.LAYERS_TRAINING],
+            files[layout.LAYERS_ROLLOUT],
+            scored[layout.SCORE_ROLLOUT],
+        )
+        return comparison
+
+    def shown(self, diagnostics: Sequence[Diagnostics | None]) -> bool:
+        return layer_text.has_layers(diagnostics)
+
+    def table_headers(self) -> tuple[str, ...]:
+        return layer_text.HEADERS
+
+    def table_cells(self, diagnostics: Diagnostics | None) -> list[str]:
+        return layer_text.cells(diagnostics)
+
+    def run_lines(self, diagnostics: Diagnostics | None) -> list[str]:
+        return layer_text.lines(diagnostics)
+
+    def failure_lines(self, diagnostics: Diagnostics | None) -> list[str]:
+        return layer_text.lines(diagnostics)
+
+    def report_lines(self, diagnostics: Diagnostics | None) -> list[str]:
+        return []
+
+    def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
+        return layer_text.properties(diagnostics)
+
+    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
+        if diagnostics is None or diagnostics.layers is None:
+            return {}
+        return {self.name: diagnostics.layers.to_json()}
+
+    def report_headers(self) -> tuple[str, ...]:
+        return ()
+
+    def report_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
+        return []
+
+    def report_section(self, diagnostics: Diagnostics) -> Markup | None:
+        return None
+
+    def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
+        from pytest_logprob_drift.diagnostics.layers.plot import load_layer_plot
+
+        return load_layer_plot(directory, seal, diagnostics.layers)
+
+    def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
+        if plot is None:
+            return ()
+        from pytest_logprob_drift.diagnostics.layers import plot as figures  # loads torch
+
+        assert isinstance(plot, figures.LayerPlot)
+        return (
+            ("layers-heatmap", figures.heatmap_svg(plot)),
+            ("layers-by-state", figures.by_state_svg(plot)),
+        )
+
+
+DIAGNOSTIC = LayersDiagnostic()
