@@ -16,11 +16,10 @@ from typing import Any
 import msgspec
 import torch
 
-from pytest_logprob_drift.diagnostics.registry import installed
+from pytest_logprob_drift.diagnostics.registry import diagnostics_type, installed
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
     Contract,
-    Diagnostics,
     KnobRecord,
     NumericCheck,
     WorstToken,
@@ -52,7 +51,7 @@ def comparison_of(
     scores and its own ``captured``, by name) and the drift signatures of a judged case from
     its ``(training, rollout, active)`` scores, the knob
     ``records`` and the numeric re-check."""
-    diagnostics = from_builtins({**verdict.diagnostics, **(entries or {})}, Diagnostics)
+    diagnostics = from_builtins({**verdict.diagnostics, **(entries or {})}, diagnostics_type())
     captures = captured or {}
     parts: dict[str, Any] = {
         member: part
@@ -61,12 +60,8 @@ def comparison_of(
     }
     if verdict.outcome in SCORED_OUTCOMES and scores is not None:
         parts["signatures"] = signatures(*scores)
-    declared = {k: v for k, v in parts.items() if k in Diagnostics.__struct_fields__}
-    installed_parts = {k: v for k, v in parts.items() if k not in declared}
-    if installed_parts:
-        declared["installed_parts"] = installed_parts
-    if declared:
-        diagnostics = msgspec.structs.replace(diagnostics, **declared)
+    if parts:
+        diagnostics = msgspec.structs.replace(diagnostics, **parts)
     return Comparison(
         case_id=case_id,
         label=label,

@@ -209,7 +209,7 @@ ERRORS: list[tuple[Mutation, str]] = [
     (_set((DIAG, "kl"), 1.0), "$.diagnostics.kl: sealed by diagnostic kl, not installed here"),
     (
         _set((DIAG, "installed_parts"), {}),
-        "$.diagnostics: Object contains unknown field `installed_parts`",
+        "$.diagnostics.installed_parts: sealed by diagnostic installed_parts, not installed here",
     ),
     (_set(FULL, 3), "$.diagnostics.full_vocabulary: Expected `object`, got `int`"),
     (

@@ -27,9 +27,10 @@ import pytest
 import torch
 from drift_testing import OFFSET_EXPECT, REPO, S0, cli
 from log_ratio_peak import DIAGNOSTIC
-from log_ratio_peak.diagnostic import FILE
+from log_ratio_peak.diagnostic import FILE, LogRatioPeak
 
 from pytest_logprob_drift.diagnostics import registry
+from pytest_logprob_drift.numerics.comparison import Diagnostics, from_builtins
 from pytest_logprob_drift.store.files import json_bytes
 from pytest_logprob_drift.store.layout import COMPARISON, COMPLETE, SCORE_ROLLOUT, TOKEN_DIFFS
 from pytest_logprob_drift.store.run import iter_attempt_dirs
@@ -384,6 +385,37 @@ def test_registry_refuses_a_second_diagnostic_of_one_name() -> None:
     with pytest.raises(ValueError, match="diagnostic importance_sampling is installed already"):
         registry.install(builtin)
     assert [d.name for d in registry.installed()].count("importance_sampling") == 1
+
+
+def test_the_diagnostics_type_is_assembled_from_the_installed_diagnostics() -> None:
+    """Today's members stay declared (the built-ins' parts among them); an installed
+    diagnostic's part is a member after them, typed by its part type; the type is built once
+    per installed set."""
+    declared = Diagnostics.__struct_fields__
+    assert registry.diagnostics_type() is Diagnostics
+    assert all(d.name in declared for d in registry.installed())
+    registry.install(DIAGNOSTIC)
+    try:
+        built = registry.diagnostics_type()
+        assert built is registry.diagnostics_type()
+        assert issubclass(built, Diagnostics)
+        assert built.__struct_fields__ == (*declared, NAME)
+        part = {"log_ratio": 0.5, "sample": 1, "position": 2, "token_id": 3}
+        masked = {
+            "samples": 1,
+            "tokens": 2,
+            "mismatches": 0,
+            "max_abs_diff": 0.0,
+            "nonfinite_tokens": 0,
+        }
+        record = from_builtins({NAME: part, "masked_by_run": masked}, built)
+        assert getattr(record, NAME) == LogRatioPeak(**part)
+        assert list(record.to_json()) == ["masked_by_run", NAME]  # sealed after the declared
+        with pytest.raises(ValueError, match=rf"\$\.{NAME}\.sample: Expected `int`"):
+            from_builtins({NAME: {**part, "sample": "1"}}, built)
+    finally:
+        registry.uninstall(NAME)
+    assert registry.diagnostics_type() is Diagnostics
 
 
 @pytest.mark.process  # sys.modules of a fresh interpreter

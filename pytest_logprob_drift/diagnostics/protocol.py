@@ -3,8 +3,9 @@
 A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` and
 ``report --json``'s ``cases[].diagnostics.<name>``):
 
-- its sealed part's type (``part_type``: a frozen msgspec record; a part whose name
-  ``Diagnostics`` does not declare is sealed after the declared members and decoded by it);
+- its sealed part's type (``part_type``: a frozen msgspec record; ``registry.diagnostics_type``
+  makes ``diagnostics.<name>`` a member of that type after today's declared members when
+  ``numerics.comparison.Diagnostics`` does not declare it);
 - its engine-side capture (``capture``: what it takes from the case's engines after the paired
   scoring, through a ``CaseUnderCapture`` that ``execute.case`` hands every installed
   diagnostic; the engine calls themselves stay in ``execute/`` or ``runtimes/`` behind the

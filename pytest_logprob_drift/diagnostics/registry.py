@@ -4,6 +4,8 @@ Owns the list of built-in diagnostics, loaded by module name the first time a hu
 pytest loads its plugins), so that importing this module, planning and config loading import
 no diagnostic, no torch and no markup. ``install`` adds one for this process (a diagnostic
 defined outside the package, such as the test tree's); ``uninstall`` removes it.
+``diagnostics_type`` assembles comparison.json's ``diagnostics`` type from the installed
+diagnostics' part types (built once per installed set, on first use).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import importlib
 TYPE_CHECKING = False  # typing is never imported at run time (this module is torch-free too)
 if TYPE_CHECKING:
     from pytest_logprob_drift.diagnostics.protocol import Diagnostic
+    from pytest_logprob_drift.numerics.comparison import Diagnostics
 
 BUILTIN = (
     "pytest_logprob_drift.diagnostics.importance_sampling",
@@ -25,6 +28,7 @@ BUILTIN = (
 
 _loaded: list[Diagnostic] | None = None
 _extra: list[Diagnostic] = []
+_type: type[Diagnostics] | None = None
 
 
 def installed() -> tuple[Diagnostic, ...]:
@@ -46,8 +50,51 @@ def install(diagnostic: Diagnostic) -> None:
     if by_name(diagnostic.name) is not None:
         raise ValueError(f"diagnostic {diagnostic.name} is installed already")
     _extra.append(diagnostic)
+    _forget_type()
 
 
 def uninstall(name: str) -> None:
     """Remove the diagnostic ``name`` that ``install`` added (built-in ones stay)."""
     _extra[:] = [d for d in _extra if d.name != name]
+    _forget_type()
+
+
+def diagnostics_type() -> type[Diagnostics]:
+    """comparison.json's ``diagnostics`` type for the installed diagnostics: today's declared
+    members (``numerics.comparison.Diagnostics``, so runs sealed by today's release decode,
+    in their sealed order), then ``diagnostics.<name>`` typed ``part_type`` for each installed
+    diagnostic whose part it does not declare, in the registry's order (absent: None, as
+    every optional part). Built with ``msgspec.defstruct`` once per installed set."""
+    global _type
+    if _type is None:
+        _type = _assembled()
+    return _type
+
+
+def _assembled() -> type[Diagnostics]:
+    import msgspec
+
+    from pytest_logprob_drift.numerics.comparison import Diagnostics
+
+    declared = set(Diagnostics.__struct_fields__)
+    fields = [(d.name, d.part_type, None) for d in installed() if d.name not in declared]
+    if not fields:
+        return Diagnostics
+    made = msgspec.defstruct(
+        "Diagnostics",
+        fields,
+        bases=(Diagnostics,),
+        module=Diagnostics.__module__,
+        frozen=True,
+        forbid_unknown_fields=True,
+        kw_only=True,
+        omit_defaults=True,
+    )
+    assert issubclass(made, Diagnostics)  # its base: the declared members
+    return made
+
+
+def _forget_type() -> None:
+    """Drop the assembled type: the installed set changed."""
+    global _type
+    _type = None

@@ -20,7 +20,6 @@ computed.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
@@ -615,9 +614,13 @@ class MaskedByRun(Record, frozen=True):
 
 
 class Diagnostics(Record, frozen=True):
-    """comparison.json's ``diagnostics``: each part present or not (a verdict without
-    numerics has no statistics; full-vocabulary parts only when they were asked for). The
-    verdict's statistics are its members (``STATISTICS_KEYS``), all of them or none."""
+    """comparison.json's ``diagnostics`` as today's release declares it: each part present or
+    not (a verdict without numerics has no statistics; full-vocabulary parts only when they
+    were asked for). The verdict's statistics are its members (``STATISTICS_KEYS``), all of
+    them or none. These members stay declared so that runs sealed by today's release decode;
+    the type a run seals and decodes is ``diagnostics.registry.diagnostics_type()``, this one
+    with a member for each installed diagnostic's part it does not declare (after these, in
+    the registry's order)."""
 
     mean_abs_diff: Absent[Number] = None
     p50_abs_diff: Absent[Number] = None
@@ -651,16 +654,6 @@ class Diagnostics(Record, frozen=True):
     scores."""
     routing: Absent[RoutingDiagnostics] = None
     """Opt-in ``diagnostics.routing`` of a mixture-of-experts case; absent otherwise."""
-    installed_parts: Absent[Mapping[str, Record]] = None
-    """The parts of installed diagnostics that declare no member here, by name: sealed as
-    ``diagnostics.<name>`` beside the declared members (``to_json``), decoded by their
-    diagnostic (``store.comparison``). Never a member of comparison.json itself."""
-
-    def to_json(self) -> Any:
-        """The JSON object sealed: the declared members and each installed part."""
-        out = super().to_json()
-        out.update(out.pop("installed_parts", None) or {})
-        return out
 
     def _has(self, key: str) -> bool:
         """Whether statistic ``key`` is sealed (an ``OVERFLOWING_STATISTICS`` member may be

@@ -71,9 +71,7 @@ def peak(
 
 
 def _part(diagnostics: Diagnostics | None) -> LogRatioPeak | None:
-    if diagnostics is None or diagnostics.installed_parts is None:
-        return None
-    part = diagnostics.installed_parts.get(NAME)
+    part = getattr(diagnostics, NAME, None)  # a member of the registry's assembled type
     return part if isinstance(part, LogRatioPeak) else None
 
 
