@@ -160,3 +160,63 @@ def test_a_refit_pushing_one_expert_from_the_previous_policy_is_named_exactly(
     for name in STALE_EXPERT:
         (tensor,) = [t for t in document.tensors if t.name == name]
         assert tensor.side == _sha(pushed[name]) != _sha(state[name])
+
+
+def test_a_glm4_moe_router_bias_is_checked_in_its_own_float32(tmp_path: Path) -> None:
+    """transformers 5's ``Glm4MoeForCausalLM`` keeps ``mlp.gate.e_score_correction_bias`` as a
+    float32 buffer in a bfloat16 model (its class declares it ``_keep_in_fp32_modules_strict``):
+    it is digested and declared float32 (a bfloat16 declaration would flag every GLM4-MoE run),
+    each digest recomputed here from the safetensors file; the bias pushed with its initial
+    value (zeros: verl#5801's class) is named on each layer, nothing else. A tiny GLM4-MoE is
+    built here with transformers alone (seeded, not a catalog build: no vLLM engine runs it)."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    config = Glm4MoeConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=0,
+        tie_word_embeddings=False,
+        max_position_embeddings=128,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(59)
+        built = Glm4MoeForCausalLM(config).to(torch.float32)
+        with torch.no_grad():
+            for layer in built.model.layers:
+                layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4) * 0.1)
+    built.save_pretrained(tmp_path)
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    biases = {n for n in stored if n.endswith("mlp.gate.e_score_correction_bias")}
+    assert biases == {f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in range(2)}
+    model = Glm4MoeForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    document = module_weights(
+        model, tmp_path, side="training", dtype="bfloat16", lm_head_dtype="bfloat16"
+    )
+    assert document.refused is None
+    assert differences(document) == []
+    tensors = {t.name: t for t in document.tensors}
+    assert set(tensors) == set(stored)
+    for name, tensor in stored.items():
+        own = torch.float32 if name in biases else torch.bfloat16
+        assert tensors[name].side == tensors[name].checkpoint == _sha(tensor.to(own)), name
+    assert {n for n, t in tensors.items() if t.dtype == "float32"} == biases
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.e_score_correction_bias.zero_()
+    pushed = module_weights(
+        model, tmp_path, side="rollout", dtype="bfloat16", lm_head_dtype="bfloat16"
+    )
+    assert sorted((d.name, d.kind) for d in differences(pushed)) == sorted(
+        (n, "values") for n in biases
+    )
