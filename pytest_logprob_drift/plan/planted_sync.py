@@ -30,6 +30,10 @@ SWAPPED_EXPERT: Final = (
     "model.layers.1.mlp.experts.2.up_proj.weight",
 )
 """One expert's gate and up halves of a mixture-of-experts checkpoint (the tiny MoE builds)."""
+STALE_EXPERT: Final = tuple(
+    f"model.layers.0.mlp.experts.1.{p}_proj.weight" for p in ("gate", "up", "down")
+)
+"""Every tensor of one expert of a mixture-of-experts checkpoint (the tiny MoE builds)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +76,13 @@ SYNC_VARIANTS: Final[Mapping[str, SyncVariant]] = {
             description=f"expert 2 of layer 1 is pushed as [up; gate]: {SWAPPED_EXPERT[0]} "
             f"and {SWAPPED_EXPERT[1]} under each other's names",
             swapped=(SWAPPED_EXPERT,),
+        ),
+        SyncVariant(
+            name="refit_stale_expert",
+            description="in the refit, expert 1 of layer 0 is pushed from the previous policy "
+            f"(what the engine already held): {', '.join(STALE_EXPERT)}",
+            push="trainer_refit",
+            stale=STALE_EXPERT,
         ),
         SyncVariant(
             name="keep_prefix_cache",

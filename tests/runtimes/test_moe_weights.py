@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 pytest.importorskip("transformers")
 
@@ -102,3 +102,121 @@ def test_expert_spans_per_rank_gate_then_up() -> None:
         expert_span("w4", expert=0, local=32, checkpoint=64, tp_size=2, tp_rank=0)
     assert expert_index("model.layers.1.mlp.experts.13.up_proj.weight") == 13
     assert expert_index("model.layers.1.mlp.experts.gate_up_proj") is None
+
+
+def test_a_refit_pushing_one_expert_from_the_previous_policy_is_named_exactly(
+    tmp_path: Path,
+) -> None:
+    """The planted ``refit_stale_expert`` (checked offline: a pushed case needs its own vLLM
+    engine, and the module-scoped engine run of ``test_moe_vllm.py`` has none to spare): the
+    trainer's state with expert 1 of layer 0 replaced by the previous policy's (what the
+    refit's first push left in the engine, recomputed here with the seeded perturbation); the
+    pushed tensors, loaded as a checkpoint into a fresh module, are named by the digest
+    differences exactly: that expert's gate, up and down, as the rollout side, nothing else."""
+    from transformers import AutoModelForCausalLM
+
+    from pytest_logprob_drift.execute.side_settings import SyncPush, WeightSync
+    from pytest_logprob_drift.plan.planted_sync import STALE_EXPERT
+    from pytest_logprob_drift.runtimes import weight_push
+
+    setting = WeightSync.from_knob("planted:refit_stale_expert")
+    assert setting.push is SyncPush.TRAINER_REFIT and setting.planted is not None
+    assert set(STALE_EXPERT) == {
+        f"model.layers.0.mlp.experts.1.{p}_proj.weight" for p in ("gate", "up", "down")
+    }
+    path = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    state = weight_push.gathered_state(model)
+    pushed, skipped = weight_push.planted_state(state, setting.planted)
+    assert skipped == ()
+    assert set(pushed) == set(state)
+    changed = {n for n in state if not torch.equal(pushed[n], state[n])}
+    assert changed == set(STALE_EXPERT)
+    # the previous policy written here: t + 0.05 * std(t) * n, n drawn in float32 in state
+    # order from the seeded generator, one draw per tensor group (no ties in this build)
+    generator = torch.Generator().manual_seed(20261202)
+    for name, tensor in state.items():
+        wide = tensor.to(torch.float32)
+        noise = torch.randn(wide.shape, generator=generator, dtype=torch.float32)
+        if name in STALE_EXPERT:
+            previous = (wide + 0.05 * float(wide.std()) * noise).to(tensor.dtype)
+            assert torch.equal(pushed[name], previous), name
+    # what the engine holds after the push, as a checkpoint a fresh module loads
+    held = tmp_path / "held"
+    held.mkdir()
+    for file in Path(path).iterdir():
+        if file.is_file() and file.suffix != ".safetensors":
+            (held / file.name).write_bytes(file.read_bytes())
+    copies = {n: t.clone().contiguous() for n, t in pushed.items()}
+    save_file(copies, str(held / "model.safetensors"))
+    engine = AutoModelForCausalLM.from_pretrained(held, dtype=torch.bfloat16)
+    document = module_weights(
+        engine, path, side="rollout", dtype="bfloat16", lm_head_dtype="bfloat16"
+    )
+    assert document.side == "rollout"
+    assert sorted((d.name, d.kind) for d in differences(document)) == sorted(
+        (n, "values") for n in STALE_EXPERT
+    )
+    for name in STALE_EXPERT:
+        (tensor,) = [t for t in document.tensors if t.name == name]
+        assert tensor.side == _sha(pushed[name]) != _sha(state[name])
+
+
+def test_a_glm4_moe_router_bias_is_checked_in_its_own_float32(tmp_path: Path) -> None:
+    """transformers 5's ``Glm4MoeForCausalLM`` keeps ``mlp.gate.e_score_correction_bias`` as a
+    float32 buffer in a bfloat16 model (its class declares it ``_keep_in_fp32_modules_strict``):
+    it is digested and declared float32 (a bfloat16 declaration would flag every GLM4-MoE run),
+    each digest recomputed here from the safetensors file; the bias pushed with its initial
+    value (zeros: verl#5801's class) is named on each layer, nothing else. A tiny GLM4-MoE is
+    built here with transformers alone (seeded, not a catalog build: no vLLM engine runs it)."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    config = Glm4MoeConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=0,
+        tie_word_embeddings=False,
+        max_position_embeddings=128,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(59)
+        built = Glm4MoeForCausalLM(config).to(torch.float32)
+        with torch.no_grad():
+            for layer in built.model.layers:
+                layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4) * 0.1)
+    built.save_pretrained(tmp_path)
+    stored = load_file(str(tmp_path / "model.safetensors"))
+    biases = {n for n in stored if n.endswith("mlp.gate.e_score_correction_bias")}
+    assert biases == {f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in range(2)}
+    model = Glm4MoeForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    document = module_weights(
+        model, tmp_path, side="training", dtype="bfloat16", lm_head_dtype="bfloat16"
+    )
+    assert document.refused is None
+    assert differences(document) == []
+    tensors = {t.name: t for t in document.tensors}
+    assert set(tensors) == set(stored)
+    for name, tensor in stored.items():
+        own = torch.float32 if name in biases else torch.bfloat16
+        assert tensors[name].side == tensors[name].checkpoint == _sha(tensor.to(own)), name
+    assert {n for n, t in tensors.items() if t.dtype == "float32"} == biases
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.e_score_correction_bias.zero_()
+    pushed = module_weights(
+        model, tmp_path, side="rollout", dtype="bfloat16", lm_head_dtype="bfloat16"
+    )
+    assert sorted((d.name, d.kind) for d in differences(pushed)) == sorted(
+        (n, "values") for n in biases
+    )

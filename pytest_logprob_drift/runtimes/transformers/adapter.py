@@ -240,17 +240,38 @@ def module_weights(
     )
     report = module_report(model, names | set(derived))
     state = dict(model.named_parameters(remove_duplicate=False))
+    own = {**kept_in_float32(model, dtype, names), **({head: "float32"} if upcast else {})}
     return side_document(
         side=side,
         runtime="transformers",
         declared_dtype=dtype,
         report=report,
         model_dir=model_dir,
-        declared={head: "float32"} if upcast else None,
+        declared=own or None,
         via={head: dtype} if upcast and dtype != "float32" else None,
         derived=derived,
         side_tensor=state.get,
     )
+
+
+def kept_in_float32(model: Any, dtype: str, names: set[str]) -> dict[str, str]:
+    """The checkpoint names ``model``'s class keeps in float32 when loaded in ``dtype``,
+    declared float32: what the class declares (``_keep_in_fp32_modules_strict`` for bfloat16
+    and float16, ``_keep_in_fp32_modules`` for float16) through transformers' own dtype plan
+    and pattern match at load (``PreTrainedModel._get_dtype_plan``,
+    ``core_model_loading.build_glob_alternation``). GLM4-MoE's router
+    ``e_score_correction_bias`` is one: a float32 buffer in a bfloat16 model."""
+    from transformers.core_model_loading import build_glob_alternation
+
+    plan_of = getattr(model, "_get_dtype_plan", None)
+    target = getattr(torch, dtype, None)
+    if not callable(plan_of) or not isinstance(target, torch.dtype):
+        return {}
+    kept = [k for k, v in plan_of(target).items() if v == torch.float32]
+    if not kept:
+        return {}
+    pattern, _, _ = build_glob_alternation(kept)
+    return {n: "float32" for n in sorted(names) if pattern.search(n)}
 
 
 def _head_weight(model: Any) -> Any:
