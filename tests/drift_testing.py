@@ -9,6 +9,7 @@ guard, output).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from pytest_logprob_drift.cli import main as cli_main
@@ -66,6 +68,14 @@ ATTEMPT_FILES = frozenset(
     }
 )
 """Every file of an attempt that scored both sides, COMPLETE included."""
+
+
+def skip_unless_installed(distribution: str) -> None:
+    """Skip the calling test module when ``distribution`` is not installed, found without
+    importing it (``pytest.importorskip`` imports: vLLM's import takes seconds, and the fast
+    loop's collection imports the slow modules it then deselects)."""
+    if importlib.util.find_spec(distribution) is None:
+        pytest.skip(f"{distribution} is not installed", allow_module_level=True)
 
 
 def make_runner(

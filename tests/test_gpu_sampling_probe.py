@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from pytest_logprob_drift.runtimes.vllm import worker_ext
 from pytest_logprob_drift.runtimes.vllm.read_back import (
     model_reports,
     model_runner,
@@ -44,6 +43,8 @@ class _Batch:
 def test_the_wrap_counts_each_call_shape_once_and_changes_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from pytest_logprob_drift.runtimes.vllm import worker_ext  # imports vLLM: not at collection
+
     seen: Counter[tuple[float, float, int, float]] = Counter()
     monkeypatch.setattr(worker_ext, "_SAMPLING_SEEN", seen)
 
@@ -107,6 +108,8 @@ def test_vllm_0_32_has_both_probe_points_and_the_probe_wraps_them() -> None:
     pytest.importorskip("vllm")
     from vllm.v1.worker import gpu_input_batch
     from vllm.v1.worker.gpu.sample import sampler
+
+    from pytest_logprob_drift.runtimes.vllm import worker_ext
 
     assert worker_ext._install_sampling_probe() == ("v1", "v2")
     assert getattr(gpu_input_batch.InputBatch.add_request, "_drift_probe", False)

@@ -12,15 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from drift_testing import skip_unless_installed
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
-
-from vllm.v1.sample.logits_processor import LogitsProcessors  # noqa: E402
-from vllm.v1.sample.metadata import SamplingMetadata  # noqa: E402
-from vllm.v1.sample.sampler import Sampler  # noqa: E402
+skip_unless_installed("vllm")
 
 from pytest_logprob_drift.runtimes.vllm import rollout_logp  # noqa: E402
+
+# vLLM is imported by the tests that run (its import takes seconds), never at collection.
 
 CHUNKED = {
     "backend": "rlkernel.chunked_logp",
@@ -42,6 +41,9 @@ ROWS, VOCAB = 6, 512
 def metadata(
     rows: int, *, temperature: float, logprobs: int | None = 0, top_p: float | None = None
 ) -> Any:
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
     return SamplingMetadata(
         temperature=None if temperature == 0 else torch.full((rows,), temperature),
         all_greedy=temperature == 0,
@@ -62,8 +64,15 @@ def metadata(
     )
 
 
+def sampler_class() -> Any:
+    """vLLM's V1 ``Sampler`` (imported here, when a test runs)."""
+    from vllm.v1.sample.sampler import Sampler
+
+    return Sampler
+
+
 def injected(mode: str, spec: dict[str, Any] = CHUNKED) -> Any:
-    sampler = Sampler(logprobs_mode=mode)  # type: ignore[arg-type]
+    sampler = sampler_class()(logprobs_mode=mode)  # type: ignore[arg-type]
     rollout_logp.install_on_sampler(sampler, dict(spec), rollout_logp.build_kernel(spec))
     return sampler
 
@@ -95,7 +104,7 @@ def test_same_tokens_and_the_backends_formula_on_the_modes_logits(
     mode: str, dtype: str, temperature: float, top_p: float | None
 ) -> None:
     raw = logits(getattr(torch, dtype))
-    native = Sampler(logprobs_mode=mode)(  # type: ignore[arg-type]
+    native = sampler_class()(logprobs_mode=mode)(  # type: ignore[arg-type]
         logits=raw.clone(), sampling_metadata=metadata(ROWS, temperature=temperature, top_p=top_p)
     )
     sampler = injected(mode)
@@ -148,7 +157,7 @@ def test_the_prompt_logprobs_pair_gets_the_backends_value_on_the_raw_logits() ->
     state = vars(sampler)["_drift_logp"]
     assert state.counts["prompt_rows"] == ROWS
     # A gather of scores the patched compute_logprobs did not make is counted, not served.
-    sampler.gather_logprobs(Sampler.compute_logprobs(raw), 0, targets)
+    sampler.gather_logprobs(sampler_class().compute_logprobs(raw), 0, targets)
     assert state.counts["unpaired_gather"] == 1
 
 
@@ -177,7 +186,7 @@ def test_requests_it_does_not_serve_are_counted() -> None:
 
 
 def test_native_is_vllms_own_sampler_and_an_installed_one_says_so() -> None:
-    own = Sampler(logprobs_mode="raw_logprobs")  # type: ignore[arg-type]
+    own = sampler_class()(logprobs_mode="raw_logprobs")  # type: ignore[arg-type]
     assert rollout_logp.sampler_untouched(own)
     sampler = injected("raw_logprobs")
     assert not rollout_logp.sampler_untouched(sampler)
@@ -193,5 +202,5 @@ def test_the_out_of_place_temperature_is_vllms_bitwise() -> None:
         t = temp.clamp(min=0.2) if all_random else temp
         kept = raw.clone()
         ours = rollout_logp.temperature_out_of_place(kept, t, all_random)
-        assert torch.equal(ours, Sampler.apply_temperature(raw.clone(), t, all_random))
+        assert torch.equal(ours, sampler_class().apply_temperature(raw.clone(), t, all_random))
         assert torch.equal(kept, raw)

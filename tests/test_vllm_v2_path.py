@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("vllm")
-
 import torch
+from drift_testing import skip_unless_installed
 
 from pytest_logprob_drift.runtimes import VLLM_HF
 from pytest_logprob_drift.runtimes.vllm import rollout_logp, rollout_logp_v2
@@ -34,6 +32,8 @@ from pytest_logprob_drift.runtimes.vllm.read_back import (
     context_parallel_of,
     eager_of,
 )
+
+skip_unless_installed("vllm")
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,14 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import EXPERIMENTS, cli
+from drift_testing import EXPERIMENTS, cli, skip_unless_installed
 from layer_hooks import hooked_states, plain_model, scoring_rows
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 
+skip_unless_installed("vllm")
+
 pytestmark = pytest.mark.slow
-pytest.importorskip("vllm")
 
 DEEP = "tiny://qwen3-deep-l8-h64-v1"
 FP32_NOISE = 1e-4

@@ -25,15 +25,16 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from drift_testing import EXPERIMENTS, cli, experiment_config
+from drift_testing import EXPERIMENTS, cli, experiment_config, skip_unless_installed
 from resealing import reseal
 from safetensors.torch import load_file
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 from pytest_logprob_drift.runtimes.weights.moe_experts import EXPERTS_NOT_CHECKED, FUSED_ON_BOTH
 
+skip_unless_installed("vllm")
+
 pytestmark = pytest.mark.slow
-pytest.importorskip("vllm")
 
 ID = "vllm-moe-routing"
 REPLAY = "training.moe_routing=replay"

@@ -18,13 +18,12 @@ from typing import Any
 
 import pytest
 import torch
-
-pytest.importorskip("vllm")
-
 from attribution_structure import assert_structure
-from drift_testing import EXPERIMENTS, cli
+from drift_testing import EXPERIMENTS, cli, skip_unless_installed
 
 from pytest_logprob_drift.attribution.sealed import verify_attribution
+
+skip_unless_installed("vllm")
 
 pytestmark = pytest.mark.slow
 

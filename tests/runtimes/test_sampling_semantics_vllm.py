@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("vllm")
-
-from drift_testing import plugin_run
+from drift_testing import plugin_run, skip_unless_installed
 
 from pytest_logprob_drift.check.verify import verify_run
+
+skip_unless_installed("vllm")
 
 pytestmark = pytest.mark.slow
 

@@ -22,11 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("vllm")
-
 import torch
 import transformers
+from drift_testing import skip_unless_installed
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.protocol import RuntimeBinding
@@ -44,6 +42,8 @@ from pytest_logprob_drift.runtimes.vllm.processes import (
 )
 from pytest_logprob_drift.runtimes.vllm.read_back import eager_of
 from pytest_logprob_drift.tensorio import tensors_from_bytes
+
+skip_unless_installed("vllm")
 
 pytestmark = pytest.mark.slow
 

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drift_testing import S1
+from drift_testing import S1, skip_unless_installed
 from report_browser import open_page
-
-pytest.importorskip("vllm")
 
 from pytest_logprob_drift.cli import build_parser
 from pytest_logprob_drift.runtimes.vllm import logs
+
+skip_unless_installed("vllm")
 
 VLLM_LINE = re.compile(r"(^|\s)(INFO|WARNING|DEBUG)\s+\d\d-\d\d |\(EngineCore|\[vllm\.|vllm\.")
 

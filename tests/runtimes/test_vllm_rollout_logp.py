@@ -30,13 +30,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-pytest.importorskip("vllm")
 
-from drift_testing import S1, cli  # noqa: E402
+from drift_testing import S1, cli, skip_unless_installed  # noqa: E402
 
 from pytest_logprob_drift.runtimes.batch import sequences  # noqa: E402
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint  # noqa: E402
 from pytest_logprob_drift.tensorio import tensors_from_bytes  # noqa: E402
+
+skip_unless_installed("vllm")
 
 pytestmark = pytest.mark.slow
 

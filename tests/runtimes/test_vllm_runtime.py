@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drift_testing import plugin_run, skip_unless_installed
 
-pytest.importorskip("vllm")
-
-from drift_testing import plugin_run
+skip_unless_installed("vllm")
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow

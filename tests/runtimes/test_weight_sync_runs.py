@@ -29,13 +29,12 @@ from typing import Any
 
 import pytest
 import torch
-
-pytest.importorskip("vllm")
-
-from drift_testing import EXPERIMENTS, cli, experiment_config
+from drift_testing import EXPERIMENTS, cli, experiment_config, skip_unless_installed
 from text_in_strings import text_in_strings
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+
+skip_unless_installed("vllm")
 
 pytestmark = pytest.mark.slow
 

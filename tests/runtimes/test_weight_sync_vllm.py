@@ -19,12 +19,13 @@ from typing import Any
 
 import pytest
 import torch
-
-pytest.importorskip("vllm")
+from drift_testing import skip_unless_installed
 
 from pytest_logprob_drift.plan.planted_sync import SYNC_VARIANTS
 from pytest_logprob_drift.runtimes import weight_push
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+
+skip_unless_installed("vllm")
 
 pytestmark = pytest.mark.slow
 

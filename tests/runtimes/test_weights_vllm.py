@@ -27,13 +27,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-pytest.importorskip("vllm")
 
-from drift_testing import S1, cli  # noqa: E402
+from drift_testing import S1, cli, skip_unless_installed  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint  # noqa: E402
 from pytest_logprob_drift.runtimes.vllm.processes import construction_env  # noqa: E402
+
+skip_unless_installed("vllm")
 
 pytestmark = pytest.mark.slow
 
