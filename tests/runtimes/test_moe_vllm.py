@@ -465,3 +465,69 @@ def test_a_planted_gate_up_swap_is_named_by_tensor_expert_and_side(run: dict[str
     code, out, err = cli("report", run["run_dir"], "--json")
     assert code == 0, err
     assert gate in out
+
+
+ROUTER_BIAS = "model.layers.1.mlp.gate.bias"
+
+
+@pytest.fixture(scope="module")
+def router_bias_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """verl#5801's class: the tiny Qwen3-MoE checkpoint with one extra router bias tensor
+    written into its safetensors file (float values, so not the zeros a bias starts at),
+    loaded by vLLM (checkpoint-loaded, TP 1) and by transformers."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    directory = tmp_path_factory.mktemp("moe-router-bias")
+    source = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
+    checkpoint = directory / "ckpt"
+    shutil.copytree(source, checkpoint)
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    tensors[ROUTER_BIAS] = torch.tensor([-0.5, 0.25, 0.75, -1.0], dtype=torch.bfloat16)
+    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    shipped = json.loads((EXPERIMENTS / "cross_config_s1_vllm_cpu_moe_bf16.json").read_text())
+    config = experiment_config(
+        directory,
+        "cross_config_s1_vllm_cpu_moe_bf16.json",
+        {
+            "experiment_id": "vllm-moe-router-bias",
+            "identity.checkpoint": {"uri": str(checkpoint), "model_version": "router-bias"},
+            "identity.tokenizer": {"id": "router-bias", "add_special_tokens": False},
+            "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
+            "identity.sampling.max_new_tokens": 4,
+            "baseline.rollout.weight_sync": "checkpoint",
+            "interventions": [],
+        },
+    )
+    code, out, err = cli("run", config, "--runtime", "vllm-hf", "--artifacts", directory / "runs")
+    run_dir = directory / "runs" / "vllm-moe-router-bias"
+    (comparison,) = run_dir.glob("cases/*/*/comparison.json")
+    return {"code": code, "text": out + err, "attempt": comparison.parent, "run_dir": run_dir}
+
+
+def test_a_router_bias_the_loaders_drop_is_named_on_both_sides(
+    router_bias_run: dict[str, Any],
+) -> None:
+    """vLLM's Qwen3-MoE ``load_weights`` ignores unexpected ``.bias`` names
+    (``AutoWeightsLoader(ignore_unexpected_suffixes=[".bias", ...])``) and transformers'
+    ``Qwen3MoeTopKRouter`` has no bias either (an unexpected key, a warning): the checkpoint's
+    router bias is applied by neither engine, silently. The weight check names exactly that
+    tensor as not held, on each side, and the case is INVALID_IDENTITY; every other tensor,
+    the experts and their prepacked buffers included, is equal."""
+    attempt = router_bias_run["attempt"]
+    comparison = json.loads((attempt / "comparison.json").read_text())
+    assert comparison["outcome"] == "INVALID_IDENTITY", router_bias_run["text"][-3000:]
+    for side in ("rollout", "training"):
+        document = json.loads((attempt / f"weights_{side}.json").read_text())
+        assert document["refused"] is None, side
+        found = [(d["name"], d["rank"], d["kind"]) for d in document["differences"]]
+        assert found == [(ROUTER_BIAS, None, "missing")], side
+        (bias,) = [t for t in document["tensors"] if t["name"] == ROUTER_BIAS]
+        assert bias["side"] is None and bias["shape"] == [4], side
+        assert len(document["tensors"]) > 2 * 4 * 3
+    rollout = json.loads((attempt / "weights_rollout.json").read_text())
+    assert all(p["held"] == p["expected"] for p in _packed_read_back(rollout, 1).values())
+    assert ROUTER_BIAS in router_bias_run["text"]
+    code, out, err = cli("verify", router_bias_run["run_dir"])
+    assert code == 0, out + err

@@ -60,7 +60,7 @@ def expected(method: Any, before: dict[str, Any]) -> dict[str, str] | None:
     standin = torch.nn.Module()
     for name, tensor in before.items():
         standin.register_parameter(name, torch.nn.Parameter(tensor.clone(), requires_grad=False))
-    chose = experts._use_zentorch
+    chose = getattr(experts, "_use_zentorch", False)
     try:
         experts.process_weights_after_loading(standin)
     finally:
@@ -69,12 +69,18 @@ def expected(method: Any, before: dict[str, Any]) -> dict[str, str] | None:
 
 
 def moe_layers(model: Any) -> dict[str, Any]:
-    """Every module of ``model`` holding fused expert tensors and a quantization method."""
-    return {
-        name: module
-        for name, module in model.named_modules()
-        if all(hasattr(module, t) for t in TENSORS) and hasattr(module, "quant_method")
-    }
+    """Every module of ``model`` that owns fused expert parameters (``w13_weight`` and
+    ``w2_weight`` among its own) and a quantization method, one per method object."""
+    found: dict[str, Any] = {}
+    methods: set[int] = set()
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        own = getattr(module, "_parameters", {})
+        if method is None or id(method) in methods or not all(t in own for t in TENSORS):
+            continue
+        methods.add(id(method))
+        found[name] = module
+    return found
 
 
 def watch(model: Any, sink: Expected) -> Callable[[], None]:
