@@ -26,6 +26,7 @@ from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store.decode import JSONDocumentError, decode
 from pytest_logprob_drift.store.documents import (
     NamedReason,
+    PackedBuffer,
     SliceDigest,
     TensorDigest,
     TiedTensor,
@@ -118,6 +119,51 @@ def test_every_kind_of_difference_is_named_with_side_and_rank() -> None:
     assert lines[4].startswith("weights (rollout, TP rank 1): e.stale_rank: slice: rows [2, 4)")
     assert summary(recorded).startswith("6 difference(s) in 6 tensors: a.missing: missing")
     assert summary(recorded).endswith("and 3 more")
+
+
+W13 = "model.layers.1.mlp.experts.routed_experts.w13_weight"
+
+
+def _packed(rank: int, held: str, tensor: str = "w13_weight") -> PackedBuffer:
+    layer = W13.removesuffix(".w13_weight")
+    return PackedBuffer(layer=layer, tensor=tensor, rank=rank, expected=B, held=held)
+
+
+def test_a_prepacked_buffer_that_is_not_the_prepack_of_the_loaded_weights_is_named() -> None:
+    """The read-back after processing (vLLM's CPU MoE prepack): equal buffers show nothing;
+    rank 1's w13 holding other bytes is one ``packed`` difference naming layer, tensor and
+    rank, a violation line and INVALID_IDENTITY-only under verify."""
+    clean = _document(_tensor("x.weight"), packed=(_packed(0, B), _packed(1, B)))
+    assert differences(clean) == []
+    bad = msgspec.structs.replace(clean, packed=(_packed(0, B), _packed(1, C)))
+    [found] = differences(bad)
+    assert (found.name, found.side, found.rank, found.kind) == (W13, "rollout", 1, "packed")
+    assert found.detail == (
+        f"the prepacked buffer rank 1 holds after processing (sha256 {C[:12]}) is not "
+        f"vLLM's prepack of what the layer loaded ({B[:12]}): the kernel reads other experts "
+        "than were loaded"
+    )
+    recorded = msgspec.structs.replace(bad, differences=(found,))
+    assert violations(recorded) == [f"weights (rollout, TP rank 1): {W13}: packed: {found.detail}"]
+    check_weights("weights_rollout.json", recorded, "rollout", Outcome.INVALID_IDENTITY)
+    with pytest.raises(SealError) as info:
+        check_weights("weights_rollout.json", bad, "rollout", Outcome.PASS)
+    assert f"{W13} packed" in info.value.message
+
+
+def test_a_document_sealed_before_the_packed_read_back_still_decodes() -> None:
+    """Runs sealed before the member existed have no ``packed`` key: they decode with none,
+    and a document with it round-trips."""
+    document = _document(_tensor("x.weight"), packed=(_packed(0, B),))
+    data = msgspec.json.encode(document)
+    assert decode(data, WeightsDocument) == document
+    old = json.loads(data)
+    del old["packed"]
+    assert decode(json.dumps(old), WeightsDocument).packed == ()
+    old["packed"] = [{"layer": "l", "tensor": "w2_weight", "rank": -1, "expected": B, "held": B}]
+    with pytest.raises(JSONDocumentError) as info:
+        decode(json.dumps(old), WeightsDocument)
+    assert "$.packed[0].rank" in str(info.value)
 
 
 def test_a_refused_side_is_summarised_with_its_reason() -> None:
@@ -243,6 +289,18 @@ def test_verify_names_a_tampered_digest_in_a_resealed_weights_document(
     assert entry["status"] == "invalid"
     assert entry["file"] == "weights_rollout.json"
     assert "recorded differences disagree with the sealed digests" in entry["detail"]
+
+
+def test_verify_names_a_tampered_prepacked_digest_in_a_resealed_weights_document(
+    smoke_run: Path, tmp_path: Path
+) -> None:
+    tampered = _document(_tensor("x.weight"), packed=(_packed(0, C),))  # none recorded
+    attempt = _with_weights(smoke_run, tmp_path, tampered, "weights_rollout.json")
+    result = _verify(attempt.parents[2])
+    assert result["code"] == 1
+    [entry] = [a for a in result["attempts"] if a["attempt_id"] == attempt.name]  # type: ignore[union-attr]
+    assert (entry["status"], entry["file"]) == ("invalid", "weights_rollout.json")
+    assert f"{W13} packed" in entry["detail"]
 
 
 def test_verify_refuses_recorded_differences_on_a_passing_attempt(

@@ -65,6 +65,16 @@ def differences(document: WeightsDocument) -> list[WeightDifference]:
                 )
     for extra in document.extra:
         add(extra.name, None, "unexpected", extra.reason)
+    for p in document.packed:
+        if p.held != p.expected:
+            add(
+                f"{p.layer}.{p.tensor}",
+                p.rank,
+                "packed",
+                f"the prepacked buffer rank {p.rank} holds after processing (sha256 "
+                f"{p.held[:12]}) is not vLLM's prepack of what the layer loaded "
+                f"({p.expected[:12]}): the kernel reads other experts than were loaded",
+            )
     return found
 
 

@@ -214,10 +214,11 @@ class ImportedStep(Document, frozen=True, kw_only=True):
 
 
 WeightSide = Literal["rollout", "training"]
-DifferenceKind = Literal["missing", "shape", "dtype", "values", "slice", "unexpected"]
+DifferenceKind = Literal["missing", "shape", "dtype", "values", "slice", "unexpected", "packed"]
 """How a side's tensor differs from the checkpoint's: not held at all, another shape, another
 dtype than the side declares, other values (whole tensor), other values in one
-tensor-parallel rank's slice, or a tensor the side holds that no checkpoint tensor maps to."""
+tensor-parallel rank's slice, a tensor the side holds that no checkpoint tensor maps to, or
+a prepacked expert buffer that is not the prepack of what the layer loaded."""
 
 
 class SliceDigest(Document, frozen=True, kw_only=True):
@@ -284,6 +285,19 @@ class WeightDifference(Document, frozen=True, kw_only=True):
     detail: str
 
 
+class PackedBuffer(Document, frozen=True, kw_only=True):
+    """A prepacked MoE expert buffer read back after vLLM's post-load processing (the CPU
+    build): the layer and tensor (vLLM's names), the tensor-parallel rank, the SHA-256 of
+    vLLM's own prepack applied to a copy of what the layer loaded (``expected``) and of what
+    the layer holds (``held``)."""
+
+    layer: str
+    tensor: str
+    rank: Index
+    expected: str
+    held: str
+
+
 class WeightsDocument(Document, frozen=True, kw_only=True):
     """``weights_rollout.json`` / ``weights_training.json``: one side's weight digests, per
     checkpoint tensor, after its engine was built, with the checkpoint's digests beside them
@@ -304,6 +318,9 @@ class WeightsDocument(Document, frozen=True, kw_only=True):
     extra: tuple[NamedReason, ...] = ()
     refused: str | None = None
     differences: tuple[WeightDifference, ...] = ()
+    packed: tuple[PackedBuffer, ...] = ()
+    """The prepacked expert buffers read back after processing (empty: none were, as in runs
+    sealed before this member existed)."""
 
 
 ATTEMPT_DOCUMENTS: Mapping[str, type[Document]] = {

@@ -10,9 +10,13 @@ here from the safetensors file); verify recomputes the figures and names a tampe
 The same engine run serves two training-side cases (issue 55): with routing replay the
 trainer's sealed experts are the rollout's at every position the rollout routed (prompt and
 response), and the planted flip is found at layer 1 by the routing view.
-Three more rollout engines (the MoE expert weights): a TP 2 engine (per-rank expert digests),
-the trainer's push (its rollout scores bitwise the checkpoint-loaded baseline's) and the
-planted ``[up; gate]`` push (INVALID_IDENTITY naming both halves of the expert).
+Five more rollout engines (the MoE expert weights): a TP 2 engine (per-rank expert digests),
+the trainer's push at TP 1 and at TP 2 (its rollout scores bitwise the checkpoint-loaded
+baseline's at the same TP) and the planted ``[up; gate]`` push at TP 1 and 2 (INVALID_IDENTITY
+naming both halves of the expert, per rank). Every load and push also reads the CPU build's
+prepacked expert buffers back against vLLM's own prepack of what each layer loaded; a second,
+one-engine run keeps vLLM's stale MoE kernel through a push (the test-only switch) and the
+after-reload check names every prepacked buffer.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ PLANTED = "flip-layer-1"
 SWAP = "swap_expert_gate_up"
 PUSH = "rollout.weight_sync=trainer"
 TP2 = "rollout.tensor_parallel_size=2"
+TP2_PUSH = f"{TP2},{PUSH}"
+TP2_SWAP = f"{TP2},rollout.weight_sync=planted:{SWAP}"
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:
@@ -68,6 +74,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 {"path": "rollout.weight_sync", "values": ["trainer", f"planted:{SWAP}"]},
                 {"path": "rollout.tensor_parallel_size", "values": [2]},
             ],
+            # The pushes at TP 2 (each a push into a TP 2 engine).
+            "pairs": [["rollout.tensor_parallel_size", "rollout.weight_sync"]],
         },
     )
     code, out, err = cli(
@@ -78,12 +86,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "--artifacts",
         directory / "runs",
         "--allow-smoke-operators",
+        "--pairwise",
     )
     run_dir = directory / "runs" / ID
     cases = {}
     for comparison in run_dir.glob("cases/*/*/comparison.json"):
         document = json.loads(comparison.read_text())
-        planted_push = document["label"] == f"rollout.weight_sync=planted:{SWAP}"
+        planted_push = document["label"].endswith(f"rollout.weight_sync=planted:{SWAP}")
         expected = ("INVALID_IDENTITY",) if planted_push else ("PASS", "MISMATCH")
         assert document["outcome"] in expected, out[-2000:] + err[-3000:]
         cases[document["label"]] = {"attempt": comparison.parent, "comparison": document}
@@ -94,6 +103,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         PUSH,
         f"rollout.weight_sync=planted:{SWAP}",
         TP2,
+        TP2_PUSH,
+        TP2_SWAP,
     }
     assert code in (0, 1), err[-3000:]
     base = cases["baseline"]
@@ -298,41 +309,152 @@ def test_the_planted_flip_is_found_at_layer_1(run: dict[str, Any]) -> None:
     assert counts[1] >= 0.9 * compared - counts[0]
 
 
-def test_the_push_reproduces_the_checkpoint_loaded_scores_bitwise(run: dict[str, Any]) -> None:
-    """The trainer's per-expert tensors pushed into a dummy-loaded engine: the rollout scores
-    are the checkpoint-loaded baseline's, bitwise (vLLM 0.32's reload skipped the CPU experts'
-    prepack and ran on scrambled experts until the worker extension re-ran it), and the
-    digests taken after the push equal the checkpoint's for every expert half."""
-    pushed, loaded = run["cases"][PUSH], run["cases"]["baseline"]
-    assert pushed["comparison"]["outcome"] == loaded["comparison"]["outcome"]
-    reference = _load(loaded["attempt"] / "score_rollout.pt")
+def _packed_read_back(document: dict[str, Any], tp: int) -> dict[tuple[str, str, int], Any]:
+    """The document's prepacked buffers by (layer, tensor, rank); every MoE layer's w13 and
+    w2 on every rank must be there (the CPU build prepacks them all)."""
+    packed = {(p["layer"], p["tensor"], p["rank"]): p for p in document["packed"]}
+    layers = [f"model.layers.{i}.mlp.experts.routed_experts" for i in range(2)]
+    assert set(packed) == {
+        (layer, tensor, rank)
+        for layer in layers
+        for tensor in ("w13_weight", "w2_weight")
+        for rank in range(tp)
+    }
+    return packed
+
+
+@pytest.mark.parametrize(("tp", "push", "loaded"), [(1, PUSH, "baseline"), (2, TP2_PUSH, TP2)])
+def test_the_push_reproduces_the_checkpoint_loaded_scores_bitwise(
+    run: dict[str, Any], tp: int, push: str, loaded: str
+) -> None:
+    """The trainer's per-expert tensors pushed into a dummy-loaded engine at TP 1 and 2: the
+    rollout scores are the checkpoint-loaded engine's at the same TP, bitwise (vLLM 0.32's
+    reload skipped the CPU experts' prepack and ran on scrambled experts until the worker
+    extension re-ran it), the digests taken after the push equal the checkpoint's for every
+    expert half, and every prepacked buffer read back after the reload is vLLM's prepack of
+    what the layer loaded, the same bytes the checkpoint-loaded engine holds."""
+    pushed, reference_case = run["cases"][push], run["cases"][loaded]
+    assert pushed["comparison"]["outcome"] == reference_case["comparison"]["outcome"]
+    reference = _load(reference_case["attempt"] / "score_rollout.pt")
     scores = _load(pushed["attempt"] / "score_rollout.pt")
     assert set(scores) == set(reference)
     for name, tensor in reference.items():
         assert torch.equal(scores[name], tensor), name
     document = json.loads((pushed["attempt"] / "weights_rollout.json").read_text())
     assert "push" in document["point"]
+    assert document["tensor_parallel_size"] == tp
     assert document["refused"] is None and document["differences"] == []
     experts = {t["name"] for t in document["tensors"] if ".mlp.experts." in t["name"]}
     assert len(experts) == 2 * 4 * 3
+    base = json.loads((reference_case["attempt"] / "weights_rollout.json").read_text())
+    after_push, after_load = _packed_read_back(document, tp), _packed_read_back(base, tp)
+    for key, entry in after_push.items():
+        assert entry["held"] == entry["expected"] == after_load[key]["held"], key
+        assert after_load[key]["held"] == after_load[key]["expected"], key
+
+
+def test_the_prepacked_buffers_are_not_the_loaded_bytes(run: dict[str, Any]) -> None:
+    """The read-back compares packed bytes (not a copy of the loaded tensor): recomputed here
+    from the safetensors file, w13 of layer 0 at TP 1 in the checkpoint's layout (each
+    expert's gate rows then up rows, bf16) has another digest than the buffer vLLM holds,
+    and the held buffer's digest is the one vLLM's prepack op gives for those bytes."""
+    from vllm import _custom_ops
+
+    model_dir = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
+    (checkpoint,) = Path(model_dir).glob("*.safetensors")
+    stored = load_file(str(checkpoint))
+    prefix = "model.layers.0.mlp.experts"
+    w13 = torch.stack(
+        [
+            torch.cat([stored[f"{prefix}.{e}.{half}_proj.weight"] for half in ("gate", "up")])
+            for e in range(4)
+        ]
+    ).to(torch.bfloat16)
+    document = json.loads((run["attempt"] / "weights_rollout.json").read_text())
+    packed = _packed_read_back(document, 1)[(f"{prefix}.routed_experts", "w13_weight", 0)]
+    assert packed["held"] != _sha(w13)
+    isas = ("amx", "vec") if torch.cpu._is_amx_tile_supported() else ("vec",)
+    prepacks = {_sha(_custom_ops.cpu_prepack_moe_weight(w13, isa)) for isa in isas}
+    assert packed["held"] in prepacks
+
+
+@pytest.fixture(scope="module")
+def stale_kernel_push(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One push case (the baseline itself, TP 1) whose engine keeps vLLM 0.32's built MoE
+    kernel through the reload (the test-only switch the workers read from the environment
+    they inherit): the CPU experts' prepack is skipped, as without the worker extension."""
+    import os
+
+    from pytest_logprob_drift.runtimes.vllm.worker_ext import KEEP_MOE_KERNEL_FOR_TESTS
+
+    directory = tmp_path_factory.mktemp("moe-stale-kernel")
+    shipped = json.loads((EXPERIMENTS / "cross_config_s1_vllm_cpu_moe_bf16.json").read_text())
+    config = experiment_config(
+        directory,
+        "cross_config_s1_vllm_cpu_moe_bf16.json",
+        {
+            "experiment_id": "vllm-moe-stale-kernel",
+            "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
+            "identity.sampling.max_new_tokens": 8,
+            "baseline.rollout.weight_sync": "trainer",
+            "interventions": [],
+        },
+    )
+    os.environ[KEEP_MOE_KERNEL_FOR_TESTS] = "1"
+    try:
+        code, out, err = cli(
+            "run", config, "--runtime", "vllm-hf", "--artifacts", directory / "runs"
+        )
+    finally:
+        del os.environ[KEEP_MOE_KERNEL_FOR_TESTS]
+    (comparison,) = (directory / "runs" / "vllm-moe-stale-kernel").glob("cases/*/*/comparison.json")
+    return {"code": code, "text": out + err, "attempt": comparison.parent}
+
+
+def test_the_after_reload_check_names_the_skipped_prepack(
+    stale_kernel_push: dict[str, Any], run: dict[str, Any]
+) -> None:
+    """With the kernel kept, every digest taken before processing still equals the
+    checkpoint's, but each prepacked buffer holds the loaded bytes unpacked: the check after
+    the reload names every MoE layer's w13 and w2, and the case is INVALID_IDENTITY."""
+    attempt = stale_kernel_push["attempt"]
+    comparison = json.loads((attempt / "comparison.json").read_text())
+    assert comparison["outcome"] == "INVALID_IDENTITY", stale_kernel_push["text"][-3000:]
+    document = json.loads((attempt / "weights_rollout.json").read_text())
+    packed = _packed_read_back(document, 1)
+    base = _packed_read_back(json.loads((run["attempt"] / "weights_rollout.json").read_text()), 1)
+    for key, entry in packed.items():
+        assert entry["expected"] == base[key]["held"], key  # what the loaded engine holds
+        assert entry["held"] != entry["expected"], key
+    assert {(d["name"], d["rank"], d["kind"]) for d in document["differences"]} == {
+        (f"{layer}.{tensor}", 0, "packed") for layer, tensor, _rank in packed
+    }
+    layer0 = "model.layers.0.mlp.experts.routed_experts.w13_weight"
+    assert layer0 in stale_kernel_push["text"]
+    code, out, err = cli("verify", attempt.parent.parent.parent)
+    assert code == 0, out + err
 
 
 def test_a_planted_gate_up_swap_is_named_by_tensor_expert_and_side(run: dict[str, Any]) -> None:
     from pytest_logprob_drift.plan.planted_sync import SWAPPED_EXPERT
 
-    case = run["cases"][f"rollout.weight_sync=planted:{SWAP}"]
     gate, up = SWAPPED_EXPERT
-    assert case["comparison"]["outcome"] == "INVALID_IDENTITY"
-    rollout = json.loads((case["attempt"] / "weights_rollout.json").read_text())
-    training = json.loads((case["attempt"] / "weights_training.json").read_text())
-    assert training["differences"] == []
-    # each half, whole and as TP rank 0's slice of it
-    assert sorted((d["name"], d["kind"]) for d in rollout["differences"]) == [
-        (gate, "slice"),
-        (gate, "values"),
-        (up, "slice"),
-        (up, "values"),
-    ]
+    for tp, label in ((2, TP2_SWAP), (1, f"rollout.weight_sync=planted:{SWAP}")):
+        case = run["cases"][label]
+        assert case["comparison"]["outcome"] == "INVALID_IDENTITY"
+        rollout = json.loads((case["attempt"] / "weights_rollout.json").read_text())
+        training = json.loads((case["attempt"] / "weights_training.json").read_text())
+        assert training["differences"] == []
+        # each half, whole and as each TP rank's slice of it; the prepacked buffers hold
+        # vLLM's prepack of what was pushed (the swap is in the weights, not the packing)
+        found = [(d["name"], d["rank"], d["kind"]) for d in rollout["differences"]]
+        assert len(found) == 2 * (tp + 1), label
+        assert set(found) == {
+            *((name, r, "slice") for name in (gate, up) for r in range(tp)),
+            (gate, None, "values"),
+            (up, None, "values"),
+        }, label
+        assert all(p["held"] == p["expected"] for p in _packed_read_back(rollout, tp).values())
     assert rollout["side"] == "rollout"
     # what the engine holds as expert 2's gate is the checkpoint's up projection, and back
     model_dir = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
@@ -344,3 +466,69 @@ def test_a_planted_gate_up_swap_is_named_by_tensor_expert_and_side(run: dict[str
     code, out, err = cli("report", run["run_dir"], "--json")
     assert code == 0, err
     assert gate in out
+
+
+ROUTER_BIAS = "model.layers.1.mlp.gate.bias"
+
+
+@pytest.fixture(scope="module")
+def router_bias_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """verl#5801's class: the tiny Qwen3-MoE checkpoint with one extra router bias tensor
+    written into its safetensors file (float values, so not the zeros a bias starts at),
+    loaded by vLLM (checkpoint-loaded, TP 1) and by transformers."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    directory = tmp_path_factory.mktemp("moe-router-bias")
+    source = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
+    checkpoint = directory / "ckpt"
+    shutil.copytree(source, checkpoint)
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    tensors[ROUTER_BIAS] = torch.tensor([-0.5, 0.25, 0.75, -1.0], dtype=torch.bfloat16)
+    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    shipped = json.loads((EXPERIMENTS / "cross_config_s1_vllm_cpu_moe_bf16.json").read_text())
+    config = experiment_config(
+        directory,
+        "cross_config_s1_vllm_cpu_moe_bf16.json",
+        {
+            "experiment_id": "vllm-moe-router-bias",
+            "identity.checkpoint": {"uri": str(checkpoint), "model_version": "router-bias"},
+            "identity.tokenizer": {"id": "router-bias", "add_special_tokens": False},
+            "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
+            "identity.sampling.max_new_tokens": 4,
+            "baseline.rollout.weight_sync": "checkpoint",
+            "interventions": [],
+        },
+    )
+    code, out, err = cli("run", config, "--runtime", "vllm-hf", "--artifacts", directory / "runs")
+    run_dir = directory / "runs" / "vllm-moe-router-bias"
+    (comparison,) = run_dir.glob("cases/*/*/comparison.json")
+    return {"code": code, "text": out + err, "attempt": comparison.parent, "run_dir": run_dir}
+
+
+def test_a_router_bias_the_loaders_drop_is_named_on_both_sides(
+    router_bias_run: dict[str, Any],
+) -> None:
+    """vLLM's Qwen3-MoE ``load_weights`` ignores unexpected ``.bias`` names
+    (``AutoWeightsLoader(ignore_unexpected_suffixes=[".bias", ...])``) and transformers'
+    ``Qwen3MoeTopKRouter`` has no bias either (an unexpected key, a warning): the checkpoint's
+    router bias is applied by neither engine, silently. The weight check names exactly that
+    tensor as not held, on each side, and the case is INVALID_IDENTITY; every other tensor,
+    the experts and their prepacked buffers included, is equal."""
+    attempt = router_bias_run["attempt"]
+    comparison = json.loads((attempt / "comparison.json").read_text())
+    assert comparison["outcome"] == "INVALID_IDENTITY", router_bias_run["text"][-3000:]
+    for side in ("rollout", "training"):
+        document = json.loads((attempt / f"weights_{side}.json").read_text())
+        assert document["refused"] is None, side
+        found = [(d["name"], d["rank"], d["kind"]) for d in document["differences"]]
+        assert found == [(ROUTER_BIAS, None, "missing")], side
+        (bias,) = [t for t in document["tensors"] if t["name"] == ROUTER_BIAS]
+        assert bias["side"] is None and bias["shape"] == [4], side
+        assert len(document["tensors"]) > 2 * 4 * 3
+    rollout = json.loads((attempt / "weights_rollout.json").read_text())
+    assert all(p["held"] == p["expected"] for p in _packed_read_back(rollout, 1).values())
+    assert ROUTER_BIAS in router_bias_run["text"]
+    code, out, err = cli("verify", router_bias_run["run_dir"])
+    assert code == 0, out + err

@@ -34,6 +34,7 @@ processes; imported only inside vLLM worker processes, where vLLM and torch are 
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,6 +49,12 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.runtimes.weights.side_report import RankReport
 
 _VOCAB_LAYERS = ("embed_tokens", "lm_head")
+
+KEEP_MOE_KERNEL_FOR_TESTS = "PYTEST_LOGPROB_DRIFT_TEST_ONLY_KEEP_MOE_KERNEL"
+"""Test-only: set to ``1`` in the environment the engine's workers inherit, ``_forget_moe_kernel``
+leaves the built kernel in place, so a push runs as vLLM 0.32 alone runs it (scrambled CPU
+experts) and the after-reload check (``packed_experts``) must name it. Nothing in the package
+sets it."""
 
 LOAD_POINT = (
     "vLLM worker, after load_weights and before process_weights_after_loading (where the CPU "
@@ -95,6 +102,7 @@ def _install_weight_digests() -> bool:
     def digest_then_process(model: Any, model_config: Any, target_device: Any) -> Any:
         from pathlib import Path
 
+        from pytest_logprob_drift.runtimes.vllm import packed_experts
         from pytest_logprob_drift.runtimes.weights.vllm_layout import rank_report
 
         _WEIGHTS.model = weakref.ref(model)
@@ -103,7 +111,18 @@ def _install_weight_digests() -> bool:
             _WEIGHTS.error = None
         except Exception as exc:  # reported, never silently: weights_loaded returns it
             _WEIGHTS.error = f"{type(exc).__name__}: {exc}"
-        return original(model, model_config, target_device)
+        expected: packed_experts.Expected = {}
+        restore = packed_experts.watch(model, expected)
+        try:
+            out = original(model, model_config, target_device)
+        finally:
+            restore()
+        if _WEIGHTS.loaded is not None and _WEIGHTS.error is None:
+            try:
+                _WEIGHTS.loaded["packed"] = packed_experts.read_back(model, expected)
+            except Exception as exc:  # reported, never silently: weights_loaded returns it
+                _WEIGHTS.error = f"{type(exc).__name__}: {exc}"
+        return out
 
     digest_then_process._drift_weights = True  # type: ignore[attr-defined]
     base_loader.process_weights_after_loading = digest_then_process
@@ -249,6 +268,8 @@ class _PushCapture:
 
     tensors: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     original: Any = None
+    packed: dict[str, dict[str, str]] = field(default_factory=dict)
+    """What each processed MoE layer's prepacked buffers must hold (``packed_experts``)."""
 
 
 _PUSHED = _PushCapture()
@@ -263,8 +284,11 @@ def _capture_pushed(model: Any) -> None:
     (norms) are not processed; their parameters stay readable on the live model."""
     from vllm.model_executor.model_loader.reload import layerwise
 
+    from pytest_logprob_drift.runtimes.vllm import packed_experts
+
     names = {id(m): n for n, m in model.named_modules()}
     captured: dict[str, dict[str, torch.Tensor]] = {}
+    packed: packed_experts.Expected = {}
     original = layerwise._layerwise_process
 
     def process(layer: Any, info: Any) -> Any:
@@ -274,11 +298,18 @@ def _capture_pushed(model: Any) -> None:
             return original(layer, info)
 
         def snapshot(target: Any) -> Any:
-            captured[names.get(id(target), type(target).__name__)] = {
+            name = names.get(id(target), type(target).__name__)
+            captured[name] = {
                 n: p.detach().clone() for n, p in target.named_parameters(recurse=False)
             }
             _forget_moe_kernel(method)
-            return inner(target)
+            out = inner(target)
+            if all(t in captured[name] for t in packed_experts.TENSORS):
+                before = {t: captured[name][t] for t in packed_experts.TENSORS}
+                found = packed_experts.expected(method, before)
+                if found is not None:
+                    packed[name] = found
+            return out
 
         method.process_weights_after_loading = snapshot
         try:
@@ -287,7 +318,7 @@ def _capture_pushed(model: Any) -> None:
             del method.process_weights_after_loading
 
     layerwise._layerwise_process = process
-    _PUSHED.tensors, _PUSHED.original = captured, original
+    _PUSHED.tensors, _PUSHED.original, _PUSHED.packed = captured, original, packed
 
 
 def _forget_moe_kernel(method: Any) -> None:
@@ -300,6 +331,8 @@ def _forget_moe_kernel(method: Any) -> None:
     processed tensors back into the original storage afterwards, as for a linear."""
     from vllm.platforms import current_platform
 
+    if os.environ.get(KEEP_MOE_KERNEL_FOR_TESTS) == "1":
+        return  # test-only: shows the after-reload check catching vLLM's skipped prepack
     if current_platform.is_cpu() and getattr(method, "moe_kernel", None) is not None:
         method.moe_kernel = None
 
@@ -446,6 +479,7 @@ class DriftWorkerExtension:
 
         import torch
 
+        from pytest_logprob_drift.runtimes.vllm import packed_experts
         from pytest_logprob_drift.runtimes.weights.vllm_layout import rank_report
 
         captured = dict(_PUSHED.tensors)
@@ -453,6 +487,7 @@ class DriftWorkerExtension:
             return {"error": "no push has run in this worker"}
         worker: Any = self
         model = worker.get_model()
+        packed = packed_experts.read_back(model, _PUSHED.packed)  # live, after the reload
         # By parameter identity, so that a parameter two modules share (a tied LM head) is
         # swapped in both and stays tied in the view.
         replacement: dict[int, Any] = {}
@@ -469,7 +504,7 @@ class DriftWorkerExtension:
                         swapped.append((module, name, held))
                         module._parameters[name] = replacement[id(held)]
             model_dir = Path(str(worker.vllm_config.model_config.model))
-            return rank_report(model, model_dir, point=PUSH_POINT)
+            return {**rank_report(model, model_dir, point=PUSH_POINT), "packed": packed}
         finally:
             for module, name, original in reversed(swapped):
                 module._parameters[name] = original

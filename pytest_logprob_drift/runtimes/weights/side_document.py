@@ -29,6 +29,7 @@ from pytest_logprob_drift.runtimes.weights.digest import torch_dtype
 from pytest_logprob_drift.runtimes.weights.side_report import HeldTensor, SideReport, side_report
 from pytest_logprob_drift.store.documents import (
     NamedReason,
+    PackedBuffer,
     SliceDigest,
     TensorDigest,
     TiedTensor,
@@ -155,6 +156,12 @@ def side_document(
         tied=tuple(TiedTensor(name=k, shares=v) for k, v in sorted(typed.tied.items())),
         skipped=tuple(NamedReason(name=k, reason=v) for k, v in sorted(skipped.items())),
         extra=tuple(NamedReason(name=k, reason=v) for k, v in sorted(extra.items())),
+        packed=tuple(
+            PackedBuffer(
+                layer=p.layer, tensor=p.tensor, rank=p.rank, expected=p.expected, held=p.held
+            )
+            for p in typed.packed
+        ),
     )
     found = differences(document)
     if side_tensor is not None and any(d.kind == "values" for d in found):

@@ -44,6 +44,18 @@ class HeldTensor(msgspec.Struct, frozen=True, kw_only=True):
     vllm_name: str | None = None
 
 
+class HeldPacked(msgspec.Struct, frozen=True, kw_only=True):
+    """One rank's prepacked expert buffer read back after processing: the layer and tensor
+    (vLLM's names), the digest of vLLM's prepack of what the layer loaded (``expected``) and
+    of what it holds (``held``)."""
+
+    layer: str
+    tensor: str
+    rank: Index
+    expected: str
+    held: str
+
+
 class SideReport(msgspec.Struct, frozen=True, kw_only=True):
     """A side's digests of its weights (``error``: none were taken, and why; ``refused``: a
     layout the mapping does not cover)."""
@@ -58,6 +70,7 @@ class SideReport(msgspec.Struct, frozen=True, kw_only=True):
     refused: str | None = None
     seconds: float = 0.0
     error: str | None = None
+    packed: tuple[HeldPacked, ...] = ()
 
 
 class RankSlice(TypedDict):
@@ -81,6 +94,16 @@ class RankTensor(TypedDict, total=False):
     sha256: str | None
 
 
+class RankPacked(TypedDict):
+    """One prepacked expert buffer as one vLLM worker sends it (``HeldPacked`` without the
+    rank)."""
+
+    layer: str
+    tensor: str
+    expected: str
+    held: str
+
+
 class RankReport(TypedDict, total=False):
     """One vLLM worker's weight digests as plain values (``collective_rpc`` sends them as
     untyped msgpack; ``vllm_layout.merge_ranks`` makes one ``SideReport`` of every rank's);
@@ -97,6 +120,7 @@ class RankReport(TypedDict, total=False):
     refused: str | None
     seconds: float
     error: str
+    packed: list[RankPacked]
 
 
 def side_report(plain: Mapping[str, JsonValue] | SideReport) -> SideReport:

@@ -40,6 +40,7 @@ from pytest_logprob_drift.runtimes.weights.moe_experts import (
     is_expert_tensor,
 )
 from pytest_logprob_drift.runtimes.weights.side_report import (
+    HeldPacked,
     HeldSlice,
     HeldTensor,
     RankReport,
@@ -452,6 +453,9 @@ def merge_ranks(reports: Sequence[RankReport]) -> SideReport:
             vllm_name=entry["vllm_name"],
         )
     refused = next((r["refused"] for r in ordered if r.get("refused")), None)
+    packed = tuple(
+        HeldPacked(rank=int(r["tp_rank"]), **p) for r in ordered for p in r.get("packed", ())
+    )
     return SideReport(
         point=head["point"],
         dtype=head["dtype"],
@@ -462,6 +466,7 @@ def merge_ranks(reports: Sequence[RankReport]) -> SideReport:
         skipped=dict(head["skipped"]),
         extra=dict(head["extra"]),
         refused=refused,
+        packed=packed,
     )
 
 
