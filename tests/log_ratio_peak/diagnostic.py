@@ -18,6 +18,7 @@ from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, Re
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report.markup import Markup, el
+from pytest_logprob_drift.report.model import ReportData
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
 from pytest_logprob_drift.store.seal import SealError
@@ -179,6 +180,12 @@ class LogRatioPeakDiagnostic:
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
+
+    def report_run_lines(self, data: ReportData) -> list[str]:
+        return []
+
+    def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
+        return None
 
 
 DIAGNOSTIC = LogRatioPeakDiagnostic()

@@ -225,7 +225,7 @@ def test_compiled_graphs_refuse_the_rollout_capture_before_the_engine_is_touched
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("vllm")
-    from pytest_logprob_drift.execute.routing import arm_rollout
+    from pytest_logprob_drift.execute.rollout_experts import arm_rollout
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 
     spec = VllmEngineSpec(
