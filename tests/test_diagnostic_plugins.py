@@ -248,6 +248,15 @@ def test_the_report_shows_its_column_section_and_lines(
         assert f"r = {r!r} at sample {sample}, position {position}" in html
     assert html.count("<h3>Log-ratio peak</h3>") == len(cases)
     assert "<th class='more'>peak r</th>" in html
+    # Its run-scope part (``report_run_section`` / ``report_run_lines``), with no hub changed.
+    r, label = max((_by_hand(a)[0], k) for k, (a, _) in _comparisons(runs / EXPERIMENT).items())
+    peak = f"r = {r!r} ({label})"
+    run_section = f"<section id='{NAME}-run'><h2>Log-ratio peaks, every case</h2><p>{peak}</p>"
+    assert html.count(run_section) == 1, html
+    assert html.index(run_section) > html.index("id='findings'")
+    code, out, err = cli("report", runs / EXPERIMENT, "--html", tmp_path / "text.html")
+    assert code == 0, err
+    assert f"largest log-ratio peak over every case: {peak}" in out.splitlines(), out
     code, out, err = cli("report", runs / EXPERIMENT, "--html", page, "--verbose")
     assert code == 0, err
     assert "peak r" in next(line for line in out.splitlines() if line.startswith("case_id"))

@@ -182,10 +182,29 @@ class LogRatioPeakDiagnostic:
         return ()
 
     def report_run_lines(self, data: ReportData) -> list[str]:
-        return []
+        peak = _run_peak(data)
+        return [] if peak is None else [f"largest log-ratio peak over every case: {peak}"]
 
     def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
+        peak = _run_peak(data)
+        if place != "body" or peak is None:
+            return None
+        return el(
+            "section", el("h2", "Log-ratio peaks, every case"), el("p", peak), id=f"{NAME}-run"
+        )
+
+
+def _run_peak(data: ReportData) -> str | None:
+    """``r = <r> (<label>)`` of the case with the largest peak (None: no case has a part)."""
+    peaks = [
+        (part.log_ratio, view.label)
+        for view in data.cases
+        if (part := _part(view.diagnostics)) is not None
+    ]
+    if not peaks:
         return None
+    r, label = max(peaks)
+    return f"r = {r!r} ({label})"
 
 
 DIAGNOSTIC = LogRatioPeakDiagnostic()
