@@ -2,9 +2,9 @@
 
 Owns assembling the ``Comparison`` of a case judged by a verdict: its statistics and the
 writer's entries as typed diagnostics, each installed diagnostic's sealed part
-(``diagnostics.registry``) and the drift signatures of a judged case from its
-``(training, rollout, active)`` scores (the very tensors token_diffs.pt seals), the knob
-records and the numeric re-check. Used by ``execute.case`` (an executed case) and
+(``diagnostics.registry``: each from the case's ``(training, rollout, active)`` scores, the
+very tensors token_diffs.pt seals, and its own capture), the knob records and the numeric
+re-check. Used by ``execute.case`` (an executed case) and
 ``production.importer`` (an imported step); names no diagnostic.
 """
 
@@ -25,7 +25,6 @@ from pytest_logprob_drift.numerics.comparison import (
     WorstToken,
     from_builtins,
 )
-from pytest_logprob_drift.numerics.score_signatures import signatures
 from pytest_logprob_drift.numerics.verdict import Verdict
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonValue, ResolvedContract
@@ -48,9 +47,8 @@ def comparison_of(
 ) -> Comparison:
     """comparison.json's record of a case judged by ``verdict``: its statistics and the
     optional ``entries`` as typed diagnostics, each installed diagnostic's part (from the
-    scores and its own ``captured``, by name) and the drift signatures of a judged case from
-    its ``(training, rollout, active)`` scores, the knob
-    ``records`` and the numeric re-check."""
+    scores and its own ``captured``, by name), the knob ``records`` and the numeric
+    re-check."""
     diagnostics = from_builtins({**verdict.diagnostics, **(entries or {})}, diagnostics_type())
     captures = captured or {}
     parts: dict[str, Any] = {
@@ -58,8 +56,6 @@ def comparison_of(
         for d in installed()
         for member, part in d.seal(verdict.outcome, scores, captures.get(d.name)).items()
     }
-    if verdict.outcome in SCORED_OUTCOMES and scores is not None:
-        parts["signatures"] = signatures(*scores)
     if parts:
         diagnostics = msgspec.structs.replace(diagnostics, **parts)
     return Comparison(

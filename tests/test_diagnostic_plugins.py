@@ -248,6 +248,15 @@ def test_the_report_shows_its_column_section_and_lines(
         assert f"r = {r!r} at sample {sample}, position {position}" in html
     assert html.count("<h3>Log-ratio peak</h3>") == len(cases)
     assert "<th class='more'>peak r</th>" in html
+    # Its run-scope part (``report_run_section`` / ``report_run_lines``), with no hub changed.
+    r, label = max((_by_hand(a)[0], k) for k, (a, _) in _comparisons(runs / EXPERIMENT).items())
+    peak = f"r = {r!r} ({label})"
+    run_section = f"<section id='{NAME}-run'><h2>Log-ratio peaks, every case</h2><p>{peak}</p>"
+    assert html.count(run_section) == 1, html
+    assert html.index(run_section) > html.index("id='findings'")
+    code, out, err = cli("report", runs / EXPERIMENT, "--html", tmp_path / "text.html")
+    assert code == 0, err
+    assert f"largest log-ratio peak over every case: {peak}" in out.splitlines(), out
     code, out, err = cli("report", runs / EXPERIMENT, "--html", page, "--verbose")
     assert code == 0, err
     assert "peak r" in next(line for line in out.splitlines() if line.startswith("case_id"))
@@ -321,6 +330,34 @@ LAYERS = (
 (the attribution's layer contributions, ``attribution.layers`` / ``attribution.text``'s
 ``layer_properties`` and its tables, and the report's run-scope ``report.layer_lines`` are
 not the diagnostic's modules)."""
+ROUTING_AND_SIGNATURES = (
+    "routing_text",
+    "routing_check",
+    "check_routing_files",
+    "execute.routing",
+    "routing_diagnostics",
+    "report.routing",
+    "diagnostics.routing",
+    "signature_check",
+    "check_signatures",
+    "with_signatures",
+    "signature_html",
+    "signature_section",
+    "findings_links",
+    "report.signatures",
+    "named_signatures",
+    "score_signatures",
+    "diagnostics.signatures",
+)
+"""Modules and names of the routing and signatures diagnostics (moved into
+``diagnostics/routing/`` and ``diagnostics/signatures/``): no hub names them. Not diagnostics,
+so allowed: the rollout's expert choices captured while it generates
+(``execute.rollout_experts``: what the training setting ``training.moe_routing=replay`` hands
+the scorer, and the routing diagnostic reads through ``CaseUnderCapture``), and the
+imported-step check (``check.imported_check`` in ``check/resume.py`` and ``report/load.py``:
+an identity check beside the verdict, as the weight check). ``report/summary.py``'s
+``report --json`` still lists the named signatures (``report.signatures``, the report's model
+that the findings lead with, below the diagnostic folders)."""
 
 
 def _imports(path: Path) -> list[str]:
@@ -339,7 +376,11 @@ def test_the_hubs_import_no_single_diagnostic() -> None:
     for hub in HUBS:
         imports = _imports(package / hub)
         assert imports, hub
-        words = (MOVED if hub.startswith("report/") else MOVED + MOVED_BUT_THE_REPORT) + LAYERS
+        words = (
+            (MOVED if hub.startswith("report/") else MOVED + MOVED_BUT_THE_REPORT)
+            + LAYERS
+            + (() if hub == "report/summary.py" else ROUTING_AND_SIGNATURES)
+        )
         named = [i for i in imports if any(word in i.lower() for word in words)]
         assert not named, (hub, named)
         diagnostics = [i for i in imports if i.startswith("pytest_logprob_drift.diagnostics")]
@@ -364,14 +405,31 @@ def test_the_import_check_sees_a_named_diagnostic(tmp_path: Path) -> None:
     assert any(word in i for i in _imports(hub) for word in LAYERS)
     hub.write_text("from pytest_logprob_drift.report import layer_lines\n")
     assert not any(word in i for i in _imports(hub) for word in LAYERS)
+    for planted in (
+        "from pytest_logprob_drift.numerics import routing_text\n",
+        "from pytest_logprob_drift.execute.routing import routing_diagnostics\n",
+        "from pytest_logprob_drift.diagnostics.routing.check import check_routing_files\n",
+        "from pytest_logprob_drift.diagnostics.signatures import section\n",
+        "from pytest_logprob_drift.report.signatures import named_signatures\n",
+    ):
+        hub.write_text(planted)
+        assert any(word in i for i in _imports(hub) for word in ROUTING_AND_SIGNATURES), planted
+    hub.write_text("from pytest_logprob_drift.execute.rollout_experts import arm_rollout\n")
+    assert not any(word in i for i in _imports(hub) for word in ROUTING_AND_SIGNATURES)
 
 
 def test_layers_is_installed_last_so_the_hubs_show_it_where_they_did() -> None:
-    """The layers diagnostic is a built-in one, after the others: its run-table columns, lines,
-    junit properties and figures come after theirs, as before it moved."""
+    """The layers diagnostic is a built-in one, after the others moved before it: its
+    run-table columns, lines, junit properties and figures come after theirs, as before it
+    moved; then routing (its columns and lines came after every other diagnostic's) and
+    signatures (no column, no line; its check came last)."""
     from pytest_logprob_drift.diagnostics.registry import BUILTIN, by_name
 
-    assert BUILTIN[-1] == "pytest_logprob_drift.diagnostics.layers"
+    assert BUILTIN[-3:] == (
+        "pytest_logprob_drift.diagnostics.layers",
+        "pytest_logprob_drift.diagnostics.routing",
+        "pytest_logprob_drift.diagnostics.signatures",
+    )
     layers = by_name("layers")
     assert layers is not None
     assert layers.sealed_files == ("layers_training.pt", "layers_rollout.pt")
@@ -426,7 +484,9 @@ def test_the_registry_imports_no_diagnostic_torch_or_typing_until_asked() -> Non
         "heavy = ('torch', 'typing', 'pytest_logprob_drift.diagnostics.importance_sampling',\n"
         "         'pytest_logprob_drift.diagnostics.path_split',\n"
         "         'pytest_logprob_drift.diagnostics.full_vocabulary',\n"
-        "         'pytest_logprob_drift.diagnostics.layers')\n"
+        "         'pytest_logprob_drift.diagnostics.layers',\n"
+        "         'pytest_logprob_drift.diagnostics.routing',\n"
+        "         'pytest_logprob_drift.diagnostics.signatures')\n"
         "print([m for m in heavy if m in sys.modules])\n"
         "print([d.name for d in registry.installed()])\n"
         "print('torch' in sys.modules)\n"
@@ -436,7 +496,8 @@ def test_the_registry_imports_no_diagnostic_torch_or_typing_until_asked() -> Non
     )
     expected = [
         "[]",
-        "['importance_sampling', 'full_vocabulary', 'path_split', 'layers']",
+        "['importance_sampling', 'full_vocabulary', 'path_split', 'layers', 'routing', "
+        "'signatures']",
         "False",
     ]
     assert proc.stdout.splitlines() == expected, proc.stdout

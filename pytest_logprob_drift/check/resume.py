@@ -31,9 +31,7 @@ import torch
 
 from pytest_logprob_drift.check.imported_check import check_imported, sealed_key_payload
 from pytest_logprob_drift.check.rejudge import rejudge
-from pytest_logprob_drift.check.routing_check import check_routing_files
 from pytest_logprob_drift.check.sealed_tensors import check_positions, check_sealed_tensors
-from pytest_logprob_drift.check.signature_check import check_signatures, with_signatures
 from pytest_logprob_drift.check.weights_check import check_document, check_pair, check_weights
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.numerics.comparison import NUMERIC_CHECK_KEYS, Comparison, NumericCheck
@@ -273,14 +271,6 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         if imported is not None:
             payload = None if identity is None else identity.execution_key_payload.payload()
             check_imported(imported, comparison, payload, diffs)
-        routing_files = _sealed_if_present(directory, seal, layout.ROUTING_FILES)
-        check_routing_files(
-            comparison.diagnostics,
-            routing_files[layout.ROUTING_TRAINING],
-            routing_files[layout.ROUTING_ROLLOUT],
-            diffs,
-            scored[layout.SCORE_ROLLOUT],
-        )
         _same_numeric_check(comparison.numerical, numeric)
         if outcome in TENSOR_OUTCOMES and outcome is not numeric.outcome:
             raise SealError(
@@ -291,7 +281,6 @@ def check_attempt(directory: Path, *, expected_key: str | None) -> CheckedAttemp
         for diagnostic in installed():
             files = _sealed_if_present(directory, seal, diagnostic.sealed_files)
             comparison = diagnostic.check(comparison, diffs, files, scored)
-        comparison = with_signatures(comparison, check_signatures(comparison, diffs))
         if outcome in (Outcome.PASS, Outcome.MISMATCH):
             gates = gate_results(
                 diffs["training_logprobs"],

@@ -86,7 +86,7 @@ SCHEMAS: Mapping[str, Mapping[str, TensorSpec]] = {
         for name in layout.LAYER_FILES
     },
     **{
-        name: {  # numerics.routing; the rest is check.routing_check's
+        name: {  # numerics.routing; the rest is diagnostics.routing.check's
             "expert_ids": TensorSpec(kind=INTEGER, dims=("B", "T", "M", "K")),
             "gate_weights": TensorSpec(kind=FLOATING, dims=("B", "T", "M", "K")),
         }

@@ -23,7 +23,6 @@ from typing import TextIO
 from pytest_logprob_drift.check.verify import require_run_dir
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import ExitCode, one_line
-from pytest_logprob_drift.report import routing
 from pytest_logprob_drift.report.findings import findings
 from pytest_logprob_drift.report.load import load_report
 from pytest_logprob_drift.report.page import PublishedReport, publish_report
@@ -64,7 +63,7 @@ def report_command(args: argparse.Namespace, out: TextIO) -> int:
             print(one_line(_crossings_line(data.steps.crossings)), file=out)
     if data.steps is None or verbose:
         print(render_table(summary_headers(), summary_rows(data)), file=out)
-    for line in routing.case_lines(data.cases):
+    for line in (line for diagnostic in installed() for line in diagnostic.report_run_lines(data)):
         print(one_line(line), file=out)
     if verbose:
         for view in data.cases:

@@ -36,7 +36,6 @@ from pytest_logprob_drift.errors import DriftError, ExitCode, Remedy, UsageError
 from pytest_logprob_drift.execute.runner import CaseResult, Runner
 from pytest_logprob_drift.execute.runtime_catalog import RuntimeCatalog
 from pytest_logprob_drift.execute.settings import RunSettings, Setting, Spelling, run_settings
-from pytest_logprob_drift.numerics import routing_text
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plan.expectations import describe_unmatched, unmatched_expectations
 from pytest_logprob_drift.policy import assemble, render_error, render_issue
@@ -189,7 +188,6 @@ def _run(
         print(one_line(f"transformers logs: {log} (-v shows them here)"), file=err)
     attribution = attribute_run(run_dir, execution_plan.plan.experiment_id, results, err)
     diagnostics = [None if r.comparison is None else r.comparison.diagnostics for r in results]
-    routing = routing_text.has_routing(diagnostics)
     core = [d for d in installed() if d.always_in_table]
     optional = [d for d in installed() if not d.always_in_table and d.shown(diagnostics)]
     rows = [
@@ -204,7 +202,6 @@ def _run(
             "reused" if r.reused else ("new" if r.attempt_dir else "-"),
             "" if r.as_expected else f"expected {r.expected.value}",
             *(cell for diagnostic in optional for cell in diagnostic.table_cells(d)),
-            *(routing_text.cells(d) if routing else []),
         ]
         for r, d in zip(results, diagnostics, strict=True)
     ]
@@ -238,17 +235,13 @@ def _run(
                     "attempt",
                     "note",
                     *(h for diagnostic in optional for h in diagnostic.table_headers()),
-                    *(routing_text.HEADERS if routing else ()),
                 ],
                 rows,
             ),
             file=out,
         )
         for r, d in zip(results, diagnostics, strict=True):
-            for line in [
-                *(line for diagnostic in installed() for line in diagnostic.run_lines(d)),
-                *routing_text.lines(d),
-            ]:
+            for line in (line for diagnostic in installed() for line in diagnostic.run_lines(d)):
                 print(one_line(f"{r.label}: {line}"), file=out)
         print(
             f"engine constructions: rollout {constructions[0]}, training {constructions[1]}",

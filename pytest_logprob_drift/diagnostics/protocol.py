@@ -26,13 +26,16 @@ A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` 
   the report's verbose text, its junit properties, the ``run --json`` member, the report's
   columns, its section of the report's case article and its figures (``report_plot`` reads
   the plot data from the sealed files when the report loads a shown case, ``report_figures``
-  draws it).
+  draws it);
+- its run-scope part of the report (``report_run_lines`` for the text, ``report_run_section``
+  for the page at each of ``RUN_PLACES``): figures and sections over every case, computed at
+  read time from the sealed parts the report loaded (the routing agreement of every case, the
+  signatures' section and the findings' links to it).
 
 Where the other parts go (not called by any hub yet; the diagnostics moved so far have none
 of them or keep them where they are): the config key ``diagnostics.<name>`` and its
 execution-key contribution are declared torch-free in the folder's ``__init__`` (config
-loading is on ``plan``'s path); a run-scope part (figures over all steps or cases) is computed at
-read time from the sealed parts by the report; the contribution to the attribution document
+loading is on ``plan``'s path); the contribution to the attribution document
 (today's ESS and path members) stays in ``attribution/`` until part 2 of issue 51.
 
 Torch-free and cheap to import: tensors and markup appear in annotations only.
@@ -56,10 +59,12 @@ if TYPE_CHECKING:
         TrainingOutput,
         TrainingScorer,
     )
+    from pytest_logprob_drift.execute.rollout_experts import RolloutExperts
     from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, Record
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject, JsonValue, ScoringIdentity
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.report.model import ReportData
     from pytest_logprob_drift.store.attempt import Seal
 
 Scores = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
@@ -67,6 +72,11 @@ Scores = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
 
 Tensors = Mapping[str, "torch.Tensor"]
 """The tensors of one sealed file, by key."""
+
+RUN_PLACES = ("lead", "findings", "body")
+"""Where ``report_run_section``'s parts go on the report's page: ``lead`` after its header,
+``findings`` inside the findings (after the trend), ``body`` after the attribution and
+layers sections (before the invalid cases)."""
 
 
 Captured = object
@@ -109,6 +119,16 @@ class CaseUnderCapture(Protocol):
     @property
     def rollout_logp(self) -> LogpKernel | None:
         """The rollout side's logp kernel (None: the engine's own)."""
+        ...
+
+    @property
+    def rollout_experts(self) -> RolloutExperts | None:
+        """The rollout's expert choices captured while it generated (None: not asked for)."""
+        ...
+
+    @property
+    def threshold(self) -> float:
+        """The installed contract's threshold |diff| (what a token over it is judged by)."""
         ...
 
 
@@ -219,4 +239,12 @@ class Diagnostic(Protocol):
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         """Its figures of a shown case (name, svg) from ``report_plot``'s data (none)."""
+        ...
+
+    def report_run_lines(self, data: ReportData) -> list[str]:
+        """Lines of ``report``'s text over every case, after its case table (none: none)."""
+        ...
+
+    def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
+        """Its run-scope part of the report's page at ``place`` (``RUN_PLACES``; None: none)."""
         ...

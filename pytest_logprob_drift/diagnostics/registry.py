@@ -22,6 +22,8 @@ BUILTIN = (
     "pytest_logprob_drift.diagnostics.full_vocabulary",
     "pytest_logprob_drift.diagnostics.path_split",
     "pytest_logprob_drift.diagnostics.layers",
+    "pytest_logprob_drift.diagnostics.routing",
+    "pytest_logprob_drift.diagnostics.signatures",
 )
 """The built-in diagnostics' modules, in the order the hubs show them; each exports
 ``DIAGNOSTIC``."""

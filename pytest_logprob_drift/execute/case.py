@@ -8,8 +8,10 @@ installed diagnostic's capture (``diagnostics.registry``: handed the scored case
 read-back, so it cannot change what is read back), their parts and sealed files
 (``comparison_record``), each side's weight digests where its engine reports them (a
 difference is an identity violation, a side whose layout is not covered is STRICT_REJECTED
-under strict execution), the opt-in routing capture, and writing every payload
-before COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
+under strict execution), the rollout's expert choices captured while it generates when the case asks
+for them (``execute.rollout_experts``: handed to the scorer under
+``training.moe_routing=replay``, and to the diagnostics), and writing every payload before
+COMPLETE. Used by the runner. Knows no concrete runtime, no frontend, and nothing
 about which operator backends exist.
 """
 
@@ -42,11 +44,10 @@ from pytest_logprob_drift.execute.protocol import (
     merge_read_back,
     strict_violations,
 )
-from pytest_logprob_drift.execute.routing import (
-    RoutingResult,
+from pytest_logprob_drift.execute.rollout_experts import (
+    RolloutExperts,
     arm_rollout,
     collect_rollout,
-    routing_diagnostics,
 )
 from pytest_logprob_drift.numerics.comparison import (
     Comparison,
@@ -130,6 +131,8 @@ class _CaseUnderCapture:
     read_back: Mapping[str, JsonValue]
     batch_size: int
     rollout_logp: BoundKernel | None
+    rollout_experts: RolloutExperts | None
+    threshold: float
 
 
 @dataclass(slots=True, kw_only=True)
@@ -141,7 +144,6 @@ class _Scored:
     read_back: dict[str, Any] = field(default_factory=dict)
     captured: dict[str, object] = field(default_factory=dict)
     """Each installed diagnostic's capture, by name (``diagnostics.protocol``)."""
-    routing: RoutingResult | None = None
     provenance: list[JsonObject] = field(default_factory=list)
     records: tuple[KnobRecord, ...] = ()
     weights: dict[str, WeightsDocument] = field(default_factory=dict)
@@ -275,6 +277,7 @@ def _score(
         engine.receive_weights(scorer, identity)
     batch_size = int(binding.batch["size"])
     replay = binding.training_settings.moe_routing.replay  # R3: the rollout's expert ids
+    # Asked for by the replay (a training setting) or by the diagnostics (``routing``).
     routed = binding.routing or replay
     armed = arm_rollout(engine) if routed else None  # captured while it generates
     scored.rollout = engine.generate(identity, batch_size=batch_size, logp=kernels["rollout"])
@@ -298,17 +301,6 @@ def _score(
         logp=kernels["training"],
         **replay_ids,
     )
-    if binding.routing:  # never changes the verdict
-        assert rolled_out is not None
-        scored.routing = routing_diagnostics(
-            scorer,
-            scored.rollout,
-            scored.training,
-            rolled_out=rolled_out,
-            replayed=replayed,
-            batch_size=batch_size,
-            threshold=run.contract.threshold,
-        )
     # Each engine's weights once per construction, after its first case (an operator installed
     # into an engine's processes runs before this).
     for side, held in (("rollout", engine), ("training", scorer)):
@@ -329,6 +321,8 @@ def _score(
         read_back=actual,
         batch_size=batch_size,
         rollout_logp=kernels["rollout"],
+        rollout_experts=rolled_out,
+        threshold=run.contract.threshold,
     )
     for diagnostic in installed():  # never changes the verdict
         captured = diagnostic.capture(under_capture)
@@ -425,18 +419,13 @@ def _write_attempt(
             layout.SCORE_TRAINING,
             tensor_bytes({"logprobs": training.logprobs, **training.consumed}),
         )
-    entries: dict[str, Any] = {}
-    if scored.routing is not None and rollout is not None and training is not None:
-        entries = {**entries, "routing": scored.routing.entry}
-        for name, tensors in scored.routing.files.items():
-            writer.write_bytes(name, tensor_bytes(tensors))
     for diagnostic in installed():
         captured = scored.captured.get(diagnostic.name)
         for name, payload in diagnostic.files(verdict.outcome, _scores(scored), captured).items():
             if name not in diagnostic.sealed_files:
                 raise ValueError(f"diagnostic {diagnostic.name} did not declare the file {name}")
             writer.write_bytes(name, tensor_bytes(dict(payload)))
-    comparison = _comparison(run, scored, verdict, numeric, entries)
+    comparison = _comparison(run, scored, verdict, numeric)
     writer.write_json(layout.COMPARISON, comparison.to_json())
     if rollout is not None and training is not None:
         writer.write_bytes(
@@ -467,10 +456,9 @@ def _comparison(
     scored: _Scored,
     verdict: Verdict,
     numeric: NumericCheck | None,
-    entries: Mapping[str, Any],
 ) -> Comparison:
-    """The case's comparison record: the verdict, its statistics and the routing
-    ``entries`` as typed diagnostics, each installed diagnostic's parts (from the very tensors
+    """The case's comparison record: the verdict, its statistics as typed diagnostics, each
+    installed diagnostic's parts (from the very tensors
     token_diffs.pt seals and its own capture; never a verdict), and the numeric re-check."""
     case = run.ec.case
     return comparison_of(
@@ -480,7 +468,6 @@ def _comparison(
         contract=run.contract,
         scores=_scores(scored),
         captured=scored.captured,
-        entries=entries,
         records=scored.records,
         numerical=numeric,
     )

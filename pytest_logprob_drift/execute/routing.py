@@ -1,15 +1,14 @@
-"""The opt-in routing diagnostics of one case (``diagnostics.routing``): which experts each
-side's MoE layers chose, and how the drift splits by where they differ.
+"""The routing diagnostic's engine calls for one case (``diagnostics.routing``): which experts
+each side's MoE layers chose, and how the drift splits by where they differ.
 
-Owns the case's routing steps: arming the rollout engine's capture before its generation
-(``RolloutRoutingCapture``; the rollout's routing is what it used while it sampled, never a
-replay), collecting it after, the training scorer's teacher-forced capture
-(``TrainingRoutingCapture``), each checked (``numerics.routing.check_routing``), the
-``diagnostics.routing`` entry of comparison.json (each side's status, the figures where both
-captured) and the tensors sealed as ``routing_training.pt`` / ``routing_rollout.pt``. A side
-that cannot capture is ``routing_unavailable`` with its reason, for that case only; never a
-knob status, never a verdict. Knows no concrete runtime and nothing about files beyond the
-layout's names.
+Owns the training scorer's teacher-forced capture (``TrainingRoutingCapture``, under the same
+router knobs as its scores), checked (``numerics.routing.check_routing``) beside the rollout's
+choices captured while it generated (``execute.rollout_experts``), the ``diagnostics.routing``
+entry of comparison.json (each side's status, the figures where both captured) and the
+tensors sealed as ``routing_training.pt`` / ``routing_rollout.pt``. Called by the routing
+diagnostic's ``capture`` (``diagnostics.routing``). A side that cannot capture is
+``routing_unavailable`` with its reason, for that case only; never a knob status, never a
+verdict. Knows no concrete runtime and nothing about files beyond the layout's names.
 """
 
 from __future__ import annotations
@@ -21,18 +20,12 @@ import torch
 
 from pytest_logprob_drift.execute.protocol import (
     RolloutOutput,
-    RolloutRoutingCapture,
-    RoutingUnavailable,
     TrainingOutput,
     TrainingRoutingCapture,
 )
-from pytest_logprob_drift.numerics.comparison import (
-    ROUTING_CAPTURED,
-    ROUTING_UNAVAILABLE,
-    RoutingStatus,
-)
-from pytest_logprob_drift.numerics.routing import EXPERT_IDS, check_routing, figures
-from pytest_logprob_drift.records import JSONScalar
+from pytest_logprob_drift.execute.rollout_experts import RolloutExperts, checked_capture
+from pytest_logprob_drift.numerics.comparison import ROUTING_UNAVAILABLE, RoutingStatus
+from pytest_logprob_drift.numerics.routing import figures
 from pytest_logprob_drift.store import layout
 
 
@@ -44,80 +37,12 @@ class RoutingResult:
     files: dict[str, dict[str, torch.Tensor]]
 
 
-def arm_rollout(engine: object) -> RoutingStatus | None:
-    """Arm the rollout engine's capture before its generation: None when armed, else the
-    ``routing_unavailable`` status with the reason."""
-    if not isinstance(engine, RolloutRoutingCapture):
-        return RoutingStatus(
-            status=ROUTING_UNAVAILABLE,
-            reason=f"the rollout engine ({type(engine).__name__}) has no routing capture",
-        )
-    try:
-        engine.arm_routing()
-    except RoutingUnavailable as exc:
-        return RoutingStatus(status=ROUTING_UNAVAILABLE, reason=exc.reason)
-    return None
-
-
-def _checked(
-    what: str, capture: Any, grid: tuple[int, int]
-) -> tuple[RoutingStatus, dict[str, torch.Tensor] | None]:
-    try:
-        tensors = dict(capture())
-        check_routing(tensors, grid)
-    except RoutingUnavailable as exc:
-        return RoutingStatus(status=ROUTING_UNAVAILABLE, reason=exc.reason), None
-    except (ValueError, RuntimeError) as exc:
-        return RoutingStatus(
-            status=ROUTING_UNAVAILABLE, reason=f"the {what}'s routing capture failed: {exc}"
-        ), None
-    ids = tensors[EXPERT_IDS]
-    routed = int((ids[..., 0, 0] >= 0).sum())
-    evidence: dict[str, JSONScalar] = {
-        "moe_layers": int(ids.shape[2]),
-        "top_k": int(ids.shape[3]),
-        "positions": routed,
-    }
-    return RoutingStatus(status=ROUTING_CAPTURED, evidence=evidence), tensors
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RolloutRouting:
-    """The rollout's routing of one case, collected once after its generation: its status
-    and, when captured, its checked tensors (``expert_ids``, ``gate_weights``)."""
-
-    status: RoutingStatus
-    tensors: dict[str, torch.Tensor] | None
-
-    @property
-    def expert_ids(self) -> torch.Tensor | None:
-        """The rollout's expert ids (what ``training.moe_routing=replay`` hands the scorer)."""
-        return None if self.tensors is None else self.tensors[EXPERT_IDS]
-
-
-def collect_rollout(
-    engine: object, rollout: RolloutOutput, *, armed: RoutingStatus | None
-) -> RolloutRouting:
-    """The rollout's routing after its generation (``armed``: None when the capture was
-    armed before it, else its unavailable status), checked on the batch's grid."""
-    if armed is not None or not isinstance(engine, RolloutRoutingCapture):
-        status = armed or RoutingStatus(
-            status=ROUTING_UNAVAILABLE,
-            reason=f"the rollout engine ({type(engine).__name__}) has no routing capture",
-        )
-        return RolloutRouting(status=status, tensors=None)
-    batch = rollout.tensors
-    grid = (int(batch["token_ids"].shape[0]), int(batch["token_ids"].shape[1]))
-    status, tensors = _checked("rollout engine", lambda: engine.collect_routing(batch), grid)
-    return RolloutRouting(status=status, tensors=tensors)
-
-
 def routing_diagnostics(
     scorer: object,
     rollout: RolloutOutput,
     training: TrainingOutput,
     *,
-    rolled_out: RolloutRouting,
+    rolled_out: RolloutExperts,
     replayed: torch.Tensor | None,
     batch_size: int,
     threshold: float,
@@ -129,7 +54,7 @@ def routing_diagnostics(
     batch = rollout.tensors
     grid = (int(batch["token_ids"].shape[0]), int(batch["token_ids"].shape[1]))
     if isinstance(scorer, TrainingRoutingCapture):
-        trained, training_tensors = _checked(
+        trained, training_tensors = checked_capture(
             "training scorer",
             lambda: scorer.capture_routing(
                 batch,

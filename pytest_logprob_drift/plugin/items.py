@@ -30,7 +30,6 @@ from pytest_logprob_drift.attribution.text import layer_properties
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import DriftError, one_line
 from pytest_logprob_drift.execute.protocol import bind_case, order_for_reuse
-from pytest_logprob_drift.numerics import routing_text
 from pytest_logprob_drift.outcomes import Outcome, expected_outcome
 from pytest_logprob_drift.plan.binding import ExecutionCase, ExecutionPlan
 from pytest_logprob_drift.plugin.options import FLAGS, keyword_token, marker_name
@@ -337,7 +336,6 @@ def render_evidence(result: CaseResult) -> str:
                 )
         for diagnostic in installed():
             lines.extend(diagnostic.failure_lines(c.diagnostics))
-        lines.extend(routing_text.lines(c.diagnostics))
         for violation in c.identity_violations:
             lines.append(f"identity: {violation}")
         if c.records:

@@ -36,9 +36,9 @@ from msgspec import UNSET
 from pytest_logprob_drift.attribution.document import Case, NoiseFloor
 from pytest_logprob_drift.attribution.materiality import rule_words
 from pytest_logprob_drift.attribution.materiality import within_contract as is_within
+from pytest_logprob_drift.numerics.comparison import Diagnostics, RoutingFigures
 from pytest_logprob_drift.numerics.importance_text import ess_text
 from pytest_logprob_drift.numerics.layer_text import where_moved
-from pytest_logprob_drift.numerics.routing_text import against_reference
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report.gates import finding as gate_finding
@@ -369,7 +369,29 @@ def _routing(data: ReportData, entry: Case) -> str | None:
     case, reference = views.get(entry.label), views.get(entry.reference.label)
     if case is None or reference is None:
         return None
-    return against_reference(case.diagnostics, reference.diagnostics)
+    return _against_reference(case.diagnostics, reference.diagnostics)
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _against_reference(case: Diagnostics, reference: Diagnostics) -> str | None:
+    """The case's routing beside its reference's, for a finding (what replay or a float32
+    router bought): ``same experts by layer 100.0%, 100.0% (baseline 99.0%, 99.0%); 0.0% with
+    a flip (baseline 1.0%)``; None unless both have routing figures."""
+    ours, theirs = case.routing, reference.routing
+    if ours is None or theirs is None or ours.figures is None or theirs.figures is None:
+        return None
+
+    def by_layer(figures: RoutingFigures) -> str:
+        return ", ".join(_share(a) for a in figures.agreement_by_layer)
+
+    return (
+        f"same experts by layer {by_layer(ours.figures)} (baseline {by_layer(theirs.figures)}); "
+        f"{_share(ours.figures.flip_share)} with a flip (baseline "
+        f"{_share(theirs.figures.flip_share)})"
+    )
 
 
 def _read_back(data: ReportData, label: str) -> Mapping[str, ReadBackValue] | None:

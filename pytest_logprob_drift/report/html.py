@@ -45,8 +45,6 @@ from pytest_logprob_drift.report.markup import (
     page_link,
 )
 from pytest_logprob_drift.report.model import CaseView, ReportData, WorstToken
-from pytest_logprob_drift.report.signature_html import findings_links, signature_section
-from pytest_logprob_drift.report.signatures import named_signatures
 from pytest_logprob_drift.report.steps import FIGURES, StepSample, StepsView, format_value
 from pytest_logprob_drift.report.summary import (
     STATISTICS,
@@ -234,7 +232,7 @@ def _header(data: ReportData) -> Markup:
     return el(
         "header",
         el("h1", f"logprob drift: {h.experiment_id}"),
-        _findings(findings(data)),
+        _findings(data, findings(data)),
         el("dl", ((el("dt", k), el("dd", v)) for k, v in meta), class_="meta"),
         _versions(h.environments),
         el(
@@ -271,7 +269,7 @@ def _versions(environments: Sequence[Mapping[str, JsonValue]]) -> Markup | None:
     )
 
 
-def _findings(found: Findings) -> Markup:
+def _findings(data: ReportData, found: Findings) -> Markup:
     """The answer first: the verdict counts, then the interventions the sealed attribution
     says moved a side, ranked, each in words a reader can paste."""
     counts = join(
@@ -295,7 +293,7 @@ def _findings(found: Findings) -> Markup:
         "section",
         el("h2", "Findings"),
         el("p", el("b", found.trend), class_="trend") if found.trend is not None else None,
-        findings_links(found.signatures),
+        _run_sections(data, "findings", draw=False),
         el("p", f"{found.cases} case(s): ", counts, class_="counts"),
         el("p", found.moved_words(), class_="sentence bad" if found.rejected else "sentence"),
         el("ol", items) if found.moved else None,
@@ -565,29 +563,15 @@ def _layers(data: ReportData, draw: bool) -> Markup | None:
     )
 
 
-def _routing(data: ReportData, draw: bool) -> Markup | None:
-    """Routing agreement by MoE layer of every case with routing diagnostics on one plot, and
-    each case's routing lines (worst tokens with where they flipped); nothing without any."""
-    from pytest_logprob_drift.report import routing
-
-    if not routing.routed_cases(data.cases):
-        return None
-    svg = routing.agreement_svg(data.cases) if draw else None
-    figure = None if svg is None else el("figure", svg, class_="plot wide", data_plot="routing")
-    return el(
-        "section",
-        el("h2", "Mixture of experts: routing agreement by layer, every case"),
-        el(
-            "p",
-            "Per MoE layer, the share of tokens both sides routed whose expert set is the same "
-            "(the rollout's as it generated, the trainer's teacher-forced), from each case's "
-            "sealed routing figures.",
-            class_="muted",
-        ),
-        figure,
-        (el("p", line, class_="muted") for line in routing.case_lines(data.cases)),
-        id="routing",
-    )
+def _run_sections(data: ReportData, place: str, draw: bool) -> Markup | None:
+    """Every installed diagnostic's run-scope part of the page at ``place``, in order
+    (``diagnostics.protocol.RUN_PLACES``); None: none has one."""
+    parts = [
+        part
+        for diagnostic in installed()
+        if (part := diagnostic.report_run_section(data, place, draw)) is not None
+    ]
+    return join(parts) if parts else None
 
 
 def _invalid(data: ReportData) -> Markup | None:
@@ -956,7 +940,7 @@ def render_page(data: ReportData) -> str:
     threshold = _num(data.header.contract.get("threshold"))
     body: list[Child] = [
         _header(data),
-        signature_section(data, named_signatures(data)),
+        _run_sections(data, "lead", draw),
         _steps(data.steps, draw),
     ]
     if not draw:
@@ -986,7 +970,7 @@ def render_page(data: ReportData) -> str:
         gates.section([(v.label, v.gates) for v in data.cases]),
         _attribution(data, draw),
         _layers(data, draw),
-        _routing(data, draw),
+        _run_sections(data, "body", draw),
         _invalid(data),
     ]
     if detailed:

@@ -18,6 +18,7 @@ from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, Re
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report.markup import Markup, el
+from pytest_logprob_drift.report.model import ReportData
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
 from pytest_logprob_drift.store.seal import SealError
@@ -179,6 +180,31 @@ class LogRatioPeakDiagnostic:
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
+
+    def report_run_lines(self, data: ReportData) -> list[str]:
+        peak = _run_peak(data)
+        return [] if peak is None else [f"largest log-ratio peak over every case: {peak}"]
+
+    def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
+        peak = _run_peak(data)
+        if place != "body" or peak is None:
+            return None
+        return el(
+            "section", el("h2", "Log-ratio peaks, every case"), el("p", peak), id=f"{NAME}-run"
+        )
+
+
+def _run_peak(data: ReportData) -> str | None:
+    """``r = <r> (<label>)`` of the case with the largest peak (None: no case has a part)."""
+    peaks = [
+        (part.log_ratio, view.label)
+        for view in data.cases
+        if (part := _part(view.diagnostics)) is not None
+    ]
+    if not peaks:
+        return None
+    r, label = max(peaks)
+    return f"r = {r!r} ({label})"
 
 
 DIAGNOSTIC = LogRatioPeakDiagnostic()

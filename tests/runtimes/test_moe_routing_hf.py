@@ -6,6 +6,9 @@ teacher-forced chunks, masks and dtype as the scorer; and the in-process scorer'
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -192,6 +195,7 @@ def test_an_hf_run_seals_both_sides_routing_and_verify_recomputes_it(tmp_path: P
     import json
 
     from drift_testing import cli, experiment_config
+    from resealing import reseal
 
     config = experiment_config(
         tmp_path,
@@ -217,15 +221,53 @@ def test_an_hf_run_seals_both_sides_routing_and_verify_recomputes_it(tmp_path: P
     assert (comparison.parent / "routing_training.pt").is_file()
     assert (comparison.parent / "routing_rollout.pt").is_file()
     assert "routing: " in out
-    code, out, err = cli("verify", run_dir)
-    assert code == 0, out + err
+    header = next(line for line in out.splitlines() if line.startswith("case_id"))
+    assert "routing agree (min layer)" in header and "tokens flipped" in header, out
+    code, verified, err = cli("verify", run_dir)
+    assert code == 0, verified + err
+    # The report's run-scope part (``report_run_lines`` / ``report_run_section``): every
+    # routed case's lines in the text, the section with its lines on the page.
+    label = document["label"]
+    page = tmp_path / "report.html"
+    code, text, err = cli("report", run_dir, "--html", page)
+    assert code == 0, text + err
+    assert f"{label}: routing: {routing['figures']['positions_compared']} tokens routed" in text
+    html = page.read_text()
+    assert "<section id='routing'>" in html, html[:2000]
+    assert "routing agreement by layer, every case" in html
+    # The diagnostic's offline check, through the protocol: figures that differ from the
+    # sealed tensors' recomputation, and a file sealed beside a status that says none was.
+    for tamper, fault in (
+        (
+            lambda r: r["figures"].update(flip_share=0.5 + r["figures"]["flip_share"] / 4),
+            r"routing_rollout\.pt +the routing figures recomputed offline differ",
+        ),
+        (
+            lambda r: r.update(
+                training={"status": "routing_unavailable", "reason": "planted"}, figures=None
+            ),
+            r"routing_training\.pt +sealed, but comparison\.json records routing_unavailable",
+        ),
+    ):
+        copy = tmp_path / f"tampered-{len(fault)}" / "hf-moe-routing"
+        shutil.copytree(run_dir, copy)
+        changed = copy / comparison.relative_to(run_dir)
+        tampered = json.loads(changed.read_text())
+        tamper(tampered["diagnostics"]["routing"])
+        for path in (changed, changed.parent / "COMPLETE", *copy.glob("attributions/*/*")):
+            os.chmod(path, 0o644)
+        changed.write_text(json.dumps(tampered, indent=2, sort_keys=True) + "\n")
+        reseal(copy, changed)
+        code, out, err = cli("verify", copy)
+        assert code == 1, out + err
+        assert re.search(fault, out), out
 
 
 def test_compiled_graphs_refuse_the_rollout_capture_before_the_engine_is_touched(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("vllm")
-    from pytest_logprob_drift.execute.routing import arm_rollout
+    from pytest_logprob_drift.execute.rollout_experts import arm_rollout
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 
     spec = VllmEngineSpec(

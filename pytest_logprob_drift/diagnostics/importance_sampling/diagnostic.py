@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.report.model import ReportData
     from pytest_logprob_drift.store.attempt import Seal
 
 
@@ -110,6 +111,12 @@ class ImportanceSamplingDiagnostic:
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
+
+    def report_run_lines(self, data: ReportData) -> list[str]:
+        return []
+
+    def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
+        return None
 
 
 DIAGNOSTIC = ImportanceSamplingDiagnostic()

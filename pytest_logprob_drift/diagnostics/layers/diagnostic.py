@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.report.model import ReportData
     from pytest_logprob_drift.store.attempt import Seal
 
 
@@ -146,6 +147,12 @@ class LayersDiagnostic:
             ("layers-heatmap", figures.heatmap_svg(plot)),
             ("layers-by-state", figures.by_state_svg(plot)),
         )
+
+    def report_run_lines(self, data: ReportData) -> list[str]:
+        return []
+
+    def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
+        return None
 
 
 DIAGNOSTIC = LayersDiagnostic()

@@ -4,7 +4,8 @@ Owns computing ``diagnostics.signatures`` from the tensors of ``token_diffs.pt``
 (``numerics.signatures.step_signatures``, a pure function of them) and deciding whether a
 recorded list agrees with that recomputation: a list that differs, or one recorded for an
 outcome without scores, is refused. Attempts sealed before signatures existed get them
-computed here at read time, never by executing anything again. Never writes anything.
+computed here at read time, never by executing anything again. Called through the signatures
+diagnostic's ``check`` by ``check.resume``. Never writes anything.
 """
 
 from __future__ import annotations
@@ -16,15 +17,12 @@ import msgspec
 import torch
 
 from pytest_logprob_drift.check.rejudge import ABS_TOLERANCE, REL_TOLERANCE
+from pytest_logprob_drift.diagnostics.signatures.diagnostic import SIGNED_OUTCOMES
 from pytest_logprob_drift.numerics.comparison import Comparison
 from pytest_logprob_drift.numerics.score_signatures import signatures
 from pytest_logprob_drift.numerics.signature_record import SealedSignature
-from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.seal import SealError
-
-SIGNED_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH)
-"""The outcomes whose comparison carries signatures (those with finite active scores)."""
 
 
 def signatures_of_diffs(diffs: Mapping[str, torch.Tensor]) -> tuple[SealedSignature, ...]:

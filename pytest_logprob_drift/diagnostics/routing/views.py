@@ -2,7 +2,7 @@
 
 Owns how the CLI run output, the plugin's failure text and the report's text show where the
 two sides' MoE routers chose different experts (``numerics.comparison.RoutingDiagnostics``;
-written by ``execute.routing``, checked by ``check.routing_check``): two run-table cells (the
+captured by ``execute.routing``, checked by ``diagnostics.routing.check``): two run-table cells (the
 lowest per-layer agreement and the share of tokens with a flip), a line per case (agreement by
 layer, the flip share, the drift split by flip / no flip / unknown, the worst tokens with where
 they flipped, each side's status when it did not capture). Knows nothing about torch, files or
@@ -18,7 +18,6 @@ from pytest_logprob_drift.numerics.comparison import (
     Diagnostics,
     RoutingDiagnostics,
     RoutingDriftClass,
-    RoutingFigures,
     RoutingWorstToken,
 )
 
@@ -107,21 +106,3 @@ def lines(diagnostics: Diagnostics | None) -> list[str]:
         if not status.captured:
             out.append(f"routing ({side}): {status.status} ({status.reason})")
     return out
-
-
-def against_reference(case: Diagnostics | None, reference: Diagnostics | None) -> str | None:
-    """The case's routing beside its reference's, for a finding (what replay or a float32
-    router bought): ``same experts by layer 100.0%, 100.0% (baseline 99.0%, 99.0%); 0.0% with
-    a flip (baseline 1.0%)``; None unless both have routing figures."""
-    ours, theirs = _routing(case), _routing(reference)
-    if ours is None or theirs is None or ours.figures is None or theirs.figures is None:
-        return None
-
-    def by_layer(figures: RoutingFigures) -> str:
-        return ", ".join(_share(a) for a in figures.agreement_by_layer)
-
-    return (
-        f"same experts by layer {by_layer(ours.figures)} (baseline {by_layer(theirs.figures)}); "
-        f"{_share(ours.figures.flip_share)} with a flip (baseline "
-        f"{_share(theirs.figures.flip_share)})"
-    )

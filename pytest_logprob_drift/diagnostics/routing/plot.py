@@ -5,7 +5,7 @@ Owns, from the sealed ``comparison.json`` figures of every case with routing dia
 (``numerics.comparison.RoutingFigures``, already read and checked by the report's loader; no
 tensor is read, so nothing here needs torch): the figure (MoE layer on x, the share of tokens
 whose expert set is the same on both sides on y, one line per case in its colour, a legend by
-case label) and, per case, the text lines (``numerics.routing_text``: agreement by layer, the
+case label) and, per case, the text lines (``diagnostics.routing.views``: agreement by layer, the
 share with a flip, the drift split, the worst tokens with where they flipped). Drawn with
 ``report.plots``' figure set-up (Agg, SVG); case labels are plain text. Knows nothing about the
 page around the figure, files or how the routing was captured.
@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from pytest_logprob_drift.numerics import routing_text
+from pytest_logprob_drift.diagnostics.routing import views
 from pytest_logprob_drift.report.markup import Markup
 from pytest_logprob_drift.report.model import CaseView
 from pytest_logprob_drift.report.plots import LINE_COLOURS, new_figure, to_svg, wrap_label
@@ -76,7 +76,5 @@ def agreement_svg(cases: Sequence[CaseView]) -> Markup | None:
 def case_lines(cases: Sequence[CaseView]) -> list[str]:
     """``label: line`` for every routing line of every case with routing diagnostics."""
     return [
-        f"{v.label}: {line}"
-        for v in routed_cases(cases)
-        for line in routing_text.lines(v.diagnostics)
+        f"{v.label}: {line}" for v in routed_cases(cases) for line in views.lines(v.diagnostics)
     ]

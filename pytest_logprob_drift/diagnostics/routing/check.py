@@ -5,8 +5,9 @@ Owns deciding whether ``routing_training.pt`` / ``routing_rollout.pt`` and compa
 ``routing_captured``; it holds a well-formed routing (``numerics.routing.check_routing``) on
 ``score_rollout.pt``'s grid, with the recorded MoE layer, top-k and routed position counts; and
 the figures recomputed from the sealed tensors (with ``token_diffs.pt``'s logprobs, active mask
-and threshold) equal the recorded ones. Used by ``check.resume`` (so resume, ``verify`` and the
-report all apply it). Never writes anything; knows nothing about engines.
+and threshold) equal the recorded ones. Called through the routing diagnostic's ``check`` by
+``check.resume`` (so resume, ``verify`` and the report all apply it). Never writes anything;
+knows nothing about engines.
 """
 
 from __future__ import annotations
