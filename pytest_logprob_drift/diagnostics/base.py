@@ -1,12 +1,12 @@
 """Empty defaults of the ``Diagnostic`` protocol, so that a diagnostic writes only what it has.
 
 Owns ``DiagnosticBase`` (every optional member empty: no capture, no files, no columns, no
-lines, no properties, no ``run --json`` member, no report columns, section, plot or figures;
-its run-table columns shown when some case carries its part) and ``TextViewsDiagnostic`` (the
-run views forwarded to one text-views module: ``HEADERS``, ``cells``, ``lines`` and
-``properties``, the same lines in the run output and the plugin's failure text). A
-convenience, not the protocol: a diagnostic that implements every member itself (the test
-tree's ``log_ratio_peak``) is just as installed. Torch-free and typing-free at import.
+lines, no properties, no ``run --json`` member, no report columns, page columns, sections, plot,
+figures or token ids to decode; its run-table columns shown when some case carries its part) and
+``TextViewsDiagnostic`` (the run views forwarded to one text-views module: ``HEADERS``,
+``cells``, ``lines`` and ``properties``, the same lines in the run output and the plugin's
+failure text). A convenience, not the protocol: a diagnostic that implements every member itself
+(the test tree's ``log_ratio_peak``) is just as installed. Torch-free and typing-free at import.
 """
 
 from __future__ import annotations
@@ -101,6 +101,20 @@ class DiagnosticBase:
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
+
+    def report_page_headers(self, diagnostics: Sequence[Diagnostics]) -> tuple[str, ...]:
+        return ()
+
+    def report_page_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None, str]]:
+        return []
+
+    def report_token_ids(self, diagnostics: Diagnostics) -> tuple[int, ...]:
+        return ()
+
+    def report_detail_section(
+        self, diagnostics: Diagnostics, texts: Mapping[int, str]
+    ) -> Markup | None:
+        return None
 
 
 class TextViewsDiagnostic(DiagnosticBase):

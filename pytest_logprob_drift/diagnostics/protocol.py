@@ -220,3 +220,23 @@ class Diagnostic(Protocol):
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         """Its figures of a shown case (name, svg) from ``report_plot``'s data (none)."""
         ...
+
+    def report_page_headers(self, diagnostics: Sequence[Diagnostics]) -> tuple[str, ...]:
+        """The page's case-table columns after ``report_headers`` for these cases, not in the
+        report's text (none: no such column on this page)."""
+        ...
+
+    def report_page_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None, str]]:
+        """``(text, sort value, cell class)`` of a case under ``report_page_headers``."""
+        ...
+
+    def report_token_ids(self, diagnostics: Diagnostics) -> tuple[int, ...]:
+        """The token ids its ``report_detail_section`` names, which the report decodes (none)."""
+        ...
+
+    def report_detail_section(
+        self, diagnostics: Diagnostics, texts: Mapping[int, str]
+    ) -> Markup | None:
+        """Its section of a detailed case's article, after every ``report_section``; ``texts``:
+        the decoded ``report_token_ids`` of the case (None: none)."""
+        ...

@@ -180,5 +180,19 @@ class LogRatioPeakDiagnostic:
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
 
+    def report_page_headers(self, diagnostics: Sequence[Diagnostics]) -> tuple[str, ...]:
+        return ()
+
+    def report_page_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None, str]]:
+        return []
+
+    def report_token_ids(self, diagnostics: Diagnostics) -> tuple[int, ...]:
+        return ()
+
+    def report_detail_section(
+        self, diagnostics: Diagnostics, texts: Mapping[int, str]
+    ) -> Markup | None:
+        return None
+
 
 DIAGNOSTIC = LogRatioPeakDiagnostic()

@@ -10,11 +10,12 @@ run output, the plugin's failure text and junit properties, and ``run --json``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from pytest_logprob_drift.diagnostics.base import TextViewsDiagnostic
+from pytest_logprob_drift.diagnostics.full_vocabulary import section
 from pytest_logprob_drift.numerics import text
 from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, from_builtins
 from pytest_logprob_drift.store import layout
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.numerics.comparison import Comparison, Record
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
+    from pytest_logprob_drift.report.markup import Markup
 
 MEMBERS = ("full_vocabulary", "semantic_offset")
 """The declared members of comparison.json's ``diagnostics`` it seals."""
@@ -92,6 +94,20 @@ class FullVocabularyDiagnostic(TextViewsDiagnostic):
         if diagnostics is None:
             return {}
         return {m: part.to_json() for m in MEMBERS if (part := getattr(diagnostics, m)) is not None}
+
+    def report_page_headers(self, diagnostics: Sequence[Diagnostics]) -> tuple[str, ...]:
+        return section.HEADERS if section.has_parts(diagnostics) else ()
+
+    def report_page_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None, str]]:
+        return section.page_cells(diagnostics)
+
+    def report_token_ids(self, diagnostics: Diagnostics) -> tuple[int, ...]:
+        return section.token_ids(diagnostics)
+
+    def report_detail_section(
+        self, diagnostics: Diagnostics, texts: Mapping[int, str]
+    ) -> Markup | None:
+        return section.section(diagnostics, texts)
 
 
 DIAGNOSTIC = FullVocabularyDiagnostic()
