@@ -26,7 +26,11 @@ A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` 
   the report's verbose text, its junit properties, the ``run --json`` member, the report's
   columns, its section of the report's case article and its figures (``report_plot`` reads
   the plot data from the sealed files when the report loads a shown case, ``report_figures``
-  draws it).
+  draws it), the page's own columns (``report_page_headers`` / ``report_page_cells``: not in
+  the report's text, with their cell class) and a detailed case's section that names tokens
+  (``report_token_ids``, decoded by the report for ``report_detail_section``).
+
+``diagnostics.base`` gives the optional members empty defaults; a diagnostic need not use it.
 
 Where the other parts go (not called by any hub yet; the diagnostics moved so far have none
 of them or keep them where they are): the config key ``diagnostics.<name>`` and its
