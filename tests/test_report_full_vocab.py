@@ -25,19 +25,19 @@ import torch
 from drift_testing import OFFSET_LABEL, S0, run_by_label
 
 from pytest_logprob_drift import plan_file
+from pytest_logprob_drift.diagnostics.full_vocabulary.section import HEADERS as COLUMN_TITLES
 from pytest_logprob_drift.numerics import text as divergence_text
 from pytest_logprob_drift.numerics.comparison import Diagnostics, from_builtins
 from pytest_logprob_drift.numerics.divergence_file import sealed_diagnostics, sealed_tensors
 from pytest_logprob_drift.numerics.sampling import Truncation, processed_logits
 from pytest_logprob_drift.report.html import render_page
 from pytest_logprob_drift.report.load import load_report
-from pytest_logprob_drift.report.summary import FULL_VOCAB_COLUMNS
 from pytest_logprob_drift.runtimes.smoke.runtime import CpuSmokeAdapter
 
 pytest_plugins = ["pytester"]
 
 DIAGNOSTICS = {"full_vocabulary": {"top_k": 3, "worst_positions": 2}}
-COLUMNS = [title for title, _, _ in FULL_VOCAB_COLUMNS] + ["semantic offset"]
+COLUMNS = list(COLUMN_TITLES)
 
 
 def s0_document() -> dict[str, Any]:

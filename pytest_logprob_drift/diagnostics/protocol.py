@@ -26,11 +26,15 @@ A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` 
   the report's verbose text, its junit properties, the ``run --json`` member, the report's
   columns, its section of the report's case article and its figures (``report_plot`` reads
   the plot data from the sealed files when the report loads a shown case, ``report_figures``
-  draws it);
+  draws it), the page's own columns (``report_page_headers`` / ``report_page_cells``: not in
+  the report's text, with their cell class) and a detailed case's section that names tokens
+  (``report_token_ids``, decoded by the report for ``report_detail_section``);
 - its run-scope part of the report (``report_run_lines`` for the text, ``report_run_section``
   for the page at each of ``RUN_PLACES``): figures and sections over every case, computed at
   read time from the sealed parts the report loaded (the routing agreement of every case, the
   signatures' section and the findings' links to it).
+
+``diagnostics.base`` gives the optional members empty defaults; a diagnostic need not use it.
 
 Where the other parts go (not called by any hub yet; the diagnostics moved so far have none
 of them or keep them where they are): the config key ``diagnostics.<name>`` and its
@@ -247,4 +251,24 @@ class Diagnostic(Protocol):
 
     def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
         """Its run-scope part of the report's page at ``place`` (``RUN_PLACES``; None: none)."""
+        ...
+
+    def report_page_headers(self, diagnostics: Sequence[Diagnostics]) -> tuple[str, ...]:
+        """The page's case-table columns after ``report_headers`` for these cases, not in the
+        report's text (none: no such column on this page)."""
+        ...
+
+    def report_page_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None, str]]:
+        """``(text, sort value, cell class)`` of a case under ``report_page_headers``."""
+        ...
+
+    def report_token_ids(self, diagnostics: Diagnostics) -> tuple[int, ...]:
+        """The token ids its ``report_detail_section`` names, which the report decodes (none)."""
+        ...
+
+    def report_detail_section(
+        self, diagnostics: Diagnostics, texts: Mapping[int, str]
+    ) -> Markup | None:
+        """Its section of a detailed case's article, after every ``report_section``; ``texts``:
+        the decoded ``report_token_ids`` of the case (None: none)."""
         ...

@@ -1,14 +1,15 @@
 """The case table's columns, declared once: what each shows, and which are behind "more columns".
 
 Owns ``case_columns()``, the ordered list of the page's case-table columns: a title, the cell of
-one case (a ``<td>`` built with ``markup.el``, with its sort value in ``data-v``), whether it
-is in the default set or behind the page's "more columns" toggle (``more``), and when the
-column exists at all (the full-vocabulary columns when some case has those diagnostics, the
-attribution's when a sealed attribution is shown). The default set is chosen to fit a 1280 px
-window (the case, its outcome and sizes, max and mean |diff|, and the attribution's side,
-effect and interval); every other column is ``more``. A diagnostic that lands adds its columns
-as ``more`` entries here (ESS, path split), one entry each. Also the case's anchor on the page
-and an attempt id as a time. Knows nothing about the rest of the page.
+one case (a ``<td>`` built with ``markup.el``, with its sort value in ``data-v``), whether it is
+in the default set or behind the page's "more columns" toggle (``more``), and when the column
+exists at all (a diagnostic's page columns when its ``report_page_headers`` name them for the
+page's cases, the attribution's when a sealed attribution is shown). The default set is chosen
+to fit a 1280 px window (the case, its outcome and sizes, max and mean |diff|, and the
+attribution's side, effect and interval); every other column is ``more``. A diagnostic adds its
+columns through the protocol (``report_headers`` / ``report_page_headers``), as ``more``
+entries. Also the case's anchor on the page and an attempt id as a time. Knows nothing about the
+rest of the page.
 """
 
 from __future__ import annotations
@@ -26,13 +27,10 @@ from pytest_logprob_drift.report.markup import Child, Markup, el, fragment_link,
 from pytest_logprob_drift.report.model import CaseView, ReportData
 from pytest_logprob_drift.report.summary import (
     FRAMEWORK_FIGURES,
-    FULL_VOCAB_COLUMNS,
     PEER_METRICS,
     fmt_diff,
     fmt_ratio,
     framework_figure,
-    full_vocabulary_cells,
-    has_full_vocabulary,
     interval,
 )
 from pytest_logprob_drift.store import layout
@@ -147,20 +145,18 @@ def _any_masked_by_run(data: ReportData) -> bool:
     return any(v.diagnostics.masked_by_run is not None for v in data.cases)
 
 
-def _full_vocabulary(index: int) -> Cell:
+def _diagnostic(diagnostic: Diagnostic, index: int) -> Cell:
     def cell(view: CaseView) -> CellValue:
-        text, value = full_vocabulary_cells(view.diagnostics)[index]
-        if index == len(FULL_VOCAB_COLUMNS):  # the semantic-offset cell: words
-            return td(text, cls="words" if text not in ("-", "no") else "")
+        text, value = diagnostic.report_cells(view.diagnostics)[index]
         return td(text, num=value, cls="n")
 
     return cell
 
 
-def _diagnostic(diagnostic: Diagnostic, index: int) -> Cell:
+def _page(diagnostic: Diagnostic, index: int) -> Cell:
     def cell(view: CaseView) -> CellValue:
-        text, value = diagnostic.report_cells(view.diagnostics)[index]
-        return td(text, num=value, cls="n")
+        text, value, cls = diagnostic.report_page_cells(view.diagnostics)[index]
+        return td(text, num=value, cls=cls)
 
     return cell
 
@@ -238,12 +234,6 @@ _CORE_COLUMNS: tuple[Column, ...] = (
 """The columns before the installed diagnostics' (``case_columns``)."""
 
 _LATER_COLUMNS: tuple[Column, ...] = (
-    *(
-        Column(title=title, cell=_full_vocabulary(i), more=True, shown=has_full_vocabulary)
-        for i, title in enumerate(
-            [*(title for title, _, _ in FULL_VOCAB_COLUMNS), "semantic offset"]
-        )
-    ),
     Column(title="which side moved", cell=_side, shown=_attributed),
     Column(title="mean |diff| ratio", cell=_mean_ratio, shown=_attributed),
     Column(title="95% interval", cell=_interval, shown=_attributed),
@@ -253,9 +243,11 @@ _LATER_COLUMNS: tuple[Column, ...] = (
 """The columns after the installed diagnostics' (``case_columns``)."""
 
 
-def case_columns() -> tuple[Column, ...]:
-    """Every case-table column in page order, each installed diagnostic's among them; ``more``
-    ones are behind the toggle."""
+def case_columns(data: ReportData) -> tuple[Column, ...]:
+    """Every case-table column of ``data``'s page in page order, each installed diagnostic's
+    among them (its report columns, then every diagnostic's page columns for these cases);
+    ``more`` ones are behind the toggle."""
+    cases = [v.diagnostics for v in data.cases]
     return (
         *_CORE_COLUMNS,
         *(
@@ -263,10 +255,15 @@ def case_columns() -> tuple[Column, ...]:
             for diagnostic in installed()
             for i, title in enumerate(diagnostic.report_headers())
         ),
+        *(
+            Column(title=title, cell=_page(diagnostic, i), more=True)
+            for diagnostic in installed()
+            for i, title in enumerate(diagnostic.report_page_headers(cases))
+        ),
         *_LATER_COLUMNS,
     )
 
 
 def columns(data: ReportData) -> tuple[Column, ...]:
     """The columns this page has."""
-    return tuple(c for c in case_columns() if c.shown(data))
+    return tuple(c for c in case_columns(data) if c.shown(data))

@@ -7,15 +7,16 @@ verify status of every attempt), the overview plot, for an imported run the drif
 training steps (``steps``: the plot, the first crossings, each step's figures and worst samples
 linked to their tokens), the case table (outcome coloured, changed
 knobs, active tokens, mismatches, max/p99/mean |diff|, the peer metrics other RL frameworks
-log, KL both ways, TV and the semantic offset when some case has full-vocabulary diagnostics,
-and the attribution columns when a sealed attribution exists, as ``columns`` declares them: the
+log, each installed diagnostic's columns, and the attribution columns when a sealed
+attribution exists, as ``columns`` declares them: the
 default set fits 1280 px, the rest behind a "more columns" toggle; sortable by a few lines of
 plain JavaScript), the attribution chart and ranking (marked as rejected, with the reasons,
 when ``verify`` rejects it), the per-layer lines of every case with layer diagnostics
 (``layer_lines``), the invalid attempts (listed, never plotted), then one section per
 detailed case (histogram, |diff| by position, logprob scatter, the worst tokens with their text
-in context, the per-sample token view (``token_html``), the full-vocabulary divergence and the
-semantic offset when the case has them, requested -> materialized -> actual knob records,
+in context, the per-sample token view (``token_html``), each installed diagnostic's sections
+(``report_section``, then ``report_detail_section`` with its decoded token ids),
+requested -> materialized -> actual knob records,
 identity checks, relative links to the sealed files), and how the plots aggregate. Nothing is
 fetched: no external script, style sheet, font or image; plots are inline SVG from ``plots``.
 Every element is built with ``markup.el``, so every text from the run is escaped; the page's
@@ -30,7 +31,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_logprob_drift.diagnostics.registry import installed
-from pytest_logprob_drift.numerics.comparison import SemanticOffsetSummary, TopToken
 from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.report import gates, layer_lines, plots
 from pytest_logprob_drift.report.columns import attempt_time, case_anchor, columns
@@ -46,11 +46,7 @@ from pytest_logprob_drift.report.markup import (
 )
 from pytest_logprob_drift.report.model import CaseView, ReportData, WorstToken
 from pytest_logprob_drift.report.steps import FIGURES, StepSample, StepsView, format_value
-from pytest_logprob_drift.report.summary import (
-    STATISTICS,
-    fmt_diff,
-    reduction_rows,
-)
+from pytest_logprob_drift.report.summary import fmt_diff
 from pytest_logprob_drift.report.token_html import (
     TOKEN_SCRIPT,
     TOKEN_STYLE,
@@ -654,102 +650,6 @@ def _number(value: Any) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{value:.4g}"
 
 
-def _stat_td(cell: tuple[str, float | None]) -> Markup:
-    text, value = cell
-    return _td(text, num=value if value is not None and value != float("inf") else None, cls="n")
-
-
-def _offset(offset: SemanticOffsetSummary | None) -> Markup | None:
-    if offset is None:
-        return None
-    fires = offset.fires
-    explanation = offset.explanation
-    return el(
-        "p",
-        el("b", "Semantic offset:"),
-        " ",
-        el("span", offset.message, class_="bad" if fires else "muted"),
-        [" ", el("span", f"({explanation})", class_="muted")] if explanation else None,
-        class_="offset",
-    )
-
-
-def _top_token(token: TopToken, texts: Mapping[int, str]) -> str:
-    return _token(texts.get(token.token_id), token.token_id)
-
-
-def _full_vocabulary(view: CaseView) -> Markup | None:
-    """The full-vocabulary divergence of a detailed case: KL both ways and TV (mean / p99 /
-    max), truncated supports, the worst positions with their top tokens, the semantic
-    offset; or why they are unavailable; nothing when the case has none."""
-    diagnostics = view.diagnostics
-    full, offset = diagnostics.full_summary, diagnostics.semantic_offset
-    if diagnostics.full_vocabulary is None and offset is None:
-        return None
-    parts: list[Child] = [el("h3", "Full-vocabulary divergence")]
-    if diagnostics.unavailable is not None:
-        parts.append(el("p", f"unavailable: {diagnostics.unavailable}", class_="muted"))
-        return join([*parts, _offset(offset)])
-    if full is not None:
-        rows = (
-            el("tr", _td(name), (_stat_td(c) for c in cells))
-            for name, cells in reduction_rows(full)
-        )
-        parts += [
-            el(
-                "p",
-                f"Over {full.positions} active positions; supports differ "
-                f"(truncation) at {full.truncated_positions}.",
-            ),
-            el("table", _head(["", *STATISTICS]), el("tbody", rows), class_="divergence"),
-        ]
-    parts.append(_offset(offset))
-    worst = () if full is None else full.worst_positions
-    texts = view.detail.top_token_texts if view.detail is not None else {}
-    if worst:
-        body = []
-        for w in worst:
-            tokens = (
-                el(
-                    "tr",
-                    _td(t.token_id, cls="n"),
-                    el("td", el("code", _top_token(t, texts), class_="tok")),
-                    _td(_number(t.rollout_logprob), cls="n"),
-                    _td(_number(t.training_logprob), cls="n"),
-                    _td(_number(t.tv_share), cls="n"),
-                )
-                for t in w.top_tokens
-            )
-            body.append(
-                el(
-                    "tr",
-                    _td(w.sample, cls="n"),
-                    _td(w.position, cls="n"),
-                    _td(_number(w.total_variation), cls="n"),
-                    _td(_number(w.kl_rollout_training), cls="n"),
-                    _td(_number(w.kl_training_rollout), cls="n"),
-                    el(
-                        "td",
-                        el(
-                            "table",
-                            _head(["id", "token", "rollout", "training", "TV share"]),
-                            el("tbody", tokens),
-                            class_="top",
-                        ),
-                    ),
-                )
-            )
-        parts.append(
-            el(
-                "table",
-                _head(WORST_POSITION_HEADERS),
-                el("tbody", body),
-                class_="worst-positions",
-            )
-        )
-    return join(parts)
-
-
 def _value(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
@@ -907,7 +807,10 @@ def _case_section(view: CaseView, decades: tuple[int, int], draw: bool) -> Marku
         _worst(detail.worst, detail.decoded, _tiny(detail.identity_checks)),
         token_section(view, decades),
         (diagnostic.report_section(view.diagnostics) for diagnostic in installed()),
-        _full_vocabulary(view),
+        (
+            diagnostic.report_detail_section(view.diagnostics, detail.top_token_texts)
+            for diagnostic in installed()
+        ),
         _records(view),
         _identity(view),
         _files(view),

@@ -47,7 +47,7 @@ from pytest_logprob_drift.check.resume import CheckedAttempt, load_sealed_tensor
 from pytest_logprob_drift.check.verify import AttemptStatus, require_run_dir, verify_run
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.errors import StorageError
-from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
+from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.numerics.sample_drift import SampleDrift, sample_drift
 from pytest_logprob_drift.records import JsonValue
 from pytest_logprob_drift.report.columns import case_anchor
@@ -433,14 +433,6 @@ def _decoder_for(
     return cache[key]
 
 
-def _full_vocabulary_token_ids(comparison: Comparison) -> list[int]:
-    """The token ids named at the full-vocabulary worst positions, sorted, distinct."""
-    full = comparison.diagnostics.full_summary
-    if full is None:
-        return []
-    return sorted({t.token_id for w in full.worst_positions for t in w.top_tokens})
-
-
 def case_detail(
     shown: _Shown,
     factory: DecoderFactory | None,
@@ -477,7 +469,13 @@ def case_detail(
         _decoder_for(shown.identity, factory, cache),
     )
     decoder = _decoder_for(shown.identity, factory, cache)
-    top_ids = _full_vocabulary_token_ids(shown.comparison)
+    top_ids = sorted(
+        {
+            token_id
+            for diagnostic in installed()
+            for token_id in diagnostic.report_token_ids(shown.comparison.diagnostics)
+        }
+    )
     top_texts = _texts(decoder, top_ids)
     tokens = (
         token_view(

@@ -4,9 +4,8 @@ Owns the summary row of each case (shared by the terminal table, ``--json`` and 
 formats), the peer metrics other RL frameworks log that the table shows, the attribution's
 ranking in text (``attribution.text``'s rows and lines, from the sealed document), and the JSON
 document of ``report --json`` (each case's sealed attribution entry, the findings and, for an
-imported run, the steps view of ``report.steps``); and the
-full-vocabulary columns (KL both ways, TV) and the semantic-offset cell a page shows when some
-case has those diagnostics. Knows nothing about files, seals or how a table is printed.
+imported run, the steps view of ``report.steps``). Knows nothing about files, seals or how a
+table is printed.
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ from pytest_logprob_drift.attribution.text import HEADERS as ATTRIBUTION_HEADERS
 from pytest_logprob_drift.attribution.text import rows as attribution_rows
 from pytest_logprob_drift.attribution.text import summary_lines
 from pytest_logprob_drift.diagnostics.registry import installed
-from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, ReductionStats
+from pytest_logprob_drift.numerics.comparison import Diagnostics
 from pytest_logprob_drift.numerics.framework_figures import SLIME_FIGURE, SLIME_PER_TOKEN_FIGURE
-from pytest_logprob_drift.numerics.text import REDUCTIONS
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report import gates
 from pytest_logprob_drift.report.findings import findings, moved_side, threshold, within_contract
@@ -90,66 +88,6 @@ def interval(ratio: Ratio | None) -> str:
     if ratio is None or ratio.low is None or ratio.high is None:
         return "-"
     return f"[{ratio.low:.3g}, {ratio.high:.3g}]" + (" excludes 1" if ratio.excludes_one else "")
-
-
-FULL_VOCAB_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("KL(r||t) max", "kl_rollout_training", "max"),
-    ("KL(r||t) mean", "kl_rollout_training", "mean"),
-    ("KL(t||r) max", "kl_training_rollout", "max"),
-    ("KL(t||r) mean", "kl_training_rollout", "mean"),
-    ("TV max", "total_variation", "max"),
-)
-"""``(column title, full_vocabulary summary key, statistic)`` of the full-vocabulary columns."""
-STATISTICS = ("mean", "p99", "max")
-
-
-def has_full_vocabulary(data: ReportData) -> bool:
-    """Whether some case carries full-vocabulary or semantic-offset diagnostics."""
-    return any(
-        v.diagnostics.full_vocabulary is not None or v.diagnostics.semantic_offset is not None
-        for v in data.cases
-    )
-
-
-def stat_cell(stats: ReductionStats | None, statistic: str) -> tuple[str, float | None]:
-    """A statistic of one reduction: its text (``inf`` when infinite somewhere and the
-    statistic is the max, ``+ inf at n`` noted otherwise) and its sort value."""
-    if stats is None:
-        return "-", None
-    value = stats.statistic(statistic)
-    infinite = stats.infinite
-    if statistic == "max" and infinite:
-        return f"inf ({infinite} pos.)", float("inf")
-    if value is None:
-        return ("inf" if infinite else "-"), (float("inf") if infinite else None)
-    text = fmt_diff(value)
-    return (f"{text} (+inf at {infinite})" if infinite else text), float(value)
-
-
-def full_vocabulary_cells(diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
-    """``(text, sort value)`` of the full-vocabulary columns, then the semantic-offset cell
-    (its explanation when it fires)."""
-    full, offset = diagnostics.full_summary, diagnostics.semantic_offset
-    if diagnostics.unavailable is not None:
-        cells: list[tuple[str, float | None]] = [("n/a", None) for _ in FULL_VOCAB_COLUMNS]
-    else:
-        cells = [
-            stat_cell(None if full is None else full.reduction(key), stat)
-            for _, key, stat in FULL_VOCAB_COLUMNS
-        ]
-    if offset is not None and offset.fires:
-        cells.append((offset.explanation or "fires", None))
-    else:
-        cells.append(("-" if offset is None else "no", None))
-    return cells
-
-
-def reduction_rows(full: FullVocabulary) -> list[tuple[str, list[tuple[str, float | None]]]]:
-    """Per reduction: its display name and ``STATISTICS`` cells (what a case section shows)."""
-    return [
-        (name, [stat_cell(full.reduction(key), stat) for stat in STATISTICS])
-        for key, name in REDUCTIONS
-    ]
 
 
 def summary_rows(data: ReportData) -> list[list[Any]]:

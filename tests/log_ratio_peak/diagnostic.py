@@ -181,6 +181,20 @@ class LogRatioPeakDiagnostic:
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
 
+    def report_page_headers(self, diagnostics: Sequence[Diagnostics]) -> tuple[str, ...]:
+        return ()
+
+    def report_page_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None, str]]:
+        return []
+
+    def report_token_ids(self, diagnostics: Diagnostics) -> tuple[int, ...]:
+        return ()
+
+    def report_detail_section(
+        self, diagnostics: Diagnostics, texts: Mapping[int, str]
+    ) -> Markup | None:
+        return None
+
     def report_run_lines(self, data: ReportData) -> list[str]:
         peak = _run_peak(data)
         return [] if peak is None else [f"largest log-ratio peak over every case: {peak}"]

@@ -3,12 +3,13 @@ next-token distributions are apart, and whether a sampling-processing offset exp
 
 One folder: ``diagnostic`` (the ``Diagnostic`` the hubs loop over; its parts are the declared
 members ``diagnostics.full_vocabulary`` and ``diagnostics.semantic_offset``, its sealed file
-``divergence.pt``) and ``check`` (the sealed tensors and the recorded parts checked offline).
-Its capture is ``execute.diagnostics`` (the engines hand back their full distributions under
-``RuntimeBinding.full_vocabulary``, implemented in ``runtimes/``); its pure computation is
-``numerics.full_vocabulary`` / ``numerics.semantic_offset`` / ``numerics.divergence_file``
-and its run-output wording ``numerics.text`` (shared with the report, whose columns and case
-section still name it: ``report.summary``, ``report.columns``, ``report.html``).
+``divergence.pt``), ``check`` (the sealed tensors and the recorded parts checked offline) and
+``section`` (the report's page columns, the top token ids it has decoded and its section of a
+detailed case). Its capture is ``execute.diagnostics`` (the engines hand back their full
+distributions under ``RuntimeBinding.full_vocabulary``, implemented in ``runtimes/``); its
+pure computation is ``numerics.full_vocabulary`` / ``numerics.semantic_offset`` /
+``numerics.divergence_file`` and its run-output wording ``numerics.text``. Its config key and
+execution-key contribution are still in ``config.loader`` / ``execute.provenance``.
 """
 
 from pytest_logprob_drift.diagnostics.full_vocabulary.diagnostic import DIAGNOSTIC

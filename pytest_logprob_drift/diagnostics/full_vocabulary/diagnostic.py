@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
+from pytest_logprob_drift.diagnostics.base import TextViewsDiagnostic
+from pytest_logprob_drift.diagnostics.full_vocabulary import section
 from pytest_logprob_drift.numerics import text
 from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, from_builtins
 from pytest_logprob_drift.store import layout
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
+    from pytest_logprob_drift.diagnostics.base import TextViews
     from pytest_logprob_drift.diagnostics.protocol import (
         Captured,
         CaseUnderCapture,
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
-    from pytest_logprob_drift.report.model import ReportData
-    from pytest_logprob_drift.store.attempt import Seal
 
 MEMBERS = ("full_vocabulary", "semantic_offset")
 """The declared members of comparison.json's ``diagnostics`` it seals."""
@@ -46,13 +45,13 @@ def _captured(captured: Captured | None) -> CaseDiagnostics | None:
 
 
 @dataclass(frozen=True, slots=True)
-class FullVocabularyDiagnostic:
+class FullVocabularyDiagnostic(TextViewsDiagnostic):
     """``diagnostics.full_vocabulary`` / ``semantic_offset`` of a case that asks for them."""
 
     name: str = "full_vocabulary"
     part_type: type[FullVocabulary] = FullVocabulary
     sealed_files: tuple[str, ...] = (layout.DIVERGENCE,)
-    always_in_table: bool = False
+    views: ClassVar[TextViews] = text
 
     def capture(self, case: CaseUnderCapture) -> Captured | None:
         spec = case.binding.full_vocabulary
@@ -91,52 +90,24 @@ class FullVocabularyDiagnostic:
         check_divergence(comparison.diagnostics, files[layout.DIVERGENCE], diffs)
         return comparison
 
-    def shown(self, diagnostics: Sequence[Diagnostics | None]) -> bool:
-        return text.has_full_vocabulary(diagnostics)
-
-    def table_headers(self) -> tuple[str, ...]:
-        return text.HEADERS
-
-    def table_cells(self, diagnostics: Diagnostics | None) -> list[str]:
-        return text.cells(diagnostics)
-
-    def run_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return text.lines(diagnostics)
-
-    def failure_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return text.lines(diagnostics)
-
-    def report_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return []
-
-    def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
-        return text.properties(diagnostics)
-
     def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
         if diagnostics is None:
             return {}
         return {m: part.to_json() for m in MEMBERS if (part := getattr(diagnostics, m)) is not None}
 
-    def report_headers(self) -> tuple[str, ...]:
-        return ()
+    def report_page_headers(self, diagnostics: Sequence[Diagnostics]) -> tuple[str, ...]:
+        return section.HEADERS if section.has_parts(diagnostics) else ()
 
-    def report_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
-        return []
+    def report_page_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None, str]]:
+        return section.page_cells(diagnostics)
 
-    def report_section(self, diagnostics: Diagnostics) -> Markup | None:
-        return None
+    def report_token_ids(self, diagnostics: Diagnostics) -> tuple[int, ...]:
+        return section.token_ids(diagnostics)
 
-    def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
-        return None
-
-    def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
-        return ()
-
-    def report_run_lines(self, data: ReportData) -> list[str]:
-        return []
-
-    def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
-        return None
+    def report_detail_section(
+        self, diagnostics: Diagnostics, texts: Mapping[int, str]
+    ) -> Markup | None:
+        return section.section(diagnostics, texts)
 
 
 DIAGNOSTIC = FullVocabularyDiagnostic()

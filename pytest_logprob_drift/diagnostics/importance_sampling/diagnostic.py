@@ -12,16 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_logprob_drift.diagnostics.base import DiagnosticBase
 from pytest_logprob_drift.diagnostics.importance_sampling import section
 from pytest_logprob_drift.numerics import importance_text
 from pytest_logprob_drift.numerics.comparison import ImportanceSamplingFigures
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from pytest_logprob_drift.diagnostics.protocol import (
         Captured,
-        CaseUnderCapture,
         Scores,
         Tensors,
     )
@@ -29,21 +27,16 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
-    from pytest_logprob_drift.report.model import ReportData
-    from pytest_logprob_drift.store.attempt import Seal
 
 
 @dataclass(frozen=True, slots=True)
-class ImportanceSamplingDiagnostic:
+class ImportanceSamplingDiagnostic(DiagnosticBase):
     """``diagnostics.importance_sampling`` of every judged case."""
 
     name: str = "importance_sampling"
     part_type: type[ImportanceSamplingFigures] = ImportanceSamplingFigures
     sealed_files: tuple[str, ...] = ()
     always_in_table: bool = True
-
-    def capture(self, case: CaseUnderCapture) -> Captured | None:
-        return None
 
     def seal(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
@@ -54,11 +47,6 @@ class ImportanceSamplingDiagnostic:
         if outcome not in SCORED_OUTCOMES or scores is None:
             return {}
         return {self.name: check.figures(*scores)}
-
-    def files(
-        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
-    ) -> Mapping[str, Tensors]:
-        return {}
 
     def check(
         self,
@@ -79,9 +67,6 @@ class ImportanceSamplingDiagnostic:
 
     def table_cells(self, diagnostics: Diagnostics | None) -> list[str]:
         return [importance_text.ess_cell(diagnostics)]
-
-    def run_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return []
 
     def failure_lines(self, diagnostics: Diagnostics | None) -> list[str]:
         headline = importance_text.headline(diagnostics)
@@ -105,18 +90,6 @@ class ImportanceSamplingDiagnostic:
 
     def report_section(self, diagnostics: Diagnostics) -> Markup | None:
         return section.panel(diagnostics)
-
-    def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
-        return None
-
-    def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
-        return ()
-
-    def report_run_lines(self, data: ReportData) -> list[str]:
-        return []
-
-    def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
-        return None
 
 
 DIAGNOSTIC = ImportanceSamplingDiagnostic()

@@ -9,10 +9,11 @@ the ``run --json`` member; ``plot``: the report's two figures). Torch-free at im
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
+from pytest_logprob_drift.diagnostics.base import TextViewsDiagnostic
 from pytest_logprob_drift.numerics import layer_text
 from pytest_logprob_drift.numerics.comparison import LayerDiagnostics, from_builtins
 from pytest_logprob_drift.store import layout
@@ -20,6 +21,7 @@ from pytest_logprob_drift.store import layout
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from pytest_logprob_drift.diagnostics.base import TextViews
     from pytest_logprob_drift.diagnostics.protocol import (
         Captured,
         CaseUnderCapture,
@@ -31,7 +33,6 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
-    from pytest_logprob_drift.report.model import ReportData
     from pytest_logprob_drift.store.attempt import Seal
 
 
@@ -45,13 +46,13 @@ def _layers(captured: Captured | None, scores: Scores | None) -> LayersResult | 
 
 
 @dataclass(frozen=True, slots=True)
-class LayersDiagnostic:
+class LayersDiagnostic(TextViewsDiagnostic):
     """``diagnostics.layers`` of a case that asks for the layer capture."""
 
     name: str = "layers"
     part_type: type[LayerDiagnostics] = LayerDiagnostics
     sealed_files: tuple[str, ...] = layout.LAYER_FILES
-    always_in_table: bool = False
+    views: ClassVar[TextViews] = layer_text
 
     def capture(self, case: CaseUnderCapture) -> Captured | None:
         spec = case.binding.layers
@@ -97,40 +98,10 @@ class LayersDiagnostic:
         )
         return comparison
 
-    def shown(self, diagnostics: Sequence[Diagnostics | None]) -> bool:
-        return layer_text.has_layers(diagnostics)
-
-    def table_headers(self) -> tuple[str, ...]:
-        return layer_text.HEADERS
-
-    def table_cells(self, diagnostics: Diagnostics | None) -> list[str]:
-        return layer_text.cells(diagnostics)
-
-    def run_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return layer_text.lines(diagnostics)
-
-    def failure_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return layer_text.lines(diagnostics)
-
-    def report_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return []
-
-    def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
-        return layer_text.properties(diagnostics)
-
     def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
         if diagnostics is None or diagnostics.layers is None:
             return {}
         return {self.name: diagnostics.layers.to_json()}
-
-    def report_headers(self) -> tuple[str, ...]:
-        return ()
-
-    def report_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
-        return []
-
-    def report_section(self, diagnostics: Diagnostics) -> Markup | None:
-        return None
 
     def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
         from pytest_logprob_drift.diagnostics.layers.plot import load_layer_plot
@@ -147,12 +118,6 @@ class LayersDiagnostic:
             ("layers-heatmap", figures.heatmap_svg(plot)),
             ("layers-by-state", figures.by_state_svg(plot)),
         )
-
-    def report_run_lines(self, data: ReportData) -> list[str]:
-        return []
-
-    def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
-        return None
 
 
 DIAGNOSTIC = LayersDiagnostic()

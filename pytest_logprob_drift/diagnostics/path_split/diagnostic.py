@@ -9,17 +9,19 @@ report's two figures). Torch-free at import.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from pytest_logprob_drift.diagnostics.path_split import views
+from pytest_logprob_drift.diagnostics.base import TextViewsDiagnostic
+from pytest_logprob_drift.diagnostics.path_split import views as path_split_views
 from pytest_logprob_drift.numerics.comparison import PathSplit, from_builtins
 from pytest_logprob_drift.store import layout
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from pytest_logprob_drift.diagnostics.base import TextViews
     from pytest_logprob_drift.diagnostics.protocol import (
         Captured,
         CaseUnderCapture,
@@ -29,9 +31,7 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.execute.replay import ReplayResult
     from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
     from pytest_logprob_drift.outcomes import Outcome
-    from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
-    from pytest_logprob_drift.report.model import ReportData
     from pytest_logprob_drift.store.attempt import Seal
 
 
@@ -42,13 +42,13 @@ def _replay(captured: Captured | None) -> ReplayResult | None:
 
 
 @dataclass(frozen=True, slots=True)
-class PathSplitDiagnostic:
+class PathSplitDiagnostic(TextViewsDiagnostic):
     """``diagnostics.path_split`` of a case that asks for the replay."""
 
     name: str = "path_split"
     part_type: type[PathSplit] = PathSplit
     sealed_files: tuple[str, ...] = layout.REPLAY_FILES
-    always_in_table: bool = False
+    views: ClassVar[TextViews] = path_split_views
 
     def capture(self, case: CaseUnderCapture) -> Captured | None:
         if not case.binding.replay:
@@ -95,39 +95,6 @@ class PathSplitDiagnostic:
         )
         return comparison
 
-    def shown(self, diagnostics: Sequence[Diagnostics | None]) -> bool:
-        return views.has_path_split(diagnostics)
-
-    def table_headers(self) -> tuple[str, ...]:
-        return views.HEADERS
-
-    def table_cells(self, diagnostics: Diagnostics | None) -> list[str]:
-        return views.cells(diagnostics)
-
-    def run_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return views.lines(diagnostics)
-
-    def failure_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return views.lines(diagnostics)
-
-    def report_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return []
-
-    def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
-        return views.properties(diagnostics)
-
-    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
-        return {}
-
-    def report_headers(self) -> tuple[str, ...]:
-        return ()
-
-    def report_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
-        return []
-
-    def report_section(self, diagnostics: Diagnostics) -> Markup | None:
-        return None
-
     def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
         from pytest_logprob_drift.diagnostics.path_split.plot import load_plot  # loads torch
 
@@ -143,12 +110,6 @@ class PathSplitDiagnostic:
             ("path-split", drawn.distributions_svg(plot)),
             ("path-split-position", drawn.by_position_svg(plot)),
         )
-
-    def report_run_lines(self, data: ReportData) -> list[str]:
-        return []
-
-    def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
-        return None
 
 
 DIAGNOSTIC = PathSplitDiagnostic()

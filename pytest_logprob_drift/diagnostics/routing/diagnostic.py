@@ -14,13 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_logprob_drift.diagnostics.base import DiagnosticBase
 from pytest_logprob_drift.diagnostics.routing import views
 from pytest_logprob_drift.numerics.comparison import RoutingDiagnostics, from_builtins
 from pytest_logprob_drift.store import layout
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from pytest_logprob_drift.diagnostics.protocol import (
         Captured,
         CaseUnderCapture,
@@ -30,10 +29,8 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.execute.routing import RoutingResult
     from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
     from pytest_logprob_drift.outcomes import Outcome
-    from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
     from pytest_logprob_drift.report.model import ReportData
-    from pytest_logprob_drift.store.attempt import Seal
 
 
 def _routing(captured: Captured | None, scores: Scores | None) -> RoutingResult | None:
@@ -46,7 +43,7 @@ def _routing(captured: Captured | None, scores: Scores | None) -> RoutingResult 
 
 
 @dataclass(frozen=True, slots=True)
-class RoutingDiagnostic:
+class RoutingDiagnostic(DiagnosticBase):
     """``diagnostics.routing`` of a case that asks for the routing capture."""
 
     name: str = "routing"
@@ -117,30 +114,6 @@ class RoutingDiagnostic:
 
     def failure_lines(self, diagnostics: Diagnostics | None) -> list[str]:
         return views.lines(diagnostics)
-
-    def report_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return []  # the report's text shows them over every case (report_run_lines)
-
-    def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
-        return []
-
-    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
-        return {}
-
-    def report_headers(self) -> tuple[str, ...]:
-        return ()
-
-    def report_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
-        return []
-
-    def report_section(self, diagnostics: Diagnostics) -> Markup | None:
-        return None
-
-    def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
-        return None
-
-    def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
-        return ()
 
     def report_run_lines(self, data: ReportData) -> list[str]:
         from pytest_logprob_drift.diagnostics.routing.plot import case_lines

@@ -13,29 +13,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_logprob_drift.diagnostics.base import DiagnosticBase
 from pytest_logprob_drift.outcomes import Outcome
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from pytest_logprob_drift.diagnostics.protocol import (
         Captured,
-        CaseUnderCapture,
         Scores,
         Tensors,
     )
     from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics
-    from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
     from pytest_logprob_drift.report.model import ReportData
-    from pytest_logprob_drift.store.attempt import Seal
 
 SIGNED_OUTCOMES = (Outcome.PASS, Outcome.MISMATCH)
 """The outcomes whose comparison carries signatures (those with finite active scores)."""
 
 
 @dataclass(frozen=True, slots=True)
-class SignaturesDiagnostic:
+class SignaturesDiagnostic(DiagnosticBase):
     """``diagnostics.signatures`` of every judged case."""
 
     name: str = "signatures"
@@ -45,9 +41,6 @@ class SignaturesDiagnostic:
     sealed_files: tuple[str, ...] = ()
     always_in_table: bool = False
 
-    def capture(self, case: CaseUnderCapture) -> Captured | None:
-        return None
-
     def seal(
         self, outcome: Outcome, scores: Scores | None, captured: Captured | None
     ) -> Mapping[str, object]:
@@ -56,11 +49,6 @@ class SignaturesDiagnostic:
         from pytest_logprob_drift.numerics.score_signatures import signatures
 
         return {self.name: signatures(*scores)}
-
-    def files(
-        self, outcome: Outcome, scores: Scores | None, captured: Captured | None
-    ) -> Mapping[str, Tensors]:
-        return {}
 
     def check(
         self,
@@ -78,45 +66,6 @@ class SignaturesDiagnostic:
 
     def shown(self, diagnostics: Sequence[Diagnostics | None]) -> bool:
         return False
-
-    def table_headers(self) -> tuple[str, ...]:
-        return ()
-
-    def table_cells(self, diagnostics: Diagnostics | None) -> list[str]:
-        return []
-
-    def run_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return []
-
-    def failure_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return []
-
-    def report_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return []
-
-    def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
-        return []
-
-    def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
-        return {}
-
-    def report_headers(self) -> tuple[str, ...]:
-        return ()
-
-    def report_cells(self, diagnostics: Diagnostics) -> list[tuple[str, float | None]]:
-        return []
-
-    def report_section(self, diagnostics: Diagnostics) -> Markup | None:
-        return None
-
-    def report_plot(self, directory: Path, seal: Seal, diagnostics: Diagnostics) -> object | None:
-        return None
-
-    def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
-        return ()
-
-    def report_run_lines(self, data: ReportData) -> list[str]:
-        return []  # the findings lead with them (report.findings)
 
     def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
         from pytest_logprob_drift.diagnostics.signatures import section
