@@ -32,8 +32,16 @@ Where the other parts go (not called by any hub yet; the diagnostics moved so fa
 of them or keep them where they are): the config key ``diagnostics.<name>`` and its
 execution-key contribution are declared torch-free in the folder's ``__init__`` (config
 loading is on ``plan``'s path); a run-scope part (figures over all steps or cases) is computed at
-read time from the sealed parts by the report; the contribution to the attribution document
-(today's ESS and path members) stays in ``attribution/`` until part 2 of issue 51.
+read time from the sealed parts by the report.
+
+Its contribution to the attribution document (``attribution``: an ``AttributionContribution``,
+None for a diagnostic that contributes nothing): its own noise floor from the baseline's
+repeats and its members of ``noise_floor`` (the layers' per-state floor), its members of each
+comparison of a case against a reference (the layers' ``layers``: first moved layer and where
+the drift enters; the path split's ``path``), its members of each case's entry (importance
+sampling's ``ess``) and the recomputed document in the form of one sealed before its members
+existed. ``attribution.analysis`` loops over the installed diagnostics' contributions and names
+none of them.
 
 Torch-free and cheap to import: tensors and markup appear in annotations only.
 """
@@ -48,6 +56,8 @@ if TYPE_CHECKING:
 
     import torch
 
+    from pytest_logprob_drift.attribution.analysis import Compared, SealedExecution
+    from pytest_logprob_drift.attribution.document import Attribution
     from pytest_logprob_drift.execute.protocol import (
         LogpKernel,
         RolloutEngine,
@@ -109,6 +119,36 @@ class CaseUnderCapture(Protocol):
     @property
     def rollout_logp(self) -> LogpKernel | None:
         """The rollout side's logp kernel (None: the engine's own)."""
+        ...
+
+
+class AttributionContribution(Protocol):
+    """A diagnostic's members of the attribution document, computed from sealed executions
+    (``attribution.analysis`` calls them for every installed diagnostic that has one)."""
+
+    def noise_floor(
+        self, baseline: SealedExecution, repeats: Sequence[SealedExecution]
+    ) -> object | None:
+        """Its own noise floor from the baseline's repeats (None: none), handed back to
+        ``floor_members`` and ``comparison_members``; called before the repeats are released."""
+        ...
+
+    def floor_members(self, floor: object | None) -> JsonObject:
+        """Its members of the document's ``noise_floor`` (empty: none)."""
+        ...
+
+    def comparison_members(self, compared: Compared, floor: object | None) -> JsonObject:
+        """Its members of a case's comparison against one reference (the baseline or a
+        pairwise case's parent; empty: none)."""
+        ...
+
+    def case_members(self, case: SealedExecution) -> JsonObject:
+        """Its members of an attributed case's entry, beside its effect (empty: none)."""
+        ...
+
+    def as_recorded(self, recorded: Attribution, recomputed: Attribution) -> Attribution:
+        """``recomputed`` in the form of ``recorded`` where that was sealed before its members
+        existed (``verify`` compares the two); ``recomputed`` itself otherwise."""
         ...
 
 
@@ -219,4 +259,8 @@ class Diagnostic(Protocol):
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         """Its figures of a shown case (name, svg) from ``report_plot``'s data (none)."""
+        ...
+
+    def attribution(self) -> AttributionContribution | None:
+        """Its contribution to the attribution document (None: it contributes nothing)."""
         ...

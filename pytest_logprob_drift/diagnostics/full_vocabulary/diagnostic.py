@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pytest_logprob_drift.diagnostics.protocol import (
+        AttributionContribution,
         Captured,
         CaseUnderCapture,
         Scores,
@@ -130,6 +131,9 @@ class FullVocabularyDiagnostic:
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
+
+    def attribution(self) -> AttributionContribution | None:
+        return None  # the attribution document has no full-vocabulary member
 
 
 DIAGNOSTIC = FullVocabularyDiagnostic()

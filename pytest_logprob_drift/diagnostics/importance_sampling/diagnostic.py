@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pytest_logprob_drift.diagnostics.protocol import (
+        AttributionContribution,
         Captured,
         CaseUnderCapture,
         Scores,
@@ -110,6 +111,11 @@ class ImportanceSamplingDiagnostic:
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
+
+    def attribution(self) -> AttributionContribution | None:
+        from pytest_logprob_drift.diagnostics.importance_sampling import attribution  # torch
+
+        return attribution.CONTRIBUTION
 
 
 DIAGNOSTIC = ImportanceSamplingDiagnostic()

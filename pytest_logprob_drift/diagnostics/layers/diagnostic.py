@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pytest_logprob_drift.diagnostics.protocol import (
+        AttributionContribution,
         Captured,
         CaseUnderCapture,
         Scores,
@@ -146,6 +147,11 @@ class LayersDiagnostic:
             ("layers-heatmap", figures.heatmap_svg(plot)),
             ("layers-by-state", figures.by_state_svg(plot)),
         )
+
+    def attribution(self) -> AttributionContribution | None:
+        from pytest_logprob_drift.diagnostics.layers.attribution import CONTRIBUTION  # torch
+
+        return CONTRIBUTION
 
 
 DIAGNOSTIC = LayersDiagnostic()

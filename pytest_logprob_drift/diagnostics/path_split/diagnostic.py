@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pytest_logprob_drift.diagnostics.protocol import (
+        AttributionContribution,
         Captured,
         CaseUnderCapture,
         Scores,
@@ -142,6 +143,11 @@ class PathSplitDiagnostic:
             ("path-split", drawn.distributions_svg(plot)),
             ("path-split-position", drawn.by_position_svg(plot)),
         )
+
+    def attribution(self) -> AttributionContribution | None:
+        from pytest_logprob_drift.diagnostics.path_split.attribution import CONTRIBUTION  # torch
+
+        return CONTRIBUTION
 
 
 DIAGNOSTIC = PathSplitDiagnostic()
