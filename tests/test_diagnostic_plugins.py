@@ -303,6 +303,8 @@ HUBS = (
     "cli/report_cmd.py",
     "plugin/items.py",
     "plugin/reporting.py",
+    "attribution/analysis.py",
+    "attribution/sealed.py",
 )
 MOVED = ("importance", "path_split", "replay")
 """Words naming a diagnostic moved into ``diagnostics/`` (its modules and names)."""
@@ -316,11 +318,12 @@ LAYERS = (
     "execute.layers",
     "report.layers",
     "diagnostics.layers",
+    "attribution.layers",
 )
-"""Modules of the layers diagnostic (moved into ``diagnostics/layers/``): no hub names them
-(the attribution's layer contributions, ``attribution.layers`` / ``attribution.text``'s
-``layer_properties`` and its tables, and the report's run-scope ``report.layer_lines`` are
-not the diagnostic's modules)."""
+"""Modules of the layers diagnostic (moved into ``diagnostics/layers/``, its attribution
+contribution too: ``attribution.analysis`` loops over the installed contributions): no hub
+names them (``attribution.text``'s ``layer_properties`` and its tables, and the report's
+run-scope ``report.layer_lines`` are not the diagnostic's modules)."""
 
 
 def _imports(path: Path) -> list[str]:

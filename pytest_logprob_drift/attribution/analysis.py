@@ -27,7 +27,7 @@ from pytest_logprob_drift.attribution.document import Attribution
 from pytest_logprob_drift.attribution.effect import abs_diff_rows, drift_effect, prepare
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.check.resume import load_sealed_document, load_sealed_tensors
-from pytest_logprob_drift.diagnostics import registry
+from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.store import layout
@@ -167,7 +167,7 @@ Contributions = Sequence[tuple["AttributionContribution", object | None]]
 
 def contributions() -> list[AttributionContribution]:
     """The installed diagnostics' contributions to the attribution document, in order."""
-    return [c for d in registry.installed() if (c := d.attribution()) is not None]
+    return [c for d in installed() if (c := d.attribution()) is not None]
 
 
 def _sides(
