@@ -89,7 +89,7 @@ LAYER_HEADERS = ("case", "training side by layer", "rollout side by layer", "dri
 def layer_rows(cases: Sequence[Case]) -> list[list[str]]:
     """Rows of the attribution by layer, in the order of ``cases`` (none without layer
     captures)."""
-    from pytest_logprob_drift.numerics.layer_text import state_words
+    from pytest_logprob_drift.numerics.layer_states import state_words
 
     table: list[list[str]] = []
     for case in cases:
@@ -104,7 +104,7 @@ def layer_rows(cases: Sequence[Case]) -> list[list[str]]:
 
 def side_by_layer(side: LayerSide | UnsetType) -> str:
     """One side's attribution by layer in words (``-``: the side has none)."""
-    from pytest_logprob_drift.numerics.layer_text import where_moved
+    from pytest_logprob_drift.numerics.layer_states import where_moved
 
     return "-" if side is UNSET else where_moved(side.first_moved_layer, side.max_rel_error)
 
@@ -140,7 +140,7 @@ def summary_lines(
         noise = "noise floor not measured (one baseline execution; any movement counts)"
     lines = [noise]
     if floor.layers:
-        from pytest_logprob_drift.numerics.layer_text import state_words
+        from pytest_logprob_drift.numerics.layer_states import state_words
 
         worst = max(floor.layers, key=lambda s: s.median_rel_error)
         where = (

@@ -31,8 +31,9 @@ A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` 
 Where the other parts go (not called by any hub yet; the diagnostics moved so far have none
 of them or keep them where they are): the config key ``diagnostics.<name>`` and its
 execution-key contribution are declared torch-free in the folder's ``__init__`` (config
-loading is on ``plan``'s path); a run-scope part (figures over all steps or cases) is computed at
-read time from the sealed parts by the report.
+loading is on ``plan``'s path); its run-scope part (``report_run_section``: the report page's
+section over every shown case, e.g. the layers' per-layer lines of every case) is computed at
+read time from the sealed parts.
 
 Its contribution to the attribution document (``attribution``: an ``AttributionContribution``,
 None for a diagnostic that contributes nothing): its own noise floor from the baseline's
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject, JsonValue, ScoringIdentity
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.report.model import CaseView
     from pytest_logprob_drift.store.attempt import Seal
 
 Scores = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
@@ -259,6 +261,11 @@ class Diagnostic(Protocol):
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         """Its figures of a shown case (name, svg) from ``report_plot``'s data (none)."""
+        ...
+
+    def report_run_section(self, cases: Sequence[CaseView], draw: bool) -> Markup | None:
+        """Its run-scope section of the report page over every shown case, from their sealed
+        parts (``draw``: figures are drawn; None: none)."""
         ...
 
     def attribution(self) -> AttributionContribution | None:

@@ -37,7 +37,7 @@ from pytest_logprob_drift.attribution.document import Case, NoiseFloor
 from pytest_logprob_drift.attribution.materiality import rule_words
 from pytest_logprob_drift.attribution.materiality import within_contract as is_within
 from pytest_logprob_drift.numerics.importance_text import ess_text
-from pytest_logprob_drift.numerics.layer_text import where_moved
+from pytest_logprob_drift.numerics.layer_states import where_moved
 from pytest_logprob_drift.numerics.routing_text import against_reference
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject

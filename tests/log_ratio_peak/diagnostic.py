@@ -24,6 +24,7 @@ from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, Re
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report.markup import Markup, el
+from pytest_logprob_drift.report.model import CaseView
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal
 from pytest_logprob_drift.store.seal import SealError
@@ -185,6 +186,9 @@ class LogRatioPeakDiagnostic:
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
+
+    def report_run_section(self, cases: Sequence[CaseView], draw: bool) -> Markup | None:
+        return None  # no run-scope section
 
     def attribution(self) -> AttributionContribution | None:
         return None  # it contributes nothing to the attribution document

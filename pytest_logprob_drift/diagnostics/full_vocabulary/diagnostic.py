@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.report.model import CaseView
     from pytest_logprob_drift.store.attempt import Seal
 
 MEMBERS = ("full_vocabulary", "semantic_offset")
@@ -131,6 +132,9 @@ class FullVocabularyDiagnostic:
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
+
+    def report_run_section(self, cases: Sequence[CaseView], draw: bool) -> Markup | None:
+        return None
 
     def attribution(self) -> AttributionContribution | None:
         return None  # the attribution document has no full-vocabulary member

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.report.model import CaseView
     from pytest_logprob_drift.store.attempt import Seal
 
 
@@ -111,6 +112,9 @@ class ImportanceSamplingDiagnostic:
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
+
+    def report_run_section(self, cases: Sequence[CaseView], draw: bool) -> Markup | None:
+        return None
 
     def attribution(self) -> AttributionContribution | None:
         from pytest_logprob_drift.diagnostics.importance_sampling import attribution  # torch

@@ -28,7 +28,7 @@ import torch
 from pytest_logprob_drift.check.resume import load_sealed_tensors
 from pytest_logprob_drift.numerics.comparison import LayerFigures
 from pytest_logprob_drift.numerics.layer_reduction import compare
-from pytest_logprob_drift.numerics.layer_text import LOGITS
+from pytest_logprob_drift.numerics.layer_states import LOGITS
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.store import layout
 

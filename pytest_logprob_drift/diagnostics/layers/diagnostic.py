@@ -3,7 +3,7 @@
 Owns binding ``diagnostics.layers`` to the protocol: the layer capture after the paired
 scoring when the case asks for it (``execute.layers``, imported on first use: it needs torch),
 the part and the layer files sealed from that capture, the offline check (``check``) and its
-views (``numerics.layer_text``: the run table's optional columns, lines, junit properties and
+views (``text``: the run table's optional columns, lines, junit properties and
 the ``run --json`` member; ``plot``: the report's two figures). Torch-free at import.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_logprob_drift.numerics import layer_text
+from pytest_logprob_drift.diagnostics.layers import text
 from pytest_logprob_drift.numerics.comparison import LayerDiagnostics, from_builtins
 from pytest_logprob_drift.store import layout
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.report.model import CaseView
     from pytest_logprob_drift.store.attempt import Seal
 
 
@@ -98,25 +99,25 @@ class LayersDiagnostic:
         return comparison
 
     def shown(self, diagnostics: Sequence[Diagnostics | None]) -> bool:
-        return layer_text.has_layers(diagnostics)
+        return text.has_layers(diagnostics)
 
     def table_headers(self) -> tuple[str, ...]:
-        return layer_text.HEADERS
+        return text.HEADERS
 
     def table_cells(self, diagnostics: Diagnostics | None) -> list[str]:
-        return layer_text.cells(diagnostics)
+        return text.cells(diagnostics)
 
     def run_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return layer_text.lines(diagnostics)
+        return text.lines(diagnostics)
 
     def failure_lines(self, diagnostics: Diagnostics | None) -> list[str]:
-        return layer_text.lines(diagnostics)
+        return text.lines(diagnostics)
 
     def report_lines(self, diagnostics: Diagnostics | None) -> list[str]:
         return []
 
     def properties(self, diagnostics: Diagnostics | None) -> list[tuple[str, str]]:
-        return layer_text.properties(diagnostics)
+        return text.properties(diagnostics)
 
     def json_parts(self, diagnostics: Diagnostics | None) -> JsonObject:
         if diagnostics is None or diagnostics.layers is None:
@@ -147,6 +148,11 @@ class LayersDiagnostic:
             ("layers-heatmap", figures.heatmap_svg(plot)),
             ("layers-by-state", figures.by_state_svg(plot)),
         )
+
+    def report_run_section(self, cases: Sequence[CaseView], draw: bool) -> Markup | None:
+        from pytest_logprob_drift.diagnostics.layers.run_plot import run_section  # numpy
+
+        return run_section(cases, draw)
 
     def attribution(self) -> AttributionContribution | None:
         from pytest_logprob_drift.diagnostics.layers.attribution import CONTRIBUTION  # torch

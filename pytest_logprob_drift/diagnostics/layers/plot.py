@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from pytest_logprob_drift.check.resume import load_sealed_tensors
+from pytest_logprob_drift.diagnostics.layers.run_plot import HEAT_HIGH as HEAT_HIGH
+from pytest_logprob_drift.diagnostics.layers.run_plot import HEAT_LOW as HEAT_LOW
+from pytest_logprob_drift.diagnostics.layers.run_plot import drawn
+from pytest_logprob_drift.diagnostics.layers.run_plot import state_tick as _label
 from pytest_logprob_drift.numerics.comparison import LayerDiagnostics
 from pytest_logprob_drift.numerics.layer_reduction import relative_errors, state_names
-from pytest_logprob_drift.report.layer_lines import HEAT_HIGH as HEAT_HIGH
-from pytest_logprob_drift.report.layer_lines import HEAT_LOW as HEAT_LOW
-from pytest_logprob_drift.report.layer_lines import drawn
-from pytest_logprob_drift.report.layer_lines import state_tick as _label
 from pytest_logprob_drift.report.markup import Markup
 from pytest_logprob_drift.report.plots import LINE_COLOURS, log_ticks, new_figure, to_svg
 from pytest_logprob_drift.store import layout

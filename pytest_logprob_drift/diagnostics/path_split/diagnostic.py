@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.report.model import CaseView
     from pytest_logprob_drift.store.attempt import Seal
 
 
@@ -143,6 +144,9 @@ class PathSplitDiagnostic:
             ("path-split", drawn.distributions_svg(plot)),
             ("path-split-position", drawn.by_position_svg(plot)),
         )
+
+    def report_run_section(self, cases: Sequence[CaseView], draw: bool) -> Markup | None:
+        return None
 
     def attribution(self) -> AttributionContribution | None:
         from pytest_logprob_drift.diagnostics.path_split.attribution import CONTRIBUTION  # torch
