@@ -110,7 +110,7 @@ def side_by_layer(side: LayerSide | UnsetType) -> str:
 
 
 def layer_properties(case: Case) -> list[tuple[str, str]]:
-    """junit properties of a case's attribution by layer (``attribution.layers``; none without
+    """junit properties of a case's attribution by layer (the document's ``layers``; none without
     one): ``drift_layers_drift_enters`` and, per side compared with the baseline,
     ``drift_layers_<side>_first_moved`` (``-``: bitwise equal to the baseline everywhere)."""
     layers = case.layers

@@ -82,7 +82,7 @@ def _path_fact(entry: Case) -> str | None:
 
 
 def _ess_fact(entry: Case) -> str | None:
-    """The case's normalized ESS as sealed beside its effect (``attribution.importance``)."""
+    """The case's normalized ESS as sealed beside its effect (the document's ``ess``)."""
     return None if entry.ess is UNSET else ess_text(entry.ess)
 
 
