@@ -177,6 +177,8 @@ class _Probe:
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
+        self.clash: str | None = None
+        """A member of the comparison the probe also returns (a contribution's slip)."""
 
     def noise_floor(self, baseline: SealedExecution, repeats: Any) -> object | None:
         self.calls.append(("floor", baseline.case_id, len(repeats)))
@@ -187,7 +189,8 @@ class _Probe:
 
     def comparison_members(self, compared: Compared, floor: object | None) -> dict[str, Any]:
         self.calls.append(("compared", compared.case.case_id, compared.reference.case_id, floor))
-        return {PROBE: compared.rollout.max_abs_delta}
+        clash = {} if self.clash is None else {self.clash: "also mine"}
+        return {PROBE: compared.rollout.max_abs_delta, **clash}
 
     def case_members(self, case: SealedExecution) -> dict[str, Any]:
         return {f"{PROBE}_case": case.label}
@@ -256,3 +259,14 @@ def _compared(case: SealedExecution, reference: SealedExecution) -> Compared:
         training=training,
         floor=SideFloor(rollout=0.0, training=0.0, measured=False),
     )
+
+
+@pytest.mark.parametrize("member", ["classification", "layers"])
+def test_a_contribution_taking_a_member_the_document_has_is_refused_by_name(
+    probe: _Probe, member: str
+) -> None:
+    """A core member, or one a built-in diagnostic contributed, is never overwritten."""
+    run_dir, document, _ = _sealed("wave4-hf-deep-layers")
+    probe.clash = member
+    with pytest.raises(ValueError, match=f"member '{member}' of a comparison is taken"):
+        recompute(run_dir, document)

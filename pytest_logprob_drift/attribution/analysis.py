@@ -221,10 +221,7 @@ def _comparison(
         training=training,
         floor=floor,
     )
-    members: JsonObject = {}
-    for contribution, own_floor in contributed:
-        members.update(contribution.comparison_members(compared, own_floor))
-    return {
+    document: JsonObject = {
         "reference": {"case_id": reference.case_id, "label": reference.label},
         "shared_tokens": alignment.shared_tokens,
         "first_divergence": list(alignment.first_divergence),
@@ -232,8 +229,19 @@ def _comparison(
         "rollout": rollout.to_json(),
         "training": training.to_json(),
         "classification": classify(alignment, rollout, training, floor),
-        **members,
     }
+    for contribution, own_floor in contributed:
+        _add(document, contribution.comparison_members(compared, own_floor), "a comparison")
+    return document
+
+
+def _add(document: JsonObject, members: JsonObject, where: str) -> None:
+    """A contribution's ``members`` added to ``document`` (``where`` in the attribution); a
+    ValueError naming the member when it is one the document has already."""
+    for key, value in members.items():
+        if key in document:
+            raise ValueError(f"an attribution contribution's member {key!r} of {where} is taken")
+        document[key] = value
 
 
 def noise_floor(baseline: SealedExecution, repeats: Sequence[SealedExecution]) -> SideFloor:
@@ -297,27 +305,29 @@ def attribute(
             case.training_logprobs, case.rollout["logprobs"], case.rollout["active_mask"]
         )
         entry["effect"] = drift_effect(rows, baseline_drift).to_json()
-        for contribution, _ in contributed:
-            entry.update(contribution.case_members(case))
         entry["parents"] = [
             _comparison(case, parent, floor, contributed) for parent in _parents(case, comparable)
         ]
+        for contribution, _ in contributed:
+            _add(entry, contribution.case_members(case), "a case")
         entries.append(entry)
         case.release()
         for parent in _parents(case, comparable):
             parent.release()
     ranking = [e["label"] for e in sorted(entries, key=rank_key)]
+    floor_document: JsonObject = {
+        "measured": floor.measured,
+        "repeats": len(repeats),
+        "rollout_max_abs_delta": floor.rollout,
+        "training_max_abs_delta": floor.training,
+    }
+    for contribution, own in contributed:
+        _add(floor_document, contribution.floor_members(own), "the noise floor")
     return {
         "schema_version": ATTRIBUTION_SCHEMA_VERSION,
         "experiment_id": experiment_id,
         "baseline": {"case_id": baseline.case_id, "attempt_id": baseline.attempt_id},
-        "noise_floor": {
-            "measured": floor.measured,
-            "repeats": len(repeats),
-            "rollout_max_abs_delta": floor.rollout,
-            "training_max_abs_delta": floor.training,
-            **{k: v for c, own in contributed for k, v in c.floor_members(own).items()},
-        },
+        "noise_floor": floor_document,
         "cases": entries,
         "ranking": ranking,
         "skipped": skipped,
