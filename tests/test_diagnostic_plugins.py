@@ -312,6 +312,8 @@ HUBS = (
     "cli/report_cmd.py",
     "plugin/items.py",
     "plugin/reporting.py",
+    "attribution/analysis.py",
+    "attribution/sealed.py",
 )
 MOVED = (
     *("importance", "path_split", "replay"),
@@ -326,11 +328,14 @@ LAYERS = (
     "execute.layers",
     "report.layers",
     "diagnostics.layers",
+    "attribution.layers",
+    "layer_lines",
 )
-"""Modules of the layers diagnostic (moved into ``diagnostics/layers/``): no hub names them
-(the attribution's layer contributions, ``attribution.layers`` / ``attribution.text``'s
-``layer_properties`` and its tables, and the report's run-scope ``report.layer_lines`` are
-not the diagnostic's modules)."""
+"""Modules of the layers diagnostic (moved into ``diagnostics/layers/``, its attribution
+contribution too: ``attribution.analysis`` loops over the installed contributions): no hub
+names them (its run-scope section is the protocol's ``report_run_section``; the states' words,
+``numerics.layer_states``, shown by ``attribution.text``'s ``layer_properties`` and its tables,
+are not the diagnostic's modules)."""
 ROUTING_AND_SIGNATURES = (
     "routing_text",
     "routing_check",
@@ -400,7 +405,9 @@ def test_the_import_check_sees_a_named_diagnostic(tmp_path: Path) -> None:
     assert any("importance" in i for i in _imports(hub))
     hub.write_text("from pytest_logprob_drift.execute.layers import layer_diagnostics\n")
     assert any(word in i for i in _imports(hub) for word in LAYERS)
-    hub.write_text("from pytest_logprob_drift.report import layer_lines\n")
+    hub.write_text("from pytest_logprob_drift.diagnostics.layers import run_plot\n")
+    assert any(word in i for i in _imports(hub) for word in LAYERS)
+    hub.write_text("from pytest_logprob_drift.numerics.layer_states import state_words\n")
     assert not any(word in i for i in _imports(hub) for word in LAYERS)
     for planted in (
         "from pytest_logprob_drift.numerics import routing_text\n",

@@ -184,7 +184,7 @@ def test_stacking_refuses_a_state_with_another_position_count() -> None:
 
 
 def test_text_lines_and_junit_properties() -> None:
-    from pytest_logprob_drift.numerics import layer_text
+    from pytest_logprob_drift.diagnostics.layers import text as layer_text
     from pytest_logprob_drift.plugin.reporting import diagnostic_properties
 
     g = torch.Generator().manual_seed(4)

@@ -1,7 +1,8 @@
 """The run-level views of the layer diagnostics without an engine: the run table's two layer
-cells (``numerics.layer_text``), the report's all-cases plot data, its left-out cases and its
-figure (``report.layer_lines``), the page's section, and a real ``cpu-smoke`` run with layers
-on (neither side can capture: every cell ``n/a``, nothing drawn, the cases named)."""
+cells (``diagnostics.layers.text``), the report's all-cases plot data, its left-out cases and
+its figure (``diagnostics.layers.run_plot``), the page's section, and a real ``cpu-smoke`` run
+with layers on (neither side can capture: every cell ``n/a``, nothing drawn, the cases
+named)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 from drift_testing import S0, cli
 
-from pytest_logprob_drift.numerics import layer_text
+from pytest_logprob_drift.diagnostics.layers import run_plot as layer_lines
+from pytest_logprob_drift.diagnostics.layers import text as layer_text
 from pytest_logprob_drift.numerics.comparison import (
     STATISTICS_KEYS,
     Diagnostics,
@@ -21,7 +23,6 @@ from pytest_logprob_drift.numerics.comparison import (
     Statistics,
     from_builtins,
 )
-from pytest_logprob_drift.report import layer_lines
 from pytest_logprob_drift.report.html import render_page
 from pytest_logprob_drift.report.model import CaseView, Header, ReportData
 

@@ -131,7 +131,7 @@ def _figures(medians: dict[str, float]) -> Any:
 
 
 def test_drift_enters_at_the_first_state_above_the_baseline_by_more_than_its_floor() -> None:
-    from pytest_logprob_drift.attribution.layers import drift_enters
+    from pytest_logprob_drift.diagnostics.layers.attribution import drift_enters
 
     # dyadic values: every difference below is exact in binary floating point
     reference = _figures({"0": 0.0, "1": 0.125, "2": 0.25, "final_norm": 0.25, "logits": 0.375})

@@ -14,7 +14,9 @@ import pytest
 import torch
 from drift_testing import S0, cli, run_s0
 
-from pytest_logprob_drift.attribution.analysis import (
+from pytest_logprob_drift.attribution.text import PATH_HEADERS, path_rows
+from pytest_logprob_drift.diagnostics.path_split import views as path_split_text
+from pytest_logprob_drift.diagnostics.path_split.attribution import (
     PATH_BOTH,
     PATH_DECODE_ONLY,
     PATH_NO_EFFECT,
@@ -22,8 +24,6 @@ from pytest_logprob_drift.attribution.analysis import (
     PATH_TRAINING,
     classify_path,
 )
-from pytest_logprob_drift.attribution.text import PATH_HEADERS, path_rows
-from pytest_logprob_drift.diagnostics.path_split import views as path_split_text
 from pytest_logprob_drift.numerics.comparison import Diagnostics, PathSplit, from_builtins
 from pytest_logprob_drift.numerics.path_split import (
     PAIRS,

@@ -5,9 +5,12 @@ case) into the attribution document: per case and per side, the movement against
 on the tokens they share (``align``); the effect on the drift itself with its bootstrap
 interval (``effect``); the run-to-run noise floor from the baseline's repeats; a
 classification in words; pairwise cases against each single-knob parent; and a ranking of the
-interventions by effect. It is evidence beside the verdicts and never changes an outcome. Reads
-sealed tensors only through the store's digest-checked loader. Knows nothing about engines,
-frontends or how the document is sealed.
+interventions by effect. The installed diagnostics' contributions
+(``diagnostics.protocol.AttributionContribution``: the layers' floor and first moved layer,
+the path members, the ESS) are added by looping over the registry; none is named here. It is
+evidence beside the verdicts and never changes an outcome. Reads sealed tensors only through
+the store's digest-checked loader. Knows nothing about engines, frontends or how the document
+is sealed.
 """
 
 from __future__ import annotations
@@ -15,27 +18,26 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pytest_logprob_drift.attribution.align import Alignment, Movement, align, movement
+from pytest_logprob_drift.attribution.document import Attribution
 from pytest_logprob_drift.attribution.effect import abs_diff_rows, drift_effect, prepare
-from pytest_logprob_drift.attribution.importance import ESS_KEY, case_ess
-from pytest_logprob_drift.attribution.layers import (
-    LayerFloor,
-    by_layer,
-    floor_json,
-    layer_noise_floor,
-)
 from pytest_logprob_drift.attribution.ranking import rank_key
 from pytest_logprob_drift.check.resume import load_sealed_document, load_sealed_tensors
+from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.store import layout
 from pytest_logprob_drift.store.attempt import Seal, read_seal
 from pytest_logprob_drift.store.comparison import parse_comparison
 from pytest_logprob_drift.store.documents import KnobScalar, Requested
+
+if TYPE_CHECKING:
+    from pytest_logprob_drift.diagnostics.protocol import AttributionContribution
+    from pytest_logprob_drift.numerics.comparison import Diagnostics
 
 ATTRIBUTION_SCHEMA_VERSION = "cross_config.attribution.v1"
 ATTRIBUTED_OUTCOMES = (Outcome.PASS.value, Outcome.MISMATCH.value)
@@ -51,15 +53,15 @@ class SealedExecution:
     of cases holds only a few in memory."""
 
     __slots__ = (
-        "_prefill",
+        "_files",
         "_scores",
         "attempt_dir",
         "attempt_id",
         "case_id",
         "changed",
         "complete_sha256",
+        "diagnostics",
         "label",
-        "layers",
         "outcome",
         "requested",
         "seal",
@@ -74,7 +76,7 @@ class SealedExecution:
         self.case_id = self.seal.case_id
         self.attempt_id = self.seal.attempt_id
         self.label = comparison.label
-        self.layers = comparison.diagnostics.layers
+        self.diagnostics: Diagnostics = comparison.diagnostics
         self.changed: tuple[str, ...] = ()
         self.requested: Mapping[str, KnobScalar] = {}
         # an imported step of its own documents (v3 imported.json) seals no requested.json:
@@ -86,20 +88,16 @@ class SealedExecution:
         self.outcome = comparison.outcome.value
         self.complete_sha256 = str(self.seal.manifest.sha256)  # of the COMPLETE just parsed
         self._scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
-        self._prefill: torch.Tensor | None = None
+        self._files: dict[str, Mapping[str, torch.Tensor]] = {}
 
-    @property
-    def has_prefill(self) -> bool:
-        """Whether the rollout's prefill replay is sealed (opt-in ``diagnostics.replay``)."""
-        return layout.SCORE_ROLLOUT_PREFILL in self.seal.files
-
-    @property
-    def prefill_logprobs(self) -> torch.Tensor:
-        """The rollout's prefill replay of its sampled sequences (digest checked)."""
-        if self._prefill is None:
-            sealed = load_sealed_tensors(self.attempt_dir, layout.SCORE_ROLLOUT_PREFILL, self.seal)
-            self._prefill = sealed["logprobs"]
-        return self._prefill
+    def sealed(self, name: str) -> Mapping[str, torch.Tensor] | None:
+        """The tensors of the sealed file ``name`` (digest checked, kept until ``release``;
+        None: the attempt did not seal it)."""
+        if name not in self.seal.files:
+            return None
+        if name not in self._files:
+            self._files[name] = load_sealed_tensors(self.attempt_dir, name, self.seal)
+        return self._files[name]
 
     @property
     def comparable(self) -> bool:
@@ -128,7 +126,7 @@ class SealedExecution:
 
     def release(self) -> None:
         self._scores = None
-        self._prefill = None
+        self._files = {}
 
     def reference(self) -> dict[str, str]:
         return {
@@ -148,6 +146,28 @@ class SideFloor:
     rollout: float
     training: float
     measured: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compared:
+    """A case against one reference as a diagnostic's contribution reads it: the two sealed
+    executions, their alignment, how far each side moved and the sides' noise floor."""
+
+    case: SealedExecution
+    reference: SealedExecution
+    alignment: Alignment
+    rollout: Movement
+    training: Movement
+    floor: SideFloor
+
+
+Contributions = Sequence[tuple["AttributionContribution", object | None]]
+"""The installed diagnostics' contributions, each with its own noise floor."""
+
+
+def contributions() -> list[AttributionContribution]:
+    """The installed diagnostics' contributions to the attribution document, in order."""
+    return [c for d in installed() if (c := d.attribution()) is not None]
 
 
 def _sides(
@@ -190,10 +210,18 @@ def _comparison(
     case: SealedExecution,
     reference: SealedExecution,
     floor: SideFloor,
-    layer_floor: LayerFloor | None = None,
+    contributed: Contributions,
 ) -> JsonObject:
     alignment, rollout, training = _sides(case, reference)
-    return {
+    compared = Compared(
+        case=case,
+        reference=reference,
+        alignment=alignment,
+        rollout=rollout,
+        training=training,
+        floor=floor,
+    )
+    document: JsonObject = {
         "reference": {"case_id": reference.case_id, "label": reference.label},
         "shared_tokens": alignment.shared_tokens,
         "first_divergence": list(alignment.first_divergence),
@@ -201,57 +229,19 @@ def _comparison(
         "rollout": rollout.to_json(),
         "training": training.to_json(),
         "classification": classify(alignment, rollout, training, floor),
-        **_by_path(case, reference, alignment, rollout, training, floor),
-        **by_layer(case, reference, layer_floor),
     }
+    for contribution, own_floor in contributed:
+        _add(document, contribution.comparison_members(compared, own_floor), "a comparison")
+    return document
 
 
-def _by_path(
-    case: SealedExecution,
-    reference: SealedExecution,
-    alignment: Alignment,
-    decode: Movement,
-    training: Movement,
-    floor: SideFloor,
-) -> JsonObject:
-    """``path``, when both executions sealed a prefill replay: how far the rollout's prefill
-    replay moved on the shared tokens and the path classification (``classify_path``); the
-    rollout's noise floor stands for both of its paths."""
-    if not (case.has_prefill and reference.has_prefill):
-        return {}
-    prefill = movement(alignment, case.prefill_logprobs, reference.prefill_logprobs)
-    return {
-        "path": {
-            "prefill": prefill.to_json(),
-            "classification": classify_path(
-                decode_moved=decode.max_abs_delta > floor.rollout,
-                prefill_moved=prefill.max_abs_delta > floor.rollout,
-                training_moved=training.max_abs_delta > floor.training,
-            ),
-        }
-    }
-
-
-PATH_NO_EFFECT = "no effect"
-PATH_DECODE_ONLY = "moved the rollout's decode path only (its prefill replay is bitwise equal)"
-PATH_PREFILL_ONLY = "moved the rollout's prefill path only"
-PATH_BOTH = "moved the rollout on both paths"
-PATH_TRAINING = "moved the training side"
-
-
-def classify_path(*, decode_moved: bool, prefill_moved: bool, training_moved: bool) -> str:
-    """Which path a knob moved, in words: the rollout's decode path only, its prefill path
-    only, both, and/or the training side; ``no effect`` when nothing moved beyond the floor."""
-    parts = []
-    if decode_moved and prefill_moved:
-        parts.append(PATH_BOTH)
-    elif decode_moved:
-        parts.append(PATH_DECODE_ONLY)
-    elif prefill_moved:
-        parts.append(PATH_PREFILL_ONLY)
-    if training_moved:
-        parts.append(PATH_TRAINING)
-    return "; ".join(parts) if parts else PATH_NO_EFFECT
+def _add(document: JsonObject, members: JsonObject, where: str) -> None:
+    """A contribution's ``members`` added to ``document`` (``where`` in the attribution); a
+    ValueError naming the member when it is one the document has already."""
+    for key, value in members.items():
+        if key in document:
+            raise ValueError(f"an attribution contribution's member {key!r} of {where} is taken")
+        document[key] = value
 
 
 def noise_floor(baseline: SealedExecution, repeats: Sequence[SealedExecution]) -> SideFloor:
@@ -286,7 +276,7 @@ def attribute(
     if not all(e.comparable for e in (baseline, *repeats)):
         raise ValueError("the baseline has no comparable sealed scores")
     floor = noise_floor(baseline, repeats)
-    layer_floor = layer_noise_floor(baseline, repeats)
+    contributed = [(c, c.noise_floor(baseline, repeats)) for c in contributions()]
     for repeat in repeats:
         repeat.release()
     comparable = [case for case in cases if case.comparable]
@@ -309,36 +299,45 @@ def attribute(
             "label": case.label,
             "changed": list(case.changed),
             "attempt_id": case.attempt_id,
-            **_comparison(case, baseline, floor, layer_floor),
+            **_comparison(case, baseline, floor, contributed),
         }
         rows = abs_diff_rows(
             case.training_logprobs, case.rollout["logprobs"], case.rollout["active_mask"]
         )
         entry["effect"] = drift_effect(rows, baseline_drift).to_json()
-        entry[ESS_KEY] = case_ess(
-            case.training_logprobs, case.rollout["logprobs"], case.rollout["active_mask"]
-        )
         entry["parents"] = [
-            _comparison(case, parent, floor, layer_floor) for parent in _parents(case, comparable)
+            _comparison(case, parent, floor, contributed) for parent in _parents(case, comparable)
         ]
+        for contribution, _ in contributed:
+            _add(entry, contribution.case_members(case), "a case")
         entries.append(entry)
         case.release()
         for parent in _parents(case, comparable):
             parent.release()
     ranking = [e["label"] for e in sorted(entries, key=rank_key)]
+    floor_document: JsonObject = {
+        "measured": floor.measured,
+        "repeats": len(repeats),
+        "rollout_max_abs_delta": floor.rollout,
+        "training_max_abs_delta": floor.training,
+    }
+    for contribution, own in contributed:
+        _add(floor_document, contribution.floor_members(own), "the noise floor")
     return {
         "schema_version": ATTRIBUTION_SCHEMA_VERSION,
         "experiment_id": experiment_id,
         "baseline": {"case_id": baseline.case_id, "attempt_id": baseline.attempt_id},
-        "noise_floor": {
-            "measured": floor.measured,
-            "repeats": len(repeats),
-            "rollout_max_abs_delta": floor.rollout,
-            "training_max_abs_delta": floor.training,
-            **({} if layer_floor is None else {"layers": floor_json(layer_floor)}),
-        },
+        "noise_floor": floor_document,
         "cases": entries,
         "ranking": ranking,
         "skipped": skipped,
         "inputs": [e.reference() for e in (baseline, *repeats, *cases)],
     }
+
+
+def as_recorded(recorded: Attribution, recomputed: Attribution) -> Attribution:
+    """``recomputed`` in the form of ``recorded``: each installed diagnostic's contribution
+    leaves out its members where ``recorded`` was sealed before they existed."""
+    for contribution in contributions():
+        recomputed = contribution.as_recorded(recorded, recomputed)
+    return recomputed

@@ -49,7 +49,7 @@ class NoiseFloor(Document, frozen=True, kw_only=True):
     rollout_max_abs_delta: float
     training_max_abs_delta: float
     layers: list[StateFloor] | UnsetType = UNSET
-    """Per state (``attribution.layers.layer_noise_floor``); absent without one."""
+    """Per state (``diagnostics.layers.attribution.layer_noise_floor``); absent without one."""
 
 
 class Movement(Document, frozen=True, kw_only=True):
@@ -75,7 +75,7 @@ class PathMovement(Document, frozen=True, kw_only=True):
 
 
 class LayerSide(Document, frozen=True, kw_only=True):
-    """One side's attribution by layer (``attribution.layers``)."""
+    """One side's attribution by layer (``diagnostics.layers.attribution``)."""
 
     positions: int
     rows_compared: int
@@ -136,7 +136,8 @@ class Case(Comparison, frozen=True, kw_only=True):
     attempt_id: str
     effect: Effect
     ess: float | UnsetType = UNSET
-    """The normalized ESS (``attribution.importance``); absent in documents sealed before."""
+    """The normalized ESS (``diagnostics.importance_sampling.attribution``); absent in
+    documents sealed before."""
     parents: list[Comparison]
 
 

@@ -25,6 +25,7 @@ from typing import Any, TypedDict
 from pytest_logprob_drift.attribution.analysis import (
     ATTRIBUTION_SCHEMA_VERSION,
     SealedExecution,
+    as_recorded,
     attribute,
     load_execution,
 )
@@ -34,7 +35,6 @@ from pytest_logprob_drift.attribution.document import (
     document_json,
     read_attribution_bytes,
 )
-from pytest_logprob_drift.attribution.importance import as_recorded
 from pytest_logprob_drift.check.resume import check_attempt
 from pytest_logprob_drift.errors import StorageError
 from pytest_logprob_drift.records import JsonObject, JsonValue, canonical_json, sha256_hex

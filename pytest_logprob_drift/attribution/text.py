@@ -89,7 +89,7 @@ LAYER_HEADERS = ("case", "training side by layer", "rollout side by layer", "dri
 def layer_rows(cases: Sequence[Case]) -> list[list[str]]:
     """Rows of the attribution by layer, in the order of ``cases`` (none without layer
     captures)."""
-    from pytest_logprob_drift.numerics.layer_text import state_words
+    from pytest_logprob_drift.numerics.layer_states import state_words
 
     table: list[list[str]] = []
     for case in cases:
@@ -104,13 +104,13 @@ def layer_rows(cases: Sequence[Case]) -> list[list[str]]:
 
 def side_by_layer(side: LayerSide | UnsetType) -> str:
     """One side's attribution by layer in words (``-``: the side has none)."""
-    from pytest_logprob_drift.numerics.layer_text import where_moved
+    from pytest_logprob_drift.numerics.layer_states import where_moved
 
     return "-" if side is UNSET else where_moved(side.first_moved_layer, side.max_rel_error)
 
 
 def layer_properties(case: Case) -> list[tuple[str, str]]:
-    """junit properties of a case's attribution by layer (``attribution.layers``; none without
+    """junit properties of a case's attribution by layer (the document's ``layers``; none without
     one): ``drift_layers_drift_enters`` and, per side compared with the baseline,
     ``drift_layers_<side>_first_moved`` (``-``: bitwise equal to the baseline everywhere)."""
     layers = case.layers
@@ -140,7 +140,7 @@ def summary_lines(
         noise = "noise floor not measured (one baseline execution; any movement counts)"
     lines = [noise]
     if floor.layers:
-        from pytest_logprob_drift.numerics.layer_text import state_words
+        from pytest_logprob_drift.numerics.layer_states import state_words
 
         worst = max(floor.layers, key=lambda s: s.median_rel_error)
         where = (

@@ -2,11 +2,12 @@
 
 Owns ``DiagnosticBase`` (every optional member empty: no capture, no files, no columns, no
 lines, no properties, no ``run --json`` member, no report columns, page columns, sections, plot,
-figures, token ids to decode or run-scope part; its run-table columns shown when some case carries its part) and
-``TextViewsDiagnostic`` (the run views forwarded to one text-views module: ``HEADERS``,
-``cells``, ``lines`` and ``properties``, the same lines in the run output and the plugin's
-failure text). A convenience, not the protocol: a diagnostic that implements every member itself
-(the test tree's ``log_ratio_peak``) is just as installed. Torch-free and typing-free at import.
+figures, token ids to decode, run-scope part or attribution contribution; its run-table columns
+shown when some case carries its part) and ``TextViewsDiagnostic`` (the run views forwarded to
+one text-views module: ``HEADERS``, ``cells``, ``lines`` and ``properties``, the same lines in
+the run output and the plugin's failure text). A convenience, not the protocol: a diagnostic
+that implements every member itself (the test tree's ``log_ratio_peak``) is just as installed.
+Torch-free and typing-free at import.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from typing import ClassVar, Protocol
 
     from pytest_logprob_drift.diagnostics.protocol import (
+        AttributionContribution,
         Captured,
         CaseUnderCapture,
         Scores,
@@ -121,6 +123,9 @@ class DiagnosticBase:
     def report_detail_section(
         self, diagnostics: Diagnostics, texts: Mapping[int, str]
     ) -> Markup | None:
+        return None
+
+    def attribution(self) -> AttributionContribution | None:
         return None
 
 

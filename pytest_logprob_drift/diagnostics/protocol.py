@@ -39,8 +39,16 @@ A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` 
 Where the other parts go (not called by any hub yet; the diagnostics moved so far have none
 of them or keep them where they are): the config key ``diagnostics.<name>`` and its
 execution-key contribution are declared torch-free in the folder's ``__init__`` (config
-loading is on ``plan``'s path); the contribution to the attribution document
-(today's ESS and path members) stays in ``attribution/`` until part 2 of issue 51.
+loading is on ``plan``'s path).
+
+Its contribution to the attribution document (``attribution``: an ``AttributionContribution``,
+None for a diagnostic that contributes nothing): its own noise floor from the baseline's
+repeats and its members of ``noise_floor`` (the layers' per-state floor), its members of each
+comparison of a case against a reference (the layers' ``layers``: first moved layer and where
+the drift enters; the path split's ``path``), its members of each case's entry (importance
+sampling's ``ess``) and the recomputed document in the form of one sealed before its members
+existed. ``attribution.analysis`` loops over the installed diagnostics' contributions and names
+none of them.
 
 Torch-free and cheap to import: tensors and markup appear in annotations only.
 """
@@ -55,6 +63,8 @@ if TYPE_CHECKING:
 
     import torch
 
+    from pytest_logprob_drift.attribution.analysis import Compared, SealedExecution
+    from pytest_logprob_drift.attribution.document import Attribution
     from pytest_logprob_drift.execute.protocol import (
         LogpKernel,
         RolloutEngine,
@@ -133,6 +143,36 @@ class CaseUnderCapture(Protocol):
     @property
     def threshold(self) -> float:
         """The installed contract's threshold |diff| (what a token over it is judged by)."""
+        ...
+
+
+class AttributionContribution(Protocol):
+    """A diagnostic's members of the attribution document, computed from sealed executions
+    (``attribution.analysis`` calls them for every installed diagnostic that has one)."""
+
+    def noise_floor(
+        self, baseline: SealedExecution, repeats: Sequence[SealedExecution]
+    ) -> object | None:
+        """Its own noise floor from the baseline's repeats (None: none), handed back to
+        ``floor_members`` and ``comparison_members``; called before the repeats are released."""
+        ...
+
+    def floor_members(self, floor: object | None) -> JsonObject:
+        """Its members of the document's ``noise_floor`` (empty: none)."""
+        ...
+
+    def comparison_members(self, compared: Compared, floor: object | None) -> JsonObject:
+        """Its members of a case's comparison against one reference (the baseline or a
+        pairwise case's parent; empty: none)."""
+        ...
+
+    def case_members(self, case: SealedExecution) -> JsonObject:
+        """Its members of an attributed case's entry, beside its effect (empty: none)."""
+        ...
+
+    def as_recorded(self, recorded: Attribution, recomputed: Attribution) -> Attribution:
+        """``recomputed`` in the form of ``recorded`` where that was sealed before its members
+        existed (``verify`` compares the two); ``recomputed`` itself otherwise."""
         ...
 
 
@@ -271,4 +311,8 @@ class Diagnostic(Protocol):
     ) -> Markup | None:
         """Its section of a detailed case's article, after every ``report_section``; ``texts``:
         the decoded ``report_token_ids`` of the case (None: none)."""
+        ...
+
+    def attribution(self) -> AttributionContribution | None:
+        """Its contribution to the attribution document (None: it contributes nothing)."""
         ...

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import torch
 
-from pytest_logprob_drift.numerics.layer_text import FINAL_NORM, LOGITS
+from pytest_logprob_drift.numerics.layer_states import FINAL_NORM, LOGITS
 
 PROJECTION_DIM: Final = 64
 PROJECTION_SEED: Final = 20261201

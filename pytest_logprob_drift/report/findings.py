@@ -38,7 +38,7 @@ from pytest_logprob_drift.attribution.materiality import rule_words
 from pytest_logprob_drift.attribution.materiality import within_contract as is_within
 from pytest_logprob_drift.numerics.comparison import Diagnostics, RoutingFigures
 from pytest_logprob_drift.numerics.importance_text import ess_text
-from pytest_logprob_drift.numerics.layer_text import where_moved
+from pytest_logprob_drift.numerics.layer_states import where_moved
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.report.gates import finding as gate_finding
@@ -82,7 +82,7 @@ def _path_fact(entry: Case) -> str | None:
 
 
 def _ess_fact(entry: Case) -> str | None:
-    """The case's normalized ESS as sealed beside its effect (``attribution.importance``)."""
+    """The case's normalized ESS as sealed beside its effect (the document's ``ess``)."""
     return None if entry.ess is UNSET else ess_text(entry.ess)
 
 

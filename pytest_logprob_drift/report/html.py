@@ -11,13 +11,15 @@ log, each installed diagnostic's columns, and the attribution columns when a sea
 attribution exists, as ``columns`` declares them: the
 default set fits 1280 px, the rest behind a "more columns" toggle; sortable by a few lines of
 plain JavaScript), the attribution chart and ranking (marked as rejected, with the reasons,
-when ``verify`` rejects it), the per-layer lines of every case with layer diagnostics
-(``layer_lines``), the invalid attempts (listed, never plotted), then one section per
-detailed case (histogram, |diff| by position, logprob scatter, the worst tokens with their text
-in context, the per-sample token view (``token_html``), each installed diagnostic's sections
-(``report_section``, then ``report_detail_section`` with its decoded token ids),
-requested -> materialized -> actual knob records,
-identity checks, relative links to the sealed files), and how the plots aggregate. Nothing is
+when ``verify`` rejects it), each installed diagnostic's run-scope section
+(``report_run_section`` at its places: the layers' per-layer lines and the routing agreement
+of every case before the invalid attempts), the invalid attempts
+(listed, never plotted), then one section per detailed case (histogram, |diff| by position,
+logprob scatter, the worst tokens with their text in context, the per-sample token view
+(``token_html``), each installed diagnostic's sections (``report_section``, then
+``report_detail_section`` with its decoded token ids),
+requested -> materialized -> actual knob records, identity checks, relative links to the sealed
+files), and how the plots aggregate. Nothing is
 fetched: no external script, style sheet, font or image; plots are inline SVG from ``plots``.
 Every element is built with ``markup.el``, so every text from the run is escaped; the page's
 fixed style and script, the plots' SVG and the token data block (``markup.json_script``) are
@@ -32,7 +34,7 @@ from typing import Any
 
 from pytest_logprob_drift.diagnostics.registry import installed
 from pytest_logprob_drift.records import JsonValue
-from pytest_logprob_drift.report import gates, layer_lines, plots
+from pytest_logprob_drift.report import gates, plots
 from pytest_logprob_drift.report.columns import attempt_time, case_anchor, columns
 from pytest_logprob_drift.report.findings import SHOWN as FINDINGS_SHOWN
 from pytest_logprob_drift.report.findings import Findings, findings
@@ -532,33 +534,6 @@ def _attribution(data: ReportData, draw: bool) -> Markup | None:
     return el("section", parts, id="attribution")
 
 
-def _layers(data: ReportData, draw: bool) -> Markup | None:
-    """The per-layer relative error of every case with layer diagnostics on one plot
-    (``layer_lines``), and the cases it leaves out; nothing when no case has them."""
-    plot = layer_lines.all_layers_plot(data.cases) if draw else None
-    if plot is None:
-        return None
-    svg = layer_lines.all_layers_svg(plot)
-    figure = None if svg is None else el("figure", svg, class_="plot wide", data_plot="layers-all")
-    legend = layer_lines.legend_text(plot) if svg is not None else None
-    notes = (el("p", text, class_="muted left-out") for text in layer_lines.left_out_text(plot))
-    return el(
-        "section",
-        el("h2", "Where in the network: per-layer relative error, every case"),
-        el(
-            "p",
-            "Rollout vs training states at the same positions, per state: the median (solid) "
-            "and max (dashed) over positions of the relative error, from each case's sealed "
-            "layer figures.",
-            class_="muted",
-        ),
-        figure,
-        None if legend is None else el("p", legend, class_="muted"),
-        notes,
-        id="layers",
-    )
-
-
 def _run_sections(data: ReportData, place: str, draw: bool) -> Markup | None:
     """Every installed diagnostic's run-scope part of the page at ``place``, in order
     (``diagnostics.protocol.RUN_PLACES``); None: none has one."""
@@ -872,7 +847,6 @@ def render_page(data: ReportData) -> str:
         _case_table(data),
         gates.section([(v.label, v.gates) for v in data.cases]),
         _attribution(data, draw),
-        _layers(data, draw),
         _run_sections(data, "body", draw),
         _invalid(data),
     ]

@@ -13,7 +13,13 @@ from pathlib import Path
 import msgspec
 import torch
 
-from pytest_logprob_drift.diagnostics.protocol import Captured, CaseUnderCapture, Scores, Tensors
+from pytest_logprob_drift.diagnostics.protocol import (
+    AttributionContribution,
+    Captured,
+    CaseUnderCapture,
+    Scores,
+    Tensors,
+)
 from pytest_logprob_drift.numerics.comparison import Comparison, Diagnostics, Record
 from pytest_logprob_drift.outcomes import Outcome
 from pytest_logprob_drift.records import JsonObject
@@ -180,6 +186,9 @@ class LogRatioPeakDiagnostic:
 
     def report_figures(self, plot: object | None) -> tuple[tuple[str, Markup], ...]:
         return ()
+
+    def attribution(self) -> AttributionContribution | None:
+        return None  # it contributes nothing to the attribution document
 
     def report_page_headers(self, diagnostics: Sequence[Diagnostics]) -> tuple[str, ...]:
         return ()

@@ -392,7 +392,7 @@ def _sealed_rel_errors(attempt: Path) -> list[list[float]]:
 def test_the_report_draws_every_case_on_one_layer_plot(on: dict[str, Any], tmp_path: Path) -> None:
     """The run-level figure: one median and one max line per case, its data the sealed
     figures, which agree with the lower median and the max over positions recomputed here."""
-    from pytest_logprob_drift.report.layer_lines import (
+    from pytest_logprob_drift.diagnostics.layers.run_plot import (
         HEAT_LOW,
         MAX_GID,
         MEDIAN_GID,

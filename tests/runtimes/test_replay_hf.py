@@ -21,7 +21,7 @@ import pytest
 import torch
 from drift_testing import EXPERIMENTS, cli, experiment_config
 
-from pytest_logprob_drift.attribution.analysis import (
+from pytest_logprob_drift.diagnostics.path_split.attribution import (
     PATH_BOTH,
     PATH_DECODE_ONLY,
     PATH_NO_EFFECT,

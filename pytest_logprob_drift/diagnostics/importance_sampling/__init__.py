@@ -6,7 +6,7 @@ columns and case panel). Its pure computation is ``numerics.importance_sampling`
 the verdict's KL figures and the attribution's ESS) and its wording ``numerics.importance_text``
 (shared with the attribution's text). It has no config key (every judged case carries it), no
 sealed file of its own and no engine-side capture; its attribution contribution (each knob's
-ESS) stays in ``attribution.importance``.
+ESS) is ``attribution``.
 """
 
 from pytest_logprob_drift.diagnostics.importance_sampling.diagnostic import DIAGNOSTIC

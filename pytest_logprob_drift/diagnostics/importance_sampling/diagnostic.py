@@ -19,6 +19,7 @@ from pytest_logprob_drift.numerics.comparison import ImportanceSamplingFigures
 
 if TYPE_CHECKING:
     from pytest_logprob_drift.diagnostics.protocol import (
+        AttributionContribution,
         Captured,
         Scores,
         Tensors,
@@ -90,6 +91,11 @@ class ImportanceSamplingDiagnostic(DiagnosticBase):
 
     def report_section(self, diagnostics: Diagnostics) -> Markup | None:
         return section.panel(diagnostics)
+
+    def attribution(self) -> AttributionContribution | None:
+        from pytest_logprob_drift.diagnostics.importance_sampling import attribution  # torch
+
+        return attribution.CONTRIBUTION
 
 
 DIAGNOSTIC = ImportanceSamplingDiagnostic()

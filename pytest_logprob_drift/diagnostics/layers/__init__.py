@@ -1,18 +1,16 @@
 """The layers diagnostic: where in the network the two sides' states part.
 
 One folder: ``diagnostic`` (the ``Diagnostic`` the hubs loop over), ``check`` (the sealed
-layer files and the recorded part checked offline) and ``plot`` (the report's two per-case
-figures). Its capture is ``execute.layers`` (each side's ``capture_layers``, implemented in
-``runtimes/``); its pure computation is ``numerics.layer_reduction`` (shared with that
-capture); its text views are ``numerics.layer_text`` (also read by ``attribution.text`` and
-``report.findings``, which sit below this folder). Asked for by the case's
+layer files and the recorded part checked offline), ``text`` (the run table's cells, lines and
+junit properties), ``plot`` (the report's two per-case figures), ``run_plot`` (the report's
+run-scope section: every case's per-layer lines on one plot) and ``attribution`` (its
+contribution to the attribution document: the per-state noise floor, each comparison's first
+moved layer and where the drift enters). Its capture is ``execute.layers`` (each side's
+``capture_layers``, implemented in ``runtimes/``); its pure computation is
+``numerics.layer_reduction`` (shared with that capture). The states' names and words are
+``numerics.layer_states``, below the folder: ``attribution.text`` and ``report.findings`` show
+the attribution document's layer members with them. Asked for by the case's
 ``diagnostics.layers`` (config and execution key unchanged, in ``config/``).
-
-Where its other parts stay (not yet contributions through the protocol, which has no member
-for them): the per-layer noise floor and the attribution's first moved layer are computed in
-``attribution.layers`` (and shown by ``attribution.text.layer_properties`` /
-``report.findings``); the run-scope figure over every case is ``report.layer_lines`` (drawn by
-``report.html``).
 """
 
 from pytest_logprob_drift.diagnostics.layers.diagnostic import DIAGNOSTIC

@@ -3,7 +3,7 @@
 Owns binding ``diagnostics.layers`` to the protocol: the layer capture after the paired
 scoring when the case asks for it (``execute.layers``, imported on first use: it needs torch),
 the part and the layer files sealed from that capture, the offline check (``check``) and its
-views (``numerics.layer_text``: the run table's optional columns, lines, junit properties and
+views (``text``: the run table's optional columns, lines, junit properties and
 the ``run --json`` member; ``plot``: the report's two figures). Torch-free at import.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from pytest_logprob_drift.diagnostics.base import TextViewsDiagnostic
-from pytest_logprob_drift.numerics import layer_text
+from pytest_logprob_drift.diagnostics.layers import text
 from pytest_logprob_drift.numerics.comparison import LayerDiagnostics, from_builtins
 from pytest_logprob_drift.store import layout
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from pytest_logprob_drift.diagnostics.base import TextViews
     from pytest_logprob_drift.diagnostics.protocol import (
+        AttributionContribution,
         Captured,
         CaseUnderCapture,
         Scores,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from pytest_logprob_drift.outcomes import Outcome
     from pytest_logprob_drift.records import JsonObject
     from pytest_logprob_drift.report.markup import Markup
+    from pytest_logprob_drift.report.model import ReportData
     from pytest_logprob_drift.store.attempt import Seal
 
 
@@ -52,7 +54,7 @@ class LayersDiagnostic(TextViewsDiagnostic):
     name: str = "layers"
     part_type: type[LayerDiagnostics] = LayerDiagnostics
     sealed_files: tuple[str, ...] = layout.LAYER_FILES
-    views: ClassVar[TextViews] = layer_text
+    views: ClassVar[TextViews] = text
 
     def capture(self, case: CaseUnderCapture) -> Captured | None:
         spec = case.binding.layers
@@ -118,6 +120,18 @@ class LayersDiagnostic(TextViewsDiagnostic):
             ("layers-heatmap", figures.heatmap_svg(plot)),
             ("layers-by-state", figures.by_state_svg(plot)),
         )
+
+    def report_run_section(self, data: ReportData, place: str, draw: bool) -> Markup | None:
+        if place != "body":
+            return None
+        from pytest_logprob_drift.diagnostics.layers.run_plot import run_section  # numpy
+
+        return run_section(data.cases, draw)
+
+    def attribution(self) -> AttributionContribution | None:
+        from pytest_logprob_drift.diagnostics.layers.attribution import CONTRIBUTION  # torch
+
+        return CONTRIBUTION
 
 
 DIAGNOSTIC = LayersDiagnostic()

@@ -5,7 +5,7 @@ reductions (``layers_training.pt``, ``layers_rollout.pt``, digest checked by the
 loader): the rollout-vs-training relative error per state and captured position
 (``numerics.layer_reduction.relative_errors``), and its two figures: a state x position
 heatmap on a log colour scale fixed for every case (``HEAT_LOW`` .. ``HEAT_HIGH``, shared with
-the run-level plot of ``report.layer_lines``; a bitwise equal state drawn at the low end, a
+the run-level plot of ``run_plot``; a bitwise equal state drawn at the low end, a
 relative error above the range at the high end), and the per-state median and max over
 positions on the same range. Drawn with ``report.plots``' figure set-up (Agg,
 SVG, plain-text labels). Knows nothing about the page around the figures or how the states
@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from pytest_logprob_drift.check.resume import load_sealed_tensors
+from pytest_logprob_drift.diagnostics.layers.run_plot import HEAT_HIGH as HEAT_HIGH
+from pytest_logprob_drift.diagnostics.layers.run_plot import HEAT_LOW as HEAT_LOW
+from pytest_logprob_drift.diagnostics.layers.run_plot import drawn
+from pytest_logprob_drift.diagnostics.layers.run_plot import state_tick as _label
 from pytest_logprob_drift.numerics.comparison import LayerDiagnostics
 from pytest_logprob_drift.numerics.layer_reduction import relative_errors, state_names
-from pytest_logprob_drift.report.layer_lines import HEAT_HIGH as HEAT_HIGH
-from pytest_logprob_drift.report.layer_lines import HEAT_LOW as HEAT_LOW
-from pytest_logprob_drift.report.layer_lines import drawn
-from pytest_logprob_drift.report.layer_lines import state_tick as _label
 from pytest_logprob_drift.report.markup import Markup
 from pytest_logprob_drift.report.plots import LINE_COLOURS, log_ticks, new_figure, to_svg
 from pytest_logprob_drift.store import layout
@@ -75,7 +75,7 @@ def heatmap_svg(plot: LayerPlot) -> Markup:
 
 def by_state_svg(plot: LayerPlot) -> Markup:
     """Per state: median and max relative error over positions, drawn within ``HEAT_LOW`` ..
-    ``HEAT_HIGH`` as the heatmap is (``report.layer_lines.drawn``)."""
+    ``HEAT_HIGH`` as the heatmap is (``run_plot.drawn``)."""
     with new_figure(3.6, 2.3) as (figure, axes):
         x = np.arange(len(plot.states))
         for i, (name, values) in enumerate(

@@ -6,7 +6,7 @@ checked offline) and ``plot`` (the report's two figures). Its capture is ``execu
 (the rollout engine's ``PrefillReplay`` / ``DecodeReplay``, implemented in ``runtimes/``); its
 pure computation is ``numerics.path_split`` (shared with that capture). Asked for by the
 case's ``diagnostics.replay`` (config and execution key unchanged, in ``config/``); its
-attribution contribution (the path members) stays in ``attribution/``.
+attribution contribution (each comparison's ``path``) is ``attribution``.
 """
 
 from pytest_logprob_drift.diagnostics.path_split.diagnostic import DIAGNOSTIC

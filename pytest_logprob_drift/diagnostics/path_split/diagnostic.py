@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from pytest_logprob_drift.diagnostics.base import TextViews
     from pytest_logprob_drift.diagnostics.protocol import (
+        AttributionContribution,
         Captured,
         CaseUnderCapture,
         Scores,
@@ -110,6 +111,11 @@ class PathSplitDiagnostic(TextViewsDiagnostic):
             ("path-split", drawn.distributions_svg(plot)),
             ("path-split-position", drawn.by_position_svg(plot)),
         )
+
+    def attribution(self) -> AttributionContribution | None:
+        from pytest_logprob_drift.diagnostics.path_split.attribution import CONTRIBUTION  # torch
+
+        return CONTRIBUTION
 
 
 DIAGNOSTIC = PathSplitDiagnostic()

@@ -1,4 +1,5 @@
-"""Attribution by layer: where, inside each side's network, a knob moved the states.
+"""The layers diagnostic's attribution contribution: where, inside each side's network, a knob
+moved the states.
 
 Owns the attribution document's optional per-case ``layers`` (when both the case and its
 reference sealed layer captures, opt-in ``diagnostics.layers``): for each side, the case's
@@ -11,13 +12,15 @@ at the logits); and ``drift_enters``: the first state whose rollout-vs-training 
 relative error (comparison.json's ``diagnostics.layers``) exceeds the reference's at the same
 state by more than that state's noise floor (``layer_noise_floor``: how far the baseline's
 repeats' medians stray from the baseline's own; 0 without repeats, so any excess counts).
-Reads sealed files only through the store's digest-checked loaders; knows nothing about
-engines or how the document is sealed.
+The per-state floor is the document's ``noise_floor.layers``. ``CONTRIBUTION`` is what
+``attribution.analysis`` calls through the registry. Reads sealed files only through the
+store's digest-checked loaders; knows nothing about engines or how the document is sealed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,12 +28,13 @@ import torch
 from pytest_logprob_drift.check.resume import load_sealed_tensors
 from pytest_logprob_drift.numerics.comparison import LayerFigures
 from pytest_logprob_drift.numerics.layer_reduction import compare
-from pytest_logprob_drift.numerics.layer_text import LOGITS
+from pytest_logprob_drift.numerics.layer_states import LOGITS
 from pytest_logprob_drift.records import JsonObject
 from pytest_logprob_drift.store import layout
 
 if TYPE_CHECKING:
-    from pytest_logprob_drift.attribution.analysis import SealedExecution
+    from pytest_logprob_drift.attribution.analysis import Compared, SealedExecution
+    from pytest_logprob_drift.attribution.document import Attribution
 
 SIDE_FILES = {"training": layout.LAYERS_TRAINING, "rollout": layout.LAYERS_ROLLOUT}
 
@@ -73,7 +77,7 @@ def _side(case: SealedExecution, reference: SealedExecution, name: str) -> JsonO
 
 
 def _figures(execution: SealedExecution) -> LayerFigures | None:
-    layers = execution.layers
+    layers = execution.diagnostics.layers
     return None if layers is None else layers.figures
 
 
@@ -140,3 +144,35 @@ def by_layer(
             "drift_enters": drift_enters(_figures(case), _figures(reference), floor),
         }
     }
+
+
+def _floor(floor: object | None) -> LayerFloor | None:
+    """The floor ``noise_floor`` computed, as handed back by ``attribution.analysis``."""
+    assert floor is None or isinstance(floor, dict)
+    return floor
+
+
+@dataclass(frozen=True, slots=True)
+class LayersContribution:
+    """``noise_floor.layers`` and each comparison's ``layers`` (``AttributionContribution``)."""
+
+    def noise_floor(
+        self, baseline: SealedExecution, repeats: Sequence[SealedExecution]
+    ) -> object | None:
+        return layer_noise_floor(baseline, repeats)
+
+    def floor_members(self, floor: object | None) -> JsonObject:
+        layers = floor_json(_floor(floor))
+        return {} if layers is None else {"layers": layers}
+
+    def comparison_members(self, compared: Compared, floor: object | None) -> JsonObject:
+        return by_layer(compared.case, compared.reference, _floor(floor))
+
+    def case_members(self, case: SealedExecution) -> JsonObject:
+        return {}
+
+    def as_recorded(self, recorded: Attribution, recomputed: Attribution) -> Attribution:
+        return recomputed  # absent wherever a sealed layer capture is: nothing to leave out
+
+
+CONTRIBUTION = LayersContribution()

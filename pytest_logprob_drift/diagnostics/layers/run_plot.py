@@ -1,4 +1,5 @@
-"""The report's run-level view of where in the network the sides part: every case on one plot.
+"""The layers diagnostic's run-scope report section: where in the network the sides part, every
+case on one plot.
 
 Owns, from the sealed ``comparison.json`` figures of every case with layer diagnostics
 (``numerics.comparison.LayerFigures``, already read and digest checked by the report's loader;
@@ -11,8 +12,9 @@ capture), and the figure: states on x, the relative error on a log y axis (0 dra
 the max dashed, a legend by case label (the first ``LEGEND_MAX`` cases; the page says so past
 that). Also the log scale's fixed range (``HEAT_LOW`` .. ``HEAT_HIGH``) and the states' tick
 names, which the per-case figures (``diagnostics.layers.plot``) share. Drawn with
-``report.plots``' figure set-up (Agg, SVG); case labels are plain text, never mathtext. Knows
-nothing about the page around the figure, files or how the states were captured.
+``report.plots``' figure set-up (Agg, SVG); case labels are plain text, never mathtext. And the
+page's section around it (``run_section``, the diagnostic's ``report_run_section``). Knows
+nothing about the rest of the page, files or how the states were captured.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Final
 import numpy as np
 
 from pytest_logprob_drift.numerics.comparison import LayerFigures
-from pytest_logprob_drift.report.markup import Markup
+from pytest_logprob_drift.report.markup import Markup, el
 from pytest_logprob_drift.report.model import CaseView
 from pytest_logprob_drift.report.plots import (
     LINE_COLOURS,
@@ -202,3 +204,30 @@ def all_layers_svg(plot: AllLayersPlot) -> Markup | None:
         for text in legend.get_texts():
             text.set(**PLAIN_TEXT)
         return to_svg(figure)
+
+
+def run_section(cases: Sequence[CaseView], draw: bool) -> Markup | None:
+    """The per-layer relative error of every case with layer diagnostics on one plot
+    (``all_layers_plot``), and the cases it leaves out; nothing when no case has them."""
+    plot = all_layers_plot(cases) if draw else None
+    if plot is None:
+        return None
+    svg = all_layers_svg(plot)
+    figure = None if svg is None else el("figure", svg, class_="plot wide", data_plot="layers-all")
+    legend = legend_text(plot) if svg is not None else None
+    notes = (el("p", text, class_="muted left-out") for text in left_out_text(plot))
+    return el(
+        "section",
+        el("h2", "Where in the network: per-layer relative error, every case"),
+        el(
+            "p",
+            "Rollout vs training states at the same positions, per state: the median (solid) "
+            "and max (dashed) over positions of the relative error, from each case's sealed "
+            "layer figures.",
+            class_="muted",
+        ),
+        figure,
+        None if legend is None else el("p", legend, class_="muted"),
+        notes,
+        id="layers",
+    )

@@ -1,4 +1,4 @@
-"""Plain-text rendering of a comparison's layer diagnostics (``diagnostics.layers``).
+"""The layers diagnostic's plain-text views of its part (``diagnostics.layers``).
 
 Owns how the CLI run output, the plugin's failure text and junit properties show where in the
 network the two sides' states part (``numerics.comparison.LayerDiagnostics``; written by
@@ -7,6 +7,7 @@ where the sides stop being bitwise equal, in words, and the max relative error a
 a line per case (the first state where the rollout's states stop being bitwise equal to the
 training's, the max relative error at the embeddings, the last decoder layer, the final norm and
 the logits, each side's status when it did not capture) and ``drift_layers_*`` properties.
+The states' words are ``numerics.layer_states``' (shared with the attribution's text).
 Knows nothing about torch, files or how the numbers were computed; a comparison without layer
 diagnostics renders as nothing.
 """
@@ -17,41 +18,11 @@ from collections.abc import Iterable
 from typing import Final
 
 from pytest_logprob_drift.numerics.comparison import Diagnostics, LayerDiagnostics
+from pytest_logprob_drift.numerics.layer_states import LOGITS, state_words
 
 
 def _layers(diagnostics: Diagnostics | None) -> LayerDiagnostics | None:
     return None if diagnostics is None else diagnostics.layers
-
-
-FINAL_NORM: Final = "final_norm"
-LOGITS: Final = "logits"
-"""The two states after the decoder layers (``"0"`` is the embeddings, ``"k"`` the residual
-stream after k decoder layers)."""
-
-
-def state_words(state: str) -> str:
-    """``"0"`` -> ``embeddings``, ``"k"`` -> ``layer k``, ``final norm``, ``logits``."""
-    if state == "0":
-        return "embeddings"
-    if state == FINAL_NORM:
-        return "final norm"
-    return state if state == LOGITS else f"layer {state}"
-
-
-def where_moved(first: str | None, max_rel_error: float) -> str:
-    """A side's attribution by layer (``attribution.layers``' per-side entry: the first state
-    that moved and its max relative error) in words."""
-    how = f" (max rel. error {max_rel_error:.3g})"
-    if first is None:
-        return "bitwise equal to the baseline at every layer"
-    if first == LOGITS:
-        equal = "decoder layers and final norm bitwise equal to the baseline"
-        return f"{equal}; moved at the logits{how}"
-    if first == FINAL_NORM:
-        return "decoder layers bitwise equal to the baseline; moved at the final norm" + how
-    if first == "0":
-        return "moved from the embeddings" + how
-    return f"moved from layer {first}" + how
 
 
 def _at(state: str) -> str:
