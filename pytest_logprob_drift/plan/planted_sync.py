@@ -2,15 +2,14 @@
 
 Owns the registry of planted variants a case names as ``rollout.weight_sync=planted:NAME``
 (``plan.knobs.PLANTED_SYNC_PREFIX``; planning refuses a name that is not here): each says what the
-push leaves out, the dtype it pushes through, the tensors it sends from the previous policy, under each other's names or with their
-initial value, whether
-the refit skips the prefix cache reset, and which push it plants into (``trainer`` or
-``trainer_refit``). The runner refuses such a case unless the execution policy authorizes test-only
-backends, exactly as it refuses a test-only ``selected_logprob`` backend (the same flag:
-``--allow-smoke-operators``). It lives in planning, not in the smoke package, because planning
-checks the names and only the frontends may import the smoke package. Torch-free and typing-free;
-knows nothing about engines (``execute.side_settings`` resolves the name once per case,
-``runtimes.weight_push`` applies the variant).
+push leaves out, the dtype it pushes through, the tensors it sends from the previous policy, under
+each other's names or with their initial value, whether the refit skips the prefix cache reset, and
+which push it plants into (``trainer`` or ``trainer_refit``). The runner refuses such a case unless
+the execution policy authorizes test-only backends, exactly as it refuses a test-only
+``selected_logprob`` backend (the same flag: ``--allow-smoke-operators``). It lives in planning,
+not in the smoke package, because planning checks the names and only the frontends may import the
+smoke package. Torch-free and typing-free; knows nothing about engines (``execute.side_settings``
+resolves the name once per case, ``runtimes.weight_push`` applies the variant).
 """
 
 from __future__ import annotations
