@@ -7,7 +7,9 @@ the verdict but not the scores, so each case still seals both sides' scores (tok
 and the numerical re-check (comparison.json's ``numerical``): the drift each bug causes is
 measured from them here (max and mean |diff|, mismatches / active, token ESS, each recomputed in
 float64 in this file) and is larger than the baseline's. Three engine starts (the baseline and
-one per push).
+one per push). A second run (two more engine starts) on a tiny GLM4-MoE built here: vLLM's
+CPU build runs it, and the router bias pushed with its initial value (zeros) moves the scores
+further than the checkpoint-loaded baseline.
 """
 
 from __future__ import annotations
@@ -184,3 +186,115 @@ def test_each_planted_bug_seals_its_scores_and_drifts_more_than_the_baseline(
         assert drift["ess"] < baseline["ess"], (label, figures)
     print(json.dumps(figures, indent=1))  # the figures docs/MOE.md quotes (pytest -s)
     assert all(math.isfinite(v) for f in figures.values() for v in f.values())
+
+
+# --------------------------------------------------------------------------- GLM4-MoE router bias
+
+BIAS = "rollout.weight_sync=planted:router_bias_initial"
+
+
+def _tiny_glm4_moe(target: Path) -> Path:
+    """A tiny GLM4-MoE (transformers alone, seeded; the tiny Qwen3-MoE's tokenizer files, so its
+    vocabulary of 1024 fits the shipped prompts), a trained-looking router bias N(0, 0.5) on
+    each layer, saved in float32: no catalog build."""
+    import shutil
+
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    qwen = Path(resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path)
+    config = Glm4MoeConfig(
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=0,
+        tie_word_embeddings=False,
+        max_position_embeddings=128,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(59)
+        built = Glm4MoeForCausalLM(config).to(torch.float32)
+        with torch.no_grad():
+            for layer in built.model.layers:
+                layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4) * 0.5)
+    built.save_pretrained(target)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(qwen / name, target / name)
+    return target
+
+
+@pytest.fixture(scope="module")
+def glm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    directory = tmp_path_factory.mktemp("glm-planted")
+    checkpoint = _tiny_glm4_moe(directory / "tiny-glm4-moe")
+    shipped = json.loads((EXPERIMENTS / "cross_config_s1_vllm_cpu_moe_bf16.json").read_text())
+    config = experiment_config(
+        directory,
+        "cross_config_s1_vllm_cpu_moe_bf16.json",
+        {
+            "experiment_id": "vllm-glm4-moe-planted",
+            "identity.checkpoint": {"uri": str(checkpoint), "model_version": "tiny-glm4-moe"},
+            "identity.tokenizer.id": "tiny-glm4-moe",
+            "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
+            "identity.sampling.max_new_tokens": 8,
+            "baseline.rollout.weight_sync": "checkpoint",
+            "interventions": [{"path": "rollout.weight_sync", "values": [BIAS.split("=")[1]]}],
+            "diagnostics": {},
+        },
+    )
+    code, out, err = cli(
+        "run",
+        config,
+        "--runtime",
+        "vllm-hf",
+        "--artifacts",
+        directory / "runs",
+        "--allow-smoke-operators",
+    )
+    cases = {}
+    for comparison in (directory / "runs").glob("*/cases/*/*/comparison.json"):
+        document = json.loads(comparison.read_text())
+        cases[document["label"]] = {"attempt": comparison.parent, "comparison": document}
+    assert set(cases) == {"baseline", BIAS}, out[-2000:] + err[-3000:]
+    assert code in (0, 1), err[-3000:]
+    return {"cases": cases, "checkpoint": checkpoint}
+
+
+def test_vllm_runs_a_glm4_moe_and_names_its_router_tensors_per_layer(
+    glm_run: dict[str, Any],
+) -> None:
+    """vLLM 0.32's CPU build runs the tiny GLM4-MoE (both cases seal both sides' scores). Both
+    cases are INVALID_IDENTITY on exactly the float32 router weight and bias of each layer,
+    on the rollout side (vLLM holds them in float32; the vLLM side declares bfloat16: the
+    limit docs/MOE.md states), so the planted bias is named per layer only through them. The
+    planted zeros move the scores further than the checkpoint-loaded baseline (from each case's
+    sealed scores)."""
+    expected = sorted(
+        f"weights (rollout): model.layers.{i}.mlp.gate.{t}: dtype: side holds float32, "
+        "declares bfloat16"
+        for i in range(2)
+        for t in ("e_score_correction_bias", "weight")
+    )
+    for label in ("baseline", BIAS):
+        comparison = glm_run["cases"][label]["comparison"]
+        assert comparison["outcome"] == "INVALID_IDENTITY", label
+        assert sorted(comparison["identity_violations"]) == expected, label
+        assert comparison["numerical"]["active_tokens"] > 0, label
+    baseline = _drift(glm_run["cases"]["baseline"]["attempt"])
+    planted = _drift(glm_run["cases"][BIAS]["attempt"])
+    assert planted["mean_abs_diff"] > baseline["mean_abs_diff"], (planted, baseline)
+    assert planted["max_abs_diff"] > baseline["max_abs_diff"], (planted, baseline)
+    assert planted["ess"] < baseline["ess"], (planted, baseline)
+    print(json.dumps({"baseline": baseline, BIAS: planted}, indent=1))
