@@ -302,6 +302,49 @@ def test_planted_states_get_exactly_their_bug() -> None:
         weight_push.planted_state({"x": torch.ones(2)}, SYNC_VARIANTS["stale_tensor"])
 
 
+def test_the_router_bias_is_pushed_with_its_initial_value_on_every_layer() -> None:
+    """``router_bias_initial``: every layer's ``mlp.gate.e_score_correction_bias`` is pushed as
+    zeros in its own dtype, which is what transformers' GLM4-MoE router holds before training
+    (a fresh tiny one built here); nothing else changes; a state without one is refused."""
+    pytest.importorskip("transformers")
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    config = Glm4MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(59)
+        fresh = Glm4MoeForCausalLM(config)
+    state = weight_push.gathered_state(fresh)
+    biases = sorted(n for n in state if n.endswith("mlp.gate.e_score_correction_bias"))
+    assert biases == [f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in range(2)]
+    initial = {n: state[n].clone() for n in biases}  # before any training
+    for i, name in enumerate(biases):  # "trained": any other value
+        state[name] = torch.full_like(state[name], 0.25 * (i + 1))
+    pushed, skipped = weight_push.planted_state(state, SYNC_VARIANTS["router_bias_initial"])
+    assert skipped == ()
+    assert sorted(n for n in state if not torch.equal(pushed[n], state[n])) == biases
+    for name in biases:
+        assert pushed[name].dtype == state[name].dtype == torch.float32
+        assert torch.equal(pushed[name], initial[name])
+        assert not bool(pushed[name].any())
+    with pytest.raises(KeyError, match=r"\*\.mlp\.gate\.e_score_correction_bias"):
+        weight_push.planted_state({"x": torch.ones(2)}, SYNC_VARIANTS["router_bias_initial"])
+
+
 # --------------------------------------------------------------------------- the report's words
 
 

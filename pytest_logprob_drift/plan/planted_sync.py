@@ -2,15 +2,14 @@
 
 Owns the registry of planted variants a case names as ``rollout.weight_sync=planted:NAME``
 (``plan.knobs.PLANTED_SYNC_PREFIX``; planning refuses a name that is not here): each says what the
-push leaves out, the dtype it pushes through, the tensors it sends from the previous policy or
-under each other's names, whether
-the refit skips the prefix cache reset, and which push it plants into (``trainer`` or
-``trainer_refit``). The runner refuses such a case unless the execution policy authorizes test-only
-backends, exactly as it refuses a test-only ``selected_logprob`` backend (the same flag:
-``--allow-smoke-operators``). It lives in planning, not in the smoke package, because planning
-checks the names and only the frontends may import the smoke package. Torch-free and typing-free;
-knows nothing about engines (``execute.side_settings`` resolves the name once per case,
-``runtimes.weight_push`` applies the variant).
+push leaves out, the dtype it pushes through, the tensors it sends from the previous policy, under
+each other's names or with their initial value, whether the refit skips the prefix cache reset, and
+which push it plants into (``trainer`` or ``trainer_refit``). The runner refuses such a case unless
+the execution policy authorizes test-only backends, exactly as it refuses a test-only
+``selected_logprob`` backend (the same flag: ``--allow-smoke-operators``). It lives in planning,
+not in the smoke package, because planning checks the names and only the frontends may import the
+smoke package. Torch-free and typing-free; knows nothing about engines (``execute.side_settings``
+resolves the name once per case, ``runtimes.weight_push`` applies the variant).
 """
 
 from __future__ import annotations
@@ -34,6 +33,9 @@ STALE_EXPERT: Final = tuple(
     f"model.layers.0.mlp.experts.1.{p}_proj.weight" for p in ("gate", "up", "down")
 )
 """Every tensor of one expert of a mixture-of-experts checkpoint (the tiny MoE builds)."""
+ROUTER_BIAS: Final = "mlp.gate.e_score_correction_bias"
+"""The name ending of every MoE layer's router bias buffer (GLM4-MoE, DeepSeek-V3): zeros at
+initialisation, learned in training, what verl#5801's push left at its initial value."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +52,8 @@ class SyncVariant:
     swapped: tuple[tuple[str, str], ...] = ()
     """Pairs of tensors pushed under each other's names (an expert's ``[up; gate]``)."""
     keep_prefix_cache: bool = False
+    initial: tuple[str, ...] = ()
+    """Name endings of tensors pushed with their initial value (zeros), on every layer."""
 
 
 SYNC_VARIANTS: Final[Mapping[str, SyncVariant]] = {
@@ -83,6 +87,12 @@ SYNC_VARIANTS: Final[Mapping[str, SyncVariant]] = {
             f"(what the engine already held): {', '.join(STALE_EXPERT)}",
             push="trainer_refit",
             stale=STALE_EXPERT,
+        ),
+        SyncVariant(
+            name="router_bias_initial",
+            description=f"every MoE layer's router bias (*.{ROUTER_BIAS}) is pushed with its "
+            "initial value, zeros, not the trained one (verl#5801)",
+            initial=(ROUTER_BIAS,),
         ),
         SyncVariant(
             name="keep_prefix_cache",

@@ -184,7 +184,8 @@ class PlantedSync(Protocol):
     """A test-only way of getting the push wrong (the registry is ``runtimes.
     planted_sync``): ``skip``: left out of the push; ``through``: a dtype every tensor is
     cast through first; ``stale``: tensors sent from the previous policy; ``swapped``: pairs
-    sent under each other's names."""
+    sent under each other's names; ``initial``: name endings of tensors sent as their initial
+    value, zeros (a router bias on every layer)."""
 
     @property
     def skip(self) -> tuple[str, ...]: ...
@@ -197,6 +198,9 @@ class PlantedSync(Protocol):
 
     @property
     def swapped(self) -> tuple[tuple[str, str], ...]: ...
+
+    @property
+    def initial(self) -> tuple[str, ...]: ...
 
 
 def planted_state(
@@ -226,6 +230,12 @@ def planted_state(
             if name not in state:
                 raise KeyError(f"the planted swapped tensor {name!r} is not in the state")
         out[first], out[second] = state[second], state[first]
+    for ending in variant.initial:
+        names = [n for n in state if n.endswith(f".{ending}")]
+        if not names:
+            raise KeyError(f"the planted initial-value tensor *.{ending} is not in the state")
+        for name in names:
+            out[name] = torch.zeros_like(state[name])
     return out, tuple(n for n in variant.skip if n in state)
 
 

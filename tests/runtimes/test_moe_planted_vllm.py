@@ -1,0 +1,300 @@
+"""The planted MoE weight-sync bugs on a real vLLM engine (issue 59), one sealed run shared by
+every test here: the tiny Qwen3-MoE in bfloat16 on both sides at TP 1, the checkpoint-loaded
+baseline beside two planted pushes (test-only, ``--allow-smoke-operators``): expert 2 of layer 1
+pushed as ``[up; gate]`` and, in a refit, expert 1 of layer 0 pushed from the previous policy.
+Each is INVALID_IDENTITY naming the tensor, the expert and the side; the identity check refuses
+the verdict but not the scores, so each case still seals both sides' scores (token_diffs.pt)
+and the numerical re-check (comparison.json's ``numerical``): the drift each bug causes is
+measured from them here (max and mean |diff|, mismatches / active, token ESS, each recomputed in
+float64 in this file) and is larger than the baseline's. Three engine starts (the baseline and
+one per push). A second run (two more engine starts) on a tiny GLM4-MoE built here: vLLM's
+CPU build runs it, and the router bias pushed with its initial value (zeros) moves the scores
+further than the checkpoint-loaded baseline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from drift_testing import EXPERIMENTS, cli, experiment_config
+
+from pytest_logprob_drift.plan.planted_sync import STALE_EXPERT, SWAPPED_EXPERT
+from pytest_logprob_drift.runtimes import weight_push
+from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("vllm")
+
+ID = "vllm-moe-planted"
+SWAP = "rollout.weight_sync=planted:swap_expert_gate_up"
+STALE = "rollout.weight_sync=planted:refit_stale_expert"
+PLANTED = (SWAP, STALE)
+
+
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    loaded: dict[str, torch.Tensor] = torch.load(path, weights_only=True)
+    return loaded
+
+
+def _sha(tensor: torch.Tensor) -> str:
+    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    directory = tmp_path_factory.mktemp("moe-planted")
+    shipped = json.loads((EXPERIMENTS / "cross_config_s1_vllm_cpu_moe_bf16.json").read_text())
+    config = experiment_config(
+        directory,
+        "cross_config_s1_vllm_cpu_moe_bf16.json",
+        {
+            "experiment_id": ID,
+            "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
+            "identity.sampling.max_new_tokens": 8,
+            "baseline.rollout.weight_sync": "checkpoint",
+            "interventions": [
+                {"path": "rollout.weight_sync", "values": [p.split("=")[1] for p in PLANTED]}
+            ],
+            "diagnostics": {},
+        },
+    )
+    code, out, err = cli(
+        "run",
+        config,
+        "--runtime",
+        "vllm-hf",
+        "--artifacts",
+        directory / "runs",
+        "--allow-smoke-operators",
+    )
+    run_dir = directory / "runs" / ID
+    cases = {}
+    for comparison in run_dir.glob("cases/*/*/comparison.json"):
+        document = json.loads(comparison.read_text())
+        cases[document["label"]] = {"attempt": comparison.parent, "comparison": document}
+    assert set(cases) == {"baseline", *PLANTED}, out[-2000:] + err[-3000:]
+    assert code in (0, 1), err[-3000:]
+    return {"run_dir": run_dir, "cases": cases, "text": out + err}
+
+
+def _drift(attempt: Path) -> dict[str, float]:
+    """max |diff|, mismatches / active and the normalized token ESS of a case's sealed
+    scores, in float64 here (ESS = (sum w)^2 / (n sum w^2), w = exp(training - rollout))."""
+    diffs = _load(attempt / "token_diffs.pt")
+    active = diffs["active_mask"]
+    t = diffs["training_logprobs"].double()[active]
+    r = diffs["rollout_logprobs"].double()[active]
+    diff = (t - r).abs()
+    threshold = float(diffs["threshold"])
+    w = torch.exp((t - r) - (t - r).max())
+    return {
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "mismatch_share": float((diff > threshold).sum()) / int(active.sum()),
+        "active": int(active.sum()),
+        "ess": float(w.sum() ** 2 / (w.numel() * (w * w).sum())),
+    }
+
+
+def test_the_stale_expert_refit_is_named_by_its_three_tensors_on_the_rollout_side(
+    run: dict[str, Any],
+) -> None:
+    """The refit's second push sent expert 1 of layer 0 from the previous policy: exactly
+    its gate, up and down (whole and TP rank 0's slice) differ on the rollout side, and what
+    the engine holds for each is the previous policy's tensor (recomputed here from the
+    checkpoint with ``previous_policy``'s seeded perturbation, cast to bfloat16)."""
+    case = run["cases"][STALE]
+    comparison = case["comparison"]
+    assert comparison["outcome"] == "INVALID_IDENTITY"
+    # "weights (rollout[, TP rank 0]): NAME: kind: detail", each tensor whole and as a slice
+    violations = comparison["identity_violations"]
+    assert all(v.startswith("weights (rollout") for v in violations)
+    assert sorted(v.split(": ")[1] for v in violations) == sorted(STALE_EXPERT * 2)
+    assert comparison["reason"] == violations[0]
+    rollout = json.loads((case["attempt"] / "weights_rollout.json").read_text())
+    training = json.loads((case["attempt"] / "weights_training.json").read_text())
+    assert rollout["side"] == "rollout" and "push" in rollout["point"]
+    assert training["differences"] == []
+    assert sorted((d["name"], d["kind"]) for d in rollout["differences"]) == sorted(
+        (name, kind) for name in STALE_EXPERT for kind in ("slice", "values")
+    )
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    state = weight_push.gathered_state(model)  # the trainer's state, in its order
+    # the previous policy written here: t + 0.05 * std(t) * n, n drawn in float32 in state
+    # order from the seeded generator, one draw per tensor (no ties in this build)
+    generator = torch.Generator().manual_seed(20261202)
+    held = {t["name"]: t["side"] for t in rollout["tensors"]}
+    for name, tensor in state.items():
+        wide = tensor.to(torch.float32)
+        noise = torch.randn(wide.shape, generator=generator, dtype=torch.float32)
+        if name in STALE_EXPERT:
+            previous = (wide + 0.05 * float(wide.std()) * noise).to(torch.bfloat16)
+            assert held[name] == _sha(previous) != _sha(tensor), name
+    others = [n for n in state if n not in STALE_EXPERT]
+    assert others and all(held[n] == _sha(state[n]) for n in others)
+    code, out, err = cli("report", run["run_dir"], "--json")
+    assert code == 0, err
+    (reported,) = [c for c in json.loads(out)["cases"] if c["label"] == STALE]
+    assert reported["outcome"] == "INVALID_IDENTITY"
+    assert violations[0].split(": ")[1] in json.dumps(reported)
+
+
+def test_the_swap_is_still_named_by_both_halves(run: dict[str, Any]) -> None:
+    case = run["cases"][SWAP]
+    assert case["comparison"]["outcome"] == "INVALID_IDENTITY"
+    rollout = json.loads((case["attempt"] / "weights_rollout.json").read_text())
+    assert sorted({d["name"] for d in rollout["differences"]}) == sorted(SWAPPED_EXPERT)
+
+
+def test_each_planted_bug_seals_its_scores_and_drifts_more_than_the_baseline(
+    run: dict[str, Any],
+) -> None:
+    """Identity refuses the verdict, never the scores: each planted case seals both sides'
+    scores and the numerical re-check (its mismatches and active tokens equal a recompute
+    here), and each moves the rollout's scores away from the trainer's further than the
+    checkpoint-loaded baseline does: a larger max and mean |diff|, a mismatch share at least
+    the baseline's and a lower token ESS (the baseline's figures come from its own sealed
+    scores, never typed here)."""
+    baseline = _drift(run["cases"]["baseline"]["attempt"])
+    assert run["cases"]["baseline"]["comparison"]["outcome"] in ("PASS", "MISMATCH")
+    figures = {"baseline": baseline}
+    for label in PLANTED:
+        case = run["cases"][label]
+        drift = _drift(case["attempt"])
+        figures[label] = drift
+        numerical = case["comparison"]["numerical"]
+        assert numerical["active_tokens"] == drift["active"], label
+        assert numerical["mismatches"] == round(drift["mismatch_share"] * drift["active"])
+        assert numerical["outcome"] == ("MISMATCH" if numerical["mismatches"] else "PASS")
+        # the refused verdict itself records no figures
+        assert case["comparison"]["mismatches"] == 0, label
+        assert drift["max_abs_diff"] > baseline["max_abs_diff"], (label, figures)
+        assert drift["mean_abs_diff"] > baseline["mean_abs_diff"], (label, figures)
+        # bf16 on both sides already puts most tokens over the contract's threshold: the share
+        # can only saturate, never fall
+        assert drift["mismatch_share"] >= baseline["mismatch_share"], (label, figures)
+        assert drift["ess"] < baseline["ess"], (label, figures)
+    print(json.dumps(figures, indent=1))  # the figures docs/MOE.md quotes (pytest -s)
+    assert all(math.isfinite(v) for f in figures.values() for v in f.values())
+
+
+# --------------------------------------------------------------------------- GLM4-MoE router bias
+
+BIAS = "rollout.weight_sync=planted:router_bias_initial"
+
+
+def _tiny_glm4_moe(target: Path) -> Path:
+    """A tiny GLM4-MoE (transformers alone, seeded; the tiny Qwen3-MoE's tokenizer files, so its
+    vocabulary of 1024 fits the shipped prompts), a trained-looking router bias N(0, 0.5) on
+    each layer, saved in float32: no catalog build."""
+    import shutil
+
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    qwen = Path(resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path)
+    config = Glm4MoeConfig(
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=0,
+        tie_word_embeddings=False,
+        max_position_embeddings=128,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(59)
+        built = Glm4MoeForCausalLM(config).to(torch.float32)
+        with torch.no_grad():
+            for layer in built.model.layers:
+                layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4) * 0.5)
+    built.save_pretrained(target)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(qwen / name, target / name)
+    return target
+
+
+@pytest.fixture(scope="module")
+def glm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    directory = tmp_path_factory.mktemp("glm-planted")
+    checkpoint = _tiny_glm4_moe(directory / "tiny-glm4-moe")
+    shipped = json.loads((EXPERIMENTS / "cross_config_s1_vllm_cpu_moe_bf16.json").read_text())
+    config = experiment_config(
+        directory,
+        "cross_config_s1_vllm_cpu_moe_bf16.json",
+        {
+            "experiment_id": "vllm-glm4-moe-planted",
+            "identity.checkpoint": {"uri": str(checkpoint), "model_version": "tiny-glm4-moe"},
+            "identity.tokenizer.id": "tiny-glm4-moe",
+            "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
+            "identity.sampling.max_new_tokens": 8,
+            "baseline.rollout.weight_sync": "checkpoint",
+            "interventions": [{"path": "rollout.weight_sync", "values": [BIAS.split("=")[1]]}],
+            "diagnostics": {},
+        },
+    )
+    code, out, err = cli(
+        "run",
+        config,
+        "--runtime",
+        "vllm-hf",
+        "--artifacts",
+        directory / "runs",
+        "--allow-smoke-operators",
+    )
+    cases = {}
+    for comparison in (directory / "runs").glob("*/cases/*/*/comparison.json"):
+        document = json.loads(comparison.read_text())
+        cases[document["label"]] = {"attempt": comparison.parent, "comparison": document}
+    assert set(cases) == {"baseline", BIAS}, out[-2000:] + err[-3000:]
+    assert code in (0, 1), err[-3000:]
+    return {"cases": cases, "checkpoint": checkpoint}
+
+
+def test_vllm_runs_a_glm4_moe_and_names_its_router_tensors_per_layer(
+    glm_run: dict[str, Any],
+) -> None:
+    """vLLM 0.32's CPU build runs the tiny GLM4-MoE (both cases seal both sides' scores). Both
+    cases are INVALID_IDENTITY on exactly the float32 router weight and bias of each layer,
+    on the rollout side (vLLM holds them in float32; the vLLM side declares bfloat16: the
+    limit docs/MOE.md states), so the planted bias is named per layer only through them. The
+    planted zeros move the scores further than the checkpoint-loaded baseline (from each case's
+    sealed scores)."""
+    expected = sorted(
+        f"weights (rollout): model.layers.{i}.mlp.gate.{t}: dtype: side holds float32, "
+        "declares bfloat16"
+        for i in range(2)
+        for t in ("e_score_correction_bias", "weight")
+    )
+    for label in ("baseline", BIAS):
+        comparison = glm_run["cases"][label]["comparison"]
+        assert comparison["outcome"] == "INVALID_IDENTITY", label
+        assert sorted(comparison["identity_violations"]) == expected, label
+        assert comparison["numerical"]["active_tokens"] > 0, label
+    baseline = _drift(glm_run["cases"]["baseline"]["attempt"])
+    planted = _drift(glm_run["cases"][BIAS]["attempt"])
+    assert planted["mean_abs_diff"] > baseline["mean_abs_diff"], (planted, baseline)
+    assert planted["max_abs_diff"] > baseline["max_abs_diff"], (planted, baseline)
+    assert planted["ess"] < baseline["ess"], (planted, baseline)
+    print(json.dumps({"baseline": baseline, BIAS: planted}, indent=1))
