@@ -16,8 +16,9 @@ import pytest
 from drift_testing import REPO
 
 from pytest_logprob_drift.diagnostics import base, registry
+from pytest_logprob_drift.diagnostics.layers import text as layer_text
 from pytest_logprob_drift.diagnostics.path_split import views as path_split_views
-from pytest_logprob_drift.numerics import layer_text, text
+from pytest_logprob_drift.numerics import text
 from pytest_logprob_drift.numerics.comparison import Diagnostics, from_builtins
 
 
