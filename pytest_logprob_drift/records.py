@@ -371,8 +371,43 @@ class LayerSpec(FrozenRecord):
     positions_per_row: int | None = None
 
 
+class AskedDiagnostics:
+    """Typed access to the built-in diagnostics a record's ``diagnostics`` mapping (parsed
+    values by config key) asks for, for the engines that capture them."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        diagnostics: Mapping[str, object]
+
+    @property
+    def full_vocabulary(self) -> FullVocabularySpec | None:
+        """``$.diagnostics.full_vocabulary``: both sides' full next-token distributions."""
+        spec = self.diagnostics.get("full_vocabulary")
+        return spec if isinstance(spec, FullVocabularySpec) else None
+
+    @property
+    def replay(self) -> bool:
+        """``$.diagnostics.replay``: the rollout engine scores its own sampled sequences again
+        on its prefill path (and replays its decode path where it can)."""
+        return self.diagnostics.get("replay") is True
+
+    @property
+    def layers(self) -> LayerSpec | None:
+        """``$.diagnostics.layers``: both sides' hidden states at every layer, reduced
+        (``numerics.layer_reduction``) and sealed per side."""
+        spec = self.diagnostics.get("layers")
+        return spec if isinstance(spec, LayerSpec) else None
+
+    @property
+    def routing(self) -> bool:
+        """``$.diagnostics.routing``: a mixture-of-experts model's expert choices per MoE
+        layer on both sides (``numerics.routing``), sealed per side."""
+        return self.diagnostics.get("routing") is True
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ExperimentConfig(FrozenRecord):
+class ExperimentConfig(AskedDiagnostics, FrozenRecord):
     """A strictly loaded ``cross_config.experiment_config.v1`` document (values still raw)."""
 
     schema_version: str
@@ -391,19 +426,11 @@ class ExperimentConfig(FrozenRecord):
     operators: tuple[OperatorSelection, ...]
     scenario: Scenario
     source: str | None = None
-    full_vocabulary: FullVocabularySpec | None = None
-    replay: bool = False
-    """Opt-in (``$.diagnostics.replay``): the rollout engine scores its own sampled sequences
-    again on its prefill path (and replays its decode path where it can). Never changes a
-    verdict; not part of the case id (it changes what is sealed: part of the execution key)."""
-    layers: LayerSpec | None = None
-    """Opt-in (``$.diagnostics.layers``): both sides' hidden states at every layer, reduced
-    (``numerics.layer_reduction``) and sealed per side. Never changes a verdict; not part of
-    the case id (part of the execution key)."""
-    routing: bool = False
-    """Opt-in (``$.diagnostics.routing``): a mixture-of-experts model's expert choices per MoE
-    layer on both sides (``numerics.routing``), sealed per side. Never changes a verdict; not
-    part of the case id (part of the execution key)."""
+    diagnostics: Mapping[str, object] = field(default_factory=lambda: frozen_mapping({}))
+    """The opt-in diagnostics asked for (``$.diagnostics``): each installed diagnostic's parsed
+    value by its config key (``diagnostics.config_key``), present only when asked for. Never
+    changes a verdict; not part of the case id (it changes what is sealed: part of the
+    execution key)."""
 
 
 # ---------------------------------------------------------------------------- contract
@@ -463,7 +490,7 @@ class Case(FrozenRecord):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class ExperimentPlan(FrozenRecord):
+class ExperimentPlan(AskedDiagnostics, FrozenRecord):
     """The planned cases of one experiment, with the contract they are judged by."""
 
     schema_version: str
@@ -477,10 +504,8 @@ class ExperimentPlan(FrozenRecord):
     cases: tuple[Case, ...]
     issues: tuple[PlanIssue, ...]
     operators: tuple[OperatorSelection, ...]
-    full_vocabulary: FullVocabularySpec | None = None
-    replay: bool = False
-    layers: LayerSpec | None = None
-    routing: bool = False
+    diagnostics: Mapping[str, object] = field(default_factory=lambda: frozen_mapping({}))
+    """The config's ``diagnostics`` (``ExperimentConfig.diagnostics``)."""
 
     @property
     def has_errors(self) -> bool:

@@ -203,6 +203,7 @@ class _Contributing:
     """The test tree's diagnostic under another name, contributing ``_Probe``."""
 
     name = PROBE
+    config_key = None  # the test tree's config key stays the test diagnostic's own
 
     def __init__(self, probe: _Probe) -> None:
         self.probe = probe

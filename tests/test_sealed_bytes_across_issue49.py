@@ -72,9 +72,7 @@ def snapshot(execution_plan: ExecutionPlan, artifacts: Path) -> dict[str, Any]:
                     runtime_kind=runtime,
                     identity=plan.identity,
                     device=plan.scenario.device,
-                    full_vocabulary=plan.full_vocabulary,
-                    replay=plan.replay,
-                    layers=plan.layers,
+                    diagnostics=plan.diagnostics,
                 )
                 text = canonical_json(msgspec.to_builtins(requested_document(ec.case, binding)))
                 if runtime == "vllm-hf" and ec.case.label == "baseline":

@@ -29,17 +29,15 @@ from pathlib import Path
 
 from pytest_logprob_drift.config import limits
 from pytest_logprob_drift.config.input_file import InputFileError, read_input
+from pytest_logprob_drift.diagnostics import registry
 from pytest_logprob_drift.errors import ConfigError, ConfigErrors, json_member
 from pytest_logprob_drift.records import (
     CONFIG_SCHEMA_VERSION,
-    LAYER_POSITIONS_LIMIT,
     BackendSelection,
     CheckpointIdentity,
     ExperimentConfig,
-    FullVocabularySpec,
     Intervention,
     JsonValue,
-    LayerSpec,
     MaskPolicy,
     OperatorSelection,
     PackingPolicy,
@@ -137,7 +135,8 @@ KNOWN_OPERATIONS = ("selected_logprob",)
 
 
 class _Collector:
-    """Gathers every fault of one document so the user sees them all at once."""
+    """Gathers every fault of one document so the user sees them all at once; the
+    ``ConfigFields`` a diagnostic's ``ConfigKey.parse`` reads its value with."""
 
     def __init__(self, source: str | None) -> None:
         self.source = source
@@ -145,6 +144,33 @@ class _Collector:
 
     def fail(self, path: str, message: str) -> None:
         self.errors.append(ConfigError(path, message, source=self.source))
+
+    def expected(self, path: str, what: str, value: object) -> None:
+        """Report ``expected <what>, got <type> <value, shortened>`` at ``path``."""
+        self.fail(path, f"expected {what}, got {_type_name(value)} {_shown(value)}")
+
+    def type_name(self, value: object) -> str:
+        """The JSON type's name of ``value``, for a message."""
+        return _type_name(value)
+
+    def members(
+        self, value: object, path: str, allowed: tuple[str, ...]
+    ) -> dict[str, JsonValue] | None:
+        """``value`` when it is an object with only ``allowed`` keys (``_object``)."""
+        return _object(self, value, path, allowed)
+
+    def typed(
+        self,
+        obj: Mapping[str, JsonValue],
+        key: str,
+        path: str,
+        check: Callable[[object], bool],
+        expected: str,
+        default: object,
+    ) -> object:
+        """``obj[key]`` checked (``_typed``); a ``ConfigFields`` for ``ConfigKey.parse``."""
+        value: object = _typed(self, obj, key, path, check, expected, default)
+        return value
 
     def raise_if_any(self) -> None:
         if len(self.errors) == 1:
@@ -489,10 +515,8 @@ def parse_config(
     interventions = _interventions(c, top.get("interventions", []), "$.interventions")
     pairs = _pairs(c, top.get("pairs", []), "$.pairs")
     operators = _operators(c, top.get("operators", {}), "$.operators")
-    full_vocabulary, replay, layers, routing = (
-        _diagnostics(c, top["diagnostics"], "$.diagnostics")
-        if "diagnostics" in top
-        else (None, False, None, False)
+    diagnostics = (
+        _diagnostics(c, top["diagnostics"], "$.diagnostics") if "diagnostics" in top else {}
     )
     scenario = _scenario(c, top.get("scenario"), "$.scenario") if "scenario" in top else None
     if strategy is Strategy.PAIRWISE and not pairs and "pairs" not in top:
@@ -520,10 +544,7 @@ def parse_config(
         interventions=interventions,
         pairs=pairs,
         operators=operators,
-        full_vocabulary=full_vocabulary,
-        replay=replay,
-        layers=layers,
-        routing=routing,
+        diagnostics=frozen_mapping(diagnostics),
         scenario=scenario,
         source=source,
     )
@@ -965,67 +986,18 @@ def _scenario(c: _Collector, value: Any, path: str) -> Scenario | None:
     return Scenario(level=level, device=device)
 
 
-DIAGNOSTIC_LIMIT = 64
-"""Most top tokens or worst positions a full-vocabulary diagnostic may ask for."""
-
-
-def _diagnostics(
-    c: _Collector, value: Any, path: str
-) -> tuple[FullVocabularySpec | None, bool, LayerSpec | None, bool]:
-    """``{"full_vocabulary": true | {"top_k": k, "worst_positions": w}, "replay": bool,
-    "layers": true | {"positions_per_row": k}, "routing": bool}``: opt-in diagnostics that
-    never change a verdict (absent or false: none)."""
-    obj = _object(c, value, path, ("full_vocabulary", "replay", "layers", "routing"))
+def _diagnostics(c: _Collector, value: Any, path: str) -> dict[str, object]:
+    """``{"<key>": ..., ...}``: opt-in diagnostics that never change a verdict, one member per
+    installed diagnostic's config key, each read by its ``ConfigKey.parse`` (absent or false:
+    none); the asked-for values by config key, in the registry's order."""
+    keys = registry.config_keys()
+    obj = _object(c, value, path, tuple(k.key for k in keys))
     if obj is None:
-        return None, False, None, False
-    replay = _typed(c, obj, "replay", path, _is_bool, "a boolean", default=False)
-    routing = _typed(c, obj, "routing", path, _is_bool, "a boolean", default=False)
-    return _full_vocabulary(c, obj, path), bool(replay), _layers(c, obj, path), bool(routing)
-
-
-def _layers(c: _Collector, obj: dict[str, JsonValue], path: str) -> LayerSpec | None:
-    if "layers" not in obj:
-        return None
-    spec = obj["layers"]
-    lpath = f"{path}.layers"
-    if isinstance(spec, bool):
-        return LayerSpec() if spec else None
-    if not isinstance(spec, dict):
-        c.fail(lpath, f"expected a boolean or an object, got {_type_name(spec)}")
-        return None
-    body = _object(c, spec, lpath, ("positions_per_row",))
-    if body is None:
-        return None
-    expected = f"a positive integer up to {LAYER_POSITIONS_LIMIT}"
-
-    def limited(v: Any) -> bool:
-        return _is_pos_int(v) and v <= LAYER_POSITIONS_LIMIT
-
-    per_row = _typed(c, body, "positions_per_row", lpath, limited, expected, default=None)
-    if "positions_per_row" in body and per_row is None:
-        return None
-    return LayerSpec(positions_per_row=per_row)
-
-
-def _full_vocabulary(
-    c: _Collector, obj: dict[str, JsonValue], path: str
-) -> FullVocabularySpec | None:
-    if "full_vocabulary" not in obj:
-        return None
-    spec = obj["full_vocabulary"]
-    fpath = f"{path}.full_vocabulary"
-    if isinstance(spec, bool):
-        return FullVocabularySpec() if spec else None
-    body = _object(c, spec, fpath, ("top_k", "worst_positions"))
-    if body is None:
-        return None
-
-    def limited(v: Any) -> bool:
-        return _is_pos_int(v) and v <= DIAGNOSTIC_LIMIT
-
-    expected = f"a positive integer up to {DIAGNOSTIC_LIMIT}"
-    top_k = _typed(c, body, "top_k", fpath, limited, expected, default=5)
-    worst = _typed(c, body, "worst_positions", fpath, limited, expected, default=5)
-    if top_k is None or worst is None:
-        return None
-    return FullVocabularySpec(top_k=top_k, worst_positions=worst)
+        return {}
+    asked = {}
+    for key in keys:
+        if key.key in obj:
+            parsed = key.parse(c, obj[key.key], json_member(path, key.key))
+            if parsed is not None:
+                asked[key.key] = parsed
+    return asked

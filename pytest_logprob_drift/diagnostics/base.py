@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import ClassVar, Protocol
 
+    from pytest_logprob_drift.diagnostics.config_key import ConfigKey
     from pytest_logprob_drift.diagnostics.protocol import (
         AttributionContribution,
         Captured,
@@ -56,6 +57,7 @@ class DiagnosticBase:
 
     sealed_files: tuple[str, ...] = ()
     always_in_table: bool = False
+    config_key: ConfigKey | None = None
 
     def capture(self, case: CaseUnderCapture) -> Captured | None:
         return None

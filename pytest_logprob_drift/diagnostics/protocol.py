@@ -36,10 +36,12 @@ A diagnostic owns, under its ``name`` (comparison.json's ``diagnostics.<name>`` 
 
 ``diagnostics.base`` gives the optional members empty defaults; a diagnostic need not use it.
 
-Where the other parts go (not called by any hub yet; the diagnostics moved so far have none
-of them or keep them where they are): the config key ``diagnostics.<name>`` and its
-execution-key contribution are declared torch-free in the folder's ``__init__`` (config
-loading is on ``plan``'s path).
+Its config key ``$.diagnostics.<key>`` and execution-key member (``config_key``: a
+``diagnostics.config_key.ConfigKey``, None for a diagnostic asked for by no key): declared
+torch-free and typing-free in a built-in folder's ``config`` module, which its ``__init__``
+exports as ``CONFIG_KEY`` (config loading is on ``plan``'s path: ``registry.config_keys`` reads
+the folders without importing a diagnostic); ``config.loader`` reads ``$.diagnostics`` and
+``execute.provenance`` builds the execution key's ``diagnostics`` member by looping over them.
 
 Its contribution to the attribution document (``attribution``: an ``AttributionContribution``,
 None for a diagnostic that contributes nothing): its own noise floor from the baseline's
@@ -55,7 +57,7 @@ Torch-free and cheap to import: tensors and markup appear in annotations only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
 
     from pytest_logprob_drift.attribution.analysis import Compared, SealedExecution
     from pytest_logprob_drift.attribution.document import Attribution
+    from pytest_logprob_drift.diagnostics.config_key import ConfigKey
     from pytest_logprob_drift.execute.protocol import (
         LogpKernel,
         RolloutEngine,
@@ -315,4 +318,45 @@ class Diagnostic(Protocol):
 
     def attribution(self) -> AttributionContribution | None:
         """Its contribution to the attribution document (None: it contributes nothing)."""
+        ...
+
+    config_key: ConfigKey | None
+    """Its config key ``$.diagnostics.<key>`` and execution-key member (None: none; a built-in
+    folder declares it in its ``__init__`` too, read there without importing the diagnostic)."""
+
+
+class ConfigFields(Protocol):
+    """What a ``ConfigKey.parse`` reads a value with: the config loader's checks, which report
+    each fault as one message naming its JSON path (all faults of a document together)."""
+
+    def fail(self, path: str, message: str) -> None:
+        """Report ``message`` at ``path``."""
+        ...
+
+    def expected(self, path: str, what: str, value: object) -> None:
+        """Report ``expected <what>, got <type> <value, shortened>`` at ``path``."""
+        ...
+
+    def type_name(self, value: object) -> str:
+        """The JSON type's name of ``value`` (``boolean``, ``object``, ...), for a message."""
+        ...
+
+    def members(
+        self, value: object, path: str, allowed: tuple[str, ...]
+    ) -> dict[str, JsonValue] | None:
+        """``value`` when it is an object with only ``allowed`` keys (each other key reported);
+        None (reported) when it is no object."""
+        ...
+
+    def typed(
+        self,
+        obj: Mapping[str, JsonValue],
+        key: str,
+        path: str,
+        check: Callable[[object], bool],
+        expected: str,
+        default: object,
+    ) -> object:
+        """``obj[key]`` when ``check`` accepts it, ``default`` when absent, None (reported as
+        ``expected ...`` at ``path.key``) otherwise."""
         ...

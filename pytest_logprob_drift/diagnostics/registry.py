@@ -4,6 +4,9 @@ Owns the list of built-in diagnostics, loaded by module name the first time a hu
 pytest loads its plugins), so that importing this module, planning and config loading import
 no diagnostic, no torch and no markup. ``install`` adds one for this process (a diagnostic
 defined outside the package, such as the test tree's); ``uninstall`` removes it.
+``config_keys`` lists the installed diagnostics' config keys (``$.diagnostics.<key>``) for
+config loading and the execution key: a built-in folder's from its ``__init__`` (which imports
+no diagnostic, nor typing), an installed one's from its ``config_key``.
 ``diagnostics_type`` assembles comparison.json's ``diagnostics`` type from the installed
 diagnostics' part types (built once per installed set, on first use).
 """
@@ -14,6 +17,7 @@ import importlib
 
 TYPE_CHECKING = False  # typing is never imported at run time (this module is torch-free too)
 if TYPE_CHECKING:
+    from pytest_logprob_drift.diagnostics.config_key import ConfigKey
     from pytest_logprob_drift.diagnostics.protocol import Diagnostic
     from pytest_logprob_drift.numerics.comparison import Diagnostics
 
@@ -25,8 +29,8 @@ BUILTIN = (
     "pytest_logprob_drift.diagnostics.routing",
     "pytest_logprob_drift.diagnostics.signatures",
 )
-"""The built-in diagnostics' modules, in the order the hubs show them; each exports
-``DIAGNOSTIC``."""
+"""The built-in diagnostics' folders, in the order the hubs show them; each folder's
+``diagnostic`` module exports ``DIAGNOSTIC`` and its ``__init__`` ``CONFIG_KEY`` (or None)."""
 
 _loaded: list[Diagnostic] | None = None
 _extra: list[Diagnostic] = []
@@ -37,8 +41,17 @@ def installed() -> tuple[Diagnostic, ...]:
     """The built-in diagnostics, then those ``install``ed, in order."""
     global _loaded
     if _loaded is None:
-        _loaded = [importlib.import_module(module).DIAGNOSTIC for module in BUILTIN]
+        _loaded = [importlib.import_module(f"{folder}.diagnostic").DIAGNOSTIC for folder in BUILTIN]
     return (*_loaded, *_extra)
+
+
+def config_keys() -> tuple[ConfigKey, ...]:
+    """The installed diagnostics' config keys, in the registry's order (the order of
+    ``$.diagnostics``' allowed keys and of the execution key's ``diagnostics`` members);
+    imports the built-in folders' ``__init__`` only, no diagnostic."""
+    builtin = (importlib.import_module(folder).CONFIG_KEY for folder in BUILTIN)
+    extra = (d.config_key for d in _extra)
+    return tuple(k for k in (*builtin, *extra) if k is not None)
 
 
 def by_name(name: str) -> Diagnostic | None:
@@ -47,10 +60,14 @@ def by_name(name: str) -> Diagnostic | None:
 
 
 def install(diagnostic: Diagnostic) -> None:
-    """Install ``diagnostic`` for this process, after the built-in ones; a ValueError when one
-    of that name is installed already."""
+    """Install ``diagnostic`` for this process, after the built-in ones (its ``config_key``
+    among ``config_keys``); a ValueError when one of that name, or one with its config key, is
+    installed already."""
     if by_name(diagnostic.name) is not None:
         raise ValueError(f"diagnostic {diagnostic.name} is installed already")
+    key = diagnostic.config_key
+    if key is not None and key.key in {k.key for k in config_keys()}:
+        raise ValueError(f"config key diagnostics.{key.key} is taken already")
     _extra.append(diagnostic)
     _forget_type()
 

@@ -26,11 +26,10 @@ from pytest_logprob_drift.plan.knobs import (
 )
 from pytest_logprob_drift.records import (
     ApplicationStatus,
-    FullVocabularySpec,
+    AskedDiagnostics,
     JsonObject,
     JSONScalar,
     KnobValue,
-    LayerSpec,
     Lifecycle,
     ScoringIdentity,
     canonical,
@@ -103,13 +102,8 @@ class Materialized:
     evidence: str
 
 
-WHEN_SET = "when_set"
-"""A binding field's ``sealed`` metadata: in ``requested.json`` only when set (a later opt-in,
-so bindings sealed before it keep their bytes)."""
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RuntimeBinding:
+class RuntimeBinding(AskedDiagnostics):
     """Backend-neutral execution binding of one case: all the runner passes to engines."""
 
     runtime_kind: str
@@ -123,20 +117,22 @@ class RuntimeBinding:
     distributed_fingerprint: str
     rollout_construction_fingerprint: str
     training_construction_fingerprint: str
-    full_vocabulary: FullVocabularySpec | None = None
-    """Opt-in: both sides hand back their full next-token distributions at the active
-    positions (``full_vocab``), for the diagnostics only."""
-    replay: bool = False
-    """Opt-in: after paired scoring the rollout engine replays its sampled sequences
-    (``PrefillReplay`` / ``DecodeReplay``), for the diagnostics only. Builds no engine
-    differently, so it is in no construction fingerprint."""
-    layers: LayerSpec | None = None
-    """Opt-in: after paired scoring both sides capture and reduce their hidden states at every
-    layer (``LayerCapture``), for the diagnostics only; in no construction fingerprint."""
-    routing: bool = field(default=False, metadata={"sealed": WHEN_SET})
-    """Opt-in: both sides capture the experts each MoE layer chose (``RolloutRoutingCapture``,
-    ``TrainingRoutingCapture``): the rollout while it generates, the trainer teacher-forced;
-    for the diagnostics only. Sealed only when on (absent: a binding sealed before it)."""
+    diagnostics: Mapping[str, object] = field(
+        default_factory=lambda: frozen_mapping({}), metadata={"sealed": False}
+    )
+    """Opt-in diagnostics, for the diagnostics only: each installed diagnostic's parsed config
+    value by its config key (``ExperimentPlan.diagnostics``; the typed ``full_vocabulary``,
+    ``replay``, ``layers`` and ``routing`` read it). Sealed in ``requested.json`` as the
+    members ``full_vocabulary``, ``replay``, ``layers`` (always) and ``routing`` (only when
+    on), as before it was one mapping (``sealed``); each is part of the execution key
+    (``execute.provenance``). ``full_vocabulary``: both sides hand back their full next-token
+    distributions at the active positions (``full_vocab``). ``replay``: after paired scoring
+    the rollout engine replays its sampled sequences (``PrefillReplay`` / ``DecodeReplay``);
+    builds no engine differently, so it is in no construction fingerprint. ``layers``: after
+    paired scoring both sides capture and reduce their hidden states at every layer
+    (``LayerCapture``); in no construction fingerprint. ``routing``: both sides capture the
+    experts each MoE layer chose (``RolloutRoutingCapture``, ``TrainingRoutingCapture``): the
+    rollout while it generates, the trainer teacher-forced."""
     rollout_settings: RolloutSettings = field(metadata={"sealed": False})
     """Every rollout knob typed, defaults filled in (``execute.side_settings``): what the
     rollout engine is built from. Derived from ``rollout``; never sealed or hashed."""
@@ -146,12 +142,19 @@ class RuntimeBinding:
     """As ``rollout_settings``, for the request-level knobs (both sides)."""
 
     def sealed(self) -> JsonObject:
-        """The binding as ``requested.json`` seals it: every field but the typed settings."""
+        """The binding as ``requested.json`` seals it: every field but the typed settings and
+        the diagnostics mapping, then the built-in diagnostics' members in their sealed form
+        (``routing`` only when on: a binding sealed before it has none)."""
         return {
-            f.name: canonical(getattr(self, f.name))
-            for f in fields(self)
-            if f.metadata.get("sealed", True) is True
-            or (f.metadata.get("sealed") == WHEN_SET and getattr(self, f.name))
+            **{
+                f.name: canonical(getattr(self, f.name))
+                for f in fields(self)
+                if f.metadata.get("sealed", True)
+            },
+            "full_vocabulary": canonical(self.full_vocabulary),
+            "replay": self.replay,
+            "layers": canonical(self.layers),
+            **({"routing": True} if self.routing else {}),
         }
 
 
@@ -445,10 +448,7 @@ def bind_case(
     runtime_kind: str,
     identity: ScoringIdentity,
     device: str,
-    full_vocabulary: FullVocabularySpec | None = None,
-    replay: bool = False,
-    layers: LayerSpec | None = None,
-    routing: bool = False,
+    diagnostics: Mapping[str, object] | None = None,
     catalog: Mapping[str, KnobSpec] = KNOBS,
     settings: SettingsTypes | None = None,
 ) -> RuntimeBinding:
@@ -515,7 +515,8 @@ def bind_case(
     checkpoint = canonical(identity.checkpoint)
     # Full distributions change how an engine is built (vLLM: max_logprobs=-1): only then
     # part of the fingerprints, so that experiments without them keep theirs.
-    extra = {} if full_vocabulary is None else {"full_vocabulary": True}
+    asked = frozen_mapping(diagnostics or {})
+    extra = {} if asked.get("full_vocabulary") is None else {"full_vocabulary": True}
     training_fp = _fp(
         {
             "process": training_process,
@@ -561,10 +562,7 @@ def bind_case(
         distributed_fingerprint=distributed_fp,
         rollout_construction_fingerprint=rollout_fp,
         training_construction_fingerprint=training_fp,
-        full_vocabulary=full_vocabulary,
-        replay=replay,
-        layers=layers,
-        routing=routing,
+        diagnostics=asked,
         rollout_settings=rollout_settings,
         training_settings=training_settings,
         request_settings=request_settings,

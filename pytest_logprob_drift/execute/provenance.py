@@ -17,6 +17,7 @@ import platform
 from collections.abc import Mapping
 from pathlib import Path
 
+from pytest_logprob_drift.diagnostics.registry import config_keys
 from pytest_logprob_drift.execute.protocol import Materialized, RuntimeBinding
 from pytest_logprob_drift.plan.binding import ExecutionCase
 from pytest_logprob_drift.records import (
@@ -101,15 +102,7 @@ def execution_key_payload(
 
 
 def _diagnostics(binding: RuntimeBinding) -> JsonObject:
-    """The opt-in diagnostics that change what an attempt seals."""
-    diagnostics: JsonObject = {}
-    if binding.full_vocabulary is not None:
-        diagnostics["full_vocabulary"] = canonical(binding.full_vocabulary)
-    if binding.replay:
-        diagnostics["replay"] = True
-    if binding.layers is not None:
-        per_row = binding.layers.positions_per_row
-        diagnostics["layers"] = True if per_row is None else {"positions_per_row": per_row}
-    if binding.routing:
-        diagnostics["routing"] = True
-    return diagnostics
+    """The opt-in diagnostics that change what an attempt seals: each asked-for config key's
+    contribution (``diagnostics.config_key``), in the registry's order."""
+    asked = binding.diagnostics
+    return {k.key: k.contribution(asked[k.key]) for k in config_keys() if k.key in asked}

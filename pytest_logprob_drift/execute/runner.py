@@ -215,10 +215,8 @@ class Runner:
                 runtime_kind=self.info.name,
                 identity=plan.identity,
                 device=plan.scenario.device,
-                full_vocabulary=plan.full_vocabulary,
-                replay=plan.replay or self.replay,
-                layers=plan.layers,
-                routing=plan.routing,
+                # --replay (the run's option) asks for diagnostics.replay in every case.
+                diagnostics={**plan.diagnostics, **({"replay": True} if self.replay else {})},
                 settings=self.settings,
             )
         return self._bindings[ec.case.case_id]

@@ -210,10 +210,7 @@ def plan_experiment(config: ExperimentConfig, *, pairwise: bool = False) -> Expe
         cases=tuple(cases),
         issues=tuple(issues.items),
         operators=config.operators,
-        full_vocabulary=config.full_vocabulary,
-        replay=config.replay,
-        layers=config.layers,
-        routing=config.routing,
+        diagnostics=config.diagnostics,
     )
 
 

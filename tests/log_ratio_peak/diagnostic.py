@@ -13,6 +13,8 @@ from pathlib import Path
 import msgspec
 import torch
 
+from log_ratio_peak.config import CONFIG_KEY
+from pytest_logprob_drift.diagnostics.config_key import ConfigKey
 from pytest_logprob_drift.diagnostics.protocol import (
     AttributionContribution,
     Captured,
@@ -88,6 +90,7 @@ class LogRatioPeakDiagnostic:
     part_type: type[LogRatioPeak] = LogRatioPeak
     sealed_files: tuple[str, ...] = (FILE,)
     always_in_table: bool = False
+    config_key: ConfigKey | None = CONFIG_KEY
 
     def capture(self, case: CaseUnderCapture) -> Captured | None:
         return SampledTokens(token_ids=case.rollout.tensors["token_ids"].tolist())

@@ -8,10 +8,11 @@ members ``diagnostics.full_vocabulary`` and ``diagnostics.semantic_offset``, its
 detailed case). Its capture is ``execute.diagnostics`` (the engines hand back their full
 distributions under ``RuntimeBinding.full_vocabulary``, implemented in ``runtimes/``); its
 pure computation is ``numerics.full_vocabulary`` / ``numerics.semantic_offset`` /
-``numerics.divergence_file`` and its run-output wording ``numerics.text``. Its config key and
-execution-key contribution are still in ``config.loader`` / ``execute.provenance``.
+``numerics.divergence_file`` and its run-output wording ``numerics.text``. Its config key
+``$.diagnostics.full_vocabulary`` and execution-key member are ``config`` (torch-free and
+typing-free, the one module this ``__init__`` imports: config loading is on ``plan``'s path).
 """
 
-from pytest_logprob_drift.diagnostics.full_vocabulary.diagnostic import DIAGNOSTIC
+from pytest_logprob_drift.diagnostics.full_vocabulary.config import CONFIG_KEY
 
-__all__ = ["DIAGNOSTIC"]
+__all__ = ["CONFIG_KEY"]

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pytest_logprob_drift.diagnostics.base import TextViewsDiagnostic
 from pytest_logprob_drift.diagnostics.full_vocabulary import section
+from pytest_logprob_drift.diagnostics.full_vocabulary.config import CONFIG_KEY
 from pytest_logprob_drift.numerics import text
 from pytest_logprob_drift.numerics.comparison import Diagnostics, FullVocabulary, from_builtins
 from pytest_logprob_drift.store import layout
 
 if TYPE_CHECKING:
     from pytest_logprob_drift.diagnostics.base import TextViews
+    from pytest_logprob_drift.diagnostics.config_key import ConfigKey
     from pytest_logprob_drift.diagnostics.protocol import (
         Captured,
         CaseUnderCapture,
@@ -49,6 +51,7 @@ class FullVocabularyDiagnostic(TextViewsDiagnostic):
     """``diagnostics.full_vocabulary`` / ``semantic_offset`` of a case that asks for them."""
 
     name: str = "full_vocabulary"
+    config_key: ConfigKey | None = CONFIG_KEY
     part_type: type[FullVocabulary] = FullVocabulary
     sealed_files: tuple[str, ...] = (layout.DIVERGENCE,)
     views: ClassVar[TextViews] = text

@@ -9,6 +9,5 @@ sealed file of its own and no engine-side capture; its attribution contribution 
 ESS) is ``attribution``.
 """
 
-from pytest_logprob_drift.diagnostics.importance_sampling.diagnostic import DIAGNOSTIC
-
-__all__ = ["DIAGNOSTIC"]
+CONFIG_KEY = None
+"""Asked for by no config key."""

@@ -10,9 +10,11 @@ moved layer and where the drift enters). Its capture is ``execute.layers`` (each
 ``numerics.layer_reduction`` (shared with that capture). The states' names and words are
 ``numerics.layer_states``, below the folder: ``attribution.text`` and ``report.findings`` show
 the attribution document's layer members with them. Asked for by the case's
-``diagnostics.layers`` (config and execution key unchanged, in ``config/``).
+``diagnostics.layers``: that config key and its execution-key member are ``config``
+(torch-free and typing-free, the one module this ``__init__`` imports: config loading is on
+``plan``'s path).
 """
 
-from pytest_logprob_drift.diagnostics.layers.diagnostic import DIAGNOSTIC
+from pytest_logprob_drift.diagnostics.layers.config import CONFIG_KEY
 
-__all__ = ["DIAGNOSTIC"]
+__all__ = ["CONFIG_KEY"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pytest_logprob_drift.diagnostics.base import TextViewsDiagnostic
 from pytest_logprob_drift.diagnostics.layers import text
+from pytest_logprob_drift.diagnostics.layers.config import CONFIG_KEY
 from pytest_logprob_drift.numerics.comparison import LayerDiagnostics, from_builtins
 from pytest_logprob_drift.store import layout
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pytest_logprob_drift.diagnostics.base import TextViews
+    from pytest_logprob_drift.diagnostics.config_key import ConfigKey
     from pytest_logprob_drift.diagnostics.protocol import (
         AttributionContribution,
         Captured,
@@ -52,6 +54,7 @@ class LayersDiagnostic(TextViewsDiagnostic):
     """``diagnostics.layers`` of a case that asks for the layer capture."""
 
     name: str = "layers"
+    config_key: ConfigKey | None = CONFIG_KEY
     part_type: type[LayerDiagnostics] = LayerDiagnostics
     sealed_files: tuple[str, ...] = layout.LAYER_FILES
     views: ClassVar[TextViews] = text

@@ -5,10 +5,11 @@ cells, lines and junit properties), ``check`` (the sealed replay files and the r
 checked offline) and ``plot`` (the report's two figures). Its capture is ``execute.replay``
 (the rollout engine's ``PrefillReplay`` / ``DecodeReplay``, implemented in ``runtimes/``); its
 pure computation is ``numerics.path_split`` (shared with that capture). Asked for by the
-case's ``diagnostics.replay`` (config and execution key unchanged, in ``config/``); its
-attribution contribution (each comparison's ``path``) is ``attribution``.
+case's ``diagnostics.replay``: that config key and its execution-key member are ``config``
+(torch-free and typing-free, the one module this ``__init__`` imports: config loading is on
+``plan``'s path); its attribution contribution (each comparison's ``path``) is ``attribution``.
 """
 
-from pytest_logprob_drift.diagnostics.path_split.diagnostic import DIAGNOSTIC
+from pytest_logprob_drift.diagnostics.path_split.config import CONFIG_KEY
 
-__all__ = ["DIAGNOSTIC"]
+__all__ = ["CONFIG_KEY"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pytest_logprob_drift.diagnostics.base import TextViewsDiagnostic
 from pytest_logprob_drift.diagnostics.path_split import views as path_split_views
+from pytest_logprob_drift.diagnostics.path_split.config import CONFIG_KEY
 from pytest_logprob_drift.numerics.comparison import PathSplit, from_builtins
 from pytest_logprob_drift.store import layout
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pytest_logprob_drift.diagnostics.base import TextViews
+    from pytest_logprob_drift.diagnostics.config_key import ConfigKey
     from pytest_logprob_drift.diagnostics.protocol import (
         AttributionContribution,
         Captured,
@@ -47,6 +49,7 @@ class PathSplitDiagnostic(TextViewsDiagnostic):
     """``diagnostics.path_split`` of a case that asks for the replay."""
 
     name: str = "path_split"
+    config_key: ConfigKey | None = CONFIG_KEY
     part_type: type[PathSplit] = PathSplit
     sealed_files: tuple[str, ...] = layout.REPLAY_FILES
     views: ClassVar[TextViews] = path_split_views

@@ -8,10 +8,11 @@ Its capture: the rollout's expert choices while it generates (``execute.rollout_
 armed by ``execute.case`` when the case asks for them, as it does for the training setting
 ``training.moe_routing=replay``) and the trainer's teacher-forced choices with the figures
 (``execute.routing``); each side's engine calls are implemented in ``runtimes/``. Its pure
-computation is ``numerics.routing``. Asked for by the case's ``diagnostics.routing`` (config
-and execution key unchanged, in ``config/``).
+computation is ``numerics.routing``. Asked for by the case's ``diagnostics.routing``: that
+config key and its execution-key member are ``config`` (torch-free and typing-free, the one
+module this ``__init__`` imports: config loading is on ``plan``'s path).
 """
 
-from pytest_logprob_drift.diagnostics.routing.diagnostic import DIAGNOSTIC
+from pytest_logprob_drift.diagnostics.routing.config import CONFIG_KEY
 
-__all__ = ["DIAGNOSTIC"]
+__all__ = ["CONFIG_KEY"]

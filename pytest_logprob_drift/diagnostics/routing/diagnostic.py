@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING
 
 from pytest_logprob_drift.diagnostics.base import DiagnosticBase
 from pytest_logprob_drift.diagnostics.routing import views
+from pytest_logprob_drift.diagnostics.routing.config import CONFIG_KEY
 from pytest_logprob_drift.numerics.comparison import RoutingDiagnostics, from_builtins
 from pytest_logprob_drift.store import layout
 
 if TYPE_CHECKING:
+    from pytest_logprob_drift.diagnostics.config_key import ConfigKey
     from pytest_logprob_drift.diagnostics.protocol import (
         Captured,
         CaseUnderCapture,
@@ -47,6 +49,7 @@ class RoutingDiagnostic(DiagnosticBase):
     """``diagnostics.routing`` of a case that asks for the routing capture."""
 
     name: str = "routing"
+    config_key: ConfigKey | None = CONFIG_KEY
     part_type: type[RoutingDiagnostics] = RoutingDiagnostics
     sealed_files: tuple[str, ...] = layout.ROUTING_FILES
     always_in_table: bool = False

@@ -13,6 +13,5 @@ computed at read time) sits below this folder, because the findings (``report.fi
 ``report --json`` (``report.summary``) lead with them.
 """
 
-from pytest_logprob_drift.diagnostics.signatures.diagnostic import DIAGNOSTIC
-
-__all__ = ["DIAGNOSTIC"]
+CONFIG_KEY = None
+"""Asked for by no config key."""
