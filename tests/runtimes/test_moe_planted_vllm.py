@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 import torch
-from drift_testing import EXPERIMENTS, cli, experiment_config
+from drift_testing import EXPERIMENTS, cli, experiment_config, skip_unless_installed
 
 from pytest_logprob_drift.plan.planted_sync import STALE_EXPERT, SWAPPED_EXPERT
 from pytest_logprob_drift.runtimes import weight_push
 from pytest_logprob_drift.runtimes.tiny_model import resolve_checkpoint
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("vllm")
+skip_unless_installed("vllm")
 
 ID = "vllm-moe-planted"
 SWAP = "rollout.weight_sync=planted:swap_expert_gate_up"
