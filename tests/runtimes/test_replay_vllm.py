@@ -7,7 +7,7 @@ The figures and the float64 identity are checked against the sealed tensors, the
 against what vLLM reports, and the verdicts against the run without replay. vLLM's decode
 replay is refused by its CPU build: the record says so. (The sealed prefill replay against a
 plain ``vllm.LLM`` built in the test, ``prompt_logprobs=0`` in the run's chunks, is in
-``test_vllm_rollout_logp.py``, on the plain bfloat16 engine that module starts anyway.)
+``test_vllm_runtime.py``, on the plain bfloat16 engine that module starts anyway.)
 """
 
 from __future__ import annotations
