@@ -7,9 +7,10 @@ the verdict but not the scores, so each case still seals both sides' scores (tok
 and the numerical re-check (comparison.json's ``numerical``): the drift each bug causes is
 measured from them here (max and mean |diff|, mismatches / active, token ESS, each recomputed in
 float64 in this file) and is larger than the baseline's. Three engine starts (the baseline and
-one per push). A second run (two more engine starts) on a tiny GLM4-MoE built here: vLLM's
-CPU build runs it, and the router bias pushed with its initial value (zeros) moves the scores
-further than the checkpoint-loaded baseline.
+one per push). A second run (three more engine starts) on a tiny GLM4-MoE built here: vLLM's
+CPU build runs it, the router bias pushed with its initial value (zeros) moves the scores
+further than the checkpoint-loaded baseline, and the digests after a push (a correct trainer
+push and the planted one) are of the router bias the engine computes with.
 """
 
 from __future__ import annotations
@@ -191,6 +192,7 @@ def test_each_planted_bug_seals_its_scores_and_drifts_more_than_the_baseline(
 # --------------------------------------------------------------------------- GLM4-MoE router bias
 
 BIAS = "rollout.weight_sync=planted:router_bias_initial"
+TRAINER = "rollout.weight_sync=trainer"
 
 
 def _tiny_glm4_moe(target: Path) -> Path:
@@ -250,7 +252,9 @@ def glm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
             "identity.sampling.max_new_tokens": 8,
             "baseline.rollout.weight_sync": "checkpoint",
-            "interventions": [{"path": "rollout.weight_sync", "values": [BIAS.split("=")[1]]}],
+            "interventions": [
+                {"path": "rollout.weight_sync", "values": ["trainer", BIAS.split("=")[1]]}
+            ],
             "diagnostics": {},
         },
     )
@@ -267,7 +271,7 @@ def glm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for comparison in (directory / "runs").glob("*/cases/*/*/comparison.json"):
         document = json.loads(comparison.read_text())
         cases[document["label"]] = {"attempt": comparison.parent, "comparison": document}
-    assert set(cases) == {"baseline", BIAS}, out[-2000:] + err[-3000:]
+    assert set(cases) == {"baseline", TRAINER, BIAS}, out[-2000:] + err[-3000:]
     assert code in (0, 1), err[-3000:]
     return {"cases": cases, "checkpoint": checkpoint}
 
@@ -287,7 +291,7 @@ def test_vllm_runs_a_glm4_moe_and_names_its_router_tensors_per_layer(
         for i in range(2)
         for t in ("e_score_correction_bias", "weight")
     )
-    for label in ("baseline", BIAS):
+    for label in ("baseline", TRAINER, BIAS):
         comparison = glm_run["cases"][label]["comparison"]
         assert comparison["outcome"] == "INVALID_IDENTITY", label
         assert sorted(comparison["identity_violations"]) == expected, label
@@ -298,3 +302,37 @@ def test_vllm_runs_a_glm4_moe_and_names_its_router_tensors_per_layer(
     assert planted["max_abs_diff"] > baseline["max_abs_diff"], (planted, baseline)
     assert planted["ess"] < baseline["ess"], (planted, baseline)
     print(json.dumps({"baseline": baseline, BIAS: planted}, indent=1))
+
+
+def test_the_digests_after_a_push_are_of_the_router_bias_the_engine_runs_with(
+    glm_run: dict[str, Any],
+) -> None:
+    """Each layer's ``e_score_correction_bias`` digest (float32 bytes, recomputed here from the
+    safetensors file): the checkpoint's after a checkpoint load; after a correct trainer push
+    the checkpoint's rounded through bfloat16 (the push casts every tensor to the rollout dtype,
+    docs/MOE.md; vLLM holds it in float32); after the planted push float32 zeros. That is the
+    value the router computes with (the planted drift above), not the copy taken before the
+    gate's processing (vLLM's dummy initialisation, before the fix). Between the two pushes
+    only the biases differ."""
+    from safetensors.torch import load_file
+
+    (shard,) = sorted(Path(glm_run["checkpoint"]).glob("*.safetensors"))
+    checkpoint = load_file(shard)
+    names = [f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in range(2)]
+    held = {}
+    for label in ("baseline", TRAINER, BIAS):
+        document = json.loads(
+            (glm_run["cases"][label]["attempt"] / "weights_rollout.json").read_text()
+        )
+        assert ("push" in document["point"]) == (label != "baseline"), label
+        held[label] = {t["name"]: t for t in document["tensors"]}
+    for name in names:
+        wanted = checkpoint[name]
+        assert wanted.dtype == torch.float32 and bool(wanted.abs().sum() > 0), name
+        assert held["baseline"][name]["side"] == _sha(wanted), name
+        rounded = wanted.to(torch.bfloat16).to(torch.float32)
+        assert held[TRAINER][name]["side"] == _sha(rounded) != _sha(wanted), name
+        zeros = torch.zeros_like(wanted)
+        assert held[BIAS][name]["side"] == _sha(zeros) != _sha(wanted), name
+    moved = sorted(n for n in held[TRAINER] if held[TRAINER][n]["side"] != held[BIAS][n]["side"])
+    assert moved == names

@@ -270,6 +270,9 @@ class _PushCapture:
     original: Any = None
     packed: dict[str, dict[str, str]] = field(default_factory=dict)
     """What each processed MoE layer's prepacked buffers must hold (``packed_experts``)."""
+    untouched: dict[str, set[str]] = field(default_factory=dict)
+    """Per processed module, the parameters its processing left as they were (same shape,
+    dtype and bytes): the live tensor is what the engine computes with, not the copy."""
 
 
 _PUSHED = _PushCapture()
@@ -288,6 +291,7 @@ def _capture_pushed(model: Any) -> None:
 
     names = {id(m): n for n, m in model.named_modules()}
     captured: dict[str, dict[str, torch.Tensor]] = {}
+    untouched: dict[str, set[str]] = {}
     packed: packed_experts.Expected = {}
     original = layerwise._layerwise_process
 
@@ -304,6 +308,11 @@ def _capture_pushed(model: Any) -> None:
             }
             _forget_moe_kernel(method)
             out = inner(target)
+            untouched[name] = {
+                n
+                for n, before in captured[name].items()
+                if _same(target._parameters.get(n), before)
+            }
             if all(t in captured[name] for t in packed_experts.TENSORS):
                 before = {t: captured[name][t] for t in packed_experts.TENSORS}
                 found = packed_experts.expected(method, before)
@@ -319,6 +328,19 @@ def _capture_pushed(model: Any) -> None:
 
     layerwise._layerwise_process = process
     _PUSHED.tensors, _PUSHED.original, _PUSHED.packed = captured, original, packed
+    _PUSHED.untouched = untouched
+
+
+def _same(live: Any, before: torch.Tensor) -> bool:
+    """Whether a layer's processing left parameter ``live`` as it was before (``before``)."""
+    import torch
+
+    return (
+        live is not None
+        and live.shape == before.shape
+        and live.dtype == before.dtype
+        and bool(torch.equal(live.detach(), before))
+    )
 
 
 def _forget_moe_kernel(method: Any) -> None:
@@ -472,7 +494,10 @@ class DriftWorkerExtension:
         (``vllm_layout.rank_report``, collective over the TP group): every layer the push
         processed is read with the tensors it held just before ``process_weights_after_loading``
         (``_capture_pushed``: where the CPU build still has its linear weights as tensors),
-        swapped in for the duration; every other tensor as the live model holds it (a layer the
+        swapped in for the duration, except the parameters that processing left as they were
+        (a router's ``e_score_correction_bias``, which vLLM's GLM4-MoE shares between the gate and
+        the experts: the copy taken before the gate's processing can predate the pushed value,
+        docs/MOE.md); every other tensor as the live model holds it (a layer the
         push never reached shows what it held before: vLLM's dummy weights, for a tensor left
         out). ``{"error": ...}`` before any push."""
         from pathlib import Path
@@ -494,6 +519,8 @@ class DriftWorkerExtension:
         for module_name, params in captured.items():
             module = model.get_submodule(module_name)
             for name, tensor in params.items():
+                if name in _PUSHED.untouched.get(module_name, ()):
+                    continue  # processing leaves it as is: the live tensor is what runs
                 held = module._parameters[name]
                 replacement[id(held)] = torch.nn.Parameter(tensor, requires_grad=False)
         swapped: list[tuple[Any, str, Any]] = []
