@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from drift_testing import S0_HF, S1, cli
+from tiny_glm4_moe import tiny_glm4_moe
 
 from pytest_logprob_drift import plan_file
 from pytest_logprob_drift.execute.protocol import bind_case
@@ -307,27 +308,9 @@ def test_the_router_bias_is_pushed_with_its_initial_value_on_every_layer() -> No
     zeros in its own dtype, which is what transformers' GLM4-MoE router holds before training
     (a fresh tiny one built here); nothing else changes; a state without one is refused."""
     pytest.importorskip("transformers")
-    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
-
-    config = Glm4MoeConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        moe_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=0,
+    fresh = tiny_glm4_moe(
+        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, head_dim=16
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(59)
-        fresh = Glm4MoeForCausalLM(config)
     state = weight_push.gathered_state(fresh)
     biases = sorted(n for n in state if n.endswith("mlp.gate.e_score_correction_bias"))
     assert biases == [f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in range(2)]

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 from drift_testing import EXPERIMENTS, cli, experiment_config, skip_unless_installed
+from tiny_glm4_moe import save_tiny_glm4_moe
 
 from pytest_logprob_drift.plan.planted_sync import STALE_EXPERT, SWAPPED_EXPERT
 from pytest_logprob_drift.runtimes import weight_push
@@ -201,37 +202,10 @@ def _tiny_glm4_moe(target: Path) -> Path:
     each layer, saved in float32: no catalog build."""
     import shutil
 
-    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
-
     qwen = Path(resolve_checkpoint("tiny://qwen3-moe-h128-v1", expected_digest=None).path)
-    config = Glm4MoeConfig(
-        vocab_size=1024,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=0,
-        tie_word_embeddings=False,
-        max_position_embeddings=128,
-        bos_token_id=2,
-        eos_token_id=1,
-        pad_token_id=0,
+    save_tiny_glm4_moe(
+        target, vocab_size=1024, bias_scale=0.5, bos_token_id=2, eos_token_id=1, pad_token_id=0
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(59)
-        built = Glm4MoeForCausalLM(config).to(torch.float32)
-        with torch.no_grad():
-            for layer in built.model.layers:
-                layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4) * 0.5)
-    built.save_pretrained(target)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(qwen / name, target / name)
     return target

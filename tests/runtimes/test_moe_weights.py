@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_glm4_moe import save_tiny_glm4_moe
 
 pytest.importorskip("transformers")
 
@@ -169,33 +170,9 @@ def test_a_glm4_moe_router_bias_is_checked_in_its_own_float32(tmp_path: Path) ->
     each digest recomputed here from the safetensors file; the bias pushed with its initial
     value (zeros: verl#5801's class) is named on each layer, nothing else. A tiny GLM4-MoE is
     built here with transformers alone (seeded, not a catalog build: no vLLM engine runs it)."""
-    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+    from transformers import Glm4MoeForCausalLM
 
-    config = Glm4MoeConfig(
-        vocab_size=256,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=0,
-        tie_word_embeddings=False,
-        max_position_embeddings=128,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(59)
-        built = Glm4MoeForCausalLM(config).to(torch.float32)
-        with torch.no_grad():
-            for layer in built.model.layers:
-                layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4) * 0.1)
-    built.save_pretrained(tmp_path)
+    save_tiny_glm4_moe(tmp_path, vocab_size=256, bias_scale=0.1)
     stored = load_file(str(tmp_path / "model.safetensors"))
     biases = {n for n in stored if n.endswith("mlp.gate.e_score_correction_bias")}
     assert biases == {f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in range(2)}
