@@ -2,7 +2,8 @@
 
 Owns turning a training module's state (its parameters and persistent buffers, each gathered
 whole with ``full_tensor()`` where FSDP2 holds it as a ``DTensor``) into the chunks a rollout
-engine receives: every tensor cast to the rollout dtype, in checkpoint (Hugging Face) names,
+engine receives: every tensor cast to the rollout dtype (or to the floating dtype the engine
+declares it in, where another: ``push_dtypes``), in checkpoint (Hugging Face) names,
 packed in order into chunks of at most ``CHUNK_BYTES`` where a group of tied tensors (an LM
 head tied to its input embedding) always travels in one chunk; the seeded "previous policy"
 (the same tensors plus a deterministic perturbation) that a refit starts from; and the
@@ -31,6 +32,8 @@ __all__ = [
     "gathered_state",
     "planted_state",
     "previous_policy",
+    "push_dtypes",
+    "pushed_through",
     "tie_groups",
 ]
 
@@ -128,12 +131,15 @@ def chunks(
     *,
     limit: int = CHUNK_BYTES,
     skip: Iterable[str] = (),
+    held: Mapping[str, str] | None = None,
 ) -> Iterator[PushChunk]:
-    """The state cast to ``dtype`` (floating tensors only; integer buffers keep theirs) in
-    chunks of at most ``limit`` tensor bytes, in state order, each tie group in one chunk
-    (every name of the group sent, each as its own copy: the wire format keeps one storage per
-    tensor). Names in ``skip`` are left out."""
-    target = _dtype(dtype)
+    """The state cast to ``dtype`` (floating tensors only; integer buffers keep theirs), a
+    tensor the engine holds in another floating dtype (``held``: checkpoint name -> dtype, the
+    engine's per-tensor declaration) cast to that one instead, in chunks of at most ``limit``
+    tensor bytes, in state order, each tie group in one chunk (every name of the group sent,
+    each as its own copy: the wire format keeps one storage per tensor). Names in ``skip`` are
+    left out."""
+    targets = push_dtypes(state, dtype, held)
     left_out = set(skip)
     pending: dict[str, torch.Tensor] = {}
     size = 0
@@ -142,7 +148,7 @@ def chunks(
         if not names:
             continue
         source = state[names[0]]
-        cast = source.to(target) if source.is_floating_point() else source
+        cast = source.to(targets[names[0]]) if source.is_floating_point() else source
         group_bytes = cast.numel() * cast.element_size() * len(names)
         if pending and size + group_bytes > limit:
             yield _chunk(pending, size)
@@ -152,6 +158,42 @@ def chunks(
         size += group_bytes
     if pending:
         yield _chunk(pending, size)
+
+
+def push_dtypes(
+    state: Mapping[str, torch.Tensor], dtype: str, held: Mapping[str, str] | None = None
+) -> dict[str, torch.dtype]:
+    """The dtype each floating tensor of ``state`` is pushed in: ``dtype`` (the rollout's),
+    or, where the engine declares the tensor in another floating dtype (``held``), that one
+    (a GLM4-MoE router's float32 bias and weight in a bfloat16 vLLM engine). A tie group
+    takes its first name's."""
+    target = _dtype(dtype)
+    own = held or {}
+    out: dict[str, torch.dtype] = {}
+    for group in tie_groups(state):
+        if not state[group[0]].is_floating_point():
+            continue
+        chosen = _dtype(own[group[0]]) if group[0] in own else target
+        for name in group:
+            out[name] = chosen
+    return out
+
+
+def pushed_through(
+    state: Mapping[str, torch.Tensor], dtype: str, held: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Per tensor, the trainer's dtype where the engine receives it widened from it or as
+    another dtype of the same width (a router weight the trainer holds in bfloat16 pushed into
+    vLLM's float32 one): what the engine holds is the checkpoint cast to that dtype first (the
+    rollout side's ``via``). A trainer tensor wider than what is pushed adds nothing: the
+    checkpoint cast to it is exact, and the push's cast is the only rounding."""
+    targets = push_dtypes(state, dtype, held)
+    out: dict[str, str] = {}
+    for name, target in targets.items():
+        source = state[name].dtype
+        if source != target and source.itemsize <= target.itemsize:
+            out[name] = str(source).removeprefix("torch.")
+    return out
 
 
 def _chunk(tensors: Mapping[str, torch.Tensor], size: int) -> PushChunk:

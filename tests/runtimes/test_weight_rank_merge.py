@@ -118,3 +118,24 @@ def test_overlay_of_an_error_is_that_error() -> None:
     failed = SideReport(error="no push was digested")
     assert overlay(loaded, failed) == SideReport(error="no push was digested")
     assert overlay(failed, loaded) == SideReport(error="no push was digested")
+
+
+def test_the_ranks_declarations_are_merged_and_must_agree() -> None:
+    """``declared`` (each rank's per-tensor dtypes, from construction) is the union over the
+    ranks; a report without the member (from before it) declares nothing; two ranks declaring
+    one tensor differently are refused; the overlay keeps the load's declarations."""
+    reports = [_rank(0, seconds=0.1), _rank(1, seconds=0.1)]
+    assert merge_ranks(reports).declared == {}
+    reports[0]["declared"] = {"b": "float32"}
+    reports[1]["declared"] = {"a": "float32"}
+    merged = merge_ranks(reports)
+    assert merged.declared == {"a": "float32", "b": "float32"}
+    assert overlay(
+        merged, merge_ranks([_rank(0, seconds=0.2), _rank(1, seconds=0.2)])
+    ).declared == {
+        "a": "float32",
+        "b": "float32",
+    }
+    reports[1]["declared"] = {"b": "bfloat16"}
+    with pytest.raises(RuntimeError, match="b: TP rank 1 declares bfloat16, another rank float32"):
+        merge_ranks(reports)

@@ -316,6 +316,9 @@ class VllmRollout:
         self._special = special_token_ids(self.checkpoint.path)
         self._weights: WeightsDocument | None = None
         self._installed = False
+        self._pushed_via: dict[str, str] = {}
+        """Per pushed tensor, the trainer's dtype the engine's holds it through
+        (``weight_push.pushed_through``: a bfloat16 trainer tensor in a float32 parameter)."""
 
     @property
     def awaits_weights(self) -> bool:
@@ -343,16 +346,25 @@ class VllmRollout:
         gathered_s = time.perf_counter() - t0
         dtype = self.engine.spec.dtype
         planted = self.weight_sync.planted
+        # The engine's own per-tensor declaration (what vLLM constructed each parameter in,
+        # read by the workers before any weight was loaded): each tensor is pushed in it.
+        held = dict(self.engine.loaded_weights.declared)
+        self._pushed_via = weight_push.pushed_through(state, dtype, held)
         arrived: dict[str, Any] = {
             "weight_sync": self.weight_sync.knob_value,
             "source_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),
             "rollout_dtype": dtype,
+            "pushed_in_engine_dtypes": {
+                n: str(d).removeprefix("torch.")
+                for n, d in weight_push.push_dtypes(state, dtype, held).items()
+                if n in held
+            },
             "gather_s": gathered_s,
             "source_evidence": dict(getattr(source, "weight_gather", {}) or {}),
         }
         if self.weight_sync.push is SyncPush.TRAINER_REFIT:
             before = weight_push.previous_policy(state)
-            first = list(weight_push.chunks(before, dtype))
+            first = list(weight_push.chunks(before, dtype, held=held))
             previous = self.engine.push_weights([c.payload for c in first])
             previous["loaded_by_vllm"] = [len(n) for n in previous.pop("loaded_per_worker")]
             previous.pop("not_loaded_per_worker")
@@ -379,7 +391,7 @@ class VllmRollout:
             arrived["previous_policy"]["served_prompts"] = len(identity.prompts.token_ids)
             arrived["previous_policy"]["generated_tokens"] = self.engine.generated_tokens
         pushed_state, skipped = weight_push.planted_state(state, planted)
-        pushed = list(weight_push.chunks(pushed_state, dtype, skip=skipped))
+        pushed = list(weight_push.chunks(pushed_state, dtype, skip=skipped, held=held))
         keep_cache = planted is not None and planted.keep_prefix_cache
         report = self.engine.push_weights(
             [c.payload for c in pushed], reset_prefix_cache=not keep_cache
@@ -672,11 +684,13 @@ class VllmRollout:
             from pytest_logprob_drift.runtimes.weights.vllm_layout import overlay
 
             report = self.engine.loaded_weights
+            via: dict[str, str] = {}
             if self.weights_in and not self.weight_sync.from_checkpoint:
                 # Pushed weights: digested after the push and the prefix-cache reset, never
                 # the dummy weights the engine was built with.
                 pushed = self.engine.pushed_weights
                 report = pushed if pushed is not None else SideReport(error="no push was digested")
+                via = self._pushed_via
             if self._installed:
                 report = overlay(report, self.engine.live_weights())
             self._weights = side_document(
@@ -685,6 +699,9 @@ class VllmRollout:
                 declared_dtype=self.engine.spec.dtype,
                 report=report,
                 model_dir=self.checkpoint.path,
+                # Per tensor, what vLLM constructed it in (read before any weight was loaded)
+                declared=report.declared or None,
+                via=via or None,
             )
         return self._weights
 

@@ -70,11 +70,16 @@ PUSH_POINT = (
 @dataclass
 class _LoadDigests:
     """This worker's load-time weight report (``loaded``), or why it could not be taken
-    (``error``), and a weak reference to the model it was taken from (``model``)."""
+    (``error``), and a weak reference to the model it was taken from (``model``); and, read
+    once when the model was constructed (before any weight was loaded), the dtype of every
+    parameter and buffer vLLM created in a dtype other than the engine's (``constructed``,
+    vLLM's names; ``built``: the model they were read from)."""
 
     model: weakref.ref[Any] | None = None
     loaded: RankReport | None = None
     error: str | None = None
+    built: weakref.ref[Any] | None = None
+    constructed: dict[str, str] = field(default_factory=dict)
 
 
 _WEIGHTS = _LoadDigests()
@@ -84,6 +89,50 @@ def loaded_model() -> Any:
     """The model this worker process loaded (None before a load, or outside a worker)."""
     ref = _WEIGHTS.model
     return None if ref is None else ref()
+
+
+def constructed_dtypes(model: Any) -> dict[str, str] | None:
+    """What ``model`` was constructed with where it differs from the engine's dtype (vLLM's
+    parameter and buffer names -> dtype), read when vLLM built it, before any weight was
+    loaded (``_install_construction_record``); None when this worker did not see ``model``
+    built (then nothing is declared per tensor)."""
+    ref = _WEIGHTS.built
+    if ref is None or ref() is not model:
+        return None
+    return dict(_WEIGHTS.constructed)
+
+
+def _install_construction_record() -> bool:
+    """Wrap (once, in this process) the model loader's ``initialize_model`` so that every model
+    this worker builds has the dtype of each parameter and buffer read as vLLM created it,
+    before ``load_weights`` runs (``vllm_layout.constructed_dtypes``): the declaration of what
+    the engine holds each tensor in, taken from construction, never from what a loader
+    later put there. False when vLLM's loader is not importable here."""
+    try:
+        from vllm.model_executor.model_loader import base_loader as loader_module
+    except ImportError:
+        return False
+    base_loader: Any = loader_module
+    original = base_loader.initialize_model
+    if getattr(original, "_drift_construction", False):
+        return True
+
+    def initialize_then_record(*args: Any, **kwargs: Any) -> Any:
+        from pytest_logprob_drift.runtimes.weights.vllm_layout import (
+            constructed_dtypes as read_dtypes,
+        )
+
+        model = original(*args, **kwargs)
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        model_config = kwargs.get("model_config") or getattr(vllm_config, "model_config", None)
+        engine_dtype = getattr(model_config, "dtype", None)
+        _WEIGHTS.built = weakref.ref(model)
+        _WEIGHTS.constructed = read_dtypes(model, engine_dtype)
+        return model
+
+    initialize_then_record._drift_construction = True  # type: ignore[attr-defined]
+    base_loader.initialize_model = initialize_then_record
+    return True
 
 
 def _install_weight_digests() -> bool:
@@ -107,7 +156,12 @@ def _install_weight_digests() -> bool:
 
         _WEIGHTS.model = weakref.ref(model)
         try:
-            _WEIGHTS.loaded = rank_report(model, Path(str(model_config.model)), point=LOAD_POINT)
+            _WEIGHTS.loaded = rank_report(
+                model,
+                Path(str(model_config.model)),
+                point=LOAD_POINT,
+                constructed=constructed_dtypes(model),
+            )
             _WEIGHTS.error = None
         except Exception as exc:  # reported, never silently: weights_loaded returns it
             _WEIGHTS.error = f"{type(exc).__name__}: {exc}"
@@ -129,6 +183,7 @@ def _install_weight_digests() -> bool:
     return True
 
 
+_install_construction_record()
 _install_weight_digests()
 
 _SAMPLING_SEEN: Counter[tuple[float, float, int, float]] = Counter()
@@ -423,7 +478,10 @@ class DriftWorkerExtension:
 
         worker: Any = self
         model_dir = Path(str(worker.vllm_config.model_config.model))
-        return rank_report(worker.get_model(), model_dir, point=LIVE_POINT, live=True)
+        model = worker.get_model()
+        return rank_report(
+            model, model_dir, point=LIVE_POINT, live=True, constructed=constructed_dtypes(model)
+        )
 
     def logp_install(self, spec: KernelReference) -> rollout_logp.LogpReport:
         """Install the catalog ``selected_logprob`` backend ``spec`` names in this worker's
@@ -531,7 +589,10 @@ class DriftWorkerExtension:
                         swapped.append((module, name, held))
                         module._parameters[name] = replacement[id(held)]
             model_dir = Path(str(worker.vllm_config.model_config.model))
-            return {**rank_report(model, model_dir, point=PUSH_POINT), "packed": packed}
+            report = rank_report(
+                model, model_dir, point=PUSH_POINT, constructed=constructed_dtypes(model)
+            )
+            return {**report, "packed": packed}
         finally:
             for module, name, original in reversed(swapped):
                 module._parameters[name] = original

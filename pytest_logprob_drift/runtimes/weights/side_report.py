@@ -71,6 +71,10 @@ class SideReport(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float = 0.0
     error: str | None = None
     packed: tuple[HeldPacked, ...] = ()
+    declared: dict[str, str] = {}
+    """Checkpoint name -> the dtype the side declares it in, where not ``dtype`` (a vLLM
+    parameter constructed in another dtype: ``vllm_layout.constructed_dtypes``); empty: every
+    tensor is declared ``dtype`` (as in reports from before this member)."""
 
 
 class RankSlice(TypedDict):
@@ -121,6 +125,7 @@ class RankReport(TypedDict, total=False):
     seconds: float
     error: str
     packed: list[RankPacked]
+    declared: dict[str, str]
 
 
 def side_report(plain: Mapping[str, JsonValue] | SideReport) -> SideReport:

@@ -261,7 +261,33 @@ def _is_packed_away(module: Any, param: Any) -> bool:
     return int(param.numel()) == 0 and hasattr(module, "cpu_linear")
 
 
-def rank_report(model: Any, model_dir: Path, *, point: str, live: bool = False) -> RankReport:
+def constructed_dtypes(model: torch.nn.Module, engine_dtype: Any) -> dict[str, str]:
+    """Every floating parameter and buffer of ``model`` (vLLM's names, shared ones under each
+    name) whose dtype is not ``engine_dtype`` (a ``torch.dtype``; None: every floating one),
+    as ``dtype_name``: read when vLLM has constructed the model and before it loads any weight
+    (``worker_ext``), this is the dtype each tensor was created in (vLLM's GLM4-MoE router:
+    ``GateLinear(params_dtype=torch.float32)`` and its float32 ``e_score_correction_bias``),
+    not what a loader later put there."""
+    out: dict[str, str] = {}
+    named = [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]
+    for name, tensor in named:
+        dtype = tensor.dtype
+        if dtype.is_floating_point and dtype != engine_dtype:
+            out[name] = dtype_name(dtype)
+    return out
+
+
+def rank_report(
+    model: Any,
+    model_dir: Path,
+    *,
+    point: str,
+    live: bool = False,
+    constructed: Mapping[str, str] | None = None,
+) -> RankReport:
     """This rank's digests of ``model`` in the checkpoint's names (collective over the TP group:
     every rank of the engine must call it at the same moment).
 
@@ -271,7 +297,11 @@ def rank_report(model: Any, model_dir: Path, *, point: str, live: bool = False) 
     ``tied`` (vLLM parameter name -> checkpoint name it shares), ``skipped`` and ``extra``
     (name -> reason), ``refused`` (None, or why the layout is not covered), ``seconds`` (what
     taking them cost this rank). ``live``: the model is read as it runs (after post-load
-    processing), where a built MoE kernel's experts are not readable (``moe_experts``)."""
+    processing), where a built MoE kernel's experts are not readable (``moe_experts``).
+    ``constructed`` (``constructed_dtypes``, taken when the model was built: vLLM name ->
+    dtype, where not the engine's): ``declared`` maps each checkpoint name held in such a
+    parameter to that dtype, the side's per-tensor declaration; the held ``dtype`` is read
+    from the tensor digested, so a loader that changed a parameter's dtype still shows."""
     import time
 
     from vllm.distributed.parallel_state import get_tp_group
@@ -342,6 +372,8 @@ def rank_report(model: Any, model_dir: Path, *, point: str, live: bool = False) 
         placed.append(_Placed(name=name, vllm_name=vllm_name, param=param, span=span))
     for item in placed:
         tensors[item.name] = _digest_placed(item, group, rank, size)
+    built = constructed or {}
+    declared = {p.name: built[p.vllm_name] for p in placed if p.vllm_name in built}
     covered = {id(p.param) for p in placed}
     by_object = {id(p.param): p.name for p in placed}
     mapped_names = {p.vllm_name for p in placed}
@@ -364,6 +396,7 @@ def rank_report(model: Any, model_dir: Path, *, point: str, live: bool = False) 
         "extra": extra,
         "refused": None,
         "seconds": round(time.perf_counter() - started, 6),
+        "declared": declared,
     }
 
 
@@ -421,7 +454,8 @@ def _digest_placed(item: _Placed, group: Any, rank: int, size: int) -> RankTenso
 
 def merge_ranks(reports: Sequence[RankReport]) -> SideReport:
     """One side report from every rank's ``rank_report`` (rank 0's whole-tensor digests,
-    every rank's slices); a RuntimeError when the ranks do not form one TP group."""
+    every rank's slices and per-tensor declarations); a RuntimeError when the ranks do not
+    form one TP group or declare a tensor differently."""
     ordered = sorted(reports, key=lambda r: int(r["tp_rank"]))
     size = int(ordered[0]["tp_size"]) if ordered else 0
     if [int(r["tp_rank"]) for r in ordered] != list(range(size)):
@@ -467,7 +501,21 @@ def merge_ranks(reports: Sequence[RankReport]) -> SideReport:
         extra=dict(head["extra"]),
         refused=refused,
         packed=packed,
+        declared=_declared(ordered),
     )
+
+
+def _declared(ordered: Sequence[RankReport]) -> dict[str, str]:
+    """Every rank's per-tensor declarations (``rank_report``'s ``declared``) as one; a
+    RuntimeError when two ranks declare one tensor differently."""
+    out: dict[str, str] = {}
+    for r in ordered:
+        for name, dtype in r.get("declared", {}).items():
+            if out.setdefault(name, dtype) != dtype:
+                raise RuntimeError(
+                    f"{name}: TP rank {r['tp_rank']} declares {dtype}, another rank {out[name]}"
+                )
+    return dict(sorted(out.items()))
 
 
 def overlay(loaded: SideReport, live: SideReport) -> SideReport:
