@@ -253,41 +253,67 @@ def glm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_vllm_runs_a_glm4_moe_and_names_its_router_tensors_per_layer(
     glm_run: dict[str, Any],
 ) -> None:
-    """vLLM 0.32's CPU build runs the tiny GLM4-MoE (both cases seal both sides' scores). Both
-    cases are INVALID_IDENTITY on exactly the float32 router weight and bias of each layer,
-    on the rollout side (vLLM holds them in float32; the vLLM side declares bfloat16: the
-    limit docs/MOE.md states), so the planted bias is named per layer only through them. The
-    planted zeros move the scores further than the checkpoint-loaded baseline (from each case's
-    sealed scores)."""
-    expected = sorted(
-        f"weights (rollout): model.layers.{i}.mlp.gate.{t}: dtype: side holds float32, "
-        "declares bfloat16"
+    """vLLM 0.32's CPU build runs the tiny GLM4-MoE (every case seals both sides' scores). The
+    vLLM side declares each layer's router weight and bias in float32, what vLLM constructed
+    them in (read by the workers before any weight was loaded), so no dtype line is left: the
+    checkpoint-loaded baseline and the trainer push are not INVALID_IDENTITY, and the planted
+    push is, on exactly each layer's ``mlp.gate.e_score_correction_bias`` as a value
+    difference on the rollout side (whole, and as TP rank 0's slice). The planted zeros move
+    the scores further than the checkpoint-loaded baseline (from each case's sealed scores)."""
+    router = [
+        f"model.layers.{i}.mlp.gate.{t}"
         for i in range(2)
         for t in ("e_score_correction_bias", "weight")
-    )
+    ]
+    biases = [n for n in router if n.endswith("e_score_correction_bias")]
     for label in ("baseline", TRAINER, BIAS):
-        comparison = glm_run["cases"][label]["comparison"]
-        assert comparison["outcome"] == "INVALID_IDENTITY", label
-        assert sorted(comparison["identity_violations"]) == expected, label
+        case = glm_run["cases"][label]
+        comparison = case["comparison"]
         assert comparison["numerical"]["active_tokens"] > 0, label
+        assert not any("dtype" in v for v in comparison["identity_violations"]), label
+        rollout = json.loads((case["attempt"] / "weights_rollout.json").read_text())
+        assert rollout["dtype"] == "bfloat16", label
+        declared = {t["name"]: t["dtype"] for t in rollout["tensors"] if t.get("dtype")}
+        assert declared == dict.fromkeys(router, "float32"), label
+        held = {t["name"]: t["side_dtype"] for t in rollout["tensors"]}
+        assert all(held[n] == "float32" for n in router), label
+    for label in ("baseline", TRAINER):
+        comparison = glm_run["cases"][label]["comparison"]
+        assert comparison["identity_violations"] == [], label
+        assert comparison["outcome"] in ("PASS", "MISMATCH"), label
+    planted = glm_run["cases"][BIAS]
+    comparison = planted["comparison"]
+    assert comparison["outcome"] == "INVALID_IDENTITY"
+    violations = comparison["identity_violations"]
+    assert all(v.startswith("weights (rollout") for v in violations), violations
+    rollout = json.loads((planted["attempt"] / "weights_rollout.json").read_text())
+    found = sorted((d["name"], d["kind"], d["rank"]) for d in rollout["differences"])
+    assert found == sorted(
+        [(n, "values", None) for n in biases] + [(n, "slice", 0) for n in biases]
+    ), found
+    assert sorted(v.split(": ")[1] for v in violations) == sorted(biases * 2)
     baseline = _drift(glm_run["cases"]["baseline"]["attempt"])
-    planted = _drift(glm_run["cases"][BIAS]["attempt"])
-    assert planted["mean_abs_diff"] > baseline["mean_abs_diff"], (planted, baseline)
-    assert planted["max_abs_diff"] > baseline["max_abs_diff"], (planted, baseline)
-    assert planted["ess"] < baseline["ess"], (planted, baseline)
-    print(json.dumps({"baseline": baseline, BIAS: planted}, indent=1))
+    trainer = _drift(glm_run["cases"][TRAINER]["attempt"])
+    zeros = _drift(planted["attempt"])
+    assert zeros["mean_abs_diff"] > baseline["mean_abs_diff"], (zeros, baseline)
+    assert zeros["max_abs_diff"] > baseline["max_abs_diff"], (zeros, baseline)
+    assert zeros["ess"] < baseline["ess"], (zeros, baseline)
+    print(json.dumps({"baseline": baseline, TRAINER: trainer, BIAS: zeros}, indent=1))
 
 
 def test_the_digests_after_a_push_are_of_the_router_bias_the_engine_runs_with(
     glm_run: dict[str, Any],
 ) -> None:
     """Each layer's ``e_score_correction_bias`` digest (float32 bytes, recomputed here from the
-    safetensors file): the checkpoint's after a checkpoint load; after a correct trainer push
-    the checkpoint's rounded through bfloat16 (the push casts every tensor to the rollout dtype,
-    docs/MOE.md; vLLM holds it in float32); after the planted push float32 zeros. That is the
-    value the router computes with (the planted drift above), not the copy taken before the
-    gate's processing (vLLM's dummy initialisation, before the fix). Between the two pushes
-    only the biases differ."""
+    safetensors file): the checkpoint's after a checkpoint load and after a correct trainer
+    push (the trainer holds it in float32, and the push sends each tensor in the dtype the
+    engine declares it in: float32 here, never rounded through bfloat16); after the planted
+    push float32 zeros. That is the value the router computes with (the planted drift above),
+    not the copy taken before the gate's processing (vLLM's dummy initialisation, before the
+    fix). The router weight: the checkpoint's float32 after the load; after the push the
+    trainer's bfloat16 (transformers holds the weight in the model dtype) widened to float32,
+    which the rollout document declares (``via``). Between the two pushes only the biases
+    differ."""
     from safetensors.torch import load_file
 
     (shard,) = sorted(Path(glm_run["checkpoint"]).glob("*.safetensors"))
@@ -305,8 +331,19 @@ def test_the_digests_after_a_push_are_of_the_router_bias_the_engine_runs_with(
         assert wanted.dtype == torch.float32 and bool(wanted.abs().sum() > 0), name
         assert held["baseline"][name]["side"] == _sha(wanted), name
         rounded = wanted.to(torch.bfloat16).to(torch.float32)
-        assert held[TRAINER][name]["side"] == _sha(rounded) != _sha(wanted), name
+        assert _sha(rounded) != _sha(wanted), name
+        assert held[TRAINER][name]["side"] == _sha(wanted), name
+        assert held[TRAINER][name].get("via") is None, name
         zeros = torch.zeros_like(wanted)
         assert held[BIAS][name]["side"] == _sha(zeros) != _sha(wanted), name
+    for i in range(2):
+        name = f"model.layers.{i}.mlp.gate.weight"
+        wanted = checkpoint[name]
+        assert wanted.dtype == torch.float32, name
+        assert held["baseline"][name]["side"] == _sha(wanted), name
+        assert held["baseline"][name].get("via") is None, name
+        through = wanted.to(torch.bfloat16).to(torch.float32)
+        assert held[TRAINER][name]["side"] == _sha(through) != _sha(wanted), name
+        assert held[TRAINER][name].get("via") == "bfloat16", name
     moved = sorted(n for n in held[TRAINER] if held[TRAINER][n]["side"] != held[BIAS][n]["side"])
     assert moved == names
