@@ -25,8 +25,10 @@ tensor (``runtimes.weights.vllm_layout``), taken at the one point where they exi
 tensors on every platform: importing this module (which vLLM does in ``init_worker``, before
 it loads the model) wraps the model loader's ``process_weights_after_loading`` so that the
 digests are taken after ``load_weights`` and before it (the CPU build packs each linear weight
-there and leaves an empty ``layer.weight``). ``weights_live`` digests the model as it is now
-(after a weight update, say), naming every tensor vLLM no longer holds readably.
+there and leaves an empty ``layer.weight``); it also wraps the loader's ``initialize_model``, so
+that the dtype every parameter was constructed in is read before any weight is loaded (the
+side's per-tensor declaration, ``constructed_dtypes``). ``weights_live`` digests the model as
+it is now (after a weight update, say), naming every tensor vLLM no longer holds readably.
 
 Knows nothing about cases, knobs, scoring, how the report is summarised, or the engine's
 processes; imported only inside vLLM worker processes, where vLLM and torch are loaded.
