@@ -317,7 +317,7 @@ class VllmRollout:
         self._weights: WeightsDocument | None = None
         self._installed = False
         self._pushed_via: dict[str, str] = {}
-        """Per pushed tensor, the trainer's dtype the engine's holds it through
+        """Per pushed tensor, the trainer's dtype the engine holds it through
         (``weight_push.pushed_through``: a bfloat16 trainer tensor in a float32 parameter)."""
 
     @property
