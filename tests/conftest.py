@@ -1,10 +1,10 @@
 """Shared fixtures, markers and hypothesis profiles of the suite.
 
 Markers by cost (pyproject's ``markers``): ``slow`` for a test that starts a real engine (a
-transformers model, FSDP rank processes, a vLLM engine), a browser, a pytest-xdist sub-session
-or the kill -9 loop; ``process`` for one that needs a fresh interpreter, ``sys.modules`` at
-exit, an ``RLIMIT_AS`` or timer bound, or non-UTF-8 argv. The fast loop is
-``pytest -n 2 -m "not slow and not process"``; CI runs everything. Hypothesis draws
+transformers model, a vLLM engine), torch.distributed rank processes (FSDP, gloo), a browser, a
+pytest-xdist sub-session or the kill -9 loop; ``process`` for one that needs a fresh
+interpreter, ``sys.modules`` at exit, an ``RLIMIT_AS`` or timer bound, or non-UTF-8 argv. The
+fast loop is ``pytest -n 2 -m "not slow and not process"``; CI runs everything. Hypothesis draws
 ``HYPOTHESIS_PROFILE`` examples: ``dev`` (the default, small budgets) or ``ci`` (set by
 ``.ci/run``). Modules run heavy first (``module_order``). Repository paths and the runner
 wiring live in ``drift_testing`` (importable because this directory is on sys.path);

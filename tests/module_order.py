@@ -15,9 +15,21 @@ import pytest
 
 
 def keep_collection_order(config: pytest.Config) -> None:
-    """Turn off xdist's re-sort of the module queue by test count (when xdist is installed)."""
+    """Turn off xdist's re-sort of the module queue by test count (when xdist is installed),
+    and hand out whole modules under ``-n N`` alone: xdist's default there (``--dist load``)
+    deals a module's tests round-robin, so both workers built its module-scoped fixtures (a
+    sealed run, a report) and both imported what its first test imports (vLLM: seconds). An
+    explicit ``--dist`` is kept."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    if getattr(config.option, "dist", "no") == "load" and not _dist_given(
+        config.invocation_params.args
+    ):
+        config.option.dist = "loadfile"
+
+
+def _dist_given(args: tuple[str, ...] | list[str]) -> bool:
+    return any(a in ("-d", "--distload", "--dist") or a.startswith("--dist=") for a in args)
 
 
 def _cost_class(tests: list[pytest.Item]) -> tuple[int, int]:

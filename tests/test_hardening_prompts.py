@@ -265,16 +265,23 @@ BOMBS = [
     ("{{ messages.__class__.__mro__ }}", ["p.jsonl:1: the chat template refused it", "unsafe"]),
     ("{{ cycler.__init__.__globals__ }}", ["refused it", "'__init__'", "unsafe"]),
     ("{{ lipsum.__globals__.os }}", ["refused it", "'__globals__'", "unsafe"]),
-    (
+    # the renderer's own bounds firing (its CPU-time timer, its RLIMIT_AS): ``process``
+    pytest.param(
         "{% set x = lipsum(n=10000000) %}x",
         [f"used more than its bound of {TEMPLATE_SECONDS:g} s of CPU time"],
+        marks=pytest.mark.process,
     ),
-    (
+    pytest.param(
         "{% set ns = namespace(s='x') %}\n{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
         "{% endfor %}{{ ns.s|length }}",
         [f"needs more memory than its bound of {TEMPLATE_MEMORY_BYTES >> 20} MiB", "line 2"],
+        marks=pytest.mark.process,
     ),
-    ("{{ 'x'|center(3000000000) }}", ["needs more memory than its bound"]),
+    pytest.param(
+        "{{ 'x'|center(3000000000) }}",
+        ["needs more memory than its bound"],
+        marks=pytest.mark.process,
+    ),
     (
         "{{ (10 ** 100000) ** 100000 }}",
         ["makes an integer of about", "over the bound of 1 MiB"],
@@ -310,6 +317,7 @@ def test_the_sandbox_refuses_escapes_and_bounds_every_bomb(
         assert needle in message, (needle, message)
 
 
+@pytest.mark.process  # a wall-clock bound (the parent's backstop)
 def test_a_renderer_that_gives_no_answer_is_killed_at_the_wall_backstop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

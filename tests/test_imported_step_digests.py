@@ -192,7 +192,7 @@ EXAMPLE_DUMPS = Path(__file__).resolve().parents[1] / "experiments" / "productio
 
 def _outcomes(run_dir: Path) -> dict[int, str]:
     """Each step's outcome as ``report --json`` gives it."""
-    code, out, err = cli("report", run_dir, "--json")
+    code, out, err = cli("report", run_dir, "--json", "--no-html")
     assert code in (0, 1), out + err
     cases = json.loads(out)["cases"]
     return {int(case["label"].removeprefix("step=")): case["outcome"] for case in cases}

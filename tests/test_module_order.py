@@ -1,10 +1,11 @@
 """The suite's module order (``module_order``): heavy modules first, each module's tests kept
-together in their own order, and pytest-xdist's re-sort by test count off in this session."""
+together in their own order, pytest-xdist's re-sort by test count off in this session, and
+``-n N`` alone handing out whole modules."""
 
 from __future__ import annotations
 
 import pytest
-from module_order import heavy_modules_first
+from module_order import heavy_modules_first, keep_collection_order
 
 pytest_plugins = ["pytester"]
 
@@ -51,3 +52,25 @@ def test_modules_run_by_cost_class_each_kept_together(pytester: pytest.Pytester)
 def test_xdist_keeps_the_collection_order(pytestconfig: pytest.Config) -> None:
     pytest.importorskip("xdist")
     assert pytestconfig.option.loadscopereorder is False
+
+
+@pytest.mark.parametrize(
+    ("args", "dist"),
+    [
+        (["-n", "2"], "loadfile"),  # xdist's default for -n alone is load
+        (["-n", "2", "--dist", "load"], "load"),
+        (["-n", "2", "--dist=load"], "load"),
+        (["-n", "2", "-d"], "load"),
+        (["-n", "2", "--dist", "loadgroup"], "loadgroup"),
+        ([], "no"),
+    ],
+)
+def test_n_alone_hands_out_whole_modules_and_an_explicit_dist_is_kept(
+    pytester: pytest.Pytester, args: list[str], dist: str
+) -> None:
+    xdist = pytest.importorskip("xdist.plugin")
+    config = pytester.parseconfig(*args)
+    xdist.pytest_cmdline_main(config)  # what -n does to --dist before any conftest runs
+    keep_collection_order(config)
+    assert config.option.dist == dist
+    assert config.option.loadscopereorder is False

@@ -174,6 +174,7 @@ def test_a_drift_config_without_paths_collects_only_its_cases(s0: pytest.Pyteste
     result.stdout.fnmatch_lines(["suite/test_own.py::test_own", "4 tests collected*"])
 
 
+@pytest.mark.process  # a fresh interpreter: sys.modules after collection
 def test_collect_only_lists_cases_without_importing_torch(s0: pytest.Pytester) -> None:
     s0.makeconftest("""
         import sys

@@ -13,7 +13,8 @@ is ~1e-2, the size of a few fp32 ulps at 2e4. Moderate inputs are also checked a
 flat 4e-6 bound on their own.
 
 The vocabulary-parallel backend runs on two real gloo ranks (spawned once per module and fed
-cases through queues; the group is destroyed and the processes joined at teardown).
+cases through queues; the group is destroyed and the processes joined at teardown): those tests
+are ``slow``, as FSDP ranks are (torch.distributed processes, outside the fast loop).
 """
 
 from __future__ import annotations
@@ -648,6 +649,7 @@ def _assert_ranks_agree_with_reference(
     assert torch.equal(replies[0][1], replies[1][1])  # every rank returns the same result
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(case=cases(max_vocab=200), chunk_size=st.sampled_from([1, 3, 7, 64, 4096]))
 def test_vocab_parallel_matches_float64(gloo_pair: GlooPair, case: Case, chunk_size: int) -> None:
@@ -655,6 +657,7 @@ def test_vocab_parallel_matches_float64(gloo_pair: GlooPair, case: Case, chunk_s
     _assert_ranks_agree_with_reference(replies, case.logits, case.token_ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_vocab_parallel_uneven_split(gloo_pair: GlooPair, dtype: torch.dtype) -> None:
     # V = 5003 splits 2502 / 2501; tokens on both sides of the boundary; rank 1's whole shard
@@ -673,6 +676,7 @@ def test_vocab_parallel_uneven_split(gloo_pair: GlooPair, dtype: torch.dtype) ->
     assert (replies[0][1] - single).abs().max().item() <= MODERATE_BOUND
 
 
+@pytest.mark.slow
 def test_vocab_parallel_rank_with_empty_shard(gloo_pair: GlooPair) -> None:
     logits = torch.randn(3, 1)  # V = 1 < world size: rank 1 owns (1, 1)
     token_ids = torch.zeros(3, dtype=torch.int64)
@@ -681,12 +685,14 @@ def test_vocab_parallel_rank_with_empty_shard(gloo_pair: GlooPair) -> None:
     assert replies[0][1].tolist() == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.slow
 def test_vocab_parallel_zero_tokens(gloo_pair: GlooPair) -> None:
     replies = gloo_pair.run(torch.randn(0, 3, 9), torch.zeros(0, 3, dtype=torch.int64))
     for status, payload in replies:
         assert status == "ok" and payload.shape == (0, 3) and payload.dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_vocab_parallel_rejects_unowned_and_doubly_owned_tokens(gloo_pair: GlooPair) -> None:
     logits = torch.randn(2, 9)
     replies = gloo_pair.run(logits, torch.tensor([3, 9]))  # 9 is outside [0, 9)
