@@ -110,14 +110,28 @@ def _install_construction_record() -> bool:
     before ``load_weights`` runs (``vllm_layout.constructed_dtypes``): the declaration of what
     the engine holds each tensor in, taken from construction, never from what a loader
     later put there. False when vLLM's loader is not importable here."""
+    return _wrap_loader("initialize_model", "_drift_construction", _recording_construction)
+
+
+def _wrap_loader(attribute: str, marker: str, wrapper_of: Any) -> bool:
+    """Replace vLLM's ``base_loader.<attribute>`` (once per process: the wrapper carries
+    ``marker``) with ``wrapper_of(original)``. False when vLLM's loader is not importable."""
     try:
         from vllm.model_executor.model_loader import base_loader as loader_module
     except ImportError:
         return False
     base_loader: Any = loader_module
-    original = base_loader.initialize_model
-    if getattr(original, "_drift_construction", False):
+    original = getattr(base_loader, attribute)
+    if getattr(original, marker, False):
         return True
+    wrapper = wrapper_of(original)
+    setattr(wrapper, marker, True)
+    setattr(base_loader, attribute, wrapper)
+    return True
+
+
+def _recording_construction(original: Any) -> Any:
+    """``initialize_model`` that records the built model's constructed dtypes."""
 
     def initialize_then_record(*args: Any, **kwargs: Any) -> Any:
         from pytest_logprob_drift.runtimes.weights.vllm_layout import (
@@ -132,23 +146,19 @@ def _install_construction_record() -> bool:
         _WEIGHTS.constructed = read_dtypes(model, engine_dtype)
         return model
 
-    initialize_then_record._drift_construction = True  # type: ignore[attr-defined]
-    base_loader.initialize_model = initialize_then_record
-    return True
+    return initialize_then_record
 
 
 def _install_weight_digests() -> bool:
     """Wrap (once, in this process) the model loader's ``process_weights_after_loading`` so
     that every model this worker loads is digested just before it. False when vLLM's loader
     is not importable here (the module is imported outside a worker)."""
-    try:
-        from vllm.model_executor.model_loader import base_loader as loader_module
-    except ImportError:
-        return False
-    base_loader: Any = loader_module
-    original = base_loader.process_weights_after_loading
-    if getattr(original, "_drift_weights", False):
-        return True
+    return _wrap_loader("process_weights_after_loading", "_drift_weights", _digesting_load)
+
+
+def _digesting_load(original: Any) -> Any:
+    """``process_weights_after_loading`` that digests the loaded model (and reads the
+    prepacked experts back) around the original."""
 
     def digest_then_process(model: Any, model_config: Any, target_device: Any) -> Any:
         from pathlib import Path
@@ -180,9 +190,7 @@ def _install_weight_digests() -> bool:
                 _WEIGHTS.error = f"{type(exc).__name__}: {exc}"
         return out
 
-    digest_then_process._drift_weights = True  # type: ignore[attr-defined]
-    base_loader.process_weights_after_loading = digest_then_process
-    return True
+    return digest_then_process
 
 
 _install_construction_record()
