@@ -204,6 +204,4 @@ if __name__ == "__main__":
     parser.add_argument("--memory-bytes", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     options = parser.parse_args()
-    serve(options.memory_bytes, options.seconds)
-    sys.stdout.flush()
-    os._exit(0)  # the client closed stdin: nothing to tear down (torch's at exit takes seconds)
+    serve(options.memory_bytes, options.seconds)  # returns when the client closes stdin
