@@ -52,19 +52,35 @@ def _sha(tensor: torch.Tensor) -> str:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     directory = tmp_path_factory.mktemp("moe-planted")
+    cases, text = _sealed_cases(
+        directory,
+        {
+            "experiment_id": ID,
+            "interventions": [
+                {"path": "rollout.weight_sync", "values": [p.split("=")[1] for p in PLANTED]}
+            ],
+        },
+        {"baseline", *PLANTED},
+    )
+    return {"run_dir": directory / "runs" / ID, "cases": cases, "text": text}
+
+
+def _sealed_cases(
+    directory: Path, changes: dict[str, Any], labels: set[str]
+) -> tuple[dict[str, dict[str, Any]], str]:
+    """Run the shipped MoE experiment with ``changes`` (its later prompts, 8 new tokens, a
+    checkpoint-loaded baseline, no diagnostics) on vllm-hf with the test-only operators, and
+    return each case's attempt and comparison by label (exactly ``labels``) and the output."""
     shipped = json.loads((EXPERIMENTS / "cross_config_s1_vllm_cpu_moe_bf16.json").read_text())
     config = experiment_config(
         directory,
         "cross_config_s1_vllm_cpu_moe_bf16.json",
         {
-            "experiment_id": ID,
             "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
             "identity.sampling.max_new_tokens": 8,
             "baseline.rollout.weight_sync": "checkpoint",
-            "interventions": [
-                {"path": "rollout.weight_sync", "values": [p.split("=")[1] for p in PLANTED]}
-            ],
             "diagnostics": {},
+            **changes,
         },
     )
     code, out, err = cli(
@@ -76,14 +92,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         directory / "runs",
         "--allow-smoke-operators",
     )
-    run_dir = directory / "runs" / ID
     cases = {}
-    for comparison in run_dir.glob("cases/*/*/comparison.json"):
+    for comparison in (directory / "runs").glob("*/cases/*/*/comparison.json"):
         document = json.loads(comparison.read_text())
         cases[document["label"]] = {"attempt": comparison.parent, "comparison": document}
-    assert set(cases) == {"baseline", *PLANTED}, out[-2000:] + err[-3000:]
+    assert set(cases) == labels, out[-2000:] + err[-3000:]
     assert code in (0, 1), err[-3000:]
-    return {"run_dir": run_dir, "cases": cases, "text": out + err}
+    return cases, out + err
 
 
 def _drift(attempt: Path) -> dict[str, float]:
@@ -215,38 +230,18 @@ def _tiny_glm4_moe(target: Path) -> Path:
 def glm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     directory = tmp_path_factory.mktemp("glm-planted")
     checkpoint = _tiny_glm4_moe(directory / "tiny-glm4-moe")
-    shipped = json.loads((EXPERIMENTS / "cross_config_s1_vllm_cpu_moe_bf16.json").read_text())
-    config = experiment_config(
+    cases, _ = _sealed_cases(
         directory,
-        "cross_config_s1_vllm_cpu_moe_bf16.json",
         {
             "experiment_id": "vllm-glm4-moe-planted",
             "identity.checkpoint": {"uri": str(checkpoint), "model_version": "tiny-glm4-moe"},
             "identity.tokenizer.id": "tiny-glm4-moe",
-            "identity.prompts.token_ids": shipped["identity"]["prompts"]["token_ids"][1:],
-            "identity.sampling.max_new_tokens": 8,
-            "baseline.rollout.weight_sync": "checkpoint",
             "interventions": [
                 {"path": "rollout.weight_sync", "values": ["trainer", BIAS.split("=")[1]]}
             ],
-            "diagnostics": {},
         },
+        {"baseline", TRAINER, BIAS},
     )
-    code, out, err = cli(
-        "run",
-        config,
-        "--runtime",
-        "vllm-hf",
-        "--artifacts",
-        directory / "runs",
-        "--allow-smoke-operators",
-    )
-    cases = {}
-    for comparison in (directory / "runs").glob("*/cases/*/*/comparison.json"):
-        document = json.loads(comparison.read_text())
-        cases[document["label"]] = {"attempt": comparison.parent, "comparison": document}
-    assert set(cases) == {"baseline", TRAINER, BIAS}, out[-2000:] + err[-3000:]
-    assert code in (0, 1), err[-3000:]
     return {"cases": cases, "checkpoint": checkpoint}
 
 
