@@ -45,6 +45,19 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # which this also keeps. Set ``OMP_NUM_THREADS`` to choose otherwise.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# vLLM's engine core runs in the process that builds the engine
+# (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, inherited by every process a test starts), and at TP 1
+# its worker too (the ``uni`` executor):
+# on the CPU build each engine otherwise starts two fresh interpreters that import vLLM (a
+# one-engine CLI run took 37.3 s instead of 16.1 s here; a second engine in the same process
+# 1.5 s). The scores are bitwise the same either way, and the runtime gives the process back
+# what vLLM changes in it at close (``engine._restore_caller``). A module about vLLM's own
+# processes (their count, titles, shared memory, log files) is marked ``vllm_processes`` and
+# builds its engines as vLLM does by default (``vllm_default_processes``); set the variable to
+# 1 to run the whole suite that way.
+ENGINE_CORE_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+os.environ.setdefault(ENGINE_CORE_ENV, "0")
+
 # Example budgets (a test states its own ``max_examples`` only where it needs fewer, e.g. each
 # example starts processes). ``ci``: hypothesis' default budget, what CI has always run; ``dev``:
 # a tenth of it, for the fast loop. No deadline in either: a shared machine's timing is no
@@ -65,6 +78,29 @@ def torch_threads_kept() -> Iterator[None]:
     yield
     if torch is not None and before is not None and torch.get_num_threads() != before:
         torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def vllm_default_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In a module marked ``vllm_processes``: vLLM's engine core and workers in processes of
+    their own, vLLM's default, for the module's engines (module fixtures included) and the
+    processes its tests start. vLLM reads the variable through a cache an earlier engine
+    core in this process may have turned on; its own ``disable_envs_cache`` turns it off."""
+    if request.node.get_closest_marker("vllm_processes") is None:
+        yield
+        return
+    before = os.environ.get(ENGINE_CORE_ENV)
+    os.environ[ENGINE_CORE_ENV] = "1"
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None:
+        envs.disable_envs_cache()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENGINE_CORE_ENV, None)
+        else:
+            os.environ[ENGINE_CORE_ENV] = before
 
 
 @pytest.fixture

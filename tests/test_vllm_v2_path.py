@@ -182,6 +182,35 @@ def test_install_replaces_exactly_the_v2_sites(monkeypatch: pytest.MonkeyPatch) 
         rollout_logp_v2.install({"backend": "c"}, _kernel, "raw_logprobs", rollout_logp._score)
 
 
+def test_restore_puts_vllms_own_functions_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new engine built in this process (its engine core run here) starts with vLLM's
+    logprobs: ``restore`` undoes ``install`` at every site and forgets the backend."""
+    from vllm.v1.worker.gpu.sample import logprob, prompt_logprob, sampler
+
+    own = {
+        (module, name): getattr(module, name)
+        for module, name in (
+            (logprob, "compute_token_logprobs"),
+            (sampler, "compute_topk_scores"),
+            (prompt_logprob, "compute_topk_scores"),
+            (prompt_logprob, "compute_token_logprobs"),
+        )
+    }
+    for (module, name), function in own.items():
+        monkeypatch.setattr(module, name, function)  # restored afterwards
+    monkeypatch.setattr(rollout_logp_v2, "_STATE", {})
+    rollout_logp_v2.restore()  # nothing installed: nothing changes
+    assert all(getattr(m, n) is f for (m, n), f in own.items())
+    rollout_logp_v2.install({"backend": "b"}, _kernel, "raw_logprobs", rollout_logp._score)
+    assert not any(getattr(m, n) is f for (m, n), f in own.items())
+    rollout_logp_v2.restore()
+    assert all(getattr(m, n) is f for (m, n), f in own.items())
+    assert rollout_logp_v2.untouched() and rollout_logp_v2.state() is None
+    # Another backend installs now without the "already runs backend" refusal.
+    rollout_logp_v2.install({"backend": "c"}, _kernel, "raw_logprobs", rollout_logp._score)
+    assert rollout_logp_v2.state() is not None
+
+
 def _reference(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """The contract of vLLM's ``compute_token_logprobs``: float32 ``[B, K]`` log-softmax
     values at ``token_ids`` (float64 here, independently of any project code)."""

@@ -45,7 +45,7 @@ from pytest_logprob_drift.tensorio import tensors_from_bytes
 
 skip_unless_installed("vllm")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_processes]  # counts vLLM's own processes
 
 ROOT = Path(__file__).resolve().parents[2]
 S1_CONFIG = ROOT / "experiments" / "cross_config_s1_vllm_cpu_tiny.json"

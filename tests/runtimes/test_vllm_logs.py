@@ -29,6 +29,8 @@ from pytest_logprob_drift.runtimes.vllm import logs
 
 skip_unless_installed("vllm")
 
+pytestmark = pytest.mark.vllm_processes  # the engine processes' output, in their log file
+
 VLLM_LINE = re.compile(r"(^|\s)(INFO|WARNING|DEBUG)\s+\d\d-\d\d |\(EngineCore|\[vllm\.|vllm\.")
 
 

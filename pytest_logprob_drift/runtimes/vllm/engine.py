@@ -230,18 +230,23 @@ def request_seed(seed: int, sample_index: int) -> int:
 
 
 class _EngineHandle:
-    """The live ``LLM``, its engine processes and their shared memory; shared with the finalizer."""
+    """The live ``LLM``, its engine processes and their shared memory, and what an engine core
+    in this process changes in it (``set_num_threads``: torch's own, from before the engine);
+    shared with the finalizer."""
 
-    __slots__ = ("engine_processes", "llm", "shm_segments")
+    __slots__ = ("engine_processes", "llm", "set_num_threads", "shm_segments", "worker_processes")
 
     def __init__(self) -> None:
         self.llm: LLM | None = None
         self.engine_processes: list[Any] = []
+        self.worker_processes: list[Any] = []
         self.shm_segments: set[str] = set()
+        self.set_num_threads: Any = None
 
     def note_shm_segments(self) -> None:
         """Remember the shared-memory segments the engine processes have mapped."""
-        self.shm_segments |= mapped_shm_segments(engine_tree(self.engine_processes))
+        processes = [*self.engine_processes, *self.worker_processes]
+        self.shm_segments |= mapped_shm_segments(engine_tree(processes))
 
 
 def _engine_processes(llm: LLM) -> list[Any]:
@@ -251,12 +256,24 @@ def _engine_processes(llm: LLM) -> list[Any]:
     return list(getattr(manager, "processes", []) or [])
 
 
+def _in_process_workers(llm: LLM) -> list[Any]:
+    """With the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the worker
+    process objects its multiprocessing executor started (none for ``uni``, whose worker is
+    this process); empty when the engine core is a process of its own."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    handles = getattr(getattr(core, "model_executor", None), "workers", None) or []
+    return [h.proc for h in handles if getattr(h, "proc", None) is not None]
+
+
 def _shutdown(handle: _EngineHandle) -> None:
-    """Shut the engine down, drop it, and reap its processes. Idempotent."""
+    """Shut the engine down, drop it, and reap its processes; then give this process back what
+    an engine core run in it changed (``_restore_caller``). Idempotent."""
     llm, handle.llm = handle.llm, None
     if llm is not None:
         handle.note_shm_segments()
     processes, handle.engine_processes = handle.engine_processes, []
+    processes += handle.worker_processes
+    handle.worker_processes = []
     segments, handle.shm_segments = handle.shm_segments, set()
     try:
         if llm is not None:
@@ -266,6 +283,25 @@ def _shutdown(handle: _EngineHandle) -> None:
         gc.collect()
         reap(processes, _SHUTDOWN_JOIN_S)  # the exited engine core would stay a zombie
         release_orphaned_shm(segments)
+        _restore_caller(handle)
+
+
+def _restore_caller(handle: _EngineHandle) -> None:
+    """Undo what an engine core (and a ``uni`` worker) run in this process leaves behind, so
+    that the next engine and a training scorer here see the process they had: vLLM's CPU
+    worker replaces ``torch.set_num_threads`` with a no-op (``CPUWorker.init_device``), put
+    back; and the engine core freezes vLLM's reading of the environment
+    (``vllm.envs.enable_envs_cache``), which would hide from the next engine the variables
+    ``construction_env`` sets; turned off (``disable_envs_cache``, vLLM's own undo). With the
+    engine core in a process of its own both are untouched here, and this changes nothing."""
+    import sys
+
+    torch_module: Any = sys.modules.get("torch")
+    if handle.set_num_threads is not None and torch_module is not None:
+        torch_module.set_num_threads = handle.set_num_threads
+    envs: Any = sys.modules.get("vllm.envs")
+    if envs is not None:
+        envs.disable_envs_cache()
 
 
 # --------------------------------------------------------------------------- engine
@@ -276,11 +312,13 @@ class VllmRolloutEngine:
 
     def __init__(self, spec: VllmEngineSpec) -> None:
         prepare_vllm_logging()
+        import torch
         from vllm import LLM
         from vllm.platforms import current_platform
 
         self.spec = spec
         self._handle = _EngineHandle()
+        self._handle.set_num_threads = torch.set_num_threads
         self._finalizer = weakref.finalize(self, _shutdown, self._handle)
         refusal = platform_refusal(spec.device, current_platform)
         if refusal is not None:
@@ -349,6 +387,7 @@ class VllmRolloutEngine:
                 self.pushed_weights: SideReport | None = None
                 """The workers' digests after the last ``push_weights`` (None before one)."""
                 self._handle.engine_processes = _engine_processes(llm)
+                self._handle.worker_processes = _in_process_workers(llm)
                 self._handle.note_shm_segments()
         except BaseException:
             self.close()
@@ -416,7 +455,7 @@ class VllmRolloutEngine:
 
     def engine_process_ids(self) -> dict[str, list[int]]:
         """Live engine-core PIDs and the worker PIDs below them (from /proc)."""
-        return engine_process_ids(self._handle.engine_processes)
+        return engine_process_ids(self._handle.engine_processes, self._handle.worker_processes)
 
     def read_back(self) -> dict[str, object]:
         """What the live engine really runs, read from vLLM's own objects (never the spec)."""

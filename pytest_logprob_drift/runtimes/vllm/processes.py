@@ -1,7 +1,8 @@
 """Processes, shared memory and environment around a vLLM engine, seen from the operating system.
 
 Owns: listing this process's live descendants and their command lines (from /proc only);
-naming the engine-core and worker processes below a set of engine-core processes; the /dev/shm
+naming the engine-core and worker processes below a set of engine-core processes (or, with
+the engine core in this process, its workers); the /dev/shm
 segments a set of processes has mapped, and unlinking the ones an engine left behind; reaping
 exited engine-core processes (join, kill after a timeout); and the context manager that patches
 ``os.environ`` for an engine construction (the CPU thread binding per tensor-parallel rank, no
@@ -100,17 +101,21 @@ def engine_tree(processes: Iterable[Any]) -> list[int]:
     return sorted({*cores, *(pid for core in cores for pid in list_child_processes(core))})
 
 
-def engine_process_ids(processes: Iterable[Any]) -> dict[str, list[int]]:
-    """Live engine-core PIDs (children of this process) and the worker PIDs below them."""
+def engine_process_ids(
+    processes: Iterable[Any], workers: Iterable[Any] = ()
+) -> dict[str, list[int]]:
+    """Live engine-core PIDs (children of this process) and the worker PIDs below them; with an
+    engine core in this process, ``workers``: its executor's worker process objects."""
     live = set(list_child_processes())
     cores = [pid for pid in _pids(processes) if pid in live]
-    workers = sorted(
+    below = [
         pid
         for core in cores
         for pid in list_child_processes(core)
         if process_command_line(pid).startswith(_WORKER_TITLE)
-    )
-    return {"engine_core": cores, "workers": workers}
+    ]
+    own = [pid for pid in _pids(workers) if pid in live]
+    return {"engine_core": cores, "workers": sorted({*below, *own})}
 
 
 # --------------------------------------------------------------------------- reaping

@@ -447,6 +447,12 @@ def observe_logits(sampler: Any) -> None:
     sampler._drift_logits_observed = True
 
 
+def forget_logits_seen() -> None:
+    """Start the record of the logits received afresh (a new engine built in this process)."""
+    _LOGITS_SEEN.dtypes.clear()
+    _LOGITS_SEEN.width = None
+
+
 def logits_seen() -> LogitsSeen:
     return {
         "sampler_logits_dtypes": sorted(_LOGITS_SEEN.dtypes),

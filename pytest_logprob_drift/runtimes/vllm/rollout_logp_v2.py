@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SITES",
     "install",
+    "restore",
     "targets",
     "untouched",
 ]
@@ -199,6 +200,20 @@ def _marked(wrapper: Any, original: Any) -> Any:
     wrapper.__wrapped__ = original
     setattr(wrapper, _MARK, True)
     return wrapper
+
+
+def restore() -> None:
+    """Put vLLM's own functions back at every site and forget the injection: a new engine built
+    in this process (an engine core run in the caller's process builds engine after engine in
+    one) starts with vLLM's logprobs, never the kernel an earlier engine was given."""
+    if _STATE.pop("state", None) is None:
+        return
+    from vllm.v1.worker.gpu.sample import logprob, prompt_logprob, sampler
+
+    modules = {"logprob": logprob, "sampler": sampler, "prompt_logprob": prompt_logprob}
+    for site in SITES:
+        module, name = site.split(".")
+        setattr(modules[module], name, _original(getattr(modules[module], name)))
 
 
 def install(spec: KernelReference, kernel: Any, mode: str, score: Any) -> list[str]:

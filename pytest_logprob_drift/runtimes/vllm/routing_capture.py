@@ -100,6 +100,12 @@ def install(model: Any, runner: Any) -> int:
     return len(runners)
 
 
+def forget() -> None:
+    """Drop the capture of an earlier model (a new engine built in this process): the next
+    ``install`` wraps the new model's routers."""
+    _STATE.armed, _STATE.installed, _STATE.layers, _STATE.steps = False, None, 0, []
+
+
 def arm() -> None:
     _STATE.armed, _STATE.steps = True, []
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_logprob_drift.runtimes.vllm import rollout_logp
@@ -138,6 +138,7 @@ def _recording_construction(original: Any) -> Any:
             constructed_dtypes as read_dtypes,
         )
 
+        _forget_earlier_engines()
         model = original(*args, **kwargs)
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         model_config = kwargs.get("model_config") or getattr(vllm_config, "model_config", None)
@@ -147,6 +148,24 @@ def _recording_construction(original: Any) -> Any:
         return model
 
     return initialize_then_record
+
+
+def _forget_earlier_engines() -> None:
+    """Start every record of this worker afresh for the engine being built. A worker is a
+    process of its own per engine unless vLLM runs it in the caller's process (the engine core
+    there, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and TP 1: the ``uni`` executor), where one
+    process builds engine after engine: what an earlier engine's worker loaded, saw, captured
+    or was given (a V2 logprob kernel) is never reported as, or run by, this one's."""
+    from pytest_logprob_drift.runtimes.vllm import rollout_logp_v2, routing_capture
+
+    for record in (_WEIGHTS, _LAYERS, _PUSHED):
+        fresh = type(record)()
+        for item in fields(record):
+            setattr(record, item.name, getattr(fresh, item.name))
+    _SAMPLING_SEEN.clear()
+    rollout_logp.forget_logits_seen()
+    routing_capture.forget()
+    rollout_logp_v2.restore()
 
 
 def _install_weight_digests() -> bool:
@@ -199,7 +218,8 @@ _install_weight_digests()
 _SAMPLING_SEEN: Counter[tuple[float, float, int, float]] = Counter()
 """``(temperature, top_p, top_k, min_p)`` of every request this worker's input batch took in
 (the ``SamplingParams`` the worker really received, after the hop from the frontend), with
-how often; never reset, so a caller compares two reports to see one call's requests."""
+how often; never reset while the engine lives (a new engine built in this process starts it
+afresh), so a caller compares two reports to see one call's requests."""
 
 
 def _count(params: Any) -> None:
