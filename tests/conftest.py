@@ -22,6 +22,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_processes import ForkServer
@@ -53,7 +54,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # 1.5 s). The scores are bitwise the same either way, and the runtime gives the process back
 # what vLLM changes in it at close (``engine._restore_caller``). A module about vLLM's own
 # processes (their count, titles, shared memory, log files) is marked ``vllm_processes`` and
-# builds its engines as vLLM does by default (``vllm_default_processes``); set the variable to
+# builds its engines as vLLM does by default (``vllm_engine_placement``); set the variable to
 # 1 to run the whole suite that way.
 ENGINE_CORE_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 os.environ.setdefault(ENGINE_CORE_ENV, "0")
@@ -81,26 +82,40 @@ def torch_threads_kept() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def vllm_default_processes(request: pytest.FixtureRequest) -> Iterator[None]:
-    """In a module marked ``vllm_processes``: vLLM's engine core and workers in processes of
+def vllm_engine_placement(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Where a module's vLLM engines run, and the test process given back after them.
+
+    In a module marked ``vllm_processes``: vLLM's engine core and workers in processes of
     their own, vLLM's default, for the module's engines (module fixtures included) and the
-    processes its tests start. vLLM reads the variable through a cache an earlier engine
-    core in this process may have turned on; its own ``disable_envs_cache`` turns it off."""
-    if request.node.get_closest_marker("vllm_processes") is None:
-        yield
-        return
+    processes its tests start (vLLM reads the variable through a cache an earlier engine core
+    in this process may have turned on; its own ``disable_envs_cache`` turns it off). After
+    every module: what a plain ``vllm.LLM`` built here by a test (an independent check,
+    outside the project's engine, which gives it back itself at close) left in this process
+    is undone, so that no later module sees it: vLLM's CPU worker replaces
+    ``torch.set_num_threads`` with a no-op, and the engine core freezes vLLM's environment."""
+    marked = request.node.get_closest_marker("vllm_processes") is not None
     before = os.environ.get(ENGINE_CORE_ENV)
-    os.environ[ENGINE_CORE_ENV] = "1"
-    envs = sys.modules.get("vllm.envs")
-    if envs is not None:
-        envs.disable_envs_cache()
+    if marked:
+        os.environ[ENGINE_CORE_ENV] = "1"
+        _vllm_reads_the_environment_again()
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(ENGINE_CORE_ENV, None)
-        else:
-            os.environ[ENGINE_CORE_ENV] = before
+        if marked:
+            if before is None:
+                os.environ.pop(ENGINE_CORE_ENV, None)
+            else:
+                os.environ[ENGINE_CORE_ENV] = before
+        _vllm_reads_the_environment_again()
+        torch: Any = sys.modules.get("torch")
+        if torch is not None and torch.set_num_threads is not torch._C.set_num_threads:
+            torch.set_num_threads = torch._C.set_num_threads
+
+
+def _vllm_reads_the_environment_again() -> None:
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None:
+        envs.disable_envs_cache()
 
 
 @pytest.fixture
