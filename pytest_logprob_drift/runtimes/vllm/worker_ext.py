@@ -31,7 +31,10 @@ side's per-tensor declaration, ``constructed_dtypes``). ``weights_live`` digests
 it is now (after a weight update, say), naming every tensor vLLM no longer holds readably.
 
 Knows nothing about cases, knobs, scoring, how the report is summarised, or the engine's
-processes; imported only inside vLLM worker processes, where vLLM and torch are loaded.
+processes; imported only inside vLLM workers, where vLLM and torch are loaded: a process of
+their own, or, with the engine core in the caller's process at TP 1 (``uni``), the caller,
+which then builds engine after engine (every record starts afresh with each model built,
+``_forget_earlier_engines``).
 """
 
 from __future__ import annotations
