@@ -52,7 +52,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # on the CPU build each engine otherwise starts two fresh interpreters that import vLLM (a
 # one-engine CLI run took 37.3 s instead of 16.1 s here; a second engine in the same process
 # 1.5 s). The scores are bitwise the same either way, and the runtime gives the process back
-# what vLLM changes in it at close (``engine._restore_caller``). A module about vLLM's own
+# what vLLM changes in it at close (``engine.restore_caller_process``). A module about vLLM's own
 # processes (their count, titles, shared memory, log files) is marked ``vllm_processes`` and
 # builds its engines as vLLM does by default (``vllm_engine_placement``); set the variable to
 # 1 to run the whole suite that way.
@@ -93,29 +93,23 @@ def vllm_engine_placement(request: pytest.FixtureRequest) -> Iterator[None]:
     outside the project's engine, which gives it back itself at close) left in this process
     is undone, so that no later module sees it: vLLM's CPU worker replaces
     ``torch.set_num_threads`` with a no-op, and the engine core freezes vLLM's environment."""
-    marked = request.node.get_closest_marker("vllm_processes") is not None
-    before = os.environ.get(ENGINE_CORE_ENV)
-    if marked:
-        os.environ[ENGINE_CORE_ENV] = "1"
-        _vllm_reads_the_environment_again()
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        if request.node.get_closest_marker("vllm_processes") is not None:
+            patch.setenv(ENGINE_CORE_ENV, "1")
+            _give_back_the_process()
         yield
-    finally:
-        if marked:
-            if before is None:
-                os.environ.pop(ENGINE_CORE_ENV, None)
-            else:
-                os.environ[ENGINE_CORE_ENV] = before
-        _vllm_reads_the_environment_again()
-        torch: Any = sys.modules.get("torch")
-        if torch is not None and torch.set_num_threads is not torch._C.set_num_threads:
-            torch.set_num_threads = torch._C.set_num_threads
+    _give_back_the_process()
 
 
-def _vllm_reads_the_environment_again() -> None:
-    envs = sys.modules.get("vllm.envs")
-    if envs is not None:
-        envs.disable_envs_cache()
+def _give_back_the_process() -> None:
+    """The runtime's own undo (``engine.restore_caller_process``), to torch's own
+    ``set_num_threads``; nothing to do, and nothing imported, before torch or vLLM is."""
+    torch: Any = sys.modules.get("torch")
+    if torch is None and "vllm.envs" not in sys.modules:
+        return
+    from pytest_logprob_drift.runtimes.vllm.engine import restore_caller_process
+
+    restore_caller_process(None if torch is None else torch._C.set_num_threads)
 
 
 @pytest.fixture

@@ -267,7 +267,7 @@ def _in_process_workers(llm: LLM) -> list[Any]:
 
 def _shutdown(handle: _EngineHandle) -> None:
     """Shut the engine down, drop it, and reap its processes; then give this process back what
-    an engine core run in it changed (``_restore_caller``). Idempotent."""
+    an engine core run in it changed (``restore_caller_process``). Idempotent."""
     llm, handle.llm = handle.llm, None
     if llm is not None:
         handle.note_shm_segments()
@@ -283,22 +283,23 @@ def _shutdown(handle: _EngineHandle) -> None:
         gc.collect()
         reap(processes, _SHUTDOWN_JOIN_S)  # the exited engine core would stay a zombie
         release_orphaned_shm(segments)
-        _restore_caller(handle)
+        restore_caller_process(handle.set_num_threads)
 
 
-def _restore_caller(handle: _EngineHandle) -> None:
+def restore_caller_process(set_num_threads: Any) -> None:
     """Undo what an engine core (and a ``uni`` worker) run in this process leaves behind, so
     that the next engine and a training scorer here see the process they had: vLLM's CPU
     worker replaces ``torch.set_num_threads`` with a no-op (``CPUWorker.init_device``), put
-    back; and the engine core freezes vLLM's reading of the environment
-    (``vllm.envs.enable_envs_cache``), which would hide from the next engine the variables
-    ``construction_env`` sets; turned off (``disable_envs_cache``, vLLM's own undo). With the
-    engine core in a process of its own both are untouched here, and this changes nothing."""
+    back to ``set_num_threads`` (torch's own, taken before the engine; None: left); and the
+    engine core freezes vLLM's reading of the environment (``vllm.envs.enable_envs_cache``),
+    which would hide from the next engine the variables ``construction_env`` sets; turned off
+    (``disable_envs_cache``, vLLM's own undo). With the engine core in a process of its own
+    both are untouched here, and this changes nothing. Imports neither torch nor vLLM."""
     import sys
 
     torch_module: Any = sys.modules.get("torch")
-    if handle.set_num_threads is not None and torch_module is not None:
-        torch_module.set_num_threads = handle.set_num_threads
+    if set_num_threads is not None and torch_module is not None:
+        torch_module.set_num_threads = set_num_threads
     envs: Any = sys.modules.get("vllm.envs")
     if envs is not None:
         envs.disable_envs_cache()
