@@ -354,3 +354,20 @@ def test_planning_never_imports_torch_transformers_or_vllm() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 case(s)" in result.stdout
     assert result.stdout.strip().endswith("NO-HEAVY-IMPORTS")
+
+
+def test_one_parser_serves_every_call_and_no_parse_leaks_into_the_next() -> None:
+    """``main`` builds its parser once per process; a parse never changes what the next one
+    reads (``--expect`` appended once, then absent; an argument error in between)."""
+    from pytest_logprob_drift.cli import _parser
+
+    parser = _parser()
+    assert _parser() is parser
+    run = ["run", str(S0), "--runtime", "cpu-smoke"]
+    first = parser.parse_args([*run, "--expect", "a=PASS", "--expect", "b=PASS"])
+    assert first.expect == ["a=PASS", "b=PASS"]
+    with pytest.raises(SystemExit):
+        parser.parse_args([*run, "--baseline-repeats", "x"])
+    again = parser.parse_args(run)
+    assert again.expect == [] and again.baseline_repeats == 1
+    assert main(["plan", str(S0)], out=io.StringIO()) == 0
