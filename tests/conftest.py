@@ -22,13 +22,16 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from cli_processes import ForkServer
+from cost_marks import pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
 from hypothesis import settings
 from module_order import heavy_modules_first, keep_collection_order
 from tmpfs import small_tmpfs
+
+if TYPE_CHECKING:  # the fork server's helpers import torch: only the fixture that starts one
+    from cli_processes import ForkServer
 
 # The suite keeps Python's compiled-module cache on (``__pycache__``, git-ignored) even where the
 # environment turns it off (``PYTHONDONTWRITEBYTECODE``): without it every test process, and
@@ -182,6 +185,8 @@ def cli_process() -> Iterator[ForkServer]:
     matplotlib, transformers' ``AutoTokenizer`` and the CLI once: a ``Finished`` (exit code,
     stdout, stderr, wall time, peak resident growth). Started at the first ``process`` test
     that asks for it, closed at the end of the session. See ``cli_processes``."""
+    from cli_processes import ForkServer
+
     server = ForkServer(Path(tempfile.mkdtemp(prefix="logprob-drift-cli-process-")))
     try:
         yield server

@@ -119,6 +119,7 @@ def test_bad_expect_values_exit_2_in_process(
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_verify_agrees_with_every_comparison_and_report_writes_html(
     s0_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -225,6 +225,7 @@ def test_a_part_of_a_diagnostic_not_installed_is_named_not_tampered(
         assert "tamper" not in line, line
 
 
+@pytest.mark.slow
 def test_the_report_shows_its_column_section_and_lines(
     installed_run: tuple[Path, str], plugin_installed: None, tmp_path: Path
 ) -> None:

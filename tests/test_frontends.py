@@ -269,6 +269,7 @@ TITLE = "\x1b]0;title\x07"
 CLEAR = "\x1b[2J"
 
 
+@pytest.mark.slow
 def test_names_and_fields_from_a_run_directory_reach_the_terminal_escaped(
     tmp_path: Path, sealed_s0: Path
 ) -> None:

@@ -16,6 +16,9 @@ from drift_testing import cli
 from framework_gates import miles_sides, nemo, pairs_of, prime, slime, verl_ess, verl_kl
 from production_dumps import Sample, make_samples, write_nemo_rl_step
 
+# every test reads the one report of the module, its page drawn
+pytestmark = pytest.mark.slow
+
 
 def _grid(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The step's active tokens as NeMo-RL rows: training, rollout, active (response tokens

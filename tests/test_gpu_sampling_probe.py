@@ -40,6 +40,7 @@ class _Batch:
         return "added"
 
 
+@pytest.mark.slow
 def test_the_wrap_counts_each_call_shape_once_and_changes_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

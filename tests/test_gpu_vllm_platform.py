@@ -94,6 +94,7 @@ def test_the_engine_passes_a_share_only_on_a_gpu_platform() -> None:
         dataclasses.replace(spec, device="tpu")
 
 
+@pytest.mark.slow
 def test_this_vllm_build_refuses_a_scenario_device_it_does_not_run_on() -> None:
     pytest.importorskip("vllm")
     from vllm.platforms import current_platform
@@ -129,6 +130,7 @@ def test_this_vllm_build_refuses_a_scenario_device_it_does_not_run_on() -> None:
     assert str(refused.value) == reason
 
 
+@pytest.mark.slow
 def test_the_vllm_rollout_refuses_the_mismatch_as_a_usage_error() -> None:
     pytest.importorskip("vllm")
     from drift_testing import EXPERIMENTS
@@ -153,6 +155,7 @@ def test_the_vllm_rollout_refuses_the_mismatch_as_a_usage_error() -> None:
         adapter.close()
 
 
+@pytest.mark.slow
 def test_evidence_names_cpu_only_settings_only_on_the_cpu_platform() -> None:
     pytest.importorskip("vllm")
     from vllm.platforms import current_platform

@@ -121,6 +121,7 @@ def test_a_new_run_on_a_read_only_store_is_one_line(tmp_path: Path) -> None:
     assert EXPERIMENT in line and ("Read-only" in line or "Permission denied" in line)
 
 
+@pytest.mark.slow
 def test_report_on_a_read_only_run_is_one_line(sealed: Path, tmp_path: Path) -> None:
     shutil.copytree(sealed, tmp_path / "runs")
     with read_only(tmp_path / "runs") as artifacts:

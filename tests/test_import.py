@@ -172,6 +172,7 @@ def test_nemo_rl_and_slime_dumps_are_judged_per_step_as_numpy_recomputes(tmp_pat
     assert code == 0, verified
 
 
+@pytest.mark.slow
 def test_the_neutral_format_and_what_verify_and_report_make_of_an_import(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     steps = {0: make_samples(rng, 3), 1: make_samples(rng, 4, planted=[(2, 1, 0.25)])}

@@ -45,6 +45,7 @@ def _import(tmp_path: Path, lines: list[str], name: str = "run.jsonl") -> tuple[
 
 
 @pytest.mark.parametrize("rollout", [-1e4, -800.0, -65504.0, -3e4])
+@pytest.mark.slow
 def test_a_difference_past_exps_range_is_judged_and_its_exp_figures_overflow(
     tmp_path: Path, rollout: float
 ) -> None:

@@ -107,6 +107,7 @@ def test_the_masked_samples_are_judged_apart(masked_run: dict[str, Any]) -> None
     ).active + sum(sum(s.mask) for s in masked_run["samples"] if not s.counts)
 
 
+@pytest.mark.slow
 def test_report_and_verify_show_what_the_run_masked(masked_run: dict[str, Any]) -> None:
     run = Path(masked_run["result"]["attempt_dir"]).parents[2]
     code, out, err = cli("verify", run)

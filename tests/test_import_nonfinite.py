@@ -110,6 +110,7 @@ def test_an_invalid_artifact_step_counts_its_active_and_nonfinite_tokens(
     assert shown == {step: counts[step][0] for step in BAD}
 
 
+@pytest.mark.slow
 def test_report_and_verify_finish_on_nonfinite_active_tokens(
     nonfinite_run: dict[str, Any],
 ) -> None:
@@ -182,6 +183,7 @@ WRITERS = {
 
 
 @pytest.mark.parametrize("layout", sorted(WRITERS))
+@pytest.mark.slow
 def test_every_format_reports_and_verifies_with_infinity_and_nan_at_active_tokens(
     layout: str, tmp_path: Path
 ) -> None:

@@ -118,6 +118,7 @@ def test_slime_figure_is_slime_formula_in_both_modes(rank_run: dict[str, Any]) -
     assert all(abs(r - 1) > 0.05 for r in ratios), ratios  # slime's default is not the token mean
 
 
+@pytest.mark.slow
 def test_a_rank_run_verifies_and_reports_slime_own_figure(rank_run: dict[str, Any]) -> None:
     run = Path(rank_run["result"]["run_dir"])
     code, out, err = cli("verify", run)

@@ -156,6 +156,7 @@ def test_the_pre_issue20_attribution_still_verifies(tmp_path: Path) -> None:
     assert all("ess" not in e for e in document["cases"])
 
 
+@pytest.mark.slow
 def test_a_resealed_non_number_ess_is_refused_and_not_shown(
     sealed: tuple[Path, str], tmp_path: Path
 ) -> None:

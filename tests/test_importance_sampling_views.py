@@ -199,6 +199,7 @@ def test_plugin_failure_text_and_junit_properties(pytester: pytest.Pytester) -> 
 # ---- the report ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_report_text_json_and_panel(table_run: tuple[Path, str], tmp_path: Path) -> None:
     run_dir, _ = table_run
     store = tmp_path / "runs"
@@ -244,6 +245,7 @@ def test_report_text_json_and_panel(table_run: tuple[Path, str], tmp_path: Path)
     assert head.split()[-6:] == ["ESS", "verl", "TIS", "cap", "2", "clipped"], head
 
 
+@pytest.mark.slow
 def test_report_computes_figures_for_old_attempts_at_read_time(tmp_path: Path) -> None:
     store = tmp_path / "runs"
     shutil.copytree(FIXTURE.parent, store)

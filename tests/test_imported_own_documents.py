@@ -66,6 +66,7 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("fmt", sorted(EXAMPLES))
+@pytest.mark.slow
 def test_the_example_dumps_seal_the_own_set_and_report_as_the_earlier_form(
     runs: dict[str, Path], fmt: str, tmp_path: Path
 ) -> None:

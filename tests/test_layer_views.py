@@ -182,6 +182,7 @@ def _texts(svg: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_the_figure_has_two_lines_per_case_and_plain_text_labels() -> None:
     pytest.importorskip("matplotlib")
     cases = [
@@ -204,6 +205,7 @@ def test_the_figure_has_two_lines_per_case_and_plain_text_labels() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_past_the_legend_s_limit_every_line_is_drawn_and_the_legend_says_how_many() -> None:
     pytest.importorskip("matplotlib")
     many = layer_lines.LEGEND_MAX + 6
@@ -246,6 +248,7 @@ def _data(cases: list[CaseView]) -> ReportData:
     )
 
 
+@pytest.mark.slow
 def test_the_page_has_the_section_only_with_layers_and_escapes_the_left_out_labels() -> None:
     pytest.importorskip("matplotlib")
     hostile = "<script>alert(1)</script>"
@@ -270,6 +273,7 @@ def test_the_page_has_the_section_only_with_layers_and_escapes_the_left_out_labe
 # ---------------------------------------------------------------- a real run, no capture
 
 
+@pytest.mark.slow
 def test_a_run_whose_sides_cannot_capture_says_n_a_and_draws_nothing(tmp_path: Path) -> None:
     config = json.loads(S0.read_text())
     config["diagnostics"] = {"layers": True}

@@ -99,6 +99,7 @@ def test_a_side_that_says_how_it_captured_adds_that_to_its_evidence() -> None:
     assert record.rollout.evidence == {"states": 5, "decoder_layers": 2, "positions": 4}
 
 
+@pytest.mark.slow
 def test_the_vllm_engine_refuses_compiled_graphs_before_touching_the_engine() -> None:
     pytest.importorskip("vllm")
     from pytest_logprob_drift.runtimes.vllm.engine import VllmRolloutEngine
@@ -269,6 +270,7 @@ def _vllm_rollout(llm: _FakeLLM) -> Any:
     return rollout
 
 
+@pytest.mark.slow
 def test_the_rollout_record_says_which_rank_was_read_or_which_ranks_disagree() -> None:
     pytest.importorskip("vllm")
     batch = {

@@ -97,6 +97,7 @@ WAVE4 = Path(__file__).parent / "data" / "wave4" / "runs"
 
 
 @pytest.mark.parametrize("name", ["wave4-nemo-rl", "wave4-hf-bf16", "wave4-vllm-weight-sync"])
+@pytest.mark.slow
 def test_the_terminal_report_is_one_screen(name: str, tmp_path: Path) -> None:
     """One screen (40 lines) for the shipped six-step import and the sealed runs of a few
     cases; ``--verbose`` holds the details (every framework's correction per case)."""

@@ -183,6 +183,7 @@ def test_plan_refuses_an_unknown_planted_routing(tmp_path: Path) -> None:
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_each_runtime_states_the_router_knobs() -> None:
     pytest.importorskip("vllm")
     from pytest_logprob_drift.records import ApplicationStatus
@@ -203,6 +204,7 @@ def test_each_runtime_states_the_router_knobs() -> None:
     assert smoke["training.moe_routing"].status is not ApplicationStatus.APPLIED
 
 
+@pytest.mark.slow
 def test_expert_parallel_is_planned_not_executable_on_cpu_with_the_reason(tmp_path: Path) -> None:
     """``rollout.expert_parallel`` (process lifecycle): a case that names it true on cpu is
     plan-only with the probe's reason; not named, it is in no process fingerprint (every

@@ -67,6 +67,7 @@ def test_pre_change_keyed_run_needs_its_key(store: Path, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("experiment", [SMOKE, HF])
+@pytest.mark.slow
 def test_pre_change_run_reports(store: Path, tmp_path: Path, experiment: str) -> None:
     page = tmp_path / "page.html"
     code, out, err = cli("report", store / experiment, "--html", page, "--json")

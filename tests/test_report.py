@@ -141,6 +141,7 @@ def test_hf_s0_report_reads_well_in_chromium(tmp_path: Path) -> None:
     assert {r["outcome"] for r in check.rows} == {"PASS", "MISMATCH"}
 
 
+@pytest.mark.slow
 def test_page_is_self_contained(s0_run: dict[str, Any]) -> None:
     html = s0_run["page"].read_text()
     assert html.startswith("<!doctype html>")
@@ -157,6 +158,7 @@ def test_page_is_self_contained(s0_run: dict[str, Any]) -> None:
         assert (page_dir / link).is_file(), link
 
 
+@pytest.mark.slow
 def test_terminal_report_shows_table_ranking_and_json(s0_run: dict[str, Any]) -> None:
     out = s0_run["report"]
     for word in ("baseline", "batch.size=1", OFFSET, "MISMATCH", "PASS"):
@@ -285,6 +287,7 @@ def _large_case(samples: int, response: int, prompt: int = 8) -> dict[str, torch
     }
 
 
+@pytest.mark.slow
 def test_large_cases_are_binned_and_downsampled() -> None:
     case = _large_case(samples=100, response=1200)
     diff_grid = (case["training"] - case["rollout"]).abs()
@@ -319,6 +322,7 @@ def test_large_cases_are_binned_and_downsampled() -> None:
     assert sum(sizes) < 150_000, sizes  # 24 detailed cases stay well under 10 MB
 
 
+@pytest.mark.slow
 def test_a_case_whose_diffs_are_all_zero_still_draws(s0_run: dict[str, Any]) -> None:
     zeros = torch.zeros(40, dtype=torch.float64)
     hist = histogram(zeros)
@@ -351,6 +355,7 @@ def test_rendering_is_torch_free() -> None:
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # its run's report drew the page
 def test_page_without_matplotlib_says_so(
     s0_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

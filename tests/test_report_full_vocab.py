@@ -114,6 +114,7 @@ def case_table(html: str) -> tuple[list[str], dict[str, dict[str, str]]]:
     return parser.headers, rows
 
 
+@pytest.mark.slow
 def test_page_shows_kl_tv_worst_positions_and_the_offset_line(
     diag_run: Path, tmp_path: Path
 ) -> None:
@@ -136,6 +137,7 @@ def test_page_shows_kl_tv_worst_positions_and_the_offset_line(
     assert f"<td class='n'>{worst['top_tokens'][0]['token_id']}</td>" in html
 
 
+@pytest.mark.slow
 def test_page_without_the_diagnostics_keeps_its_columns(tmp_path: Path) -> None:
     """A run without full-vocabulary diagnostics renders exactly the columns it had."""
     work = tmp_path / "plain"
@@ -178,6 +180,7 @@ def firing_offset() -> dict[str, Any]:
     return sealed_diagnostics(sealed, training, rollout, active)
 
 
+@pytest.mark.slow
 def test_a_firing_offset_is_shown_with_its_explanation(diag_run: Path, tmp_path: Path) -> None:
     entries = firing_offset()
     assert entries["semantic_offset"]["fires"] is True

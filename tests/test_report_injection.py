@@ -187,6 +187,7 @@ def hostile_page(hostile_run: Path) -> Path:
     return page
 
 
+@pytest.mark.slow
 def test_the_hostile_page_holds_the_payloads_only_as_escaped_text(hostile_page: Path) -> None:
     """Without a browser: no raw bidi override or terminal escape, no payload's markup."""
     html = hostile_page.read_text(encoding="utf-8")
@@ -261,6 +262,7 @@ def test_the_terminal_says_the_attribution_does_not_verify(hostile_run: Path) ->
     assert code == 1
 
 
+@pytest.mark.slow
 def test_a_verified_attribution_is_not_marked(clean_run: Path, tmp_path: Path) -> None:
     page = tmp_path / "clean.html"
     code, out, err = cli("report", clean_run, "--html", page)

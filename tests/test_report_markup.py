@@ -177,6 +177,7 @@ def _texts(svg: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_plot_labels_are_plain_text_never_mathtext() -> None:
     pytest.importorskip("matplotlib")
     svg = plots.overview_svg([_view(label, i) for i, label in enumerate(MATHTEXT)], 1e-3)

@@ -95,6 +95,7 @@ def _overlaps(spans: list[tuple[str, float, float]]) -> list[tuple[str, str]]:
     ],
     ids=["main-job", "long-labels", "thirty-cases", "two-cases"],
 )
+@pytest.mark.slow
 def test_no_two_overview_labels_overlap(labels: tuple[str, ...]) -> None:
     pytest.importorskip("matplotlib")
     svg = plots.overview_svg([_view(x, 1e-6 * (i + 1)) for i, x in enumerate(labels)], 1e-3)
@@ -115,6 +116,7 @@ def test_the_span_reading_finds_an_overlap_when_labels_touch() -> None:
     assert _overlaps(label_spans(svg)) == [("a", "b")]
 
 
+@pytest.mark.slow
 def test_the_overview_leads_with_the_largest_or_keeps_the_steps_in_order() -> None:
     pytest.importorskip("matplotlib")
     views = [_view(f"step={i}", d) for i, d in enumerate([1e-6, 2e-6, 5e-2, 9e-2, 3e-2], 1)]
@@ -128,6 +130,7 @@ def test_the_overview_leads_with_the_largest_or_keeps_the_steps_in_order() -> No
     assert titles[1] == [v.label for v in views]
 
 
+@pytest.mark.slow
 def test_the_detailed_sections_lead_with_the_cases_that_did_not_pass(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(DATA / "fixture-pre20-hf", run_dir)

@@ -70,6 +70,7 @@ def test_a_page_path_that_is_a_directory_says_so(clean_run: Path, tmp_path: Path
     assert "already exists" not in out + err
 
 
+@pytest.mark.slow
 def test_no_html_prints_the_same_report_and_writes_no_page(clean_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(clean_run, run_dir)

@@ -133,6 +133,7 @@ def reported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     return {"run_dir": run_dir, "page": page, "out": out, "json": json.loads(as_json)}
 
 
+@pytest.mark.slow
 def test_the_findings_name_exactly_the_sealed_movers_in_rank_order(reported: Any) -> None:
     document = _sealed_attribution(reported["run_dir"])
     within = by_hand(reported["run_dir"])["within"]
@@ -174,6 +175,7 @@ def test_the_findings_name_exactly_the_sealed_movers_in_rank_order(reported: Any
     assert found["sentence"] == sentence
 
 
+@pytest.mark.slow  # the reported run's page is drawn
 def test_report_json_carries_each_sealed_attribution_entry(reported: Any) -> None:
     document = _sealed_attribution(reported["run_dir"])
     entries = {c["case_id"]: c for c in document["cases"]}
@@ -467,6 +469,7 @@ def test_a_side_moved_only_above_the_noise_floor(rollout: Any, training: Any, si
     assert (None if moved is None else moved.value) == side
 
 
+@pytest.mark.slow
 def test_without_a_sealed_attribution_the_findings_say_so(tmp_path: Path) -> None:
     run_dir = tmp_path / RUNS[0]
     shutil.copytree(DATA / RUNS[0], run_dir)

@@ -211,6 +211,7 @@ def test_a_runtime_that_cannot_inject_drops_out_of_executable_by(tmp_path: Path)
     assert rows[f"logp.backend={COLLECTIVE}"]["executable_by"] == []
 
 
+@pytest.mark.slow
 def test_run_refuses_it_before_any_engine_starts(tmp_path: Path) -> None:
     """The runner seals the case STRICT_REJECTED with the runtime's reason; the adapter is
     never asked for an engine."""

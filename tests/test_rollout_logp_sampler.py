@@ -16,6 +16,7 @@ from drift_testing import skip_unless_installed
 
 torch = pytest.importorskip("torch")
 skip_unless_installed("vllm")
+pytestmark = pytest.mark.slow  # vLLM's sampler: imports vLLM
 
 from pytest_logprob_drift.runtimes.vllm import rollout_logp  # noqa: E402
 

@@ -145,6 +145,7 @@ def test_a_side_that_ignores_the_truncation_is_invalid_identity(work: Path) -> N
     assert "sampling_top_p: rollout used None, identity requires 0.9" in result.reason
 
 
+@pytest.mark.slow
 def test_truncation_matches_vllm_cpu_sampler() -> None:
     """The transformers sides' processed logits are bit-identical to vLLM 0.32's CPU
     top-k/top-p (temperature first, ties and the float32 1 - p included)."""

@@ -184,6 +184,7 @@ def materialized_statements() -> dict[str, list[Any]]:
     return statements
 
 
+@pytest.mark.slow
 def test_each_runtime_states_each_knob_as_it_did_before() -> None:
     """The tables say, value for value, what the ``if`` chains said (on this machine's vLLM
     platform, which the tensor and context parallel rows depend on)."""

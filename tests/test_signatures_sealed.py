@@ -59,8 +59,8 @@ def _report(run_dir: Path, page: Path | None = None) -> tuple[dict[str, Any], st
 def example(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     artifacts = tmp_path_factory.mktemp("signatures")
     run_dir = _import(artifacts, EXAMPLE, "ex-signatures")
-    report, text = _report(run_dir, artifacts / "page.html")
-    return {"run_dir": run_dir, "report": report, "text": text, "page": artifacts / "page.html"}
+    report, text = _report(run_dir)
+    return {"run_dir": run_dir, "report": report, "text": text}
 
 
 def _expected_example() -> list[tuple[str, int | None, int | None]]:
@@ -101,6 +101,7 @@ def _named(report: dict[str, Any]) -> list[tuple[str, int | None, int | None]]:
     return [(s["id"], s["step"], s["sample"]) for s in report["signatures"]]
 
 
+@pytest.mark.slow
 def test_the_example_dumps_name_exactly_the_trend_and_the_mixed_steps_outliers(
     example: dict[str, Any],
 ) -> None:
@@ -151,7 +152,10 @@ def test_each_step_seals_its_signatures_and_verify_passes(example: dict[str, Any
     assert code == 0, out
 
 
-def test_findings_text_and_page_lead_with_the_signatures(example: dict[str, Any]) -> None:
+@pytest.mark.slow
+def test_findings_text_and_page_lead_with_the_signatures(
+    example: dict[str, Any], tmp_path: Path
+) -> None:
     lines = example["text"].splitlines()
     table = next(i for i, line in enumerate(lines) if line.startswith("step  outcome"))
     named = [i for i, line in enumerate(lines) if line.startswith("signature ")]
@@ -160,7 +164,9 @@ def test_findings_text_and_page_lead_with_the_signatures(example: dict[str, Any]
     assert lines[named[1]].startswith("signature sample_outliers (step 3, sample 0): ")
     findings = example["report"]["findings"]["signatures"]
     assert [w.split(" ")[0] for w in findings] == [s[0] for s in _expected_example()]
-    page = example["page"].read_text()
+    code, out, err = cli("report", example["run_dir"], "--html", tmp_path / "page.html")
+    assert (code, err) == (0, ""), out
+    page = (tmp_path / "page.html").read_text()
     assert page.index("id='findings'") < page.index("id='signatures'") < page.index("id='steps'")
     for index in range(1, 8):
         assert f"href='#signature-{index}'" in page and f"id='signature-{index}'" in page
@@ -251,6 +257,7 @@ def test_a_step_resealed_without_signatures_gets_them_at_read_time(
 
 
 @pytest.mark.parametrize("run", ["wave4-hf-bf16", "wave4-vllm-weight-sync"])
+@pytest.mark.slow
 def test_honest_bf16_runs_of_the_previous_release_name_nothing(run: str, tmp_path: Path) -> None:
     run_dir = tmp_path / run
     shutil.copytree(WAVE4 / run, run_dir)

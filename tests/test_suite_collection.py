@@ -1,6 +1,8 @@
 """The suite's collection stays cheap: the fast loop's collection imports no vLLM (every module
-is collected, the slow ones it deselects included), and ``skip_unless_installed`` skips a
-module without importing what it looks for."""
+is collected, the slow ones it deselects included), the suite's conftest imports no torch (an
+xdist controller loads it and collects nothing: it took 2 s of a 2-core machine while the
+workers started), and ``skip_unless_installed`` skips a module without importing what it looks
+for."""
 
 from __future__ import annotations
 
@@ -34,6 +36,24 @@ def test_the_fast_loops_collection_imports_no_vllm() -> None:
     assert result["code"] == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert result["vllm"] == [], result["vllm"]
     assert " deselected" in done.stdout  # the slow modules were collected, then deselected
+
+
+CONFTEST = """
+import json, sys
+sys.path.insert(0, "tests")
+import conftest
+heavy = sorted(m for m in ("torch", "transformers", "vllm", "matplotlib") if m in sys.modules)
+print("LOADED " + json.dumps(heavy))
+"""
+
+
+@pytest.mark.process
+def test_the_suites_conftest_imports_no_engine_library() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CONFTEST], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("LOADED ")]
+    assert json.loads(line.removeprefix("LOADED ")) == [], done.stderr[-3000:]
 
 
 def test_a_missing_distribution_skips_the_module_and_a_present_one_is_not_imported(

@@ -170,6 +170,7 @@ def test_a_changed_plan_label_and_experiment_counts_are_invalid(
         assert f"$.imported.{member} is {value}" in problems[0].detail
 
 
+@pytest.mark.slow
 def test_an_experiment_json_the_read_model_refuses_is_invalid(
     imported: Path, tmp_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ from pytest_logprob_drift.runtimes.vllm.read_back import (
 )
 
 skip_unless_installed("vllm")
+pytestmark = pytest.mark.slow  # vLLM's own modules: imports vLLM
 
 
 @pytest.fixture(scope="module")

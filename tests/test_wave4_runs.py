@@ -64,6 +64,7 @@ def test_wave4_run_verifies_with_the_same_outcomes(run_copy: Path) -> None:
 
 
 @pytest.mark.parametrize("run_copy", RUNS, indirect=True)
+@pytest.mark.slow
 def test_wave4_run_reports_the_same_cases(run_copy: Path, tmp_path: Path) -> None:
     expected = EXPECTED[run_copy.name]
     code, out, err = cli("report", run_copy, "--json", "--html", tmp_path / "page.html")

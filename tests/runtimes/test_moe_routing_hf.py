@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from drift_testing import skip_unless_installed
 
 pytest.importorskip("transformers")
 
@@ -266,7 +267,7 @@ def test_an_hf_run_seals_both_sides_routing_and_verify_recomputes_it(tmp_path: P
 def test_compiled_graphs_refuse_the_rollout_capture_before_the_engine_is_touched(
     tmp_path: Path,
 ) -> None:
-    pytest.importorskip("vllm")
+    skip_unless_installed("vllm")
     from pytest_logprob_drift.execute.rollout_experts import arm_rollout
     from pytest_logprob_drift.runtimes.vllm.engine import VllmEngineSpec, VllmRolloutEngine
 

@@ -29,7 +29,8 @@ from pytest_logprob_drift.runtimes.vllm import logs
 
 skip_unless_installed("vllm")
 
-pytestmark = pytest.mark.vllm_processes  # the engine processes' output, in their log file
+# the engine processes' output, in their log file; vLLM's loggers: imports vLLM
+pytestmark = [pytest.mark.vllm_processes, pytest.mark.slow]
 
 VLLM_LINE = re.compile(r"(^|\s)(INFO|WARNING|DEBUG)\s+\d\d-\d\d |\(EngineCore|\[vllm\.|vllm\.")
 
@@ -158,7 +159,6 @@ def s1_small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"workdir": workdir, "proc": proc, "run_dir": workdir / "runs" / "s1-vllm-logs"}
 
 
-@pytest.mark.slow
 def test_successful_vllm_run_keeps_its_terminal_clean(s1_small: dict[str, Any]) -> None:
     proc = s1_small["proc"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -176,7 +176,6 @@ def test_successful_vllm_run_keeps_its_terminal_clean(s1_small: dict[str, Any]) 
     assert "rollout.dtype=bfloat16 -> MISMATCH" in proc.stdout
 
 
-@pytest.mark.slow
 def test_s1_report_reads_well_in_chromium(s1_small: dict[str, Any]) -> None:
     assert s1_small["proc"].returncode == 0
     page = s1_small["workdir"] / "s1-report.html"
