@@ -101,7 +101,6 @@ def _named(report: dict[str, Any]) -> list[tuple[str, int | None, int | None]]:
     return [(s["id"], s["step"], s["sample"]) for s in report["signatures"]]
 
 
-@pytest.mark.slow
 def test_the_example_dumps_name_exactly_the_trend_and_the_mixed_steps_outliers(
     example: dict[str, Any],
 ) -> None:
